@@ -1,0 +1,55 @@
+"""The `mlx-grpo` command: one entry point, one module per subcommand.
+
+Each subcommand module has `add_arguments(parser)` and `run(args) -> int`. Modules
+are imported only when their subcommand runs, so `mlx-grpo watch` never loads mlx.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from .errors import UserError
+
+# name -> (module, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "train": ("mlx_grpo.commands.train", "train a model with GRPO"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mlx-grpo", description="GRPO on MLX with local-first monitoring")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks for user errors")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (module_name, help_text) in COMMANDS.items():
+        sub_parser = sub.add_parser(name, help=help_text, description=help_text)
+        sub_parser.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                                help="show tracebacks for user errors")
+        sub_parser.set_defaults(_module=module_name)
+        # Argument definitions are cheap to import; heavy imports live in run().
+        importlib.import_module(module_name).add_arguments(sub_parser)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 0
+    module = importlib.import_module(args._module)
+    try:
+        return int(module.run(args) or 0)
+    except UserError as err:
+        if args.debug:
+            raise
+        print(f"mlx-grpo {args.command}: error: {err}", file=sys.stderr)
+        return err.exit_code
+    except KeyboardInterrupt:
+        print(f"mlx-grpo {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
