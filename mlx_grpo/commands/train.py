@@ -1,0 +1,62 @@
+"""`mlx-grpo train`: run GRPO from a YAML config, with any key overridable by a flag."""
+
+from __future__ import annotations
+
+import argparse
+import typing
+
+from ..config import parse_override, top_level_fields
+
+
+def _flag_kind(tp: typing.Any) -> str:
+    args = [a for a in typing.get_args(tp) if a is not type(None)] or [tp]
+    base = args[0]
+    if base is bool:
+        return "bool"
+    if typing.get_origin(base) is list:
+        return "list"
+    return "scalar"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("config", nargs="?", help="YAML run config (default: the built-in default run)")
+    parser.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last checkpoint")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override any config key, nested ones too (e.g. --set adaptive_window.enable=true)")
+    parser.add_argument("--alerts", dest="alerts_file", default=argparse.SUPPRESS, metavar="FILE",
+                        help="YAML file of alert rules (added to the built-in ones)")
+    parser.add_argument("--no-alerts", dest="enable_alerts", action="store_false", default=argparse.SUPPRESS,
+                        help="turn the built-in alert rules off")
+    group = parser.add_argument_group("config keys (each overrides the YAML file)")
+    for name, tp in top_level_fields().items():
+        flag = "--" + name.replace("_", "-")
+        kind = _flag_kind(tp)
+        if kind == "bool":
+            group.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS)
+        elif kind == "list":
+            group.add_argument(flag, dest=name, nargs="*", default=argparse.SUPPRESS, metavar="VALUE")
+        else:
+            # Read as YAML so types are checked by the config loader, not argparse.
+            group.add_argument(flag, dest=name, default=argparse.SUPPRESS, metavar="VALUE")
+
+
+def collect_overrides(args: argparse.Namespace) -> dict[str, typing.Any]:
+    overrides: dict[str, typing.Any] = {}
+    for name in top_level_fields():
+        if name in vars(args):
+            value = getattr(args, name)
+            if isinstance(value, str):
+                value = parse_override(f"{name}={value}")[1]
+            elif isinstance(value, list):
+                value = [parse_override(f"x={v}")[1] for v in value]
+            overrides[name] = value
+    for text in args.overrides:
+        key, value = parse_override(text)
+        overrides[key] = value
+    return overrides
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..trainer import train_from_cli
+
+    return train_from_cli(args.config, collect_overrides(args), resume=args.resume)

@@ -1,0 +1,374 @@
+"""Run configuration: typed dataclasses, safe YAML loading, command-line overrides.
+
+A run config is one YAML mapping. Top-level keys are the fields of `TrainConfig`;
+feature sections (e.g. `adaptive_window:`) are nested dataclasses. Every key is
+checked: unknown keys, wrong types and impossible values are refused with one
+line naming the key and the file. This module imports no mlx.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .errors import UserError
+
+DEFAULT_MODEL = "default"  # the small arithmetic model shipped inside the package
+
+
+@dataclass
+class RewardSpec:
+    """One reward function: a built-in name or `file.py:function`, and its weight."""
+
+    name: str
+    weight: float = 1.0
+
+
+@dataclass
+class AdaptiveWindowConfig:
+    """Adaptive generation window (TinyZero style); see docs/TRAINING_EXTRAS.md."""
+
+    enable: bool = False
+    min_window: int = 8
+    percentile: float = 95.0
+    margin: int = 4
+    epsilon: float = 0.1
+    epsilon_decay: float = 1.0
+    min_epsilon: float = 0.0
+    ema_decay: float = 0.9
+
+
+@dataclass
+class EntropyLoggingConfig:
+    """Per-token entropy and varentropy dumps to the run directory."""
+
+    enable: bool = False
+    every: int = 1
+
+
+@dataclass
+class SGRPOConfig:
+    """Serial-group decaying-reward policy optimisation (early exits)."""
+
+    enable: bool = False
+    num_exits: int = 4
+    decay: float = 0.5
+
+
+@dataclass
+class TrainConfig:
+    # --- model ---
+    model_id: str = DEFAULT_MODEL
+    dtype: str = "float32"
+    use_lora: bool = False
+    lora_rank: int = 8
+    lora_alpha: float = 16.0
+    lora_dropout: float = 0.0
+    lora_layers: int = -1  # how many of the last transformer blocks get adapters; -1 = all
+    lora_keys: list[str] | None = None  # module paths inside a block, e.g. ["self_attn.q_proj"]; None = every linear
+    use_dora: bool = False
+
+    # --- data ---
+    dataset: str = "arithmetic"  # "arithmetic" (built in) or a .jsonl path
+    dataset_format: str = "auto"  # auto | prompt_answer | gsm8k
+    eval_dataset: str | None = None  # None: the built-in held-out split, or 5% of a file dataset
+    prompt_field: str = "prompt"
+    answer_field: str = "answer"
+    system_prompt: str | None = None
+    use_chat_template: bool = True  # applied only when the tokenizer has one
+    train_size: int = 20000  # examples drawn for the built-in task
+    eval_size: int = 200
+
+    # --- GRPO ---
+    num_steps: int = 200
+    batch_size: int = 16  # prompts per step
+    num_generations: int = 8  # completions per prompt (G)
+    num_iterations: int = 1  # optimisation passes over one rollout
+    learning_rate: float = 1e-4
+    lr_schedule: str = "cosine"  # cosine | constant
+    warmup_fraction: float = 0.05
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    beta: float = 0.04  # KL coefficient; 0 computes no reference policy at all
+    epsilon: float = 0.2
+    epsilon_high: float | None = None  # None: same as epsilon
+    loss_type: str = "grpo"  # grpo | bnpo | dr_grpo | dapo
+    importance_sampling_level: str = "token"  # token | sequence (GSPO)
+    scale_rewards: str = "group"  # group | batch | none
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    max_prompt_length: int = 256
+    max_generation_steps: int = 24
+    seed: int = 0
+
+    # --- rewards ---
+    rewards: list[RewardSpec] = field(default_factory=lambda: [
+        RewardSpec("format_exact"),
+        RewardSpec("format_approx"),
+        RewardSpec("answer_check"),
+        RewardSpec("number_check"),
+    ])
+    rubric_file: str | None = None
+    rubric_weight: float = 1.0
+
+    # --- evaluation, checkpoints, logging ---
+    eval_every: int = 25
+    checkpoint_every: int = 50
+    keep_checkpoints: int = 3
+    run_name: str | None = None
+    monitoring_dir: str = "runs"
+    tensorboard: bool = True
+    tensorboard_dir: str | None = None  # None: <run dir>/tensorboard
+    log_every: int = 1
+    log_distributions: bool = False
+    histogram_every: int = 10
+    samples_per_step: int = 4
+    max_consecutive_nonfinite: int = 5
+    enable_alerts: bool = True
+    alerts_file: str | None = None
+
+    # --- Weights & Biases (optional) ---
+    wandb: bool | None = None  # None: on when WANDB_API_KEY is set
+    wandb_project: str = "mlx-grpo"
+    wandb_entity: str | None = None
+    wandb_run_name: str | None = None
+    wandb_tags: list[str] = field(default_factory=list)
+    wandb_notes: str | None = None
+    wandb_log_checkpoints: bool = False
+
+    # --- feature sections ---
+    adaptive_window: AdaptiveWindowConfig = field(default_factory=AdaptiveWindowConfig)
+    entropy_logging: EntropyLoggingConfig = field(default_factory=EntropyLoggingConfig)
+    sgrpo: SGRPOConfig = field(default_factory=SGRPOConfig)
+
+    def validate(self, source: str) -> None:
+        """Refuse impossible values, naming the key and where it came from."""
+        checks: list[tuple[str, bool, str]] = [
+            ("num_steps", self.num_steps >= 1, "at least 1"),
+            ("batch_size", self.batch_size >= 1, "at least 1"),
+            ("num_generations", self.num_generations >= 2, "at least 2 (group advantages need a group)"),
+            ("num_iterations", self.num_iterations >= 1, "at least 1"),
+            ("learning_rate", 0 < self.learning_rate < 1, "between 0 and 1"),
+            ("warmup_fraction", 0 <= self.warmup_fraction < 1, "in [0, 1)"),
+            ("weight_decay", self.weight_decay >= 0, "non-negative"),
+            ("max_grad_norm", self.max_grad_norm >= 0, "non-negative (0 turns clipping off)"),
+            ("beta", self.beta >= 0, "non-negative"),
+            ("epsilon", 0 < self.epsilon < 1, "between 0 and 1"),
+            ("epsilon_high", self.epsilon_high is None or self.epsilon_high > 0, "positive"),
+            ("temperature", self.temperature > 0, "positive"),
+            ("top_p", 0 < self.top_p <= 1, "in (0, 1]"),
+            ("top_k", self.top_k >= 0, "non-negative (0 turns it off)"),
+            ("min_p", 0 <= self.min_p < 1, "in [0, 1)"),
+            ("max_prompt_length", self.max_prompt_length >= 1, "at least 1"),
+            ("max_generation_steps", self.max_generation_steps >= 1, "at least 1"),
+            ("lora_rank", self.lora_rank >= 1, "at least 1"),
+            ("lora_alpha", self.lora_alpha > 0, "positive"),
+            ("lora_dropout", 0 <= self.lora_dropout < 1, "in [0, 1)"),
+            ("eval_every", self.eval_every >= 0, "non-negative (0 turns evaluation off)"),
+            ("eval_size", self.eval_size >= 1, "at least 1"),
+            ("train_size", self.train_size >= 1, "at least 1"),
+            ("checkpoint_every", self.checkpoint_every >= 0, "non-negative (0: only at the end)"),
+            ("keep_checkpoints", self.keep_checkpoints >= 1, "at least 1"),
+            ("log_every", self.log_every >= 1, "at least 1"),
+            ("histogram_every", self.histogram_every >= 1, "at least 1"),
+            ("samples_per_step", self.samples_per_step >= 0, "non-negative"),
+            ("max_consecutive_nonfinite", self.max_consecutive_nonfinite >= 1, "at least 1"),
+            ("rubric_weight", self.rubric_weight >= 0, "non-negative"),
+            ("adaptive_window.min_window", self.adaptive_window.min_window >= 1, "at least 1"),
+            ("adaptive_window.percentile", 0 < self.adaptive_window.percentile <= 100, "in (0, 100]"),
+            ("adaptive_window.epsilon", 0 <= self.adaptive_window.epsilon <= 1, "in [0, 1]"),
+            ("adaptive_window.ema_decay", 0 <= self.adaptive_window.ema_decay < 1, "in [0, 1)"),
+            ("entropy_logging.every", self.entropy_logging.every >= 1, "at least 1"),
+            ("sgrpo.num_exits", self.sgrpo.num_exits >= 1, "at least 1"),
+            ("sgrpo.decay", 0 < self.sgrpo.decay <= 1, "in (0, 1]"),
+        ]
+        choices = {
+            "dtype": ("float32", "bfloat16", "float16"),
+            "loss_type": ("grpo", "bnpo", "dr_grpo", "dapo"),
+            "importance_sampling_level": ("token", "sequence"),
+            "scale_rewards": ("group", "batch", "none"),
+            "lr_schedule": ("cosine", "constant"),
+            "dataset_format": ("auto", "prompt_answer", "gsm8k"),
+        }
+        for key, ok, expected in checks:
+            if not ok:
+                value = _get_dotted(self, key)
+                raise UserError(f"{source}: key '{key}' is {value!r}; expected {expected}")
+        for key, allowed in choices.items():
+            value = getattr(self, key)
+            if value not in allowed:
+                raise UserError(f"{source}: key '{key}' is {value!r}; expected one of {', '.join(allowed)}")
+        if not self.rewards and self.rubric_file is None:
+            raise UserError(f"{source}: key 'rewards' is empty; name at least one reward function or a rubric_file")
+        for i, spec in enumerate(self.rewards):
+            if not spec.name:
+                raise UserError(f"{source}: key 'rewards[{i}].name' is empty")
+
+
+def _get_dotted(obj: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+# ----------------------------------------------------------------------------- type coercion
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join("null" if a is type(None) else _type_name(a) for a in typing.get_args(tp))
+    if origin is list:
+        return f"a list of {_type_name(typing.get_args(tp)[0])}"
+    if dataclasses.is_dataclass(tp):
+        return "a mapping"
+    return {bool: "true/false", int: "an integer", float: "a number", str: "a string"}.get(tp, str(tp))
+
+
+def _coerce(value: Any, tp: Any, key: str, source: str) -> Any:
+    """Check `value` against the annotated type `tp`; return it converted."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(value, arg, key, source)
+            except UserError:
+                continue
+        raise _type_error(value, tp, key, source)
+    if origin is list:
+        if not isinstance(value, list):
+            raise _type_error(value, tp, key, source)
+        (item_tp,) = typing.get_args(tp)
+        return [_coerce(v, item_tp, f"{key}[{i}]", source) for i, v in enumerate(value)]
+    if tp is RewardSpec:
+        if isinstance(value, str):
+            return RewardSpec(value)
+        if isinstance(value, dict):
+            return _build_dataclass(RewardSpec, value, key, source)
+        raise UserError(f"{source}: key '{key}' is {value!r}; expected a reward name or a mapping with name and weight")
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise _type_error(value, tp, key, source)
+        return _build_dataclass(tp, value, key, source)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise _type_error(value, tp, key, source)
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise _type_error(value, tp, key, source)
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise _type_error(value, tp, key, source)
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise _type_error(value, tp, key, source)
+    raise TypeError(f"unsupported config type {tp!r} for {key}")
+
+
+def _type_error(value: Any, tp: Any, key: str, source: str) -> UserError:
+    return UserError(f"{source}: key '{key}' is {value!r}; expected {_type_name(tp)}")
+
+
+def _field_types(cls: type) -> dict[str, Any]:
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+
+def _build_dataclass(cls: type, mapping: dict, prefix: str, source: str, base: Any = None) -> Any:
+    """Make `cls` from a mapping, starting from `base` (or the defaults)."""
+    types_by_name = _field_types(cls)
+    values = {} if base is None else {n: getattr(base, n) for n in types_by_name}
+    for key, value in mapping.items():
+        dotted = f"{prefix}.{key}" if prefix else str(key)
+        if key not in types_by_name:
+            close = difflib.get_close_matches(str(key), types_by_name, n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            raise UserError(f"{source}: unknown key '{dotted}'{hint}")
+        tp = types_by_name[key]
+        if dataclasses.is_dataclass(tp) and isinstance(value, dict):
+            values[key] = _build_dataclass(tp, value, dotted, source, base=values.get(key))
+        else:
+            values[key] = _coerce(value, tp, dotted, source)
+    return cls(**values)
+
+
+# ----------------------------------------------------------------------------- loading
+
+def read_yaml_mapping(path: Path) -> dict:
+    """Safe-load a YAML file that must hold a mapping; errors name the file and line."""
+    if not path.is_file():
+        raise UserError(f"{path}: config file not found")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise UserError(f"{where}: malformed YAML: {problem}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: expected a mapping of config keys at the top level, got {type(data).__name__}")
+    return data
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """`key=value` from the command line; the value is read as YAML (so 3, true, [a, b] work)."""
+    if "=" not in text:
+        raise UserError(f"--set {text!r}: expected KEY=VALUE")
+    key, raw = text.split("=", 1)
+    try:
+        value = yaml.safe_load(raw) if raw != "" else ""
+    except yaml.YAMLError:
+        value = raw
+    return key.strip(), value
+
+
+def nest(dotted: dict[str, Any]) -> dict:
+    """{'a.b': 1} -> {'a': {'b': 1}}"""
+    out: dict = {}
+    for key, value in dotted.items():
+        node = out
+        parts = key.split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = value
+    return out
+
+
+def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> TrainConfig:
+    """Defaults, then the YAML file, then command-line overrides; validated."""
+    config = TrainConfig()
+    if path is not None:
+        path = Path(path)
+        config = _build_dataclass(TrainConfig, read_yaml_mapping(path), "", str(path), base=config)
+    if overrides:
+        config = _build_dataclass(TrainConfig, nest(overrides), "", "command line", base=config)
+    config.validate(str(path) if path is not None else "config")
+    return config
+
+
+def config_to_dict(config: TrainConfig) -> dict:
+    return dataclasses.asdict(config)
+
+
+def top_level_fields() -> dict[str, Any]:
+    """Scalar and list fields that get their own `--flag` on the command line."""
+    return {name: tp for name, tp in _field_types(TrainConfig).items() if not dataclasses.is_dataclass(tp)}
