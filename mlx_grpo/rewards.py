@@ -1,0 +1,357 @@
+"""Reward functions: the built-ins, loading user files, and scoring a batch.
+
+Every reward function, built-in or user-written, has one signature::
+
+    fn(prompts: list[str], completions: list[str], answers: list[str], **columns)
+        -> list[float | None]
+
+``prompts[i]``, ``completions[i]`` and ``answers[i]`` describe sample i (a
+prompt appears once per completion of its group). ``columns`` carries every
+extra dataset column (e.g. ``difficulty=[...]``) as a list aligned with
+``completions``; accept ``**columns`` even if you use none, so new columns never
+break your function. Return one score per completion; ``None`` (or NaN) means
+"no score for this sample", which is recorded as missing.
+
+The built-ins read completions written as
+``<reasoning>...</reasoning><answer>...</answer>``; they are chosen by name:
+``format_exact``, ``format_approx``, ``answer_check`` (alias ``check_answer``)
+and ``number_check`` (alias ``check_numbers``). A user function is named as
+``path/to/file.py:function_name``, the path relative to the config's folder
+or absolute. See ``configs/rewards_example.py``.
+
+This module imports no mlx.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import math
+import numbers
+import re
+import sys
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from mlx_grpo.errors import UserError
+
+TAGS = ("<reasoning>", "</reasoning>", "<answer>", "</answer>")
+# A reasoning block directly followed by an answer block, only whitespace
+# around and between. Tag uniqueness is checked separately (counts).
+_LAYOUT = re.compile(r"\s*<reasoning>.*</reasoning>\s*<answer>.*</answer>\s*", re.DOTALL)
+# First number in free text; "1,234.5" is one number, "12,34" is 12.
+_NUMBER = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?")
+_PLAIN_NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)")
+
+
+# ---------------------------------------------------------------- parsing
+
+
+def extract_answer(completion: str) -> str | None:
+    """The stripped text of the last complete ``<answer>...</answer>`` block, or None."""
+    _, found, tail = completion.rpartition("<answer>")
+    if not found:
+        return None
+    inner, closed, _ = tail.partition("</answer>")
+    return inner.strip() if closed else None
+
+
+def _normalise(text: str) -> str:
+    """Drop whitespace, thousands commas, '$', a final '.', and case."""
+    return re.sub(r"[\s,$]", "", text).lower().rstrip(".")
+
+
+def _as_number(text: str) -> float | None:
+    """The value of a text that is a plain number once normalised ("$1,000.0" -> 1000.0)."""
+    text = _normalise(text)
+    return float(text) if _PLAIN_NUMBER.fullmatch(text) else None
+
+
+def _first_number(text: str) -> float | None:
+    match = _NUMBER.search(text)
+    return float(match.group().replace(",", "")) if match else None
+
+
+def _same_value(got: str, want: str) -> bool:
+    """Equal once normalised; numbers by value, so "42.0" equals "42"."""
+    if _normalise(got) == _normalise(want):
+        return True
+    got_n, want_n = _as_number(got), _as_number(want)
+    return got_n is not None and got_n == want_n
+
+
+def is_correct(completion: str, answer: str) -> bool:
+    """Accuracy and evaluation criterion: the extracted answer is the expected one.
+
+    Exact text after stripping outer whitespace, or, when both are numbers,
+    the same value ("1,000", "$1000" and "1000.0" all equal "1000"). Text is
+    case-sensitive here; only ``answer_check`` gives partial credit.
+    """
+    got = extract_answer(completion)
+    if got is None:
+        return False
+    if got == answer.strip():
+        return True
+    got_n, want_n = _as_number(got), _as_number(answer)
+    return got_n is not None and got_n == want_n
+
+
+# ---------------------------------------------------------- per-sample scores
+
+
+def _format_exact_one(completion: str) -> float:
+    once = all(completion.count(tag) == 1 for tag in TAGS)
+    return 3.0 if once and _LAYOUT.fullmatch(completion) else 0.0
+
+
+def _format_approx_one(completion: str) -> float:
+    score = sum(0.5 if completion.count(tag) == 1 else -0.5 for tag in TAGS)
+    starts = [completion.find(tag) for tag in TAGS]
+    in_order = -1 not in starts and starts == sorted(starts)
+    score += 0.25 if in_order else -0.25
+    score += 0.25 if _LAYOUT.fullmatch(completion) else -0.25
+    return score
+
+
+def _answer_check_one(completion: str, answer: str) -> float:
+    got = extract_answer(completion)
+    if got is None:
+        return -1.0
+    if got == answer.strip():
+        return 3.0
+    if _same_value(got, answer):
+        return 1.5
+    got_n, want_n = _as_number(got), _as_number(answer)
+    if got_n is None or want_n is None or want_n == 0:
+        return -1.0
+    ratio = got_n / want_n
+    if 0.9 <= ratio <= 1.1:
+        return 0.5
+    if 0.8 <= ratio <= 1.2:
+        return 0.25
+    return -1.0
+
+
+def _number_check_one(completion: str, answer: str) -> float:
+    got = extract_answer(completion)
+    if got is None:
+        return 0.0
+    got_n, want_n = _first_number(got), _first_number(answer)
+    return 1.5 if got_n is not None and got_n == want_n else 0.0
+
+
+# ------------------------------------------------------------------ built-ins
+
+
+def format_exact(prompts, completions, answers, **columns) -> list[float]:
+    """3.0 when the completion is exactly one reasoning block then one answer
+    block (whitespace allowed around and between them, nothing else), else 0."""
+    return [_format_exact_one(c) for c in completions]
+
+
+def format_approx(prompts, completions, answers, **columns) -> list[float]:
+    """Partial format credit in [-2.5, +2.5], in steps of 0.25.
+
+    ====================================================  =======  =======
+    check                                                 pass     fail
+    ====================================================  =======  =======
+    each of the 4 tags appears exactly once (x4)          +0.5     -0.5
+    all 4 tags present, first occurrences in order        +0.25    -0.25
+    layout: reasoning block, then answer block, only      +0.25    -0.25
+    whitespace before, between and after (no trailing)
+    ====================================================  =======  =======
+
+    No tags at all scores -2.5; +2.5 happens exactly when ``format_exact``
+    gives 3.0.
+    """
+    return [_format_approx_one(c) for c in completions]
+
+
+def answer_check(prompts, completions, answers, **columns) -> list[float]:
+    """Correctness of the extracted answer, in [-1, +3].
+
+    3.0 exact text; 1.5 same after normalising (whitespace, commas, '$',
+    case, a final '.', and numbers by value so "42.0" matches "42"); 0.5 when
+    the numeric ratio got/expected is within 10%; 0.25 within 20%; -1.0 for a
+    wrong or missing answer (an expected 0 gets no ratio credit).
+    """
+    return [_answer_check_one(c, a) for c, a in zip(completions, answers)]
+
+
+def number_check(prompts, completions, answers, **columns) -> list[float]:
+    """1.5 when the first number in the answer block equals the first number
+    of the expected answer (commas ignored, compared by value), else 0."""
+    return [_number_check_one(c, a) for c, a in zip(completions, answers)]
+
+
+BUILTINS: dict[str, Callable] = {
+    "format_exact": format_exact,
+    "format_approx": format_approx,
+    "answer_check": answer_check,
+    "number_check": number_check,
+    # Names the seed documents use.
+    "check_answer": answer_check,
+    "check_numbers": number_check,
+}
+
+
+# -------------------------------------------------------------------- loading
+
+
+@dataclass
+class RewardFunction:
+    """One configured reward: its metric name, the callable and its weight.
+
+    ``error_reported`` is set the first time ``fn`` raises, so a function that
+    fails every step is reported once per run.
+    """
+
+    name: str
+    fn: Callable[..., Sequence[float | None]]
+    weight: float
+    error_reported: bool = False
+
+
+def load_reward_functions(specs: Iterable[tuple[str, float]], base_dir: str | Path) -> list[RewardFunction]:
+    """Resolve ``(spec, weight)`` pairs (a dict's ``.items()`` works).
+
+    A spec is a built-in name, or ``file.py:function`` with the file relative to
+    ``base_dir`` (normally the config file's folder) or absolute. The reward's
+    name is the built-in name as written or the function name; names must be
+    unique because they become metric names.
+    """
+    modules: dict[Path, object] = {}
+    loaded: list[RewardFunction] = []
+    for spec, weight in specs:
+        if not isinstance(weight, numbers.Real) or not math.isfinite(weight):
+            raise UserError(f"reward '{spec}': weight must be a finite number, got {weight!r}")
+        name, fn = _resolve(spec, Path(base_dir), modules)
+        if any(r.name == name for r in loaded):
+            raise UserError(f"reward function '{name}' is listed twice")
+        loaded.append(RewardFunction(name, fn, float(weight)))
+    return loaded
+
+
+def _resolve(spec: str, base_dir: Path, modules: dict[Path, object]) -> tuple[str, Callable]:
+    if ":" not in spec:
+        if spec not in BUILTINS:
+            known = ", ".join(sorted(BUILTINS))
+            raise UserError(f"unknown reward function '{spec}'; built-ins are {known}, or use 'file.py:function'")
+        return spec, BUILTINS[spec]
+    file_part, _, func_name = spec.rpartition(":")
+    if not file_part or not func_name:
+        raise UserError(f"reward '{spec}': expected 'path/to/file.py:function_name'")
+    path = (base_dir / file_part).resolve()
+    if path not in modules:
+        modules[path] = _import_file(path)
+    fn = getattr(modules[path], func_name, None)
+    if fn is None:
+        raise UserError(f"reward file {path} has no function '{func_name}'")
+    if not callable(fn):
+        raise UserError(f"reward file {path}: '{func_name}' is a {type(fn).__name__}, not a function")
+    return func_name, fn
+
+
+def _import_file(path: Path):
+    if not path.is_file():
+        raise UserError(f"reward file not found: {path}")
+    # A unique module name per path; registered so dataclasses/pickling in the user file work.
+    module_name = "mlx_grpo_user_rewards_" + hashlib.sha1(str(path).encode()).hexdigest()[:12]
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        del sys.modules[module_name]
+        raise UserError(f"cannot import reward file {path}: {_one_line(exc)}") from None
+    return module
+
+
+# -------------------------------------------------------------------- scoring
+
+
+@dataclass
+class RewardScores:
+    """Scores of one batch.
+
+    ``per_function[i, j]`` is function i on sample j, NaN where missing.
+    ``total[j]`` is the weighted sum over functions with missing scores counted
+    as 0 (a sample no function scored totals 0). ``new_errors`` holds one line
+    per function that raised for the first time in this run.
+    """
+
+    names: list[str]
+    per_function: np.ndarray
+    total: np.ndarray
+    new_errors: list[str]
+
+
+def score_completions(
+    functions: Sequence[RewardFunction],
+    prompts: Sequence[str],
+    completions: Sequence[str],
+    answers: Sequence[str],
+    columns: Mapping[str, Sequence] | None = None,
+) -> RewardScores:
+    """Run every reward function on the batch.
+
+    A function that raises gets all-NaN for this batch and does not stop the
+    run. A function that returns the wrong number of scores or a non-numeric
+    or infinite score is a bug in user code: UserError.
+    """
+    n = len(completions)
+    columns = dict(columns or {})
+    matrix = np.full((len(functions), n), np.nan)
+    new_errors: list[str] = []
+    for i, reward in enumerate(functions):
+        try:
+            raw = reward.fn(list(prompts), list(completions), list(answers), **columns)
+        except Exception as exc:
+            if not reward.error_reported:
+                reward.error_reported = True
+                new_errors.append(
+                    f"reward function '{reward.name}' raised {_one_line(exc)}{_where(exc)}; "
+                    "its scores are missing for this batch (further failures are not reported)"
+                )
+            continue
+        matrix[i] = _validated(reward.name, raw, n)
+    weights = np.array([r.weight for r in functions], dtype=float).reshape(-1, 1)
+    total = np.nansum(weights * matrix, axis=0)
+    return RewardScores([r.name for r in functions], matrix, total, new_errors)
+
+
+def _validated(name: str, raw, n: int) -> list[float]:
+    try:
+        values = list(raw)
+    except TypeError:
+        kind = type(raw).__name__
+        raise UserError(f"reward function '{name}' returned {kind}, expected a list of {n} scores") from None
+    if len(values) != n:
+        raise UserError(f"reward function '{name}' returned {len(values)} scores for {n} completions")
+    scores = []
+    for j, value in enumerate(values):
+        if value is None:
+            scores.append(math.nan)
+        elif isinstance(value, numbers.Real) and not math.isinf(value):
+            scores.append(float(value))
+        else:
+            raise UserError(
+                f"reward function '{name}' returned {value!r} at index {j}; scores must be finite numbers or None"
+            )
+    return scores
+
+
+def _one_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+
+
+def _where(exc: BaseException) -> str:
+    """' at file.py:12' for the innermost frame, so the user finds the failing line."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    return f" at {Path(frames[-1].filename).name}:{frames[-1].lineno}" if frames else ""
