@@ -1,0 +1,328 @@
+"""GRPO math as pure functions over MLX arrays.
+
+Nothing here knows about models, tokenizers or configs: the trainer computes
+per-token log-probabilities with a model and hands arrays in; these functions
+turn rewards into advantages and log-probabilities into a loss plus the
+policy statistics the run directory records under ``policy/...``.
+
+Conventions used throughout:
+
+* ``N`` sequences (completions) per batch, ``T`` completion positions per
+  sequence (padded), ``V`` vocabulary size.
+* A batch is ordered prompt-major: the ``G`` completions of one prompt are
+  consecutive, so ``N = B * G``.
+* ``mask`` is ``[N, T]`` (bool or numeric 0/1); 1 marks a completion token
+  that takes part in the loss. Prompt and padding positions are 0 and have
+  no influence on any result, even when their log-probabilities hold
+  garbage (inf/NaN): masked inputs are replaced by 0 before any arithmetic,
+  so neither values nor gradients can pick up NaN from them.
+* Everything is computed in float32, whatever the input dtype.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+SCALE_MODES = ("group", "batch", "none")
+LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
+IMPORTANCE_LEVELS = ("token", "sequence")
+
+
+def group_advantages(
+    rewards: mx.array, group_size: int, scale: str = "group", eps: float = 1e-4
+) -> mx.array:
+    """Group-relative advantages.
+
+    Args:
+        rewards: ``[B*G]`` float, finite, prompt-major (``G`` consecutive
+            completions per prompt).
+        group_size: ``G``, completions per prompt; must divide ``B*G``.
+        scale: ``"group"`` divides by each group's std, ``"batch"`` by the std
+            of all rewards in the batch, ``"none"`` does not divide.
+        eps: added to the std, so a group (or batch) whose rewards are all
+            equal gets advantages of exactly 0 instead of 0/0.
+
+    Returns:
+        ``[B*G]`` float32: ``(reward - group mean) / (std + eps)``.
+
+    The std is the population std (divide by ``G``, not ``G - 1``). TRL uses
+    the unbiased sample std; we do not, because with the population std a
+    non-constant group's advantages always have unit variance whatever ``G``
+    is, so changing num_generations does not silently rescale the update
+    (the sample std shrinks advantages by sqrt((G-1)/G): 0.71 at G=2).
+    """
+    if scale not in SCALE_MODES:
+        raise ValueError(f"scale must be one of {SCALE_MODES}, got {scale!r}")
+    rewards = rewards.astype(mx.float32)
+    n = rewards.size
+    if rewards.ndim != 1 or group_size < 1 or n % group_size != 0:
+        raise ValueError(
+            f"rewards must be 1-D with a length divisible by group_size={group_size}, "
+            f"got shape {tuple(rewards.shape)}"
+        )
+    groups = rewards.reshape(n // group_size, group_size)
+    centred = groups - groups.mean(axis=1, keepdims=True)
+    if scale == "group":
+        centred = centred / (groups.std(axis=1, keepdims=True) + eps)
+    elif scale == "batch":
+        centred = centred / (rewards.std() + eps)
+    return centred.reshape(n)
+
+
+def token_logprobs(logits: mx.array, targets: mx.array) -> mx.array:
+    """Log-probability of each target token under ``softmax(logits)``.
+
+    Args:
+        logits: ``[..., V]`` float (any float dtype; upcast to float32). If the
+            rollout sampled at a temperature, divide the logits by it before
+            calling, so these log-probs match the sampling distribution.
+        targets: ``[...]`` integer token ids (same leading shape as logits).
+
+    Returns:
+        ``[...]`` float32, ``logits[target] - logsumexp(logits)``, computed
+        on logits shifted by their row maximum: large logits neither
+        overflow nor lose digits (at |logit| ~ 1000 float32 keeps only
+        ~6e-5 absolute precision, which the shift avoids).
+    """
+    logits = logits.astype(mx.float32)
+    # The shift cancels in the result, so it needs no gradient.
+    shifted = logits - mx.stop_gradient(logits.max(axis=-1, keepdims=True))
+    picked = mx.take_along_axis(shifted, targets[..., None].astype(mx.int32), axis=-1)
+    return picked.squeeze(-1) - mx.logsumexp(shifted, axis=-1)
+
+
+def token_entropy(logits: mx.array) -> mx.array:
+    """Shannon entropy (nats) of ``softmax(logits)`` at every position.
+
+    Args:
+        logits: ``[..., V]`` float (upcast to float32); ``-inf`` entries
+            (banned tokens) are allowed and contribute 0.
+
+    Returns:
+        ``[...]`` float32, ``-sum_v p_v log p_v``.
+    """
+    logits = logits.astype(mx.float32)
+    logp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+    p = mx.exp(logp)
+    # 0 * log 0 is 0 in the limit; select before multiplying so -inf never
+    # meets a 0 (which would give NaN in the value or the gradient).
+    safe_logp = mx.where(p > 0, logp, 0.0)
+    return -(p * safe_logp).sum(axis=-1)
+
+
+def kl_k3(logp_policy: mx.array, logp_ref: mx.array) -> mx.array:
+    """Per-token k3 estimator of KL(policy || ref) for tokens sampled from the policy.
+
+    Args:
+        logp_policy: ``[...]`` float, log-probs of the sampled tokens under the policy.
+        logp_ref: ``[...]`` float, log-probs of the same tokens under the reference.
+
+    Returns:
+        ``[...]`` float32, ``exp(d) - d - 1`` with ``d = logp_ref - logp_policy``.
+        Always >= 0, exactly 0 with zero gradient where the two agree. No
+        clamping: a huge value means the policy really left the reference.
+    """
+    d = logp_ref.astype(mx.float32) - logp_policy.astype(mx.float32)
+    return mx.exp(d) - d - 1.0
+
+
+def masked_mean(x: mx.array, mask: mx.array) -> mx.array:
+    """Mean of ``x`` over positions where ``mask`` is set; 0 when none is.
+
+    Args:
+        x: any shape, float. Masked-out entries may be non-finite.
+        mask: same shape as ``x`` (bool or 0/1).
+
+    Returns:
+        float32 scalar.
+    """
+    m = mask.astype(mx.bool_)
+    total = mx.where(m, x.astype(mx.float32), 0.0).sum()
+    return total / mx.maximum(m.sum(), 1).astype(mx.float32)
+
+
+def _masked_quantile(x: mx.array, mask: mx.array, q: float) -> mx.array:
+    """Quantile of the masked entries of ``x`` (numpy's linear interpolation); 0 when none."""
+    m = mask.astype(mx.bool_).reshape(-1)
+    # Masked-out entries sort to the end, so the first `count` entries are the data.
+    ordered = mx.sort(mx.where(m, x.reshape(-1), mx.inf))
+    count = m.sum()
+    pos = q * (mx.maximum(count, 1) - 1).astype(mx.float32)
+    lo = mx.floor(pos).astype(mx.int32)
+    hi = mx.minimum(lo + 1, mx.maximum(count, 1) - 1)
+    frac = pos - lo.astype(mx.float32)
+    value = ordered[lo] * (1.0 - frac) + ordered[hi] * frac
+    return mx.where(count > 0, value, 0.0)
+
+
+def grpo_loss(
+    logp: mx.array,
+    old_logp: mx.array | None,
+    ref_logp: mx.array | None,
+    advantages: mx.array,
+    mask: mx.array,
+    *,
+    beta: float = 0.0,
+    epsilon: float = 0.2,
+    epsilon_high: float | None = None,
+    loss_type: str = "grpo",
+    importance_level: str = "token",
+    max_completion_length: int | None = None,
+    num_items_in_batch: float | mx.array | None = None,
+) -> tuple[mx.array, dict[str, mx.array]]:
+    """Clipped GRPO surrogate (+ optional k3 KL penalty), aggregated by ``loss_type``.
+
+    Args:
+        logp: ``[N, T]`` float, log-probs of the sampled completion tokens under
+            the policy being trained (the only input gradients flow into).
+        old_logp: ``[N, T]`` float, log-probs under the policy that sampled the
+            rollout (stop-gradient'ed here). ``None`` means "same as logp"
+            (num_iterations == 1): the ratio is then exactly 1 and the
+            gradient is the plain policy gradient.
+        ref_logp: ``[N, T]`` float, log-probs under the reference policy, or
+            ``None``. Required when ``beta > 0``; when given with
+            ``beta == 0`` it only feeds the ``kl`` statistic.
+        advantages: ``[N]`` float, one advantage per sequence.
+        mask: ``[N, T]`` bool or 0/1, completion tokens that count.
+        beta: weight of the per-token k3 KL term.
+        epsilon: lower clip, ratio is clipped below at ``1 - epsilon``.
+        epsilon_high: upper clip, ratio is clipped above at
+            ``1 + epsilon_high``; ``None`` means ``epsilon`` (symmetric).
+        loss_type: how per-token losses ``l[i, t]`` become one scalar
+            (``|y_i|`` = active tokens of sequence i, ``M`` = sum of ``|y_i|``):
+
+            * ``"grpo"``: ``mean_i( sum_t l[i,t] / |y_i| )``, each sequence
+              weighs the same regardless of length. An all-masked sequence
+              adds 0 but still counts in ``N``.
+            * ``"bnpo"``: ``sum l / M`` over this call's batch, each token
+              weighs the same.
+            * ``"dr_grpo"``: ``sum l / (N * max_completion_length)``, a
+              constant denominator, so no length bias at all.
+            * ``"dapo"``: ``sum l / num_items_in_batch``, each token weighs the
+              same across the *whole* update. ``num_items_in_batch`` is the
+              active-token count over everything whose gradients form one
+              optimiser step (all data-parallel processes, all accumulation
+              micro-batches); when omitted it is this call's ``M``, and dapo
+              then equals bnpo exactly. The count is a constant divisor, so
+              gradients must be summed across processes afterwards; if they
+              are averaged instead (``nn.average_gradients``), pass the global
+              count divided by the number of processes.
+        importance_level: ``"token"`` uses ``r[i,t] = exp(logp - old_logp)``.
+            ``"sequence"`` (GSPO) uses the geometric-mean sequence ratio
+            ``s_i = exp(mean over active t of (logp - old_logp))`` at every
+            token, written as ``sg(s_i) * exp(logp - sg(logp))``: the value is
+            ``s_i`` everywhere and each token's gradient is
+            ``s_i * dlogp[i,t]``, the same gradient as differentiating
+            ``s_i`` itself once per token (GSPO-token with a per-sequence
+            advantage, equal to GSPO for every loss_type).
+        max_completion_length: the configured generation budget; required
+            for ``"dr_grpo"`` (the padded width ``T`` varies between
+            batches, the budget does not).
+        num_items_in_batch: see ``"dapo"``; only valid with ``loss_type="dapo"``.
+
+    Per-token loss:
+        ``-min(r * A, clip(r, 1 - epsilon, 1 + epsilon_high) * A)
+        + beta * k3(logp, ref_logp)``.
+
+    Returns:
+        ``(loss, stats)``: ``loss`` is a float32 scalar to differentiate.
+        ``stats`` maps names (``policy/<name>`` in the run directory) to
+        float32 scalars, stop-gradient'ed, over active tokens only, 0 when
+        there is none:
+
+        * ``pg_loss``: the surrogate part alone, aggregated like ``loss``.
+        * ``kl``: token mean of k3 (0 without ref_logp); ``kl_penalty``:
+          ``beta * kl``. For bnpo and local dapo ``loss == pg_loss +
+          kl_penalty``; grpo and dr_grpo weight the KL tokens like the loss.
+        * ``clip_frac_low``: ratio < 1 - epsilon where A < 0;
+          ``clip_frac_high``: ratio > 1 + epsilon_high where A > 0;
+          ``clip_frac``: their sum, the tokens whose gradient clipping removed.
+        * ``outside_frac``: ratio outside [1 - epsilon, 1 + epsilon_high],
+          whatever the sign of A.
+        * ``ppo_kl``: token mean of ``old_logp - logp``.
+        * ``ratio_mean``, ``ratio_std`` (population), ``ratio_p95``,
+          ``log_ratio_mean``, ``log_ratio_std``: of the ratio actually used
+          (the sequence ratio in GSPO mode).
+    """
+    if loss_type not in LOSS_TYPES:
+        raise ValueError(f"loss_type must be one of {LOSS_TYPES}, got {loss_type!r}")
+    if importance_level not in IMPORTANCE_LEVELS:
+        raise ValueError(
+            f"importance_level must be one of {IMPORTANCE_LEVELS}, got {importance_level!r}"
+        )
+    if beta > 0 and ref_logp is None:
+        raise ValueError("beta > 0 needs ref_logp")
+    if loss_type == "dr_grpo" and not max_completion_length:
+        raise ValueError("loss_type 'dr_grpo' needs max_completion_length")
+    if num_items_in_batch is not None and loss_type != "dapo":
+        raise ValueError("num_items_in_batch is only used by loss_type 'dapo'")
+    if epsilon_high is None:
+        epsilon_high = epsilon
+
+    active = mask.astype(mx.bool_)
+    maskf = active.astype(mx.float32)
+    # Zero every masked input first: nothing downstream (exp, products,
+    # their gradients) can then turn padding garbage into NaN.
+    logp = mx.where(active, logp.astype(mx.float32), 0.0)
+    if old_logp is None:
+        old_logp = logp
+    old_logp = mx.stop_gradient(mx.where(active, old_logp.astype(mx.float32), 0.0))
+    adv = advantages.astype(mx.float32)[:, None]
+    seq_len = maskf.sum(axis=1)
+
+    token_log_ratio = logp - old_logp
+    if importance_level == "token":
+        log_ratio = token_log_ratio
+        ratio = mx.exp(log_ratio)
+    else:
+        seq_log_ratio = token_log_ratio.sum(axis=1) / mx.maximum(seq_len, 1.0)
+        log_ratio = mx.broadcast_to(seq_log_ratio[:, None], logp.shape)
+        ratio = mx.stop_gradient(mx.exp(log_ratio)) * mx.exp(logp - mx.stop_gradient(logp))
+
+    low, high = 1.0 - epsilon, 1.0 + epsilon_high
+    surrogate = mx.minimum(ratio * adv, mx.clip(ratio, low, high) * adv)
+    pg_per_token = mx.where(active, -surrogate, 0.0)
+
+    if ref_logp is not None:
+        ref = mx.where(active, ref_logp.astype(mx.float32), 0.0)
+        kl_per_token = mx.where(active, kl_k3(logp, ref), 0.0)
+    else:
+        kl_per_token = mx.zeros_like(logp)
+
+    def aggregate(per_token: mx.array) -> mx.array:
+        if loss_type == "grpo":
+            return (per_token.sum(axis=1) / mx.maximum(seq_len, 1.0)).mean()
+        if loss_type == "bnpo":
+            return per_token.sum() / mx.maximum(maskf.sum(), 1.0)
+        if loss_type == "dr_grpo":
+            return per_token.sum() / float(per_token.shape[0] * max_completion_length)
+        denom = maskf.sum() if num_items_in_batch is None else mx.array(num_items_in_batch)
+        return per_token.sum() / mx.maximum(denom.astype(mx.float32), 1.0)
+
+    per_token = pg_per_token + beta * kl_per_token if beta > 0 else pg_per_token
+    loss = aggregate(per_token)
+
+    sg = mx.stop_gradient
+    r = sg(ratio)
+    lr = sg(log_ratio)
+    low_clipped = (r < low) & (adv < 0)
+    high_clipped = (r > high) & (adv > 0)
+    kl = masked_mean(sg(kl_per_token), active)
+    ratio_mean = masked_mean(r, active)
+    log_ratio_mean = masked_mean(lr, active)
+    stats = {
+        "pg_loss": sg(aggregate(pg_per_token)),
+        "kl": kl,
+        "kl_penalty": beta * kl,
+        "clip_frac_low": masked_mean(low_clipped, active),
+        "clip_frac_high": masked_mean(high_clipped, active),
+        "clip_frac": masked_mean(low_clipped | high_clipped, active),
+        "outside_frac": masked_mean((r < low) | (r > high), active),
+        "ppo_kl": masked_mean(-sg(token_log_ratio), active),
+        "ratio_mean": ratio_mean,
+        "ratio_std": mx.sqrt(masked_mean(mx.square(r - ratio_mean), active)),
+        "ratio_p95": _masked_quantile(r, active, 0.95),
+        "log_ratio_mean": log_ratio_mean,
+        "log_ratio_std": mx.sqrt(masked_mean(mx.square(lr - log_ratio_mean), active)),
+    }
+    return loss, stats
