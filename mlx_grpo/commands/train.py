@@ -42,10 +42,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def collect_overrides(args: argparse.Namespace) -> dict[str, typing.Any]:
     overrides: dict[str, typing.Any] = {}
-    for name in top_level_fields():
+    for name, tp in top_level_fields().items():
         if name in vars(args):
             value = getattr(args, name)
-            if isinstance(value, str):
+            # A string key keeps its text as typed ("--run-name 007" stays "007").
+            if isinstance(value, str) and str not in typing.get_args(tp) and tp is not str:
                 value = parse_override(f"{name}={value}")[1]
             elif isinstance(value, list):
                 value = [parse_override(f"x={v}")[1] for v in value]

@@ -1,0 +1,155 @@
+"""Datasets and prompts: the built-in arithmetic task, JSONL prompt/answer files, GSM8K rows.
+
+A row is a dict with "prompt" and "answer" strings plus any extra columns (for
+example "difficulty"), which reach reward functions as keyword lists. This module
+imports no mlx.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .errors import UserError
+from .tasks import arithmetic
+
+GSM8K_ANSWER = re.compile(r"####\s*(.+?)\s*$", re.S)
+
+
+def _gsm8k_answer(text: str, where: str) -> str:
+    match = GSM8K_ANSWER.search(text)
+    if match is None:
+        raise UserError(f"{where}: GSM8K answer has no final '#### <number>' line")
+    return match.group(1).replace(",", "").strip()
+
+
+def read_jsonl_dataset(path: Path, fmt: str, prompt_field: str, answer_field: str) -> list[dict]:
+    """Rows from a JSONL file; every problem is reported with its line number."""
+    if not path.is_file():
+        raise UserError(f"{path}: dataset file not found")
+    rows: list[dict] = []
+    with path.open(encoding="utf-8") as fh:
+        for line_no, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            where = f"{path}:{line_no}"
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise UserError(f"{where}: malformed JSON ({err.msg})") from None
+            if not isinstance(record, dict):
+                raise UserError(f"{where}: expected a JSON object per line")
+            row_format = fmt
+            if row_format == "auto":
+                row_format = "gsm8k" if "question" in record and prompt_field not in record else "prompt_answer"
+            if row_format == "gsm8k":
+                for key in ("question", "answer"):
+                    if not isinstance(record.get(key), str):
+                        raise UserError(f"{where}: GSM8K row needs a string '{key}' field")
+                row = {k: v for k, v in record.items() if k not in ("question", "answer")}
+                row.update(prompt=record["question"], answer=_gsm8k_answer(record["answer"], where))
+            else:
+                for key in (prompt_field, answer_field):
+                    if key not in record:
+                        raise UserError(f"{where}: missing field '{key}'")
+                if not isinstance(record[prompt_field], str):
+                    raise UserError(f"{where}: field '{prompt_field}' must be a string")
+                row = {k: v for k, v in record.items() if k not in (prompt_field, answer_field)}
+                row.update(prompt=record[prompt_field], answer=str(record[answer_field]))
+            rows.append(row)
+    if not rows:
+        raise UserError(f"{path}: dataset is empty")
+    return rows
+
+
+def load_datasets(config: Any, base_dir: Path) -> tuple[list[dict], list[dict]]:
+    """(train rows, held-out rows) for a run config."""
+    if config.dataset == "arithmetic":
+        train = arithmetic.make_split("train", config.train_size, config.seed)
+        heldout = arithmetic.make_split("heldout", config.eval_size, config.seed)
+    else:
+        path = Path(config.dataset)
+        path = path if path.is_absolute() else base_dir / path
+        train = read_jsonl_dataset(path, config.dataset_format, config.prompt_field, config.answer_field)
+        if config.eval_dataset is not None:
+            eval_path = Path(config.eval_dataset)
+            eval_path = eval_path if eval_path.is_absolute() else base_dir / eval_path
+            heldout = read_jsonl_dataset(eval_path, config.dataset_format, config.prompt_field, config.answer_field)
+        else:
+            # Hold out a fixed slice so evaluation never sees training prompts.
+            shuffled = train[:]
+            random.Random(config.seed).shuffle(shuffled)
+            n_eval = min(config.eval_size, max(1, len(shuffled) // 20)) if len(shuffled) > 1 else 0
+            heldout, train = shuffled[:n_eval], shuffled[n_eval:] or shuffled
+        heldout = heldout[: config.eval_size]
+    return train, heldout
+
+
+def extra_columns(rows: list[dict]) -> dict[str, list]:
+    """Columns beyond prompt/answer, aligned with rows (missing values become None)."""
+    names = sorted({k for row in rows for k in row} - {"prompt", "answer"})
+    return {name: [row.get(name) for row in rows] for name in names}
+
+
+@dataclass
+class PromptOrder:
+    """Epoch-shuffled order over the training rows, resumable from (epoch, position)."""
+
+    num_rows: int
+    seed: int
+    epoch: int = 0
+    position: int = 0
+
+    def _permutation(self, epoch: int) -> list[int]:
+        order = list(range(self.num_rows))
+        random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
+        return order
+
+    def next_indices(self, count: int) -> list[int]:
+        out: list[int] = []
+        order = self._permutation(self.epoch)
+        while len(out) < count:
+            if self.position >= self.num_rows:
+                self.epoch += 1
+                self.position = 0
+                order = self._permutation(self.epoch)
+            out.append(order[self.position])
+            self.position += 1
+        return out
+
+    def state(self) -> dict:
+        return {"epoch": self.epoch, "position": self.position}
+
+    def load_state(self, state: dict) -> None:
+        self.epoch, self.position = int(state["epoch"]), int(state["position"])
+
+
+@dataclass
+class EncodedPrompt:
+    tokens: list[int]
+    truncated: bool
+
+
+def render_prompt(tokenizer: Any, text: str, system_prompt: str | None, use_chat_template: bool) -> str | list[int]:
+    """The prompt as the model sees it: through the chat template when the tokenizer has one."""
+    if use_chat_template and getattr(tokenizer, "chat_template", None):
+        messages = ([{"role": "system", "content": system_prompt}] if system_prompt else [])
+        messages.append({"role": "user", "content": text})
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    return (system_prompt + "\n" + text) if system_prompt else text
+
+
+def encode_prompt(tokenizer: Any, text: str, config: Any) -> EncodedPrompt:
+    """Token ids of one prompt, cut from the left to max_prompt_length."""
+    rendered = render_prompt(tokenizer, text, config.system_prompt, config.use_chat_template)
+    tokens = list(rendered) if not isinstance(rendered, str) else tokenizer.encode(rendered)
+    if hasattr(tokens, "get"):  # some tokenizers return a BatchEncoding
+        tokens = list(tokens["input_ids"])
+    limit = config.max_prompt_length
+    if len(tokens) > limit:
+        return EncodedPrompt(tokens[-limit:], True)
+    return EncodedPrompt(tokens, False)

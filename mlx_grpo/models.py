@@ -1,0 +1,142 @@
+"""Loading a policy through mlx-lm, adapters, and the reference policy.
+
+Any Hugging Face-format MLX model directory (or hub id, where a hub is reachable)
+goes through `mlx_lm.load`, the shipped default model included.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten
+
+from .config import DEFAULT_MODEL, TrainConfig
+from .errors import UserError
+
+DEFAULT_MODEL_DIR = Path(__file__).parent / "default_model"
+DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}
+
+
+def resolve_model_path(model_id: str, base_dir: Path) -> str:
+    """A local directory (checked to be a model) or, failing that, a hub id."""
+    if model_id == DEFAULT_MODEL:
+        return str(DEFAULT_MODEL_DIR)
+    candidate = Path(model_id).expanduser()
+    if not candidate.is_absolute():
+        local = base_dir / candidate
+        candidate = local if local.exists() else candidate
+    looks_local = candidate.exists() or model_id.startswith((".", "/", "~")) or model_id.count("/") != 1
+    if not looks_local:
+        return model_id  # hub id like "org/name"
+    if not candidate.is_dir():
+        raise UserError(f"model '{model_id}': directory not found")
+    if not (candidate / "config.json").is_file():
+        raise UserError(f"model '{model_id}': not a model directory (no config.json)")
+    if not any(candidate.glob("*.safetensors")):
+        raise UserError(f"model '{model_id}': not a model directory (no *.safetensors weights)")
+    return str(candidate)
+
+
+def load_policy(config: TrainConfig, base_dir: Path) -> tuple[nn.Module, Any]:
+    from mlx_lm import load
+
+    path = resolve_model_path(config.model_id, base_dir)
+    try:
+        model, tokenizer = load(path)
+    except (FileNotFoundError, ValueError, json.JSONDecodeError) as err:
+        raise UserError(f"model '{config.model_id}': could not be loaded: {str(err).splitlines()[0]}") from None
+    dtype = DTYPES[config.dtype]
+    if not _is_quantized(model):
+        model.set_dtype(dtype)
+    return model, tokenizer
+
+
+def _is_quantized(model: nn.Module) -> bool:
+    return any(isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding)) for _, m in model.named_modules())
+
+
+def apply_adapters(model: nn.Module, config: TrainConfig) -> None:
+    """Freeze the base and add LoRA/DoRA layers, or leave every weight trainable."""
+    if not config.use_lora:
+        if _is_quantized(model):
+            raise UserError(f"model '{config.model_id}' is quantized: full fine-tuning needs use_lora: true")
+        model.unfreeze()
+        return
+    from mlx_lm.tuner.utils import linear_to_lora_layers
+
+    model.freeze()
+    num_layers = len(model.layers) if config.lora_layers < 0 else config.lora_layers
+    lora_config = {
+        "rank": config.lora_rank,
+        # mlx-lm multiplies the low-rank update by `scale`; the usual convention is alpha / rank.
+        "scale": config.lora_alpha / config.lora_rank,
+        "dropout": config.lora_dropout,
+        "keys": config.lora_keys,
+    }
+    try:
+        linear_to_lora_layers(model, num_layers, lora_config, use_dora=config.use_dora)
+    except ValueError as err:
+        raise UserError(f"key 'lora_keys': {err}") from None
+
+
+def lora_modules(model: nn.Module) -> list[nn.Module]:
+    return [m for _, m in model.named_modules() if hasattr(m, "lora_a") and hasattr(m, "scale")]
+
+
+@contextmanager
+def adapters_disabled(model: nn.Module) -> Iterator[None]:
+    """The base model, by setting every adapter's scale to zero for the duration."""
+    modules = lora_modules(model)
+    scales = [m.scale for m in modules]
+    for m in modules:
+        m.scale = 0.0
+    try:
+        yield
+    finally:
+        for m, s in zip(modules, scales):
+            m.scale = s
+
+
+@dataclass
+class ReferencePolicy:
+    """What the KL term compares against: the adapter-free model, or a frozen copy."""
+
+    model: nn.Module
+    uses_adapters_off: bool
+
+    @contextmanager
+    def active(self) -> Iterator[nn.Module]:
+        if self.uses_adapters_off:
+            with adapters_disabled(self.model):
+                yield self.model
+        else:
+            yield self.model
+
+
+def make_reference(model: nn.Module, config: TrainConfig) -> ReferencePolicy | None:
+    """beta == 0 needs no reference; LoRA reuses the model; full fine-tuning keeps a frozen copy."""
+    if config.beta == 0:
+        return None
+    if config.use_lora:
+        return ReferencePolicy(model, uses_adapters_off=True)
+    frozen = copy.deepcopy(model)
+    frozen.freeze()
+    mx.eval(frozen.parameters())
+    return ReferencePolicy(frozen, uses_adapters_off=False)
+
+
+def trainable_parameters(model: nn.Module) -> dict:
+    return dict(tree_flatten(model.trainable_parameters()))
+
+
+def count_parameters(model: nn.Module) -> tuple[int, int]:
+    total = sum(v.size for _, v in tree_flatten(model.parameters()))
+    trainable = sum(v.size for _, v in tree_flatten(model.trainable_parameters()))
+    return total, trainable

@@ -1,0 +1,170 @@
+"""Batched rollouts over a KV cache.
+
+Each prompt is prefilled once; its cache is then repeated for the G completions of
+its group, and all B*G sequences decode together, one token per forward pass.
+The exact sampled token ids and their log-probabilities under the sampling
+distribution are kept; completions are never re-tokenized from text.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+from mlx_lm.models.cache import BatchKVCache, KVCache
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    temperature: float = 1.0  # 0 means greedy
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+
+    @property
+    def filters(self) -> bool:
+        return self.top_p < 1.0 or self.top_k > 0 or self.min_p > 0.0
+
+
+@dataclass
+class Rollout:
+    """B*G sequences, prompt-major (the G completions of prompt i are rows i*G .. i*G+G-1)."""
+
+    prompts: list[list[int]]  # one entry per sequence
+    completions: list[list[int]]  # sampled ids, up to and including EOS when one was sampled
+    logprobs: list[list[float]]  # log-probability of each sampled id under the sampling distribution
+    truncated: list[bool]  # hit the token budget without EOS
+    seconds: float
+
+    @property
+    def num_completion_tokens(self) -> int:
+        return sum(len(c) for c in self.completions)
+
+
+def filter_logits(logits: mx.array, settings: SamplingSettings) -> mx.array:
+    """Apply top-k, top-p and min-p by setting excluded logits to -inf."""
+    neg_inf = mx.array(-float("inf"), dtype=logits.dtype)
+    if settings.top_k > 0 and settings.top_k < logits.shape[-1]:
+        kth = mx.sort(logits, axis=-1)[..., -settings.top_k][..., None]
+        logits = mx.where(logits < kth, neg_inf, logits)
+    if settings.min_p > 0.0:
+        probs = mx.softmax(logits, axis=-1)
+        floor = settings.min_p * probs.max(axis=-1, keepdims=True)
+        logits = mx.where(probs < floor, neg_inf, logits)
+    if settings.top_p < 1.0:
+        order = mx.argsort(-logits, axis=-1)
+        sorted_probs = mx.take_along_axis(mx.softmax(logits, axis=-1), order, axis=-1)
+        # keep a token when the mass before it is below top_p (the top token always stays)
+        mass_before = mx.cumsum(sorted_probs, axis=-1) - sorted_probs
+        keep_sorted = mass_before < settings.top_p
+        keep = mx.put_along_axis(mx.zeros_like(keep_sorted), order, keep_sorted, axis=-1)
+        logits = mx.where(keep, logits, neg_inf)
+    return logits
+
+
+def sample_tokens(logits: mx.array, settings: SamplingSettings, key: mx.array) -> tuple[mx.array, mx.array]:
+    """Sample one id per row; return (ids, log-prob of each id under the sampling distribution)."""
+    logits = logits.astype(mx.float32)
+    if settings.temperature == 0:
+        ids = mx.argmax(logits, axis=-1)
+        return ids, mx.zeros(ids.shape, dtype=mx.float32)
+    logits = logits / settings.temperature
+    if settings.filters:
+        logits = filter_logits(logits, settings)
+    logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+    ids = mx.random.categorical(logits, key=key)
+    return ids, mx.take_along_axis(logprobs, ids[:, None], axis=-1)[:, 0]
+
+
+def _make_cache(model: nn.Module, left_padding: list[int]) -> list:
+    if hasattr(model, "make_cache"):
+        own = model.make_cache()
+        if not all(type(c) is KVCache for c in own):
+            # Sliding windows or SSM states need their own batching.
+            kinds = sorted({type(c).__name__ for c in own})
+            raise NotImplementedError(f"batched rollout supports models with a plain KV cache; "
+                                      f"{type(model).__module__} uses {', '.join(kinds)}")
+    if any(left_padding):
+        return [BatchKVCache(left_padding) for _ in model.layers]
+    return [KVCache() for _ in model.layers]
+
+
+def _repeat_rows(cache: list, rows: mx.array) -> None:
+    """Give every group member its own copy of its prompt's cache."""
+    for layer_cache in cache:
+        if isinstance(layer_cache, BatchKVCache):
+            layer_cache.filter(rows)
+        else:
+            layer_cache.keys = layer_cache.keys[rows]
+            layer_cache.values = layer_cache.values[rows]
+
+
+def generate(
+    model: nn.Module,
+    prompts: list[list[int]],
+    group_size: int,
+    max_tokens: int,
+    eos_ids: set[int],
+    pad_id: int,
+    settings: SamplingSettings,
+    key: mx.array,
+) -> Rollout:
+    """Sample `group_size` completions for each prompt, all in one batch."""
+    start = time.perf_counter()
+    longest = max(len(p) for p in prompts)
+    left_padding = [longest - len(p) for p in prompts]
+    inputs = mx.array([[pad_id] * pad + p for pad, p in zip(left_padding, prompts)])
+    cache = _make_cache(model, left_padding)
+    logits = model(inputs, cache=cache)[:, -1, :]
+    rows = mx.array(np.repeat(np.arange(len(prompts)), group_size))
+    _repeat_rows(cache, rows)
+    logits = logits[rows]
+
+    n = len(prompts) * group_size
+    eos = mx.array(sorted(eos_ids))
+    step_ids, step_logprobs = [], []
+    finished = mx.zeros((n,), dtype=mx.bool_)
+    keys = mx.random.split(key, max_tokens)
+    for t in range(max_tokens):
+        ids, logprobs = sample_tokens(logits, settings, keys[t])
+        step_ids.append(ids)
+        step_logprobs.append(logprobs)
+        finished = finished | (ids[:, None] == eos[None, :]).any(axis=-1)
+        if t + 1 == max_tokens:
+            break
+        logits = model(ids[:, None], cache=cache)[:, -1, :]
+        mx.async_eval(logits, finished)
+        # Checking for the end costs a sync; every few steps keeps decode mostly asynchronous.
+        if t % 4 == 3 and bool(finished.all()):
+            break
+    ids_np = np.array(mx.stack(step_ids, axis=1))
+    logprobs_np = np.array(mx.stack(step_logprobs, axis=1))
+
+    completions, completion_logprobs, truncated = [], [], []
+    for row_ids, row_lps in zip(ids_np.tolist(), logprobs_np.tolist()):
+        end = next((i for i, tok in enumerate(row_ids) if tok in eos_ids), None)
+        if end is None:
+            completions.append(row_ids[:max_tokens])
+            completion_logprobs.append(row_lps[:max_tokens])
+            truncated.append(True)
+        else:
+            completions.append(row_ids[: end + 1])
+            completion_logprobs.append(row_lps[: end + 1])
+            truncated.append(False)
+    return Rollout(
+        prompts=[prompts[i] for i in np.repeat(np.arange(len(prompts)), group_size)],
+        completions=completions,
+        logprobs=completion_logprobs,
+        truncated=truncated,
+        seconds=time.perf_counter() - start,
+    )
+
+
+def decode_completion(tokenizer, ids: list[int], eos_ids: set[int]) -> str:
+    """Completion text without the trailing EOS token."""
+    if ids and ids[-1] in eos_ids:
+        ids = ids[:-1]
+    return tokenizer.decode(ids)

@@ -1,0 +1,48 @@
+"""Small Hugging Face-format model directories with random weights, for tests.
+
+They are not shipped: they stand in for "a model the project did not make" and go
+through the same `mlx_lm.load` path as a user's model.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+import mlx.core as mx
+from mlx_lm.utils import save_config, save_model
+
+from mlx_grpo.tools.build_default_model import BOS, EOS, PAD, build_tokenizer, save_tokenizer
+
+ARCHITECTURES = {
+    "llama": {"architectures": ["LlamaForCausalLM"], "rope_theta": 10000.0, "tie_word_embeddings": False},
+    "qwen2": {"architectures": ["Qwen2ForCausalLM"], "rope_theta": 1000000.0, "tie_word_embeddings": True},
+}
+
+
+def make_model_dir(out: Path, model_type: str = "llama", seed: int = 0) -> Path:
+    tokenizer = build_tokenizer()
+    config = {
+        **ARCHITECTURES[model_type],
+        "model_type": model_type,
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "intermediate_size": 128,
+        "vocab_size": tokenizer.get_vocab_size(),
+        "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 128,
+        "bos_token_id": tokenizer.token_to_id(BOS),
+        "eos_token_id": tokenizer.token_to_id(EOS),
+        "pad_token_id": tokenizer.token_to_id(PAD),
+    }
+    module = importlib.import_module(f"mlx_lm.models.{model_type}")
+    mx.random.seed(seed)
+    model = module.Model(module.ModelArgs.from_dict(config))
+    mx.eval(model.parameters())
+    out.mkdir(parents=True, exist_ok=True)
+    save_model(out, model)
+    save_config(dict(config), out / "config.json")
+    save_tokenizer(tokenizer, out)
+    return out
