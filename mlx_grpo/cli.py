@@ -1,7 +1,8 @@
 """The `mlx-grpo` command: one entry point, one module per subcommand.
 
-Each subcommand module has `add_arguments(parser)` and `run(args) -> int`. Modules
-are imported only when their subcommand runs, so `mlx-grpo watch` never loads mlx.
+Each subcommand module has `add_arguments(parser)` and `run(args) -> int`, and sets
+`USES_MLX = True` when it computes with MLX (those get OpenBLAS preloaded on Linux).
+Heavy imports live in `run()`, so `mlx-grpo watch` never loads mlx.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import argparse
 import importlib
 import sys
 
+from .blas import reexec_with_openblas
 from .errors import UserError
 
 # name -> (module, one-line help)
@@ -39,6 +41,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0
     module = importlib.import_module(args._module)
+    if getattr(module, "USES_MLX", False):
+        reexec_with_openblas()
     try:
         return int(module.run(args) or 0)
     except UserError as err:

@@ -7,6 +7,8 @@ import typing
 
 from ..config import parse_override, top_level_fields
 
+USES_MLX = True
+
 
 def _flag_kind(tp: typing.Any) -> str:
     args = [a for a in typing.get_args(tp) if a is not type(None)] or [tp]

@@ -1,0 +1,104 @@
+"""Checkpoints that let a run continue exactly: weights or adapters, optimiser, step, RNG, data order.
+
+Layout of `<run dir>/checkpoints/step_<N>/`:
+- `adapters.safetensors` + `adapter_config.json` (LoRA/DoRA; loadable by mlx-lm's `--adapter-path`)
+  or `model.safetensors` (full fine-tuning: every weight)
+- `optimizer.safetensors`: the optimiser state (AdamW moments and its step counter)
+- `state.json`: step, data order position, RNG state, trainer state and the byte length of each
+  run-directory log at the moment of the checkpoint (resume cuts the logs back to it)
+
+A checkpoint is written into a temporary directory and renamed into place, so a
+crash mid-write never leaves a half checkpoint that looks complete.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+import mlx.optimizers as optim
+from mlx.utils import tree_flatten, tree_unflatten
+
+from .errors import UserError
+
+STEP_DIR = re.compile(r"^step_(\d+)$")
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def save_checkpoint(
+    checkpoints_dir: Path,
+    step: int,
+    model: nn.Module,
+    optimizer: optim.Optimizer,
+    state: dict[str, Any],
+    adapter_config: dict | None,
+    keep: int,
+) -> Path:
+    checkpoints_dir.mkdir(parents=True, exist_ok=True)
+    final = checkpoints_dir / f"step_{step}"
+    tmp = checkpoints_dir / f".step_{step}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    if adapter_config is not None:
+        mx.save_safetensors(str(tmp / "adapters.safetensors"), dict(tree_flatten(model.trainable_parameters())))
+        (tmp / "adapter_config.json").write_text(json.dumps(adapter_config, indent=2))
+    else:
+        mx.save_safetensors(str(tmp / "model.safetensors"), dict(tree_flatten(model.parameters())))
+    mx.save_safetensors(str(tmp / "optimizer.safetensors"), dict(tree_flatten(optimizer.state)))
+    full_state = {**state, "step": step, "rng": [int(x) for x in mx.random.state[0].tolist()]}
+    (tmp / "state.json").write_text(json.dumps(full_state))
+    for name in os.listdir(tmp):
+        with open(tmp / name, "rb") as fh:
+            os.fsync(fh.fileno())
+    _fsync_dir(tmp)
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
+    _fsync_dir(checkpoints_dir)
+    for old in list_checkpoints(checkpoints_dir)[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def list_checkpoints(checkpoints_dir: Path) -> list[Path]:
+    """Complete checkpoints, oldest first."""
+    if not checkpoints_dir.is_dir():
+        return []
+    found = []
+    for entry in checkpoints_dir.iterdir():
+        match = STEP_DIR.match(entry.name)
+        if match and (entry / "state.json").is_file():
+            found.append((int(match.group(1)), entry))
+    return [path for _, path in sorted(found)]
+
+
+def latest_checkpoint(checkpoints_dir: Path) -> Path | None:
+    found = list_checkpoints(checkpoints_dir)
+    return found[-1] if found else None
+
+
+def load_checkpoint(path: Path, model: nn.Module, optimizer: optim.Optimizer) -> dict[str, Any]:
+    """Restore weights, optimiser state and the global RNG; return the saved trainer state."""
+    try:
+        state = json.loads((path / "state.json").read_text())
+        weights_file = path / ("adapters.safetensors" if (path / "adapters.safetensors").exists()
+                               else "model.safetensors")
+        model.load_weights(list(mx.load(str(weights_file)).items()), strict=False)
+        optimizer.state = tree_unflatten(list(mx.load(str(path / "optimizer.safetensors")).items()))
+    except (OSError, ValueError, json.JSONDecodeError) as err:
+        raise UserError(f"{path}: checkpoint cannot be read: {str(err).splitlines()[0]}") from None
+    mx.random.state[0] = mx.array(state["rng"], dtype=mx.uint32)
+    mx.eval(model.parameters(), optimizer.state)
+    return state
