@@ -17,6 +17,7 @@ from .errors import UserError
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("mlx_grpo.commands.train", "train a model with GRPO"),
+    "metrics": ("mlx_grpo.commands.metrics", "print the metric catalogue (and where the seed metrics went)"),
 }
 
 
@@ -41,7 +42,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0
     module = importlib.import_module(args._module)
-    if getattr(module, "USES_MLX", False):
+    # Only a real command line re-executes; in-process calls (tests, scripts) keep their process.
+    if argv is None and getattr(module, "USES_MLX", False):
         reexec_with_openblas()
     try:
         return int(module.run(args) or 0)

@@ -1,0 +1,57 @@
+"""What a training run prints: a progress bar with the numbers people watch, and plain lines."""
+
+from __future__ import annotations
+
+import sys
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+
+class TrainingConsole:
+    """A rich progress bar with step, reward, accuracy and tokens/s; messages print above it."""
+
+    def __init__(self, total_steps: int, start_step: int = 0, enabled: bool = True):
+        self.console = Console(stderr=False, highlight=False)
+        self.progress = Progress(
+            TextColumn("[bold]step"),
+            MofNCompleteColumn(),
+            BarColumn(bar_width=24),
+            TextColumn("{task.fields[summary]}"),
+            TimeElapsedColumn(),
+            TextColumn("eta"),
+            TimeRemainingColumn(),
+            console=self.console,
+            disable=not enabled or not sys.stdout.isatty(),
+        )
+        self.task = self.progress.add_task("train", total=total_steps, completed=start_step, summary="")
+        self.plain = not sys.stdout.isatty()
+
+    def __enter__(self) -> "TrainingConsole":
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.progress.stop()
+
+    def step(self, step: int, record: dict[str, float], every: int) -> None:
+        reward = record.get("rewards/total/mean")
+        acc = record.get("accuracy/train")
+        tps = record.get("throughput/step_tokens_per_s")
+        parts = []
+        if reward is not None:
+            parts.append(f"reward {reward:+.3f}")
+        if acc is not None:
+            parts.append(f"acc {acc:.0%}")
+        if "eval/accuracy" in record:
+            parts.append(f"held-out {record['eval/accuracy']:.0%}")
+        if tps is not None:
+            parts.append(f"{tps:,.0f} tok/s")
+        summary = "  ".join(parts)
+        self.progress.update(self.task, completed=step, summary=summary)
+        # Without a terminal (CI, a log file) a line every `every` steps stands in for the bar.
+        if self.plain and (step % every == 0 or "eval/accuracy" in record):
+            self.console.print(f"step {step}/{self.progress.tasks[0].total}  {summary}")
+
+    def message(self, text: str, style: str | None = None) -> None:
+        self.console.print(text, style=style)
