@@ -1,0 +1,206 @@
+"""A rubric used as a reward function, and what the trainer logs about it.
+
+The trainer registers `RubricReward(rubric)` as the reward function named "rubric" (weighted by
+`--rubric-weight`), merges `step_metrics(step)` into each step's metric record, turns
+`take_errors()` into alerts with `judge_alerts()`, adds `end_epoch()` to the epoch record and
+at the end writes `summary` to the run directory (and to TensorBoard text / a W&B table).
+Scoring happens once per batch; every metric here is computed from those scores, so the judge
+is never asked twice for the same completion.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+from .judge import JudgeError
+from .rubric import Rubric, RubricScores
+
+REWARD_NAME = "rubric"
+SUMMARY_COLUMNS = ("criterion", "mean", "std", "min", "max", "samples")
+SUMMARY_JSON = "rubric_summary.json"
+SUMMARY_MARKDOWN = "rubric_summary.md"
+
+
+class RubricReward:
+    """Callable with the reward-function signature; remembers scores until the trainer logs them."""
+
+    def __init__(self, rubric: Rubric, criteria_every: int = 10):
+        if criteria_every < 1:
+            raise ValueError(f"criteria_every must be >= 1, got {criteria_every}")
+        self.__name__ = REWARD_NAME
+        self.rubric = rubric
+        self.criteria_every = criteria_every
+        self.summary = RubricSummary(rubric)
+        self._pending: list[RubricScores] = []
+        self._errors: list[JudgeError] = []
+        self._epoch_tokens = 0
+        self._logged_once = False
+
+    def __call__(self, prompts: list[str], completions: list[str], answers: list[str],
+                 **columns) -> list[float | None]:
+        scores = self.rubric.score(prompts, completions, answers, **columns)
+        self._pending.append(scores)
+        self._errors.extend(scores.errors)
+        self._epoch_tokens += scores.api_tokens
+        self.summary.add(scores)
+        return scores.total
+
+    def step_metrics(self, step: int) -> dict[str, float | None]:
+        """Metrics of every batch scored since the previous call.
+
+        Criterion means and scoring weights come on the first call and on steps divisible by
+        `criteria_every`; judge metrics only when the rubric has a judge criterion.
+        """
+        pending, self._pending = self._pending, []
+        include = not self._logged_once or step % self.criteria_every == 0
+        self._logged_once = True
+        metrics = rubric_metrics(self.rubric, pending, include_criteria=include)
+        if self.rubric.judge is not None:
+            metrics["judge/api_tokens"] = sum(s.api_tokens for s in pending)
+            metrics["judge/api_tokens_total"] = self.summary.api_tokens
+            metrics["judge/failed_requests"] = sum(len(s.errors) for s in pending)
+        return metrics
+
+    def take_errors(self) -> list[JudgeError]:
+        """Judge failures since the previous call (the trainer turns them into alerts)."""
+        errors, self._errors = self._errors, []
+        return errors
+
+    def end_epoch(self) -> dict[str, int]:
+        """Judge tokens spent since the previous epoch ended (the seed's Epoch/APITokens)."""
+        tokens, self._epoch_tokens = self._epoch_tokens, 0
+        return {"epoch/api_tokens": tokens}
+
+
+def rubric_metrics(rubric: Rubric, batches: list[RubricScores], include_criteria: bool) -> dict[str, float | None]:
+    """rewards/rubric/{mean,min,max}, and optionally per-criterion means and scoring weights.
+
+    A value nothing could be computed for is None (null in metrics.jsonl), never NaN.
+    """
+    totals = np.array([t for s in batches for t in s.total if t is not None], dtype=float)
+    metrics: dict[str, float | None] = {
+        f"rewards/{REWARD_NAME}/mean": float(totals.mean()) if totals.size else None,
+        f"rewards/{REWARD_NAME}/min": float(totals.min()) if totals.size else None,
+        f"rewards/{REWARD_NAME}/max": float(totals.max()) if totals.size else None,
+    }
+    if include_criteria:
+        matrix = np.concatenate([s.matrix for s in batches]) if batches else np.empty((0, len(rubric.criteria)))
+        for j, criterion in enumerate(rubric.criteria):
+            column = matrix[:, j][~np.isnan(matrix[:, j])]
+            metrics[f"criteria/{rubric.name}/{criterion.name}/mean"] = float(column.mean()) if column.size else None
+            metrics[f"scoring/{criterion.name}/weight"] = criterion.weight
+    return metrics
+
+
+def judge_alerts(errors: list[JudgeError]) -> list[dict]:
+    """One alert body per criterion that had failures; the trainer adds step and time."""
+    by_criterion: dict[str, list[JudgeError]] = defaultdict(list)
+    for error in errors:
+        by_criterion[error.criterion].append(error)
+    alerts = []
+    for criterion, failed in by_criterion.items():
+        alerts.append({
+            "level": "warning",
+            "rule": "judge_failed",
+            "metric": "judge/failed_requests",
+            "value": len(failed),
+            "message": f"judge could not score {len(failed)} completion(s) for criterion '{criterion}' "
+                       f"(scored as missing): {failed[0].message}",
+        })
+    return alerts
+
+
+class _Running:
+    """Count, mean, variance (Chan et al. merge), min and max without keeping the values."""
+
+    def __init__(self):
+        self.count, self.mean, self.m2 = 0, 0.0, 0.0
+        self.min, self.max = math.inf, -math.inf
+
+    def add(self, values: np.ndarray) -> None:
+        values = values[~np.isnan(values)]
+        if values.size == 0:
+            return
+        n, mean = values.size, float(values.mean())
+        m2 = float(((values - mean) ** 2).sum())
+        total = self.count + n
+        delta = mean - self.mean
+        self.mean += delta * n / total
+        self.m2 += m2 + delta * delta * self.count * n / total
+        self.count = total
+        self.min = min(self.min, float(values.min()))
+        self.max = max(self.max, float(values.max()))
+
+    def row(self, label: str) -> dict:
+        if self.count == 0:
+            return {"criterion": label, "mean": None, "std": None, "min": None, "max": None, "samples": 0}
+        return {"criterion": label, "mean": self.mean, "std": math.sqrt(self.m2 / self.count),
+                "min": self.min, "max": self.max, "samples": self.count}
+
+
+class RubricSummary:
+    """Whole-run statistics per criterion, plus the weighted rubric score in a last row named after the rubric."""
+
+    def __init__(self, rubric: Rubric):
+        self.rubric = rubric
+        self._criteria = {c.name: _Running() for c in rubric.criteria}
+        self._total = _Running()
+        self.api_tokens = 0
+        self.failed_requests = 0
+
+    def add(self, scores: RubricScores) -> None:
+        for j, name in enumerate(scores.criteria):
+            self._criteria[name].add(scores.matrix[:, j])
+        self._total.add(np.array([np.nan if t is None else t for t in scores.total], dtype=float))
+        self.api_tokens += scores.api_tokens
+        self.failed_requests += len(scores.errors)
+
+    def to_rows(self) -> list[dict]:
+        """Rows with SUMMARY_COLUMNS; criteria are named `<rubric>/<criterion>`; std is the population std."""
+        rows = [stats.row(f"{self.rubric.name}/{name}") for name, stats in self._criteria.items()]
+        rows.append(self._total.row(self.rubric.name))
+        return rows
+
+    def to_markdown(self) -> str:
+        lines = [f"Rubric '{self.rubric.name}'", "",
+                 "| " + " | ".join(SUMMARY_COLUMNS) + " |",
+                 "|" + "---|" * len(SUMMARY_COLUMNS)]
+        for row in self.to_rows():
+            cells = [row["criterion"]] + [_cell(row[c]) for c in SUMMARY_COLUMNS[1:-1]] + [str(row["samples"])]
+            lines.append("| " + " | ".join(cells) + " |")
+        if self.rubric.judge is not None:
+            lines += ["", f"Judge: {self.api_tokens} API tokens, {self.failed_requests} failed request(s)."]
+        return "\n".join(lines) + "\n"
+
+    def write(self, run_dir: str | os.PathLike) -> tuple[Path, Path]:
+        """Write rubric_summary.json and rubric_summary.md into the run directory (atomic replace)."""
+        run_dir = Path(run_dir)
+        document = {
+            "rubric": self.rubric.name,
+            "rubric_file": str(self.rubric.path),
+            "weights": self.rubric.weights,
+            "columns": list(SUMMARY_COLUMNS),
+            "rows": self.to_rows(),
+        }
+        if self.rubric.judge is not None:
+            document["judge"] = {"api_tokens_total": self.api_tokens, "failed_requests_total": self.failed_requests}
+        json_path = _atomic_write(run_dir / SUMMARY_JSON, json.dumps(document, indent=2) + "\n")
+        markdown_path = _atomic_write(run_dir / SUMMARY_MARKDOWN, self.to_markdown())
+        return json_path, markdown_path
+
+
+def _cell(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4f}"
+
+
+def _atomic_write(path: Path, text: str) -> Path:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+    return path
