@@ -25,8 +25,8 @@ import yaml
 
 from .errors import UserError
 from .judge import PLACEHOLDERS, Judge, JudgeConfig, JudgeError, chat_completions_url
-from .rubric_scorers import (JudgeScorer, LengthScorer, NumericAnswerScorer, PythonScorer, RegexScorer,
-                             SubstringScorer)
+from .rubric_scorers import (CriterionFailed, JudgeScorer, LengthScorer, NumericAnswerScorer, PythonScorer,
+                             RegexScorer, SubstringScorer)
 
 SCORERS = ("regex", "substring", "length", "numeric_answer", "python", "judge")
 # Rubric and criterion names become metric names (criteria/<rubric>/<criterion>/mean).
@@ -63,7 +63,8 @@ class RubricScores:
     weights: tuple[float, ...]
     matrix: np.ndarray  # shape (samples, criteria), 0..1 for rule criteria, NaN = missing
     total: list[float | None]  # weighted mean over the criteria that scored; None if none did
-    errors: list[JudgeError] = field(default_factory=list)
+    errors: list[JudgeError] = field(default_factory=list)  # judge requests that gave no score
+    failures: dict[str, str] = field(default_factory=dict)  # criterion -> why its python function failed
     api_tokens: int = 0  # judge tokens spent on this batch
     judge_requests: int = 0  # HTTP requests sent, retries included
 
@@ -99,9 +100,14 @@ class Rubric:
             raise ValueError(f"got {len(prompts)} prompts, {n} completions and {len(answers)} answers")
         matrix = np.full((n, len(self.criteria)), np.nan)
         errors: list[JudgeError] = []
+        failures: dict[str, str] = {}
         tokens = requests = 0
         for j, criterion in enumerate(self.criteria):
-            result = criterion.scorer(prompts, completions, answers, columns)
+            try:
+                result = criterion.scorer(prompts, completions, answers, columns)
+            except CriterionFailed as failed:
+                failures[criterion.name] = str(failed)
+                continue  # the column stays NaN: missing for this batch
             if criterion.kind == "judge":
                 errors.extend(result.errors)
                 tokens += result.api_tokens
@@ -115,7 +121,7 @@ class Rubric:
         weighted = np.where(scored, matrix, 0.0) @ weights
         total = [float(w / s) if s > 0 else None for w, s in zip(weighted, weight_sum)]
         return RubricScores(self.name, tuple(c.name for c in self.criteria), tuple(weights.tolist()),
-                            matrix, total, errors, tokens, requests)
+                            matrix, total, errors, failures, tokens, requests)
 
 
 def load_rubric(path: str | os.PathLike) -> Rubric:

@@ -1,9 +1,11 @@
 """A rubric used as a reward function, and what the trainer logs about it.
 
 The trainer registers `RubricReward(rubric)` as the reward function named "rubric" (weighted by
-`--rubric-weight`), merges `step_metrics(step)` into each step's metric record, turns
-`take_errors()` into alerts with `judge_alerts()`, adds `end_epoch()` to the epoch record and
-at the end writes `summary` to the run directory (and to TensorBoard text / a W&B table).
+`--rubric-weight`), merges `step_metrics(step)` into each step's metric record, writes the
+bodies from `take_alerts()` to alerts.jsonl (adding step and time), adds `end_epoch()` to the
+epoch record, and at the end writes `summary` to the run directory, merges
+`summary.final_metrics()` into the final metrics and sends `summary.to_rows()` /
+`summary.to_markdown()` to a W&B table / TensorBoard text.
 Scoring happens once per batch; every metric here is computed from those scores, so the judge
 is never asked twice for the same completion.
 """
@@ -39,6 +41,8 @@ class RubricReward:
         self.summary = RubricSummary(rubric)
         self._pending: list[RubricScores] = []
         self._errors: list[JudgeError] = []
+        self._failures: dict[str, str] = {}  # python criteria that raised and are not yet reported
+        self._reported_failures: set[str] = set()
         self._epoch_tokens = 0
         self._logged_once = False
 
@@ -47,6 +51,9 @@ class RubricReward:
         scores = self.rubric.score(prompts, completions, answers, **columns)
         self._pending.append(scores)
         self._errors.extend(scores.errors)
+        for criterion, message in scores.failures.items():
+            if criterion not in self._reported_failures:
+                self._failures.setdefault(criterion, message)
         self._epoch_tokens += scores.api_tokens
         self.summary.add(scores)
         return scores.total
@@ -67,10 +74,27 @@ class RubricReward:
             metrics["judge/failed_requests"] = sum(len(s.errors) for s in pending)
         return metrics
 
-    def take_errors(self) -> list[JudgeError]:
-        """Judge failures since the previous call (the trainer turns them into alerts)."""
+    def take_alerts(self) -> list[dict]:
+        """Alert bodies for failures since the previous call.
+
+        Judge failures: one alert per criterion and call. A python criterion that raised: one
+        alert the first time only (it usually fails every batch in the same way), as for reward
+        functions.
+        """
         errors, self._errors = self._errors, []
-        return errors
+        failures, self._failures = self._failures, {}
+        self._reported_failures.update(failures)
+        alerts = judge_alerts(errors)
+        for criterion, message in failures.items():
+            alerts.append({
+                "level": "warning",
+                "rule": "rubric_criterion_failed",
+                "metric": f"criteria/{self.rubric.name}/{criterion}/mean",
+                "value": None,
+                "message": f"rubric criterion '{criterion}' failed: {message}; its scores are missing "
+                           "(further failures are not reported)",
+            })
+        return alerts
 
     def end_epoch(self) -> dict[str, int]:
         """Judge tokens spent since the previous epoch ended (the seed's Epoch/APITokens)."""
@@ -166,6 +190,17 @@ class RubricSummary:
         rows = [stats.row(f"{self.rubric.name}/{name}") for name, stats in self._criteria.items()]
         rows.append(self._total.row(self.rubric.name))
         return rows
+
+    def final_metrics(self) -> dict[str, float | int | None]:
+        """final/criteria/<rubric>/<criterion>/{mean,std,min,max,total_samples} for final_metrics.json."""
+        metrics: dict[str, float | int | None] = {}
+        for name, stats in self._criteria.items():
+            row = stats.row(name)
+            prefix = f"final/criteria/{self.rubric.name}/{name}"
+            for stat in ("mean", "std", "min", "max"):
+                metrics[f"{prefix}/{stat}"] = row[stat]
+            metrics[f"{prefix}/total_samples"] = row["samples"]
+        return metrics
 
     def to_markdown(self) -> str:
         lines = [f"Rubric '{self.rubric.name}'", "",

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import math
 import re
+import traceback
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 from .errors import UserError
@@ -18,6 +20,10 @@ from .judge import Judge, JudgeBatch
 # Thousands separators are accepted ("1,234"); a plain run of digits is the common case ("0357").
 _NUMBER = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|[-+]?\.\d+")
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+
+
+class CriterionFailed(Exception):
+    """A user function raised: its criterion is missing for this batch; the run goes on."""
 
 
 def numbers_in(text: str) -> list[float]:
@@ -114,7 +120,11 @@ class NumericAnswerScorer:
 
 @dataclass(frozen=True)
 class PythonScorer:
-    """A user function with the reward-function signature: fn(prompts, completions, answers, **columns)."""
+    """A user function with the reward-function signature: fn(prompts, completions, answers, **columns).
+
+    Like a reward function, one that raises gives missing scores (CriterionFailed) and the run goes
+    on; one that returns the wrong shape or type is a bug to fix now (UserError).
+    """
 
     function: Callable
     where: str  # "file.py:function" for error messages
@@ -123,7 +133,10 @@ class PythonScorer:
         try:
             result = self.function(prompts, completions, answers, **columns)
         except Exception as err:  # the user's code: report it as theirs, in one line
-            raise UserError(f"{self.where} raised {type(err).__name__}: {err}") from err
+            frames = traceback.extract_tb(err.__traceback__)
+            at = f" at {Path(frames[-1].filename).name}:{frames[-1].lineno}" if len(frames) > 1 else ""
+            first_line = (str(err).strip().splitlines() or [""])[0]
+            raise CriterionFailed(f"{self.where} raised {type(err).__name__}: {first_line}{at}") from err
         if not isinstance(result, (list, tuple)) or len(result) != len(completions):
             got = f"{len(result)} values" if isinstance(result, (list, tuple)) else type(result).__name__
             raise UserError(f"{self.where} must return a list of {len(completions)} scores, got {got}")

@@ -12,7 +12,7 @@ from judge_server import JudgeServer, chat_reply, user_content
 from mlx_grpo.errors import UserError
 from mlx_grpo.judge import Judge, JudgeConfig, chat_completions_url, parse_score, render
 from mlx_grpo.rubric import load_rubric
-from mlx_grpo.rubric_reward import RubricReward, judge_alerts
+from mlx_grpo.rubric_reward import RubricReward
 
 TEMPLATE = "Task: {prompt}\nAnswer: {completion}\nReference: {answer}\nScore 0-10:"
 
@@ -213,10 +213,10 @@ def test_judge_criterion_in_a_rubric_with_metrics_and_alerts(tmp_path):
     assert metrics["scoring/quality/weight"] == 3
     assert reward.end_epoch() == {"epoch/api_tokens": 42}
     assert reward.end_epoch() == {"epoch/api_tokens": 0}
-    alerts = judge_alerts(reward.take_errors())
-    assert len(alerts) == 1 and alerts[0]["value"] == 1 and "quality" in alerts[0]["message"]
-    assert "HTTP 500" in alerts[0]["message"]
-    assert reward.take_errors() == []
+    alerts = reward.take_alerts()
+    assert len(alerts) == 1 and alerts[0]["value"] == 1 and alerts[0]["metric"] == "judge/failed_requests"
+    assert "criterion 'quality'" in alerts[0]["message"] and "HTTP 500" in alerts[0]["message"]
+    assert reward.take_alerts() == []
 
 
 def test_api_key_comes_from_the_named_env_var_and_is_never_shown(tmp_path, monkeypatch):

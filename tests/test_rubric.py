@@ -15,6 +15,7 @@ import pytest
 from mlx_grpo.errors import UserError
 from mlx_grpo.rubric import load_rubric
 from mlx_grpo.rubric_reward import SUMMARY_COLUMNS, RubricReward, rubric_metrics
+from mlx_grpo.rubric_scorers import CriterionFailed
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
@@ -111,13 +112,32 @@ def test_python_criterion_gets_batch_and_columns(tmp_path):
     ("return 1.0", "must return a list of 2 scores, got float"),
     ("return [1.0]", "must return a list of 2 scores, got 1 values"),
     ("return ['good', 'bad']", "returned str 'good'"),
-    ("raise KeyError('tests')", "raised KeyError"),
 ])
-def test_python_criterion_mistakes_are_user_errors(tmp_path, body, problem):
+def test_python_criterion_returning_the_wrong_thing_is_a_user_error(tmp_path, body, problem):
     (tmp_path / "bad.py").write_text(f"def f(prompts, completions, answers, **columns):\n    {body}\n")
     rubric = load_rubric(one_criterion(tmp_path, "scorer: python\nfile: bad.py\nfunction: f"))
     with pytest.raises(UserError, match="bad.py:f " + problem.replace("[", r"\[")):
         rubric.score(["p", "p"], ["a", "b"], ["x", "x"])
+
+
+def test_python_criterion_that_raises_is_missing_and_alerted_once(tmp_path):
+    (tmp_path / "flaky.py").write_text("def f(prompts, completions, answers, **columns):\n"
+                                       "    return [1.0 / len(c) for c in completions]\n")
+    path = write(tmp_path, """\
+        name: t
+        criteria:
+          - {name: ratio, weight: 1, scorer: python, file: flaky.py, function: f}
+          - {name: tags, weight: 1, scorer: substring, text: "<answer>"}
+        """)
+    reward = RubricReward(load_rubric(path))
+    assert reward(["p", "p"], ["", "<answer>"], ["", ""]) == [0.0, 1.0]  # ratio missing, tags still count
+    alerts = reward.take_alerts()
+    assert len(alerts) == 1 and alerts[0]["rule"] == "rubric_criterion_failed"
+    assert "'ratio' failed: flaky.py:f raised ZeroDivisionError: float division by zero at flaky.py:2" in alerts[0]["message"]
+    assert reward.step_metrics(step=1)["criteria/t/ratio/mean"] is None
+    reward(["p"], [""], [""])
+    assert reward.take_alerts() == []  # the same criterion failing again is not re-reported
+    assert reward(["p"], ["abcd"], [""]) == [0.125]  # and it scores again once it works
 
 
 def test_weighted_total_skips_missing_criteria_and_zero_weight_only_tracks(tmp_path):
@@ -288,6 +308,11 @@ def test_summary_table_matches_all_scores_and_is_written(tmp_path):
     totals = np.array([1.0, 0.25, 0.75, 1.0, 0.0])
     assert rows["m"]["mean"] == pytest.approx(totals.mean()) and rows["m"]["std"] == pytest.approx(totals.std())
 
+    final = reward.summary.final_metrics()
+    assert final["final/criteria/m/correct/mean"] == pytest.approx(0.75)
+    assert final["final/criteria/m/correct/total_samples"] == 4
+    assert final["final/criteria/m/tags/std"] == pytest.approx(np.array([1, 1, 0, 1, 0]).std())
+
     json_path, markdown_path = reward.summary.write(tmp_path)
     document = json.loads(json_path.read_text())
     assert json_path.name == "rubric_summary.json" and document["columns"] == list(SUMMARY_COLUMNS)
@@ -344,7 +369,7 @@ def test_shipped_code_rubric_rule_criteria(tmp_path):
     assert scorers["correctness"]([""] * n, completions, [""] * n, {"tests": tests}) == [1.0, 0.5, 1.0, 0.0, 0.0]
     assert scorers["efficiency"]([""] * n, completions, [""] * n, {}) == [1.0, 1.0, 0.0, 1.0, 0.0]
     assert scorers["documentation"]([""] * n, completions, [""] * n, {}) == [1.0, 0.0, 0.0, 0.0, 0.0]
-    with pytest.raises(UserError, match="rubric_criteria.py:tests_passed raised ValueError: the dataset has no 'tests'"):
+    with pytest.raises(CriterionFailed, match="rubric_criteria.py:tests_passed raised ValueError: the dataset has no"):
         scorers["correctness"]([""], [CODE_GOOD], [""], {})
 
 
