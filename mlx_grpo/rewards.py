@@ -311,6 +311,8 @@ def score_completions(
     for i, reward in enumerate(functions):
         try:
             raw = reward.fn(list(prompts), list(completions), list(answers), **columns)
+        except UserError:
+            raise  # a configuration mistake inside the function (e.g. a rubric criterion): stop the run
         except Exception as exc:
             if not reward.error_reported:
                 reward.error_reported = True
