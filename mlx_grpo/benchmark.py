@@ -1,0 +1,468 @@
+"""Throughput of the trainer's own paths, each next to the best plain MLX can do on the same shapes.
+
+Every measured path runs once per repetition, interleaved with the others, so a
+slow moment on a busy machine hits all of them alike; ratios are taken within a
+repetition and then summarised (median, min, max). Warm-up repetitions compile
+kernels and fill allocator caches and are not reported.
+
+Shapes are fixed so paths are comparable: `batch_size` prompts of exactly
+`prompt_length` random non-special token ids, `group_size` completions each, and
+every completion runs to exactly `completion_length` tokens (EOS is not honoured:
+a batch that stops early would make token counts differ between paths).
+
+Paths (names used in the JSON report, docs/bench_schema.json):
+  rollout             mlx_grpo.rollout.generate: the trainer's batched KV-cache sampler
+  rollout_ceiling     a minimal hand-written batched KV-cache decode (prefill shared per group)
+  rollout_sequential  the same decode, one sequence at a time (timed on a sample of sequences)
+  reward              decode to text, every configured reward function, group advantages
+  reference           reference-policy log-probs for the KL term (only when beta > 0)
+  update              the trainer's update: GRPO loss, value_and_grad, clipping, AdamW step
+  update_ceiling      a bare value_and_grad + AdamW loop: masked cross-entropy on the same tokens
+  step                one whole trainer step: rollout, rewards, advantages, reference, update
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import gc
+import math
+import statistics
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Callable
+
+import mlx.core as mx
+import mlx.nn as nn
+import mlx.optimizers as optim
+import numpy as np
+from mlx.utils import tree_flatten
+from mlx_lm.models.cache import make_prompt_cache
+
+from . import chips, grpo
+from .config import TrainConfig
+from .data import extra_columns
+from .errors import UserError
+from .machine import describe
+from .models import count_parameters, make_reference
+from .rewards import load_reward_functions, score_completions
+from .rollout import Rollout, SamplingSettings, decode_completion, generate
+from .trainer import (
+    build_train_batch,
+    clip_by_global_norm,
+    completion_logprobs,
+    load_policy_for_training,
+    make_loss_fn,
+    make_optimizer,
+    step_key,
+)
+
+SCHEMA_VERSION = 1
+PATHS = ("rollout", "rollout_ceiling", "rollout_sequential", "reward", "reference", "update",
+         "update_ceiling", "step")
+DESCRIPTIONS = {
+    "rollout": "rollout (ours)",
+    "rollout_ceiling": "(a) minimal batched decode",
+    "rollout_sequential": "(b) one sequence at a time",
+    "reward": "rewards + advantages",
+    "reference": "reference log-probs (KL)",
+    "update": "update (ours)",
+    "update_ceiling": "(c) bare grad + AdamW",
+    "step": "whole trainer step",
+}
+MEMORY_BETA = 0.04  # the KL weight the memory comparison uses when the benchmarked run has beta = 0
+
+
+@dataclass
+class BenchOptions:
+    config: TrainConfig  # model, dtype, LoRA, beta, batch_size, num_generations, max_generation_steps...
+    base_dir: Path = field(default_factory=Path.cwd)
+    prompt_length: int = 9  # the default task's prompts: BOS + "047+302="
+    repetitions: int = 5
+    warmup: int = 1
+    sequential_sample: int = 8  # sequences timed one at a time; tokens/s does not depend on how many
+    paths: tuple[str, ...] = PATHS
+    memory: bool = True
+
+    def validate(self) -> None:
+        checks = [
+            ("--prompt-length", self.prompt_length >= 1, "at least 1"),
+            ("--repetitions", self.repetitions >= 1, "at least 1"),
+            ("--warmup", self.warmup >= 0, "non-negative"),
+            ("--sequential-sample", self.sequential_sample >= 1, "at least 1"),
+        ]
+        for flag, ok, expected in checks:
+            if not ok:
+                raise UserError(f"bench: {flag} must be {expected}")
+        unknown = [p for p in self.paths if p not in PATHS]
+        if unknown:
+            raise UserError(f"bench: unknown path '{unknown[0]}' in --only; choose from {', '.join(PATHS)}")
+
+
+# ----------------------------------------------------------------------------- the workload
+
+def synthetic_prompts(tokenizer, count: int, length: int, seed: int) -> list[list[int]]:
+    """`count` prompts of `length` ids drawn from the tokenizer's ordinary (non-special) tokens."""
+    special = set(getattr(tokenizer, "all_special_ids", []) or [])
+    special |= set(getattr(tokenizer, "eos_token_ids", []) or [])
+    vocab = tokenizer.vocab_size
+    pool = np.array([i for i in range(vocab) if i not in special])
+    if pool.size == 0:
+        raise UserError("bench: the tokenizer has no ordinary tokens to build prompts from")
+    rng = np.random.default_rng(seed)
+    return rng.choice(pool, size=(count, length)).tolist()
+
+
+class Workload:
+    """One model with the trainer's pieces around it, and a prepared batch for the update paths."""
+
+    def __init__(self, config: TrainConfig, base_dir: Path, prompt_length: int):
+        self.config = config
+        mx.random.seed(config.seed)
+        self.policy = load_policy_for_training(config, base_dir)
+        self.model = self.policy.model
+        self.reference = make_reference(self.model, config)
+        self.reward_fns = load_reward_functions([(r.name, r.weight) for r in config.rewards], base_dir)
+        self.optimizer = make_optimizer(config)
+        self.loss_and_grad = nn.value_and_grad(self.model, make_loss_fn(config))
+        self.settings = SamplingSettings(config.temperature, config.top_p, config.top_k, config.min_p)
+        self.prompts = synthetic_prompts(self.policy.tokenizer, config.batch_size, prompt_length, config.seed)
+        self.prompt_texts = [self.policy.tokenizer.decode(p) for p in self.prompts]
+        G = config.num_generations
+        self.rows = [{"prompt": text, "answer": "0"} for text in self.prompt_texts for _ in range(G)]
+        # A prepared rollout, batch and advantages: the update paths then time only themselves.
+        self.batch_rollout = self.rollout(step_key(config.seed, 0))
+        self.batch = build_train_batch(self.batch_rollout, self.policy.pad_id)
+        self.advantages = self.rewards(self.batch_rollout)
+        self.ref_logp = self.reference_logprobs(self.batch)
+
+    @property
+    def sequences(self) -> int:
+        return self.config.batch_size * self.config.num_generations
+
+    @property
+    def completion_tokens(self) -> int:
+        return self.sequences * self.config.max_generation_steps
+
+    def rollout(self, key: mx.array) -> Rollout:
+        self.model.eval()
+        # No EOS ids: every sequence decodes the full budget, so every path handles the same tokens.
+        return generate(self.model, self.prompts, self.config.num_generations, self.config.max_generation_steps,
+                        set(), self.policy.pad_id, self.settings, key)
+
+    def rewards(self, rollout: Rollout) -> mx.array:
+        texts = [decode_completion(self.policy.tokenizer, c, self.policy.eos_ids) for c in rollout.completions]
+        scores = score_completions(self.reward_fns, [r["prompt"] for r in self.rows], texts,
+                                   [r["answer"] for r in self.rows], extra_columns(self.rows))
+        advantages = grpo.group_advantages(mx.array(scores.total, dtype=mx.float32),
+                                           self.config.num_generations, self.config.scale_rewards)
+        mx.eval(advantages)
+        return advantages
+
+    def reference_logprobs(self, batch) -> mx.array | None:
+        if self.reference is None:
+            return None
+        with self.reference.active() as ref_model:
+            ref_logp = mx.stop_gradient(completion_logprobs(ref_model, batch, self.config.temperature)[0])
+            mx.eval(ref_logp)
+        return ref_logp
+
+    def update(self, batch, advantages: mx.array, ref_logp: mx.array | None) -> None:
+        """The trainer's update phase, as in trainer.train (num_iterations passes over one rollout)."""
+        self.model.train()
+        old_logp = None
+        for _ in range(self.config.num_iterations):
+            (loss, (stats, logp)), grads = self.loss_and_grad(self.model, batch, advantages, old_logp, ref_logp)
+            grads, grad_norm = clip_by_global_norm(grads, self.config.max_grad_norm)
+            mx.eval(loss, grad_norm, stats)
+            if old_logp is None:
+                old_logp = logp
+            if math.isfinite(loss.item()) and math.isfinite(grad_norm.item()):
+                self.optimizer.update(self.model, grads)
+                mx.eval(self.model.parameters(), self.optimizer.state)
+
+    def step(self, key: mx.array) -> None:
+        """One whole trainer step, phase after phase as trainer.train runs them."""
+        rollout = self.rollout(key)
+        advantages = self.rewards(rollout)
+        batch = build_train_batch(rollout, self.policy.pad_id)
+        ref_logp = self.reference_logprobs(batch)
+        self.update(batch, advantages, ref_logp)
+
+
+# ----------------------------------------------------------------------------- the baselines
+
+def decode_ceiling(model: nn.Module, prompts: mx.array, group_size: int, steps: int, temperature: float) -> np.ndarray:
+    """The least a batched KV-cache sampler must do: prefill each prompt once, copy its cache per
+    group member, then one forward pass per token with the next pass queued before the host waits."""
+    cache = make_prompt_cache(model)
+    logits = model(prompts, cache=cache)[:, -1, :]
+    if group_size > 1:
+        rows = mx.repeat(mx.arange(prompts.shape[0]), group_size)
+        for layer in cache:
+            layer.keys, layer.values = layer.keys[rows], layer.values[rows]
+        logits = logits[rows]
+    out = []
+    for t in range(steps):
+        ids = mx.argmax(logits, axis=-1) if temperature == 0 else mx.random.categorical(logits / temperature)
+        out.append(ids)
+        if t + 1 < steps:
+            logits = model(ids[:, None], cache=cache)[:, -1, :]
+            mx.async_eval(logits)
+    return np.array(mx.stack(out, axis=1))
+
+
+def make_update_ceiling(model: nn.Module, batch, prompt_length: int, learning_rate: float) -> Callable[[], None]:
+    """A bare training step over the batch's tokens: forward, masked cross-entropy on the completion
+    positions, value_and_grad, AdamW; no clipping, no statistics, one evaluation."""
+    start = prompt_length - 1  # fixed-length prompts: completion targets are one contiguous slice
+    targets = batch.targets[:, start:]
+    mask = batch.mask
+    optimizer = optim.AdamW(learning_rate=learning_rate)
+
+    def loss_fn(m):
+        logits = m(batch.inputs)[:, start:, :]
+        losses = nn.losses.cross_entropy(logits, targets, reduction="none")
+        return (losses * mask).sum() / mask.sum()
+
+    value_and_grad = nn.value_and_grad(model, loss_fn)
+
+    def run() -> None:
+        model.train()
+        loss, grads = value_and_grad(model)
+        optimizer.update(model, grads)
+        mx.eval(loss, model.parameters(), optimizer.state)
+
+    return run
+
+
+# ----------------------------------------------------------------------------- measuring
+
+def summarise(values: list[float]) -> dict:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def time_interleaved(runners: dict[str, Callable[[int], None]], repetitions: int, warmup: int) -> dict[str, list[float]]:
+    """Seconds per call of each runner, warm-up excluded; runners take the repetition index."""
+    samples: dict[str, list[float]] = {name: [] for name in runners}
+    for rep in range(warmup + repetitions):
+        for name, run in runners.items():
+            gc.collect()  # a collection inside a timed call would be charged to it
+            start = time.perf_counter()
+            run(rep)
+            seconds = time.perf_counter() - start
+            if rep >= warmup:
+                samples[name].append(seconds)
+    return samples
+
+
+def weight_bytes(model: nn.Module) -> int:
+    return sum(v.nbytes for _, v in tree_flatten(model.parameters()))
+
+
+def kv_bytes_per_token(model: nn.Module) -> int:
+    """Bytes of keys and values one sequence stores per token, read back at every later decode step."""
+    cache = make_prompt_cache(model)
+    mx.eval(model(mx.zeros((1, 1), dtype=mx.int32), cache=cache))
+    return sum(sum(a.nbytes for a in layer.state) for layer in cache)
+
+
+def bandwidth_report(rollout_tokens_per_s: float | None, model: nn.Module, sequences: int, prompt_length: int,
+                     completion_length: int, chip: chips.Chip | None) -> dict | None:
+    """Generation speed as a share of the chip's memory-bandwidth ceiling (Apple Silicon only)."""
+    if chip is None or rollout_tokens_per_s is None:
+        return None
+    mean_context = prompt_length + completion_length / 2
+    kv_per_sequence = kv_bytes_per_token(model) * mean_context
+    weights = weight_bytes(model)
+    ceiling = chips.decode_ceiling_tokens_per_s(chip.bandwidth_gb_s, sequences, weights, kv_per_sequence)
+    return {
+        "chip": chip.name,
+        "bandwidth_gb_s": chip.bandwidth_gb_s,
+        "source": chip.source,
+        "bytes_per_step": int(weights + sequences * kv_per_sequence),
+        "ceiling_tokens_per_s": ceiling,
+        "percent_of_ceiling": 100.0 * rollout_tokens_per_s / ceiling,
+    }
+
+
+def measure_paths(options: BenchOptions) -> tuple[dict, dict, dict | None]:
+    """(settings block, per-path samples in seconds with token counts, bandwidth block)."""
+    config = options.config
+    work = Workload(config, options.base_dir, options.prompt_length)
+    model = work.model
+    T, G = config.max_generation_steps, config.num_generations
+    prompts = mx.array(work.prompts)
+    n_sequential = min(options.sequential_sample, work.sequences)
+    sequential_rows = [prompts[i % config.batch_size][None] for i in range(n_sequential)]
+    update_ceiling = make_update_ceiling(model, work.batch, options.prompt_length, config.learning_rate)
+
+    def sequential(rep: int) -> None:
+        model.eval()
+        for row in sequential_rows:
+            decode_ceiling(model, row, 1, T, config.temperature)
+
+    def ceiling(rep: int) -> None:
+        model.eval()
+        decode_ceiling(model, prompts, G, T, config.temperature)
+
+    runners: dict[str, tuple[Callable[[int], None], int]] = {
+        "rollout": (lambda rep: work.rollout(step_key(config.seed, 1 + rep)), work.completion_tokens),
+        "rollout_ceiling": (ceiling, work.completion_tokens),
+        "rollout_sequential": (sequential, n_sequential * T),
+        "reward": (lambda rep: work.rewards(work.batch_rollout), work.completion_tokens),
+        "reference": (lambda rep: work.reference_logprobs(work.batch), work.completion_tokens),
+        "update": (lambda rep: work.update(work.batch, work.advantages, work.ref_logp),
+                   work.completion_tokens * config.num_iterations),
+        "update_ceiling": (lambda rep: update_ceiling(), work.completion_tokens),
+        "step": (lambda rep: work.step(step_key(config.seed, 1000 + rep)), work.completion_tokens),
+    }
+    if work.reference is None:
+        del runners["reference"]
+    chosen = {name: runners[name] for name in PATHS if name in runners and name in options.paths}
+    samples = time_interleaved({name: run for name, (run, _) in chosen.items()}, options.repetitions, options.warmup)
+    measured = {name: {"tokens": tokens, "seconds": samples[name]} for name, (_, tokens) in chosen.items()}
+
+    total, trainable = count_parameters(model)
+    settings = {
+        "model": config.model_id,
+        "parameters": total,
+        "trainable_parameters": trainable,
+        "dtype": config.dtype,
+        "use_lora": config.use_lora,
+        "beta": config.beta,
+        "batch_size": config.batch_size,
+        "group_size": G,
+        "sequences": work.sequences,
+        "prompt_length": options.prompt_length,
+        "completion_length": T,
+        "temperature": config.temperature,
+        "loss_type": config.loss_type,
+        "num_iterations": config.num_iterations,
+        "repetitions": options.repetitions,
+        "warmup": options.warmup,
+        "sequential_sample": n_sequential,
+        "weight_bytes": weight_bytes(model),
+    }
+    rollout_tps = None
+    if "rollout" in measured:
+        rollout_tps = measured["rollout"]["tokens"] / statistics.median(measured["rollout"]["seconds"])
+    bandwidth = bandwidth_report(rollout_tps, model, work.sequences, options.prompt_length, T, chips.this_chip())
+    return settings, measured, bandwidth
+
+
+def measure_memory(options: BenchOptions) -> dict:
+    """Peak memory of one whole LoRA step with the KL term against one without it.
+
+    Under LoRA the reference is the same model with its adapters switched off, so the
+    KL term should cost activations only, never a second copy of the weights.
+    """
+    beta = options.config.beta if options.config.beta > 0 else MEMORY_BETA
+    peaks = {}
+    for b in (0.0, beta):
+        config = replace(options.config, use_lora=True, beta=b)
+        work = Workload(config, options.base_dir, options.prompt_length)
+        work.step(step_key(config.seed, 1))  # warm-up: kernels and allocator caches
+        gc.collect()
+        mx.clear_cache()
+        mx.reset_peak_memory()
+        work.step(step_key(config.seed, 2))
+        peaks[b] = mx.get_peak_memory()
+        del work
+        gc.collect()
+        mx.clear_cache()
+    return {
+        "beta": beta,
+        "lora_beta0_peak_bytes": peaks[0.0],
+        "lora_beta_peak_bytes": peaks[beta],
+        "ratio": peaks[beta] / peaks[0.0],
+    }
+
+
+# ----------------------------------------------------------------------------- the report
+
+def _ratio_samples(measured: dict, numerator: str, denominator: str) -> list[float] | None:
+    """Per-repetition tokens/s ratio numerator/denominator."""
+    if numerator not in measured or denominator not in measured:
+        return None
+    a, b = measured[numerator], measured[denominator]
+    return [(a["tokens"] / sa) / (b["tokens"] / sb) for sa, sb in zip(a["seconds"], b["seconds"])]
+
+
+def _overhead_samples(measured: dict) -> list[float] | None:
+    """Per-repetition whole-step time over the sum of its separately timed phases."""
+    parts = ["rollout", "reward", "update"] + (["reference"] if "reference" in measured else [])
+    if "step" not in measured or any(p not in measured for p in parts):
+        return None
+    return [step / sum(measured[p]["seconds"][i] for p in parts)
+            for i, step in enumerate(measured["step"]["seconds"])]
+
+
+# name, short label, what it compares, comparison, target
+GOALS = [
+    ("rollout_vs_ceiling", "rollout / (a)", "rollout tokens/s over the minimal batched decode (a)", ">=", 0.9),
+    ("rollout_vs_sequential", "rollout / (b)", "rollout tokens/s over one-sequence-at-a-time decode (b)",
+     ">=", 5.0),
+    ("update_vs_ceiling", "update / (c)", "update tokens/s over the bare value_and_grad + AdamW loop (c)",
+     ">=", 0.9),
+    ("step_overhead", "step / sum of phases", "whole step time over rollout + reward + reference + update time",
+     "<=", 1.10),
+    ("memory_beta_ratio", "LoRA memory beta>0 / 0", "LoRA peak memory with beta > 0 over beta = 0", "<=", 1.15),
+]
+
+
+def build_report(settings: dict, measured: dict, memory: dict | None, bandwidth: dict | None,
+                 machine: dict, seconds: float) -> dict:
+    paths = {}
+    for name, m in measured.items():
+        tps = [m["tokens"] / s for s in m["seconds"]]
+        median_tps = statistics.median(tps)
+        paths[name] = {
+            "description": DESCRIPTIONS[name],
+            "tokens": m["tokens"],
+            "seconds": {**summarise(m["seconds"]), "samples": m["seconds"]},
+            "tokens_per_s": summarise(tps),
+            "spread": (max(tps) - min(tps)) / median_tps,
+        }
+    ratio_samples = {
+        "rollout_vs_ceiling": _ratio_samples(measured, "rollout", "rollout_ceiling"),
+        "rollout_vs_sequential": _ratio_samples(measured, "rollout", "rollout_sequential"),
+        "update_vs_ceiling": _ratio_samples(measured, "update", "update_ceiling"),
+        "step_overhead": _overhead_samples(measured),
+    }
+    ratios = {name: summarise(values) for name, values in ratio_samples.items() if values}
+    goals = []
+    for name, label, meaning, comparison, target in GOALS:
+        if name == "memory_beta_ratio":
+            value = memory["ratio"] if memory else None
+        else:
+            value = ratios[name]["median"] if name in ratios else None
+        if value is None:
+            continue
+        met = value >= target if comparison == ">=" else value <= target
+        goals.append({"name": name, "label": label, "description": meaning, "comparison": comparison, "target": target,
+                      "measured": value, "met": met})
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "machine": machine,
+        "settings": settings,
+        "paths": paths,
+        "ratios": ratios,
+        "memory": memory,
+        "bandwidth": bandwidth,
+        "goals": goals,
+        "total_seconds": seconds,
+    }
+
+
+def run_bench(options: BenchOptions) -> dict:
+    """Measure everything `options` asks for; return the report (the JSON document)."""
+    options.validate()
+    start = time.perf_counter()
+    machine = describe().to_dict()
+    settings, measured, bandwidth = measure_paths(options)
+    gc.collect()
+    mx.clear_cache()  # the measured workload is gone; the memory runs start from a clean allocator
+    memory = measure_memory(options) if options.memory else None
+    return build_report(settings, measured, memory, bandwidth, machine, time.perf_counter() - start)

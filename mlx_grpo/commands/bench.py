@@ -1,0 +1,130 @@
+"""`mlx-grpo bench`: tokens/s of rollout, update and whole step, next to plain-MLX baselines."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+USES_MLX = True
+
+# bench flag -> run-config key it overrides
+CONFIG_FLAGS = {
+    "model": "model_id",
+    "batch_size": "batch_size",
+    "group_size": "num_generations",
+    "completion_length": "max_generation_steps",
+    "lora": "use_lora",
+    "dtype": "dtype",
+    "beta": "beta",
+    "seed": "seed",
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", metavar="FILE",
+                        help="take model, shapes, LoRA, dtype, beta and loss settings from a run config")
+    parser.add_argument("--model", help="model directory (default: the shipped model)")
+    parser.add_argument("--batch-size", type=int, help="prompts per step (default 16)")
+    parser.add_argument("--group-size", type=int, help="completions per prompt (default 8)")
+    parser.add_argument("--prompt-length", type=int, default=9, help="tokens per prompt (default 9)")
+    parser.add_argument("--completion-length", type=int, help="new tokens per completion (default 24)")
+    parser.add_argument("--lora", action=argparse.BooleanOptionalAction, default=None,
+                        help="train LoRA adapters instead of every weight (default: full)")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), help="default float32")
+    parser.add_argument("--beta", type=float, help="KL weight; 0 skips the reference pass (default 0.04)")
+    parser.add_argument("--seed", type=int, help="seed for prompts and sampling (default 0)")
+    parser.add_argument("--repetitions", type=int, default=5, help="measured repetitions (default 5)")
+    parser.add_argument("--warmup", type=int, default=1, help="unreported warm-up repetitions (default 1)")
+    parser.add_argument("--sequential-sample", type=int, default=8,
+                        help="sequences the one-at-a-time baseline decodes (default 8)")
+    parser.add_argument("--only", metavar="PATH[,PATH]",
+                        help="measure only these paths (rollout, rollout_ceiling, rollout_sequential, reward, "
+                             "reference, update, update_ceiling, step)")
+    parser.add_argument("--no-memory", dest="memory", action="store_false",
+                        help="skip the LoRA peak-memory comparison (beta > 0 vs beta = 0)")
+    parser.add_argument("--json", action="store_true", help="print the JSON report instead of the table")
+    parser.add_argument("--output", metavar="FILE", help="also write the JSON report to FILE")
+
+
+def options_from_args(args: argparse.Namespace):
+    from ..benchmark import PATHS, BenchOptions
+    from ..config import load_config
+
+    overrides = {key: getattr(args, flag) for flag, key in CONFIG_FLAGS.items() if getattr(args, flag) is not None}
+    config = load_config(args.config, overrides)
+    base_dir = Path(args.config).resolve().parent if args.config else Path.cwd()
+    paths = tuple(p.strip() for p in args.only.split(",") if p.strip()) if args.only else PATHS
+    return BenchOptions(config=config, base_dir=base_dir, prompt_length=args.prompt_length,
+                        repetitions=args.repetitions, warmup=args.warmup,
+                        sequential_sample=args.sequential_sample, paths=paths, memory=args.memory)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..benchmark import run_bench
+
+    report = run_bench(options_from_args(args))
+    text = json.dumps(report, indent=2)
+    if args.output:
+        Path(args.output).write_text(text + "\n")
+    if args.json:
+        print(text)
+    else:
+        print_report(report)
+    return 0
+
+
+# ----------------------------------------------------------------------------- the table
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+def print_report(report: dict, console=None) -> None:
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console()
+    s, m = report["settings"], report["machine"]
+    mode = "LoRA" if s["use_lora"] else "full fine-tuning"
+    console.print(f"[bold]mlx-grpo bench[/bold]  model {s['model']} ({s['parameters']:,} parameters, "
+                  f"{s['trainable_parameters']:,} trainable, {mode}), {s['dtype']}, beta {s['beta']}")
+    console.print(f"shapes: {s['batch_size']} prompts x {s['group_size']} completions, "
+                  f"{s['prompt_length']} prompt + {s['completion_length']} new tokens; "
+                  f"{s['repetitions']} repetitions after {s['warmup']} warm-up")
+    console.print(f"machine: {m['cpu']}, {m['physical_cores']} cores, {_gib(m['ram_bytes'])} RAM, {m['os']}")
+    console.print(f"MLX {m['mlx']} on {m['device']}, BLAS {m['blas']} "
+                  f"(fp32 matmul {m['matmul_fp32_gflops']:.0f} GFLOP/s), mlx-lm {m['mlx_lm']}")
+
+    table = Table(title="throughput, median of repetitions", title_justify="left", box=box.SIMPLE_HEAD)
+    for header in ("path", "tokens", "seconds", "tokens/s", "min - max"):
+        table.add_column(header, justify="left" if header == "path" else "right")
+    for p in report["paths"].values():
+        tps = p["tokens_per_s"]
+        table.add_row(p["description"], f"{p['tokens']:,}", f"{p['seconds']['median']:.3f}",
+                      f"{tps['median']:,.0f}", f"{tps['min']:,.0f} - {tps['max']:,.0f}")
+    console.print(table)
+
+    if report["goals"]:
+        goals = Table(title="goals", title_justify="left", box=box.SIMPLE_HEAD)
+        for header in ("ratio", "median", "min - max", "target", ""):
+            goals.add_column(header, justify="left" if header in ("ratio", "") else "right")
+        for g in report["goals"]:
+            r = report["ratios"].get(g["name"])
+            spread = f"{r['min']:.2f} - {r['max']:.2f}" if r else ""
+            goals.add_row(g["label"], f"{g['measured']:.2f}", spread, f"{g['comparison']} {g['target']:g}",
+                          "[green]met[/green]" if g["met"] else "[red]not met[/red]")
+        console.print(goals)
+
+    mem = report["memory"]
+    if mem:
+        console.print(f"peak memory, one LoRA step: beta {mem['beta']} {_gib(mem['lora_beta_peak_bytes'])}, "
+                      f"beta 0 {_gib(mem['lora_beta0_peak_bytes'])} (ratio {mem['ratio']:.3f})")
+    bw = report["bandwidth"]
+    if bw:
+        console.print(f"{bw['chip']}: rollout at {bw['percent_of_ceiling']:.0f}% of the memory-bandwidth ceiling "
+                      f"({bw['ceiling_tokens_per_s']:,.0f} tokens/s at {bw['bandwidth_gb_s']:g} GB/s)")
+    else:
+        console.print("memory-bandwidth ceiling: only computed on Apple Silicon (chip table in mlx_grpo/chips.py)")
+    console.print(f"[dim]measured in {report['total_seconds']:.0f} s[/dim]")

@@ -1,0 +1,107 @@
+"""`mlx-grpo doctor`: what MLX runs on here, how fast its matmuls are, and what to fix."""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import sys
+
+USES_MLX = True
+
+SLOW_GFLOPS = 20.0  # reference BLAS measures ~5 GFLOP/s on a CPU core; OpenBLAS or Accelerate 100+
+LOW_MEMORY = 2 * 2**30
+VERSIONS = ("mlx", "mlx-lm", "mlx-grpo", "numpy", "tensorboardX", "textual", "wandb")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", metavar="FILE", help="also check this run config's model dtype")
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.1f} GiB"
+
+
+def diagnose(config_path: str | None) -> tuple[list[tuple[str, str]], list[str]]:
+    """(rows of what was found, fixes to make)."""
+    import mlx.core as mx
+    import psutil
+
+    from .. import blas
+    from ..config import load_config
+    from ..machine import blas_in_use, cpu_model, matmul_gflops, package_version
+    from ..models import DEFAULT_MODEL_DIR
+
+    fixes: list[str] = []
+    metal = mx.metal.is_available()
+    device = mx.default_device()
+    on_cpu = device.type == mx.cpu
+    backend = "Metal GPU" if metal else "CPU"
+    rows = [("backend", f"MLX {mx.__version__}, {backend} backend" + ("" if metal else " (no Metal GPU here)"))]
+    if sys.platform == "darwin" and platform.machine() == "arm64" and not metal:
+        fixes.append("MLX sees no Metal GPU on this Mac: install the macOS wheel with `pip install -U mlx`")
+    kind = "cpu" if on_cpu else "gpu"
+    rows.append(("device", f"{kind}: {cpu_model()}, {psutil.cpu_count(logical=False)} cores"))
+
+    info = blas_in_use()
+    gflops = matmul_gflops()
+    rows.append(("BLAS", f"{info.name}, fp32 matmul {gflops:.0f} GFLOP/s"))
+    if info.library:
+        rows.append(("", info.library))
+    if sys.platform.startswith("linux") and info.name != "OpenBLAS":
+        if info.openblas_found and info.disabled_by_switch:
+            rows.append(("", f"OpenBLAS is available ({info.openblas_found}) but not used"))
+            fixes.append(f"unset {blas.SWITCH} (it is 0) to let mlx-grpo preload OpenBLAS: ~4x faster steps")
+        elif info.openblas_found:
+            rows.append(("", f"OpenBLAS is available ({info.openblas_found}) but not loaded"))
+            fixes.append("run through the `mlx-grpo` command (it preloads OpenBLAS), or set "
+                         f"LD_PRELOAD={info.openblas_found} when calling python yourself")
+        else:
+            fixes.append(f"install OpenBLAS for ~4x faster steps: {blas.INSTALL_HINT}")
+    if on_cpu and gflops < SLOW_GFLOPS and not fixes:
+        fixes.append(f"fp32 matmul runs at {gflops:.0f} GFLOP/s, far below a fast BLAS; check other load on this machine")
+
+    config = load_config(config_path) if config_path else load_config()
+    source = config_path or "default run config"
+    dtype_row = f"{config.dtype} ({source})"
+    if on_cpu and config.dtype != "float32":
+        fixes.append(f"{source}: set dtype: float32; on the CPU backend {config.dtype} matmuls skip BLAS and run slower")
+    rows.append(("dtype", dtype_row))
+
+    memory = psutil.virtual_memory()
+    rows.append(("memory", f"{_gib(memory.total)} total, {_gib(memory.available)} available"
+                 + (f"; Metal working set {_gib(mx.device_info()['max_recommended_working_set_size'])}" if metal else "")))
+    if memory.available < LOW_MEMORY:
+        fixes.append(f"only {_gib(memory.available)} of memory is free: close other programs or use a smaller batch")
+
+    versions = [f"python {platform.python_version()}"]
+    versions += [f"{name} {package_version(name) or '(not installed)'}" for name in VERSIONS]
+    rows.append(("versions", ", ".join(versions)))
+    rows.append(("os", platform.platform()))
+
+    if (DEFAULT_MODEL_DIR / "config.json").is_file():
+        rows.append(("default model", str(DEFAULT_MODEL_DIR)))
+    else:
+        rows.append(("default model", f"missing ({DEFAULT_MODEL_DIR})"))
+        fixes.append("the shipped default model is missing: reinstall mlx-grpo, or pass a model directory")
+    return rows, fixes
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    rows, fixes = diagnose(args.config)
+    console = Console()
+    table = Table(show_header=False, box=None, title="mlx-grpo doctor", title_justify="left", title_style="bold")
+    table.add_column(style="bold")
+    table.add_column()
+    for key, value in rows:
+        table.add_row(key, value)
+    console.print(table)
+    if not fixes:
+        console.print("[green]nothing to fix[/green]")
+        return 0
+    console.print("[bold]to fix:[/bold]")
+    for fix in fixes:
+        console.print(f"  [yellow]-[/yellow] {fix}")
+    return 1

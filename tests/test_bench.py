@@ -1,0 +1,88 @@
+"""`mlx-grpo bench` and `mlx-grpo doctor`, run as a user runs them (a subprocess, so the
+OpenBLAS re-exec happens as it would from the shell)."""
+
+import copy
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from mlx_grpo import blas, chips
+from tiny_models import make_model_dir
+
+SCHEMA = json.loads((Path(__file__).parents[1] / "docs" / "bench_schema.json").read_text())
+
+
+def mlx_grpo(*args, env=None, timeout=120):
+    return subprocess.run([sys.executable, "-m", "mlx_grpo.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, **(env or {})})
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    model = make_model_dir(tmp_path_factory.mktemp("bench_model"), "llama")
+    result = mlx_grpo("bench", "--model", str(model), "--batch-size", "4", "--group-size", "4",
+                      "--completion-length", "8", "--repetitions", "1", "--warmup", "0", "--json")
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def test_bench_json_validates_and_every_figure_is_positive(report):
+    jsonschema.validate(report, SCHEMA)
+    assert set(report["paths"]) == {"rollout", "rollout_ceiling", "rollout_sequential", "reward", "reference",
+                                    "update", "update_ceiling", "step"}
+    for name, path in report["paths"].items():
+        assert path["tokens_per_s"]["median"] > 0, name
+    assert report["paths"]["rollout"]["tokens"] == 4 * 4 * 8  # every completion runs to the full length
+    assert {g["name"] for g in report["goals"]} == {"rollout_vs_ceiling", "rollout_vs_sequential",
+                                                    "update_vs_ceiling", "step_overhead", "memory_beta_ratio"}
+    assert report["memory"]["lora_beta_peak_bytes"] > 0 and report["memory"]["ratio"] > 0
+    assert report["machine"]["blas"] in ("OpenBLAS", "reference BLAS", "Accelerate")
+
+
+def test_schema_rejects_a_report_missing_figures(report):
+    broken = copy.deepcopy(report)
+    del broken["paths"]["rollout"]["tokens_per_s"]
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(broken, SCHEMA)
+    broken = copy.deepcopy(report)
+    broken["paths"]["rollout"]["seconds"]["median"] = 0
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(broken, SCHEMA)
+
+
+def test_bench_refuses_an_unknown_path_in_one_line():
+    result = mlx_grpo("bench", "--only", "rollout,warp_drive", "--json")
+    assert result.returncode == 2
+    assert "warp_drive" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_doctor_names_the_blas_in_use():
+    result = mlx_grpo("doctor")
+    assert "Traceback" not in result.stderr
+    if sys.platform.startswith("linux") and blas.find_openblas():
+        assert "OpenBLAS, fp32 matmul" in result.stdout  # the command preloaded it
+    else:
+        assert any(f"{name}, fp32 matmul" in result.stdout for name in ("reference BLAS", "Accelerate"))
+
+
+@pytest.mark.skipif(not (sys.platform.startswith("linux") and blas.find_openblas()), reason="needs a system OpenBLAS")
+def test_doctor_says_openblas_is_switched_off_and_how_to_fix_it():
+    result = mlx_grpo("doctor", env={blas.SWITCH: "0"})
+    assert "reference BLAS" in result.stdout
+    assert "OpenBLAS is available" in result.stdout
+    assert f"unset {blas.SWITCH}" in result.stdout
+    assert result.returncode == 1
+
+
+def test_chip_table_tells_bins_apart_and_ceiling_formula():
+    assert chips.lookup("Apple M3 Max", 14).bandwidth_gb_s == 300.0
+    assert chips.lookup("Apple M3 Max", 16).bandwidth_gb_s == 400.0
+    assert chips.lookup("Apple M2 Pro", 12).bandwidth_gb_s == 200.0
+    assert chips.lookup("Intel(R) Xeon(R) Processor", 2) is None
+    # 100 GB/s, 1 GB of weights, 4 sequences with 0.25 GB of KV each: 4 * 100 / 2 = 200 tokens/s
+    assert chips.decode_ceiling_tokens_per_s(100.0, 4, 10**9, 0.25e9) == pytest.approx(200.0)
