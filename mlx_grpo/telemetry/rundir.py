@@ -1,0 +1,181 @@
+"""Write a run directory (format: docs/RUN_DIRECTORY.md). Imports no mlx.
+
+Public API:
+
+- `RunDirWriter(path, fsync=False)`: owns one run directory.
+  - `start(name, config, versions, device, total_steps, run_id=None) -> dict`: creates the directory,
+    writes run.json (`status: running`, plus the writer's `pid` and `hostname` so a reader can tell a
+    crash from a slow step) and returns what it wrote.
+  - `write_metrics(step, metrics, time=None)`: one metrics.jsonl line `{"step", "time", ...metrics}`.
+  - `write_samples(step, samples, time=None)`: one samples.jsonl line per sample dict.
+  - `write_alert(alert)`: one alerts.jsonl line (a dict, or anything with `to_dict()`).
+  - `write_final_metrics(metrics)`: final_metrics.json (atomic).
+  - `finish(status)`: rewrites run.json with `status` and `end_time` (atomic) and closes the files.
+  Each JSONL line is written with one `write` and flushed (and fsynced when `fsync=True`), so a
+  reader sees whole lines except, at worst, a partial last one.
+- `scrub_secrets(obj)`: a copy of a config with API keys, tokens and passwords removed: keys named like
+  one (`api_key`, `hf_token`, `password`, `client_secret`...; `max_tokens`, `eos_token` are kept),
+  string values that look like one (`sk-...`, `hf_...`, `ghp_...`, `Bearer ...`), and string values
+  equal to a secret-named environment variable's value.
+- `json_safe(obj)`: a copy with NaN/Inf as None and numpy scalars/arrays as plain Python.
+- `atomic_write_json(path, obj)`: temp file in the same directory, then `os.replace`.
+
+JSON stays valid: a non-finite number becomes null. A metric that was not measured is absent, so null
+always means "measured, but NaN or infinite".
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import socket
+import tempfile
+import time as _time
+import uuid
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+
+SCHEMA_VERSION = 1
+STATUSES = ("running", "finished", "interrupted", "failed")
+
+# A key that names a secret. Anchored at the end so `max_tokens`, `eos_token`, `api_key_env` stay.
+_SECRET_KEY = re.compile(
+    r"(?i)(api[_-]?key|secret|secret[_-]?key|passw(?:or)?d|credentials?|private[_-]?key|"
+    r"(?:^|[_-])(?:access|api|auth|bearer|hf|huggingface|wandb|openai|anthropic|github|gh|session|refresh|"
+    r"id)[_-]?token|^token)$"
+)
+# Values with the shape of common credentials.
+_SECRET_VALUE = re.compile(
+    r"(sk-[A-Za-z0-9_-]{16,}|hf_[A-Za-z0-9]{20,}|gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,}|"
+    r"xox[abprs]-[A-Za-z0-9-]{10,}|AKIA[0-9A-Z]{16}|(?i:bearer)\s+\S{8,})"
+)
+_SECRET_ENV = re.compile(r"(?i)(key|token|secret|password)$")
+
+
+def _env_secrets() -> set[str]:
+    return {value for name, value in os.environ.items() if _SECRET_ENV.search(name) and len(value) >= 8}
+
+
+def scrub_secrets(obj: Any, _env: set[str] | None = None) -> Any:
+    env = _env_secrets() if _env is None else _env
+    if isinstance(obj, Mapping):
+        return {k: scrub_secrets(v, env) for k, v in obj.items()
+                if not (isinstance(k, str) and _SECRET_KEY.search(k)) and not _is_secret_value(v, env)}
+    if isinstance(obj, (list, tuple)):
+        return [scrub_secrets(v, env) for v in obj if not _is_secret_value(v, env)]
+    return obj
+
+
+def _is_secret_value(value: Any, env: set[str]) -> bool:
+    return isinstance(value, str) and (value in env or bool(_SECRET_VALUE.search(value)))
+
+
+def json_safe(obj: Any) -> Any:
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, (str, int, bool)) or obj is None:
+        return obj
+    if isinstance(obj, Mapping):
+        return {str(k): json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return json_safe(obj.tolist())
+    if isinstance(obj, np.generic):
+        return json_safe(obj.item())
+    if isinstance(obj, Path):
+        return str(obj)
+    return str(obj)
+
+
+def _dumps(obj: Any) -> str:
+    return json.dumps(json_safe(obj), allow_nan=False, ensure_ascii=False)
+
+
+def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        os.fchmod(fd, 0o644)  # mkstemp makes 0600; run files are read by other tools (and users)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(json.dumps(json_safe(obj), allow_nan=False, ensure_ascii=False, indent=2) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+class RunDirWriter:
+    def __init__(self, path: str | os.PathLike, fsync: bool = False):
+        self.path = Path(path)
+        self.fsync = fsync
+        self.info: dict[str, Any] = {}
+        self._files: dict[str, Any] = {}
+
+    def start(self, name: str, config: Mapping[str, Any], versions: Mapping[str, Any] | None = None,
+              device: Mapping[str, Any] | None = None, total_steps: int | None = None,
+              run_id: str | None = None) -> dict[str, Any]:
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.info = {
+            "schema_version": SCHEMA_VERSION,
+            "run_id": run_id or uuid.uuid4().hex[:12],
+            "name": name,
+            "start_time": _time.time(),
+            "end_time": None,
+            "status": "running",
+            "pid": os.getpid(),
+            "hostname": socket.gethostname(),
+            "config": scrub_secrets(dict(config)),
+            "versions": dict(versions or {}),
+            "device": dict(device or {}),
+            "total_steps": total_steps,
+        }
+        atomic_write_json(self.path / "run.json", self.info)
+        return self.info
+
+    def _append(self, filename: str, lines: Iterable[str]) -> None:
+        f = self._files.get(filename)
+        if f is None:
+            f = self._files[filename] = open(self.path / filename, "a", encoding="utf-8")
+        # One write per call: the lines land together, and a reader never sees half a record in the middle.
+        f.write("".join(line + "\n" for line in lines))
+        f.flush()
+        if self.fsync:
+            os.fsync(f.fileno())
+
+    def write_metrics(self, step: int, metrics: Mapping[str, float], time: float | None = None) -> None:
+        record = {"step": int(step), "time": _time.time() if time is None else time, **metrics}
+        self._append("metrics.jsonl", [_dumps(record)])
+
+    def write_samples(self, step: int, samples: Iterable[Mapping[str, Any]], time: float | None = None) -> None:
+        now = _time.time() if time is None else time
+        lines = [_dumps({"step": int(step), "time": now, **sample}) for sample in samples]
+        if lines:
+            self._append("samples.jsonl", lines)
+
+    def write_alert(self, alert: Any) -> None:
+        record = alert.to_dict() if hasattr(alert, "to_dict") else dict(alert)
+        record.setdefault("time", _time.time())
+        self._append("alerts.jsonl", [_dumps(record)])
+
+    def write_final_metrics(self, metrics: Mapping[str, Any]) -> None:
+        atomic_write_json(self.path / "final_metrics.json", metrics)
+
+    def finish(self, status: str = "finished") -> None:
+        if status not in STATUSES[1:]:
+            raise ValueError(f"status must be one of {STATUSES[1:]}, got {status!r}")
+        self.close()
+        if self.info:
+            self.info.update(status=status, end_time=_time.time())
+            atomic_write_json(self.path / "run.json", self.info)
+
+    def close(self) -> None:
+        for f in self._files.values():
+            f.close()
+        self._files.clear()

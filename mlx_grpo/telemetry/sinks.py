@@ -1,0 +1,501 @@
+"""Where metric records go: the run directory always, TensorBoard unless turned off, W&B when asked.
+
+Public API:
+
+- `Sink`: the interface every optional sink implements (each method defaults to doing nothing):
+  `start(info)`, `write(step, scalars, histograms, rewards)`, `write_samples(step, samples)`,
+  `write_alert(alert)`, `write_final(metrics)`, `log_checkpoint(path, step)`, `close(status)`.
+  `info` is the run.json content plus `run_dir`; `scalars` maps canonical names to floats; `histograms` maps names to
+  arrays; `rewards` is the step's total reward per completion [N] (prompt-major), for the W&B landscape.
+- `TensorBoardSink(logdir, flush_secs=2)`: tensorboardX event files in `logdir` (the run's
+  `tensorboard/`): all scalars of a step as one event, histograms, samples as a markdown table
+  (`samples/completions`), alerts (`alerts`), the final metrics, a custom-scalars layout grouping
+  rewards / policy / performance / system, and the config as hyper-parameters **in the same run**:
+  tensorboardX's `add_hparams` writes into a new timestamped sub-directory, so this sink writes the
+  hparams plugin's experiment and session-start summaries into its own event file instead, and the
+  session-end status when it closes.
+- `WandbOptions` and `WandbSink(options)`: Weights & Biases (imported only here, at construction; a
+  missing `wandb` raises ImportError). `wandb.init` with project / entity / name / tags / notes, the
+  run config; the same scalars; `wandb.Histogram`s; the completions table `samples/completions` in
+  INCREMENTAL mode, so each log adds rows and the history is kept (wandb >= 0.21; W&B Server >= 0.70
+  to render it); `charts/reward_breakdown` (bar chart of the per-function means) and two 3D point
+  clouds (`wandb.Object3D`, which work offline): `charts/reward_landscape_3d` (step, example, total
+  reward) and `charts/policy_evolution_3d` (KL, mean reward, step) every `chart_every` steps; alerts
+  through `run.alert`; checkpoints as model artifacts when `log_checkpoints` is set; final metrics in
+  the run summary. WANDB_MODE=offline (or `mode="offline"`) works without a network.
+- `SinkSet(rundir, sinks=(), warn=None)`: what the trainer talks to. It writes the JSONL run directory
+  first (its errors propagate: the local record is the contract) and fans out to the other sinks. A
+  sink that raises is turned off for the rest of the run: one warning (to `warn`, default stderr)
+  and one `sink_failed` alert in alerts.jsonl; training and the run directory carry on. As a context
+  manager it closes with `finished`, `interrupted` (KeyboardInterrupt) or `failed`.
+  `start(name, config, versions, device, total_steps, run_id)` writes run.json and starts every sink;
+  `write(step, scalars, histograms=None, rewards=None, time=None)`, `write_samples`, `write_alert`,
+  `write_final`, `log_checkpoint`, `close(status)` fan out; `active` names the sinks still on.
+- `make_sinks(run_dir, tensorboard=True, tensorboard_dir=None, flush_secs=2, wandb=None, warn=None,
+  fsync=False) -> SinkSet`: the usual set; a sink whose library is not installed is left out with a warning.
+- `wandb_enabled(flag, environ=os.environ) -> bool`: `--wandb` / `--no-wandb` / neither (on when
+  WANDB_API_KEY is set).
+- `tensorboard_layout() -> dict`: the custom-scalars layout (tag regexes).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import sys
+import time as _time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from .rundir import RunDirWriter, json_safe
+
+# Sample columns shown in text and tables; long texts are cut so a step's table stays readable.
+TEXT_LIMIT = 600
+# A fixed bin count: tensorboardX's default ("tensorflow" edges) costs ~2.5 ms per histogram, 30 bins ~0.2 ms.
+HIST_BINS = 30
+HPARAM_METRICS = ("rewards/total/mean", "accuracy/train", "eval/accuracy", "policy/loss")
+_REASONING = re.compile(r"<reasoning>(.*?)</reasoning>", re.DOTALL)
+_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+
+
+class Sink:
+    name = "sink"
+
+    def start(self, info: Mapping[str, Any]) -> None:
+        pass
+
+    def write(self, step: int, scalars: Mapping[str, float], histograms: Mapping[str, np.ndarray],
+              rewards: np.ndarray | None) -> None:
+        pass
+
+    def write_samples(self, step: int, samples: Sequence[Mapping[str, Any]]) -> None:
+        pass
+
+    def write_alert(self, alert: Mapping[str, Any]) -> None:
+        pass
+
+    def write_final(self, metrics: Mapping[str, float]) -> None:
+        pass
+
+    def log_checkpoint(self, path: str | Path, step: int) -> None:
+        pass
+
+    def close(self, status: str) -> None:
+        pass
+
+
+# ----------------------------------------------------------------------------- shared helpers
+
+
+def _clip(text: Any, limit: int = TEXT_LIMIT) -> str:
+    text = "" if text is None else str(text)
+    return text if len(text) <= limit else text[:limit] + " [...]"
+
+
+def split_completion(completion: str) -> tuple[str, str]:
+    """(reasoning, answer) of a completion; without tags, all of it is the reasoning."""
+    reasoning = _REASONING.findall(completion)
+    answers = _ANSWER.findall(completion)
+    return (reasoning[-1].strip() if reasoning else completion.strip()), (answers[-1].strip() if answers else "")
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return "null" if not math.isfinite(value) else f"{value:.4g}"
+    return "" if value is None else str(value)
+
+
+def _md_cell(value: Any) -> str:
+    return _clip(value).replace("\\", "\\\\").replace("|", "\\|").replace("\n", "<br>")
+
+
+def samples_markdown(samples: Sequence[Mapping[str, Any]]) -> str:
+    fns = list(dict.fromkeys(k for s in samples for k in (s.get("rewards") or {})))
+    header = ["prompt", "completion", "answer", *fns, "total", "advantage", "length", "truncated", "correct"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for s in samples:
+        rewards = s.get("rewards") or {}
+        row = [_md_cell(s.get("prompt")), _md_cell(s.get("completion")), _md_cell(s.get("answer")),
+               *(_fmt(rewards.get(fn)) for fn in fns), _fmt(s.get("total")), _fmt(s.get("advantage")),
+               _fmt(s.get("length")), _fmt(s.get("truncated")), _fmt(s.get("correct"))]
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def flatten_config(config: Mapping[str, Any], prefix: str = "") -> dict[str, bool | int | float | str]:
+    """Nested config as `a.b` keys with plain values (lists as JSON text); None values are dropped."""
+    out: dict[str, bool | int | float | str] = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            out.update(flatten_config(value, name + "."))
+        elif isinstance(value, (bool, int, float, str)):
+            out[name] = value
+        elif value is not None:
+            out[name] = json.dumps(json_safe(value))
+    return out
+
+
+# ----------------------------------------------------------------------------- TensorBoard
+
+
+def tensorboard_layout() -> dict[str, dict[str, list]]:
+    return {
+        "rewards": {
+            "total reward: mean with q25..q75": ["Margin", ["rewards/total/mean", "rewards/total/q25",
+                                                            "rewards/total/q75"]],
+            "total reward": ["Multiline", [r"^rewards/total/(mean|median|recent_mean|min|max)$"]],
+            "per-function mean": ["Multiline", [r"^rewards/[^/]+/mean$"]],
+            "contribution %": ["Multiline", [r"^rewards/[^/]+/contribution_pct$"]],
+            "signal quality": ["Multiline", [r"^rewards/(signal_to_noise|entropy|zero_std_group_frac)$"]],
+            "accuracy": ["Multiline", [r"^accuracy/train$", r"^eval/accuracy$", r"^difficulty/.*/accuracy$"]],
+        },
+        "policy": {
+            "loss": ["Multiline", [r"^policy/(loss|pg_loss|kl_penalty)$"]],
+            "KL": ["Multiline", [r"^policy/(kl|ppo_kl)$"]],
+            "entropy": ["Multiline", [r"^policy/entropy$"]],
+            "clipping": ["Multiline", [r"^policy/(clip_frac.*|outside_frac)$"]],
+            "importance ratio": ["Multiline", [r"^policy/(ratio_.*|log_ratio_.*)$"]],
+            "gradient norm": ["Multiline", [r"^policy/grad_norm$"]],
+            "learning rate": ["Multiline", [r"^policy/lr$"]],
+            "advantages": ["Multiline", [r"^advantages/(mean|std|min|max)$"]],
+        },
+        "performance": {
+            "generation tokens/s": ["Multiline", [r"^throughput/gen_tokens_per_s.*"]],
+            "backprop tokens/s": ["Multiline", [r"^throughput/backprop_tokens_per_s.*"]],
+            "phase seconds": ["Multiline", [r"^timing/.*_s$"]],
+            "ms per token": ["Multiline", [r"^timing/.*_ms_per_token$"]],
+            "completion length": ["Multiline", [r"^completions/length_(mean|min|max)$"]],
+            "truncation": ["Multiline", [r"^(completions|prompts)/clip_ratio$"]],
+        },
+        "system": {
+            "CPU and GPU %": ["Multiline", [r"^system/(cpu_percent|gpu_utilization_percent)$"]],
+            "memory %": ["Multiline", [r"^system/(memory_percent|accel_memory_percent)$"]],
+            "memory GB": ["Multiline", [r"^system/.*_gb$"]],
+        },
+    }
+
+
+class TensorBoardSink(Sink):
+    name = "tensorboard"
+
+    def __init__(self, logdir: str | Path, flush_secs: int = 2):
+        from tensorboardX import SummaryWriter
+        from tensorboardX.proto.summary_pb2 import Summary
+
+        self._summary = Summary
+        self.logdir = Path(logdir)
+        self.writer = SummaryWriter(logdir=str(self.logdir), flush_secs=flush_secs)
+        self._last_step = 0
+
+    def start(self, info: Mapping[str, Any]) -> None:
+        from tensorboardX.summary import hparams
+
+        self.writer.add_custom_scalars(tensorboard_layout())
+        hparam_values = flatten_config(info.get("config") or {})
+        experiment, session_start, _ = hparams(hparam_values, {name: 0.0 for name in HPARAM_METRICS})
+        file_writer = self.writer._get_file_writer()
+        file_writer.add_summary(experiment)
+        file_writer.add_summary(session_start)
+        self.writer.add_text("run", "```\n" + json.dumps(json_safe(info), indent=2) + "\n```", 0)
+
+    def write(self, step, scalars, histograms, rewards) -> None:
+        # One event holding every scalar: ~100 add_scalar calls would cost ~10x more per step.
+        values = [self._summary.Value(tag=name, simple_value=float(value))
+                  for name, value in scalars.items() if value is not None]
+        self.writer._get_file_writer().add_summary(self._summary(value=values), step)
+        for name, array in histograms.items():
+            self.writer.add_histogram(name, np.asarray(array, dtype=np.float64), step, bins=HIST_BINS)
+        self._last_step = max(self._last_step, step)
+
+    def write_samples(self, step, samples) -> None:
+        self.writer.add_text("samples/completions", samples_markdown(samples), step)
+
+    def write_alert(self, alert) -> None:
+        text = f"**{alert.get('level', 'info')}** `{alert.get('rule', '')}` {_md_cell(alert.get('message'))}"
+        self.writer.add_text("alerts", text, int(alert.get("step") or self._last_step))
+
+    def write_final(self, metrics) -> None:
+        self.write(self._last_step, {k: v for k, v in metrics.items() if isinstance(v, (int, float))}, {}, None)
+        rows = "\n".join(f"| `{k}` | {_fmt(v)} |" for k, v in metrics.items())
+        self.writer.add_text("final", "| metric | value |\n|---|---|\n" + rows, self._last_step)
+
+    def close(self, status: str) -> None:
+        from tensorboardX.proto.api_pb2 import Status
+        from tensorboardX.proto.plugin_hparams_pb2 import HParamsPluginData, SessionEndInfo
+        from tensorboardX.proto.summary_pb2 import SummaryMetadata
+
+        code = {"finished": "STATUS_SUCCESS", "interrupted": "STATUS_ABORTED"}.get(status, "STATUS_FAILURE")
+        content = HParamsPluginData(session_end_info=SessionEndInfo(status=Status.Value(code)), version=0)
+        metadata = SummaryMetadata(plugin_data=SummaryMetadata.PluginData(plugin_name="hparams",
+                                                                          content=content.SerializeToString()))
+        session_end = self._summary(value=[self._summary.Value(tag="_hparams_/session_end_info", metadata=metadata)])
+        self.writer._get_file_writer().add_summary(session_end)
+        self.writer.close()
+
+
+# ----------------------------------------------------------------------------- Weights & Biases
+
+
+@dataclass
+class WandbOptions:
+    project: str = "mlx-grpo"
+    entity: str | None = None
+    name: str | None = None
+    tags: Sequence[str] = ()
+    notes: str | None = None
+    mode: str | None = None  # "online", "offline", "disabled"; None = WANDB_MODE or online
+    dir: str | None = None  # where W&B keeps its files; None = WANDB_DIR if set, else the run directory
+    chart_every: int = 50
+    landscape_points: int = 10_000
+    log_checkpoints: bool = False
+    extra_config: Mapping[str, Any] = field(default_factory=dict)
+
+
+def _point_cloud(xyz: np.ndarray, value: np.ndarray) -> np.ndarray:
+    """[N, 6] x, y, z, r, g, b: each axis scaled to 0..10 so one axis does not flatten the others,
+    coloured from blue (low value) to red (high value)."""
+    lo, hi = xyz.min(axis=0), xyz.max(axis=0)
+    scaled = 10.0 * (xyz - lo) / np.where(hi > lo, hi - lo, 1.0)
+    v_lo, v_hi = value.min(), value.max()
+    t = (value - v_lo) / (v_hi - v_lo) if v_hi > v_lo else np.full_like(value, 0.5)
+    colour = np.stack([255 * t, np.full_like(t, 60.0), 255 * (1 - t)], axis=1)
+    return np.concatenate([scaled, colour], axis=1)
+
+
+class WandbSink(Sink):
+    name = "wandb"
+
+    def __init__(self, options: WandbOptions):
+        import wandb
+
+        self.wandb = wandb
+        self.options = options
+        self.run = None
+        self._table = None
+        self._table_fns: list[str] = []
+        self._landscape: list[np.ndarray] = []
+        self._landscape_size = 0
+        self._evolution: list[tuple[float, float, float]] = []
+
+    def start(self, info: Mapping[str, Any]) -> None:
+        opts = self.options
+        # An explicit dir wins, then the user's WANDB_DIR, then the run directory (keeps a run self-contained).
+        wandb_dir = opts.dir or (None if os.environ.get("WANDB_DIR") else info["run_dir"])
+        config = {**(info.get("config") or {}), "run_id": info.get("run_id"), "versions": info.get("versions"),
+                  "device": info.get("device"), **opts.extra_config}
+        self.run = self.wandb.init(project=opts.project, entity=opts.entity, name=opts.name or info.get("name"),
+                                   tags=list(opts.tags) or None, notes=opts.notes, config=json_safe(config),
+                                   dir=wandb_dir, mode=opts.mode)
+
+    def write(self, step, scalars, histograms, rewards) -> None:
+        data: dict[str, Any] = {k: v for k, v in scalars.items() if v is not None}
+        for name, array in histograms.items():
+            data[name] = self.wandb.Histogram(np.asarray(array, dtype=np.float64))
+        if rewards is not None:
+            self._add_landscape(step, np.asarray(rewards, dtype=np.float64))
+        if "policy/kl" in scalars and "rewards/total/mean" in scalars:
+            self._evolution.append((float(scalars["policy/kl"]), float(scalars["rewards/total/mean"]), float(step)))
+        if self.options.chart_every > 0 and step % self.options.chart_every == 0:
+            data.update(self._charts(scalars))
+        self.run.log(data, step=step)
+
+    def _add_landscape(self, step: int, rewards: np.ndarray) -> None:
+        points = np.stack([np.full(rewards.size, float(step)), np.arange(rewards.size, dtype=np.float64), rewards],
+                          axis=1)
+        points = points[np.isfinite(rewards)]
+        self._landscape.append(points)
+        self._landscape_size += len(points)
+        # Keep the most recent points only; the chart is redrawn from them each time.
+        while self._landscape_size - len(self._landscape[0]) >= self.options.landscape_points:
+            self._landscape_size -= len(self._landscape.pop(0))
+
+    def _charts(self, scalars: Mapping[str, float]) -> dict[str, Any]:
+        charts: dict[str, Any] = {}
+        means = {k.split("/")[1]: v for k, v in scalars.items()
+                 if k.startswith("rewards/") and k.endswith("/mean") and k.count("/") == 2 and k != "rewards/total/mean"}
+        if means:
+            charts["charts/reward_breakdown"] = self._bar(means, "Reward breakdown (batch mean per function)")
+        if self._landscape:
+            points = np.concatenate(self._landscape)
+            if len(points) >= 2:
+                charts["charts/reward_landscape_3d"] = self.wandb.Object3D(_point_cloud(points, points[:, 2]))
+        if len(self._evolution) >= 2:
+            points = np.asarray(self._evolution, dtype=np.float64)
+            charts["charts/policy_evolution_3d"] = self.wandb.Object3D(_point_cloud(points, points[:, 1]))
+        return charts
+
+    def _bar(self, values: Mapping[str, float], title: str):
+        table = self.wandb.Table(columns=["reward_function", "mean"],
+                                 data=[[k, float(v)] for k, v in values.items() if v is not None and math.isfinite(v)])
+        return self.wandb.plot.bar(table, "reward_function", "mean", title=title)
+
+    def write_samples(self, step, samples) -> None:
+        if not samples:
+            return
+        if self._table is None:
+            self._table_fns = list(dict.fromkeys(k for s in samples for k in (s.get("rewards") or {})))
+            columns = ["step", "prompt", "reasoning", "answer", "ground_truth", *(f"reward/{fn}" for fn in
+                       self._table_fns), "total", "advantage", "length", "truncated", "correct", "completion"]
+            self._table = self.wandb.Table(columns=columns, log_mode="INCREMENTAL")
+        for s in samples:
+            reasoning, answer = split_completion(str(s.get("completion") or ""))
+            rewards = s.get("rewards") or {}
+            row = [step, _clip(s.get("prompt")), _clip(reasoning), answer, _clip(s.get("answer")),
+                   *(json_safe(rewards.get(fn)) for fn in self._table_fns), json_safe(s.get("total")),
+                   json_safe(s.get("advantage")), s.get("length"), s.get("truncated"), s.get("correct"),
+                   _clip(s.get("completion"), 4 * TEXT_LIMIT)]
+            self._table.add_data(*row)
+        self.run.log({"samples/completions": self._table}, step=step)
+
+    def write_alert(self, alert) -> None:
+        level = {"error": self.wandb.AlertLevel.ERROR, "warning": self.wandb.AlertLevel.WARN}.get(
+            alert.get("level"), self.wandb.AlertLevel.INFO)
+        self.run.alert(title=f"{alert.get('rule', 'alert')} (step {alert.get('step')})",
+                       text=str(alert.get("message", "")), level=level)
+
+    def write_final(self, metrics) -> None:
+        self.run.summary.update(json_safe(dict(metrics)))
+        data: dict[str, Any] = {}
+        means = {k.split("/")[1]: v for k, v in metrics.items()
+                 if re.fullmatch(r"final/[^/]+/mean", k) and k != "final/total/mean"}
+        if means:
+            data["charts/reward_breakdown"] = self._bar(means, "Reward breakdown (whole-run mean per function)")
+        criteria = sorted({k.rsplit("/", 1)[0] for k in metrics if k.startswith("final/criteria/")})
+        if criteria:
+            rows = [[c[len("final/criteria/"):], *(json_safe(metrics.get(f"{c}/{stat}"))
+                     for stat in ("mean", "std", "min", "max", "total_samples"))] for c in criteria]
+            data["final/rubric_criteria_summary"] = self.wandb.Table(
+                columns=["criterion", "mean", "std", "min", "max", "samples"], data=rows)
+        if data:
+            self.run.log(data)
+
+    def log_checkpoint(self, path, step) -> None:
+        if not self.options.log_checkpoints:
+            return
+        artifact = self.wandb.Artifact(name=f"{self.run.id}-checkpoint", type="model", metadata={"step": step})
+        artifact.add_dir(str(path))
+        self.run.log_artifact(artifact, aliases=[f"step_{step}", "latest"])
+
+    def close(self, status: str) -> None:
+        self.run.finish(exit_code=0 if status == "finished" else 1)
+
+
+# ----------------------------------------------------------------------------- fan-out
+
+
+def wandb_enabled(flag: bool | None, environ: Mapping[str, str] = os.environ) -> bool:
+    """`--wandb` (True) turns W&B on, `--no-wandb` (False) off; no flag (None): on when WANDB_API_KEY is set."""
+    return bool(environ.get("WANDB_API_KEY")) if flag is None else flag
+
+
+def _stderr(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+class SinkSet:
+    def __init__(self, rundir: RunDirWriter, sinks: Sequence[Sink] = (), warn: Callable[[str], None] | None = None):
+        self.rundir = rundir
+        self.sinks = list(sinks)
+        self.warn = warn or _stderr
+        self.info: dict[str, Any] = {}
+        self._last_step = 0
+        self._closed = False
+
+    @property
+    def active(self) -> list[str]:
+        return [sink.name for sink in self.sinks]
+
+    def _each(self, method: str, *args) -> None:
+        for sink in list(self.sinks):
+            try:
+                getattr(sink, method)(*args)
+            except Exception as exc:  # any failure of an optional sink: turn it off, keep training
+                self._disable(sink, method, exc)
+
+    def _disable(self, sink: Sink, method: str, exc: Exception) -> None:
+        self.sinks.remove(sink)
+        detail = " ".join(str(exc).split())[:300]
+        message = (f"{sink.name} logging failed in {method} ({type(exc).__name__}: {detail}); it is off for "
+                   f"the rest of this run, the run directory keeps every metric")
+        self.warn(f"mlx-grpo: warning: {message}")
+        self.rundir.write_alert({"step": self._last_step, "time": _time.time(), "level": "warning",
+                                 "rule": "sink_failed", "metric": "", "value": None, "message": message})
+        try:
+            sink.close("failed")
+        except Exception:  # it already failed once; its own cleanup may fail too
+            pass
+
+    def start(self, name: str, config: Mapping[str, Any], versions: Mapping[str, Any] | None = None,
+              device: Mapping[str, Any] | None = None, total_steps: int | None = None,
+              run_id: str | None = None) -> dict[str, Any]:
+        self.info = self.rundir.start(name=name, config=config, versions=versions, device=device,
+                                      total_steps=total_steps, run_id=run_id)
+        # Sinks also learn where the run directory is (W&B keeps its files there by default).
+        self._each("start", {**self.info, "run_dir": str(self.rundir.path)})
+        return self.info
+
+    def write(self, step: int, scalars: Mapping[str, float], histograms: Mapping[str, np.ndarray] | None = None,
+              rewards: np.ndarray | None = None, time: float | None = None) -> None:
+        self._last_step = step
+        self.rundir.write_metrics(step, scalars, time)
+        self._each("write", step, scalars, histograms or {}, rewards)
+
+    def write_samples(self, step: int, samples: Sequence[Mapping[str, Any]], time: float | None = None) -> None:
+        samples = list(samples)
+        self.rundir.write_samples(step, samples, time)
+        self._each("write_samples", step, samples)
+
+    def write_alert(self, alert: Any) -> None:
+        record = json_safe(alert.to_dict() if hasattr(alert, "to_dict") else dict(alert))
+        self.rundir.write_alert(record)
+        self._each("write_alert", record)
+
+    def write_final(self, metrics: Mapping[str, float]) -> None:
+        self.rundir.write_final_metrics(metrics)
+        self._each("write_final", metrics)
+
+    def log_checkpoint(self, path: str | Path, step: int) -> None:
+        self._each("log_checkpoint", path, step)
+
+    def close(self, status: str = "finished") -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._each("close", status)
+        self.rundir.finish(status)
+
+    def __enter__(self) -> "SinkSet":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close("finished")
+        else:
+            self.close("interrupted" if issubclass(exc_type, KeyboardInterrupt) else "failed")
+
+
+def make_sinks(run_dir: str | Path, tensorboard: bool = True, tensorboard_dir: str | Path | None = None,
+               flush_secs: int = 2, wandb: WandbOptions | None = None, warn: Callable[[str], None] | None = None,
+               fsync: bool = False) -> SinkSet:
+    """The usual SinkSet: the run directory, TensorBoard (in `run_dir/tensorboard` unless `tensorboard_dir`),
+    and W&B when `wandb` options are given. A sink whose library is missing is left out with a warning."""
+    warn = warn or _stderr
+    sinks: list[Sink] = []
+    if tensorboard:
+        try:
+            sinks.append(TensorBoardSink(tensorboard_dir or Path(run_dir) / "tensorboard", flush_secs=flush_secs))
+        except ImportError as exc:
+            warn(f"mlx-grpo: warning: TensorBoard logging is off: {exc} (pip install tensorboardX)")
+    if wandb is not None:
+        try:
+            sinks.append(WandbSink(wandb))
+        except ImportError as exc:
+            warn(f"mlx-grpo: warning: W&B logging is off: {exc} (pip install 'mlx-grpo[wandb]')")
+    return SinkSet(RunDirWriter(run_dir, fsync=fsync), sinks, warn=warn)
+

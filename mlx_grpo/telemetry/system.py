@@ -1,0 +1,137 @@
+"""System metrics (`system/*`) sampled in a background thread, so a training step pays only a dict copy.
+
+Public API:
+
+- `SystemSampler(interval=1.0, accel_memory=None, gpu_utilization=None)`: `start()` launches a daemon
+  thread that samples machine CPU % (over the interval), memory, the process RSS and, where it can be
+  read, GPU utilisation every `interval` seconds; `snapshot()` returns the latest sample plus the
+  accelerator memory read at call time; `stop()` ends the thread. Usable as a context manager.
+  - `accel_memory`: a callable the trainer passes (this package never imports mlx) returning a
+    mapping with any of `active`, `peak`, `cache`, `limit` in bytes (None or absent = unknown), e.g.
+    `lambda: {"active": mx.get_active_memory(), "peak": mx.get_peak_memory(),
+    "cache": mx.get_cache_memory(), "limit": mx.device_info().get("max_recommended_working_set_size")}`.
+    It is called from `snapshot()`, in the trainer's thread.
+  - `gpu_utilization`: a callable returning a percentage or None; by default `ioreg_gpu_utilization`
+    on macOS when `ioreg` exists, otherwise nothing.
+- `ioreg_gpu_utilization() -> float | None` and `parse_ioreg_utilization(text) -> float | None`: the
+  "Device Utilization %" of the GPU from `ioreg -r -d 1 -w 0 -c IOAccelerator` (the AGX accelerator
+  on Apple silicon), no sudo needed.
+- `accel_metrics(reading) -> dict`: turns an accelerator reading into `system/accel_*` metrics.
+
+A metric that cannot be read is left out of the snapshot, never filled in.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+import threading
+from typing import Callable, Mapping
+
+import psutil
+
+GB = 1024 ** 3
+_UTILIZATION = re.compile(r'"Device Utilization %"\s*=\s*(\d+(?:\.\d+)?)')
+
+
+def parse_ioreg_utilization(text: str) -> float | None:
+    """The highest "Device Utilization %" in ioreg output (one per accelerator), or None."""
+    values = [float(v) for v in _UTILIZATION.findall(text)]
+    return max(values) if values else None
+
+
+def ioreg_gpu_utilization() -> float | None:
+    try:
+        result = subprocess.run(["ioreg", "-r", "-d", "1", "-w", "0", "-c", "IOAccelerator"],
+                                capture_output=True, text=True, timeout=5, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return parse_ioreg_utilization(result.stdout) if result.returncode == 0 else None
+
+
+def _default_gpu_reader() -> Callable[[], float | None] | None:
+    if sys.platform == "darwin" and shutil.which("ioreg"):
+        return ioreg_gpu_utilization
+    return None
+
+
+def accel_metrics(reading: Mapping[str, float | None]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for key in ("active", "peak", "cache", "limit"):
+        value = reading.get(key)
+        if value is not None:
+            out[f"system/accel_{key}_gb"] = float(value) / GB
+    active, limit = reading.get("active"), reading.get("limit")
+    if active is not None and limit:
+        out["system/accel_memory_percent"] = 100.0 * float(active) / float(limit)
+    return out
+
+
+class SystemSampler:
+    def __init__(self, interval: float = 1.0,
+                 accel_memory: Callable[[], Mapping[str, float | None]] | None = None,
+                 gpu_utilization: Callable[[], float | None] | None = None):
+        self.interval = interval
+        self.accel_memory = accel_memory
+        self.gpu_utilization = gpu_utilization if gpu_utilization is not None else _default_gpu_reader()
+        self._process = psutil.Process()
+        self._latest: dict[str, float] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> "SystemSampler":
+        # The first cpu_percent call only sets the baseline; the first real value comes one interval later.
+        psutil.cpu_percent(interval=None)
+        self._sample(include_cpu=False)
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="mlx-grpo-system-sampler", daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self._sample(include_cpu=True)
+
+    def _sample(self, include_cpu: bool) -> None:
+        sample: dict[str, float] = {}
+        if include_cpu:
+            sample["system/cpu_percent"] = float(psutil.cpu_percent(interval=None))
+        memory = psutil.virtual_memory()
+        sample["system/memory_percent"] = float(memory.percent)
+        sample["system/memory_used_gb"] = (memory.total - memory.available) / GB
+        sample["system/memory_available_gb"] = memory.available / GB
+        try:
+            sample["system/process_rss_gb"] = self._process.memory_info().rss / GB
+        except psutil.Error:
+            pass
+        if self.gpu_utilization is not None:
+            try:
+                utilization = self.gpu_utilization()
+            except Exception:  # a reader that breaks once is dropped; the other metrics carry on
+                self.gpu_utilization = utilization = None
+            if utilization is not None:
+                sample["system/gpu_utilization_percent"] = float(utilization)
+        with self._lock:
+            self._latest = sample
+
+    def snapshot(self) -> dict[str, float]:
+        with self._lock:
+            out = dict(self._latest)
+        if self.accel_memory is not None:
+            out.update(accel_metrics(self.accel_memory()))
+        return out
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self.interval + 5)
+            self._thread = None
+
+    def __enter__(self) -> "SystemSampler":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,162 @@
+"""The metric catalogue: lookups, the seed mapping's completeness, METRICS.md, `mlx-grpo metrics`."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mlx_grpo.cli import main
+from mlx_grpo.step_metrics import rollout_metrics
+from mlx_grpo.telemetry import catalogue
+from mlx_grpo.telemetry.catalogue import find_entry
+from mlx_grpo.telemetry.reward_stats import RewardTracker, ThroughputTracker, reward_metrics
+from mlx_grpo.telemetry.system import SystemSampler
+
+REPO = Path(__file__).resolve().parents[1]
+SEEDS_DIR = Path(os.environ.get("MLX_GRPO_SEEDS_DIR", REPO.parent / "shared" / "seeds"))
+
+# Backticked words in the seed documents that are not metric names.
+NOT_METRICS = {
+    "google/gemma-3-1b-it": "a model id in the config table",
+    "<reasoning>...</reasoning><answer>...</answer>": "the answer format",
+    "actor/*": "section header", "critic/*": "section header", "completion/*": "section header",
+    "difficulty/*": "section header", "adaptive_window/*": "section header", "sgrpo/*": "section header",
+    "timing_s/*": "section header", "timing_per_token_ms/*": "section header",
+}
+_FENCE = re.compile(r"```.*?```", re.S)
+
+
+def seed_metric_names(text: str) -> list[str]:
+    """Metric-like names a seed document mentions.
+
+    Backticked words with a slash (outside code), backticked first cells of markdown tables (metric and
+    config tables), and the keys of `wandb.log({...})` calls in the code examples.
+    """
+    found: list[str] = []
+    prose = _FENCE.sub("", text)
+    for token in re.findall(r"`([^`\s]+)`", prose):
+        if "/" in token and ":" not in token and not token.startswith(("-", ".", "/")) \
+                and not token.endswith((".py", ".json", ".pt", "/")):
+            found.append(token)
+    for line in prose.splitlines():
+        cell = re.match(r"\|\s*`([^`]+)`\s*\|", line)
+        if cell and not cell.group(1).startswith("-"):
+            found.append(cell.group(1))
+    for block in _FENCE.findall(text):
+        for call in re.finditer(r"wandb\.log\(\s*\{", block):
+            depth, i = 1, call.end()
+            while depth and i < len(block):
+                depth += {"{": 1, "}": -1}.get(block[i], 0)
+                i += 1
+            nesting = 0
+            for token in re.finditer(r'[{}]|f?"([^"]+)"\s*:', block[call.end():i - 1]):
+                if token.group(0) in "{}":
+                    nesting += 1 if token.group(0) == "{" else -1
+                elif nesting == 0:
+                    found.append(token.group(1))
+    return [name for name in dict.fromkeys(found) if name not in NOT_METRICS]
+
+
+@pytest.mark.skipif(not SEEDS_DIR.is_dir(), reason=f"seed documents not found at {SEEDS_DIR}")
+def test_every_metric_named_in_the_seeds_is_mapped():
+    mapped = {(m.seed, m.name) for m in catalogue.SEED_MAP}
+    missing = []
+    for seed, document in catalogue.SEEDS.items():
+        names = seed_metric_names((SEEDS_DIR / document).read_text(encoding="utf-8"))
+        assert len(names) > 10, f"extraction found almost nothing in {document}"
+        missing += [(seed, name) for name in names if (seed, name) not in mapped]
+    assert missing == []
+
+
+def test_seed_answers_name_catalogue_entries_and_unanswered_ones_say_why():
+    assert catalogue.unresolved_answers() == []
+    for m in catalogue.SEED_MAP:
+        assert m.answers or m.note, f"{m.seed} {m.name}: no canonical metric and no reason"
+    critic_values = [m for m in catalogue.SEED_MAP if m.name == "critic/values/mean"]
+    assert critic_values and critic_values[0].answers == () and "critic" in critic_values[0].note
+
+
+def test_find_entry_matches_concrete_names_and_rejects_unknown_ones():
+    assert find_entry("rewards/total/mean").name == "rewards/total/mean"
+    assert find_entry("rewards/answer_check/mean").name == "rewards/<fn>/mean"
+    assert find_entry("rewards/my_reward/contribution_pct").name == "rewards/<fn>/contribution_pct"
+    assert find_entry("difficulty/3/accuracy").name == "difficulty/<level>/accuracy"
+    assert find_entry("criteria/style/clarity/mean").name == "criteria/<rubric>/<criterion>/mean"
+    assert find_entry("sgrpo/exit_2/accuracy").name == "sgrpo/exit_<k>/accuracy"
+    assert find_entry("final/total/total_samples").kind == "summary"
+    # `total` is the weighted sum, not a function: per-function-only statistics do not exist for it.
+    assert find_entry("rewards/total/contribution_pct") is None
+    assert find_entry("policy/not_a_metric") is None
+    assert find_entry("Policy/Loss") is None
+
+
+def test_catalogue_names_are_unique_lowercase_and_slash_grouped():
+    names = [spec.name for spec in catalogue.CATALOGUE]
+    assert len(names) == len(set(names))
+    for spec in catalogue.CATALOGUE:
+        fixed = re.sub(r"<[a-z]+>", "x", spec.name)
+        assert fixed == fixed.lower() and " " not in fixed, spec.name
+        assert spec.description and spec.when and spec.group
+
+
+def test_every_name_the_telemetry_modules_emit_is_catalogued():
+    names = ["format_exact", "answer_check"]
+    scores = np.array([[1.0, 0.0, 1.0, np.nan], [0.0, 2.0, 2.0, 2.0]])
+    total = np.array([1.0, 2.0, 3.0, 2.0])
+    emitted = dict(reward_metrics(scores, names, [1.0, 1.0], total, 2))
+    tracker = RewardTracker(names, hist_every=1, hist_min_samples=1)
+    emitted.update(tracker.update(1, scores, total, loss=0.5, api_tokens=10,
+                                  extra={"advantages/hist": total, "completions/length_hist": total}))
+    emitted.update(tracker.histograms(1))
+    tracker.update(2, scores, total, loss=0.4, api_tokens=5)
+    emitted.update(tracker.end_epoch())
+    tracker.update(3, scores, total, loss=0.3)
+    emitted.update(tracker.end_epoch())
+    emitted.update(tracker.final_metrics())
+    for rate in ("throughput/gen_tokens_per_s", "throughput/backprop_tokens_per_s"):
+        emitted.update(ThroughputTracker(rate).update(100, 1.0))
+    sampler = SystemSampler(accel_memory=lambda: {"active": 1, "peak": 2, "cache": 3, "limit": 4},
+                            gpu_utilization=lambda: 50.0)
+    with sampler:
+        emitted.update(sampler.snapshot())
+    emitted.update(rollout_metrics([5, 5], [False, True], [3, 9], [False, True], [True, False], [3, 4]))
+    for key in ("epoch/reward_trend", "epoch/loss_trend", "epoch/api_tokens", "system/gpu_utilization_percent",
+                "system/accel_memory_percent", "rewards/answer_check/hist", "advantages/hist"):
+        assert key in emitted
+    assert [name for name in emitted if find_entry(name) is None] == []
+
+
+def test_metrics_md_is_up_to_date():
+    expected = catalogue.render_markdown()
+    actual = (REPO / "METRICS.md").read_text(encoding="utf-8")
+    assert actual == expected, "METRICS.md is stale: python -m mlx_grpo.telemetry.catalogue --write METRICS.md"
+
+
+def test_metrics_command_prints_table_json_and_seed_map(capsys):
+    assert main(["metrics", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert {"name", "description", "unit", "group", "when", "kind"} <= set(rows[0])
+    assert len(rows) == len(catalogue.CATALOGUE)
+    assert main(["metrics", "--seed-map", "--json"]) == 0
+    seed_rows = json.loads(capsys.readouterr().out)
+    assert any(r["name"] == "Train/KLPenalty" and r["answers"] == ["policy/kl_penalty"] for r in seed_rows)
+    assert main(["metrics", "--group", "system"]) == 0
+    out = capsys.readouterr().out
+    assert "system/process_rss_gb" in out and "policy/loss" not in out
+    assert main(["metrics", "--group", "nonsense"]) == 2
+    assert "unknown group" in capsys.readouterr().err
+
+
+def test_telemetry_modules_never_import_mlx():
+    code = ("import sys\n"
+            "import mlx_grpo.telemetry.catalogue, mlx_grpo.telemetry.reward_stats, mlx_grpo.telemetry.system\n"
+            "import mlx_grpo.telemetry.rundir, mlx_grpo.telemetry.sinks, mlx_grpo.commands.metrics\n"
+            "assert not [m for m in sys.modules if m == 'mlx' or m.startswith('mlx.')], 'mlx imported'\n")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)

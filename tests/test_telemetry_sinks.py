@@ -1,0 +1,194 @@
+"""Run directory, TensorBoard sink and the failure-isolating SinkSet, read back by real readers."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+import pytest
+from tbparse import SummaryReader
+from tensorboard.backend.event_processing import event_accumulator
+
+from mlx_grpo.telemetry.jsonl_tail import JsonlTail
+from mlx_grpo.telemetry.rundir import RunDirWriter, scrub_secrets
+from mlx_grpo.telemetry.sinks import Sink, SinkSet, TensorBoardSink, samples_markdown, split_completion
+
+SAMPLE = {"prompt": "What is 2+3?", "completion": "<reasoning>2+3=5</reasoning><answer>5</answer>", "answer": "5",
+          "rewards": {"format_exact": 1.0, "answer_check": None}, "total": 1.0, "advantage": 0.5, "length": 12,
+          "truncated": False, "correct": True}
+
+
+def read_jsonl(path):
+    tail = JsonlTail(path)
+    records = tail.poll(final=True).records
+    assert tail.garbage_lines == 0
+    return records
+
+
+def test_secrets_never_reach_run_json(tmp_path, monkeypatch):
+    monkeypatch.setenv("MY_SERVICE_TOKEN", "plain-looking-value-123")
+    config = {
+        "learning_rate": 1e-4, "max_tokens": 64, "eos_token": "</s>", "api_key_env": "OPENAI_API_KEY",
+        "judge": {"url": "http://127.0.0.1:8000/v1", "api_key": "abc123", "headers": ["Bearer sk-live-secret-value"]},
+        "hf_token": "hf_abcdefghijklmnopqrstuvwx", "wandb": {"password": "hunter22"},
+        "note": "sk-ABCDEFGHIJKLMNOPQRSTUV", "extra": ["keep me", "plain-looking-value-123"],
+    }
+    writer = RunDirWriter(tmp_path / "run")
+    writer.start(name="r", config=config, versions={"python": "3.11"}, device={"backend": "cpu"}, total_steps=3)
+    text = (tmp_path / "run" / "run.json").read_text()
+    for secret in ("abc123", "sk-live", "hf_abcdef", "hunter22", "sk-ABCDEF", "plain-looking-value-123"):
+        assert secret not in text
+    saved = json.loads(text)["config"]
+    assert saved["max_tokens"] == 64 and saved["eos_token"] == "</s>" and saved["api_key_env"] == "OPENAI_API_KEY"
+    assert saved["judge"] == {"url": "http://127.0.0.1:8000/v1", "headers": []}
+    assert saved["extra"] == ["keep me"]
+    assert scrub_secrets({"access_token": "x", "client_secret": "y", "num_tokens": 3}) == {"num_tokens": 3}
+
+
+def test_run_directory_files_follow_the_contract(tmp_path):
+    run = tmp_path / "run"
+    writer = RunDirWriter(run)
+    info = writer.start(name="demo", config={"lr": 0.1}, total_steps=2)
+    assert json.loads((run / "run.json").read_text())["status"] == "running"
+    assert info["schema_version"] == 1 and info["end_time"] is None and isinstance(info["pid"], int)
+    writer.write_metrics(1, {"policy/loss": float("nan"), "policy/kl": float("inf"), "rewards/total/mean": np.float32(0.5),
+                             "tokens/total": np.int64(7)}, time=10.0)
+    writer.write_metrics(2, {"policy/loss": 0.25})
+    writer.write_samples(2, [SAMPLE, {**SAMPLE, "total": float("nan")}])
+    writer.write_alert({"step": 2, "level": "warning", "rule": "r", "metric": "policy/kl", "value": float("inf"),
+                        "message": "KL is infinite"})
+    writer.write_final_metrics({"final/total/mean": 0.5, "final/total/std": float("nan")})
+    writer.finish("interrupted")
+
+    for name in ("metrics.jsonl", "samples.jsonl", "alerts.jsonl"):
+        raw = (run / name).read_text()
+        assert raw.endswith("\n") and all(json.loads(line) for line in raw.splitlines())
+    metrics = read_jsonl(run / "metrics.jsonl")
+    assert metrics[0] == {"step": 1, "time": 10.0, "policy/loss": None, "policy/kl": None,
+                          "rewards/total/mean": 0.5, "tokens/total": 7}
+    assert metrics[1]["step"] == 2 and metrics[1]["policy/loss"] == 0.25 and metrics[1]["time"] > 1e9
+    samples = read_jsonl(run / "samples.jsonl")
+    assert [s["total"] for s in samples] == [1.0, None] and samples[0]["rewards"]["answer_check"] is None
+    assert read_jsonl(run / "alerts.jsonl")[0]["value"] is None
+    assert json.loads((run / "final_metrics.json").read_text()) == {"final/total/mean": 0.5, "final/total/std": None}
+    final_info = json.loads((run / "run.json").read_text())
+    assert final_info["status"] == "interrupted" and final_info["end_time"] >= final_info["start_time"]
+    assert not [p for p in run.iterdir() if p.name.endswith(".tmp")]
+
+
+def step_scalars(step):
+    return {"rewards/total/mean": 0.1 * step, "policy/loss": 1.0 / step, "system/cpu_percent": 50.0,
+            "rewards/answer_check/mean": 0.05 * step}
+
+
+def test_tensorboard_files_hold_scalars_histograms_text_and_hparams_in_the_run_dir(tmp_path):
+    run = tmp_path / "run"
+    sinks = SinkSet(RunDirWriter(run), [TensorBoardSink(run / "tensorboard")])
+    sinks.start(name="tb", config={"learning_rate": 1e-4, "model": {"id": "tiny"}, "rewards": ["a", "b"]})
+    for step in (1, 2, 3):
+        sinks.write(step, step_scalars(step), {"rewards/total/hist": np.arange(12.0) * step})
+    sinks.write_samples(3, [SAMPLE])
+    sinks.write_alert({"step": 3, "level": "warning", "rule": "kl_high", "metric": "policy/kl", "value": 1.0,
+                       "message": "KL above 0.5"})
+    sinks.write_final({"final/total/mean": 0.2})
+    sinks.close()
+
+    tb = run / "tensorboard"
+    assert [p for p in tb.iterdir() if p.is_dir()] == []  # hparams did not make a timestamped sub-run
+    reader = SummaryReader(str(tb), extra_columns={"dir_name"})
+    scalars = reader.scalars
+    for step in (1, 2, 3):
+        for name, value in step_scalars(step).items():
+            got = scalars[(scalars.tag == name) & (scalars.step == step)].value
+            assert list(got) == [pytest.approx(value)], name
+    assert set(reader.histograms.tag) == {"rewards/total/hist"} and len(reader.histograms) == 3
+    text = reader.text
+    assert {"samples/completions", "alerts", "final", "run"} <= set(text.tag)
+    assert "What is 2+3?" in text[text.tag == "samples/completions"].value.iloc[0]
+    assert "KL above 0.5" in text[text.tag == "alerts"].value.iloc[0]
+    hparams = dict(zip(reader.hparams.tag, reader.hparams.value))
+    assert hparams["learning_rate"] == pytest.approx(1e-4) and hparams["model.id"] == "tiny"
+    assert set(reader.hparams.dir_name) == {""}
+
+    acc = event_accumulator.EventAccumulator(str(tb))
+    acc.Reload()
+    assert "custom_scalars__config__" in acc.Tags()["tensors"]
+    assert {"_hparams_/experiment", "_hparams_/session_start_info", "_hparams_/session_end_info"} <= \
+        set(acc.PluginTagToContent("hparams"))
+
+
+def test_tensorboard_flushes_within_seconds_while_the_run_is_live(tmp_path):
+    sink = TensorBoardSink(tmp_path / "tb", flush_secs=1)
+    sink.write(1, {"rewards/total/mean": 1.0}, {}, None)
+    deadline = time.time() + 6
+    seen = False
+    while time.time() < deadline and not seen:
+        time.sleep(0.5)
+        seen = "rewards/total/mean" in set(SummaryReader(str(tmp_path / "tb")).scalars.get("tag", []))
+    sink.close("finished")
+    assert seen
+
+
+class Exploding(Sink):
+    name = "exploding"
+
+    def __init__(self, fail_in: str):
+        self.fail_in = fail_in
+        self.calls = []
+
+    def start(self, info):
+        self._maybe("start")
+
+    def write(self, step, scalars, histograms, rewards):
+        self._maybe("write")
+
+    def close(self, status):
+        self.calls.append("close")
+
+    def _maybe(self, method):
+        self.calls.append(method)
+        if method == self.fail_in:
+            raise ConnectionError("service unreachable")
+
+
+@pytest.mark.parametrize("fail_in", ["start", "write"])
+def test_a_failing_sink_is_turned_off_with_one_warning_and_the_rest_carry_on(tmp_path, fail_in):
+    run = tmp_path / "run"
+    warnings = []
+    bad = Exploding(fail_in)
+    sinks = SinkSet(RunDirWriter(run), [bad, TensorBoardSink(run / "tensorboard")], warn=warnings.append)
+    sinks.start(name="iso", config={})
+    for step in range(1, 6):
+        sinks.write(step, step_scalars(step))
+    sinks.close()
+
+    assert len(warnings) == 1 and "exploding" in warnings[0] and "ConnectionError" in warnings[0]
+    assert sinks.active == ["tensorboard"]
+    assert bad.calls.count(fail_in) == 1 and bad.calls[-1] == "close"
+    assert [r["step"] for r in read_jsonl(run / "metrics.jsonl")] == [1, 2, 3, 4, 5]
+    alerts = read_jsonl(run / "alerts.jsonl")
+    assert [(a["rule"], a["level"]) for a in alerts] == [("sink_failed", "warning")]
+    scalars = SummaryReader(str(run / "tensorboard")).scalars
+    assert sorted(scalars[scalars.tag == "policy/loss"].step) == [1, 2, 3, 4, 5]
+    assert json.loads((run / "run.json").read_text())["status"] == "finished"
+
+
+@pytest.mark.parametrize("error, status", [(RuntimeError("boom"), "failed"), (KeyboardInterrupt(), "interrupted")])
+def test_sinkset_context_manager_records_how_the_run_ended(tmp_path, error, status):
+    with pytest.raises(type(error)):
+        with SinkSet(RunDirWriter(tmp_path / "run")) as sinks:
+            sinks.start(name="ctx", config={})
+            sinks.write(1, {"policy/loss": 1.0})
+            raise error
+    assert json.loads((tmp_path / "run" / "run.json").read_text())["status"] == status
+
+
+def test_sample_helpers_split_reasoning_and_escape_markdown():
+    assert split_completion("<reasoning> think </reasoning><answer> 42 </answer>") == ("think", "42")
+    assert split_completion("no tags at all") == ("no tags at all", "")
+    table = samples_markdown([{**SAMPLE, "prompt": "a|b\nc"}])
+    header, rule, row = table.splitlines()
+    assert header.count("|") == rule.count("|") == 11  # 10 columns: 3 texts, 2 rewards, 5 numbers
+    assert "a\\|b<br>c" in row and "null" not in row and "| 1 |" in row
+    assert "null" in samples_markdown([{**SAMPLE, "total": float("nan")}])
