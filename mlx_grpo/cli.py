@@ -17,6 +17,7 @@ from .errors import UserError
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("mlx_grpo.commands.train", "train a model with GRPO"),
+    "watch": ("mlx_grpo.commands.watch", "live dashboard of one or more run directories (terminal or --web)"),
     "metrics": ("mlx_grpo.commands.metrics", "print the metric catalogue (and where the seed metrics went)"),
     "bench": ("mlx_grpo.commands.bench", "measure tokens/s of rollout, update and whole step against baselines"),
     "doctor": ("mlx_grpo.commands.doctor", "check backend, device, BLAS, dtype and memory, and say what to fix"),

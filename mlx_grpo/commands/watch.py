@@ -1,0 +1,54 @@
+"""`mlx-grpo watch [RUN_DIR ...]`: the live terminal dashboard (or, with --web, in a browser).
+
+Imports no mlx, at import time or when it runs: it works in a venv that only watches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+
+from ..errors import UserError
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run_dirs", nargs="*", metavar="RUN_DIR",
+                        help="run directories to watch, overlaid in one dashboard (default: the newest run under "
+                             "./runs/); a directory that does not exist yet is waited for")
+    parser.add_argument("--refresh", type=float, default=1.0, metavar="SECONDS",
+                        help="seconds between reads of the run directory (default 1; +/- change it live)")
+    parser.add_argument("--web", action="store_true",
+                        help="serve the dashboard on http://localhost:PORT with textual-serve instead of the terminal")
+    parser.add_argument("--port", type=int, default=8000, help="port for --web (default 8000)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from mlx_grpo.telemetry.rundir_reader import resolve_run_dirs
+
+    if not 0 < args.refresh <= 3600:
+        raise UserError(f"--refresh must be between 0 and 3600 seconds, got {args.refresh}")
+    run_dirs = resolve_run_dirs(args.run_dirs)
+    if args.web:
+        return _serve(run_dirs, args)
+    from tui.app import WatchApp
+
+    WatchApp(run_dirs, refresh=args.refresh).run()
+    return 0
+
+
+def _serve(run_dirs: list[Path], args: argparse.Namespace) -> int:
+    if not 0 < args.port < 65536:
+        raise UserError(f"--port must be between 1 and 65535, got {args.port}")
+    from textual_serve.server import Server
+
+    # Each browser tab gets its own dashboard process running this same command.
+    command = shlex.join([sys.executable, "-m", "mlx_grpo.cli", "watch", "--refresh", str(args.refresh),
+                          *(str(d.resolve()) for d in run_dirs)])
+    server = Server(command, host="localhost", port=args.port, title="mlx-grpo watch")
+    try:
+        server.serve()
+    except OSError as err:
+        raise UserError(f"cannot serve on localhost:{args.port}: {err.strerror or err}; pick another --port") from None
+    return 0

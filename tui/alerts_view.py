@@ -1,0 +1,53 @@
+"""Alerts feed: newest first, coloured by level; ● marks an alert that still stands."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.widgets import DataTable
+
+from .board import Board
+from .fmt import fmt_value
+from .palette import LEVEL_COLORS
+
+MAX_ROWS = 1000
+
+
+class AlertsView(DataTable):
+    def __init__(self, *, id: str | None = None):
+        super().__init__(id=id, cursor_type="row", zebra_stripes=True)
+        self._key: tuple | None = None
+
+    @property
+    def board(self) -> Board:
+        return self.app.board  # type: ignore[attr-defined]
+
+    def on_mount(self) -> None:
+        self.add_columns("", "run", "step", "level", "metric", "value", "message")
+
+    def update_data(self) -> None:
+        board = self.board
+        key = (board.generation, board.filter)
+        if key == self._key:
+            return
+        self._key = key
+        rows = []
+        for i, run in enumerate(board.runs):
+            for entry in run.alerts:
+                a = entry.alert
+                if board.matches_filter(a.metric, a.rule, a.message, a.level):
+                    rows.append((a.step, a.time or 0.0, i, entry, run.alert_stands(a)))
+        rows.sort(key=lambda r: (r[0], r[1]), reverse=True)
+        self.clear()
+        for step, _, i, entry, stands in rows[:MAX_ROWS]:
+            a = entry.alert
+            color = LEVEL_COLORS.get(a.level, "white")
+            source = "" if entry.source == "run" else " (evaluated here)"
+            self.add_row(
+                Text("●" if stands else "○", style=color),
+                Text(board.runs[i].name, style=board.color(i)),
+                Text(f"{step:,}", justify="right"),
+                Text(a.level.upper(), style=f"bold {color}"),
+                Text(a.metric, style=color if stands else ""),
+                Text(fmt_value(a.value), justify="right"),
+                Text(a.message + source, style="" if stands else "#9a9a9a"),
+            )

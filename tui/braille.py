@@ -1,0 +1,99 @@
+"""Line charts drawn with braille characters (2x4 dots per terminal cell).
+
+Everything is vectorised with numpy over screen columns: the input is one
+min/max bucket per dot column (see mlx_grpo.telemetry.downsample), so the cost
+depends on the chart's size, never on the run's length.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from mlx_grpo.telemetry.downsample import Buckets
+
+# Bit of each dot in a braille cell, indexed [row 0..3][col 0..1] (Unicode order).
+_DOT_BITS = np.array([[0x01, 0x08], [0x02, 0x10], [0x04, 0x20], [0x40, 0x80]], dtype=np.int64)
+_CHARS = [chr(0x2800 + m) if m else " " for m in range(256)]
+
+
+@dataclass
+class Layer:
+    """One series to draw: buckets over the dot columns, a colour, and a z-order."""
+
+    buckets: Buckets
+    color: str
+    z: int = 0
+
+
+def dot_spans(b: Buckets, ncols: int, y_lo: float, y_hi: float, nrows: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """Top and bottom dot row per dot column (-1 where nothing is drawn).
+
+    Columns without points between two that have them are filled by linear
+    interpolation, and each column's span reaches back to the previous column's
+    last value, so the result reads as a continuous line that keeps spikes.
+    """
+    if len(b.columns) == 0:
+        return None
+    cols = np.arange(ncols)
+    c0, c1 = int(b.columns[0]), int(b.columns[-1])
+    first = np.interp(cols, b.columns, b.first)
+    last = np.interp(cols, b.columns, b.last)
+    lo = np.interp(cols, b.columns, b.lo)
+    hi = np.interp(cols, b.columns, b.hi)
+    # An empty column is a point on the straight line between its neighbours.
+    empty = np.ones(ncols, dtype=bool)
+    empty[b.columns] = False
+    lo[empty] = hi[empty] = first[empty] = last[empty] = (first[empty] + last[empty]) / 2
+    prev_last = np.concatenate(([first[0]], last[:-1]))
+    span_lo = np.minimum(lo, prev_last)
+    span_hi = np.maximum(hi, prev_last)
+    span_lo[c0] = lo[c0]
+    span_hi[c0] = hi[c0]
+    scale = (nrows - 1) / (y_hi - y_lo) if y_hi > y_lo else 0.0
+    top = np.rint((y_hi - span_hi) * scale).astype(np.int64)
+    bottom = np.rint((y_hi - span_lo) * scale).astype(np.int64)
+    if scale == 0.0:
+        top[:] = bottom[:] = nrows // 2
+    np.clip(top, 0, nrows - 1, out=top)
+    np.clip(bottom, 0, nrows - 1, out=bottom)
+    outside = (cols < c0) | (cols > c1)
+    top[outside] = bottom[outside] = -1
+    return top, bottom
+
+
+def cell_masks(top: np.ndarray, bottom: np.ndarray, width: int, height: int) -> np.ndarray:
+    """Braille bit masks, shape (height, width), for dot spans over 2*width columns."""
+    rows = np.arange(4 * height)[:, None]
+    on = (rows >= top[None, :]) & (rows <= bottom[None, :]) & (top[None, :] >= 0)
+    # (4H, 2W) -> (H, 4, W, 2); weight each dot by its bit and sum per cell.
+    grid = on.reshape(height, 4, width, 2)
+    return np.einsum("hrwc,rc->hw", grid.astype(np.int64), _DOT_BITS)
+
+
+def render_cells(layers: list[Layer], width: int, height: int, y_lo: float, y_hi: float) -> tuple[list[list[str]], list[list[str | None]]]:
+    """Braille characters and a colour per cell; the highest-z layer with dots in a cell colours it."""
+    masks = np.zeros((height, width), dtype=np.int64)
+    colors: list[list[str | None]] = [[None] * width for _ in range(height)]
+    for layer in sorted(layers, key=lambda l: l.z):
+        spans = dot_spans(layer.buckets, 2 * width, y_lo, y_hi, 4 * height)
+        if spans is None:
+            continue
+        m = cell_masks(*spans, width, height)
+        masks |= m
+        for y, x in zip(*np.nonzero(m)):
+            colors[y][x] = layer.color
+    chars = [[_CHARS[m] for m in row] for row in masks.tolist()]
+    return chars, colors
+
+
+def nice_range(lo: float, hi: float) -> tuple[float, float]:
+    """A y-range with a little headroom; a flat series gets a band around it."""
+    if not np.isfinite(lo) or not np.isfinite(hi):
+        return 0.0, 1.0
+    if hi - lo < 1e-12 * max(1.0, abs(hi)):
+        pad = max(abs(hi) * 0.05, 1e-6)
+        return lo - pad, hi + pad
+    pad = (hi - lo) * 0.04
+    return lo - pad, hi + pad

@@ -1,0 +1,148 @@
+"""A braille line chart of one or more metrics over steps, for one or more runs.
+
+Raw values are drawn dim as min/max per screen column (spikes stay visible),
+the smoothed line bright on top. The drawing is cached and redone only when a
+run's data, the size, the smoothing or the alert state changed.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from rich.segment import Segment
+from rich.style import Style
+from textual.strip import Strip
+from textual.widget import Widget
+
+from mlx_grpo.telemetry.downsample import bucketize, ema, finite_points
+
+from .board import Board
+from .braille import Layer, nice_range, render_cells
+from .fmt import fmt_value
+from .palette import RUN_COLORS, dim
+
+AXIS_WIDTH = 7
+_AXIS_STYLE = Style(color="#8a8a8a")
+
+
+def short_name(metric: str) -> str:
+    """`rewards/answer_check/mean` -> `answer_check/mean`: enough to tell lines apart."""
+    parts = metric.split("/")
+    return "/".join(parts[1:]) if len(parts) > 1 else metric
+
+
+class MetricChart(Widget):
+    """Chart of `metrics` for every run on the board."""
+
+    def __init__(self, title: str, metrics: list[str], *, id: str | None = None):
+        super().__init__(id=id)
+        self.chart_title = title
+        self.metrics = list(metrics)
+        self._key: tuple | None = None
+        self._strips: list[Strip] = []
+        self.legend: list[tuple[str, str, float | None]] = []  # (label, colour, last value)
+
+    @property
+    def board(self) -> Board:
+        return self.app.board  # type: ignore[attr-defined]
+
+    def update_data(self) -> None:
+        """Recompute if anything the drawing depends on changed."""
+        board = self.board
+        level = board.alert_level(self.metrics)
+        self.set_class(level == "warning", "alert-warning")
+        self.set_class(level == "error", "alert-error")
+        key = (
+            tuple((len(r.table), r.table.version, r.table.epoch) for r in board.runs),
+            self.size.width, self.size.height, board.smoothing, level,
+        )
+        if key == self._key:
+            return
+        self._key = key
+        self._strips = self._draw(board)
+        self.border_title = ("⚠ " if level else "") + self.chart_title
+        self.border_subtitle = " ".join(
+            f"[{color}]■[/] {label} {fmt_value(last)}" for label, color, last in self.legend
+        )
+        self.refresh()
+
+    def on_resize(self) -> None:
+        self.update_data()
+
+    def render_line(self, y: int) -> Strip:
+        if y < len(self._strips):
+            return self._strips[y]
+        return Strip.blank(self.size.width)
+
+    # ------------------------------------------------------------------ drawing
+    def _series(self, board: Board) -> list[tuple[str, str, np.ndarray, np.ndarray]]:
+        """(legend label, colour, steps, values) of every line to draw."""
+        out = []
+        several_runs = len(board.runs) > 1
+        for ri, run in enumerate(board.runs):
+            for mi, metric in enumerate(self.metrics):
+                col = run.table.column(metric)
+                if col is None:
+                    continue
+                xs, ys = finite_points(run.table.steps, col)
+                if not len(xs):
+                    continue
+                if several_runs:
+                    label = run.name if len(self.metrics) == 1 else f"{run.name}:{short_name(metric)}"
+                    color = board.color(ri)
+                else:
+                    label = short_name(metric)
+                    color = RUN_COLORS[mi % len(RUN_COLORS)]
+                out.append((label, color, xs, ys))
+        return out
+
+    def _draw(self, board: Board) -> list[Strip]:
+        width, height = self.size.width, self.size.height
+        plot_w, plot_h = width - AXIS_WIDTH - 1, height - 1
+        series = self._series(board)
+        self.legend = [(label, color, float(ys[-1])) for label, color, _, ys in series]
+        if plot_w < 4 or plot_h < 1 or not series:
+            message = "no data yet" if not series else ""
+            return [Strip([Segment(message.center(width)[:width], _AXIS_STYLE)])] if height else []
+        x0 = min(float(xs[0]) for _, _, xs, _ in series)
+        x1 = max(float(xs[-1]) for _, _, xs, _ in series)
+        layers = []
+        y_lo, y_hi = np.inf, -np.inf
+        for label, color, xs, ys in series:
+            raw = bucketize(xs, ys, x0, x1, 2 * plot_w)
+            y_lo, y_hi = min(y_lo, float(raw.lo.min())), max(y_hi, float(raw.hi.max()))
+            if board.smoothing > 0:
+                layers.append(Layer(raw, dim(color), z=0))
+                layers.append(Layer(bucketize(xs, ema(ys, board.smoothing), x0, x1, 2 * plot_w), color, z=1))
+            else:
+                layers.append(Layer(raw, color, z=1))
+        y_lo, y_hi = nice_range(y_lo, y_hi)
+        chars, colors = render_cells(layers, plot_w, plot_h, y_lo, y_hi)
+        labels = {0: fmt_value(y_hi), plot_h - 1: fmt_value(y_lo)}
+        if plot_h >= 5:
+            labels[(plot_h - 1) // 2] = fmt_value((y_lo + y_hi) / 2)
+        strips = []
+        styles: dict[str | None, Style] = {}
+        for row in range(plot_h):
+            segs = [Segment(labels.get(row, "").rjust(AXIS_WIDTH)[:AXIS_WIDTH] + "┤", _AXIS_STYLE)]
+            segs.extend(_runs(chars[row], colors[row], styles))
+            strips.append(Strip(segs, width))
+        left, right = f"{x0:,.0f}", f"{x1:,.0f}"
+        gap = max(1, plot_w - len(left) - len(right))
+        axis = " " * (AXIS_WIDTH + 1) + left + " " * gap + right
+        strips.append(Strip([Segment(axis[:width].ljust(width), _AXIS_STYLE)], width))
+        return strips
+
+
+def _runs(chars: list[str], colors: list[str | None], styles: dict) -> list[Segment]:
+    """Merge neighbouring cells of one colour into one segment."""
+    segs = []
+    start = 0
+    for i in range(1, len(chars) + 1):
+        if i == len(chars) or colors[i] != colors[start]:
+            color = colors[start]
+            style = styles.get(color)
+            if style is None:
+                style = styles[color] = Style(color=color) if color else Style()
+            segs.append(Segment("".join(chars[start:i]), style))
+            start = i
+    return segs

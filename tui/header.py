@@ -1,0 +1,59 @@
+"""The top bar: per run its name, step of total, elapsed, ETA and state; then the view settings."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.widgets import Static
+
+from .board import Board
+from .fmt import fmt_duration, fmt_step
+from .palette import LEVEL_COLORS, STATE_COLORS
+
+BAR_WIDTH = 12
+
+
+def _bar(step: int | None, total: int | None) -> str:
+    if not step or not total:
+        return " " * BAR_WIDTH
+    filled = min(BAR_WIDTH, int(round(BAR_WIDTH * step / total)))
+    return "█" * filled + "░" * (BAR_WIDTH - filled)
+
+
+class RunHeader(Static):
+    @property
+    def board(self) -> Board:
+        return self.app.board  # type: ignore[attr-defined]
+
+    def update_data(self) -> None:
+        board = self.board
+        now = board.clock()
+        text = Text(no_wrap=True, overflow="ellipsis")
+        for i, run in enumerate(board.runs):
+            status = run.status(now, board.alive)
+            color = board.color(i)
+            text.append("● ", style=color)
+            text.append(run.name, style=f"bold {color}")
+            text.append("  " + fmt_step(run.step, run.total_steps))
+            text.append(" " + _bar(run.step, run.total_steps), style=color)
+            text.append(f"  elapsed {fmt_duration(run.elapsed(now, status))}")
+            eta = run.eta(status)
+            if eta is not None:
+                text.append(f"  ETA {fmt_duration(eta)}")
+            text.append("  ")
+            text.append(f" {status.upper()} ", style=f"bold #101010 on {STATE_COLORS.get(status, '#888888')}")
+            levels = [e.alert.level for e in run.alerts]
+            for level in ("error", "warning"):
+                if level in levels:
+                    text.append(f"  ⚠ {levels.count(level)} {level}", style=f"bold {LEVEL_COLORS[level]}")
+            if run.history_progress is not None:
+                text.append(f"  loading history {100 * run.history_progress:.0f}%", style="#8a8a8a")
+            if run.garbage_total:
+                text.append(f"  {run.garbage_total} bad lines skipped", style="#8a8a8a")
+            text.append("\n")
+        smoothing = f"EMA {board.smoothing:g}" if board.smoothing else "off"
+        text.append(f"refresh {board.refresh_s:g}s · smoothing {smoothing}", style="#8a8a8a")
+        if board.filter:
+            text.append(f" · filter '{board.filter}'", style="bold #ffd166")
+        if board.paused:
+            text.append("  PAUSED", style="bold #101010 on #ffd166")
+        self.update(text)

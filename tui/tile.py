@@ -1,0 +1,52 @@
+"""A tile: one metric's latest value per run, its recent trend and change."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.widgets import Static
+
+from .board import Board
+from .fmt import fmt_spark, fmt_value
+
+SPARK_WIDTH = 12
+# Change shown next to the value: against the value this many records back.
+DELTA_RECORDS = 10
+
+
+class MetricTile(Static):
+    def __init__(self, label: str, metric: str):
+        super().__init__("")
+        self.label = label
+        self.metric = metric
+        self._key: tuple | None = None
+
+    @property
+    def board(self) -> Board:
+        return self.app.board  # type: ignore[attr-defined]
+
+    def update_data(self) -> None:
+        board = self.board
+        level = board.alert_level([self.metric])
+        self.set_class(level == "warning", "alert-warning")
+        self.set_class(level == "error", "alert-error")
+        key = (board.generation, level)
+        if key == self._key:
+            return
+        self._key = key
+        self.border_title = ("⚠ " if level else "") + self.label
+        text = Text(no_wrap=True, overflow="ellipsis")
+        several = len(board.runs) > 1
+        for i, run in enumerate(board.runs):
+            col = run.table.column(self.metric)
+            recent = [] if col is None else col[-200:].tolist()
+            values = [v for v in recent if v == v]
+            if i:
+                text.append("\n")
+            value = values[-1] if values else None
+            text.append(fmt_value(value).rjust(7), style=f"bold {board.color(i)}" if several else "bold")
+            if len(values) > DELTA_RECORDS:
+                delta = values[-1] - values[-1 - DELTA_RECORDS]
+                arrow = "▲" if delta > 0 else "▼" if delta < 0 else "="
+                text.append(f" {arrow}", style="#8a8a8a")
+            text.append(" " + fmt_spark(values, SPARK_WIDTH), style=board.color(i) if several else "#4ea1ff")
+        self.update(text)

@@ -1,0 +1,148 @@
+"""What each chart view shows: its tiles and its charts, by canonical metric name.
+
+A chart's metrics may be patterns (`*` matches one path segment): the
+per-function reward charts find the run's reward functions by themselves.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ChartSpec:
+    title: str
+    metrics: tuple[str, ...]
+    # Names matching a pattern that are not wanted (e.g. the total among per-function rewards).
+    exclude: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ViewSpec:
+    key: str
+    title: str
+    tiles: tuple[tuple[str, str], ...]  # (label, metric)
+    charts: tuple[ChartSpec, ...]
+
+
+def _pattern(p: str) -> re.Pattern:
+    return re.compile("".join("[^/]*" if part == "*" else re.escape(part) for part in re.split(r"(\*)", p)) + r"\Z")
+
+
+def resolve(spec: ChartSpec, available: list[str]) -> list[str]:
+    """The chart's metrics that exist in at least one run, in spec order then name order."""
+    out: list[str] = []
+    for m in spec.metrics:
+        if "*" not in m:
+            if m in available and m not in out:
+                out.append(m)
+            continue
+        rx = _pattern(m)
+        out.extend(sorted(n for n in available if rx.match(n) and n not in spec.exclude and n not in out))
+    return out
+
+
+OVERVIEW = ViewSpec(
+    "overview", "Overview",
+    tiles=(
+        ("reward", "rewards/total/mean"),
+        ("accuracy", "accuracy/train"),
+        ("eval acc", "eval/accuracy"),
+        ("KL", "policy/kl"),
+        ("entropy", "policy/entropy"),
+        ("length", "completions/length_mean"),
+        ("gen tok/s", "throughput/gen_tokens_per_s"),
+        ("step s", "timing/step_s"),
+    ),
+    charts=(
+        ChartSpec("total reward", ("rewards/total/mean",)),
+        ChartSpec("reward per function", ("rewards/*/mean",), exclude=("rewards/total/mean",)),
+        ChartSpec("accuracy", ("accuracy/train", "eval/accuracy")),
+    ),
+)
+
+POLICY = ViewSpec(
+    "policy", "Policy",
+    tiles=(
+        ("KL", "policy/kl"),
+        ("entropy", "policy/entropy"),
+        ("clip frac", "policy/clip_frac"),
+        ("loss", "policy/loss"),
+        ("grad norm", "policy/grad_norm"),
+        ("lr", "policy/lr"),
+    ),
+    charts=(
+        ChartSpec("KL to reference", ("policy/kl",)),
+        ChartSpec("entropy", ("policy/entropy",)),
+        ChartSpec("clip fractions", ("policy/clip_frac_low", "policy/clip_frac_high", "policy/clip_frac")),
+        ChartSpec("loss", ("policy/loss", "policy/pg_loss")),
+        ChartSpec("grad norm", ("policy/grad_norm",)),
+        ChartSpec("importance ratio", ("policy/ratio_mean", "policy/ratio_p95", "policy/ppo_kl")),
+    ),
+)
+
+LENGTHS = ViewSpec(
+    "lengths", "Lengths",
+    tiles=(
+        ("length", "completions/length_mean"),
+        ("truncated", "completions/clip_ratio"),
+        ("finished", "completions/finished_frac"),
+        ("prompt len", "prompts/length_mean"),
+        ("tokens/step", "tokens/total"),
+    ),
+    charts=(
+        ChartSpec("completion length", ("completions/length_mean", "completions/length_min", "completions/length_max")),
+        ChartSpec("truncation", ("completions/clip_ratio", "prompts/clip_ratio")),
+        ChartSpec("finished / correct",
+                  ("completions/finished_frac", "completions/finished_correct_frac", "completions/truncated_correct_frac")),
+        ChartSpec("prompt length", ("prompts/length_mean",)),
+    ),
+)
+
+THROUGHPUT = ViewSpec(
+    "throughput", "Throughput",
+    tiles=(
+        ("gen tok/s", "throughput/gen_tokens_per_s"),
+        ("backprop tok/s", "throughput/backprop_tokens_per_s"),
+        ("step s", "timing/step_s"),
+        ("rollout s", "timing/rollout_s"),
+        ("update s", "timing/update_s"),
+        ("gen ms/tok", "timing/gen_ms_per_token"),
+    ),
+    charts=(
+        ChartSpec("tokens per second", ("throughput/gen_tokens_per_s", "throughput/backprop_tokens_per_s",
+                                        "throughput/step_tokens_per_s")),
+        ChartSpec("phase timings (s)", ("timing/step_s", "timing/rollout_s", "timing/reward_s", "timing/ref_s",
+                                        "timing/update_s", "timing/checkpoint_s", "timing/eval_s")),
+        ChartSpec("ms per token", ("timing/gen_ms_per_token", "timing/update_ms_per_token")),
+    ),
+)
+
+SYSTEM = ViewSpec(
+    "system", "System",
+    tiles=(
+        ("CPU %", "system/cpu_percent"),
+        ("memory %", "system/memory_percent"),
+        ("process GB", "system/process_rss_gb"),
+        ("accel GB", "system/accel_active_gb"),
+        ("accel peak", "system/accel_peak_gb"),
+        ("accel limit", "system/accel_limit_gb"),
+    ),
+    charts=(
+        ChartSpec("accelerator memory vs limit (GB)",
+                  ("system/accel_active_gb", "system/accel_peak_gb", "system/accel_limit_gb")),
+    ),
+)
+
+# Metrics of the system view drawn as sparklines under its tiles.
+SYSTEM_SPARKLINES = (
+    ("CPU %", "system/cpu_percent"),
+    ("memory %", "system/memory_percent"),
+    ("memory used GB", "system/memory_used_gb"),
+    ("process RSS GB", "system/process_rss_gb"),
+    ("accel active GB", "system/accel_active_gb"),
+    ("accel memory %", "system/accel_memory_percent"),
+)
+
+CHART_VIEWS = (OVERVIEW, POLICY, LENGTHS, THROUGHPUT, SYSTEM)
