@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 
 from mlx_grpo.cli import main
+from mlx_grpo.rubric import load_rubric
+from mlx_grpo.rubric_reward import RubricReward
 from mlx_grpo.step_metrics import rollout_metrics
 from mlx_grpo.telemetry import catalogue
 from mlx_grpo.telemetry.catalogue import find_entry
@@ -112,10 +114,10 @@ def test_every_name_the_telemetry_modules_emit_is_catalogued():
     total = np.array([1.0, 2.0, 3.0, 2.0])
     emitted = dict(reward_metrics(scores, names, [1.0, 1.0], total, 2))
     tracker = RewardTracker(names, hist_every=1, hist_min_samples=1)
-    emitted.update(tracker.update(1, scores, total, loss=0.5, api_tokens=10,
+    emitted.update(tracker.update(1, scores, total, loss=0.5,
                                   extra={"advantages/hist": total, "completions/length_hist": total}))
     emitted.update(tracker.histograms(1))
-    tracker.update(2, scores, total, loss=0.4, api_tokens=5)
+    tracker.update(2, scores, total, loss=0.4)
     emitted.update(tracker.end_epoch())
     tracker.update(3, scores, total, loss=0.3)
     emitted.update(tracker.end_epoch())
@@ -127,9 +129,22 @@ def test_every_name_the_telemetry_modules_emit_is_catalogued():
     with sampler:
         emitted.update(sampler.snapshot())
     emitted.update(rollout_metrics([5, 5], [False, True], [3, 9], [False, True], [True, False], [3, 4]))
-    for key in ("epoch/reward_trend", "epoch/loss_trend", "epoch/api_tokens", "system/gpu_utilization_percent",
+    for key in ("epoch/reward_trend", "epoch/loss_trend", "system/gpu_utilization_percent",
                 "system/accel_memory_percent", "rewards/answer_check/hist", "advantages/hist"):
         assert key in emitted
+    assert [name for name in emitted if find_entry(name) is None] == []
+
+
+def test_every_name_the_rubric_reward_emits_is_catalogued(tmp_path):
+    path = tmp_path / "rubric.yaml"
+    path.write_text("name: style\ncriteria:\n  - {name: correct, weight: 0.75, scorer: numeric_answer}\n"
+                    "  - {name: tags, weight: 0.25, scorer: substring, text: \"<answer>\"}\n")
+    reward = RubricReward(load_rubric(path))
+    reward(["p"] * 2, ["<answer>1</answer>", "2"], ["1", "1"])
+    emitted = {**reward.step_metrics(step=1), **reward.end_epoch(), **reward.summary.final_metrics()}
+    assert "criteria/style/tags/mean" in emitted and "final/criteria/style/correct/total_samples" in emitted
+    # The judge's metrics need a judge server; their names are fixed.
+    emitted.update(dict.fromkeys(["judge/api_tokens", "judge/api_tokens_total", "judge/failed_requests"]))
     assert [name for name in emitted if find_entry(name) is None] == []
 
 

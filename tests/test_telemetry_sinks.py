@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
 
 import numpy as np
@@ -12,7 +13,8 @@ from tensorboard.backend.event_processing import event_accumulator
 
 from mlx_grpo.telemetry.jsonl_tail import JsonlTail
 from mlx_grpo.telemetry.rundir import RunDirWriter, scrub_secrets
-from mlx_grpo.telemetry.sinks import Sink, SinkSet, TensorBoardSink, samples_markdown, split_completion
+from mlx_grpo.telemetry.sinks import (Sink, SinkSet, TensorBoardSink, ThreadedSink, samples_markdown,
+                                      split_completion)
 
 SAMPLE = {"prompt": "What is 2+3?", "completion": "<reasoning>2+3=5</reasoning><answer>5</answer>", "answer": "5",
           "rewards": {"format_exact": 1.0, "answer_check": None}, "total": 1.0, "advantage": 0.5, "length": 12,
@@ -192,3 +194,68 @@ def test_sample_helpers_split_reasoning_and_escape_markdown():
     assert header.count("|") == rule.count("|") == 11  # 10 columns: 3 texts, 2 rewards, 5 numbers
     assert "a\\|b<br>c" in row and "null" not in row and "| 1 |" in row
     assert "null" in samples_markdown([{**SAMPLE, "total": float("nan")}])
+
+
+class Recording(Sink):
+    name = "recording"
+
+    def __init__(self, gate=None, fail_at_step=None):
+        self.gate = gate
+        self.fail_at_step = fail_at_step
+        self.steps = []
+        self.closed = None
+
+    def write(self, step, scalars, histograms, rewards):
+        if self.gate is not None:
+            self.gate.wait(5)
+        if step == self.fail_at_step:
+            raise OSError("disk of the remote service is full")
+        self.steps.append((step, scalars["policy/loss"]))
+
+    def close(self, status):
+        self.closed = status
+
+
+def test_threaded_sink_keeps_order_and_copies_what_it_was_given(tmp_path):
+    inner = Recording()
+    sinks = SinkSet(RunDirWriter(tmp_path / "run"), [ThreadedSink(inner)])
+    sinks.start(name="t", config={})
+    record = {"policy/loss": 0.0}
+    for step in range(1, 101):
+        record["policy/loss"] = float(step)  # the trainer reuses its dict; the worker must see each value
+        sinks.write(step, record)
+    sinks.close()
+    assert inner.steps == [(s, float(s)) for s in range(1, 101)] and inner.closed == "finished"
+
+
+def test_threaded_sink_errors_surface_as_one_warning_and_the_run_dir_carries_on(tmp_path):
+    warnings = []
+    inner = Recording(fail_at_step=2)
+    sinks = SinkSet(RunDirWriter(tmp_path / "run"), [ThreadedSink(inner)], warn=warnings.append)
+    sinks.start(name="t", config={})
+    sinks.write(1, {"policy/loss": 1.0})
+    sinks.write(2, {"policy/loss": 2.0})
+    deadline = time.time() + 5
+    while sinks.active and time.time() < deadline:
+        sinks.write(3, {"policy/loss": 3.0})
+        time.sleep(0.01)
+    sinks.close()
+    assert sinks.active == [] and len(warnings) == 1 and "OSError" in warnings[0]
+    assert inner.steps == [(1, 1.0)]
+    assert {r["step"] for r in read_jsonl(tmp_path / "run" / "metrics.jsonl")} == {1, 2, 3}
+
+
+def test_threaded_sink_drops_records_instead_of_blocking_when_far_behind(tmp_path):
+    warnings = []
+    gate = threading.Event()
+    inner = Recording(gate=gate)
+    sinks = SinkSet(RunDirWriter(tmp_path / "run"), [ThreadedSink(inner, max_pending=3)], warn=warnings.append)
+    sinks.start(name="t", config={})
+    start = time.perf_counter()
+    for step in range(1, 21):
+        sinks.write(step, {"policy/loss": 1.0})
+    assert time.perf_counter() - start < 1.0  # the blocked sink did not hold the loop up
+    gate.set()
+    sinks.close()
+    assert 1 <= len(inner.steps) < 20
+    assert len(warnings) == 1 and "dropped" in warnings[0]

@@ -58,6 +58,9 @@ FINAL = "end of run (final_metrics.json and each sink's summary)"
 RUBRIC = "every logged step, when a rubric is configured"
 ADAPTIVE = "every logged step, when adaptive window scheduling is enabled"
 SGRPO = "every logged step, when S-GRPO is enabled"
+EVAL = "every eval_every steps and at the end"
+CRITERIA = "first logged step and every criteria_every steps, when a rubric is configured"
+JUDGE = "every logged step, when a rubric has a judge criterion"
 
 _STATS = {
     "mean": "mean",
@@ -120,12 +123,16 @@ def _rubric_entries() -> list[MetricSpec]:
                       "rewards/<fn>/* statistics exist for it too.", "reward", "rubric", RUBRIC)
            for stat, words in rubric_words.items()]
     out += [
-        MetricSpec("criteria/<rubric>/<criterion>/mean", "Batch mean score of one rubric criterion.", "score",
-                   "rubric", RUBRIC),
+        MetricSpec("criteria/<rubric>/<criterion>/mean", "Mean score of one rubric criterion over the "
+                   "completions scored since the previous record.", "score", "rubric", CRITERIA),
         MetricSpec("scoring/<criterion>/weight", "Weight of a criterion inside its rubric (constant).", "weight",
-                   "rubric", "first logged step, when a rubric is configured"),
-        MetricSpec("judge/api_tokens", "Tokens sent to and received from the judge model's API this step "
-                   "(retries included).", "tokens", "rubric", "every logged step, when a rubric uses a judge"),
+                   "rubric", CRITERIA),
+        MetricSpec("judge/api_tokens", "Tokens sent to and received from the judge model's API since the "
+                   "previous record (retries included).", "tokens", "rubric", JUDGE),
+        MetricSpec("judge/api_tokens_total", "Judge API tokens since the start of the run.", "tokens", "rubric",
+                   JUDGE),
+        MetricSpec("judge/failed_requests", "Judge requests that failed since the previous record (their "
+                   "scores are missing).", "count", "rubric", JUDGE),
     ]
     for stat, words in {**{k: _STATS[k] for k in ("mean", "std", "min", "max")},
                         "total_samples": "number of scores"}.items():
@@ -222,7 +229,13 @@ def _outcome_entries() -> list[MetricSpec]:
         MetricSpec("accuracy/train", "Fraction of this step's sampled completions with the right answer.",
                    "fraction", "accuracy", EVERY_STEP),
         MetricSpec("eval/accuracy", "Held-out accuracy: greedy completions of the evaluation prompts with the "
-                   "right answer.", "fraction", "eval", "every eval_every steps and at the end"),
+                   "right answer.", "fraction", "eval", EVAL),
+        MetricSpec("eval/num_samples", "Held-out prompts evaluated (each one greedy completion).", "count", "eval",
+                   EVAL),
+        MetricSpec("eval/difficulty/<level>/accuracy", "eval/accuracy restricted to prompts labelled <level>.",
+                   "fraction", "eval", EVAL + ", when the data has a difficulty column"),
+        MetricSpec("eval/difficulty/<level>/count", "Held-out prompts labelled <level>.", "count", "eval",
+                   EVAL + ", when the data has a difficulty column"),
         MetricSpec("difficulty/<level>/accuracy", "accuracy/train restricted to completions of prompts labelled "
                    "<level>.", "fraction", "difficulty", "every logged step, when the data has a difficulty column"),
         MetricSpec("difficulty/<level>/count", "Completions of prompts labelled <level> in the batch.", "count",
@@ -741,8 +754,8 @@ def render_markdown() -> str:
         "One namespace, lowercase and slash-grouped, identical in `metrics.jsonl`, TensorBoard and W&B.",
         "Placeholders: `<fn>` a reward function (never `total`), `<level>` a difficulty label, `<rubric>` /",
         "`<criterion>` a rubric and its criterion, `<k>` a positive integer. A metric that cannot be measured",
-        "on a machine or in a run is left out of the record, never filled with a made-up value; a value that",
-        "was measured but is NaN or infinite is written as null.",
+        "on a machine or in a run is left out of the record, never filled with a made-up value; null means",
+        "there was something to measure but no finite value came out (NaN, infinite, nothing scored).",
         "",
         "Kinds: scalar (metrics.jsonl, TensorBoard, W&B), histogram (TensorBoard and W&B), summary",
         "(final_metrics.json and sink summaries), table / chart / text (TensorBoard or W&B media).",

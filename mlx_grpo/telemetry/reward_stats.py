@@ -17,13 +17,14 @@ Public API:
   success rate.
 - `RunningStats`: count / mean / variance / min / max of a stream of arrays (Chan's parallel
   update, float64), NaN ignored; `.summary(prefix)` gives `{prefix}/{mean,std,min,max,total_samples}`.
-- `RewardTracker`: state across steps. `update(step, scores, total, loss=None, api_tokens=0)`
+- `RewardTracker`: state across steps. `update(step, scores, total, loss=None, extra=None)`
   returns `rewards/<fn>/recent_mean`, `rewards/total/recent_mean` (mean of the last `recent`
   step means) and `rewards/cumulative` (sum of the step means so far), and accumulates epoch and
   run totals. `histograms(step, extra=None)` returns `{name: array}` of the values gathered since
   the previous histogram when `step % hist_every == 0` and at least `hist_min_samples` values are
   waiting (`rewards/<fn>/hist`, `rewards/total/hist`, plus any `extra` arrays passed to `update`
-  such as advantages). `end_epoch()` returns the `epoch/*` metrics and starts a new epoch.
+  such as advantages). `end_epoch()` returns the `epoch/*` metrics and starts a new epoch
+  (`epoch/api_tokens` comes from the rubric reward, which counts the judge's tokens).
   `final_metrics()` returns `final/<fn>/*` and `final/total/*`.
 - `ThroughputTracker(name)`: `update(tokens, seconds)` returns `{name: tokens/seconds,
   name_avg: sum tokens / sum seconds, name_p99: 99th percentile of the per-step values so far}`;
@@ -175,14 +176,10 @@ class RewardTracker:
     def _new_epoch(self) -> None:
         self._epoch_rewards = RunningStats()
         self._epoch_losses = RunningStats()
-        self._epoch_api_tokens: int | None = None
 
     def update(self, step: int, scores: np.ndarray, total: np.ndarray, loss: float | None = None,
-               api_tokens: int | None = None, extra: Mapping[str, np.ndarray] | None = None) -> dict[str, float]:
-        """Record one step; `extra` arrays (e.g. `advantages/hist`) join the next histograms.
-
-        `api_tokens` is the judge's token count for the step; pass it only when a judge is used.
-        """
+               extra: Mapping[str, np.ndarray] | None = None) -> dict[str, float]:
+        """Record one step; `extra` arrays (e.g. `advantages/hist`) join the next histograms."""
         scores = np.asarray(scores, dtype=np.float64)
         total = np.asarray(total, dtype=np.float64)
         out: dict[str, float] = {}
@@ -208,8 +205,6 @@ class RewardTracker:
         self._epoch_rewards.add(total)
         if loss is not None:
             self._epoch_losses.add([loss])
-        if api_tokens is not None:
-            self._epoch_api_tokens = (self._epoch_api_tokens or 0) + api_tokens
         return out
 
     def _gather(self, name: str, values: np.ndarray) -> None:
@@ -230,8 +225,6 @@ class RewardTracker:
 
     def end_epoch(self) -> dict[str, float]:
         out = {"epoch/index": float(self._epoch_index), "epoch/num_samples": float(self._epoch_rewards.count)}
-        if self._epoch_api_tokens is not None:
-            out["epoch/api_tokens"] = float(self._epoch_api_tokens)
         if self._epoch_rewards.count:
             out["epoch/reward_mean"] = self._epoch_rewards.mean
             out["epoch/reward_variance"] = self._epoch_rewards.variance

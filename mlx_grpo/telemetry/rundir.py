@@ -20,8 +20,8 @@ Public API:
 - `json_safe(obj)`: a copy with NaN/Inf as None and numpy scalars/arrays as plain Python.
 - `atomic_write_json(path, obj)`: temp file in the same directory, then `os.replace`.
 
-JSON stays valid: a non-finite number becomes null. A metric that was not measured is absent, so null
-always means "measured, but NaN or infinite".
+JSON stays valid: a non-finite number (or None) becomes null, "there was something to measure but no
+finite value"; a metric that does not apply is absent from the record.
 """
 
 from __future__ import annotations

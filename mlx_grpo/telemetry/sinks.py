@@ -23,6 +23,9 @@ Public API:
   reward) and `charts/policy_evolution_3d` (KL, mean reward, step) every `chart_every` steps; alerts
   through `run.alert`; checkpoints as model artifacts when `log_checkpoints` is set; final metrics in
   the run summary. WANDB_MODE=offline (or `mode="offline"`) works without a network.
+- `ThreadedSink(inner, max_pending=10000, close_timeout=120)`: runs a sink on a worker thread (make_sinks
+  wraps W&B in one): the training thread only queues; errors surface on the next call; a full queue drops
+  records instead of blocking, and `close` reports the count.
 - `SinkSet(rundir, sinks=(), warn=None)`: what the trainer talks to. It writes the JSONL run directory
   first (its errors propagate: the local record is the contract) and fans out to the other sinks. A
   sink that raises is turned off for the rest of the run: one warning (to `warn`, default stderr)
@@ -43,8 +46,10 @@ from __future__ import annotations
 import json
 import math
 import os
+import queue
 import re
 import sys
+import threading
 import time as _time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -386,6 +391,80 @@ class WandbSink(Sink):
         self.run.finish(exit_code=0 if status == "finished" else 1)
 
 
+# ----------------------------------------------------------------------------- background worker
+
+
+class ThreadedSink(Sink):
+    """Runs another sink's calls in order on a worker thread, so a slow sink (W&B: ~1-5 ms per record,
+    tens of ms for media) costs the training thread only a queue put.
+
+    An error in the worker is raised by the next call, so SinkSet turns the sink off as usual. When the
+    queue is full (the sink fell far behind) records are dropped, never waited for; `close` reports how many.
+    """
+
+    def __init__(self, inner: Sink, max_pending: int = 10_000, close_timeout: float = 120.0):
+        self.inner = inner
+        self.name = inner.name
+        self.close_timeout = close_timeout
+        self._queue: queue.Queue = queue.Queue(max_pending)
+        self._error: BaseException | None = None
+        self._dropped = 0
+        self._thread = threading.Thread(target=self._work, name=f"mlx-grpo-{inner.name}-sink", daemon=True)
+        self._thread.start()
+
+    def _work(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            method, args = item
+            if self._error is None:
+                try:
+                    getattr(self.inner, method)(*args)
+                except Exception as exc:  # handed to the training thread by the next call
+                    self._error = exc
+
+    def _raise_error(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def _submit(self, method: str, *args) -> None:
+        self._raise_error()
+        try:
+            self._queue.put_nowait((method, args))
+        except queue.Full:
+            self._dropped += 1
+
+    def start(self, info):
+        self._submit("start", dict(info))
+
+    def write(self, step, scalars, histograms, rewards):
+        # Copies: the trainer may reuse its dicts while the worker still holds them.
+        self._submit("write", step, dict(scalars), dict(histograms), rewards)
+
+    def write_samples(self, step, samples):
+        self._submit("write_samples", step, list(samples))
+
+    def write_alert(self, alert):
+        self._submit("write_alert", dict(alert))
+
+    def write_final(self, metrics):
+        self._submit("write_final", dict(metrics))
+
+    def log_checkpoint(self, path, step):
+        self._submit("log_checkpoint", path, step)
+
+    def close(self, status):
+        self._queue.put(("close", (status,)))
+        self._queue.put(None)
+        self._thread.join(self.close_timeout)
+        if self._thread.is_alive():
+            raise TimeoutError(f"{self.name} did not finish within {self.close_timeout:.0f} s")
+        self._raise_error()
+        if self._dropped:
+            raise RuntimeError(f"{self._dropped} record(s) were dropped because {self.name} fell behind")
+
+
 # ----------------------------------------------------------------------------- fan-out
 
 
@@ -484,7 +563,8 @@ def make_sinks(run_dir: str | Path, tensorboard: bool = True, tensorboard_dir: s
                flush_secs: int = 2, wandb: WandbOptions | None = None, warn: Callable[[str], None] | None = None,
                fsync: bool = False) -> SinkSet:
     """The usual SinkSet: the run directory, TensorBoard (in `run_dir/tensorboard` unless `tensorboard_dir`),
-    and W&B when `wandb` options are given. A sink whose library is missing is left out with a warning."""
+    and W&B on a worker thread when `wandb` options are given. A sink whose library is missing is left out
+    with a warning."""
     warn = warn or _stderr
     sinks: list[Sink] = []
     if tensorboard:
@@ -494,7 +574,7 @@ def make_sinks(run_dir: str | Path, tensorboard: bool = True, tensorboard_dir: s
             warn(f"mlx-grpo: warning: TensorBoard logging is off: {exc} (pip install tensorboardX)")
     if wandb is not None:
         try:
-            sinks.append(WandbSink(wandb))
+            sinks.append(ThreadedSink(WandbSink(wandb)))
         except ImportError as exc:
             warn(f"mlx-grpo: warning: W&B logging is off: {exc} (pip install 'mlx-grpo[wandb]')")
     return SinkSet(RunDirWriter(run_dir, fsync=fsync), sinks, warn=warn)
