@@ -54,8 +54,8 @@ def test_run_directory_files_follow_the_contract(tmp_path):
     info = writer.start(name="demo", config={"lr": 0.1}, total_steps=2)
     assert json.loads((run / "run.json").read_text())["status"] == "running"
     assert info["schema_version"] == 1 and info["end_time"] is None and isinstance(info["pid"], int)
-    writer.write_metrics(1, {"policy/loss": float("nan"), "policy/kl": float("inf"), "rewards/total/mean": np.float32(0.5),
-                             "tokens/total": np.int64(7)}, time=10.0)
+    writer.write_metrics(1, {"policy/loss": float("nan"), "policy/kl": float("inf"),
+                             "rewards/total/mean": np.float32(0.5), "tokens/total": np.int64(7)}, time=10.0)
     writer.write_metrics(2, {"policy/loss": 0.25})
     writer.write_samples(2, [SAMPLE, {**SAMPLE, "total": float("nan")}])
     writer.write_alert({"step": 2, "level": "warning", "rule": "r", "metric": "policy/kl", "value": float("inf"),

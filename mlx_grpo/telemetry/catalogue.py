@@ -76,7 +76,8 @@ _STATS = {
 def _reward_entries() -> list[MetricSpec]:
     out = []
     for stat, words in _STATS.items():
-        out.append(MetricSpec(f"rewards/total/{stat}", f"Batch {words} of the weighted total reward of each completion.",
+        out.append(MetricSpec(f"rewards/total/{stat}",
+                              f"Batch {words} of the weighted total reward of each completion.",
                               "reward", "rewards", EVERY_STEP))
     out += [
         MetricSpec("rewards/total/variance", "Batch variance of the weighted total reward (std squared).",
@@ -712,7 +713,8 @@ def _seed_004() -> list[SeedMapping]:
     ]
     for criterion in ("Correctness", "CodeQuality", "Efficiency", "Documentation"):
         out.append(_m(s, f"Scoring/{criterion}", "scoring/<criterion>/weight",
-                      note=f"<criterion> = the rubric criterion's name; its score is criteria/<rubric>/<criterion>/mean"))
+                      note="<criterion> = the rubric criterion's name; its score is "
+                           "criteria/<rubric>/<criterion>/mean"))
     return out
 
 

@@ -5,8 +5,9 @@ Public API:
 - `Sink`: the interface every optional sink implements (each method defaults to doing nothing):
   `start(info)`, `write(step, scalars, histograms, rewards)`, `write_samples(step, samples)`,
   `write_alert(alert)`, `write_final(metrics)`, `log_checkpoint(path, step)`, `close(status)`.
-  `info` is the run.json content plus `run_dir`; `scalars` maps canonical names to floats; `histograms` maps names to
-  arrays; `rewards` is the step's total reward per completion [N] (prompt-major), for the W&B landscape.
+  `info` is the run.json content plus `run_dir`; `scalars` maps canonical names to floats; `histograms`
+  maps names to arrays; `rewards` is the step's total reward per completion [N] (prompt-major), for the
+  W&B landscape.
 - `TensorBoardSink(logdir, flush_secs=2)`: tensorboardX event files in `logdir` (the run's
   `tensorboard/`): all scalars of a step as one event, histograms, samples as a markdown table
   (`samples/completions`), alerts (`alerts`), the final metrics, a custom-scalars layout grouping
@@ -39,6 +40,8 @@ Public API:
 - `wandb_enabled(flag, environ=os.environ) -> bool`: `--wandb` / `--no-wandb` / neither (on when
   WANDB_API_KEY is set).
 - `tensorboard_layout() -> dict`: the custom-scalars layout (tag regexes).
+- `samples_markdown(samples) -> str`, `split_completion(text) -> (reasoning, answer)`,
+  `flatten_config(config) -> dict`: the formatting the sinks share.
 """
 
 from __future__ import annotations
@@ -323,7 +326,7 @@ class WandbSink(Sink):
     def _charts(self, scalars: Mapping[str, float]) -> dict[str, Any]:
         charts: dict[str, Any] = {}
         means = {k.split("/")[1]: v for k, v in scalars.items()
-                 if k.startswith("rewards/") and k.endswith("/mean") and k.count("/") == 2 and k != "rewards/total/mean"}
+                 if re.fullmatch(r"rewards/[^/]+/mean", k) and k != "rewards/total/mean"}
         if means:
             charts["charts/reward_breakdown"] = self._bar(means, "Reward breakdown (batch mean per function)")
         if self._landscape:
