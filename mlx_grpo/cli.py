@@ -18,6 +18,7 @@ from .errors import UserError
 COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("mlx_grpo.commands.train", "train a model with GRPO"),
     "watch": ("mlx_grpo.commands.watch", "live dashboard of one or more run directories (terminal or --web)"),
+    "report": ("mlx_grpo.commands.report", "reward report of a run: quality score, reward functions, hacking check"),
     "metrics": ("mlx_grpo.commands.metrics", "print the metric catalogue (and where the seed metrics went)"),
     "bench": ("mlx_grpo.commands.bench", "measure tokens/s of rollout, update and whole step against baselines"),
     "doctor": ("mlx_grpo.commands.doctor", "check backend, device, BLAS, dtype and memory, and say what to fix"),

@@ -1,0 +1,528 @@
+"""Reward analysis of a run: how good was the reward signal, and which function did what.
+
+Input is what a run directory holds: metric records (metrics.jsonl) and sampled
+completions (samples.jsonl, with per-function rewards and `correct`). Output is a
+`RewardReport`: a quality score out of 100 with its four parts explained in words,
+issues and recommendations, each reward function's importance, trends, correlations
+between functions, and a reward-hacking verdict. report.py renders and writes it;
+monitor.py runs the same functions on a live loop's history.
+
+The quality score (weights from the reward-monitoring seed document):
+- consistency 25%: the step-to-step jitter of the mean reward against the spread of
+  rewards within a batch (a jumpy mean is noise or instability);
+- discriminability 35%: the share of groups whose completions got different rewards
+  (GRPO learns only from those) and, when samples say which completions were correct,
+  how often a correct completion outscores an incorrect one (AUC);
+- stability 25%: how steady the within-batch spread of rewards stays over the run
+  (coefficient of variation of rewards/total/std);
+- coverage 15%: how much of the run's reward range a typical batch spans.
+
+This module imports no mlx.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from .alert_config import default_rules
+from .alerts import Alert, AlertEngine
+
+QUALITY_WEIGHTS = {"consistency": 0.25, "discriminability": 0.35, "stability": 0.25, "coverage": 0.15}
+MIN_POINTS = 5  # fewer logged steps than this and a part is not scored
+ACCURACY_METRICS = ("eval/accuracy", "accuracy/train")
+
+
+# --------------------------------------------------------------------------- data access
+
+def series(metrics: Iterable[Mapping[str, Any]], name: str) -> tuple[np.ndarray, np.ndarray]:
+    """(steps, values) of one metric over the records that hold a finite value of it."""
+    steps, values = [], []
+    for i, record in enumerate(metrics):
+        value = record.get(name)
+        if value is None or isinstance(value, (str, bool)):
+            continue
+        try:
+            value = float(value)
+        except (TypeError, ValueError):
+            continue
+        if math.isfinite(value):
+            step = record.get("step")
+            steps.append(float(step) if isinstance(step, (int, float)) else float(i))
+            values.append(value)
+    return np.asarray(steps, dtype=float), np.asarray(values, dtype=float)
+
+
+def function_names(metrics: Sequence[Mapping[str, Any]], samples: Sequence[Mapping[str, Any]] = ()) -> list[str]:
+    """Reward function names, in the order they first appear (metrics first, then samples)."""
+    names: dict[str, None] = {}
+    for record in metrics:
+        for key in record:
+            if key.startswith("rewards/") and key.endswith("/mean") and key.count("/") == 2:
+                fn = key.split("/")[1]
+                if fn != "total":
+                    names.setdefault(fn)
+    for sample in samples:
+        rewards = sample.get("rewards")
+        if isinstance(rewards, Mapping):
+            for fn in rewards:
+                names.setdefault(str(fn))
+    return list(names)
+
+
+def _finite(value: Any) -> float | None:
+    if value is None or isinstance(value, str):
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+def _sample_columns(samples: Sequence[Mapping[str, Any]], fns: Sequence[str]) -> dict[str, np.ndarray]:
+    """Per-completion columns: each function's reward, total, correct (0/1), length; NaN where unknown."""
+    cols: dict[str, list[float]] = {name: [] for name in [*fns, "_total", "_correct", "_length"]}
+    for sample in samples:
+        rewards = sample.get("rewards") if isinstance(sample.get("rewards"), Mapping) else {}
+        for fn in fns:
+            value = _finite(rewards.get(fn))
+            cols[fn].append(math.nan if value is None else value)
+        total = _finite(sample.get("total"))
+        cols["_total"].append(math.nan if total is None else total)
+        correct = sample.get("correct")
+        cols["_correct"].append(float(correct) if isinstance(correct, bool) else math.nan)
+        length = _finite(sample.get("length"))
+        cols["_length"].append(math.nan if length is None else length)
+    return {name: np.asarray(values, dtype=float) for name, values in cols.items()}
+
+
+def _corr(a: np.ndarray, b: np.ndarray, min_n: int = 5) -> float | None:
+    """Pearson correlation over the rows where both are known; None when undefined."""
+    keep = ~(np.isnan(a) | np.isnan(b))
+    if keep.sum() < min_n:
+        return None
+    a, b = a[keep], b[keep]
+    if a.std() == 0 or b.std() == 0:
+        return None
+    return float(np.corrcoef(a, b)[0, 1])
+
+
+def _auc(positive: np.ndarray, negative: np.ndarray) -> float:
+    """P(a random positive scores above a random negative), ties counting half."""
+    values = np.concatenate([positive, negative])
+    _, inverse, counts = np.unique(values, return_inverse=True, return_counts=True)
+    ends = np.cumsum(counts)
+    ranks = ((ends - counts + 1 + ends) / 2.0)[inverse]
+    n_pos, n_neg = len(positive), len(negative)
+    u = ranks[:n_pos].sum() - n_pos * (n_pos + 1) / 2.0
+    return float(u / (n_pos * n_neg))
+
+
+def _clip01(x: float) -> float:
+    return min(1.0, max(0.0, x))
+
+
+# --------------------------------------------------------------------------- quality
+
+@dataclass
+class QualityPart:
+    name: str
+    weight: float
+    score: float | None  # 0-100; None when the run lacks the data
+    explanation: str
+
+
+@dataclass
+class QualityReport:
+    score: float | None
+    parts: list[QualityPart]
+    issues: list[str] = field(default_factory=list)
+    recommendations: list[str] = field(default_factory=list)
+
+
+def _consistency(metrics: Sequence[Mapping]) -> QualityPart:
+    weight = QUALITY_WEIGHTS["consistency"]
+    _, mean = series(metrics, "rewards/total/mean")
+    _, std = series(metrics, "rewards/total/std")
+    if len(mean) < MIN_POINTS or len(std) == 0:
+        return QualityPart("consistency", weight, None,
+                           f"needs rewards/total/mean and /std over at least {MIN_POINTS} logged steps")
+    jitter = float(np.median(np.abs(np.diff(mean))))
+    spread = float(np.median(std))
+    if spread <= 0:
+        score = 100.0 if jitter == 0 else 0.0
+        return QualityPart("consistency", weight, score,
+                           "every completion in a batch got the same reward, so there is no spread to compare "
+                           f"the step-to-step movement ({jitter:.3g}) with")
+    ratio = jitter / spread
+    score = 100.0 * _clip01(1.0 - ratio)
+    verdict = ("steady" if score >= 70 else
+               "somewhat jumpy" if score >= 40 else "jumpy: the batch mean is mostly noise or training is unstable")
+    return QualityPart("consistency", weight, score,
+                       f"from one step to the next the mean reward moves by {jitter:.3g} (median), "
+                       f"{ratio:.0%} of the typical spread within a batch ({spread:.3g}): {verdict}")
+
+
+def _discriminability(metrics: Sequence[Mapping], cols: Mapping[str, np.ndarray]) -> tuple[QualityPart, float | None, float | None]:
+    weight = QUALITY_WEIGHTS["discriminability"]
+    _, zero_std = series(metrics, "rewards/zero_std_group_frac")
+    nonzero = float(1.0 - zero_std.mean()) if len(zero_std) else None
+    auc = None
+    total, correct = cols["_total"], cols["_correct"]
+    known = ~(np.isnan(total) | np.isnan(correct))
+    positive, negative = total[known & (correct == 1)], total[known & (correct == 0)]
+    if len(positive) >= 3 and len(negative) >= 3:
+        auc = _auc(positive, negative)
+    measures, words = [], []
+    if nonzero is not None:
+        measures.append(nonzero)
+        words.append(f"in {nonzero:.0%} of groups the completions got different rewards (GRPO learns only from those)")
+    if auc is not None:
+        measures.append(_clip01(2.0 * auc - 1.0))
+        words.append(f"a correct completion outscored an incorrect one {auc:.0%} of the time (AUC {auc:.2f}; "
+                     "0.5 is chance)")
+    if not measures:
+        return (QualityPart("discriminability", weight, None,
+                            "needs rewards/zero_std_group_frac, or samples with both correct and incorrect completions"),
+                nonzero, auc)
+    return QualityPart("discriminability", weight, 100.0 * float(np.mean(measures)), "; ".join(words)), nonzero, auc
+
+
+def _stability(metrics: Sequence[Mapping]) -> QualityPart:
+    weight = QUALITY_WEIGHTS["stability"]
+    _, std = series(metrics, "rewards/total/std")
+    if len(std) < MIN_POINTS:
+        return QualityPart("stability", weight, None, f"needs rewards/total/std over at least {MIN_POINTS} logged steps")
+    mean_std = float(std.mean())
+    if mean_std <= 0:
+        return QualityPart("stability", weight, 0.0, "the rewards within a batch never differed")
+    cv = float(std.std() / mean_std)
+    score = 100.0 * _clip01(1.0 - cv)
+    verdict = "steady" if score >= 70 else "changing a lot between steps"
+    return QualityPart("stability", weight, score,
+                       f"the spread of rewards within a batch varies by {cv:.0%} of its average ({mean_std:.3g}) "
+                       f"across the run: {verdict}")
+
+
+def _coverage(metrics: Sequence[Mapping]) -> QualityPart:
+    weight = QUALITY_WEIGHTS["coverage"]
+    steps_lo, lo = series(metrics, "rewards/total/min")
+    steps_hi, hi = series(metrics, "rewards/total/max")
+    if len(lo) < MIN_POINTS or len(lo) != len(hi) or not np.array_equal(steps_lo, steps_hi):
+        return QualityPart("coverage", weight, None,
+                           f"needs rewards/total/min and /max over at least {MIN_POINTS} logged steps")
+    # Percentiles, so one outlier batch does not define the range for the whole run.
+    low, high = float(np.percentile(lo, 2)), float(np.percentile(hi, 98))
+    if high <= low:
+        return QualityPart("coverage", weight, 0.0, "every completion of the run got the same reward")
+    share = float(np.clip((hi - lo) / (high - low), 0.0, 1.0).mean())
+    return QualityPart("coverage", weight, 100.0 * share,
+                       f"a typical batch spans {share:.0%} of the run's reward range ({low:.3g} to {high:.3g})")
+
+
+def analyze_quality(metrics: Sequence[Mapping[str, Any]], samples: Sequence[Mapping[str, Any]] = ()) -> QualityReport:
+    """The quality score and its parts (issues and recommendations are added by analyze_run)."""
+    cols = _sample_columns(samples, function_names(metrics, samples))
+    disc, _, _ = _discriminability(metrics, cols)
+    parts = [_consistency(metrics), disc, _stability(metrics), _coverage(metrics)]
+    scored = [p for p in parts if p.score is not None]
+    score = None
+    if scored:
+        total_weight = sum(p.weight for p in scored)
+        score = sum(p.weight * p.score for p in scored) / total_weight  # type: ignore[operator]
+    return QualityReport(score=score, parts=parts)
+
+
+# --------------------------------------------------------------------------- trends
+
+@dataclass
+class Trend:
+    metric: str
+    start: float  # mean over the first quarter of the run
+    end: float  # mean over the last quarter
+    change: float
+    relative_change: float | None
+    slope_per_step: float
+    direction: str  # rising | falling | flat
+    points: int
+
+
+def trend_of(metrics: Sequence[Mapping[str, Any]], name: str) -> Trend | None:
+    """First quarter against last quarter; a move counts only if it clears the noise."""
+    steps, values = series(metrics, name)
+    if len(values) < 8:
+        return None
+    quarter = max(2, len(values) // 4)
+    first, last = values[:quarter], values[-quarter:]
+    start, end = float(first.mean()), float(last.mean())
+    change = end - start
+    noise = 2.0 * math.sqrt(first.var() / len(first) + last.var() / len(last))
+    relative = change / abs(start) if abs(start) > 1e-12 else None
+    big_enough = abs(change) > noise and (relative is None or abs(relative) >= 0.02)
+    direction = ("rising" if change > 0 else "falling") if big_enough else "flat"
+    slope = float(np.polyfit(steps, values, 1)[0]) if np.ptp(steps) > 0 else 0.0
+    return Trend(name, start, end, change, relative, slope, direction, len(values))
+
+
+def reward_trends(metrics: Sequence[Mapping[str, Any]], fns: Sequence[str] | None = None) -> dict[str, Trend]:
+    """Trends of the total and each function's mean reward, accuracy, and completion length."""
+    fns = function_names(metrics) if fns is None else fns
+    names = ["rewards/total/mean", *(f"rewards/{fn}/mean" for fn in fns), *ACCURACY_METRICS,
+             "completions/length_mean"]
+    out = {}
+    for name in names:
+        trend = trend_of(metrics, name)
+        if trend is not None:
+            out[name] = trend
+    return out
+
+
+# --------------------------------------------------------------------------- importance and correlations
+
+@dataclass
+class FunctionImportance:
+    name: str
+    contribution_pct: float | None  # average share of the absolute weighted reward
+    mean: float | None
+    std: float | None  # average within-batch std
+    constant: bool  # never varied within a batch: adds no signal
+    correct_corr: float | None  # correlation of its score with `correct` over samples
+    total_corr: float | None  # correlation with the total reward over samples
+    length_corr: float | None  # correlation with completion length over samples
+
+
+def function_importance(metrics: Sequence[Mapping[str, Any]], samples: Sequence[Mapping[str, Any]] = (),
+                        fns: Sequence[str] | None = None) -> dict[str, FunctionImportance]:
+    fns = function_names(metrics, samples) if fns is None else list(fns)
+    cols = _sample_columns(samples, fns)
+    shares: dict[str, float | None] = {}
+    for fn in fns:
+        _, pct = series(metrics, f"rewards/{fn}/contribution_pct")
+        shares[fn] = float(pct.mean()) if len(pct) else None
+    if all(share is None for share in shares.values()) and len(samples):
+        # No contribution metric: fall back to the unweighted absolute share in the samples.
+        sums = {fn: float(np.nansum(np.abs(cols[fn]))) for fn in fns}
+        total = sum(sums.values())
+        if total > 0:
+            shares = {fn: 100.0 * s / total for fn, s in sums.items()}
+    out = {}
+    for fn in fns:
+        _, means = series(metrics, f"rewards/{fn}/mean")
+        _, stds = series(metrics, f"rewards/{fn}/std")
+        column = cols[fn]
+        known = column[~np.isnan(column)]
+        if len(stds):
+            constant = bool(np.all(stds == 0))
+        else:
+            constant = len(known) >= 2 and bool(np.all(known == known[0]))
+        mean = float(means.mean()) if len(means) else (float(known.mean()) if len(known) else None)
+        out[fn] = FunctionImportance(
+            name=fn, contribution_pct=shares.get(fn), mean=mean,
+            std=float(stds.mean()) if len(stds) else (float(known.std()) if len(known) else None),
+            constant=constant, correct_corr=_corr(column, cols["_correct"]),
+            total_corr=_corr(column, cols["_total"]), length_corr=_corr(column, cols["_length"]))
+    return out
+
+
+@dataclass
+class Correlation:
+    a: str
+    b: str
+    corr: float
+    source: str  # "samples" (per completion) or "metrics" (per-step means)
+    note: str
+
+
+def function_correlations(metrics: Sequence[Mapping[str, Any]], samples: Sequence[Mapping[str, Any]] = (),
+                          fns: Sequence[str] | None = None) -> list[Correlation]:
+    """Pairwise correlation of reward functions: per completion when samples allow, else per step."""
+    fns = function_names(metrics, samples) if fns is None else list(fns)
+    cols = _sample_columns(samples, fns)
+    out = []
+    for i, a in enumerate(fns):
+        for b in fns[i + 1:]:
+            corr, source = _corr(cols[a], cols[b], min_n=10), "samples"
+            if corr is None:
+                steps_a, values_a = series(metrics, f"rewards/{a}/mean")
+                steps_b, values_b = series(metrics, f"rewards/{b}/mean")
+                common, ia, ib = np.intersect1d(steps_a, steps_b, return_indices=True)
+                corr, source = _corr(values_a[ia], values_b[ib], min_n=10), "metrics"
+            if corr is None:
+                continue
+            note = ("nearly the same signal: one of them may be redundant" if corr > 0.9 else
+                    "they pull in opposite directions" if corr < -0.5 else "")
+            out.append(Correlation(a, b, corr, source, note))
+    return out
+
+
+# --------------------------------------------------------------------------- reward hacking
+
+@dataclass
+class HackingReport:
+    suspected: bool
+    verdict: str
+    accuracy: dict[str, Trend] = field(default_factory=dict)
+    findings: list[str] = field(default_factory=list)
+    alerts: list[Alert] = field(default_factory=list)
+
+
+def _pct_text(trend: Trend) -> str:
+    if trend.relative_change is not None:
+        return f"{trend.relative_change:+.0%} ({trend.start:.3g} to {trend.end:.3g})"
+    return f"{trend.change:+.3g} ({trend.start:.3g} to {trend.end:.3g})"
+
+
+def detect_reward_hacking(metrics: Sequence[Mapping[str, Any]], samples: Sequence[Mapping[str, Any]] = (),
+                          importance: Mapping[str, FunctionImportance] | None = None) -> HackingReport:
+    """Whole-run check that reward gains came with correctness gains, plus the hacking alert rules replayed."""
+    fns = function_names(metrics, samples)
+    importance = function_importance(metrics, samples, fns) if importance is None else importance
+    accuracy = {name: t for name in ACCURACY_METRICS if (t := trend_of(metrics, name)) is not None}
+    findings: list[str] = []
+    acc_words = ", ".join(f"{name} {t.direction} {t.change:+.3f}" for name, t in accuracy.items())
+    accuracy_not_rising = bool(accuracy) and all(t.direction != "rising" for t in accuracy.values())
+    accuracy_falling = any(t.direction == "falling" for t in accuracy.values())
+
+    for name in ["rewards/total/mean", *(f"rewards/{fn}/mean" for fn in fns)]:
+        trend = trend_of(metrics, name)
+        if trend is None or trend.direction != "rising" or not accuracy_not_rising:
+            continue
+        if trend.relative_change is None or trend.relative_change >= 0.1:
+            findings.append(f"{name} rose {_pct_text(trend)} while accuracy did not improve ({acc_words})")
+    if accuracy_falling:
+        for fn in fns:
+            share = trend_of(metrics, f"rewards/{fn}/contribution_pct")
+            if share is not None and share.change >= 15:
+                findings.append(f"{fn}'s share of the reward grew from {share.start:.0f}% to {share.end:.0f}% "
+                                f"while accuracy fell ({acc_words})")
+    length = trend_of(metrics, "completions/length_mean")
+    length_grew = length is not None and length.direction == "rising" and (length.relative_change or 0) >= 0.2
+    for fn, info in importance.items():
+        mean_trend = trend_of(metrics, f"rewards/{fn}/mean")
+        rising = mean_trend is not None and mean_trend.direction == "rising"
+        if length_grew and info.length_corr is not None and info.length_corr >= 0.5:
+            findings.append(f"{fn} pays for length (correlation {info.length_corr:.2f} with completion length) "
+                            f"and completions grew {_pct_text(length)}")  # type: ignore[arg-type]
+        if rising and info.correct_corr is not None and info.correct_corr < -0.2:
+            findings.append(f"{fn} is rising but scores wrong answers higher than right ones "
+                            f"(correlation {info.correct_corr:.2f} with correctness)")
+    hacking_rules = [rule for rule in default_rules() if rule.kind == "hacking"]
+    alerts = AlertEngine(hacking_rules).check_all(metrics)
+    suspected = bool(findings or alerts)
+    if suspected:
+        verdict = "possible reward hacking: reward went up without correctness going up with it"
+    elif not accuracy and not any(i.correct_corr is not None for i in importance.values()):
+        verdict = "cannot tell: the run logged no accuracy and no samples marked correct or not"
+    else:
+        verdict = "no sign of reward hacking: reward gains came with correctness gains"
+    return HackingReport(suspected, verdict, accuracy, findings, alerts)
+
+
+# --------------------------------------------------------------------------- whole report
+
+@dataclass
+class RewardReport:
+    steps: int
+    first_step: int | None
+    last_step: int | None
+    num_samples: int
+    functions: list[str]
+    quality: QualityReport
+    importance: dict[str, FunctionImportance]
+    trends: dict[str, Trend]
+    correlations: list[Correlation]
+    hacking: HackingReport
+    alerts: list[Alert]
+    alerts_source: str  # "alerts.jsonl" or "replayed built-in rules"
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["hacking"]["alerts"] = [alert.to_dict() for alert in self.hacking.alerts]
+        data["alerts"] = [alert.to_dict() for alert in self.alerts]
+        return _json_safe(data)
+
+
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+def _issues(report: RewardReport, nonzero: float | None, auc: float | None,
+            metrics: Sequence[Mapping[str, Any]]) -> tuple[list[str], list[str]]:
+    issues: list[str] = []
+    recs: list[str] = []
+    parts = {p.name: p for p in report.quality.parts}
+
+    def add(issue: str, rec: str) -> None:
+        issues.append(issue)
+        if rec not in recs:
+            recs.append(rec)
+
+    if (p := parts["consistency"]).score is not None and p.score < 50:
+        add("the mean reward jumps a lot from step to step",
+            "use more prompts per step (batch_size) to average out noise, or lower the learning rate")
+    if nonzero is not None and nonzero < 0.5:
+        add(f"{1 - nonzero:.0%} of groups gave all their completions the same reward and taught nothing",
+            "use more generations per prompt, prompts of fitting difficulty, or a reward with partial credit")
+    if auc is not None and auc < 0.6:
+        add(f"the total reward barely separates correct from incorrect completions (AUC {auc:.2f})",
+            "check each reward function on a few known-good and known-bad answers")
+    if (p := parts["stability"]).score is not None and p.score < 50:
+        add("the spread of rewards within a batch changes a lot between steps",
+            "look for steps where one function's scale jumps; normalise or clip its scores")
+    if (p := parts["coverage"]).score is not None and p.score < 30:
+        add("batches use only a narrow slice of the reward range",
+            "add graded (partial-credit) rewards so near-misses score between failure and success")
+    multi = len(report.functions) > 1
+    for fn, info in report.importance.items():
+        if info.constant:
+            add(f"{fn} gave every completion of a batch the same score: it adds no learning signal",
+                f"drop {fn} or fix it so it tells completions apart")
+        if info.correct_corr is not None and info.correct_corr < -0.1:
+            add(f"{fn} pays more to wrong answers than to right ones (correlation {info.correct_corr:.2f})",
+                f"check {fn}: it rewards something other than correctness")
+        if multi and info.contribution_pct is not None and info.contribution_pct > 80:
+            add(f"{fn} makes up {info.contribution_pct:.0f}% of the total reward and drowns the others",
+                "rebalance the reward weights so every function can move the total")
+    for corr in report.correlations:
+        if corr.corr > 0.95:
+            add(f"{corr.a} and {corr.b} are almost the same signal (correlation {corr.corr:.2f})",
+                f"keep one of {corr.a} and {corr.b}, or lower one weight")
+    _, clip = series(metrics, "completions/clip_ratio")
+    if len(clip) and clip.mean() > 0.3:
+        add(f"{clip.mean():.0%} of completions were cut off at the generation limit",
+            "raise max_generation_steps, or penalise overly long completions")
+    if report.hacking.suspected:
+        add(report.hacking.verdict, "read recent completions in samples.jsonl and tighten the reward that is rising")
+    return issues, recs
+
+
+def analyze_run(metrics: Sequence[Mapping[str, Any]], samples: Sequence[Mapping[str, Any]] = (),
+                alerts: Sequence[Alert] | None = None) -> RewardReport:
+    """The full reward report. Without `alerts`, the built-in alert rules are replayed over the metrics."""
+    fns = function_names(metrics, samples)
+    cols = _sample_columns(samples, fns)
+    quality = analyze_quality(metrics, samples)
+    _, nonzero, auc = _discriminability(metrics, cols)
+    importance = function_importance(metrics, samples, fns)
+    if alerts is None:
+        alerts, source = AlertEngine(default_rules()).check_all(metrics), "replayed built-in rules"
+    else:
+        alerts, source = list(alerts), "alerts.jsonl"
+    steps = [r["step"] for r in metrics if isinstance(r.get("step"), int)]
+    report = RewardReport(
+        steps=len(metrics), first_step=min(steps) if steps else None, last_step=max(steps) if steps else None,
+        num_samples=len(samples), functions=fns, quality=quality, importance=importance,
+        trends=reward_trends(metrics, fns), correlations=function_correlations(metrics, samples, fns),
+        hacking=detect_reward_hacking(metrics, samples, importance), alerts=list(alerts), alerts_source=source)
+    quality.issues, quality.recommendations = _issues(report, nonzero, auc, metrics)
+    return report

@@ -1,0 +1,168 @@
+"""Synthetic GRPO runs for the alert and analysis tests: metric records and samples as a run writes them.
+
+A healthy run looks like the default task on the shipped model: 16 prompts x 8
+completions, accuracy climbing from ~30% to ~65%, the four built-in rewards (format
+rewards nearly always earned, answer and number rewards paying for correctness), KL
+growing slowly from 0, entropy easing down, steady lengths, throughput and memory.
+Each fault knob bends one part of it from `fault_step` on, the way a sick run does.
+Reward metrics come from the trainer's own reward_stats.reward_metrics, so the
+streams have the real definitions.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from mlx_grpo.telemetry.reward_stats import RewardTracker, reward_metrics
+
+PROMPTS, GROUP = 16, 8
+MAX_TOKENS = 24
+
+
+@dataclass
+class Faults:
+    fault_step: int = 100
+    constant_reward: bool = False  # one reward function returns 1.0 for everything, the only one
+    nan_loss: bool = False  # policy metrics NaN at fault_step
+    length_reward: bool = False  # a reward paying for length: lengths and reward climb, accuracy sinks
+    kl_blowup: bool = False
+    entropy_collapse: bool = False
+    grad_spike: bool = False  # one step with a 20x gradient norm
+    throughput_drop: bool = False
+    memory_high: bool = False
+    stagnant: bool = False  # accuracy stays at 30% for the whole run
+    rare_success: bool = False  # answers almost never right and no format reward: tiny signal-to-noise
+    takeover: bool = False  # format_approx's weight grows while accuracy falls
+
+
+def _accuracy(step: int, steps: int, faults: Faults) -> float:
+    if faults.stagnant:
+        return 0.30
+    if faults.rare_success:
+        return 0.02
+    base = 0.30 + 0.35 * min(1.0, step / steps)
+    if (faults.length_reward or faults.takeover) and step >= faults.fault_step:
+        return max(0.05, base - 0.002 * (step - faults.fault_step))
+    return base
+
+
+def simulate(steps: int = 200, seed: int = 0, faults: Faults | None = None,
+             eval_every: int = 25) -> tuple[list[dict], list[dict]]:
+    """(metric records, samples) of one run, steps 1..steps."""
+    faults = faults or Faults()
+    rng = np.random.default_rng(seed)
+    if faults.constant_reward:
+        names = ["constant"]
+    elif faults.rare_success:
+        names = ["answer_check"]
+    elif faults.length_reward:
+        names = ["format_exact", "format_approx", "answer_check", "number_check", "length_bonus"]
+    else:
+        names = ["format_exact", "format_approx", "answer_check", "number_check"]
+    tracker = RewardTracker(names)
+    difficulty = rng.normal(0.0, 1.0, size=200)  # per-prompt offsets in logit space
+    metrics, samples = [], []
+    t0 = 1_700_000_000.0
+    for step in range(1, steps + 1):
+        after = step >= faults.fault_step
+        acc = _accuracy(step, steps, faults)
+        prompts = rng.integers(0, len(difficulty), size=PROMPTS)
+        logit = math.log(acc / (1 - acc)) + np.repeat(difficulty[prompts], GROUP)
+        correct = rng.random(PROMPTS * GROUP) < 1 / (1 + np.exp(-logit))
+        base_len = 14.0
+        if faults.length_reward and after:
+            base_len = min(MAX_TOKENS, 14.0 + 0.25 * (step - faults.fault_step))
+        lengths = np.clip(np.round(rng.normal(base_len, 2.0, size=correct.size)), 4, MAX_TOKENS)
+        truncated = lengths >= MAX_TOKENS
+        rows = []
+        weights = []
+        for name in names:
+            if name == "constant":
+                row = np.ones(correct.size)
+            elif name == "format_exact":
+                row = np.where(rng.random(correct.size) < 0.97, 3.0, 0.0)
+            elif name == "format_approx":
+                row = np.where(rng.random(correct.size) < 0.95, 2.5, 1.0)
+            elif name == "answer_check":
+                row = np.where(correct, 3.0, np.where(rng.random(correct.size) < 0.1, 0.5, -1.0))
+                if faults.rare_success:
+                    row = np.where(correct, 1.0, 0.0)
+            elif name == "number_check":
+                row = np.where(correct, 1.5, 0.0)
+            else:  # length_bonus
+                row = 0.2 * lengths
+            rows.append(row)
+            weight = 1.0
+            if faults.takeover and after and name == "format_approx":
+                weight = 1.0 + 0.1 * (step - faults.fault_step)
+            weights.append(weight)
+        scores = np.vstack(rows)
+        total = (np.asarray(weights)[:, None] * scores).sum(axis=0)
+        record: dict = {"step": step, "time": t0 + step}
+        record.update(reward_metrics(scores, names, weights, total, GROUP))
+        record.update(tracker.update(step, scores, total))
+        record["accuracy/train"] = float(correct.mean())
+        record["completions/length_mean"] = float(lengths.mean())
+        record["completions/clip_ratio"] = float(truncated.mean())
+        kl = 0.0 if step == 1 else 0.0004 * step ** 0.8 * math.exp(rng.normal(0, 0.3))
+        if faults.kl_blowup and after:
+            kl = 0.05 * (step - faults.fault_step + 1)
+        record["policy/kl"] = kl
+        entropy = 0.8 - 0.3 * step / steps + rng.normal(0, 0.02)
+        if faults.entropy_collapse and after:
+            entropy = 0.04
+        record["policy/entropy"] = entropy
+        grad = math.exp(rng.normal(0.0, 0.35))
+        if faults.grad_spike and step == faults.fault_step:
+            grad *= 20
+        record["policy/grad_norm"] = grad
+        record["policy/loss"] = float(rng.normal(0, 0.05))
+        if faults.nan_loss and step == faults.fault_step:
+            for key in ("policy/loss", "policy/grad_norm", "policy/kl", "policy/entropy"):
+                record[key] = math.nan
+        speed = 3000.0 * (1 + rng.normal(0, 0.05))
+        if step <= 2:
+            speed *= 0.4  # warm-up
+        if faults.throughput_drop and after:
+            speed *= 0.3
+        record["throughput/gen_tokens_per_s"] = speed
+        memory = 40.0 + rng.normal(0, 1.0)
+        if faults.memory_high and after:
+            memory = 95.0
+        record["system/accel_memory_percent"] = memory
+        if eval_every and step % eval_every == 0:
+            record["eval/accuracy"] = float(np.clip(acc + rng.normal(0, 0.035), 0, 1))
+        metrics.append(record)
+        advantages = (total - total.reshape(-1, GROUP).mean(axis=1).repeat(GROUP))
+        for i in rng.choice(correct.size, size=4, replace=False):
+            samples.append({
+                "step": step, "time": t0 + step, "prompt": f"{i} + {step} =", "completion": "<answer>?</answer>",
+                "answer": str(i + step), "rewards": {name: float(scores[k, i]) for k, name in enumerate(names)},
+                "total": float(total[i]), "advantage": float(advantages[i]), "length": int(lengths[i]),
+                "truncated": bool(truncated[i]), "correct": bool(correct[i]),
+            })
+    return metrics, samples
+
+
+def _dump(value):
+    return json.dumps(value, allow_nan=True)
+
+
+def write_run_dir(path: Path, metrics: list[dict], samples: list[dict], name: str = "synthetic") -> Path:
+    """A run directory as the trainer leaves it (NaN written as null, like the JSONL sink)."""
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "run.json").write_text(json.dumps({"schema_version": 1, "run_id": name, "name": name,
+                                               "status": "finished", "total_steps": len(metrics)}))
+    with open(path / "metrics.jsonl", "w") as f:
+        for record in metrics:
+            clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
+            f.write(json.dumps(clean) + "\n")
+    with open(path / "samples.jsonl", "w") as f:
+        for sample in samples:
+            f.write(json.dumps(sample) + "\n")
+    return path

@@ -1,0 +1,339 @@
+"""The alert engine, the built-in GRPO rules and the YAML rule files."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import subprocess
+import sys
+import time
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from mlx_grpo.errors import UserError
+from mlx_grpo.telemetry.alert_config import default_rules, load_alert_rules, rules_from_config
+from mlx_grpo.telemetry.alert_console import format_alert, print_alerts
+from mlx_grpo.telemetry.alerts import (Alert, AlertEngine, BaselineRule, HackingRule, NonFiniteRule, SpikeRule,
+                                       ThresholdRule, TrendRule)
+from synthetic_runs import Faults, simulate
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@lru_cache(maxsize=None)
+def _run(steps: int, seed: int, fault: str | None = None, fault_step: int = 100):
+    faults = Faults(fault_step=fault_step, **({fault: True} if fault else {}))
+    return simulate(steps, seed, faults)[0]
+
+
+def _replay(records, rules=None) -> list[Alert]:
+    return AlertEngine(default_rules() if rules is None else rules).check_all(records)
+
+
+def _records(values, name="m", start=1):
+    return [{"step": start + i, "time": 1000.0 + i, name: v} for i, v in enumerate(values)]
+
+
+# --------------------------------------------------------------------------- built-in rules
+
+@pytest.mark.parametrize("seed", range(6))
+def test_builtin_rules_stay_quiet_on_a_healthy_run(seed):
+    alerts = _replay(_run(300, seed))
+    assert alerts == [], [f"{a.step} {a.rule}: {a.message}" for a in alerts]
+
+
+# (fault, rule that must fire, earliest step, latest step); fault_step is 100.
+FAULTS = [
+    ("constant_reward", "zero_std_groups", 1, 10),
+    ("constant_reward", "constant_reward", 1, 10),
+    ("nan_loss", "non_finite", 100, 100),
+    ("kl_blowup", "kl_drift", 100, 105),
+    ("entropy_collapse", "entropy_collapse", 100, 105),
+    ("length_reward", "length_growth", 100, 130),
+    ("length_reward", "completions_truncated", 100, 150),
+    ("length_reward", "reward_hacking", 100, 145),
+    ("grad_spike", "grad_norm_spike", 100, 100),
+    ("throughput_drop", "throughput_drop", 100, 110),
+    ("memory_high", "accel_memory_high", 100, 103),
+    ("stagnant", "reward_stagnation", 150, 175),
+    ("rare_success", "low_signal_to_noise", 1, 60),
+    ("takeover", "reward_takeover", 100, 175),
+]
+
+
+@pytest.mark.parametrize("fault,rule,earliest,latest", FAULTS)
+def test_each_builtin_rule_fires_on_its_fault(fault, rule, earliest, latest):
+    alerts = [a for a in _replay(_run(250, 1, fault)) if a.rule == rule]
+    assert alerts, f"{rule} did not fire on {fault}"
+    assert earliest <= alerts[0].step <= latest, alerts[0]
+    assert alerts[0].message.startswith(alerts[0].metric.split("=")[0]) or rule == "non_finite"
+
+
+def test_every_builtin_rule_has_a_fault_that_fires_it():
+    assert {rule.name for rule in default_rules()} == {rule for _, rule, _, _ in FAULTS} | {"non_finite"}
+
+
+def test_nan_loss_is_one_error_alert_naming_the_metrics():
+    alerts = _replay(_run(250, 1, "nan_loss"))
+    assert [(a.rule, a.level, a.step) for a in alerts] == [("non_finite", "error", 100)]
+    assert "policy/loss=NaN" in alerts[0].message and alerts[0].to_dict()["value"] is None
+
+
+def test_kl_drift_needs_both_the_ratio_and_the_floor():
+    rule = next(r for r in default_rules() if r.name == "kl_drift")
+    early = [0.0] + [0.001] * 10
+    # 80x the early median but only 0.08 nats: noise around a tiny baseline, quiet.
+    assert _replay(_records(early + [0.08] * 20, "policy/kl"), [rule]) == []
+    # Far above the floor but only 3x a large baseline: quiet too.
+    assert _replay(_records([0.0] + [0.2] * 10 + [0.6] * 20, "policy/kl"), [rule]) == []
+    fired = _replay(_records(early + [0.5] * 20, "policy/kl"), [rule])
+    assert [a.step for a in fired] == [14]  # third step in a row above
+
+
+def test_throughput_drop_ignores_warm_up_steps():
+    rule = next(r for r in default_rules() if r.name == "throughput_drop")
+    slow_start = [500.0, 900.0] + [3000.0] * 40
+    assert _replay(_records(slow_start, "throughput/gen_tokens_per_s"), [rule]) == []
+
+
+# --------------------------------------------------------------------------- engine mechanics
+
+def test_threshold_needs_consecutive_steps():
+    rule = ThresholdRule(name="hot", metric="m", op=">", value=1.0, for_steps=3)
+    values = [2, 2, 0, 2, 2, 0, 2, 2, 2, 2]
+    assert [a.step for a in _replay(_records(values), [rule])] == [9]
+
+
+def test_one_condition_gives_one_alert_and_rearms_after_clearing():
+    rule = ThresholdRule(name="hot", metric="m", op=">", value=1.0, cooldown=10)
+    # Held for 30 steps: one alert; cleared at 31; back at 32, past the cooldown: fires again.
+    assert [a.step for a in _replay(_records([2] * 30 + [0] + [2] * 3), [rule])] == [1, 32]
+    # Back at 5, inside the cooldown of the alert at 1: silent; back at 28: fires.
+    values = [2] * 3 + [0] + [2] * 3 + [0] * 20 + [2] * 3
+    assert [a.step for a in _replay(_records(values), [rule])] == [1, 28]
+
+
+def test_cooldown_lets_a_standing_condition_fire_once_it_passes():
+    rule = ThresholdRule(name="hot", metric="m", op=">", value=1.0, cooldown=10)
+    values = [2, 0] + [2] * 20
+    assert [a.step for a in _replay(_records(values), [rule])] == [1, 11]
+
+
+def test_patterns_match_within_or_across_segments():
+    record = {"step": 1, "rewards/a/mean": 5.0, "rewards/total/mean": 5.0, "rewards/total/recent_mean": 5.0,
+              "rewards/a/b/mean": 5.0}
+    one = ThresholdRule(name="one", metric="rewards/*/mean", op=">", value=1)
+    deep = ThresholdRule(name="deep", metric="rewards/**/mean", op=">", value=1)
+    alerts = AlertEngine([one, deep]).check(record)
+    assert {a.metric for a in alerts if a.rule == "one"} == {"rewards/a/mean", "rewards/total/mean"}
+    assert {a.metric for a in alerts if a.rule == "deep"} == {"rewards/a/mean", "rewards/total/mean",
+                                                               "rewards/a/b/mean"}
+
+
+def test_each_matched_metric_has_its_own_state():
+    rule = ThresholdRule(name="low", metric="rewards/*/std", op="<=", value=0, for_steps=2)
+    records = [{"step": s, "rewards/a/std": 0.0, "rewards/b/std": 0.0 if s > 1 else 1.0} for s in range(1, 5)]
+    assert [(a.step, a.metric) for a in _replay(records, [rule])] == [(2, "rewards/a/std"), (3, "rewards/b/std")]
+
+
+def test_nonfinite_rearms_and_ignores_nulls_and_text():
+    rule = NonFiniteRule(name="nan", cooldown=0)
+    records = [{"step": 1, "a": 1.0, "b": None, "note": "text"}, {"step": 2, "a": math.inf, "b": math.nan},
+               {"step": 3, "a": math.nan}, {"step": 4, "a": 0.0}, {"step": 5, "a": -math.inf, "note": "x"}]
+    alerts = _replay(records, [rule])
+    assert [(a.step, a.metric) for a in alerts] == [(2, "a"), (5, "a")]
+    assert "a=Inf, b=NaN" in alerts[0].message and "a=-Inf" in alerts[1].message
+
+
+def test_trend_rules_rising_falling_flat():
+    up = TrendRule(name="up", metric="m", window=10, direction="rising", change=0.5, relative=True)
+    down = TrendRule(name="down", metric="m", window=10, direction="falling", change=2.0)
+    flat = TrendRule(name="flat", metric="m", window=10, direction="flat", change=0.1)
+    growing = [10 + i for i in range(20)]  # +9 over a window, ~60% of its mean at first
+    alerts = _replay(_records(growing), [up, down, flat])
+    assert [(a.rule, a.step) for a in alerts] == [("up", 10)]
+    shrinking = [30 - i for i in range(20)]
+    assert [(a.rule, a.step) for a in _replay(_records(shrinking), [up, down, flat])] == [("down", 10)]
+    assert [(a.rule, a.step) for a in _replay(_records([5.0] * 20), [up, down, flat])] == [("flat", 10)]
+
+
+def test_trend_skips_missing_and_nonfinite_values():
+    rule = TrendRule(name="up", metric="m", window=5, direction="rising", change=1.0)
+    values = [1.0, None, 2.0, math.nan, 3.0, 4.0, 5.0]
+    alerts = _replay(_records(values), [rule])
+    assert [a.step for a in alerts] == [7]  # the fifth finite value
+
+
+def test_spike_rule_in_log_space_and_both_directions():
+    up = SpikeRule(name="up", metric="g", window=20, z=6, log=True, min_std=0.1)
+    both = SpikeRule(name="both", metric="g", window=20, z=6, direction="both", min_std=0.05)
+    steady = [1.0, 1.1, 0.9, 1.05, 0.95] * 4
+    assert _replay(_records(steady + [1.5], "g"), [up]) == []  # 1.5x is within the floor
+    assert [a.step for a in _replay(_records(steady + [5.0], "g"), [up])] == [21]
+    assert [a.step for a in _replay(_records(steady + [0.2], "g"), [both])] == [21]
+    assert _replay(_records(steady + [0.2], "g"), [up]) == []
+
+
+def test_baseline_below_uses_early_median_after_skip():
+    rule = BaselineRule(name="slow", metric="t", direction="below", factor=0.5, baseline_steps=5, skip=2)
+    values = [1.0, 1.0, 100.0, 100.0, 100.0, 100.0, 100.0, 60.0, 40.0]
+    alerts = _replay(_records(values, "t"), [rule])
+    assert [a.step for a in alerts] == [9]
+    assert "0.4x its early median 100" in alerts[0].message
+
+
+def test_hacking_rule_needs_accuracy_that_does_not_improve():
+    rule = HackingRule(name="hack", metric="r", window=10, rise=0.2, relative=True, accuracy=("acc",))
+    rising_reward = [1.0 + 0.1 * i for i in range(30)]
+    no_accuracy = [{"step": i + 1, "r": r} for i, r in enumerate(rising_reward)]
+    assert _replay(no_accuracy, [rule]) == []
+    improving = [{"step": i + 1, "r": r, "acc": 0.3 + 0.01 * i} for i, r in enumerate(rising_reward)]
+    assert _replay(improving, [rule]) == []
+    stalled = [{"step": i + 1, "r": r, "acc": 0.3} for i, r in enumerate(rising_reward)]
+    alerts = _replay(stalled, [rule])
+    assert [a.step for a in alerts] == [10] and "acc changed +0.000" in alerts[0].message
+
+
+def test_hacking_rule_uses_accuracy_logged_in_separate_records():
+    rule = HackingRule(name="hack", metric="r", window=10, rise=0.2, relative=True, accuracy=("eval/accuracy",))
+    records = []
+    for i in range(30):
+        records.append({"step": i + 1, "r": 1.0 + 0.1 * i})
+        if (i + 1) % 3 == 0:
+            records.append({"step": i + 1, "eval/accuracy": 0.5 - 0.01 * i})
+    assert [a.step for a in _replay(records, [rule])] == [10]
+
+
+def test_alert_dict_round_trip_is_json():
+    alert = Alert(step=3, time=1.5, level="error", rule="nan", metric="policy/loss", value=math.nan, message="m")
+    data = json.loads(json.dumps(alert.to_dict()))
+    assert data == {"step": 3, "time": 1.5, "level": "error", "rule": "nan", "metric": "policy/loss",
+                    "value": None, "message": "m"}
+    assert Alert.from_dict(data) == Alert(3, 1.5, "error", "nan", "policy/loss", None, "m")
+
+
+def test_engine_cost_per_record_stays_flat():
+    records = _run(300, 0) * 20  # 6,000 records of ~70 metrics (steps repeat: only cost matters here)
+    records = [dict(r, step=i + 1) for i, r in enumerate(records)]
+    engine = AlertEngine(default_rules())
+    start = time.perf_counter()
+    engine.check_all(records)
+    per_record = (time.perf_counter() - start) / len(records)
+    assert per_record < 300e-6, f"{per_record * 1e6:.0f} us per record"
+
+
+def test_telemetry_modules_import_no_mlx():
+    code = ("import sys\n"
+            "import mlx_grpo.telemetry.alerts, mlx_grpo.telemetry.alert_config, mlx_grpo.telemetry.alert_console\n"
+            "import mlx_grpo.telemetry.analysis, mlx_grpo.telemetry.report, mlx_grpo.telemetry.monitor\n"
+            "import mlx_grpo.commands.report\n"
+            "bad = [m for m in sys.modules if m == 'mlx' or m.startswith('mlx.')]\n"
+            "assert not bad, bad\n")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# --------------------------------------------------------------------------- console
+
+def test_console_prints_one_coloured_line_per_alert():
+    alerts = [Alert(1, None, "info", "a", "m", 1.0, "first " * 30),
+              Alert(2, None, "error", "b", "m", None, "second")]
+    out = io.StringIO()
+    print_alerts(alerts, Console(file=out, force_terminal=True, width=60, color_system="standard"))
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 2
+    assert "INFO" in lines[0] and "ERROR" in lines[1] and "\x1b[" in lines[1]
+    assert format_alert(alerts[1]).plain == "ERROR   step 2 b: second"
+
+
+# --------------------------------------------------------------------------- YAML
+
+def _write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "alerts.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_rules_file_adds_overrides_and_disables(tmp_path):
+    path = _write(tmp_path, """
+disable: [reward_stagnation]
+rules:
+  - name: low_eval
+    kind: threshold
+    metric: eval/accuracy
+    op: "<"
+    value: 0.2
+    level: info
+  - name: kl_drift
+    kind: baseline
+    metric: policy/kl
+    direction: above
+    factor: 5
+""")
+    rules = load_alert_rules(path)
+    names = [r.name for r in rules]
+    assert "reward_stagnation" not in names and names[-1] == "low_eval"
+    assert len(rules) == len(default_rules())
+    kl = next(r for r in rules if r.name == "kl_drift")
+    assert kl.factor == 5 and kl.min_change == 0
+    assert [r.name for r in load_alert_rules(path, defaults=False)] == ["low_eval", "kl_drift"]
+    assert [r.name for r in rules_from_config({"defaults": False, "rules": []})] == []
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("rules:\n  - {name: a, kind: threshold, metric: m, op: '>', value: 1, colour: red}\n",
+     "rules[0] (a): unknown key 'colour'"),
+    ("rules:\n  - {name: a, kind: threshold, metric: m, op: '>'}\n", "rules[0] (a): missing key 'value'"),
+    ("rules:\n  - {name: a, kind: threshold, metric: m, op: '=<', value: 1}\n", "rules[0] (a): key 'op'"),
+    ("rules:\n  - {name: a, kind: threshold, metric: m, op: '>', value: high}\n",
+     "rules[0] (a): key 'value' must be a finite number"),
+    ("rules:\n  - {name: a, kind: threshold, metric: m, op: '>', value: 1, level: fatal}\n",
+     "rules[0] (a): key 'level' must be one of info, warning, error"),
+    ("rules:\n  - {name: a, kind: wobble, metric: m}\n", "rules[0] (a): key 'kind' must be one of"),
+    ("rules:\n  - {name: a, kind: trend, metric: m, window: 2, direction: rising, change: 1}\n",
+     "rules[0] (a): key 'window' must be at least 3"),
+    ("rules:\n  - {name: a, kind: trend, metric: m, window: 5, direction: up, change: 1, relative: yes please}\n",
+     "rules[0] (a): key 'relative' must be true or false"),
+    ("rules:\n  - {name: a, kind: nonfinite}\n  - {name: a, kind: nonfinite}\n",
+     "rules[1] (a): rule name 'a' is used twice"),
+    ("rules:\n  - just a string\n", "rules[0]: a rule must be a mapping"),
+    ("rules: {name: a}\n", "key 'rules' must be a list"),
+    ("- {name: a, kind: nonfinite}\n", "alert rules must be a mapping"),
+    ("disable: [no_such_rule]\n", "disable[0]: no built-in rule named 'no_such_rule'"),
+    ("defaults: maybe\n", "key 'defaults' must be true or false"),
+    ("rule: []\n", "unknown key 'rule'"),
+    ("rules:\n  - {name: a, kind: nonfinite\n", "alerts.yaml:3: invalid YAML"),
+])
+def test_rule_file_mistakes_name_file_rule_and_key(tmp_path, text, expected):
+    path = _write(tmp_path, text)
+    with pytest.raises(UserError) as err:
+        load_alert_rules(path)
+    message = str(err.value)
+    assert str(path) in message and expected in message, message
+    assert "\n" not in message
+
+
+def test_missing_rules_file_is_a_user_error(tmp_path):
+    with pytest.raises(UserError, match="alert rules file not found"):
+        load_alert_rules(tmp_path / "nope.yaml")
+
+
+def test_yaml_is_loaded_safely(tmp_path):
+    path = _write(tmp_path, "rules: !!python/object/apply:os.system ['echo hacked']\n")
+    with pytest.raises(UserError, match="invalid YAML"):
+        load_alert_rules(path)
+
+
+def test_builtin_rules_are_packaged_and_documented():
+    assert "telemetry/*.yaml" in (ROOT / "pyproject.toml").read_text()
+    docs = (ROOT / "docs" / "ALERTS.md").read_text()
+    yaml_text = (ROOT / "mlx_grpo" / "telemetry" / "default_alerts.yaml").read_text()
+    for rule in default_rules():
+        assert f"`{rule.name}`" in docs, rule.name
+        # Each built-in rule carries a comment with its reason just above it.
+        before = yaml_text.split(f"- name: {rule.name}\n")[0].rstrip().splitlines()[-1]
+        assert before.strip().startswith("#"), rule.name
+        assert rule.hint, rule.name
