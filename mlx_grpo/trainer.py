@@ -1,13 +1,18 @@
-"""The GRPO training loop: rollout -> rewards -> advantages -> update -> metric record.
+"""The GRPO training loop: rollout -> rewards -> advantages -> update -> metric record -> sinks.
 
-Read `train()` top to bottom; each phase is a small function below it.
+Read `train()` top to bottom. One step is `train_step()`; the phases it runs are the
+small functions above it. Everything the loop measures goes out as one flat record
+of canonical metric names (see METRICS.md).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
+import platform
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -15,15 +20,28 @@ import mlx.core as mx
 import mlx.nn as nn
 import mlx.optimizers as optim
 import numpy as np
+from mlx.utils import tree_flatten
 
-from . import grpo
-from .config import TrainConfig, load_config
+from . import __version__, grpo
+from .blas import preloaded_openblas
+from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from .config import TrainConfig, config_to_dict, load_config
+from .console import TrainingConsole
 from .data import PromptOrder, encode_prompt, extra_columns, load_datasets
 from .errors import UserError
-from .models import apply_adapters, count_parameters, load_policy, make_reference
-from .rewards import is_correct, load_reward_functions, score_completions
+from .evaluate import evaluate
+from .models import ReferencePolicy, apply_adapters, count_parameters, load_policy, make_reference
+from .rewards import RewardFunction, is_correct, load_reward_functions, score_completions
 from .rollout import Rollout, SamplingSettings, decode_completion, generate
 from .step_metrics import rollout_metrics
+from .telemetry.alert_config import load_alert_rules, rules_from_config
+from .telemetry.alert_console import format_alert
+from .telemetry.alerts import AlertEngine
+from .telemetry.reward_stats import RewardTracker, ThroughputTracker, reward_metrics
+from .telemetry.sinks import SinkSet, WandbOptions, make_sinks, wandb_enabled
+from .telemetry.system import SystemSampler
+
+LOG_FILES = ("metrics.jsonl", "samples.jsonl", "alerts.jsonl")
 
 
 # ----------------------------------------------------------------------------- setup pieces
@@ -57,9 +75,56 @@ def make_optimizer(config: TrainConfig) -> optim.Optimizer:
     return optim.AdamW(learning_rate=schedule, weight_decay=config.weight_decay)
 
 
+def load_rewards(config: TrainConfig, base_dir: Path) -> list[RewardFunction]:
+    functions = load_reward_functions([(r.name, r.weight) for r in config.rewards], base_dir)
+    if config.rubric_file is not None:
+        from .rubric import load_rubric
+        from .rubric_reward import RubricReward
+
+        path = Path(config.rubric_file)
+        rubric = load_rubric(path if path.is_absolute() else base_dir / path)
+        functions.append(RewardFunction("rubric", RubricReward(rubric, criteria_every=config.log_every),
+                                        config.rubric_weight))
+    return functions
+
+
 def step_key(seed: int, step: int) -> mx.array:
     """The sampling key of one step: a pure function of (seed, step), so resume replays it exactly."""
     return mx.random.key(seed * 1_000_003 + step)
+
+
+def accel_memory() -> dict[str, float | None]:
+    info = mx.device_info()
+    return {
+        "active": mx.get_active_memory(),
+        "peak": mx.get_peak_memory(),
+        "cache": mx.get_cache_memory(),
+        "limit": info.get("max_recommended_working_set_size"),
+    }
+
+
+def describe_device(config: TrainConfig) -> dict[str, Any]:
+    info = mx.device_info()
+    device = mx.default_device()
+    return {
+        "backend": "metal" if device.type == mx.gpu and mx.metal.is_available() else "cpu",
+        "device": str(device),
+        "device_name": info.get("device_name", platform.processor()),
+        "architecture": info.get("architecture", platform.machine()),
+        "memory_size_gb": (info["memory_size"] / 2**30) if "memory_size" in info else None,
+        "blas": preloaded_openblas() or "mlx built-in",
+        "dtype": config.dtype,
+        "platform": platform.platform(),
+        "num_tpu_cores": 0,  # seed-document config field: MLX has no TPUs
+        "has_tpu": False,
+    }
+
+
+def versions() -> dict[str, str]:
+    import mlx_lm
+
+    return {"mlx_grpo": __version__, "mlx": mx.__version__, "mlx_lm": mlx_lm.__version__,
+            "python": platform.python_version()}
 
 
 # ----------------------------------------------------------------------------- batches
@@ -72,10 +137,7 @@ class TrainBatch:
     targets: mx.array  # [N, S-1]
     positions: mx.array  # [N, T] index into the S-1 axis of completion token t
     mask: mx.array  # [N, T] 1 for real completion tokens
-
-    @property
-    def num_completion_tokens(self) -> int:
-        return int(self.mask.sum().item())
+    num_tokens: int  # completion tokens in the batch
 
 
 def build_train_batch(rollout: Rollout, pad_id: int) -> TrainBatch:
@@ -93,7 +155,8 @@ def build_train_batch(rollout: Rollout, pad_id: int) -> TrainBatch:
         # the logit at position k predicts token k+1, so completion token t comes from len(p)-1+t
         positions[i, :n] = np.arange(len(p) - 1, len(p) - 1 + n)
         mask[i, :n] = 1.0
-    return TrainBatch(mx.array(tokens[:, :-1]), mx.array(tokens[:, 1:]), mx.array(positions), mx.array(mask))
+    return TrainBatch(mx.array(tokens[:, :-1]), mx.array(tokens[:, 1:]), mx.array(positions), mx.array(mask),
+                      int(mask.sum()))
 
 
 def completion_logprobs(model: nn.Module, batch: TrainBatch, temperature: float) -> tuple[mx.array, mx.array]:
@@ -107,10 +170,8 @@ def completion_logprobs(model: nn.Module, batch: TrainBatch, temperature: float)
 # ----------------------------------------------------------------------------- the update
 
 def make_loss_fn(config: TrainConfig):
-    temperature = config.temperature
-
     def loss_fn(model, batch: TrainBatch, advantages, old_logp, ref_logp):
-        logp, logits = completion_logprobs(model, batch, temperature)
+        logp, logits = completion_logprobs(model, batch, config.temperature)
         loss, stats = grpo.grpo_loss(
             logp, old_logp, ref_logp, advantages, batch.mask,
             beta=config.beta, epsilon=config.epsilon, epsilon_high=config.epsilon_high,
@@ -123,106 +184,391 @@ def make_loss_fn(config: TrainConfig):
     return loss_fn
 
 
+def global_norm(grads: Any) -> mx.array:
+    return mx.sqrt(sum(mx.sum(mx.square(g.astype(mx.float32))) for _, g in tree_flatten(grads)))
+
+
 def clip_by_global_norm(grads: Any, max_norm: float) -> tuple[Any, mx.array]:
+    """Scale gradients down to `max_norm` (0 turns clipping off); return them and the norm before clipping."""
     if max_norm > 0:
         return optim.clip_grad_norm(grads, max_norm)
-    leaves = [g for _, g in __import__("mlx.utils", fromlist=["tree_flatten"]).tree_flatten(grads)]
-    return grads, mx.sqrt(sum(mx.sum(mx.square(g)) for g in leaves))
+    return grads, global_norm(grads)
 
 
-# ----------------------------------------------------------------------------- training
+@dataclass
+class UpdateResult:
+    loss: float
+    grad_norm: float
+    stats: dict[str, float]
+    skipped: int  # updates refused because the loss or gradient was not finite
+    seconds: float
 
-def train_from_cli(config_path: str | None, overrides: dict, resume: str | None = None) -> int:
-    config = load_config(config_path, overrides)
-    base_dir = Path(config_path).resolve().parent if config_path else Path.cwd()
-    train(config, base_dir)
-    return 0
+
+def update_policy(model: nn.Module, optimizer: optim.Optimizer, loss_and_grad, batch: TrainBatch,
+                  advantages: mx.array, ref_logp: mx.array | None, config: TrainConfig) -> UpdateResult:
+    """num_iterations optimiser steps on one rollout; iteration 0's log-probs are the 'old' policy's."""
+    start = time.perf_counter()
+    model.train()
+    old_logp = None
+    totals: dict[str, float] = {}
+    skipped = 0
+    loss_value = norm_value = float("nan")
+    for _ in range(config.num_iterations):
+        (loss, (stats, logp)), grads = loss_and_grad(model, batch, advantages, old_logp, ref_logp)
+        grads, grad_norm = clip_by_global_norm(grads, config.max_grad_norm)
+        mx.eval(loss, grad_norm, stats, logp)
+        if old_logp is None:
+            old_logp = logp
+        loss_value, norm_value = loss.item(), grad_norm.item()
+        if math.isfinite(loss_value) and math.isfinite(norm_value):
+            optimizer.update(model, grads)
+            mx.eval(model.parameters(), optimizer.state)
+        else:
+            skipped += 1  # a NaN or Inf must never reach the weights
+        for name, value in stats.items():
+            totals[name] = totals.get(name, 0.0) + value.item() / config.num_iterations
+    model.eval()
+    return UpdateResult(loss_value, norm_value, totals, skipped, time.perf_counter() - start)
 
 
-def train(config: TrainConfig, base_dir: Path) -> dict[str, float]:
-    mx.random.seed(config.seed)
-    policy = load_policy_for_training(config, base_dir)
-    model, tokenizer = policy.model, policy.tokenizer
-    reference = make_reference(model, config)
-    reward_fns = load_reward_functions([(r.name, r.weight) for r in config.rewards], base_dir)
-    train_rows, eval_rows = load_datasets(config, base_dir)
-    order = PromptOrder(len(train_rows), config.seed)
-    optimizer = make_optimizer(config)
-    loss_and_grad = nn.value_and_grad(model, make_loss_fn(config))
-    settings = SamplingSettings(config.temperature, config.top_p, config.top_k, config.min_p)
-    total_params, trainable_params = count_parameters(model)
-    print(f"model {config.model_id}: {total_params:,} parameters, {trainable_params:,} trainable")
+# ----------------------------------------------------------------------------- one step
 
-    record: dict[str, float] = {}
-    for step in range(1, config.num_steps + 1):
-        t_step = time.perf_counter()
-        rows = [train_rows[i] for i in order.next_indices(config.batch_size)]
-        encoded = [encode_prompt(tokenizer, row["prompt"], config) for row in rows]
+@dataclass
+class StepResult:
+    metrics: dict[str, float]
+    samples: list[dict]
+    rewards_total: np.ndarray
+    scores: np.ndarray
+    advantages: np.ndarray
+    lengths: np.ndarray
+    new_errors: list[str]
+    skipped_updates: int
 
-        # rollout
-        model.eval()
-        rollout = generate(model, [e.tokens for e in encoded], config.num_generations,
-                           config.max_generation_steps, policy.eos_ids, policy.pad_id, settings,
-                           step_key(config.seed, step))
-        texts = [decode_completion(tokenizer, c, policy.eos_ids) for c in rollout.completions]
 
-        # rewards and advantages
-        t_reward = time.perf_counter()
+@dataclass
+class Trainer:
+    """Everything one step needs, built once per run."""
+
+    config: TrainConfig
+    policy: Policy
+    reference: ReferencePolicy | None
+    reward_fns: list[RewardFunction]
+    train_rows: list[dict]
+    eval_rows: list[dict]
+    order: PromptOrder
+    optimizer: optim.Optimizer
+    loss_and_grad: Any = None
+    settings: SamplingSettings = field(default_factory=SamplingSettings)
+
+    @classmethod
+    def build(cls, config: TrainConfig, base_dir: Path) -> "Trainer":
+        mx.random.seed(config.seed)
+        policy = load_policy_for_training(config, base_dir)
+        reward_fns = load_rewards(config, base_dir)
+        train_rows, eval_rows = load_datasets(config, base_dir)
+        trainer = cls(config, policy, make_reference(policy.model, config), reward_fns, train_rows, eval_rows,
+                      PromptOrder(len(train_rows), config.seed), make_optimizer(config))
+        trainer.loss_and_grad = nn.value_and_grad(policy.model, make_loss_fn(config))
+        trainer.settings = SamplingSettings(config.temperature, config.top_p, config.top_k, config.min_p)
+        return trainer
+
+    def step(self, step: int) -> StepResult:
+        config, policy = self.config, self.policy
         G = config.num_generations
+        t_step = time.perf_counter()
+        rows = [self.train_rows[i] for i in self.order.next_indices(config.batch_size)]
+        encoded = [encode_prompt(policy.tokenizer, row["prompt"], config) for row in rows]
+
+        # rollout: B prompts x G completions over a shared-prefill KV cache
+        policy.model.eval()
+        rollout = generate(policy.model, [e.tokens for e in encoded], G, config.max_generation_steps,
+                           policy.eos_ids, policy.pad_id, self.settings, step_key(config.seed, step))
+        texts = [decode_completion(policy.tokenizer, c, policy.eos_ids) for c in rollout.completions]
+
+        # rewards
+        t_reward = time.perf_counter()
         group_rows = [row for row in rows for _ in range(G)]
         prompts = [row["prompt"] for row in group_rows]
         answers = [row["answer"] for row in group_rows]
-        scores = score_completions(reward_fns, prompts, texts, answers, extra_columns(group_rows))
-        for message in scores.new_errors:
-            print(f"warning: {message}")
-        advantages = grpo.group_advantages(mx.array(scores.total, dtype=mx.float32), G, config.scale_rewards)
+        scores = score_completions(self.reward_fns, prompts, texts, answers, extra_columns(group_rows))
         reward_s = time.perf_counter() - t_reward
 
-        # reference log-probs, once per rollout
+        # advantages
+        t_adv = time.perf_counter()
+        advantages = grpo.group_advantages(mx.array(scores.total, dtype=mx.float32), G, config.scale_rewards)
         batch = build_train_batch(rollout, policy.pad_id)
+        mx.eval(advantages)
+        advantage_s = time.perf_counter() - t_adv
+
+        # reference log-probs, once per rollout (beta = 0 computes none)
         t_ref = time.perf_counter()
         ref_logp = None
-        if reference is not None:
-            with reference.active() as ref_model:
+        if self.reference is not None:
+            with self.reference.active() as ref_model:
                 ref_logp = mx.stop_gradient(completion_logprobs(ref_model, batch, config.temperature)[0])
                 mx.eval(ref_logp)
         ref_s = time.perf_counter() - t_ref
 
-        # update
-        model.train()
-        t_update = time.perf_counter()
-        old_logp = None
-        for _ in range(config.num_iterations):
-            (loss, (stats, logp)), grads = loss_and_grad(model, batch, advantages, old_logp, ref_logp)
-            grads, grad_norm = clip_by_global_norm(grads, config.max_grad_norm)
-            mx.eval(loss, grad_norm, stats)
-            if old_logp is None:
-                old_logp = logp
-            if math.isfinite(loss.item()) and math.isfinite(grad_norm.item()):
-                optimizer.update(model, grads)
-                mx.eval(model.parameters(), optimizer.state)
-        update_s = time.perf_counter() - t_update
+        update = update_policy(policy.model, self.optimizer, self.loss_and_grad, batch, advantages, ref_logp, config)
         step_s = time.perf_counter() - t_step
 
         correct = [is_correct(t, a) for t, a in zip(texts, answers)]
-        n_tokens = batch.num_completion_tokens
-        record = {
-            "rewards/total/mean": float(scores.total.mean()),
-            "policy/loss": loss.item(),
-            "policy/grad_norm": grad_norm.item(),
-            **{f"policy/{k}": v.item() for k, v in stats.items()},
+        adv = np.array(advantages)
+        lengths = np.array([len(c) for c in rollout.completions], dtype=float)
+        n_tokens = batch.num_tokens
+        prompt_tokens = sum(len(p) for p in rollout.prompts)
+        metrics: dict[str, float] = {
+            "policy/loss": update.loss,
+            "policy/grad_norm": update.grad_norm,
+            "policy/lr": self.optimizer.learning_rate.item(),
+            "policy/kl_coef": config.beta,
+            "policy/skipped_updates": float(update.skipped),
+            **{f"policy/{k}": v for k, v in update.stats.items()},
+            "advantages/mean": float(adv.mean()),
+            "advantages/std": float(adv.std()),
+            "advantages/min": float(adv.min()),
+            "advantages/max": float(adv.max()),
+            **reward_metrics(scores.per_function, scores.names, [f.weight for f in self.reward_fns],
+                             scores.total, G),
             **rollout_metrics([len(e.tokens) for e in encoded for _ in range(G)],
                               [e.truncated for e in encoded for _ in range(G)],
-                              [len(c) for c in rollout.completions], rollout.truncated, correct,
-                              [row.get("difficulty") for row in group_rows]),
-            "throughput/gen_tokens_per_s": rollout.num_completion_tokens / rollout.seconds,
-            "throughput/backprop_tokens_per_s": n_tokens * config.num_iterations / update_s,
+                              lengths, rollout.truncated, correct, [row.get("difficulty") for row in group_rows]),
             "timing/rollout_s": rollout.seconds,
             "timing/reward_s": reward_s,
+            "timing/advantage_s": advantage_s,
             "timing/ref_s": ref_s,
-            "timing/update_s": update_s,
+            "timing/update_s": update.seconds,
             "timing/step_s": step_s,
+            "timing/gen_ms_per_token": 1000 * rollout.seconds / max(1, rollout.num_completion_tokens),
+            "timing/update_ms_per_token": 1000 * update.seconds / max(1, n_tokens),
+            "timing/ref_ms_per_token": 1000 * ref_s / max(1, n_tokens),
+            "timing/reward_ms_per_token": 1000 * reward_s / max(1, n_tokens),
+            "timing/advantage_ms_per_token": 1000 * advantage_s / max(1, n_tokens),
+            "timing/step_ms_per_token": 1000 * step_s / max(1, n_tokens),
+            "throughput/step_tokens_per_s": (n_tokens + prompt_tokens) / step_s,
         }
-        print(step, {k: round(v, 3) for k, v in record.items() if k in (
-            "rewards/total/mean", "accuracy/train", "policy/kl", "throughput/gen_tokens_per_s", "timing/step_s")})
-    return record
+        if self.reference is None:
+            for name in ("policy/kl", "policy/kl_penalty"):
+                metrics.pop(name, None)  # no reference policy: there is no KL to report
+        for fn in self.reward_fns:
+            if hasattr(fn.fn, "step_metrics"):
+                metrics.update(fn.fn.step_metrics(step))
+        samples = self._samples(group_rows, texts, scores, adv, lengths, rollout.truncated, correct)
+        return StepResult(metrics, samples, scores.total, scores.per_function, adv, lengths, scores.new_errors,
+                          update.skipped)
+
+    def _samples(self, rows, texts, scores, adv, lengths, truncated, correct) -> list[dict]:
+        """One completion from each of the first few groups, for samples.jsonl."""
+        picks = [g * self.config.num_generations for g in range(min(self.config.samples_per_step,
+                                                                    self.config.batch_size))]
+        out = []
+        for i in picks:
+            per_fn = {name: (None if np.isnan(scores.per_function[j, i]) else float(scores.per_function[j, i]))
+                      for j, name in enumerate(scores.names)}
+            out.append({"prompt": rows[i]["prompt"], "completion": texts[i], "answer": rows[i]["answer"],
+                        "rewards": per_fn, "total": float(scores.total[i]), "advantage": float(adv[i]),
+                        "length": int(lengths[i]), "truncated": bool(truncated[i]), "correct": bool(correct[i])})
+        return out
+
+    def evaluate(self) -> dict[str, float]:
+        t = time.perf_counter()
+        result = evaluate(self.policy.model, self.policy.tokenizer, self.eval_rows, self.config,
+                          self.policy.eos_ids, self.policy.pad_id)
+        return {"eval/accuracy": result.accuracy, "eval/num_samples": float(result.num_rows),
+                **result.by_difficulty, "timing/eval_s": time.perf_counter() - t}
+
+    def adapter_config(self) -> dict | None:
+        c = self.config
+        if not c.use_lora:
+            return None
+        num_layers = len(self.policy.model.layers) if c.lora_layers < 0 else c.lora_layers
+        return {"fine_tune_type": "dora" if c.use_dora else "lora", "num_layers": num_layers,
+                "lora_parameters": {"rank": c.lora_rank, "scale": c.lora_alpha / c.lora_rank,
+                                    "dropout": c.lora_dropout, "keys": c.lora_keys}}
+
+
+# ----------------------------------------------------------------------------- the run
+
+def alert_rules(config: TrainConfig, base_dir: Path) -> list:
+    if config.alerts_file is not None:
+        path = Path(config.alerts_file)
+        return load_alert_rules(path if path.is_absolute() else base_dir / path, defaults=config.enable_alerts)
+    return rules_from_config({}, defaults=config.enable_alerts)
+
+
+def new_run_dir(config: TrainConfig, base_dir: Path) -> Path:
+    root = Path(config.monitoring_dir)
+    root = root if root.is_absolute() else base_dir / root if not Path.cwd() == base_dir else root
+    name = config.run_name or time.strftime("grpo-%Y%m%d-%H%M%S")
+    run_dir = root / name
+    suffix = 1
+    while run_dir.exists():
+        suffix += 1
+        run_dir = root / f"{name}-{suffix}"
+    return run_dir
+
+
+def truncate_logs(run_dir: Path, positions: dict[str, int]) -> None:
+    """Cut each log back to its length at the checkpoint: no step twice, no torn line."""
+    for name in LOG_FILES:
+        path = run_dir / name
+        if path.exists():
+            with open(path, "r+b") as fh:
+                fh.truncate(min(positions.get(name, 0), path.stat().st_size))
+
+
+def train_from_cli(config_path: str | None, overrides: dict, resume: str | None = None) -> int:
+    if resume is not None:
+        run_dir = Path(resume)
+        try:
+            info = json.loads((run_dir / "run.json").read_text())
+        except (OSError, json.JSONDecodeError):
+            raise UserError(f"{run_dir}: not a run directory (no readable run.json)") from None
+        base = info.get("config", {})
+        config = load_config(None, {**_flatten(base), **overrides})
+        base_dir = Path(info.get("base_dir", Path.cwd()))
+        result = train(config, base_dir, resume_dir=run_dir)
+    else:
+        config = load_config(config_path, overrides)
+        base_dir = Path(config_path).resolve().parent if config_path else Path.cwd()
+        result = train(config, base_dir)
+    return 0 if result.get("status") == "finished" else 1
+
+
+def _flatten(mapping: dict, prefix: str = "") -> dict:
+    out: dict = {}
+    for key, value in mapping.items():
+        if isinstance(value, dict) and key in ("adaptive_window", "entropy_logging", "sgrpo"):
+            out.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def train(config: TrainConfig, base_dir: Path, resume_dir: Path | None = None) -> dict[str, Any]:
+    """Run GRPO; returns the final metrics plus the run directory and status."""
+    trainer = Trainer.build(config, base_dir)
+    rules = alert_rules(config, base_dir)
+    run_dir = resume_dir or new_run_dir(config, base_dir)
+    start_step = 0
+    resume_state: dict[str, Any] = {}
+    if resume_dir is not None:
+        checkpoint = latest_checkpoint(run_dir / "checkpoints")
+        if checkpoint is not None:
+            resume_state = load_checkpoint(checkpoint, trainer.policy.model, trainer.optimizer)
+            start_step = resume_state["step"]
+            trainer.order.load_state(resume_state["order"])
+        truncate_logs(run_dir, resume_state.get("log_positions", {}))
+
+    wandb_options = None
+    if wandb_enabled(config.wandb):
+        wandb_options = WandbOptions(project=config.wandb_project, entity=config.wandb_entity,
+                                     name=config.wandb_run_name or run_dir.name, tags=config.wandb_tags,
+                                     notes=config.wandb_notes, log_checkpoints=config.wandb_log_checkpoints)
+    console = TrainingConsole(config.num_steps, start_step)
+    sinks: SinkSet = make_sinks(run_dir, tensorboard=config.tensorboard, tensorboard_dir=config.tensorboard_dir,
+                                wandb=wandb_options, warn=lambda m: console.message(m, style="yellow"))
+    total_params, trainable_params = count_parameters(trainer.policy.model)
+    run_config = {**config_to_dict(config), "base_dir": str(base_dir)}
+    sinks.start(run_dir.name, run_config, versions(), describe_device(config), config.num_steps,
+                run_id=resume_state.get("run_id"))
+    run_id = sinks.rundir.info["run_id"]
+    console.message(f"run {run_dir}  model {config.model_id}: {total_params:,} parameters, "
+                    f"{trainable_params:,} trainable")
+    for fn in trainer.reward_fns:
+        if hasattr(fn.fn, "rubric"):
+            console.message(fn.fn.rubric.describe())
+
+    engine = AlertEngine(rules)
+    tracker = RewardTracker([f.name for f in trainer.reward_fns], hist_every=config.histogram_every)
+    gen_tp = ThroughputTracker("throughput/gen_tokens_per_s")
+    bp_tp = ThroughputTracker("throughput/backprop_tokens_per_s")
+    sampler = SystemSampler(accel_memory=accel_memory).start()
+    run_start = time.perf_counter()
+    status = "failed"
+    nonfinite_in_a_row = 0
+    checkpoint_s: float | None = None  # reported in the record after the checkpoint
+    last_epoch = trainer.order.epoch
+    step = start_step
+    try:
+        with console:
+            for step in range(start_step + 1, config.num_steps + 1):
+                result = trainer.step(step)
+                metrics = result.metrics
+                for message in result.new_errors:
+                    console.message(f"warning: {message}", style="yellow")
+                metrics.update(gen_tp.update(metrics["tokens/completion_total"], metrics["timing/rollout_s"]))
+                metrics.update(bp_tp.update(metrics["tokens/completion_total"] * config.num_iterations,
+                                            metrics["timing/update_s"]))
+                metrics.update(tracker.update(step, result.scores, result.rewards_total, loss=metrics["policy/loss"],
+                                              extra={"advantages/hist": result.advantages,
+                                                     "completions/length_hist": result.lengths}))
+                if trainer.order.epoch != last_epoch:
+                    metrics.update(tracker.end_epoch())
+                    for fn in trainer.reward_fns:
+                        if hasattr(fn.fn, "end_epoch"):
+                            metrics.update(fn.fn.end_epoch())
+                    last_epoch = trainer.order.epoch
+                if config.eval_every and (step % config.eval_every == 0 or step == config.num_steps):
+                    metrics.update(trainer.evaluate())
+                metrics.update(sampler.snapshot())
+                if checkpoint_s is not None:
+                    metrics["timing/checkpoint_s"], checkpoint_s = checkpoint_s, None
+                metrics["timing/elapsed_s"] = time.perf_counter() - run_start
+                nonfinite_in_a_row = nonfinite_in_a_row + 1 if result.skipped_updates else 0
+
+                if step % config.log_every == 0 or step == config.num_steps:
+                    sinks.write(step, metrics, tracker.histograms(step), rewards=result.rewards_total)
+                    sinks.write_samples(step, result.samples)
+                alerts = engine.check({"step": step, **metrics})
+                for fn in trainer.reward_fns:
+                    if hasattr(fn.fn, "take_alerts"):
+                        alerts.extend(fn.fn.take_alerts())
+                for alert in alerts:
+                    sinks.write_alert(alert)
+                    console.message(format_alert(alert) if hasattr(alert, "level") else str(alert))
+                console.step(step, metrics, every=max(1, config.num_steps // 20))
+
+                if nonfinite_in_a_row >= config.max_consecutive_nonfinite:
+                    raise UserError(f"{nonfinite_in_a_row} updates in a row had a NaN or Inf loss or gradient; "
+                                    f"stopped at step {step}. Resume from the last good checkpoint with a lower "
+                                    f"learning_rate: mlx-grpo train --resume {run_dir}", exit_code=3)
+                if (config.checkpoint_every and step % config.checkpoint_every == 0) or step == config.num_steps:
+                    checkpoint_s = _checkpoint(trainer, sinks, run_dir, step, run_id)
+        status = "finished"
+    except KeyboardInterrupt:
+        status = "interrupted"
+        raise
+    finally:
+        sampler.stop()
+        final = {**tracker.final_metrics(), "final/steps": float(step)}
+        if status == "finished":
+            final.update({k: v for k, v in metrics.items() if k.startswith("eval/")} if step else {})
+            for fn in trainer.reward_fns:
+                summary = getattr(fn.fn, "summary", None)
+                if summary is not None:
+                    summary.write(run_dir)
+                    final.update(summary.final_metrics())
+        sinks.write_final(final)
+        sinks.close(status)
+    if status == "finished":
+        from .telemetry.report import write_report
+
+        report = write_report(run_dir)
+        acc = final.get("eval/accuracy")
+        console.message(f"finished {step} steps in {time.perf_counter() - run_start:.0f} s"
+                        + (f", held-out accuracy {acc:.1%}" if acc is not None else "")
+                        + f", reward quality {report.quality.score:.0f}/100 — run directory: {run_dir}")
+    return {**final, "status": status, "run_dir": str(run_dir)}
+
+
+def _checkpoint(trainer: Trainer, sinks: SinkSet, run_dir: Path, step: int, run_id: str) -> float:
+    """Save everything a resume needs; returns the seconds it took."""
+    t = time.perf_counter()
+    positions = {name: (run_dir / name).stat().st_size for name in LOG_FILES if (run_dir / name).exists()}
+    state = {"order": trainer.order.state(), "log_positions": positions, "run_id": run_id,
+             "config": dataclasses.asdict(trainer.config)}
+    path = save_checkpoint(run_dir / "checkpoints", step, trainer.policy.model, trainer.optimizer, state,
+                           trainer.adapter_config(), trainer.config.keep_checkpoints)
+    sinks.log_checkpoint(path, step)
+    return time.perf_counter() - t
