@@ -20,7 +20,7 @@ from . import blas
 
 @dataclass
 class BlasInfo:
-    name: str  # "OpenBLAS", "reference BLAS" or "Accelerate"
+    name: str  # "OpenBLAS", "reference BLAS", "Accelerate", or "other" (another preloaded BLAS)
     library: str | None  # the shared library the matmuls resolve to, when known
     openblas_found: str | None  # a system OpenBLAS on disk, used or not
     disabled_by_switch: bool  # MLX_GRPO_OPENBLAS=0 is set
@@ -35,20 +35,44 @@ def _mapped_libraries() -> list[str]:
     return sorted(paths)
 
 
+def _global_symbol_library(symbol: str) -> str | None:
+    """The library that provides `symbol` in the process-wide lookup scope, if any.
+
+    Preloaded libraries sit in that scope ahead of every library MLX loads, so MLX's
+    calls bind to them; libraries loaded privately (numpy's own OpenBLAS) do not.
+    """
+    import ctypes
+    import ctypes.util
+
+    class DlInfo(ctypes.Structure):
+        _fields_ = [("dli_fname", ctypes.c_char_p), ("dli_fbase", ctypes.c_void_p),
+                    ("dli_sname", ctypes.c_char_p), ("dli_saddr", ctypes.c_void_p)]
+
+    try:
+        address = ctypes.cast(getattr(ctypes.CDLL(None), symbol), ctypes.c_void_p).value
+        # glibc >= 2.34 has dladdr in libc itself; older ones in libdl.
+        libdl = ctypes.CDLL(ctypes.util.find_library("dl") or ctypes.util.find_library("c"))
+    except (AttributeError, OSError):
+        return None
+    info = DlInfo()
+    if not libdl.dladdr(ctypes.c_void_p(address), ctypes.byref(info)) or not info.dli_fname:
+        return None
+    return os.path.realpath(info.dli_fname.decode())
+
+
 def blas_in_use() -> BlasInfo:
-    """The BLAS MLX's CPU matmuls go to. Call after mlx is imported (its libraries are then mapped)."""
-    import mlx.core  # noqa: F401 - maps MLX's own BLAS so it can be seen
+    """The BLAS MLX's CPU matmuls go to: where MLX's `cblas_sgemm` calls bind in this process."""
+    import mlx.core  # noqa: F401 - maps MLX's own BLAS so its path can be shown
 
     found = blas.find_openblas() if sys.platform.startswith("linux") else None
     switched_off = os.environ.get(blas.SWITCH, "1") == "0"
     if sys.platform == "darwin":
         return BlasInfo("Accelerate", None, None, switched_off)
-    libraries = _mapped_libraries()
-    # A preloaded OpenBLAS is searched first, so its symbols win over the wheel's bundled libblas.
-    openblas = next((p for p in libraries if "openblas" in Path(p).name), None)
-    if openblas:
-        return BlasInfo("OpenBLAS", openblas, found, switched_off)
-    bundled = next((p for p in libraries if Path(p).name.startswith("libblas")), None)
+    provider = _global_symbol_library("cblas_sgemm")
+    if provider is not None:
+        return BlasInfo("OpenBLAS" if "openblas" in Path(provider).name else "other", provider, found, switched_off)
+    # Nothing global: MLX binds to the reference BLAS bundled in its wheel.
+    bundled = next((p for p in _mapped_libraries() if Path(p).name.startswith("libblas")), None)
     return BlasInfo("reference BLAS", bundled, found, switched_off)
 
 
