@@ -149,10 +149,6 @@ def simulate(steps: int = 200, seed: int = 0, faults: Faults | None = None,
     return metrics, samples
 
 
-def _dump(value):
-    return json.dumps(value, allow_nan=True)
-
-
 def write_run_dir(path: Path, metrics: list[dict], samples: list[dict], name: str = "synthetic") -> Path:
     """A run directory as the trainer leaves it (NaN written as null, like the JSONL sink)."""
     path.mkdir(parents=True, exist_ok=True)

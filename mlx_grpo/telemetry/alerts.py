@@ -20,7 +20,7 @@ import math
 import operator
 import re
 from collections import deque
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from statistics import median
 from typing import Any, ClassVar, Iterable, Mapping, Sequence
 
@@ -135,13 +135,6 @@ class Rule:
         """Names to evaluate for a record with these keys; None: skip the rule."""
         names = self.metrics_in(keys)
         return names or None
-
-    def to_dict(self) -> dict[str, Any]:
-        data = {"kind": self.kind, **asdict(self)}
-        for key, value in data.items():
-            if isinstance(value, tuple):
-                data[key] = list(value)
-        return data
 
     def make_state(self) -> "_RuleState":
         raise NotImplementedError

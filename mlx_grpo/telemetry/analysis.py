@@ -29,7 +29,8 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from .alert_config import default_rules
-from .alerts import Alert, AlertEngine
+from .alerts import Alert, AlertEngine, Rule
+from .metric_table import table_from_records
 
 QUALITY_WEIGHTS = {"consistency": 0.25, "discriminability": 0.35, "stability": 0.25, "coverage": 0.15}
 MIN_POINTS = 5  # fewer logged steps than this and a part is not scored
@@ -56,48 +57,74 @@ def series(metrics: Iterable[Mapping[str, Any]], name: str) -> tuple[np.ndarray,
     return np.asarray(steps, dtype=float), np.asarray(values, dtype=float)
 
 
-def function_names(metrics: Sequence[Mapping[str, Any]], samples: Sequence[Mapping[str, Any]] = ()) -> list[str]:
-    """Reward function names, in the order they first appear (metrics first, then samples)."""
-    names: dict[str, None] = {}
-    for record in metrics:
-        for key in record:
-            if key.startswith("rewards/") and key.endswith("/mean") and key.count("/") == 2:
-                fn = key.split("/")[1]
-                if fn != "total":
-                    names.setdefault(fn)
-    for sample in samples:
-        rewards = sample.get("rewards")
-        if isinstance(rewards, Mapping):
-            for fn in rewards:
-                names.setdefault(str(fn))
-    return list(names)
-
-
-def _finite(value: Any) -> float | None:
-    if value is None or isinstance(value, str):
-        return None
+def _finite(value: Any) -> float:
+    """A sample field as a float; NaN when missing or not a finite number."""
+    if type(value) is float:
+        return value if value - value == 0.0 else math.nan
+    if value is None or isinstance(value, (str, bool)):
+        return math.nan
     try:
         number = float(value)
     except (TypeError, ValueError):
-        return None
-    return number if math.isfinite(number) else None
+        return math.nan
+    return number if math.isfinite(number) else math.nan
 
 
-def _sample_columns(samples: Sequence[Mapping[str, Any]], fns: Sequence[str]) -> dict[str, np.ndarray]:
-    """Per-completion columns: each function's reward, total, correct (0/1), length; NaN where unknown."""
-    cols: dict[str, list[float]] = {name: [] for name in [*fns, "_total", "_correct", "_length"]}
-    for sample in samples:
-        rewards = sample.get("rewards") if isinstance(sample.get("rewards"), Mapping) else {}
-        for fn in fns:
-            value = _finite(rewards.get(fn))
-            cols[fn].append(math.nan if value is None else value)
-        total = _finite(sample.get("total"))
-        cols["_total"].append(math.nan if total is None else total)
-        correct = sample.get("correct")
-        cols["_correct"].append(float(correct) if isinstance(correct, bool) else math.nan)
-        length = _finite(sample.get("length"))
-        cols["_length"].append(math.nan if length is None else length)
-    return {name: np.asarray(values, dtype=float) for name, values in cols.items()}
+class RunData:
+    """A run's records parsed once: metric columns (the dashboard's MetricTable, so a
+    resumed run counts each step once), reward function names, per-completion columns."""
+
+    def __init__(self, metrics: Sequence[Mapping[str, Any]], samples: Sequence[Mapping[str, Any]] = ()) -> None:
+        self.records = list(metrics)
+        self.table, _ = table_from_records(self.records)
+        self.samples = list(samples)
+        self.functions = self._function_names()
+        self.cols = self._sample_columns()
+        self._series: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+
+    def series(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+        """(steps, finite values) of one metric."""
+        cached = self._series.get(name)
+        if cached is None:
+            column = self.table.column(name)
+            if column is None:
+                cached = (np.empty(0), np.empty(0))
+            else:
+                keep = np.isfinite(column)
+                cached = (self.table.steps[keep], column[keep])
+            self._series[name] = cached
+        return cached
+
+    def _function_names(self) -> list[str]:
+        """Reward function names in order of first appearance (metrics first, then samples)."""
+        names: dict[str, None] = {}
+        for key in self.table.names:
+            parts = key.split("/")
+            if len(parts) == 3 and parts[0] == "rewards" and parts[2] == "mean" and parts[1] != "total":
+                names.setdefault(parts[1])
+        for sample in self.samples:
+            rewards = sample.get("rewards")
+            if isinstance(rewards, dict):
+                names.update(dict.fromkeys(str(fn) for fn in rewards))
+        return list(names)
+
+    def _sample_columns(self) -> dict[str, np.ndarray]:
+        """Per completion: each function's reward, `_total`, `_correct` (0/1), `_length`; NaN where unknown."""
+        empty: dict = {}
+        rewards = [s.get("rewards") if isinstance(s.get("rewards"), dict) else empty for s in self.samples]
+        cols = {fn: np.array([_finite(r.get(fn)) for r in rewards], dtype=float) for fn in self.functions}
+        cols["_total"] = np.array([_finite(s.get("total")) for s in self.samples], dtype=float)
+        cols["_correct"] = np.array([float(c) if isinstance(c := s.get("correct"), bool) else math.nan
+                                     for s in self.samples], dtype=float)
+        cols["_length"] = np.array([_finite(s.get("length")) for s in self.samples], dtype=float)
+        return cols
+
+
+Records = Sequence[Mapping[str, Any]]
+
+
+def _data(metrics: "Records | RunData", samples: Records = ()) -> RunData:
+    return metrics if isinstance(metrics, RunData) else RunData(metrics, samples)
 
 
 def _corr(a: np.ndarray, b: np.ndarray, min_n: int = 5) -> float | None:
@@ -144,10 +171,10 @@ class QualityReport:
     recommendations: list[str] = field(default_factory=list)
 
 
-def _consistency(metrics: Sequence[Mapping]) -> QualityPart:
+def _consistency(data: RunData) -> QualityPart:
     weight = QUALITY_WEIGHTS["consistency"]
-    _, mean = series(metrics, "rewards/total/mean")
-    _, std = series(metrics, "rewards/total/std")
+    _, mean = data.series("rewards/total/mean")
+    _, std = data.series("rewards/total/std")
     if len(mean) < MIN_POINTS or len(std) == 0:
         return QualityPart("consistency", weight, None,
                            f"needs rewards/total/mean and /std over at least {MIN_POINTS} logged steps")
@@ -167,12 +194,12 @@ def _consistency(metrics: Sequence[Mapping]) -> QualityPart:
                        f"{ratio:.0%} of the typical spread within a batch ({spread:.3g}): {verdict}")
 
 
-def _discriminability(metrics: Sequence[Mapping], cols: Mapping[str, np.ndarray]) -> tuple[QualityPart, float | None, float | None]:
+def _discriminability(data: RunData) -> tuple[QualityPart, float | None, float | None]:
     weight = QUALITY_WEIGHTS["discriminability"]
-    _, zero_std = series(metrics, "rewards/zero_std_group_frac")
+    _, zero_std = data.series("rewards/zero_std_group_frac")
     nonzero = float(1.0 - zero_std.mean()) if len(zero_std) else None
     auc = None
-    total, correct = cols["_total"], cols["_correct"]
+    total, correct = data.cols["_total"], data.cols["_correct"]
     known = ~(np.isnan(total) | np.isnan(correct))
     positive, negative = total[known & (correct == 1)], total[known & (correct == 0)]
     if len(positive) >= 3 and len(negative) >= 3:
@@ -192,9 +219,9 @@ def _discriminability(metrics: Sequence[Mapping], cols: Mapping[str, np.ndarray]
     return QualityPart("discriminability", weight, 100.0 * float(np.mean(measures)), "; ".join(words)), nonzero, auc
 
 
-def _stability(metrics: Sequence[Mapping]) -> QualityPart:
+def _stability(data: RunData) -> QualityPart:
     weight = QUALITY_WEIGHTS["stability"]
-    _, std = series(metrics, "rewards/total/std")
+    _, std = data.series("rewards/total/std")
     if len(std) < MIN_POINTS:
         return QualityPart("stability", weight, None, f"needs rewards/total/std over at least {MIN_POINTS} logged steps")
     mean_std = float(std.mean())
@@ -208,10 +235,10 @@ def _stability(metrics: Sequence[Mapping]) -> QualityPart:
                        f"across the run: {verdict}")
 
 
-def _coverage(metrics: Sequence[Mapping]) -> QualityPart:
+def _coverage(data: RunData) -> QualityPart:
     weight = QUALITY_WEIGHTS["coverage"]
-    steps_lo, lo = series(metrics, "rewards/total/min")
-    steps_hi, hi = series(metrics, "rewards/total/max")
+    steps_lo, lo = data.series("rewards/total/min")
+    steps_hi, hi = data.series("rewards/total/max")
     if len(lo) < MIN_POINTS or len(lo) != len(hi) or not np.array_equal(steps_lo, steps_hi):
         return QualityPart("coverage", weight, None,
                            f"needs rewards/total/min and /max over at least {MIN_POINTS} logged steps")
@@ -224,11 +251,11 @@ def _coverage(metrics: Sequence[Mapping]) -> QualityPart:
                        f"a typical batch spans {share:.0%} of the run's reward range ({low:.3g} to {high:.3g})")
 
 
-def analyze_quality(metrics: Sequence[Mapping[str, Any]], samples: Sequence[Mapping[str, Any]] = ()) -> QualityReport:
+def analyze_quality(metrics: "Records | RunData", samples: Records = ()) -> QualityReport:
     """The quality score and its parts (issues and recommendations are added by analyze_run)."""
-    cols = _sample_columns(samples, function_names(metrics, samples))
-    disc, _, _ = _discriminability(metrics, cols)
-    parts = [_consistency(metrics), disc, _stability(metrics), _coverage(metrics)]
+    data = _data(metrics, samples)
+    disc, _, _ = _discriminability(data)
+    parts = [_consistency(data), disc, _stability(data), _coverage(data)]
     scored = [p for p in parts if p.score is not None]
     score = None
     if scored:
@@ -251,9 +278,9 @@ class Trend:
     points: int
 
 
-def trend_of(metrics: Sequence[Mapping[str, Any]], name: str) -> Trend | None:
+def trend_of(metrics: "Records | RunData", name: str) -> Trend | None:
     """First quarter against last quarter; a move counts only if it clears the noise."""
-    steps, values = series(metrics, name)
+    steps, values = metrics.series(name) if isinstance(metrics, RunData) else series(metrics, name)
     if len(values) < 8:
         return None
     quarter = max(2, len(values) // 4)
@@ -268,14 +295,14 @@ def trend_of(metrics: Sequence[Mapping[str, Any]], name: str) -> Trend | None:
     return Trend(name, start, end, change, relative, slope, direction, len(values))
 
 
-def reward_trends(metrics: Sequence[Mapping[str, Any]], fns: Sequence[str] | None = None) -> dict[str, Trend]:
+def reward_trends(metrics: "Records | RunData") -> dict[str, Trend]:
     """Trends of the total and each function's mean reward, accuracy, and completion length."""
-    fns = function_names(metrics) if fns is None else fns
-    names = ["rewards/total/mean", *(f"rewards/{fn}/mean" for fn in fns), *ACCURACY_METRICS,
+    data = _data(metrics)
+    names = ["rewards/total/mean", *(f"rewards/{fn}/mean" for fn in data.functions), *ACCURACY_METRICS,
              "completions/length_mean"]
     out = {}
     for name in names:
-        trend = trend_of(metrics, name)
+        trend = trend_of(data, name)
         if trend is not None:
             out[name] = trend
     return out
@@ -295,24 +322,23 @@ class FunctionImportance:
     length_corr: float | None  # correlation with completion length over samples
 
 
-def function_importance(metrics: Sequence[Mapping[str, Any]], samples: Sequence[Mapping[str, Any]] = (),
-                        fns: Sequence[str] | None = None) -> dict[str, FunctionImportance]:
-    fns = function_names(metrics, samples) if fns is None else list(fns)
-    cols = _sample_columns(samples, fns)
+def function_importance(metrics: "Records | RunData", samples: Records = ()) -> dict[str, FunctionImportance]:
+    data = _data(metrics, samples)
+    cols = data.cols
     shares: dict[str, float | None] = {}
-    for fn in fns:
-        _, pct = series(metrics, f"rewards/{fn}/contribution_pct")
+    for fn in data.functions:
+        _, pct = data.series(f"rewards/{fn}/contribution_pct")
         shares[fn] = float(pct.mean()) if len(pct) else None
-    if all(share is None for share in shares.values()) and len(samples):
+    if all(share is None for share in shares.values()) and data.samples:
         # No contribution metric: fall back to the unweighted absolute share in the samples.
-        sums = {fn: float(np.nansum(np.abs(cols[fn]))) for fn in fns}
+        sums = {fn: float(np.nansum(np.abs(cols[fn]))) for fn in data.functions}
         total = sum(sums.values())
         if total > 0:
             shares = {fn: 100.0 * s / total for fn, s in sums.items()}
     out = {}
-    for fn in fns:
-        _, means = series(metrics, f"rewards/{fn}/mean")
-        _, stds = series(metrics, f"rewards/{fn}/std")
+    for fn in data.functions:
+        _, means = data.series(f"rewards/{fn}/mean")
+        _, stds = data.series(f"rewards/{fn}/std")
         column = cols[fn]
         known = column[~np.isnan(column)]
         if len(stds):
@@ -337,19 +363,18 @@ class Correlation:
     note: str
 
 
-def function_correlations(metrics: Sequence[Mapping[str, Any]], samples: Sequence[Mapping[str, Any]] = (),
-                          fns: Sequence[str] | None = None) -> list[Correlation]:
+def function_correlations(metrics: "Records | RunData", samples: Records = ()) -> list[Correlation]:
     """Pairwise correlation of reward functions: per completion when samples allow, else per step."""
-    fns = function_names(metrics, samples) if fns is None else list(fns)
-    cols = _sample_columns(samples, fns)
+    data = _data(metrics, samples)
+    fns, cols = data.functions, data.cols
     out = []
     for i, a in enumerate(fns):
         for b in fns[i + 1:]:
             corr, source = _corr(cols[a], cols[b], min_n=10), "samples"
             if corr is None:
-                steps_a, values_a = series(metrics, f"rewards/{a}/mean")
-                steps_b, values_b = series(metrics, f"rewards/{b}/mean")
-                common, ia, ib = np.intersect1d(steps_a, steps_b, return_indices=True)
+                steps_a, values_a = data.series(f"rewards/{a}/mean")
+                steps_b, values_b = data.series(f"rewards/{b}/mean")
+                _, ia, ib = np.intersect1d(steps_a, steps_b, return_indices=True)
                 corr, source = _corr(values_a[ia], values_b[ib], min_n=10), "metrics"
             if corr is None:
                 continue
@@ -376,33 +401,39 @@ def _pct_text(trend: Trend) -> str:
     return f"{trend.change:+.3g} ({trend.start:.3g} to {trend.end:.3g})"
 
 
-def detect_reward_hacking(metrics: Sequence[Mapping[str, Any]], samples: Sequence[Mapping[str, Any]] = (),
-                          importance: Mapping[str, FunctionImportance] | None = None) -> HackingReport:
-    """Whole-run check that reward gains came with correctness gains, plus the hacking alert rules replayed."""
-    fns = function_names(metrics, samples)
-    importance = function_importance(metrics, samples, fns) if importance is None else importance
-    accuracy = {name: t for name in ACCURACY_METRICS if (t := trend_of(metrics, name)) is not None}
+def _hacking_rules() -> list[Rule]:
+    return [rule for rule in default_rules() if rule.kind == "hacking"]
+
+
+def detect_reward_hacking(metrics: "Records | RunData", samples: Records = (),
+                          importance: Mapping[str, FunctionImportance] | None = None,
+                          hacking_alerts: Sequence[Alert] | None = None) -> HackingReport:
+    """Whole-run check that reward gains came with correctness gains, plus the built-in hacking rules'
+    alerts (replayed over the metrics unless given)."""
+    data = _data(metrics, samples)
+    fns = data.functions
+    importance = function_importance(data) if importance is None else importance
+    accuracy = {name: t for name in ACCURACY_METRICS if (t := trend_of(data, name)) is not None}
     findings: list[str] = []
     acc_words = ", ".join(f"{name} {t.direction} {t.change:+.3f}" for name, t in accuracy.items())
     accuracy_not_rising = bool(accuracy) and all(t.direction != "rising" for t in accuracy.values())
-    accuracy_falling = any(t.direction == "falling" for t in accuracy.values())
 
     for name in ["rewards/total/mean", *(f"rewards/{fn}/mean" for fn in fns)]:
-        trend = trend_of(metrics, name)
+        trend = trend_of(data, name)
         if trend is None or trend.direction != "rising" or not accuracy_not_rising:
             continue
         if trend.relative_change is None or trend.relative_change >= 0.1:
             findings.append(f"{name} rose {_pct_text(trend)} while accuracy did not improve ({acc_words})")
-    if accuracy_falling:
+    if accuracy_not_rising:
         for fn in fns:
-            share = trend_of(metrics, f"rewards/{fn}/contribution_pct")
+            share = trend_of(data, f"rewards/{fn}/contribution_pct")
             if share is not None and share.change >= 15:
                 findings.append(f"{fn}'s share of the reward grew from {share.start:.0f}% to {share.end:.0f}% "
-                                f"while accuracy fell ({acc_words})")
-    length = trend_of(metrics, "completions/length_mean")
+                                f"while accuracy did not improve ({acc_words})")
+    length = trend_of(data, "completions/length_mean")
     length_grew = length is not None and length.direction == "rising" and (length.relative_change or 0) >= 0.2
     for fn, info in importance.items():
-        mean_trend = trend_of(metrics, f"rewards/{fn}/mean")
+        mean_trend = trend_of(data, f"rewards/{fn}/mean")
         rising = mean_trend is not None and mean_trend.direction == "rising"
         if length_grew and info.length_corr is not None and info.length_corr >= 0.5:
             findings.append(f"{fn} pays for length (correlation {info.length_corr:.2f} with completion length) "
@@ -410,13 +441,15 @@ def detect_reward_hacking(metrics: Sequence[Mapping[str, Any]], samples: Sequenc
         if rising and info.correct_corr is not None and info.correct_corr < -0.2:
             findings.append(f"{fn} is rising but scores wrong answers higher than right ones "
                             f"(correlation {info.correct_corr:.2f} with correctness)")
-    hacking_rules = [rule for rule in default_rules() if rule.kind == "hacking"]
-    alerts = AlertEngine(hacking_rules).check_all(metrics)
+    if hacking_alerts is None:
+        hacking_alerts = AlertEngine(_hacking_rules()).check_all(data.records)
+    alerts = list(hacking_alerts)
     suspected = bool(findings or alerts)
     if suspected:
         verdict = "possible reward hacking: reward went up without correctness going up with it"
     elif not accuracy and not any(i.correct_corr is not None for i in importance.values()):
-        verdict = "cannot tell: the run logged no accuracy and no samples marked correct or not"
+        verdict = ("cannot tell: no accuracy over enough logged steps (8) to compare with, "
+                   "and no samples marked correct or not")
     else:
         verdict = "no sign of reward hacking: reward gains came with correctness gains"
     return HackingReport(suspected, verdict, accuracy, findings, alerts)
@@ -457,7 +490,7 @@ def _json_safe(value: Any) -> Any:
 
 
 def _issues(report: RewardReport, nonzero: float | None, auc: float | None,
-            metrics: Sequence[Mapping[str, Any]]) -> tuple[list[str], list[str]]:
+            data: RunData) -> tuple[list[str], list[str]]:
     issues: list[str] = []
     recs: list[str] = []
     parts = {p.name: p for p in report.quality.parts}
@@ -497,7 +530,7 @@ def _issues(report: RewardReport, nonzero: float | None, auc: float | None,
         if corr.corr > 0.95:
             add(f"{corr.a} and {corr.b} are almost the same signal (correlation {corr.corr:.2f})",
                 f"keep one of {corr.a} and {corr.b}, or lower one weight")
-    _, clip = series(metrics, "completions/clip_ratio")
+    _, clip = data.series("completions/clip_ratio")
     if len(clip) and clip.mean() > 0.3:
         add(f"{clip.mean():.0%} of completions were cut off at the generation limit",
             "raise max_generation_steps, or penalise overly long completions")
@@ -506,23 +539,26 @@ def _issues(report: RewardReport, nonzero: float | None, auc: float | None,
     return issues, recs
 
 
-def analyze_run(metrics: Sequence[Mapping[str, Any]], samples: Sequence[Mapping[str, Any]] = (),
-                alerts: Sequence[Alert] | None = None) -> RewardReport:
+def analyze_run(metrics: Records, samples: Records = (), alerts: Sequence[Alert] | None = None) -> RewardReport:
     """The full reward report. Without `alerts`, the built-in alert rules are replayed over the metrics."""
-    fns = function_names(metrics, samples)
-    cols = _sample_columns(samples, fns)
-    quality = analyze_quality(metrics, samples)
-    _, nonzero, auc = _discriminability(metrics, cols)
-    importance = function_importance(metrics, samples, fns)
+    data = RunData(metrics, samples)
+    quality = analyze_quality(data)
+    _, nonzero, auc = _discriminability(data)
+    importance = function_importance(data)
+    hacking_alerts = None
     if alerts is None:
-        alerts, source = AlertEngine(default_rules()).check_all(metrics), "replayed built-in rules"
+        alerts, source = AlertEngine(default_rules()).check_all(data.records), "replayed built-in rules"
+        names = {rule.name for rule in _hacking_rules()}
+        hacking_alerts = [alert for alert in alerts if alert.rule in names]  # no second replay
     else:
         alerts, source = list(alerts), "alerts.jsonl"
-    steps = [r["step"] for r in metrics if isinstance(r.get("step"), int)]
+    steps = data.table.steps
     report = RewardReport(
-        steps=len(metrics), first_step=min(steps) if steps else None, last_step=max(steps) if steps else None,
-        num_samples=len(samples), functions=fns, quality=quality, importance=importance,
-        trends=reward_trends(metrics, fns), correlations=function_correlations(metrics, samples, fns),
-        hacking=detect_reward_hacking(metrics, samples, importance), alerts=list(alerts), alerts_source=source)
-    quality.issues, quality.recommendations = _issues(report, nonzero, auc, metrics)
+        steps=len(steps), first_step=int(steps[0]) if len(steps) else None,
+        last_step=int(steps[-1]) if len(steps) else None, num_samples=len(data.samples),
+        functions=data.functions, quality=quality, importance=importance, trends=reward_trends(data),
+        correlations=function_correlations(data),
+        hacking=detect_reward_hacking(data, importance=importance, hacking_alerts=hacking_alerts),
+        alerts=list(alerts), alerts_source=source)
+    quality.issues, quality.recommendations = _issues(report, nonzero, auc, data)
     return report

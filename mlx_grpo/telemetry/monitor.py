@@ -202,7 +202,7 @@ class RewardMonitor:
         return self.report().quality
 
     def function_importance(self) -> dict[str, FunctionImportance]:
-        return function_importance(self.records, list(self.samples), self.reward_names)
+        return function_importance(self.records, list(self.samples))
 
     def detect_hacking(self) -> HackingReport:
         return detect_reward_hacking(self.records, list(self.samples))

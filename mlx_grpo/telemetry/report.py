@@ -71,7 +71,7 @@ def render_markdown(report: RewardReport, title: str) -> str:
     lines = [f"# Reward report: {title}", "",
              f"{report.steps} logged steps (steps {report.first_step} to {report.last_step}), "
              f"{report.num_samples} sampled completions, reward functions: {', '.join(report.functions) or 'none'}.", "",
-             f"## Quality: {_fmt(q.score, '.0f')}/100", "",
+             f"## Quality: {_fmt(q.score, '.0f')}/100{_parts_note(report)}", "",
              "| part | weight | score | why |", "|---|---|---|---|"]
     for part in q.parts:
         lines.append(f"| {part.name} | {part.weight:.0%} | {_fmt(part.score, '.0f')} | {part.explanation} |")
@@ -89,6 +89,8 @@ def render_markdown(report: RewardReport, title: str) -> str:
                      f"{_fmt(info.total_corr, '.2f')} | {_fmt(info.length_corr, '.2f')} | {note} |")
     lines += ["", "## Trends (first quarter against last quarter)", "",
               "| metric | start | end | change | direction |", "|---|---|---|---|---|"]
+    if not report.trends:
+        lines.append("| (not enough logged steps yet: 8 needed) | | | | |")
     for trend in report.trends.values():
         rel = "" if trend.relative_change is None else f" ({trend.relative_change:+.0%})"
         lines.append(f"| {trend.metric} | {trend.start:.4g} | {trend.end:.4g} | {trend.change:+.4g}{rel} | "
@@ -114,6 +116,11 @@ def render_markdown(report: RewardReport, title: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _parts_note(report: RewardReport) -> str:
+    scored = sum(part.score is not None for part in report.quality.parts)
+    return "" if scored == len(report.quality.parts) else f" (from {scored} of {len(report.quality.parts)} parts)"
+
+
 def _score_style(score: float | None) -> str:
     if score is None:
         return "dim"
@@ -132,7 +139,8 @@ def print_report(report: RewardReport, title: str, console: Console | None = Non
         parts.add_row(part.name, f"{part.weight:.0%}", Text(_fmt(part.score, ".0f"), _score_style(part.score)),
                       part.explanation)
     score = Text.assemble("Quality ", (f"{_fmt(q.score, '.0f')}/100", f"bold {_score_style(q.score)}"),
-                          f"   {report.steps} logged steps, {report.num_samples} sampled completions")
+                          f"{_parts_note(report)}   {report.steps} logged steps, "
+                          f"{report.num_samples} sampled completions")
     body: list[Any] = [score, parts]
     if q.issues:
         body.append(Text("\nIssues", style="bold"))
@@ -152,14 +160,18 @@ def print_report(report: RewardReport, title: str, console: Console | None = Non
                       Text("constant", "yellow") if info.constant else "")
     console.print(table)
 
-    trends = Table(title="Trends (first quarter → last quarter)", title_justify="left", header_style="bold")
-    for column in ("metric", "start", "end", "change", "direction"):
-        trends.add_column(column, justify="left" if column in ("metric", "direction") else "right")
-    for t in report.trends.values():
-        rel = "" if t.relative_change is None else f" ({t.relative_change:+.0%})"
-        style = {"rising": "green", "falling": "red"}.get(t.direction, "dim")
-        trends.add_row(t.metric, f"{t.start:.4g}", f"{t.end:.4g}", f"{t.change:+.4g}{rel}", Text(t.direction, style))
-    console.print(trends)
+    if report.trends:
+        trends = Table(title="Trends (first quarter → last quarter)", title_justify="left", header_style="bold")
+        for column in ("metric", "start", "end", "change", "direction"):
+            trends.add_column(column, justify="left" if column in ("metric", "direction") else "right")
+        for t in report.trends.values():
+            rel = "" if t.relative_change is None else f" ({t.relative_change:+.0%})"
+            style = {"rising": "green", "falling": "red"}.get(t.direction, "dim")
+            trends.add_row(t.metric, f"{t.start:.4g}", f"{t.end:.4g}", f"{t.change:+.4g}{rel}",
+                           Text(t.direction, style))
+        console.print(trends)
+    else:
+        console.print(Text("Trends: not enough logged steps yet (8 needed)", style="dim"))
 
     notable = [c for c in report.correlations if c.note]
     if notable:
