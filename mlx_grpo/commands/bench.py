@@ -119,8 +119,10 @@ def print_report(report: dict, console=None) -> None:
 
     mem = report["memory"]
     if mem:
-        console.print(f"peak memory, one LoRA step: beta {mem['beta']} {_gib(mem['lora_beta_peak_bytes'])}, "
-                      f"beta 0 {_gib(mem['lora_beta0_peak_bytes'])} (ratio {mem['ratio']:.3f})")
+        console.print(f"peak memory, one LoRA step: beta {mem['beta']:g} {_gib(mem['lora_beta_peak_bytes'])}, "
+                      f"beta 0 {_gib(mem['lora_beta0_peak_bytes'])} (ratio {mem['ratio']:.3f}); "
+                      f"reference + update phase alone {_gib(mem['lora_beta_train_peak_bytes'])} vs "
+                      f"{_gib(mem['lora_beta0_train_peak_bytes'])} (ratio {mem['train_ratio']:.3f})")
     bw = report["bandwidth"]
     if bw:
         console.print(f"{bw['chip']}: rollout at {bw['percent_of_ceiling']:.0f}% of the memory-bandwidth ceiling "
