@@ -1,0 +1,111 @@
+"""The trainer end to end on model directories the project did not ship (random weights)."""
+
+import json
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+import pytest
+from mlx_lm.utils import save_config, save_model
+
+from mlx_grpo.cli import main
+from mlx_grpo.config import load_config
+from mlx_grpo.trainer import train
+from tiny_models import make_model_dir
+
+DATA = Path(__file__).parent / "data"
+FAST = {"num_steps": 3, "batch_size": 2, "num_generations": 4, "max_generation_steps": 8, "eval_every": 3,
+        "eval_size": 8, "checkpoint_every": 0, "tensorboard": False, "samples_per_step": 2}
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("models")
+    return {kind: make_model_dir(root / kind, kind) for kind in ("llama", "qwen2")}
+
+
+def run(tmp_path, **overrides):
+    config = load_config(None, {**FAST, "monitoring_dir": str(tmp_path / "runs"), **overrides})
+    return train(config, tmp_path)
+
+
+def read_jsonl(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+@pytest.mark.parametrize("lora", [False, True])
+def test_trains_any_hf_directory(tmp_path, models, kind, lora):
+    result = run(tmp_path, model_id=str(models[kind]), use_lora=lora, beta=0.04)
+    assert result["status"] == "finished"
+    run_dir = Path(result["run_dir"])
+    records = read_jsonl(run_dir / "metrics.jsonl")
+    assert [r["step"] for r in records] == [1, 2, 3]
+    assert all(r["policy/grad_norm"] > 0 for r in records)
+    assert "eval/accuracy" in records[-1] and "policy/kl" in records[-1]
+    info = json.loads((run_dir / "run.json").read_text())
+    assert info["status"] == "finished" and info["config"]["model_id"] == str(models[kind])
+    checkpoint = run_dir / "checkpoints" / "step_3"
+    assert (checkpoint / ("adapters.safetensors" if lora else "model.safetensors")).is_file()
+
+
+def test_lora_changes_only_adapters_and_reference_is_the_base(tmp_path, models):
+    from mlx_grpo.trainer import Trainer
+
+    config = load_config(None, {**FAST, "model_id": str(models["llama"]), "use_lora": True, "beta": 0.1})
+    trainer = Trainer.build(config, tmp_path)
+    model = trainer.policy.model
+    frozen_before = {k: mx.array(v) for k, v in nn.utils.tree_flatten(model.parameters()) if "lora" not in k}
+    for step in (1, 2):
+        trainer.step(step)
+    for k, v in nn.utils.tree_flatten(model.parameters()):
+        if "lora" not in k:
+            assert mx.array_equal(frozen_before[k], v), k
+    assert trainer.reference.model is model  # no second copy under LoRA
+    result = trainer.step(3)
+    assert result.metrics["policy/kl"] > 0  # adapters moved the policy away from the base
+
+
+def test_beta_zero_builds_no_reference(tmp_path, models):
+    from mlx_grpo.trainer import Trainer
+
+    config = load_config(None, {**FAST, "model_id": str(models["llama"]), "beta": 0.0})
+    trainer = Trainer.build(config, tmp_path)
+    assert trainer.reference is None
+    assert "policy/kl" not in trainer.step(1).metrics
+
+
+def test_dora_and_quantized_base_with_lora(tmp_path, models):
+    result = run(tmp_path, model_id=str(models["llama"]), use_lora=True, use_dora=True)
+    assert result["status"] == "finished"
+    from mlx_lm import load
+
+    model, _ = load(str(models["qwen2"]))
+    nn.quantize(model, group_size=32, bits=4)
+    quantized = tmp_path / "qwen2-4bit"
+    save_model(quantized, model)
+    config = json.loads((models["qwen2"] / "config.json").read_text())
+    config["quantization"] = {"group_size": 32, "bits": 4}
+    save_config(config, quantized / "config.json")
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        (quantized / name).write_text((models["qwen2"] / name).read_text())
+    result = run(tmp_path, model_id=str(quantized), use_lora=True, dtype="float32")
+    assert result["status"] == "finished"
+    assert main(["train", "--model-id", str(quantized), "--num-steps", "1"]) == 2  # full FT of 4-bit is refused
+
+
+def test_gsm8k_jsonl_dataset(tmp_path, models):
+    result = run(tmp_path, model_id=str(models["llama"]), dataset=str(DATA / "gsm8k_sample.jsonl"),
+                 system_prompt="Answer in tags.", eval_size=2)
+    samples = read_jsonl(Path(result["run_dir"]) / "samples.jsonl")
+    assert samples and {s["answer"] for s in samples} <= {"27", "42", "180", "2000", "72"}
+
+
+def test_user_mistakes_end_in_one_line(tmp_path, models, capsys):
+    assert main(["train", "--model-id", str(tmp_path / "nope"), "--num-steps", "1"]) == 2
+    assert capsys.readouterr().err.strip().endswith("directory not found")
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"prompt": "1+1=", "answer": "2"}\n{"prompt": "2+2=", "answer": \n')
+    assert main(["train", "--model-id", str(models["llama"]), "--dataset", str(broken)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{broken}:2: malformed JSON" in err[0]
