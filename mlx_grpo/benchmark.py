@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import gc
-import math
 import statistics
 import time
 from dataclasses import dataclass, field, replace
@@ -41,21 +40,13 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from . import chips, grpo
 from .config import TrainConfig
-from .data import extra_columns
+from .data import PromptOrder, encode_prompt, extra_columns
 from .errors import UserError
 from .machine import describe
-from .models import count_parameters, make_reference
-from .rewards import load_reward_functions, score_completions
+from .models import count_parameters
+from .rewards import score_completions
 from .rollout import Rollout, SamplingSettings, decode_completion, generate
-from .trainer import (
-    build_train_batch,
-    clip_by_global_norm,
-    completion_logprobs,
-    load_policy_for_training,
-    make_loss_fn,
-    make_optimizer,
-    step_key,
-)
+from .trainer import Trainer, build_train_batch, completion_logprobs, step_key, update_policy
 
 SCHEMA_VERSION = 1
 PATHS = ("rollout", "rollout_ceiling", "rollout_sequential", "reward", "reference", "update",
@@ -101,40 +92,81 @@ class BenchOptions:
 
 # ----------------------------------------------------------------------------- the workload
 
-def synthetic_prompts(tokenizer, count: int, length: int, seed: int) -> list[list[int]]:
-    """`count` prompts of `length` ids drawn from the tokenizer's ordinary (non-special) tokens."""
-    special = set(getattr(tokenizer, "all_special_ids", []) or [])
-    special |= set(getattr(tokenizer, "eos_token_ids", []) or [])
-    vocab = tokenizer.vocab_size
-    pool = np.array([i for i in range(vocab) if i not in special])
-    if pool.size == 0:
+def _prompt_pool(tokenizer, seed: int) -> list[int]:
+    """Ordinary token ids that survive decode -> encode as themselves, preferring whole words
+    (" the"), which a BPE tokenizer does not merge with their neighbours."""
+    special = set(getattr(tokenizer, "all_special_ids", None) or [])
+    special |= set(getattr(tokenizer, "eos_token_ids", None) or [])
+    order = np.random.default_rng(seed).permutation(tokenizer.vocab_size)[:20000]
+    words, stable = [], []
+    for i in (int(i) for i in order if int(i) not in special):
+        text = tokenizer.decode([i])
+        if not text.strip() or tokenizer.encode(text, add_special_tokens=False) != [i]:
+            continue
+        stable.append(i)
+        if text[:1] == " " and text[1:].isalpha():
+            words.append(i)
+        if len(words) >= 256:
+            break
+    return words if len(words) >= 64 else stable
+
+
+def synthetic_rows(tokenizer, config: TrainConfig, count: int, length: int, seed: int) -> tuple[list[dict], list[list[int]]]:
+    """`count` dataset rows whose prompts, encoded as the trainer encodes them (chat template,
+    BOS...), are exactly `length` tokens; returns the rows and those token ids."""
+    pool = _prompt_pool(tokenizer, seed)
+    if not pool:
         raise UserError("bench: the tokenizer has no ordinary tokens to build prompts from")
+    overhead = len(encode_prompt(tokenizer, "", config).tokens)  # BOS, chat-template tokens
+    if length <= overhead:
+        raise UserError(f"bench: --prompt-length must be more than {overhead} with this tokenizer "
+                        f"(its BOS and chat-template tokens alone take {overhead})")
     rng = np.random.default_rng(seed)
-    return rng.choice(pool, size=(count, length)).tolist()
+    rows, prompts = [], []
+    for _ in range(count):
+        content = length - overhead
+        for _attempt in range(20):
+            text = tokenizer.decode(rng.choice(pool, size=content).tolist())
+            tokens = encode_prompt(tokenizer, text, config).tokens
+            if len(tokens) == length:
+                break
+            content = max(1, content + length - len(tokens))
+        else:
+            raise UserError(f"bench: could not make prompts of exactly {length} tokens with this tokenizer; "
+                            "try another --prompt-length")
+        rows.append({"prompt": text, "answer": "0"})
+        prompts.append(tokens)
+    return rows, prompts
 
 
 class Workload:
-    """One model with the trainer's pieces around it, and a prepared batch for the update paths."""
+    """The trainer (`Trainer.build`, as `mlx-grpo train` builds it) on synthetic prompts, and a
+    prepared rollout, batch and advantages so that each phase can also be timed alone."""
 
     def __init__(self, config: TrainConfig, base_dir: Path, prompt_length: int):
+        # Features that change the amount of work from step to step are off: every path then
+        # handles the same tokens.
+        config = replace(config, adaptive_window=replace(config.adaptive_window, enable=False),
+                         sgrpo=replace(config.sgrpo, enable=False))
         self.config = config
-        mx.random.seed(config.seed)
-        self.policy = load_policy_for_training(config, base_dir)
+        self.trainer = Trainer.build(config, base_dir)
+        # No EOS ids: every sequence decodes the full budget, in the phases and in the whole step alike.
+        self.policy = self.trainer.policy = replace(self.trainer.policy, eos_ids=set())
         self.model = self.policy.model
-        self.reference = make_reference(self.model, config)
-        self.reward_fns = load_reward_functions([(r.name, r.weight) for r in config.rewards], base_dir)
-        self.optimizer = make_optimizer(config)
-        self.loss_and_grad = nn.value_and_grad(self.model, make_loss_fn(config))
-        self.settings = SamplingSettings(config.temperature, config.top_p, config.top_k, config.min_p)
-        self.prompts = synthetic_prompts(self.policy.tokenizer, config.batch_size, prompt_length, config.seed)
-        self.prompt_texts = [self.policy.tokenizer.decode(p) for p in self.prompts]
+        self.rows, self.prompts = synthetic_rows(self.policy.tokenizer, config, config.batch_size, prompt_length,
+                                                 config.seed)
+        self.trainer.train_rows = self.rows
+        self.trainer.order = PromptOrder(len(self.rows), config.seed)
         G = config.num_generations
-        self.rows = [{"prompt": text, "answer": "0"} for text in self.prompt_texts for _ in range(G)]
-        # A prepared rollout, batch and advantages: the update paths then time only themselves.
+        self.group_rows = [row for row in self.rows for _ in range(G)]
         self.batch_rollout = self.rollout(step_key(config.seed, 0))
         self.batch = build_train_batch(self.batch_rollout, self.policy.pad_id)
         self.advantages = self.rewards(self.batch_rollout)
         self.ref_logp = self.reference_logprobs(self.batch)
+
+    @property
+    def reference(self):
+        return self.trainer.reference
 
     @property
     def sequences(self) -> int:
@@ -145,21 +177,23 @@ class Workload:
         return self.sequences * self.config.max_generation_steps
 
     def rollout(self, key: mx.array) -> Rollout:
+        """The rollout phase of Trainer.step."""
         self.model.eval()
-        # No EOS ids: every sequence decodes the full budget, so every path handles the same tokens.
         return generate(self.model, self.prompts, self.config.num_generations, self.config.max_generation_steps,
-                        set(), self.policy.pad_id, self.settings, key)
+                        self.policy.eos_ids, self.policy.pad_id, self.trainer.settings, key)
 
     def rewards(self, rollout: Rollout) -> mx.array:
+        """The reward and advantage phases of Trainer.step."""
         texts = [decode_completion(self.policy.tokenizer, c, self.policy.eos_ids) for c in rollout.completions]
-        scores = score_completions(self.reward_fns, [r["prompt"] for r in self.rows], texts,
-                                   [r["answer"] for r in self.rows], extra_columns(self.rows))
+        scores = score_completions(self.trainer.reward_fns, [r["prompt"] for r in self.group_rows], texts,
+                                   [r["answer"] for r in self.group_rows], extra_columns(self.group_rows))
         advantages = grpo.group_advantages(mx.array(scores.total, dtype=mx.float32),
                                            self.config.num_generations, self.config.scale_rewards)
         mx.eval(advantages)
         return advantages
 
     def reference_logprobs(self, batch) -> mx.array | None:
+        """The reference phase of Trainer.step."""
         if self.reference is None:
             return None
         with self.reference.active() as ref_model:
@@ -168,26 +202,13 @@ class Workload:
         return ref_logp
 
     def update(self, batch, advantages: mx.array, ref_logp: mx.array | None) -> None:
-        """The trainer's update phase, as in trainer.train (num_iterations passes over one rollout)."""
-        self.model.train()
-        old_logp = None
-        for _ in range(self.config.num_iterations):
-            (loss, (stats, logp)), grads = self.loss_and_grad(self.model, batch, advantages, old_logp, ref_logp)
-            grads, grad_norm = clip_by_global_norm(grads, self.config.max_grad_norm)
-            mx.eval(loss, grad_norm, stats)
-            if old_logp is None:
-                old_logp = logp
-            if math.isfinite(loss.item()) and math.isfinite(grad_norm.item()):
-                self.optimizer.update(self.model, grads)
-                mx.eval(self.model.parameters(), self.optimizer.state)
+        """The trainer's own update phase."""
+        update_policy(self.model, self.trainer.optimizer, self.trainer.loss_and_grad, batch, advantages, ref_logp,
+                      self.config)
 
-    def step(self, key: mx.array) -> None:
-        """One whole trainer step, phase after phase as trainer.train runs them."""
-        rollout = self.rollout(key)
-        advantages = self.rewards(rollout)
-        batch = build_train_batch(rollout, self.policy.pad_id)
-        ref_logp = self.reference_logprobs(batch)
-        self.update(batch, advantages, ref_logp)
+    def step(self, step: int) -> None:
+        """One whole step of the trainer, metric record included."""
+        self.trainer.step(step)
 
 
 # ----------------------------------------------------------------------------- the baselines
@@ -315,7 +336,7 @@ def measure_paths(options: BenchOptions) -> tuple[dict, dict, dict | None]:
         "update": (lambda rep: work.update(work.batch, work.advantages, work.ref_logp),
                    work.completion_tokens * config.num_iterations),
         "update_ceiling": (lambda rep: update_ceiling(), work.completion_tokens),
-        "step": (lambda rep: work.step(step_key(config.seed, 1000 + rep)), work.completion_tokens),
+        "step": (lambda rep: work.step(1000 + rep), work.completion_tokens),
     }
     if work.reference is None:
         del runners["reference"]
@@ -364,7 +385,7 @@ def measure_memory(options: BenchOptions) -> dict:
     for b in (0.0, beta):
         config = replace(options.config, use_lora=True, beta=b)
         work = Workload(config, options.base_dir, options.prompt_length)
-        work.step(step_key(config.seed, 1))  # warm-up: kernels and allocator caches
+        work.step(1)  # warm-up: kernels and allocator caches
         gc.collect()
         mx.clear_cache()
         mx.reset_peak_memory()
