@@ -36,13 +36,13 @@ class AdaptiveWindowConfig:
     """Adaptive generation window (TinyZero style); see docs/TRAINING_EXTRAS.md."""
 
     enable: bool = False
-    min_window: int = 8
-    percentile: float = 95.0
-    margin: int = 4
-    epsilon: float = 0.1
-    epsilon_decay: float = 1.0
-    min_epsilon: float = 0.0
-    ema_decay: float = 0.9
+    min_window: int = 8  # never budget fewer tokens than this
+    percentile: float = 95.0  # of the lengths of this step's correct completions
+    margin: int = 4  # tokens added on top of the percentile
+    epsilon: float = 0.1  # probability that a step explores (uses max_generation_steps)
+    epsilon_decay: float = 1.0  # epsilon is multiplied by this after every step
+    min_epsilon: float = 0.0  # floor of the decayed epsilon
+    ema_decay: float = 0.9  # weight of the past in the success-rate moving average
 
 
 @dataclass
@@ -50,7 +50,7 @@ class EntropyLoggingConfig:
     """Per-token entropy and varentropy dumps to the run directory."""
 
     enable: bool = False
-    every: int = 1
+    every: int = 1  # dump every this many steps (entropy/step_<N>.npz in the run directory)
 
 
 @dataclass
@@ -58,8 +58,9 @@ class SGRPOConfig:
     """Serial-group decaying-reward policy optimisation (early exits)."""
 
     enable: bool = False
-    num_exits: int = 4
-    decay: float = 0.5
+    num_exits: int = 4  # exits per sampled path: the size of each serial group
+    decay: float = 0.5  # a correct answer at exit k earns decay ** (k - 1)
+    max_answer_tokens: int = 16  # budget of each forced answer, closing tag included
 
 
 @dataclass
@@ -184,12 +185,19 @@ class TrainConfig:
             ("max_consecutive_nonfinite", self.max_consecutive_nonfinite >= 1, "at least 1"),
             ("rubric_weight", self.rubric_weight >= 0, "non-negative"),
             ("adaptive_window.min_window", self.adaptive_window.min_window >= 1, "at least 1"),
+            ("adaptive_window.min_window", not self.adaptive_window.enable
+             or self.adaptive_window.min_window <= self.max_generation_steps,
+             f"at most max_generation_steps ({self.max_generation_steps})"),
             ("adaptive_window.percentile", 0 < self.adaptive_window.percentile <= 100, "in (0, 100]"),
+            ("adaptive_window.margin", self.adaptive_window.margin >= 0, "non-negative"),
             ("adaptive_window.epsilon", 0 <= self.adaptive_window.epsilon <= 1, "in [0, 1]"),
+            ("adaptive_window.epsilon_decay", 0 < self.adaptive_window.epsilon_decay <= 1, "in (0, 1]"),
+            ("adaptive_window.min_epsilon", 0 <= self.adaptive_window.min_epsilon <= 1, "in [0, 1]"),
             ("adaptive_window.ema_decay", 0 <= self.adaptive_window.ema_decay < 1, "in [0, 1)"),
             ("entropy_logging.every", self.entropy_logging.every >= 1, "at least 1"),
-            ("sgrpo.num_exits", self.sgrpo.num_exits >= 1, "at least 1"),
+            ("sgrpo.num_exits", self.sgrpo.num_exits >= 2, "at least 2 (a serial group of one has no advantage)"),
             ("sgrpo.decay", 0 < self.sgrpo.decay <= 1, "in (0, 1]"),
+            ("sgrpo.max_answer_tokens", self.sgrpo.max_answer_tokens >= 1, "at least 1"),
         ]
         choices = {
             "dtype": ("float32", "bfloat16", "float16"),
