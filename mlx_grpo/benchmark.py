@@ -285,7 +285,9 @@ def kv_bytes_per_token(model: nn.Module) -> int:
     """Bytes of keys and values one sequence stores per token, read back at every later decode step."""
     cache = make_prompt_cache(model)
     mx.eval(model(mx.zeros((1, 1), dtype=mx.int32), cache=cache))
-    return sum(sum(a.nbytes for a in layer.state) for layer in cache)
+    # The buffers are allocated ahead in blocks; their size over their length is the cost of one token.
+    return sum(layer.keys.nbytes // layer.keys.shape[2] + layer.values.nbytes // layer.values.shape[2]
+               for layer in cache)
 
 
 def bandwidth_report(rollout_tokens_per_s: float | None, model: nn.Module, sequences: int, prompt_length: int,

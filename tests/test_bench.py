@@ -86,3 +86,19 @@ def test_chip_table_tells_bins_apart_and_ceiling_formula():
     assert chips.lookup("Intel(R) Xeon(R) Processor", 2) is None
     # 100 GB/s, 1 GB of weights, 4 sequences with 0.25 GB of KV each: 4 * 100 / 2 = 200 tokens/s
     assert chips.decode_ceiling_tokens_per_s(100.0, 4, 10**9, 0.25e9) == pytest.approx(200.0)
+
+
+def test_bandwidth_ceiling_counts_weights_and_kv_cache(tmp_path):
+    from mlx_lm import load
+
+    from mlx_grpo.benchmark import bandwidth_report, weight_bytes
+
+    model, _ = load(str(make_model_dir(tmp_path, "llama")))
+    chip = chips.Chip("Apple M2", 100.0, "test")
+    report = bandwidth_report(1000.0, model, sequences=8, prompt_length=9, completion_length=24, chip=chip)
+    # keys + values, 2 layers x 2 KV heads x head dim 16 in fp32: 512 bytes per token; mean context 9 + 24/2
+    expected_bytes = weight_bytes(model) + 8 * 512 * 21
+    assert report["bytes_per_step"] == expected_bytes
+    assert report["ceiling_tokens_per_s"] == pytest.approx(8 * 100e9 / expected_bytes)
+    assert report["percent_of_ceiling"] == pytest.approx(100 * 1000.0 / report["ceiling_tokens_per_s"])
+    assert bandwidth_report(1000.0, model, 8, 9, 24, chip=None) is None  # not Apple Silicon
