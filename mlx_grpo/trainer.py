@@ -30,6 +30,9 @@ from .console import TrainingConsole
 from .data import PromptOrder, encode_prompt, extra_columns, load_datasets
 from .errors import UserError
 from .evaluate import evaluate
+from .extras import entropy_dump, token_entropy
+from .extras.adaptive_window import WindowController
+from .extras.sgrpo import run_exits
 from .models import ReferencePolicy, apply_adapters, count_parameters, load_policy, make_reference
 from .rewards import RewardFunction, is_correct, load_reward_functions, score_completions
 from .rollout import Rollout, SamplingSettings, decode_completion, generate
@@ -179,6 +182,8 @@ def make_loss_fn(config: TrainConfig):
             max_completion_length=config.max_generation_steps,
         )
         stats["entropy"] = grpo.masked_mean(mx.stop_gradient(grpo.token_entropy(logits)), batch.mask)
+        if config.entropy_logging.enable:  # per-token arrays for the dump; update_policy takes them out
+            stats.update(token_entropy.token_stats(logits))
         return loss, (stats, mx.stop_gradient(logp))
 
     return loss_fn
@@ -202,6 +207,7 @@ class UpdateResult:
     stats: dict[str, float]
     skipped: int  # updates refused because the loss or gradient was not finite
     seconds: float
+    token_stats: dict[str, np.ndarray] = field(default_factory=dict)  # entropy_logging: first pass, [N, T]
 
 
 def update_policy(model: nn.Module, optimizer: optim.Optimizer, loss_and_grad, batch: TrainBatch,
@@ -213,12 +219,15 @@ def update_policy(model: nn.Module, optimizer: optim.Optimizer, loss_and_grad, b
     totals: dict[str, float] = {}
     skipped = 0
     loss_value = norm_value = float("nan")
+    token_stats: dict[str, np.ndarray] = {}
     for _ in range(config.num_iterations):
         (loss, (stats, logp)), grads = loss_and_grad(model, batch, advantages, old_logp, ref_logp)
+        per_token = token_entropy.take_token_stats(stats)
         grads, grad_norm = clip_by_global_norm(grads, config.max_grad_norm)
-        mx.eval(loss, grad_norm, stats, logp)
+        mx.eval(loss, grad_norm, stats, logp, per_token)
         if old_logp is None:
             old_logp = logp
+            token_stats = {name: np.array(value) for name, value in per_token.items()}
         loss_value, norm_value = loss.item(), grad_norm.item()
         if math.isfinite(loss_value) and math.isfinite(norm_value):
             optimizer.update(model, grads)
@@ -228,7 +237,7 @@ def update_policy(model: nn.Module, optimizer: optim.Optimizer, loss_and_grad, b
         for name, value in stats.items():
             totals[name] = totals.get(name, 0.0) + value.item() / config.num_iterations
     model.eval()
-    return UpdateResult(loss_value, norm_value, totals, skipped, time.perf_counter() - start)
+    return UpdateResult(loss_value, norm_value, totals, skipped, time.perf_counter() - start, token_stats)
 
 
 # ----------------------------------------------------------------------------- one step
@@ -243,6 +252,7 @@ class StepResult:
     lengths: np.ndarray
     new_errors: list[str]
     skipped_updates: int
+    entropy_dump: dict[str, np.ndarray] | None = None  # arrays for entropy/step_<N>.npz, when due
 
 
 @dataclass
@@ -259,6 +269,7 @@ class Trainer:
     optimizer: optim.Optimizer
     loss_and_grad: Any = None
     settings: SamplingSettings = field(default_factory=SamplingSettings)
+    window: WindowController | None = None  # adaptive generation window, when enabled
 
     @classmethod
     def build(cls, config: TrainConfig, base_dir: Path) -> "Trainer":
@@ -270,6 +281,8 @@ class Trainer:
                       PromptOrder(len(train_rows), config.seed), make_optimizer(config))
         trainer.loss_and_grad = nn.value_and_grad(policy.model, make_loss_fn(config))
         trainer.settings = SamplingSettings(config.temperature, config.top_p, config.top_k, config.min_p)
+        if config.adaptive_window.enable:
+            trainer.window = WindowController(config.adaptive_window, config.max_generation_steps, config.seed)
         return trainer
 
     def step(self, step: int) -> StepResult:
@@ -281,7 +294,9 @@ class Trainer:
 
         # rollout: B prompts x G completions over a shared-prefill KV cache
         policy.model.eval()
-        rollout = generate(policy.model, [e.tokens for e in encoded], G, config.max_generation_steps,
+        plan = self.window.plan(step) if self.window is not None else None
+        budget = plan.window if plan is not None else config.max_generation_steps
+        rollout = generate(policy.model, [e.tokens for e in encoded], G, budget,
                            policy.eos_ids, policy.pad_id, self.settings, step_key(config.seed, step))
         texts = [decode_completion(policy.tokenizer, c, policy.eos_ids) for c in rollout.completions]
 
@@ -296,7 +311,15 @@ class Trainer:
         # advantages
         t_adv = time.perf_counter()
         advantages = grpo.group_advantages(mx.array(scores.total, dtype=mx.float32), G, config.scale_rewards)
-        batch = build_train_batch(rollout, policy.pad_id)
+        sample_adv = advantages  # samples.jsonl shows each completion's own group advantage
+        trained = rollout
+        if config.sgrpo.enable:  # the serial groups of early exits replace the parallel group in the update
+            trained = run_exits(policy.model, policy.tokenizer, rollout, answers, num_exits=config.sgrpo.num_exits,
+                                decay=config.sgrpo.decay, max_answer_tokens=config.sgrpo.max_answer_tokens,
+                                scale_rewards=config.scale_rewards, settings=self.settings, eos_ids=policy.eos_ids,
+                                pad_id=policy.pad_id, key=mx.random.split(step_key(config.seed, step))[1])
+            advantages = trained.advantages
+        batch = build_train_batch(trained, policy.pad_id)
         mx.eval(advantages)
         advantage_s = time.perf_counter() - t_adv
 
@@ -350,12 +373,21 @@ class Trainer:
         if self.reference is None:
             for name in ("policy/kl", "policy/kl_penalty"):
                 metrics.pop(name, None)  # no reference policy: there is no KL to report
+        if plan is not None:
+            metrics.update(self.window.update(plan, lengths, correct))
+        if config.sgrpo.enable:
+            metrics.update(trained.metrics())
+        dump = None
+        if update.token_stats and step % config.entropy_logging.every == 0:
+            dump = entropy_dump.build_dump(step, update.token_stats["token_entropy"],
+                                           update.token_stats["token_varentropy"], trained.prompts,
+                                           trained.completions)
         for fn in self.reward_fns:
             if hasattr(fn.fn, "step_metrics"):
                 metrics.update(fn.fn.step_metrics(step))
-        samples = self._samples(group_rows, texts, scores, adv, lengths, rollout.truncated, correct)
+        samples = self._samples(group_rows, texts, scores, np.array(sample_adv), lengths, rollout.truncated, correct)
         return StepResult(metrics, samples, scores.total, scores.per_function, adv, lengths, scores.new_errors,
-                          update.skipped)
+                          update.skipped, dump)
 
     def _samples(self, rows, texts, scores, adv, lengths, truncated, correct) -> list[dict]:
         """One completion from each of the first few groups, for samples.jsonl."""
@@ -495,6 +527,8 @@ def train(config: TrainConfig, base_dir: Path, resume_dir: Path | None = None) -
             for step in range(start_step + 1, config.num_steps + 1):
                 result = trainer.step(step)
                 metrics = result.metrics
+                if result.entropy_dump is not None:
+                    entropy_dump.write_dump(run_dir, result.entropy_dump)
                 for message in result.new_errors:
                     console.message(f"warning: {message}", style="yellow")
                 metrics.update(gen_tp.update(metrics["tokens/completion_total"], metrics["timing/rollout_s"]))
