@@ -61,6 +61,8 @@ DESCRIPTIONS = {
     "update_ceiling": "(c) bare grad + AdamW",
     "step": "whole trainer step",
 }
+# The trainer's own phase timers (timing/<phase>_s in its metric record), read back from each step.
+STEP_PHASES = ("rollout", "reward", "advantage", "ref", "update")
 MEMORY_BETA = 0.04  # the KL weight the memory comparison uses when the benchmarked run has beta = 0
 
 
@@ -206,9 +208,10 @@ class Workload:
         update_policy(self.model, self.trainer.optimizer, self.trainer.loss_and_grad, batch, advantages, ref_logp,
                       self.config)
 
-    def step(self, step: int) -> None:
-        """One whole step of the trainer, metric record included."""
-        self.trainer.step(step)
+    def step(self, step: int) -> dict[str, float]:
+        """One whole step of the trainer, metric record included; returns the trainer's own phase timers."""
+        metrics = self.trainer.step(step).metrics
+        return {phase: metrics[f"timing/{phase}_s"] for phase in STEP_PHASES if f"timing/{phase}_s" in metrics}
 
 
 # ----------------------------------------------------------------------------- the baselines
@@ -329,6 +332,13 @@ def measure_paths(options: BenchOptions) -> tuple[dict, dict, dict | None]:
         model.eval()
         decode_ceiling(model, prompts, G, T, config.temperature)
 
+    step_phases: list[dict[str, float]] = []
+
+    def step(rep: int) -> None:
+        phases = work.step(1000 + rep)
+        if rep >= options.warmup:
+            step_phases.append(phases)
+
     runners: dict[str, tuple[Callable[[int], None], int]] = {
         "rollout": (lambda rep: work.rollout(step_key(config.seed, 1 + rep)), work.completion_tokens),
         "rollout_ceiling": (ceiling, work.completion_tokens),
@@ -338,13 +348,15 @@ def measure_paths(options: BenchOptions) -> tuple[dict, dict, dict | None]:
         "update": (lambda rep: work.update(work.batch, work.advantages, work.ref_logp),
                    work.completion_tokens * config.num_iterations),
         "update_ceiling": (lambda rep: update_ceiling(), work.completion_tokens),
-        "step": (lambda rep: work.step(1000 + rep), work.completion_tokens),
+        "step": (step, work.completion_tokens),
     }
     if work.reference is None:
         del runners["reference"]
     chosen = {name: runners[name] for name in PATHS if name in runners and name in options.paths}
     samples = time_interleaved({name: run for name, (run, _) in chosen.items()}, options.repetitions, options.warmup)
     measured = {name: {"tokens": tokens, "seconds": samples[name]} for name, (_, tokens) in chosen.items()}
+    if "step" in measured:
+        measured["step"]["phases"] = step_phases
 
     total, trainable = count_parameters(model)
     settings = {
@@ -433,6 +445,15 @@ def _overhead_samples(measured: dict) -> list[float] | None:
             for i, step in enumerate(measured["step"]["seconds"])]
 
 
+def _own_phase_samples(measured: dict) -> list[float] | None:
+    """Per-repetition whole-step wall time over the sum of the trainer's own phase timers in that
+    same step: untimed work inside the step, immune to load that varies between separate runs."""
+    step = measured.get("step")
+    if not step or not step.get("phases"):
+        return None
+    return [wall / sum(phases.values()) for wall, phases in zip(step["seconds"], step["phases"])]
+
+
 # name, short label, what it compares, comparison, target
 GOALS = [
     ("rollout_vs_ceiling", "rollout / (a)", "rollout tokens/s over the minimal batched decode (a)", ">=", 0.9),
@@ -459,11 +480,15 @@ def build_report(settings: dict, measured: dict, memory: dict | None, bandwidth:
             "tokens_per_s": summarise(tps),
             "spread": (max(tps) - min(tps)) / median_tps,
         }
+        if m.get("phases"):
+            names = [p for p in STEP_PHASES if all(p in ph for ph in m["phases"])]
+            paths[name]["phases"] = {p: statistics.median(ph[p] for ph in m["phases"]) for p in names}
     ratio_samples = {
         "rollout_vs_ceiling": _ratio_samples(measured, "rollout", "rollout_ceiling"),
         "rollout_vs_sequential": _ratio_samples(measured, "rollout", "rollout_sequential"),
         "update_vs_ceiling": _ratio_samples(measured, "update", "update_ceiling"),
         "step_overhead": _overhead_samples(measured),
+        "step_vs_own_phases": _own_phase_samples(measured),
     }
     ratios = {name: summarise(values) for name, values in ratio_samples.items() if values}
     goals = []

@@ -41,6 +41,9 @@ def test_bench_json_validates_and_every_figure_is_positive(report):
     assert {g["name"] for g in report["goals"]} == {"rollout_vs_ceiling", "rollout_vs_sequential",
                                                     "update_vs_ceiling", "step_overhead", "memory_beta_ratio"}
     assert report["memory"]["lora_beta_peak_bytes"] > 0 and report["memory"]["ratio"] > 0
+    # the trainer's own phase timers were read back from the step and cover no more than its wall time
+    assert {"rollout", "update", "ref"} <= set(report["paths"]["step"]["phases"])
+    assert report["ratios"]["step_vs_own_phases"]["min"] >= 0.99
     assert report["machine"]["blas"] in ("OpenBLAS", "reference BLAS", "Accelerate", "other")
 
 

@@ -116,6 +116,12 @@ def print_report(report: dict, console=None) -> None:
             goals.add_row(g["label"], f"{g['measured']:.2f}", spread, f"{g['comparison']} {g['target']:g}",
                           "[green]met[/green]" if g["met"] else "[red]not met[/red]")
         console.print(goals)
+    own = report["ratios"].get("step_vs_own_phases")
+    if own:
+        phases = report["paths"]["step"]["phases"]
+        listed = ", ".join(f"{name} {seconds:.3f}" for name, seconds in phases.items())
+        console.print(f"inside the trainer step (its own timers, s): {listed}; step time over their sum "
+                      f"{own['median']:.3f} ({own['min']:.3f} - {own['max']:.3f})")
 
     mem = report["memory"]
     if mem:
