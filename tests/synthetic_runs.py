@@ -1,9 +1,12 @@
 """Synthetic GRPO runs for the alert and analysis tests: metric records and samples as a run writes them.
 
-A healthy run looks like the default task on the shipped model: 16 prompts x 8
-completions, accuracy climbing from ~30% to ~65%, the four built-in rewards (format
-rewards nearly always earned, answer and number rewards paying for correctness), KL
-growing slowly from 0, entropy easing down, steady lengths, throughput and memory.
+A healthy run looks like a default run on the shipped model (its numbers were
+measured on one): 16 prompts x 8 completions, sampled accuracy climbing from ~20% to
+~40% with prompts of very different difficulty (about a third of the groups all
+wrong), the four built-in rewards (format rewards nearly always earned, answer and
+number rewards paying for correctness), per-token KL ramping from 0 to ~0.35 in 10
+steps then wandering with rare single spikes, gradient norms around 1.3 with a rare
+10x spike, entropy easing from ~0.35, steady lengths, noisy throughput, steady memory.
 Each fault knob bends one part of it from `fault_step` on, the way a sick run does.
 Reward metrics come from the trainer's own reward_stats.reward_metrics, so the
 streams have the real definitions.
@@ -32,7 +35,7 @@ class Faults:
     length_reward: bool = False  # a reward paying for length: lengths and reward climb, accuracy sinks
     kl_blowup: bool = False
     entropy_collapse: bool = False
-    grad_spike: bool = False  # one step with a 20x gradient norm
+    grad_spike: bool = False  # a 10x gradient norm at fault_step
     throughput_drop: bool = False
     memory_high: bool = False
     stagnant: bool = False  # accuracy stays at 30% for the whole run
@@ -40,20 +43,27 @@ class Faults:
     takeover: bool = False  # format_approx's weight grows while accuracy falls
 
 
-def _accuracy(step: int, steps: int, faults: Faults) -> float:
+def _accuracy(step: int, steps: int, faults: Faults, gain: float) -> float:
     if faults.stagnant:
-        return 0.30
+        return 0.20
     if faults.rare_success:
-        return 0.02
-    base = 0.30 + 0.35 * min(1.0, step / steps)
+        return 0.005
+    base = 0.20 + gain * min(1.0, step / steps)
     if (faults.length_reward or faults.takeover) and step >= faults.fault_step:
         return max(0.05, base - 0.002 * (step - faults.fault_step))
     return base
 
 
-def simulate(steps: int = 200, seed: int = 0, faults: Faults | None = None,
-             eval_every: int = 25) -> tuple[list[dict], list[dict]]:
-    """(metric records, samples) of one run, steps 1..steps."""
+def simulate(steps: int = 200, seed: int = 0, faults: Faults | None = None, eval_every: int = 25,
+             accuracy_gain: float = 0.20, format_rate: float = 0.99,
+             grad_spike_rate: float = 0.005) -> tuple[list[dict], list[dict]]:
+    """(metric records, samples) of one run, steps 1..steps.
+
+    `accuracy_gain`: sampled accuracy rises from 20% by this much over the run;
+    `format_rate`: share of completions earning each format reward (at 0.99 a whole
+    batch often earns it, and the reward is constant for that step);
+    `grad_spike_rate`: chance per step of a single 10x gradient-norm spike.
+    """
     faults = faults or Faults()
     rng = np.random.default_rng(seed)
     if faults.constant_reward:
@@ -65,12 +75,12 @@ def simulate(steps: int = 200, seed: int = 0, faults: Faults | None = None,
     else:
         names = ["format_exact", "format_approx", "answer_check", "number_check"]
     tracker = RewardTracker(names)
-    difficulty = rng.normal(0.0, 1.0, size=200)  # per-prompt offsets in logit space
+    difficulty = rng.normal(0.0, 1.5, size=200)  # per-prompt offsets in logit space
     metrics, samples = [], []
     t0 = 1_700_000_000.0
     for step in range(1, steps + 1):
         after = step >= faults.fault_step
-        acc = _accuracy(step, steps, faults)
+        acc = _accuracy(step, steps, faults, accuracy_gain)
         prompts = rng.integers(0, len(difficulty), size=PROMPTS)
         logit = math.log(acc / (1 - acc)) + np.repeat(difficulty[prompts], GROUP)
         correct = rng.random(PROMPTS * GROUP) < 1 / (1 + np.exp(-logit))
@@ -85,11 +95,11 @@ def simulate(steps: int = 200, seed: int = 0, faults: Faults | None = None,
             if name == "constant":
                 row = np.ones(correct.size)
             elif name == "format_exact":
-                row = np.where(rng.random(correct.size) < 0.97, 3.0, 0.0)
+                row = np.where(rng.random(correct.size) < format_rate, 3.0, 0.0)
             elif name == "format_approx":
-                row = np.where(rng.random(correct.size) < 0.95, 2.5, 1.0)
+                row = np.where(rng.random(correct.size) < format_rate, 2.5, 1.0)
             elif name == "answer_check":
-                row = np.where(correct, 3.0, np.where(rng.random(correct.size) < 0.1, 0.5, -1.0))
+                row = np.where(correct, 3.0, np.where(rng.random(correct.size) < 0.02, 0.5, -1.0))
                 if faults.rare_success:
                     row = np.where(correct, 1.0, 0.0)
             elif name == "number_check":
@@ -109,23 +119,26 @@ def simulate(steps: int = 200, seed: int = 0, faults: Faults | None = None,
         record["accuracy/train"] = float(correct.mean())
         record["completions/length_mean"] = float(lengths.mean())
         record["completions/clip_ratio"] = float(truncated.mean())
-        kl = 0.0 if step == 1 else 0.0004 * step ** 0.8 * math.exp(rng.normal(0, 0.3))
+        level = 0.4 - 0.2 * step / steps
+        kl = level * min(1.0, max(0.0, (step - 2) / 8)) * math.exp(rng.normal(0, 0.35))
+        if rng.random() < 0.01:
+            kl *= 6  # a single-step spike, as real runs have
         if faults.kl_blowup and after:
-            kl = 0.05 * (step - faults.fault_step + 1)
+            kl = 0.4 * 1.4 ** (step - faults.fault_step + 1)
         record["policy/kl"] = kl
-        entropy = 0.8 - 0.3 * step / steps + rng.normal(0, 0.02)
+        entropy = 0.35 - 0.1 * step / steps + rng.normal(0, 0.03)
         if faults.entropy_collapse and after:
             entropy = 0.04
         record["policy/entropy"] = entropy
-        grad = math.exp(rng.normal(0.0, 0.35))
-        if faults.grad_spike and step == faults.fault_step:
-            grad *= 20
+        grad = 1.3 * math.exp(rng.normal(0.0, 0.32))
+        if rng.random() < grad_spike_rate or (faults.grad_spike and step == faults.fault_step):
+            grad *= 10
         record["policy/grad_norm"] = grad
         record["policy/loss"] = float(rng.normal(0, 0.05))
         if faults.nan_loss and step == faults.fault_step:
             for key in ("policy/loss", "policy/grad_norm", "policy/kl", "policy/entropy"):
                 record[key] = math.nan
-        speed = 3000.0 * (1 + rng.normal(0, 0.05))
+        speed = 3000.0 * math.exp(rng.normal(0, 0.3))
         if step <= 2:
             speed *= 0.4  # warm-up
         if faults.throughput_drop and after:

@@ -25,9 +25,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @lru_cache(maxsize=None)
-def _run(steps: int, seed: int, fault: str | None = None, fault_step: int = 100):
+def _run(steps: int, seed: int, fault: str | None = None, fault_step: int = 100, **shape):
     faults = Faults(fault_step=fault_step, **({fault: True} if fault else {}))
-    return simulate(steps, seed, faults)[0]
+    return simulate(steps, seed, faults, **shape)[0]
 
 
 def _replay(records, rules=None) -> list[Alert]:
@@ -41,8 +41,18 @@ def _records(values, name="m", start=1):
 # --------------------------------------------------------------------------- built-in rules
 
 @pytest.mark.parametrize("seed", range(6))
-def test_builtin_rules_stay_quiet_on_a_healthy_run(seed):
+def test_builtin_rules_raise_no_warning_on_a_healthy_run(seed):
+    # Shaped like the measured default run: format rewards often constant for a step,
+    # a rare 10x gradient spike, slow improvement. Those earn info alerts at most.
     alerts = _replay(_run(300, seed))
+    assert [a for a in alerts if a.level != "info"] == [], [f"{a.step} {a.rule}: {a.message}" for a in alerts]
+    assert {a.rule for a in alerts} <= {"constant_reward", "grad_norm_spike", "reward_stagnation"}
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_builtin_rules_are_silent_on_a_run_that_learns_with_varied_rewards(seed):
+    # No constant reward, no gradient spike, clear progress: not even an info alert.
+    alerts = _replay(_run(300, seed, accuracy_gain=0.35, format_rate=0.9, grad_spike_rate=0.0))
     assert alerts == [], [f"{a.step} {a.rule}: {a.message}" for a in alerts]
 
 
@@ -51,7 +61,7 @@ FAULTS = [
     ("constant_reward", "zero_std_groups", 1, 10),
     ("constant_reward", "constant_reward", 1, 10),
     ("nan_loss", "non_finite", 100, 100),
-    ("kl_blowup", "kl_drift", 100, 105),
+    ("kl_blowup", "kl_drift", 100, 108),
     ("entropy_collapse", "entropy_collapse", 100, 105),
     ("length_reward", "length_growth", 100, 130),
     ("length_reward", "completions_truncated", 100, 150),
@@ -78,20 +88,23 @@ def test_every_builtin_rule_has_a_fault_that_fires_it():
 
 
 def test_nan_loss_is_one_error_alert_naming_the_metrics():
-    alerts = _replay(_run(250, 1, "nan_loss"))
+    alerts = [a for a in _replay(_run(250, 1, "nan_loss")) if a.level != "info"]
     assert [(a.rule, a.level, a.step) for a in alerts] == [("non_finite", "error", 100)]
     assert "policy/loss=NaN" in alerts[0].message and alerts[0].to_dict()["value"] is None
 
 
 def test_kl_drift_needs_both_the_ratio_and_the_floor():
     rule = next(r for r in default_rules() if r.name == "kl_drift")
-    early = [0.0] + [0.001] * 10
-    # 80x the early median but only 0.08 nats: noise around a tiny baseline, quiet.
-    assert _replay(_records(early + [0.08] * 20, "policy/kl"), [rule]) == []
-    # Far above the floor but only 3x a large baseline: quiet too.
-    assert _replay(_records([0.0] + [0.2] * 10 + [0.6] * 20, "policy/kl"), [rule]) == []
-    fired = _replay(_records(early + [0.5] * 20, "policy/kl"), [rule])
-    assert [a.step for a in fired] == [14]  # third step in a row above
+    ramp = [0.0, 0.0, 0.01, 0.04, 0.06, 0.12, 0.12, 0.46, 0.4, 0.37]  # the default run's first steps
+    small = ramp + [0.01] * 20  # a baseline (steps 11-30) of 0.01
+    # 40x the baseline but only 0.4 nats above it: quiet.
+    assert _replay(_records(small + [0.4] * 20, "policy/kl"), [rule]) == []
+    # More than 0.5 above a large baseline but only 3x it: quiet too.
+    assert _replay(_records(ramp + [0.4] * 20 + [1.2] * 20, "policy/kl"), [rule]) == []
+    # A single spike (the default run had one to 2.7) is not a drift.
+    assert _replay(_records(ramp + [0.4] * 20 + [2.7, 0.4, 0.4], "policy/kl"), [rule]) == []
+    fired = _replay(_records(ramp + [0.4] * 20 + [2.5] * 5, "policy/kl"), [rule])
+    assert [a.step for a in fired] == [33]  # third step in a row above
 
 
 def test_throughput_drop_ignores_warm_up_steps():
@@ -220,9 +233,9 @@ def test_engine_cost_per_record_stays_flat():
     records = _run(300, 0) * 20  # 6,000 records of ~70 metrics (steps repeat: only cost matters here)
     records = [dict(r, step=i + 1) for i, r in enumerate(records)]
     engine = AlertEngine(default_rules())
-    start = time.perf_counter()
+    start = time.process_time()  # CPU time: other processes on the machine do not count
     engine.check_all(records)
-    per_record = (time.perf_counter() - start) / len(records)
+    per_record = (time.process_time() - start) / len(records)
     assert per_record < 300e-6, f"{per_record * 1e6:.0f} us per record"
 
 

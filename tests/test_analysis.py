@@ -41,7 +41,8 @@ def test_healthy_report_scores_well_and_explains_each_part(healthy_dir):
     assert report.trends["accuracy/train"].direction == "rising"
     assert report.trends["rewards/format_approx/mean"].direction == "flat"
     assert not report.hacking.suspected and report.hacking.verdict.startswith("no sign")
-    assert report.alerts == [] and report.alerts_source == "replayed built-in rules"
+    assert report.alerts_source == "replayed built-in rules"
+    assert [a for a in report.alerts if a.level != "info"] == []
     # answer_check and number_check both pay for correctness: flagged as one signal.
     pair = next(c for c in report.correlations if {c.a, c.b} == {"answer_check", "number_check"})
     assert pair.corr > 0.9 and pair.source == "samples" and pair.note
