@@ -26,10 +26,6 @@ class AlertsView(DataTable):
 
     def update_data(self) -> None:
         board = self.board
-        key = (board.generation, board.filter)
-        if key == self._key:
-            return
-        self._key = key
         rows = []
         for i, run in enumerate(board.runs):
             for entry in run.alerts:
@@ -37,8 +33,14 @@ class AlertsView(DataTable):
                 if board.matches_filter(a.metric, a.rule, a.message, a.level):
                     rows.append((a.step, a.time or 0.0, i, entry, run.alert_stands(a)))
         rows.sort(key=lambda r: (r[0], r[1]), reverse=True)
+        rows = rows[:MAX_ROWS]
+        # Alerts are few and change rarely: rebuild only when the list or a standing mark changed.
+        key = tuple((i, id(entry), stands) for _, _, i, entry, stands in rows)
+        if key == self._key:
+            return
+        self._key = key
         self.clear()
-        for step, _, i, entry, stands in rows[:MAX_ROWS]:
+        for step, _, i, entry, stands in rows:
             a = entry.alert
             color = LEVEL_COLORS.get(a.level, "white")
             source = "" if entry.source == "run" else " (evaluated here)"

@@ -97,40 +97,52 @@ class WatchApp(App):
         return makers[key](id=f"view-{key}")
 
     def on_mount(self) -> None:
+        # Held directly: while the help screen is up, queries would search that screen.
+        self._header = self.query_one(RunHeader)
+        self._tabs = self.query_one(TabbedContent)
+        self._filter_box = self.query_one("#filter", FilterInput)
+        self._fit_columns(self.size.width)
         self.board.poll()
         self.update_views()
         self._focus_view()
         self._timer = self.set_interval(self.board.refresh_s, self.tick)
 
     def on_resize(self, event) -> None:
+        self._fit_columns(event.size.width)
+
+    def _fit_columns(self, width: int) -> None:
         # Two chart columns when there is room for both to be readable.
-        self.query_one("#views").set_class(event.size.width < NARROW_WIDTH, "-narrow")
+        tabs = getattr(self, "_tabs", None)  # a resize can come before on_mount
+        if tabs is not None:
+            tabs.set_class(width < NARROW_WIDTH, "-narrow")
 
     def on_unmount(self) -> None:
         self.board.close()
 
     # ------------------------------------------------------------------ refresh
     def tick(self) -> None:
+        if not self._header.is_attached:  # the app is shutting down
+            return
         if not self.board.paused:
             self.board.poll()
         self.update_views()
 
     def update_views(self) -> None:
         """Header always (elapsed time moves); the visible view only."""
-        self.query_one(RunHeader).update_data()
+        self._header.update_data()
         view = self.active_view()
         if view is not None:
             view.update_data()
 
     def active_view(self):
-        active = self.query_one(TabbedContent).active
-        return self.query_one(f"#view-{active}") if active else None
+        active = self._tabs.active
+        return self._tabs.query_one(f"#view-{active}") if active else None
 
     def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
         view = self.active_view()
         if view is not None:
             view.update_data()
-            if not self.query_one("#filter", FilterInput).has_focus:
+            if not self._filter_box.has_focus:
                 self._focus_view()
 
     def _focus_view(self) -> None:
@@ -145,12 +157,12 @@ class WatchApp(App):
 
     def action_show_view(self, index: int) -> None:
         if 1 <= index <= len(VIEWS):
-            self.query_one(TabbedContent).active = VIEWS[index - 1][0]
+            self._tabs.active = VIEWS[index - 1][0]
 
     def action_next_view(self, direction: int) -> None:
         keys = [k for k, _ in VIEWS]
-        current = keys.index(self.query_one(TabbedContent).active)
-        self.query_one(TabbedContent).active = keys[(current + direction) % len(keys)]
+        current = keys.index(self._tabs.active)
+        self._tabs.active = keys[(current + direction) % len(keys)]
 
     def action_move(self, direction: int) -> None:
         focused = self.focused
@@ -164,12 +176,11 @@ class WatchApp(App):
                 return
 
     def action_open_filter(self) -> None:
-        box = self.query_one("#filter", FilterInput)
-        box.display = True
-        box.focus()
+        self._filter_box.display = True
+        self._filter_box.focus()
 
     def action_close_filter(self, clear: bool = False) -> None:
-        box = self.query_one("#filter", FilterInput)
+        box = self._filter_box
         if clear:
             box.value = ""
             self._set_filter("")

@@ -9,12 +9,47 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+import numpy as np
+
+from mlx_grpo.telemetry.downsample import ema, finite_points
 from mlx_grpo.telemetry.rundir_reader import RunReader, RunState, pid_alive
 
 from .palette import LEVEL_RANK, run_color
 
 SMOOTHING_LEVELS = (0.0, 0.6, 0.9, 0.99)
 REFRESH_LEVELS = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0)
+
+
+class _Smoothed:
+    """A metric's finite points and their EMA, extended in place as rows arrive."""
+
+    def __init__(self, stamp: tuple):
+        self.stamp = stamp  # (table identity, table epoch, smoothing weight)
+        self.rows = 0       # table rows consumed
+        self.n = 0          # points kept
+        self.buf = np.empty((3, 0))
+
+    def extend(self, steps: np.ndarray, col: np.ndarray, weight: float) -> None:
+        if self.rows == len(steps):
+            return
+        xs, ys = finite_points(steps[self.rows :], col[self.rows :])
+        self.rows = len(steps)
+        if not len(xs):
+            return
+        start = float(self.buf[2, self.n - 1]) if self.n else None
+        sm = ema(ys, weight, start)
+        need = self.n + len(xs)
+        if need > self.buf.shape[1]:
+            grown = np.empty((3, max(need, 2 * self.buf.shape[1], 1024)))
+            grown[:, : self.n] = self.buf[:, : self.n]
+            self.buf = grown
+        self.buf[0, self.n : need] = xs
+        self.buf[1, self.n : need] = ys
+        self.buf[2, self.n : need] = sm
+        self.n = need
+
+    def view(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return self.buf[0, : self.n], self.buf[1, : self.n], self.buf[2, : self.n]
 
 
 @dataclass
@@ -30,6 +65,9 @@ class Board:
     standing: dict[str, tuple[str, set[int]]] = field(default_factory=dict)
     # Bumped whenever any run's data changed; views skip work when it did not.
     generation: int = 0
+    # (run index, metric) -> its points and their smoothing: smoothing a 100k-step
+    # series costs milliseconds, extending it by one step costs nothing.
+    _smooth_cache: dict = field(default_factory=dict)
 
     @property
     def runs(self) -> list[RunState]:
@@ -66,6 +104,20 @@ class Board:
             if hit and (best is None or LEVEL_RANK[hit[0]] > LEVEL_RANK[best]):
                 best = hit[0]
         return best
+
+    def series(self, run_index: int, metric: str) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """(steps, values, smoothed values) of a metric's logged points, smoothing as set."""
+        table = self.runs[run_index].table
+        col = table.column(metric)
+        if col is None:
+            return None
+        key = (run_index, metric)
+        cached = self._smooth_cache.get(key)
+        stamp = (id(table), table.epoch, self.smoothing)
+        if cached is None or cached.stamp != stamp or cached.rows > len(table):
+            cached = self._smooth_cache[key] = _Smoothed(stamp)
+        cached.extend(table.steps, col, self.smoothing)
+        return cached.view()
 
     def available_metrics(self) -> list[str]:
         names: dict[str, None] = {}

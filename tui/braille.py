@@ -72,20 +72,20 @@ def cell_masks(top: np.ndarray, bottom: np.ndarray, width: int, height: int) -> 
     return np.einsum("hrwc,rc->hw", grid.astype(np.int64), _DOT_BITS)
 
 
-def render_cells(layers: list[Layer], width: int, height: int, y_lo: float, y_hi: float) -> tuple[list[list[str]], list[list[str | None]]]:
-    """Braille characters and a colour per cell; the highest-z layer with dots in a cell colours it."""
+def render_cells(layers: list[Layer], width: int, height: int, y_lo: float, y_hi: float) -> tuple[list[list[str]], list[list[int]]]:
+    """Braille characters per cell, and per cell the index in `layers` of the
+    highest-z layer with dots there (-1: empty), which gives the cell its colour."""
     masks = np.zeros((height, width), dtype=np.int64)
-    colors: list[list[str | None]] = [[None] * width for _ in range(height)]
-    for layer in sorted(layers, key=lambda l: l.z):
-        spans = dot_spans(layer.buckets, 2 * width, y_lo, y_hi, 4 * height)
+    owner = np.full((height, width), -1, dtype=np.int64)
+    for index in sorted(range(len(layers)), key=lambda i: layers[i].z):
+        spans = dot_spans(layers[index].buckets, 2 * width, y_lo, y_hi, 4 * height)
         if spans is None:
             continue
         m = cell_masks(*spans, width, height)
         masks |= m
-        for y, x in zip(*np.nonzero(m)):
-            colors[y][x] = layer.color
+        owner[m != 0] = index
     chars = [[_CHARS[m] for m in row] for row in masks.tolist()]
-    return chars, colors
+    return chars, owner.tolist()
 
 
 def nice_range(lo: float, hi: float) -> tuple[float, float]:

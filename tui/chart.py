@@ -13,7 +13,7 @@ from rich.style import Style
 from textual.strip import Strip
 from textual.widget import Widget
 
-from mlx_grpo.telemetry.downsample import bucketize, ema, finite_points
+from mlx_grpo.telemetry.downsample import bucketize
 
 from .board import Board
 from .braille import Layer, nice_range, render_cells
@@ -74,17 +74,14 @@ class MetricChart(Widget):
         return Strip.blank(self.size.width)
 
     # ------------------------------------------------------------------ drawing
-    def _series(self, board: Board) -> list[tuple[str, str, np.ndarray, np.ndarray]]:
-        """(legend label, colour, steps, values) of every line to draw."""
+    def _series(self, board: Board) -> list[tuple[str, str, np.ndarray, np.ndarray, np.ndarray]]:
+        """(legend label, colour, steps, values, smoothed values) of every line to draw."""
         out = []
         several_runs = len(board.runs) > 1
         for ri, run in enumerate(board.runs):
             for mi, metric in enumerate(self.metrics):
-                col = run.table.column(metric)
-                if col is None:
-                    continue
-                xs, ys = finite_points(run.table.steps, col)
-                if not len(xs):
+                points = board.series(ri, metric)
+                if points is None or not len(points[0]):
                     continue
                 if several_runs:
                     label = run.name if len(self.metrics) == 1 else f"{run.name}:{short_name(metric)}"
@@ -92,39 +89,39 @@ class MetricChart(Widget):
                 else:
                     label = short_name(metric)
                     color = RUN_COLORS[mi % len(RUN_COLORS)]
-                out.append((label, color, xs, ys))
+                out.append((label, color, *points))
         return out
 
     def _draw(self, board: Board) -> list[Strip]:
         width, height = self.size.width, self.size.height
         plot_w, plot_h = width - AXIS_WIDTH - 1, height - 1
         series = self._series(board)
-        self.legend = [(label, color, float(ys[-1])) for label, color, _, ys in series]
+        self.legend = [(label, color, float(ys[-1])) for label, color, _, ys, _ in series]
         if plot_w < 4 or plot_h < 1 or not series:
             message = "no data yet" if not series else ""
             return [Strip([Segment(message.center(width)[:width], _AXIS_STYLE)])] if height else []
-        x0 = min(float(xs[0]) for _, _, xs, _ in series)
-        x1 = max(float(xs[-1]) for _, _, xs, _ in series)
+        x0 = min(float(xs[0]) for _, _, xs, _, _ in series)
+        x1 = max(float(xs[-1]) for _, _, xs, _, _ in series)
         layers = []
         y_lo, y_hi = np.inf, -np.inf
-        for label, color, xs, ys in series:
+        for label, color, xs, ys, smoothed in series:
             raw = bucketize(xs, ys, x0, x1, 2 * plot_w)
             y_lo, y_hi = min(y_lo, float(raw.lo.min())), max(y_hi, float(raw.hi.max()))
             if board.smoothing > 0:
                 layers.append(Layer(raw, dim(color), z=0))
-                layers.append(Layer(bucketize(xs, ema(ys, board.smoothing), x0, x1, 2 * plot_w), color, z=1))
+                layers.append(Layer(bucketize(xs, smoothed, x0, x1, 2 * plot_w), color, z=1))
             else:
                 layers.append(Layer(raw, color, z=1))
         y_lo, y_hi = nice_range(y_lo, y_hi)
-        chars, colors = render_cells(layers, plot_w, plot_h, y_lo, y_hi)
+        chars, owners = render_cells(layers, plot_w, plot_h, y_lo, y_hi)
+        styles = [_style(layer.color) for layer in layers]
         labels = {0: fmt_value(y_hi), plot_h - 1: fmt_value(y_lo)}
         if plot_h >= 5:
             labels[(plot_h - 1) // 2] = fmt_value((y_lo + y_hi) / 2)
         strips = []
-        styles: dict[str | None, Style] = {}
         for row in range(plot_h):
             segs = [Segment(labels.get(row, "").rjust(AXIS_WIDTH)[:AXIS_WIDTH] + "┤", _AXIS_STYLE)]
-            segs.extend(_runs(chars[row], colors[row], styles))
+            segs.extend(_runs(chars[row], owners[row], styles))
             strips.append(Strip(segs, width))
         left, right = f"{x0:,.0f}", f"{x1:,.0f}"
         gap = max(1, plot_w - len(left) - len(right))
@@ -133,16 +130,25 @@ class MetricChart(Widget):
         return strips
 
 
-def _runs(chars: list[str], colors: list[str | None], styles: dict) -> list[Segment]:
-    """Merge neighbouring cells of one colour into one segment."""
+_STYLES: dict[str, Style] = {}
+_PLAIN = Style()
+
+
+def _style(color: str) -> Style:
+    style = _STYLES.get(color)
+    if style is None:
+        style = _STYLES[color] = Style(color=color)
+    return style
+
+
+def _runs(chars: list[str], owners: list[int], styles: list[Style]) -> list[Segment]:
+    """Merge neighbouring cells coloured by the same layer into one segment."""
     segs = []
     start = 0
-    for i in range(1, len(chars) + 1):
-        if i == len(chars) or colors[i] != colors[start]:
-            color = colors[start]
-            style = styles.get(color)
-            if style is None:
-                style = styles[color] = Style(color=color) if color else Style()
-            segs.append(Segment("".join(chars[start:i]), style))
+    n = len(chars)
+    for i in range(1, n + 1):
+        if i == n or owners[i] != owners[start]:
+            owner = owners[start]
+            segs.append(Segment("".join(chars[start:i]), styles[owner] if owner >= 0 else _PLAIN))
             start = i
     return segs

@@ -52,8 +52,10 @@ class ChartsView(VerticalScroll):
         board = self.board
         available = set(board.available_metrics())
         for tile in self.query(MetricTile):
-            tile.display = tile.metric in available and board.matches_filter(tile.label, tile.metric)
-            if tile.display:
+            show = tile.metric in available and board.matches_filter(tile.label, tile.metric)
+            if tile.display != show:  # assigning display, even unchanged, costs a layout pass
+                tile.display = show
+            if show:
                 tile.update_data()
         self.update_extra()
         plan = self.chart_plan(board)
@@ -65,8 +67,10 @@ class ChartsView(VerticalScroll):
             # Mounted charts get their first data on resize, once they have a size.
             return
         for chart in self.query(MetricChart):
-            chart.display = board.matches_filter(chart.chart_title, *chart.metrics)
-            if chart.display:
+            show = board.matches_filter(chart.chart_title, *chart.metrics)
+            if chart.display != show:
+                chart.display = show
+            if show:
                 chart.update_data()
 
     def update_extra(self) -> None:

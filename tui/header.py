@@ -24,6 +24,10 @@ class RunHeader(Static):
     def board(self) -> Board:
         return self.app.board  # type: ignore[attr-defined]
 
+    def on_mount(self) -> None:
+        # A line per run and one for the settings; fixed, so updates need no layout pass.
+        self.styles.height = len(self.board.runs) + 1
+
     def update_data(self) -> None:
         board = self.board
         now = board.clock()
@@ -56,4 +60,4 @@ class RunHeader(Static):
             text.append(f" · filter '{board.filter}'", style="bold #ffd166")
         if board.paused:
             text.append("  PAUSED", style="bold #101010 on #ffd166")
-        self.update(text)
+        self.update(text, layout=False)

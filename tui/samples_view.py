@@ -1,4 +1,4 @@
-"""Recent completions: a list on the left, the selected one with its reward breakdown on the right."""
+"""Recent completions: a list (newest at the bottom, like a log) and the selected one with its reward breakdown."""
 
 from __future__ import annotations
 
@@ -40,11 +40,9 @@ def _sample_text(name: str, color: str, s: dict) -> Table:
         table.add_column("value", justify="right")
         table.add_column("")
         for fn, value in rewards.items():
-            bar = ""
-            if isinstance(value, (int, float)):
-                bar = "█" * max(0, min(20, int(round(abs(value) * 10))))
-            table.add_row(str(fn), fmt_value(value if isinstance(value, (int, float)) else None),
-                          Text(bar, style="#7bd88f" if isinstance(value, (int, float)) and value > 0 else "#ff5555"))
+            number = value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+            bar = "█" * max(0, min(20, int(round(abs(number) * 10)))) if number is not None else ""
+            table.add_row(str(fn), fmt_value(number), Text(bar, style="#7bd88f" if (number or 0) > 0 else "#ff5555"))
         grid.add_row("rewards", table)
     return grid
 
@@ -52,8 +50,11 @@ def _sample_text(name: str, color: str, s: dict) -> Table:
 class SamplesView(Horizontal):
     def __init__(self, *, id: str | None = None):
         super().__init__(id=id)
-        self._key: tuple | None = None
-        self._rows: list[tuple[int, dict]] = []
+        self._filter: str | None = None
+        self._seen: list[tuple[int, int]] = []  # per run: (resets, received) already listed
+        self._rows: dict[str, tuple[int, dict]] = {}
+        self._order: list[str] = []
+        self._next_key = 0
 
     @property
     def board(self) -> Board:
@@ -69,40 +70,56 @@ class SamplesView(Horizontal):
 
     def update_data(self) -> None:
         board = self.board
-        key = (board.generation, board.filter)
-        if key == self._key:
-            return
-        self._key = key
-        rows = []
-        for i, run in enumerate(board.runs):
-            for s in run.samples:
-                if board.matches_filter(str(s.get("prompt", "")), str(s.get("completion", "")), run.name):
-                    rows.append((i, s))
-        rows.sort(key=lambda r: (r[1].get("step", 0), r[1].get("time") or 0.0), reverse=True)
-        rows = rows[:MAX_ROWS]
+        runs = board.runs
         table = self.query_one(DataTable)
-        cursor = table.cursor_row
-        self._rows = rows
-        table.clear()
-        for i, s in rows:
-            correct = s.get("correct")
-            completion = " ".join(str(s.get("completion", "")).split())
-            table.add_row(
-                Text(board.runs[i].name, style=board.color(i)),
-                Text(f"{s.get('step', 0):,}", justify="right"),
-                Text(fmt_value(s.get("total")), justify="right"),
-                Text("✓", style="#7bd88f") if correct else Text("✗", style="#ff5555") if correct is not None else "",
-                Text(str(s.get("length", "")), justify="right"),
-                completion[:PREVIEW] + ("…" if len(completion) > PREVIEW else ""),
-            )
-        if rows:
-            table.move_cursor(row=min(max(cursor, 0), len(rows) - 1))
+        rebuild = self._filter != board.filter or len(self._seen) != len(runs) or any(
+            seen[0] != run.samples_resets for seen, run in zip(self._seen, runs))
+        if rebuild:
+            table.clear()
+            self._rows.clear()
+            self._order.clear()
+            self._seen = [(run.samples_resets, run.samples_received - len(run.samples)) for run in runs]
+            self._filter = board.filter
+        following = table.row_count == 0 or table.cursor_row >= table.row_count - 1
+        added = False
+        for i, run in enumerate(runs):
+            resets, seen = self._seen[i]
+            fresh = min(run.samples_received - seen, len(run.samples))
+            self._seen[i] = (resets, run.samples_received)
+            for s in list(run.samples)[len(run.samples) - fresh :]:
+                if board.matches_filter(str(s.get("prompt", "")), str(s.get("completion", "")), run.name):
+                    self._add_row(table, i, s)
+                    added = True
+        while len(self._order) > MAX_ROWS:
+            oldest = self._order.pop(0)
+            table.remove_row(oldest)
+            del self._rows[oldest]
+        if added and following and table.row_count:
+            table.move_cursor(row=table.row_count - 1)
             self._show(table.cursor_row)
+
+    def _add_row(self, table: DataTable, run_index: int, s: dict) -> None:
+        board = self.board
+        key = str(self._next_key)
+        self._next_key += 1
+        correct = s.get("correct")
+        completion = " ".join(str(s.get("completion", "")).split())
+        table.add_row(
+            Text(board.runs[run_index].name, style=board.color(run_index)),
+            Text(f"{s.get('step', 0):,}", justify="right"),
+            Text(fmt_value(s.get("total")), justify="right"),
+            Text("✓", style="#7bd88f") if correct else Text("✗", style="#ff5555") if correct is not None else "",
+            Text(str(s.get("length", "")), justify="right"),
+            completion[:PREVIEW] + ("…" if len(completion) > PREVIEW else ""),
+            key=key,
+        )
+        self._rows[key] = (run_index, s)
+        self._order.append(key)
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
         self._show(event.cursor_row)
 
     def _show(self, index: int) -> None:
-        if 0 <= index < len(self._rows):
-            i, s = self._rows[index]
+        if 0 <= index < len(self._order):
+            i, s = self._rows[self._order[index]]
             self.query_one("#sample-detail", Static).update(_sample_text(self.board.runs[i].name, self.board.color(i), s))

@@ -42,7 +42,9 @@ class SystemView(ChartsView):
         run = board.runs[0]
         for row in self.query(SparkRow):
             col = run.table.column(row.metric)
-            row.display = col is not None and board.matches_filter(row.label, row.metric)
+            show = col is not None and board.matches_filter(row.label, row.metric)
+            if row.display != show:
+                row.display = show
             if not row.display:
                 continue
             xs, ys = finite_points(run.table.steps, col)
@@ -54,4 +56,4 @@ class SystemView(ChartsView):
             if row.metric == "system/accel_active_gb":
                 cap = run.table.last_value("system/accel_limit_gb")
                 limit = f" / {fmt_value(cap)}" if cap else ""
-            row.query_one(".spark-value", Label).update(fmt_value(float(ys[-1])) + limit)
+            row.query_one(".spark-value", Label).update(fmt_value(float(ys[-1])) + limit, layout=False)

@@ -24,6 +24,10 @@ class MetricTile(Static):
     def board(self) -> Board:
         return self.app.board  # type: ignore[attr-defined]
 
+    def on_mount(self) -> None:
+        # A line per run inside the border; fixed, so updates need no layout pass.
+        self.styles.height = len(self.board.runs) + 2
+
     def update_data(self) -> None:
         board = self.board
         level = board.alert_level([self.metric])
@@ -49,4 +53,4 @@ class MetricTile(Static):
                 arrow = "▲" if delta > 0 else "▼" if delta < 0 else "="
                 text.append(f" {arrow}", style="#8a8a8a")
             text.append(" " + fmt_spark(values, SPARK_WIDTH), style=board.color(i) if several else "#4ea1ff")
-        self.update(text)
+        self.update(text, layout=False)

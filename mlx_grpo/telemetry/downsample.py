@@ -18,11 +18,12 @@ _MAX_GROWTH_LOG10 = 100.0
 _MAX_BLOCK = 4096
 
 
-def ema(values: np.ndarray, weight: float) -> np.ndarray:
-    """Exponential moving average y[i] = weight*y[i-1] + (1-weight)*x[i], y[0] = x[0].
+def ema(values: np.ndarray, weight: float, start: float | None = None) -> np.ndarray:
+    """Exponential moving average y[i] = weight*y[i-1] + (1-weight)*x[i].
 
     `weight` is the TensorBoard-style smoothing weight in [0, 1): 0 returns the
-    values unchanged, 0.99 is very smooth. `values` must be finite.
+    values unchanged, 0.99 is very smooth. `values` must be finite. y[-1] is
+    `start` when given (to continue an earlier series), else y[0] = x[0].
     """
     x = np.asarray(values, dtype=np.float64)
     if weight <= 0.0 or len(x) == 0:
@@ -35,7 +36,7 @@ def ema(values: np.ndarray, weight: float) -> np.ndarray:
     ipw = weight ** -k               # w^-k
     pw1 = pw * weight                # w^(k+1)
     out = np.empty_like(x)
-    carry = x[0]
+    carry = x[0] if start is None else start
     for start in range(0, len(x), block):
         xb = x[start : start + block]
         m = len(xb)

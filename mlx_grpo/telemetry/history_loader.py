@@ -3,26 +3,35 @@
 Parsing JSON is the whole cost of opening a run: ~100 us per line of ~100
 metrics, so 100,000 steps are ~10 s of CPU. The dashboard therefore reads the
 last few MB itself (first screen in a fraction of a second) and hands the bytes
-before them to worker processes in chunks, newest chunk first, merging each
-finished chunk in front of what it has. Processes, not threads: the parse would
-hold the GIL and stall the UI. Workers run at lower priority because the
-trainer may be using the same CPU.
+before them to worker processes in chunks, newest chunk first, joining each
+finished chunk in front of what it has.
+
+Workers are plain `python -m mlx_grpo.telemetry.history_loader` subprocesses
+that write their columns to an .npz file: not threads, whose parsing would hold
+the GIL and stall the UI, and not multiprocessing, which re-imports the
+caller's __main__ and trips over Textual's replaced stderr. They run at lower
+priority because the trainer may be using the same CPU.
 """
 
 from __future__ import annotations
 
-import concurrent.futures as cf
-import multiprocessing
+import json
 import os
+import shutil
+import subprocess
+import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
 
 from .jsonl_tail import line_start_at_or_after
 from .metric_table import MetricTable, table_from_records
 
 CHUNK_BYTES = 32 << 20
-
-_executor: cf.ProcessPoolExecutor | None = None
+# The package root, so a worker finds mlx_grpo even when it is not installed.
+_PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
 
 
 @dataclass
@@ -33,8 +42,6 @@ class ChunkResult:
 
 def parse_range(path: str, start: int, end: int) -> ChunkResult:
     """Parse the lines in bytes [start, end) of a JSONL file (both on line starts)."""
-    import json
-
     with open(path, "rb") as f:
         f.seek(start)
         data = f.read(end - start)
@@ -56,81 +63,111 @@ def parse_range(path: str, start: int, end: int) -> ChunkResult:
     return ChunkResult(table, garbage + rejected)
 
 
-def _lower_priority() -> None:
-    try:
-        os.nice(10)
-    except (AttributeError, OSError):
-        pass
+def save_chunk(result: ChunkResult, out: str) -> None:
+    t = result.table
+    names = t.names
+    values = np.stack([t.column(n) for n in names]) if names else np.empty((0, len(t)))
+    tmp = out + ".tmp.npz"
+    np.savez(tmp, steps=t.steps, times=t.times, values=values,
+             names=np.array(json.dumps(names)), garbage=np.array(result.garbage_lines))
+    os.replace(tmp, out)  # the parent sees the file only when it is complete
 
 
-def _shared_executor() -> cf.ProcessPoolExecutor:
-    global _executor
-    if _executor is None:
-        # Half the cores: on a laptop watching its own training run the trainer keeps the rest.
-        workers = max(1, min(4, (os.cpu_count() or 2) // 2))
-        _executor = cf.ProcessPoolExecutor(
-            max_workers=workers,
-            # spawn: forking a process that runs an asyncio UI with threads is unsafe.
-            mp_context=multiprocessing.get_context("spawn"),
-            initializer=_lower_priority,
-        )
-    return _executor
+def load_chunk(path: str) -> ChunkResult:
+    with np.load(path) as z:
+        names = json.loads(str(z["names"]))
+        table = MetricTable.from_columns(z["steps"], z["times"], dict(zip(names, z["values"])))
+        return ChunkResult(table, int(z["garbage"]))
 
 
-def _drop_broken_executor() -> None:
-    global _executor
-    if _executor is not None and getattr(_executor, "_broken", False):
-        _executor = None
+@dataclass
+class _Job:
+    start: int
+    end: int
+    out: str
+    proc: subprocess.Popen | None = None
 
 
 class HistoryLoader:
-    """Parses bytes [0, end) of a file in the background, newest chunk first."""
+    """Parses bytes [0, end) of a file in background processes, newest chunk first."""
 
-    def __init__(self, path: str | os.PathLike, end: int, chunk_bytes: int = CHUNK_BYTES):
+    def __init__(self, path: str | os.PathLike, end: int, chunk_bytes: int = CHUNK_BYTES,
+                 workers: int | None = None):
         self.path = Path(path)
         self.end = end
         self.garbage_lines = 0
-        bounds = _chunk_bounds(self.path, end, chunk_bytes)
-        # Newest first, so the chart fills leftwards from what is already shown.
-        self._ranges = list(reversed(list(zip(bounds[:-1], bounds[1:]))))
-        executor = _shared_executor()
-        self._futures = [executor.submit(parse_range, str(self.path), a, b) for a, b in self._ranges]
-        self._merged = 0
         self.bytes_done = 0
         self.error: str | None = None
+        # Half the cores: on a laptop watching its own training run the trainer keeps the rest.
+        self.workers = workers or max(1, min(4, (os.cpu_count() or 2) // 2))
+        self._dir = tempfile.mkdtemp(prefix="mlx_grpo_history_")
+        bounds = _chunk_bounds(self.path, end, chunk_bytes)
+        # Newest first, so the chart fills leftwards from what is already shown.
+        ranges = list(reversed(list(zip(bounds[:-1], bounds[1:]))))
+        self._jobs = [_Job(a, b, os.path.join(self._dir, f"chunk{i}.npz")) for i, (a, b) in enumerate(ranges)]
+        self._next = 0     # first job not started
+        self._merged = 0   # jobs handed out by ready_tables
+        self._launch()
 
     @property
     def done(self) -> bool:
-        return self._merged == len(self._futures)
+        return self._merged == len(self._jobs)
 
     @property
     def progress(self) -> float:
         return self.bytes_done / self.end if self.end else 1.0
 
+    def _launch(self) -> None:
+        running = sum(1 for j in self._jobs[self._merged : self._next] if j.proc and j.proc.poll() is None)
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (_PACKAGE_PARENT, os.environ.get("PYTHONPATH"))))}
+        while running < self.workers and self._next < len(self._jobs):
+            job = self._jobs[self._next]
+            job.proc = subprocess.Popen(
+                [sys.executable, "-m", "mlx_grpo.telemetry.history_loader", str(self.path),
+                 str(job.start), str(job.end), job.out],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env,
+            )
+            self._next += 1
+            running += 1
+
     def ready_tables(self) -> list[ChunkResult]:
         """Finished chunks that join what is already merged, newest first; never blocks."""
         out = []
-        while self._merged < len(self._futures) and self._futures[self._merged].done():
-            future = self._futures[self._merged]
-            a, b = self._ranges[self._merged]
+        while self._merged < self._next:
+            job = self._jobs[self._merged]
+            code = job.proc.poll() if job.proc else None
+            if code is None:
+                break
             self._merged += 1
-            self.bytes_done += b - a
-            try:
-                result = future.result()
-            except (OSError, cf.process.BrokenProcessPool) as err:
-                # A vanished file is noticed (and reloaded) by the tail reader;
-                # a dead pool is rebuilt for the next loader.
-                self.error = f"history chunk {a}-{b}: {err}"
-                _drop_broken_executor()
+            self.bytes_done += job.end - job.start
+            err = job.proc.stderr.read().decode(errors="replace").strip() if job.proc.stderr else ""
+            if job.proc.stderr:
+                job.proc.stderr.close()
+            if code != 0 or not os.path.exists(job.out):
+                # A vanished file is noticed (and reloaded) by the tail reader.
+                last = err.splitlines()[-1] if err else f"exit code {code}"
+                self.error = f"history bytes {job.start}-{job.end} not loaded: {last}"
                 continue
+            result = load_chunk(job.out)
+            os.unlink(job.out)
             self.garbage_lines += result.garbage_lines
             out.append(result)
+            self._launch()
+        if self.done:
+            self.cancel()
         return out
 
     def cancel(self) -> None:
-        for future in self._futures:
-            future.cancel()
-        self._merged = len(self._futures)
+        """Stop the workers and remove their files."""
+        for job in self._jobs:
+            if job.proc is not None:
+                if job.proc.poll() is None:
+                    job.proc.kill()
+                    job.proc.wait()
+                if job.proc.stderr and not job.proc.stderr.closed:
+                    job.proc.stderr.close()
+        self._merged = self._next = len(self._jobs)
+        shutil.rmtree(self._dir, ignore_errors=True)
 
 
 def _chunk_bounds(path: Path, end: int, chunk_bytes: int) -> list[int]:
@@ -140,3 +177,17 @@ def _chunk_bounds(path: Path, end: int, chunk_bytes: int) -> list[int]:
             nxt = line_start_at_or_after(f, bounds[-1] + chunk_bytes)
             bounds.append(min(nxt, end) if nxt > bounds[-1] else end)
     return bounds
+
+
+def _worker(argv: list[str]) -> int:
+    path, start, end, out = argv
+    try:
+        os.nice(10)
+    except (AttributeError, OSError):
+        pass
+    save_chunk(parse_range(path, int(start), int(end)), out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_worker(sys.argv[1:]))

@@ -36,6 +36,18 @@ class MetricTable:
         # Bumped when rows are removed or inserted before existing ones, so
         # incremental caches (running smoothing) know to start over.
         self.epoch = 0
+        self._ranges: dict[str, tuple[int, int, float, float]] = {}
+
+    @classmethod
+    def from_columns(cls, steps: np.ndarray, times: np.ndarray, columns: dict[str, np.ndarray]) -> "MetricTable":
+        """A table over existing arrays (strictly increasing steps), without copying them."""
+        table = cls()
+        table._n = table._cap = len(steps)
+        table._steps = np.asarray(steps, dtype=np.float64)
+        table._times = np.asarray(times, dtype=np.float64)
+        table._cols = {k: np.asarray(v, dtype=np.float64) for k, v in columns.items()}
+        table.version = 1
+        return table
 
     def __len__(self) -> int:
         return self._n
@@ -71,8 +83,27 @@ class MetricTable:
                 return float(v)
         return None
 
+    def column_range(self, name: str) -> tuple[float, float] | None:
+        """(min, max) of a metric's values, updated from the rows added since the last call."""
+        col = self.column(name)
+        if col is None:
+            return None
+        epoch, done, lo, hi = self._ranges.get(name, (self.epoch, 0, np.inf, -np.inf))
+        if epoch != self.epoch:
+            done, lo, hi = 0, np.inf, -np.inf
+        new = col[done:]
+        if len(new):
+            finite = new[np.isfinite(new)]
+            if len(finite):
+                lo, hi = min(lo, float(finite.min())), max(hi, float(finite.max()))
+        self._ranges[name] = (self.epoch, self._n, lo, hi)
+        return (lo, hi) if lo <= hi else None
+
     def clear(self) -> None:
+        # Counters keep counting up, so caches keyed on them see the change.
+        version, epoch = self.version + 1, self.epoch + 1
         self.__init__()
+        self.version, self.epoch = version, epoch
 
     def append_table(self, newer: "MetricTable") -> None:
         """Add rows logged after ours (rewinding first if `newer` starts at or before our end)."""

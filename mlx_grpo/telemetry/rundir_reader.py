@@ -92,6 +92,10 @@ class RunState:
     info: dict | None = None
     table: MetricTable = field(default_factory=MetricTable)
     samples: deque = field(default_factory=lambda: deque(maxlen=MAX_SAMPLES))
+    # Samples ever appended, and times samples.jsonl started over: lets a view
+    # add just the new ones (the deque drops the oldest).
+    samples_received: int = 0
+    samples_resets: int = 0
     alerts: list[AlertEntry] = field(default_factory=list)
     garbage: dict[str, int] = field(default_factory=dict)
     # Fraction of older metric history parsed so far; None when nothing is pending.
@@ -177,8 +181,8 @@ class RunState:
         return max(0.0, now - start)
 
     def eta(self, status: str) -> float | None:
-        """Seconds to `total_steps` at the recent pace; None when not running or unknown."""
-        if status not in ("live", "stalled"):
+        """Seconds to `total_steps` at the recent pace; None unless live (a stall has no pace)."""
+        if status != "live":
             return None
         total, step, pace = self.total_steps, self.step, self.seconds_per_step()
         if total is None or step is None or pace is None:
@@ -387,9 +391,13 @@ class RunReader:
 
     def _poll_samples(self, final: bool) -> bool:
         result = self._samples.poll(final=final)
+        st = self.state
         if result.reset:
-            self.state.samples.clear()
-        self.state.samples.extend(r for r in result.records if isinstance(r.get("step"), int))
+            st.samples.clear()
+            st.samples_resets += 1
+        new = [r for r in result.records if isinstance(r.get("step"), int)]
+        st.samples.extend(new)
+        st.samples_received += len(new)
         return bool(result.records) or result.reset
 
 

@@ -1,0 +1,45 @@
+"""Snapshots of the dashboard's main views on a fixed run (pytest-textual-snapshot).
+
+The clock is frozen and the run directory has a fixed relative path, so the
+screens are the same on every machine. After an intended change to the look:
+pytest tests/test_watch_snapshots.py --snapshot-update, and check the SVGs.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from run_writer import RunWriter
+from tui.app import WatchApp
+
+SIZE = (130, 42)
+STEPS = 60
+
+
+@pytest.fixture
+def fixed_runs(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the config view shows the run directory as given
+    main = RunWriter(tmp_path / "runs" / "demo", name="demo", total_steps=100)
+    main.start()
+    for _ in range(STEPS):
+        main.log_step()
+    main.alert("policy/kl", level="warning", message="KL above 0.1 for 3 steps")
+    other = RunWriter(tmp_path / "runs" / "other", name="other", total_steps=100, start_time=main.start_time + 3)
+    other.start()
+    for _ in range(STEPS // 2):
+        other.log_step()
+    return main
+
+
+def app_for(*names: str, main: RunWriter) -> WatchApp:
+    return WatchApp([f"runs/{n}" for n in names], refresh=3600, clock=lambda: main.time_of(STEPS) + 1.0)
+
+
+@pytest.mark.parametrize("keys", [[], ["2"], ["5"], ["6"], ["7"], ["8"], ["9"], ["question_mark"]],
+                         ids=["overview", "policy", "system", "alerts", "samples", "config", "metrics", "help"])
+def test_view(snap_compare, fixed_runs, keys):
+    assert snap_compare(app_for("demo", main=fixed_runs), press=keys, terminal_size=SIZE)
+
+
+def test_two_runs_overlaid(snap_compare, fixed_runs):
+    assert snap_compare(app_for("demo", "other", main=fixed_runs), terminal_size=SIZE)
