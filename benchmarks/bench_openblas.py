@@ -21,6 +21,7 @@ from mlx_grpo import blas
 
 GOAL = 3.0
 PATHS = ("rollout", "update", "step")
+PER_RUN = ("blas", "blas_library", "matmul_fp32_gflops", "load_average")  # machine fields that differ per child
 
 
 def run_child(extra: list[str], openblas: bool) -> dict:
@@ -63,12 +64,9 @@ def main(argv: list[str] | None = None) -> int:
     speedup = {p: slow["paths"][p]["seconds"]["median"] / fast["paths"][p]["seconds"]["median"] for p in PATHS}
     result = {
         "settings": fast["settings"],
-        "machine": {k: v for k, v in fast["machine"].items() if k not in ("blas", "blas_library", "matmul_fp32_gflops")},
-        "openblas": {"library": fast["machine"]["blas_library"],
-                     "matmul_fp32_gflops": fast["machine"]["matmul_fp32_gflops"],
-                     "seconds": {p: fast["paths"][p]["seconds"] for p in PATHS}},
-        "reference_blas": {"library": slow["machine"]["blas_library"],
-                           "matmul_fp32_gflops": slow["machine"]["matmul_fp32_gflops"],
+        "machine": {k: v for k, v in fast["machine"].items() if k not in PER_RUN},
+        "openblas": {**{k: fast["machine"][k] for k in PER_RUN}, "seconds": {p: fast["paths"][p]["seconds"] for p in PATHS}},
+        "reference_blas": {**{k: slow["machine"][k] for k in PER_RUN},
                            "seconds": {p: slow["paths"][p]["seconds"] for p in PATHS}},
         "speedup": speedup,
         "goal": {"path": "step", "target": GOAL, "met": speedup["step"] >= GOAL},

@@ -129,6 +129,7 @@ class Machine:
     blas: str
     blas_library: str | None
     matmul_fp32_gflops: float
+    load_average: float | None  # 1-minute load average when measured: other work shares these cores
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -154,4 +155,5 @@ def describe() -> Machine:
         blas=info.name,
         blas_library=info.library,
         matmul_fp32_gflops=round(matmul_gflops(), 1),
+        load_average=round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
     )

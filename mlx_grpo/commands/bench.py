@@ -93,7 +93,8 @@ def print_report(report: dict, console=None) -> None:
     console.print(f"shapes: {s['batch_size']} prompts x {s['group_size']} completions, "
                   f"{s['prompt_length']} prompt + {s['completion_length']} new tokens; "
                   f"{s['repetitions']} repetitions after {s['warmup']} warm-up")
-    console.print(f"machine: {m['cpu']}, {m['physical_cores']} cores, {_gib(m['ram_bytes'])} RAM, {m['os']}")
+    load = f", load average {m['load_average']:.1f}" if m["load_average"] is not None else ""
+    console.print(f"machine: {m['cpu']}, {m['physical_cores']} cores, {_gib(m['ram_bytes'])} RAM, {m['os']}{load}")
     console.print(f"MLX {m['mlx']} on {m['device']}, BLAS {m['blas']} "
                   f"(fp32 matmul {m['matmul_fp32_gflops']:.0f} GFLOP/s), mlx-lm {m['mlx_lm']}")
 
