@@ -22,6 +22,7 @@ from mlx_grpo.telemetry.alerts import (Alert, AlertEngine, BaselineRule, Hacking
 from synthetic_runs import Faults, simulate
 
 ROOT = Path(__file__).resolve().parents[1]
+DATA = Path(__file__).resolve().parent / "data"
 
 
 @lru_cache(maxsize=None)
@@ -81,6 +82,33 @@ def test_each_builtin_rule_fires_on_its_fault(fault, rule, earliest, latest):
     assert alerts, f"{rule} did not fire on {fault}"
     assert earliest <= alerts[0].step <= latest, alerts[0]
     assert alerts[0].message.startswith(alerts[0].metric.split("=")[0]) or rule == "non_finite"
+
+
+def _measured(name: str) -> list[dict]:
+    """Metric records of real runs of the shipped model (the metrics the rules watch)."""
+    return [json.loads(line) for line in (DATA / name).read_text().splitlines()]
+
+
+def test_measured_default_run_raises_no_warning():
+    alerts = _replay(_measured("run_default_healthy.jsonl"))
+    assert [a for a in alerts if a.level != "info"] == []
+    assert {(a.step, a.rule) for a in alerts} == {(85, "grad_norm_spike"), (134, "constant_reward")}
+
+
+def test_measured_length_paying_reward_is_caught_within_a_few_steps():
+    # A reward of 0.5 per character next to the built-in ones: lengths start to climb at
+    # step 22 and hit the 24-token limit by step 28; accuracy falls to 0.
+    first: dict[str, int] = {}
+    for alert in _replay(_measured("run_length_reward.jsonl")):
+        first.setdefault(alert.rule, alert.step)
+    assert min(first.values()) >= 22
+    assert first["reward_hacking"] <= 24 and first["length_growth"] <= 26
+    assert first["completions_truncated"] <= 31 and first["kl_drift"] <= 35
+
+
+def test_measured_constant_reward_warns_at_step_5():
+    alerts = [a for a in _replay(_measured("run_constant_reward.jsonl")) if a.level != "info"]
+    assert [(a.step, a.rule) for a in alerts] == [(5, "zero_std_groups")]
 
 
 def test_every_builtin_rule_has_a_fault_that_fires_it():
@@ -172,6 +200,15 @@ def test_trend_rules_rising_falling_flat():
     shrinking = [30 - i for i in range(20)]
     assert [(a.rule, a.step) for a in _replay(_records(shrinking), [up, down, flat])] == [("down", 10)]
     assert [(a.rule, a.step) for a in _replay(_records([5.0] * 20), [up, down, flat])] == [("flat", 10)]
+
+
+def test_trend_min_points_evaluates_before_the_window_is_full():
+    early = TrendRule(name="early", metric="m", window=30, min_points=5, direction="rising", change=0.5,
+                      relative=True)
+    full = TrendRule(name="full", metric="m", window=30, direction="rising", change=0.5, relative=True)
+    values = [10, 10, 10, 20, 30, 40] + [40] * 30
+    fired = {a.rule: a.step for a in _replay(_records(values), [early, full])}
+    assert fired == {"early": 5, "full": 30}  # the full-window rule has to wait for 30 records
 
 
 def test_trend_skips_missing_and_nonfinite_values():
@@ -310,6 +347,8 @@ rules:
      "rules[0] (a): key 'window' must be at least 3"),
     ("rules:\n  - {name: a, kind: trend, metric: m, window: 5, direction: up, change: 1, relative: yes please}\n",
      "rules[0] (a): key 'relative' must be true or false"),
+    ("rules:\n  - {name: a, kind: trend, metric: m, window: 5, min_points: 9, direction: rising, change: 1}\n",
+     "rules[0] (a): key 'min_points' must be between 3 and 'window'"),
     ("rules:\n  - {name: a, kind: nonfinite}\n  - {name: a, kind: nonfinite}\n",
      "rules[1] (a): rule name 'a' is used twice"),
     ("rules:\n  - just a string\n", "rules[0]: a rule must be a mapping"),

@@ -170,6 +170,14 @@ class ThresholdRule(Rule):
         return _ThresholdState(self)
 
 
+def _check_min_points(rule) -> None:
+    """`min_points` 0 means the whole window; otherwise at least 3 and at most the window."""
+    if rule.min_points == 0:
+        object.__setattr__(rule, "min_points", rule.window)
+    elif not 3 <= rule.min_points <= rule.window:
+        raise ValueError("key 'min_points' must be between 3 and 'window'")
+
+
 _TREND_DIRECTIONS = ("rising", "falling", "flat")
 
 
@@ -180,6 +188,8 @@ class TrendRule(Rule):
     The change is slope x (steps spanned by the window). With `relative`, it is
     divided by max(|window mean|, min_scale), so 0.5 means "grew by half".
     rising: change >= `change`; falling: change <= -`change`; flat: |change| <= `change`.
+    Evaluated from `min_points` records on (default: once the window is full), so a
+    fast rise early in a run is caught before the window has filled.
     """
 
     kind: ClassVar[str] = "trend"
@@ -188,11 +198,13 @@ class TrendRule(Rule):
     change: float
     relative: bool = False
     min_scale: float = 1e-9
+    min_points: int = 0  # 0: the whole window
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.window < 3:
             raise ValueError("key 'window' must be at least 3")
+        _check_min_points(self)
         if self.direction not in _TREND_DIRECTIONS:
             raise ValueError(f"key 'direction' must be one of {', '.join(_TREND_DIRECTIONS)}, got {self.direction!r}")
         if self.change < 0:
@@ -291,6 +303,7 @@ class HackingRule(Rule):
     while every metric in `accuracy` that has at least `min_accuracy_points` values in
     the same steps changed by at most `accuracy_change` (0: flat or falling; a
     negative value demands a fall). Without any accuracy metric it stays silent.
+    `min_points` as in TrendRule.
     """
 
     kind: ClassVar[str] = "hacking"
@@ -300,12 +313,14 @@ class HackingRule(Rule):
     accuracy_change: float = 0.0
     relative: bool = False
     min_scale: float = 1e-9
+    min_points: int = 0  # 0: the whole window
     min_accuracy_points: int = 3
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.window < 3:
             raise ValueError("key 'window' must be at least 3")
+        _check_min_points(self)
         if self.rise <= 0:
             raise ValueError("key 'rise' must be positive")
         if not self.accuracy:
@@ -520,7 +535,7 @@ class _TrendState(_RuleState):
             if window is None:
                 window = self.windows[name] = _Window(rule.window)
             window.push(step, value)
-            if len(window) < rule.window:
+            if len(window) < rule.min_points:
                 continue
             change = window.change()
             if change is None:
@@ -537,7 +552,7 @@ class _TrendState(_RuleState):
                 amount = f"{change * 100:+.0f}%" if rule.relative else f"{change:+.4g}"
                 verb = {"rising": "rose", "falling": "fell", "flat": "barely moved"}[rule.direction]
                 out.append(self.alert(step, time, name, value,
-                                      f"{name} {verb} ({amount}) over the last {rule.window} logged steps, "
+                                      f"{name} {verb} ({amount}) over the last {len(window)} logged steps, "
                                       f"now {_fmt(value)}"))
 
 
@@ -660,7 +675,7 @@ class _HackingState(_RuleState):
             if window is None:
                 window = self.windows[name] = _Window(rule.window)
             window.push(step, value)
-            if len(window.points) < rule.window:
+            if len(window.points) < rule.min_points:
                 continue
             if not measured:
                 # All reward metrics of one record normally share their history: measure
@@ -684,7 +699,7 @@ class _HackingState(_RuleState):
                 amount = f"{rise * 100:+.0f}%" if rule.relative else f"{rise:+.4g}"
                 acc = ", ".join(f"{a} changed {c:+.3f}" for a, c in accuracy or ())
                 out.append(self.alert(step, time, name, value,
-                                      f"{name} rose ({amount}) over the last {rule.window} logged steps "
+                                      f"{name} rose ({amount}) over the last {len(window.points)} logged steps "
                                       f"while {acc}: the policy may be gaming the reward instead of "
                                       f"getting answers right"))
 
