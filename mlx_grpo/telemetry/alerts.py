@@ -745,6 +745,9 @@ class _NonFiniteState(_RuleState):
 
 # --------------------------------------------------------------------------- engine
 
+_MAX_PLANS = 1024  # distinct record key sets remembered (a run has a handful)
+
+
 class AlertEngine:
     """Evaluates rules over metric records in step order and returns the alerts that fire."""
 
@@ -754,10 +757,6 @@ class AlertEngine:
         self._records = 0
         for rule in rules:
             self.add_rule(rule)
-
-    @property
-    def rules(self) -> list[Rule]:
-        return [state.rule for state in self._states]
 
     def add_rule(self, rule: Rule) -> None:
         if any(state.rule.name == rule.name for state in self._states):
@@ -775,6 +774,8 @@ class AlertEngine:
         keys = tuple(record)
         plan = self._plans.get(keys)
         if plan is None:
+            if len(self._plans) >= _MAX_PLANS:
+                self._plans.clear()  # a stream whose key sets keep changing: stay bounded
             plan = []
             for state in self._states:
                 names = state.rule.plan(keys)
