@@ -28,6 +28,7 @@ from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from .config import TrainConfig, config_to_dict, load_config
 from .console import TrainingConsole
 from .data import PromptOrder, encode_prompt, extra_columns, load_datasets
+from .distributed import World, init_world
 from .errors import UserError
 from .evaluate import evaluate
 from .extras import entropy_dump, token_entropy
@@ -270,16 +271,22 @@ class Trainer:
     loss_and_grad: Any = None
     settings: SamplingSettings = field(default_factory=SamplingSettings)
     window: WindowController | None = None  # adaptive generation window, when enabled
+    world: World = field(default_factory=World)  # data-parallel ranks (size 1: one process)
 
     @classmethod
     def build(cls, config: TrainConfig, base_dir: Path) -> "Trainer":
         mx.random.seed(config.seed)
+        world = init_world()
         policy = load_policy_for_training(config, base_dir)
+        world.broadcast_parameters(policy.model)
         reward_fns = load_rewards(config, base_dir)
         train_rows, eval_rows = load_datasets(config, base_dir)
         trainer = cls(config, policy, make_reference(policy.model, config), reward_fns, train_rows, eval_rows,
                       PromptOrder(len(train_rows), config.seed), make_optimizer(config))
-        trainer.loss_and_grad = nn.value_and_grad(policy.model, make_loss_fn(config))
+        trainer.world = world
+        trainer.order, trainer.eval_rows = world.shard_order(trainer.order), world.shard_rows(eval_rows)
+        trainer.loss_and_grad = world.wrap_loss_and_grad(nn.value_and_grad(policy.model, make_loss_fn(config)),
+                                                         config.loss_type)
         trainer.settings = SamplingSettings(config.temperature, config.top_p, config.top_k, config.min_p)
         if config.adaptive_window.enable:
             trainer.window = WindowController(config.adaptive_window, config.max_generation_steps, config.seed)
@@ -297,7 +304,8 @@ class Trainer:
         plan = self.window.plan(step) if self.window is not None else None
         budget = plan.window if plan is not None else config.max_generation_steps
         rollout = generate(policy.model, [e.tokens for e in encoded], G, budget,
-                           policy.eos_ids, policy.pad_id, self.settings, step_key(config.seed, step))
+                           policy.eos_ids, policy.pad_id, self.settings,
+                           self.world.sample_key(step_key(config.seed, step)))
         texts = [decode_completion(policy.tokenizer, c, policy.eos_ids) for c in rollout.completions]
 
         # rewards
@@ -310,7 +318,7 @@ class Trainer:
 
         # advantages
         t_adv = time.perf_counter()
-        advantages = grpo.group_advantages(mx.array(scores.total, dtype=mx.float32), G, config.scale_rewards)
+        advantages = self.world.group_advantages(mx.array(scores.total, dtype=mx.float32), G, config.scale_rewards)
         sample_adv = advantages  # samples.jsonl shows each completion's own group advantage
         trained = rollout
         if config.sgrpo.enable:  # the serial groups of early exits replace the parallel group in the update
@@ -406,8 +414,8 @@ class Trainer:
         t = time.perf_counter()
         result = evaluate(self.policy.model, self.policy.tokenizer, self.eval_rows, self.config,
                           self.policy.eos_ids, self.policy.pad_id)
-        return {"eval/accuracy": result.accuracy, "eval/num_samples": float(result.num_rows),
-                **result.by_difficulty, "timing/eval_s": time.perf_counter() - t}
+        return self.world.reduce_metrics({"eval/accuracy": result.accuracy, "eval/num_samples": float(result.num_rows),
+                                          **result.by_difficulty, "timing/eval_s": time.perf_counter() - t})
 
     def adapter_config(self) -> dict | None:
         c = self.config
@@ -481,16 +489,18 @@ def train(config: TrainConfig, base_dir: Path, resume_dir: Path | None = None) -
     """Run GRPO; returns the final metrics plus the run directory and status."""
     trainer = Trainer.build(config, base_dir)
     rules = alert_rules(config, base_dir)
-    run_dir = resume_dir or new_run_dir(config, base_dir)
+    run_dir = Path(trainer.world.from_main(str(resume_dir or new_run_dir(config, base_dir))))
     start_step = 0
     resume_state: dict[str, Any] = {}
     if resume_dir is not None:
         checkpoint = latest_checkpoint(run_dir / "checkpoints")
         if checkpoint is not None:
             resume_state = load_checkpoint(checkpoint, trainer.policy.model, trainer.optimizer)
+            trainer.world.check_resume(resume_state, checkpoint)
             start_step = resume_state["step"]
             trainer.order.load_state(resume_state["order"])
-        truncate_logs(run_dir, resume_state.get("log_positions", {}))
+        if trainer.world.is_main:
+            truncate_logs(run_dir, resume_state.get("log_positions", {}))
 
     wandb_options = None
     if wandb_enabled(config.wandb):
@@ -498,11 +508,14 @@ def train(config: TrainConfig, base_dir: Path, resume_dir: Path | None = None) -
                                      name=config.wandb_run_name or run_dir.name, tags=config.wandb_tags,
                                      notes=config.wandb_notes, log_checkpoints=config.wandb_log_checkpoints)
     console = TrainingConsole(config.num_steps, start_step)
-    sinks: SinkSet = make_sinks(run_dir, tensorboard=config.tensorboard, tensorboard_dir=config.tensorboard_dir,
-                                wandb=wandb_options, warn=lambda m: console.message(m, style="yellow"))
+    console.console.quiet = not trainer.world.is_main  # rank 0 speaks for the run
+    sinks: SinkSet = trainer.world.sinks(lambda: make_sinks(
+        run_dir, tensorboard=config.tensorboard, tensorboard_dir=config.tensorboard_dir, wandb=wandb_options,
+        warn=lambda m: console.message(m, style="yellow")), run_dir)
     total_params, trainable_params = count_parameters(trainer.policy.model)
     run_config = {**config_to_dict(config), "base_dir": str(base_dir)}
-    sinks.start(run_dir.name, run_config, versions(), describe_device(config), config.num_steps,
+    device = {**describe_device(config), **trainer.world.describe()}
+    sinks.start(run_dir.name, run_config, versions(), device, config.num_steps,
                 run_id=resume_state.get("run_id"))
     run_id = sinks.rundir.info["run_id"]
     console.message(f"run {run_dir}  model {config.model_id}: {total_params:,} parameters, "
@@ -525,9 +538,9 @@ def train(config: TrainConfig, base_dir: Path, resume_dir: Path | None = None) -
     try:
         with console:
             for step in range(start_step + 1, config.num_steps + 1):
-                result = trainer.step(step)
+                result = trainer.world.reduce_step(trainer.step(step))
                 metrics = result.metrics
-                if result.entropy_dump is not None:
+                if result.entropy_dump is not None and trainer.world.is_main:
                     entropy_dump.write_dump(run_dir, result.entropy_dump)
                 for message in result.new_errors:
                     console.message(f"warning: {message}", style="yellow")
@@ -545,7 +558,7 @@ def train(config: TrainConfig, base_dir: Path, resume_dir: Path | None = None) -
                     last_epoch = trainer.order.epoch
                 if config.eval_every and (step % config.eval_every == 0 or step == config.num_steps):
                     metrics.update(trainer.evaluate())
-                metrics.update(sampler.snapshot())
+                metrics.update(trainer.world.reduce_metrics(sampler.snapshot()))
                 if checkpoint_s is not None:
                     metrics["timing/checkpoint_s"], checkpoint_s = checkpoint_s, None
                 metrics["timing/elapsed_s"] = time.perf_counter() - run_start
@@ -567,7 +580,8 @@ def train(config: TrainConfig, base_dir: Path, resume_dir: Path | None = None) -
                     raise UserError(f"{nonfinite_in_a_row} updates in a row had a NaN or Inf loss or gradient; "
                                     f"stopped at step {step}. Resume from the last good checkpoint with a lower "
                                     f"learning_rate: mlx-grpo train --resume {run_dir}", exit_code=3)
-                if (config.checkpoint_every and step % config.checkpoint_every == 0) or step == config.num_steps:
+                if trainer.world.is_main and ((config.checkpoint_every and step % config.checkpoint_every == 0)
+                                              or step == config.num_steps):
                     checkpoint_s = _checkpoint(trainer, sinks, run_dir, step, run_id)
         status = "finished"
     except KeyboardInterrupt:
@@ -581,11 +595,12 @@ def train(config: TrainConfig, base_dir: Path, resume_dir: Path | None = None) -
             for fn in trainer.reward_fns:
                 summary = getattr(fn.fn, "summary", None)
                 if summary is not None:
-                    summary.write(run_dir)
+                    if trainer.world.is_main:
+                        summary.write(run_dir)
                     final.update(summary.final_metrics())
         sinks.write_final(final)
         sinks.close(status)
-    if status == "finished":
+    if status == "finished" and trainer.world.is_main:
         from .telemetry.report import write_report
 
         report = write_report(run_dir)
@@ -601,7 +616,7 @@ def _checkpoint(trainer: Trainer, sinks: SinkSet, run_dir: Path, step: int, run_
     t = time.perf_counter()
     positions = {name: (run_dir / name).stat().st_size for name in LOG_FILES if (run_dir / name).exists()}
     state = {"order": trainer.order.state(), "log_positions": positions, "run_id": run_id,
-             "config": dataclasses.asdict(trainer.config)}
+             "config": dataclasses.asdict(trainer.config), **trainer.world.checkpoint_state()}
     path = save_checkpoint(run_dir / "checkpoints", step, trainer.policy.model, trainer.optimizer, state,
                            trainer.adapter_config(), trainer.config.keep_checkpoints)
     sinks.log_checkpoint(path, step)

@@ -1,0 +1,206 @@
+"""Compare finished (or running) runs side by side: what differs in their configs, how they ended.
+
+Public API:
+
+- `expand_run_dirs(paths) -> list[Path]`: run directories (a directory with run.json), or the run
+  directories directly inside a directory that has none (a sweep directory); UserError otherwise.
+- `load_summary(run_dir) -> RunSummary`: one run's status, config, world size and final numbers:
+  final reward (the last logged `rewards/total/mean`, and `rewards/total/recent_mean`, the mean of the
+  last 10 steps), held-out accuracy (final_metrics.json, else the last `eval/accuracy` logged), train
+  accuracy (last `accuracy/train`), tokens/s over the whole run (sum of `tokens/total` / sum of
+  `timing/step_s`) and wall time (last `timing/elapsed_s`). A torn last line is skipped.
+- `config_differences(summaries) -> list[str]`: dotted config keys whose values differ between the runs
+  (plus `world_size`), leaving out keys that name the run rather than configure it.
+- `comparison_table(summaries, sort=None) -> rich.table.Table` and `comparison_json(summaries) -> list`.
+- `table_console() -> rich.console.Console`: the terminal's width, or PIPE_WIDTH when not a terminal.
+
+Imports no mlx.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+from rich.console import Console
+from rich.table import Table
+
+from ..errors import UserError
+
+# Keys that name or place a run; they always differ and say nothing about training.
+NOT_CONFIG = ("run_name", "monitoring_dir", "base_dir", "wandb_run_name", "tensorboard_dir")
+METRIC_COLUMNS = {  # summary attribute -> column title
+    "final_reward": "reward",  # the last step's mean total reward
+    "recent_reward": "reward10",  # mean over the last 10 steps
+    "train_accuracy": "train acc",
+    "eval_accuracy": "held-out",
+    "tokens_per_s": "tok/s",
+    "elapsed_s": "time",
+}
+# Wide enough for a table of several differing keys when the output is a file or a pipe.
+PIPE_WIDTH = 200
+SORT_KEYS = ("name", *METRIC_COLUMNS)
+
+
+@dataclass
+class RunSummary:
+    path: Path
+    name: str
+    status: str
+    steps: int
+    total_steps: int | None
+    config: dict[str, Any] = field(default_factory=dict)  # flattened, dotted keys
+    final_reward: float | None = None
+    recent_reward: float | None = None
+    train_accuracy: float | None = None
+    eval_accuracy: float | None = None
+    tokens_per_s: float | None = None
+    elapsed_s: float | None = None
+
+
+def expand_run_dirs(paths: Iterable[str | Path]) -> list[Path]:
+    out: list[Path] = []
+    for raw in paths:
+        path = Path(raw)
+        if (path / "run.json").is_file():
+            out.append(path)
+            continue
+        children = sorted(p for p in path.iterdir() if (p / "run.json").is_file()) if path.is_dir() else []
+        if not children:
+            raise UserError(f"{path}: not a run directory (no run.json), nor a directory of runs")
+        out.extend(children)
+    return out
+
+
+def _flatten(mapping: dict, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in mapping.items():
+        if isinstance(value, dict):
+            out.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def _finite(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
+
+
+def load_summary(run_dir: Path) -> RunSummary:
+    try:
+        info = json.loads((run_dir / "run.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        raise UserError(f"{run_dir}: run.json is missing or unreadable") from None
+    config = _flatten(info.get("config") or {})
+    config["world_size"] = (info.get("device") or {}).get("world_size", 1)
+    summary = RunSummary(run_dir, info.get("name") or run_dir.name, info.get("status", "unknown"), 0,
+                         info.get("total_steps"), config)
+    tokens = seconds = 0.0
+    last: dict[str, float] = {}
+    wanted = ("rewards/total/mean", "rewards/total/recent_mean", "accuracy/train", "eval/accuracy",
+              "timing/elapsed_s")
+    metrics = run_dir / "metrics.jsonl"
+    if metrics.is_file():
+        with metrics.open(encoding="utf-8") as fh:
+            for line in fh:
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError:
+                    continue  # a line the trainer is still writing
+                summary.steps = max(summary.steps, int(record.get("step", 0)))
+                for name in wanted:
+                    value = _finite(record.get(name))
+                    if value is not None:
+                        last[name] = value
+                step_tokens, step_s = _finite(record.get("tokens/total")), _finite(record.get("timing/step_s"))
+                if step_tokens is not None and step_s:
+                    tokens += step_tokens
+                    seconds += step_s
+    try:
+        final = json.loads((run_dir / "final_metrics.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        final = {}
+    summary.final_reward = last.get("rewards/total/mean")
+    summary.recent_reward = last.get("rewards/total/recent_mean")
+    summary.train_accuracy = last.get("accuracy/train")
+    summary.eval_accuracy = _finite(final.get("eval/accuracy"))
+    if summary.eval_accuracy is None:
+        summary.eval_accuracy = last.get("eval/accuracy")
+    summary.tokens_per_s = tokens / seconds if seconds > 0 else None
+    summary.elapsed_s = last.get("timing/elapsed_s")
+    return summary
+
+
+def config_differences(summaries: list[RunSummary]) -> list[str]:
+    keys: dict[str, None] = {}
+    for s in summaries:
+        keys.update(dict.fromkeys(s.config))
+    missing = object()
+    return [key for key in keys if key not in NOT_CONFIG
+            and len({json.dumps(s.config.get(key, missing), default=str) for s in summaries}) > 1]
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, (list, dict)):
+        return json.dumps(value)
+    return str(value)
+
+
+def _metric_cell(name: str, value: float | None) -> str:
+    if value is None:
+        return "-"
+    if name in ("train_accuracy", "eval_accuracy"):
+        return f"{value:.1%}"
+    if name == "tokens_per_s":
+        return f"{value:,.0f}"
+    if name == "elapsed_s":
+        return f"{value / 60:.1f} min" if value >= 120 else f"{value:.0f} s"
+    return f"{value:+.3f}"
+
+
+def sort_summaries(summaries: list[RunSummary], sort: str | None) -> list[RunSummary]:
+    if sort is None:
+        return summaries
+    if sort == "name":
+        return sorted(summaries, key=lambda s: s.name)
+    # best first; runs without the number go last
+    return sorted(summaries, key=lambda s: (getattr(s, sort) is None, -(getattr(s, sort) or 0.0)))
+
+
+def comparison_table(summaries: list[RunSummary], sort: str | None = None) -> Table:
+    differing = config_differences(summaries)
+    table = Table(title=f"{len(summaries)} runs" + (f": {len(differing)} config keys differ" if differing else
+                                                     ": same config"), title_justify="left")
+    table.add_column("run", no_wrap=True)
+    table.add_column("status")
+    table.add_column("steps", justify="right")
+    for key in differing:
+        table.add_column(key, style="cyan")
+    for title in METRIC_COLUMNS.values():
+        table.add_column(title, justify="right")
+    for s in sort_summaries(summaries, sort):
+        steps = f"{s.steps}/{s.total_steps}" if s.total_steps else str(s.steps)
+        table.add_row(s.name, s.status, steps, *[_cell(s.config.get(k)) for k in differing],
+                      *[_metric_cell(attr, getattr(s, attr)) for attr in METRIC_COLUMNS])
+    return table
+
+
+def comparison_json(summaries: list[RunSummary], sort: str | None = None) -> list[dict[str, Any]]:
+    differing = config_differences(summaries)
+    return [{"run_dir": str(s.path), "name": s.name, "status": s.status, "steps": s.steps,
+             "total_steps": s.total_steps, "config": {k: s.config.get(k) for k in differing},
+             **{attr: getattr(s, attr) for attr in METRIC_COLUMNS}} for s in sort_summaries(summaries, sort)]
+
+
+def table_console() -> Console:
+    console = Console(highlight=False)
+    return console if console.is_terminal else Console(highlight=False, width=PIPE_WIDTH)
