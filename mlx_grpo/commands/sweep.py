@@ -24,9 +24,10 @@ def run(args: argparse.Namespace) -> int:
     console = table_console()
     spec = load_sweep(args.sweep)
     trials = plan_trials(spec)
+    for trial in trials:
+        trial_config(spec, trial)  # a mistake in any trial stops the sweep before anything is printed or run
     if args.dry_run:
         for trial in trials:
-            trial_config(spec, trial)
             state = trial_state(spec.directory / trial.name)
             console.print(f"{trial.name}  {describe(trial.params)}  ({state})")
         console.print(f"{len(trials)} trials of sweep '{spec.name}' ({spec.method}) in {spec.directory}")
