@@ -8,7 +8,6 @@ of canonical metric names (see METRICS.md).
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import platform
 import time
@@ -24,7 +23,7 @@ from mlx.utils import tree_flatten
 
 from . import __version__, grpo
 from .blas import preloaded_openblas
-from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from .checkpoint import load_checkpoint, save_checkpoint
 from .config import TrainConfig, config_to_dict, load_config
 from .console import TrainingConsole
 from .data import PromptOrder, encode_prompt, extra_columns, load_datasets
@@ -36,16 +35,19 @@ from .extras.adaptive_window import WindowController
 from .extras.sgrpo import run_exits
 from .models import ReferencePolicy, apply_adapters, count_parameters, load_policy, make_reference
 from .rewards import RewardFunction, is_correct, load_reward_functions, score_completions
+from .resume import (config_for_resume, last_record, log_positions, resumable_checkpoint, resume_command,
+                     truncate_logs)
 from .rollout import Rollout, SamplingSettings, decode_completion, generate
+from .run_state import RunState
+from .signals import EXIT_INTERRUPTED, StopRequest, report_stop
 from .step_metrics import rollout_metrics
 from .telemetry.alert_config import load_alert_rules, rules_from_config
 from .telemetry.alert_console import format_alert
 from .telemetry.alerts import AlertEngine
 from .telemetry.reward_stats import RewardTracker, ThroughputTracker, reward_metrics
+from .telemetry.rundir import scrub_secrets
 from .telemetry.sinks import SinkSet, WandbOptions, make_sinks, wandb_enabled
 from .telemetry.system import SystemSampler
-
-LOG_FILES = ("metrics.jsonl", "samples.jsonl", "alerts.jsonl")
 
 
 # ----------------------------------------------------------------------------- setup pieces
@@ -270,8 +272,8 @@ class Trainer:
     optimizer: optim.Optimizer
     loss_and_grad: Any = None
     settings: SamplingSettings = field(default_factory=SamplingSettings)
-    window: WindowController | None = None  # adaptive generation window, when enabled
     world: World = field(default_factory=World)  # data-parallel ranks (size 1: one process)
+    window: WindowController | None = None  # adaptive generation window, when enabled
 
     @classmethod
     def build(cls, config: TrainConfig, base_dir: Path) -> "Trainer":
@@ -448,52 +450,30 @@ def new_run_dir(config: TrainConfig, base_dir: Path) -> Path:
     return run_dir
 
 
-def truncate_logs(run_dir: Path, positions: dict[str, int]) -> None:
-    """Cut each log back to its length at the checkpoint: no step twice, no torn line."""
-    for name in LOG_FILES:
-        path = run_dir / name
-        if path.exists():
-            with open(path, "r+b") as fh:
-                fh.truncate(min(positions.get(name, 0), path.stat().st_size))
-
-
 def train_from_cli(config_path: str | None, overrides: dict, resume: str | None = None) -> int:
     if resume is not None:
+        if config_path is not None:
+            raise UserError(f"--resume {resume}: the run keeps its own config; give changes as flags "
+                            f"(e.g. --num-steps 500), not a config file ({config_path})")
         run_dir = Path(resume)
-        try:
-            info = json.loads((run_dir / "run.json").read_text())
-        except (OSError, json.JSONDecodeError):
-            raise UserError(f"{run_dir}: not a run directory (no readable run.json)") from None
-        base = info.get("config", {})
-        config = load_config(None, {**_flatten(base), **overrides})
-        base_dir = Path(info.get("base_dir", Path.cwd()))
+        config, base_dir = config_for_resume(run_dir, overrides)
         result = train(config, base_dir, resume_dir=run_dir)
     else:
         config = load_config(config_path, overrides)
         base_dir = Path(config_path).resolve().parent if config_path else Path.cwd()
         result = train(config, base_dir)
-    return 0 if result.get("status") == "finished" else 1
-
-
-def _flatten(mapping: dict, prefix: str = "") -> dict:
-    out: dict = {}
-    for key, value in mapping.items():
-        if isinstance(value, dict) and key in ("adaptive_window", "entropy_logging", "sgrpo"):
-            out.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
+    return {"finished": 0, "interrupted": EXIT_INTERRUPTED}.get(result.get("status"), 1)
 
 
 def train(config: TrainConfig, base_dir: Path, resume_dir: Path | None = None) -> dict[str, Any]:
     """Run GRPO; returns the final metrics plus the run directory and status."""
+    checkpoint = resumable_checkpoint(resume_dir, config.num_steps) if resume_dir is not None else None
+    rules = alert_rules(config, base_dir)  # before the model loads: a mistake in the file shows at once
     trainer = Trainer.build(config, base_dir)
-    rules = alert_rules(config, base_dir)
     run_dir = Path(trainer.world.from_main(str(resume_dir or new_run_dir(config, base_dir))))
     start_step = 0
     resume_state: dict[str, Any] = {}
     if resume_dir is not None:
-        checkpoint = latest_checkpoint(run_dir / "checkpoints")
         if checkpoint is not None:
             resume_state = load_checkpoint(checkpoint, trainer.policy.model, trainer.optimizer)
             trainer.world.check_resume(resume_state, checkpoint)
@@ -511,12 +491,13 @@ def train(config: TrainConfig, base_dir: Path, resume_dir: Path | None = None) -
     console.console.quiet = not trainer.world.is_main  # rank 0 speaks for the run
     sinks: SinkSet = trainer.world.sinks(lambda: make_sinks(
         run_dir, tensorboard=config.tensorboard, tensorboard_dir=config.tensorboard_dir, wandb=wandb_options,
-        warn=lambda m: console.message(m, style="yellow")), run_dir)
+        warn=lambda m: console.message(m, style="yellow"),
+        purge_step=start_step + 1 if resume_dir is not None else None), run_dir)
     total_params, trainable_params = count_parameters(trainer.policy.model)
     run_config = {**config_to_dict(config), "base_dir": str(base_dir)}
     device = {**describe_device(config), **trainer.world.describe()}
     sinks.start(run_dir.name, run_config, versions(), device, config.num_steps,
-                run_id=resume_state.get("run_id"))
+                run_id=resume_state.get("run_id"), resume_step=start_step if resume_dir is not None else None)
     run_id = sinks.rundir.info["run_id"]
     console.message(f"run {run_dir}  model {config.model_id}: {total_params:,} parameters, "
                     f"{trainable_params:,} trainable")
@@ -528,15 +509,19 @@ def train(config: TrainConfig, base_dir: Path, resume_dir: Path | None = None) -
     tracker = RewardTracker([f.name for f in trainer.reward_fns], hist_every=config.histogram_every)
     gen_tp = ThroughputTracker("throughput/gen_tokens_per_s")
     bp_tp = ThroughputTracker("throughput/backprop_tokens_per_s")
+    run_state = RunState(tracker, [gen_tp, bp_tp], engine, trainer.reward_fns)
+    elapsed_before = run_state.load_state_dict(resume_state["run_state"]) if "run_state" in resume_state else 0.0
     sampler = SystemSampler(accel_memory=accel_memory).start()
-    run_start = time.perf_counter()
+    run_start = time.perf_counter() - elapsed_before
     status = "failed"
-    nonfinite_in_a_row = 0
     checkpoint_s: float | None = None  # reported in the record after the checkpoint
     last_epoch = trainer.order.epoch
     step = start_step
+    metrics: dict[str, Any] = last_record(run_dir) if resume_dir is not None else {}
+    stop = StopRequest()
+    stopping: str | None = None  # a stop request, agreed by every rank so all stop at the same step
     try:
-        with console:
+        with console, stop:
             for step in range(start_step + 1, config.num_steps + 1):
                 result = trainer.world.reduce_step(trainer.step(step))
                 metrics = result.metrics
@@ -562,12 +547,12 @@ def train(config: TrainConfig, base_dir: Path, resume_dir: Path | None = None) -
                 if checkpoint_s is not None:
                     metrics["timing/checkpoint_s"], checkpoint_s = checkpoint_s, None
                 metrics["timing/elapsed_s"] = time.perf_counter() - run_start
-                nonfinite_in_a_row = nonfinite_in_a_row + 1 if result.skipped_updates else 0
+                run_state.nonfinite_in_a_row = run_state.nonfinite_in_a_row + 1 if result.skipped_updates else 0
 
                 if step % config.log_every == 0 or step == config.num_steps:
                     sinks.write(step, metrics, tracker.histograms(step), rewards=result.rewards_total)
                     sinks.write_samples(step, result.samples)
-                alerts = engine.check({"step": step, **metrics})
+                alerts = engine.check({"step": step, "time": time.time(), **metrics})
                 for fn in trainer.reward_fns:
                     if hasattr(fn.fn, "take_alerts"):
                         alerts.extend(fn.fn.take_alerts())
@@ -576,16 +561,20 @@ def train(config: TrainConfig, base_dir: Path, resume_dir: Path | None = None) -
                     console.message(format_alert(alert) if hasattr(alert, "level") else str(alert))
                 console.step(step, metrics, every=max(1, config.num_steps // 20))
 
-                if nonfinite_in_a_row >= config.max_consecutive_nonfinite:
-                    raise UserError(f"{nonfinite_in_a_row} updates in a row had a NaN or Inf loss or gradient; "
-                                    f"stopped at step {step}. Resume from the last good checkpoint with a lower "
-                                    f"learning_rate: mlx-grpo train --resume {run_dir}", exit_code=3)
+                if run_state.nonfinite_in_a_row >= config.max_consecutive_nonfinite:
+                    raise UserError(nonfinite_stop_message(run_state.nonfinite_in_a_row, step, run_dir, config),
+                                    exit_code=3)
+                stopping = trainer.world.agree(stop.requested)
                 if trainer.world.is_main and ((config.checkpoint_every and step % config.checkpoint_every == 0)
-                                              or step == config.num_steps):
-                    checkpoint_s = _checkpoint(trainer, sinks, run_dir, step, run_id)
-        status = "finished"
+                                              or step == config.num_steps or stopping):
+                    checkpoint_s = _checkpoint(trainer, sinks, run_dir, step, run_id, run_state,
+                                               time.perf_counter() - run_start)
+                if stopping:
+                    break
+        status = "interrupted" if stopping else "finished"
     except KeyboardInterrupt:
         status = "interrupted"
+        report_stop(run_dir, step, checkpoint_saved=False)
         raise
     finally:
         sampler.stop()
@@ -605,18 +594,29 @@ def train(config: TrainConfig, base_dir: Path, resume_dir: Path | None = None) -
 
         report = write_report(run_dir)
         acc = final.get("eval/accuracy")
+        quality = report.quality.score
         console.message(f"finished {step} steps in {time.perf_counter() - run_start:.0f} s"
                         + (f", held-out accuracy {acc:.1%}" if acc is not None else "")
-                        + f", reward quality {report.quality.score:.0f}/100 — run directory: {run_dir}")
+                        + (f", reward quality {quality:.0f}/100" if quality is not None else "")
+                        + f" — run directory: {run_dir}")
+    if status == "interrupted":
+        report_stop(run_dir, step, checkpoint_saved=True)
     return {**final, "status": status, "run_dir": str(run_dir)}
 
 
-def _checkpoint(trainer: Trainer, sinks: SinkSet, run_dir: Path, step: int, run_id: str) -> float:
+def nonfinite_stop_message(count: int, step: int, run_dir: Path, config: TrainConfig) -> str:
+    return (f"{count} updates in a row had a NaN or Inf loss or gradient (each was skipped: the weights never "
+            f"saw them); stopped at step {step}. Continue from the last checkpoint with a lower learning rate: "
+            f"{resume_command(run_dir)} --learning-rate {config.learning_rate / 10:g}")
+
+
+def _checkpoint(trainer: Trainer, sinks: SinkSet, run_dir: Path, step: int, run_id: str, run_state: RunState,
+                elapsed_s: float) -> float:
     """Save everything a resume needs; returns the seconds it took."""
     t = time.perf_counter()
-    positions = {name: (run_dir / name).stat().st_size for name in LOG_FILES if (run_dir / name).exists()}
-    state = {"order": trainer.order.state(), "log_positions": positions, "run_id": run_id,
-             "config": dataclasses.asdict(trainer.config), **trainer.world.checkpoint_state()}
+    state = {"order": trainer.order.state(), "log_positions": log_positions(run_dir), "run_id": run_id,
+             "config": scrub_secrets(dataclasses.asdict(trainer.config)), "run_state": run_state.state_dict(elapsed_s),
+             **trainer.world.checkpoint_state()}
     path = save_checkpoint(run_dir / "checkpoints", step, trainer.policy.model, trainer.optimizer, state,
                            trainer.adapter_config(), trainer.config.keep_checkpoints)
     sinks.log_checkpoint(path, step)
