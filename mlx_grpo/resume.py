@@ -1,0 +1,138 @@
+"""Continuing a run directory: `mlx-grpo train --resume RUN_DIR`.
+
+The checkpoint itself (weights, optimiser, RNG, data order, the loop's trackers) is loaded by
+checkpoint.py and run_state.py; this module decides whether and how a run directory can continue:
+
+- `config_for_resume(run_dir, overrides)`: the run's config from run.json with command-line
+  overrides on top (`--num-steps 500` extends a finished run), and the folder relative paths in it
+  were resolved against.
+- `resumable_checkpoint(run_dir, num_steps)`: the latest complete checkpoint (None: start over),
+  after refusing a run that another live process is still writing, a run that already did all its
+  steps, and a checkpoint beyond `num_steps`; removes half-written checkpoint directories.
+- `log_positions(run_dir)` / `truncate_logs(run_dir, positions)`: the byte length of every JSONL
+  log at a checkpoint, and cutting the logs back to it on resume. A log the checkpoint does not
+  know (it appeared later) is emptied. The cut removes every record written after the checkpoint,
+  so no step appears twice, and with them a torn last line.
+- `last_record(run_dir)`: the last metrics.jsonl record (after the cut).
+- `resume_command(run_dir)`: the exact command to continue a run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shlex
+import shutil
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from .checkpoint import STEP_DIR, latest_checkpoint
+from .config import TrainConfig, load_config, top_level_fields
+from .errors import UserError
+
+
+def resume_command(run_dir: Path) -> str:
+    return f"mlx-grpo train --resume {shlex.quote(str(run_dir))}"
+
+
+def read_run_info(run_dir: Path) -> dict[str, Any]:
+    try:
+        info = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        raise UserError(f"{run_dir}: not a run directory (no readable run.json)") from None
+    if not isinstance(info, dict) or not isinstance(info.get("config"), dict):
+        raise UserError(f"{run_dir}/run.json: no 'config' mapping; is this a run directory?")
+    return info
+
+
+def _flatten(config: dict) -> dict[str, Any]:
+    """Config sections (`adaptive_window: {...}`) as `section.key` entries, so an override of one
+    key of a section keeps the section's other saved keys."""
+    sections = {f.name for f in dataclasses.fields(TrainConfig)} - set(top_level_fields())
+    out: dict[str, Any] = {}
+    for key, value in config.items():
+        if key in sections and isinstance(value, dict):
+            out.update({f"{key}.{k}": v for k, v in value.items()})
+        else:
+            out[key] = value
+    return out
+
+
+def config_for_resume(run_dir: Path, overrides: dict[str, Any]) -> tuple[TrainConfig, Path]:
+    """(config, base_dir) of a run directory: run.json's config, then `overrides`."""
+    info = read_run_info(run_dir)
+    saved = dict(info["config"])
+    # The trainer stores where relative paths (model, dataset, reward files) were resolved from.
+    base_dir = Path(saved.pop("base_dir", None) or Path.cwd())
+    return load_config(None, {**_flatten(saved), **overrides}), base_dir
+
+
+def _still_running(info: dict[str, Any]) -> int | None:
+    """The pid of a live process that is still writing this run, else None.
+
+    A pid alone can be reused after a crash; the process must also have started before the
+    session that wrote run.json did.
+    """
+    pid = info.get("pid")
+    if info.get("status") != "running" or not isinstance(pid, int) or pid == psutil.Process().pid:
+        return None
+    try:
+        created = psutil.Process(pid).create_time()
+    except psutil.Error:
+        return None
+    sessions = [info.get("start_time")] + [r.get("time") for r in info.get("resumes", []) if isinstance(r, dict)]
+    started = max((t for t in sessions if isinstance(t, (int, float))), default=None)
+    return pid if started is not None and created <= started + 1.0 else None
+
+
+def resumable_checkpoint(run_dir: Path, num_steps: int) -> Path | None:
+    info = read_run_info(run_dir)
+    pid = _still_running(info)
+    if pid is not None:
+        raise UserError(f"{run_dir}: this run is still being trained by process {pid}; stop it first")
+    checkpoints = run_dir / "checkpoints"
+    if checkpoints.is_dir():
+        for tmp in checkpoints.glob(".step_*.tmp"):
+            shutil.rmtree(tmp, ignore_errors=True)  # a checkpoint cut short by a crash
+    latest = latest_checkpoint(checkpoints)
+    if latest is None:
+        return None
+    step = int(STEP_DIR.match(latest.name).group(1))
+    if step > num_steps:
+        raise UserError(f"{run_dir}: its last checkpoint is at step {step}, beyond num_steps {num_steps}; "
+                        f"resume with --num-steps {step} or more")
+    if step == num_steps and info.get("status") == "finished":
+        raise UserError(f"{run_dir}: the run already finished its {num_steps} steps; to train further, "
+                        f"{resume_command(run_dir)} --num-steps <more than {num_steps}>")
+    return latest
+
+
+def log_positions(run_dir: Path) -> dict[str, int]:
+    return {path.name: path.stat().st_size for path in sorted(run_dir.glob("*.jsonl"))}
+
+
+def truncate_logs(run_dir: Path, positions: dict[str, int]) -> None:
+    for path in run_dir.glob("*.jsonl"):
+        keep = positions.get(path.name, 0)
+        if path.stat().st_size > keep:
+            with open(path, "r+b") as fh:
+                fh.truncate(keep)
+
+
+def last_record(run_dir: Path) -> dict[str, Any]:
+    """The last whole line of metrics.jsonl as a dict ({} when there is none)."""
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return {}
+    last = b""
+    with open(path, "rb") as fh:
+        for line in fh:
+            if line.endswith(b"\n"):
+                last = line
+    try:
+        record = json.loads(last) if last else {}
+    except ValueError:
+        return {}
+    return record if isinstance(record, dict) else {}

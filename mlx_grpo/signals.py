@@ -1,0 +1,75 @@
+"""Ctrl-C and SIGTERM during training: finish the step, write a checkpoint, close the logs, exit 130.
+
+`StopRequest` is a context manager the run loop holds around its steps. The first SIGINT or
+SIGTERM only records the request (`requested` becomes the signal's name) and says what happens
+next; the loop checks `requested` after each step, writes a checkpoint and stops with status
+"interrupted". A second signal raises KeyboardInterrupt at once, wherever the loop is: the run
+stops without a new checkpoint and the last complete one stays as it was (checkpoints are
+renamed into place whole). After the second signal the previous handlers are back, so a third
+one gets Python's default behaviour.
+
+Handlers are installed only in the main thread (the only place Python delivers signals) and
+restored on exit, so `train()` called from a notebook or another thread behaves as before.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from .checkpoint import STEP_DIR, latest_checkpoint
+from .resume import resume_command
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+EXIT_INTERRUPTED = 130  # the shell's code for a process ended by Ctrl-C
+
+
+class StopRequest:
+    def __init__(self) -> None:
+        self.requested: str | None = None
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> "StopRequest":
+        if threading.current_thread() is threading.main_thread():
+            for sig in SIGNALS:
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._restore()
+
+    def _restore(self) -> None:
+        for sig, handler in self._previous.items():
+            # None: the handler was set outside Python; the default is the closest we can restore.
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+        self._previous.clear()
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.requested is None:
+            self.requested = signal.Signals(signum).name
+            print(f"mlx-grpo: {self.requested}: finishing this step and writing a checkpoint "
+                  "(press Ctrl-C again to stop at once)", file=sys.stderr, flush=True)
+            return
+        self._restore()
+        raise KeyboardInterrupt
+
+
+def stopped_message(run_dir: Path, step: int, checkpoint_saved: bool) -> str:
+    """Where an interrupted run stopped, what is saved, and the exact command to continue."""
+    if checkpoint_saved:
+        return f"interrupted after step {step}, checkpoint saved; continue with: {resume_command(run_dir)}"
+    latest = latest_checkpoint(run_dir / "checkpoints")
+    if latest is None:
+        return (f"stopped during step {step} with no checkpoint yet; "
+                f"{resume_command(run_dir)} starts the run over")
+    saved_step = int(STEP_DIR.match(latest.name).group(1))
+    return (f"stopped during step {step}; the last checkpoint is step {saved_step}; "
+            f"continue from it with: {resume_command(run_dir)}")
+
+
+def report_stop(run_dir: Path, step: int, checkpoint_saved: bool) -> None:
+    # Plain stderr, one line: a console would wrap the command, and it must paste as is.
+    print(f"mlx-grpo: {stopped_message(run_dir, step, checkpoint_saved)}", file=sys.stderr, flush=True)

@@ -1,0 +1,1 @@
+"""Maintenance scripts run by developers (not part of the `mlx-grpo` command)."""
