@@ -4,8 +4,9 @@ Layout of `<run dir>/checkpoints/step_<N>/`:
 - `adapters.safetensors` + `adapter_config.json` (LoRA/DoRA; loadable by mlx-lm's `--adapter-path`)
   or `model.safetensors` (full fine-tuning: every weight)
 - `optimizer.safetensors`: the optimiser state (AdamW moments and its step counter)
-- `state.json`: step, data order position, RNG state, trainer state and the byte length of each
-  run-directory log at the moment of the checkpoint (resume cuts the logs back to it)
+- `state.json`: step, data order position, MLX's global random key, the run id, the config (no
+  secrets), the run loop's trackers (`run_state`, see run_state.py) and the byte length of each
+  run-directory JSONL log at the moment of the checkpoint (resume cuts the logs back to it)
 
 A checkpoint is written into a temporary directory and renamed into place, so a
 crash mid-write never leaves a half checkpoint that looks complete.
@@ -89,6 +90,13 @@ def latest_checkpoint(checkpoints_dir: Path) -> Path | None:
     return found[-1] if found else None
 
 
+def restore_rng(key: list[int]) -> None:
+    """Put MLX's global random key back. `mx.random.state` cannot be assigned to, but `seed(s)` sets the
+    key to (s >> 32, s & 0xFFFFFFFF), so seeding with the saved pair restores it exactly."""
+    high, low = (int(k) for k in key)
+    mx.random.seed((high << 32) | low)
+
+
 def load_checkpoint(path: Path, model: nn.Module, optimizer: optim.Optimizer) -> dict[str, Any]:
     """Restore weights, optimiser state and the global RNG; return the saved trainer state."""
     try:
@@ -97,8 +105,10 @@ def load_checkpoint(path: Path, model: nn.Module, optimizer: optim.Optimizer) ->
                                else "model.safetensors")
         model.load_weights(list(mx.load(str(weights_file)).items()), strict=False)
         optimizer.state = tree_unflatten(list(mx.load(str(path / "optimizer.safetensors")).items()))
-    except (OSError, ValueError, json.JSONDecodeError) as err:
-        raise UserError(f"{path}: checkpoint cannot be read: {str(err).splitlines()[0]}") from None
-    mx.random.state[0] = mx.array(state["rng"], dtype=mx.uint32)
+    except (OSError, ValueError, RuntimeError) as err:  # RuntimeError: mlx reading a damaged file
+        detail = (str(err).splitlines() or [""])[0]
+        raise UserError(f"{path}: checkpoint cannot be read ({type(err).__name__}: {detail}); move it aside to "
+                        "resume from the one before") from err
+    restore_rng(state["rng"])
     mx.eval(model.parameters(), optimizer.state)
     return state

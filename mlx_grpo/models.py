@@ -7,7 +7,6 @@ goes through `mlx_lm.load`, the shipped default model included.
 from __future__ import annotations
 
 import copy
-import json
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,8 +49,11 @@ def load_policy(config: TrainConfig, base_dir: Path) -> tuple[nn.Module, Any]:
     path = resolve_model_path(config.model_id, base_dir)
     try:
         model, tokenizer = load(path)
-    except (FileNotFoundError, ValueError, json.JSONDecodeError) as err:
-        raise UserError(f"model '{config.model_id}': could not be loaded: {str(err).splitlines()[0]}") from None
+    except Exception as err:  # noqa: BLE001 - whatever a user's directory makes mlx-lm raise: config keys
+        # missing (TypeError), unknown architecture (ValueError), unreadable weights (RuntimeError)...
+        # one line here; --debug shows the cause's traceback.
+        detail = (str(err).splitlines() or [""])[0]
+        raise UserError(f"model '{config.model_id}': could not be loaded: {type(err).__name__}: {detail}") from err
     dtype = DTYPES[config.dtype]
     if not _is_quantized(model):
         model.set_dtype(dtype)

@@ -7,7 +7,9 @@ epoch record, and at the end writes `summary` to the run directory, merges
 `summary.final_metrics()` into the final metrics and sends `summary.to_rows()` /
 `summary.to_markdown()` to a W&B table / TensorBoard text.
 Scoring happens once per batch; every metric here is computed from those scores, so the judge
-is never asked twice for the same completion.
+is never asked twice for the same completion. `state_dict()` / `load_state_dict()` carry the
+accumulated statistics through a checkpoint (plain JSON), so a resumed run's epoch and final
+numbers cover the whole run.
 """
 
 from __future__ import annotations
@@ -101,6 +103,20 @@ class RubricReward:
         tokens, self._epoch_tokens = self._epoch_tokens, 0
         return {"epoch/api_tokens": tokens}
 
+    def state_dict(self) -> dict:
+        """What a checkpoint keeps. The trainer drains scores and alerts every step (step_metrics,
+        take_alerts) before it checkpoints, so nothing pending needs saving."""
+        if self._pending or self._errors or self._failures:
+            raise RuntimeError("rubric reward state saved with undrained scores or alerts")
+        return {"reported_failures": sorted(self._reported_failures), "epoch_tokens": self._epoch_tokens,
+                "logged_once": self._logged_once, "summary": self.summary.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._reported_failures = set(state["reported_failures"])
+        self._epoch_tokens = int(state["epoch_tokens"])
+        self._logged_once = bool(state["logged_once"])
+        self.summary.load_state_dict(state["summary"])
+
 
 def rubric_metrics(rubric: Rubric, batches: list[RubricScores], include_criteria: bool) -> dict[str, float | None]:
     """rewards/rubric/{mean,min,max}, and optionally per-criterion means and scoring weights.
@@ -161,6 +177,16 @@ class _Running:
         self.min = min(self.min, float(values.min()))
         self.max = max(self.max, float(values.max()))
 
+    def state_dict(self) -> dict:
+        # min/max are infinite until a value arrives; JSON has no infinity.
+        return {"count": self.count, "mean": self.mean, "m2": self.m2,
+                "min": self.min if self.count else None, "max": self.max if self.count else None}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.count, self.mean, self.m2 = int(state["count"]), float(state["mean"]), float(state["m2"])
+        self.min = math.inf if state["min"] is None else float(state["min"])
+        self.max = -math.inf if state["max"] is None else float(state["max"])
+
     def row(self, label: str) -> dict:
         if self.count == 0:
             return {"criterion": label, "mean": None, "std": None, "min": None, "max": None, "samples": 0}
@@ -184,6 +210,21 @@ class RubricSummary:
         self._total.add(np.array([np.nan if t is None else t for t in scores.total], dtype=float))
         self.api_tokens += scores.api_tokens
         self.failed_requests += len(scores.errors)
+
+    def state_dict(self) -> dict:
+        return {"criteria": {name: stats.state_dict() for name, stats in self._criteria.items()},
+                "total": self._total.state_dict(), "api_tokens": self.api_tokens,
+                "failed_requests": self.failed_requests}
+
+    def load_state_dict(self, state: dict) -> None:
+        if set(state["criteria"]) != set(self._criteria):
+            raise ValueError(f"rubric criteria {sorted(state['criteria'])} in the saved state, "
+                             f"{sorted(self._criteria)} now")
+        for name, stats in state["criteria"].items():
+            self._criteria[name].load_state_dict(stats)
+        self._total.load_state_dict(state["total"])
+        self.api_tokens = int(state["api_tokens"])
+        self.failed_requests = int(state["failed_requests"])
 
     def to_rows(self) -> list[dict]:
         """Rows with SUMMARY_COLUMNS; criteria are named `<rubric>/<criterion>`; std is the population std."""

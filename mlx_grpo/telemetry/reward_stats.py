@@ -29,6 +29,9 @@ Public API:
 - `ThroughputTracker(name)`: `update(tokens, seconds)` returns `{name: tokens/seconds,
   name_avg: sum tokens / sum seconds, name_p99: 99th percentile of the per-step values so far}`;
   O(log n) per step (a sorted list), so a long run does not slow logging down.
+- `RunningStats`, `RewardTracker` and `ThroughputTracker` have `state_dict()` (plain JSON: lists,
+  numbers, None) and `load_state_dict(state)`, so a checkpoint carries them and a resumed run's
+  records continue exactly where the interrupted run's stopped.
 """
 
 from __future__ import annotations
@@ -145,6 +148,16 @@ class RunningStats:
     def variance(self) -> float:
         return self._m2 / self.count if self.count else math.nan
 
+    def state_dict(self) -> dict:
+        # min/max are infinite until a value arrives; JSON has no infinity, so an empty stream stores None.
+        return {"count": self.count, "mean": self.mean, "m2": self._m2,
+                "min": self.min if self.count else None, "max": self.max if self.count else None}
+
+    def load_state_dict(self, state: Mapping) -> None:
+        self.count, self.mean, self._m2 = int(state["count"]), float(state["mean"]), float(state["m2"])
+        self.min = math.inf if state["min"] is None else float(state["min"])
+        self.max = -math.inf if state["max"] is None else float(state["max"])
+
     def summary(self, prefix: str) -> dict[str, float]:
         if not self.count:
             return {f"{prefix}/total_samples": 0.0}
@@ -246,6 +259,35 @@ class RewardTracker:
             out.update(stats.summary(f"final/{name}"))
         return out
 
+    def state_dict(self) -> dict:
+        return {
+            "names": self.names,
+            "recent": {name: list(values) for name, values in self._recent.items()},
+            "cumulative": self._cumulative,
+            "pending": {name: [part.tolist() for part in parts] for name, parts in self._pending.items()},
+            "final": {name: stats.state_dict() for name, stats in self._final.items()},
+            "epoch_index": self._epoch_index,
+            "previous_epoch": self._previous_epoch,
+            "epoch_rewards": self._epoch_rewards.state_dict(),
+            "epoch_losses": self._epoch_losses.state_dict(),
+        }
+
+    def load_state_dict(self, state: Mapping) -> None:
+        if list(state["names"]) != self.names:
+            raise ValueError(f"reward functions {list(state['names'])} in the saved state, {self.names} now")
+        for name, values in state["recent"].items():
+            self._recent[name].clear()
+            self._recent[name].extend(float(v) for v in values)
+        self._cumulative = float(state["cumulative"])
+        self._pending = {name: [np.asarray(part, dtype=np.float64) for part in parts]
+                         for name, parts in state["pending"].items()}
+        for name, stats in state["final"].items():
+            self._final[name].load_state_dict(stats)
+        self._epoch_index = int(state["epoch_index"])
+        self._previous_epoch = {k: float(v) for k, v in state["previous_epoch"].items()}
+        self._epoch_rewards.load_state_dict(state["epoch_rewards"])
+        self._epoch_losses.load_state_dict(state["epoch_losses"])
+
 
 class ThroughputTracker:
     """Per-step rate plus its run average (total/total) and 99th percentile over the steps so far."""
@@ -265,6 +307,13 @@ class ThroughputTracker:
         bisect.insort(self._sorted, rate)
         return {self.name: rate, f"{self.name}_avg": self._tokens / self._seconds,
                 f"{self.name}_p99": self.percentile(99.0)}
+
+    def state_dict(self) -> dict:
+        return {"tokens": self._tokens, "seconds": self._seconds, "rates": self._sorted}
+
+    def load_state_dict(self, state: Mapping) -> None:
+        self._tokens, self._seconds = float(state["tokens"]), float(state["seconds"])
+        self._sorted = sorted(float(r) for r in state["rates"])
 
     def percentile(self, q: float) -> float:
         """numpy's default (linear) percentile of the per-step rates."""

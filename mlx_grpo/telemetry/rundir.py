@@ -3,9 +3,11 @@
 Public API:
 
 - `RunDirWriter(path, fsync=False)`: owns one run directory.
-  - `start(name, config, versions, device, total_steps, run_id=None) -> dict`: creates the directory,
-    writes run.json (`status: running`, plus the writer's `pid` and `hostname` so a reader can tell a
-    crash from a slow step) and returns what it wrote.
+  - `start(name, config, versions, device, total_steps, run_id=None, resume_step=None) -> dict`: creates
+    the directory, writes run.json (`status: running`, plus the writer's `pid` and `hostname` so a
+    reader can tell a crash from a slow step) and returns what it wrote. `resume_step` (the checkpoint
+    step a resumed run continues from, 0 when it starts over) keeps the existing run.json's `run_id`
+    and `start_time` and appends `{"time", "step", "previous_status"}` to its `resumes` list.
   - `write_metrics(step, metrics, time=None)`: one metrics.jsonl line `{"step", "time", ...metrics}`.
   - `write_samples(step, samples, time=None)`: one samples.jsonl line per sample dict.
   - `write_alert(alert)`: one alerts.jsonl line (a dict, or anything with `to_dict()`).
@@ -120,13 +122,15 @@ class RunDirWriter:
 
     def start(self, name: str, config: Mapping[str, Any], versions: Mapping[str, Any] | None = None,
               device: Mapping[str, Any] | None = None, total_steps: int | None = None,
-              run_id: str | None = None) -> dict[str, Any]:
+              run_id: str | None = None, resume_step: int | None = None) -> dict[str, Any]:
         self.path.mkdir(parents=True, exist_ok=True)
+        now = _time.time()
+        previous = self._previous_info() if resume_step is not None else {}
         self.info = {
             "schema_version": SCHEMA_VERSION,
-            "run_id": run_id or uuid.uuid4().hex[:12],
+            "run_id": previous.get("run_id") or run_id or uuid.uuid4().hex[:12],
             "name": name,
-            "start_time": _time.time(),
+            "start_time": previous.get("start_time", now),
             "end_time": None,
             "status": "running",
             "pid": os.getpid(),
@@ -136,8 +140,19 @@ class RunDirWriter:
             "device": dict(device or {}),
             "total_steps": total_steps,
         }
+        if resume_step is not None:
+            self.info["resumes"] = [*previous.get("resumes", []),
+                                    {"time": now, "step": resume_step, "previous_status": previous.get("status")}]
         atomic_write_json(self.path / "run.json", self.info)
         return self.info
+
+    def _previous_info(self) -> dict[str, Any]:
+        """run.json as the interrupted session left it; {} when it is missing or unreadable."""
+        try:
+            info = json.loads((self.path / "run.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return {}
+        return info if isinstance(info, dict) else {}
 
     def _append(self, filename: str, lines: Iterable[str]) -> None:
         f = self._files.get(filename)

@@ -8,13 +8,16 @@ Public API:
   `info` is the run.json content plus `run_dir`; `scalars` maps canonical names to floats; `histograms`
   maps names to arrays; `rewards` is the step's total reward per completion [N] (prompt-major), for the
   W&B landscape.
-- `TensorBoardSink(logdir, flush_secs=2)`: tensorboardX event files in `logdir` (the run's
+- `TensorBoardSink(logdir, flush_secs=2, purge_step=None)`: tensorboardX event files in `logdir` (the run's
   `tensorboard/`): all scalars of a step as one event, histograms, samples as a markdown table
   (`samples/completions`), alerts (`alerts`), the final metrics, a custom-scalars layout grouping
   rewards / policy / performance / system, and the config as hyper-parameters **in the same run**:
   tensorboardX's `add_hparams` writes into a new timestamped sub-directory, so this sink writes the
   hparams plugin's experiment and session-start summaries into its own event file instead, and the
-  session-end status when it closes.
+  session-end status when it closes. `purge_step` (a resumed run's first step) hides the events an
+  interrupted session wrote at or after that step. A write error in tensorboardX's writer thread (a
+  full disk) is kept and raised by the sink's next call, so SinkSet turns TensorBoard off with a
+  warning; left alone, the thread would die and the training thread block on its full queue.
 - `WandbOptions` and `WandbSink(options)`: Weights & Biases (imported only here, at construction; a
   missing `wandb` raises ImportError). `wandb.init` with project / entity / name / tags / notes, the
   run config; the same scalars; `wandb.Histogram`s; the completions table `samples/completions` in
@@ -32,11 +35,13 @@ Public API:
   sink that raises is turned off for the rest of the run: one warning (to `warn`, default stderr)
   and one `sink_failed` alert in alerts.jsonl; training and the run directory carry on. As a context
   manager it closes with `finished`, `interrupted` (KeyboardInterrupt) or `failed`.
-  `start(name, config, versions, device, total_steps, run_id)` writes run.json and starts every sink;
+  `start(name, config, versions, device, total_steps, run_id, resume_step=None)` writes run.json (see
+  RunDirWriter.start for resuming) and starts every sink;
   `write(step, scalars, histograms=None, rewards=None, time=None)`, `write_samples`, `write_alert`,
   `write_final`, `log_checkpoint`, `close(status)` fan out; `active` names the sinks still on.
 - `make_sinks(run_dir, tensorboard=True, tensorboard_dir=None, flush_secs=2, wandb=None, warn=None,
-  fsync=False) -> SinkSet`: the usual set; a sink whose library is not installed is left out with a warning.
+  fsync=False, purge_step=None) -> SinkSet`: the usual set; a sink whose library is not installed is left
+  out with a warning.
 - `wandb_enabled(flag, environ=os.environ) -> bool`: `--wandb` / `--no-wandb` / neither (on when
   WANDB_API_KEY is set).
 - `tensorboard_layout() -> dict`: the custom-scalars layout (tag regexes).
@@ -189,17 +194,58 @@ def tensorboard_layout() -> dict[str, dict[str, list]]:
     }
 
 
+class _GuardedEvents:
+    """Sits between tensorboardX's writer thread and the event file: keeps the first write error and
+    drops later events, instead of letting the error end the thread (its queue would then fill and
+    block the training thread for good)."""
+
+    def __init__(self, inner: Any):
+        self.inner = inner
+        self.error: BaseException | None = None
+
+    def write_event(self, event: Any) -> None:
+        if self.error is None:
+            try:
+                self.inner.write_event(event)
+            except Exception as exc:  # kept for the training thread, which raises it
+                self.error = exc
+
+    def flush(self) -> None:
+        if self.error is None:
+            try:
+                self.inner.flush()
+            except Exception as exc:
+                self.error = exc
+
+
+def _guard_writer_thread(writer: Any) -> _GuardedEvents | None:
+    """Put a _GuardedEvents in front of the writer thread of a tensorboardX SummaryWriter (2.6 layout);
+    None when the layout is different (the thread then stays unguarded)."""
+    worker = getattr(getattr(writer._get_file_writer(), "event_writer", None), "_worker", None)
+    if worker is None or not hasattr(worker, "_record_writer"):
+        return None
+    guard = _GuardedEvents(worker._record_writer)
+    worker._record_writer = guard
+    return guard
+
+
 class TensorBoardSink(Sink):
     name = "tensorboard"
 
-    def __init__(self, logdir: str | Path, flush_secs: int = 2):
+    def __init__(self, logdir: str | Path, flush_secs: int = 2, purge_step: int | None = None):
         from tensorboardX import SummaryWriter
         from tensorboardX.proto.summary_pb2 import Summary
 
         self._summary = Summary
         self.logdir = Path(logdir)
-        self.writer = SummaryWriter(logdir=str(self.logdir), flush_secs=flush_secs)
+        self.writer = SummaryWriter(logdir=str(self.logdir), flush_secs=flush_secs, purge_step=purge_step)
+        self._guard = _guard_writer_thread(self.writer)
         self._last_step = 0
+
+    def _raise_write_error(self) -> None:
+        if self._guard is not None and self._guard.error is not None:
+            error = self._guard.error
+            raise OSError(f"writing {self.logdir} failed: {error}") from error
 
     def start(self, info: Mapping[str, Any]) -> None:
         from tensorboardX.summary import hparams
@@ -213,6 +259,7 @@ class TensorBoardSink(Sink):
         self.writer.add_text("run", "```\n" + json.dumps(json_safe(info), indent=2) + "\n```", 0)
 
     def write(self, step, scalars, histograms, rewards) -> None:
+        self._raise_write_error()
         # One event holding every scalar: ~100 add_scalar calls would cost ~10x more per step.
         values = [self._summary.Value(tag=name, simple_value=float(value))
                   for name, value in scalars.items() if value is not None]
@@ -222,13 +269,16 @@ class TensorBoardSink(Sink):
         self._last_step = max(self._last_step, step)
 
     def write_samples(self, step, samples) -> None:
+        self._raise_write_error()
         self.writer.add_text("samples/completions", samples_markdown(samples), step)
 
     def write_alert(self, alert) -> None:
+        self._raise_write_error()
         text = f"**{alert.get('level', 'info')}** `{alert.get('rule', '')}` {_md_cell(alert.get('message'))}"
         self.writer.add_text("alerts", text, int(alert.get("step") or self._last_step))
 
     def write_final(self, metrics) -> None:
+        self._raise_write_error()
         self.write(self._last_step, {k: v for k, v in metrics.items() if isinstance(v, (int, float))}, {}, None)
         rows = "\n".join(f"| `{k}` | {_fmt(v)} |" for k, v in metrics.items())
         self.writer.add_text("final", "| metric | value |\n|---|---|\n" + rows, self._last_step)
@@ -238,13 +288,15 @@ class TensorBoardSink(Sink):
         from tensorboardX.proto.plugin_hparams_pb2 import HParamsPluginData, SessionEndInfo
         from tensorboardX.proto.summary_pb2 import SummaryMetadata
 
-        code = {"finished": "STATUS_SUCCESS", "interrupted": "STATUS_ABORTED"}.get(status, "STATUS_FAILURE")
+        # The hparams plugin knows success, failure, running and unknown; an interrupted run may yet continue.
+        code = {"finished": "STATUS_SUCCESS", "interrupted": "STATUS_UNKNOWN"}.get(status, "STATUS_FAILURE")
         content = HParamsPluginData(session_end_info=SessionEndInfo(status=Status.Value(code)), version=0)
         metadata = SummaryMetadata(plugin_data=SummaryMetadata.PluginData(plugin_name="hparams",
                                                                           content=content.SerializeToString()))
         session_end = self._summary(value=[self._summary.Value(tag="_hparams_/session_end_info", metadata=metadata)])
         self.writer._get_file_writer().add_summary(session_end)
         self.writer.close()
+        self._raise_write_error()
 
 
 # ----------------------------------------------------------------------------- Weights & Biases
@@ -515,9 +567,11 @@ class SinkSet:
 
     def start(self, name: str, config: Mapping[str, Any], versions: Mapping[str, Any] | None = None,
               device: Mapping[str, Any] | None = None, total_steps: int | None = None,
-              run_id: str | None = None) -> dict[str, Any]:
+              run_id: str | None = None, resume_step: int | None = None) -> dict[str, Any]:
+        # resume_step only when resuming: stand-in writers (ranks > 0 of a distributed run) take the basic call.
+        resume = {} if resume_step is None else {"resume_step": resume_step}
         self.info = self.rundir.start(name=name, config=config, versions=versions, device=device,
-                                      total_steps=total_steps, run_id=run_id)
+                                      total_steps=total_steps, run_id=run_id, **resume)
         # Sinks also learn where the run directory is (W&B keeps its files there by default).
         self._each("start", {**self.info, "run_dir": str(self.rundir.path)})
         return self.info
@@ -564,15 +618,16 @@ class SinkSet:
 
 def make_sinks(run_dir: str | Path, tensorboard: bool = True, tensorboard_dir: str | Path | None = None,
                flush_secs: int = 2, wandb: WandbOptions | None = None, warn: Callable[[str], None] | None = None,
-               fsync: bool = False) -> SinkSet:
+               fsync: bool = False, purge_step: int | None = None) -> SinkSet:
     """The usual SinkSet: the run directory, TensorBoard (in `run_dir/tensorboard` unless `tensorboard_dir`),
     and W&B on a worker thread when `wandb` options are given. A sink whose library is missing is left out
-    with a warning."""
+    with a warning. `purge_step`: a resumed run's first step (TensorBoard hides what came at or after it)."""
     warn = warn or _stderr
     sinks: list[Sink] = []
     if tensorboard:
         try:
-            sinks.append(TensorBoardSink(tensorboard_dir or Path(run_dir) / "tensorboard", flush_secs=flush_secs))
+            sinks.append(TensorBoardSink(tensorboard_dir or Path(run_dir) / "tensorboard", flush_secs=flush_secs,
+                                         purge_step=purge_step))
         except ImportError as exc:
             warn(f"mlx-grpo: warning: TensorBoard logging is off: {exc} (pip install tensorboardX)")
     if wandb is not None:

@@ -1,0 +1,261 @@
+"""A run survives what goes wrong around it: Ctrl-C, a NaN, a failing TensorBoard or W&B, a full disk,
+and never writes a secret down. In-process, on a tiny model, a few steps each."""
+
+import errno
+import json
+import math
+import os
+import signal
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+import mlx.optimizers as optim
+import numpy as np
+import pytest
+from mlx.utils import tree_flatten
+
+import mlx_grpo.trainer as trainer_module
+from mlx_grpo.cli import main
+from mlx_grpo.config import load_config
+from mlx_grpo.telemetry import sinks as sinks_module
+from mlx_grpo.telemetry.sinks import Sink
+from mlx_grpo.trainer import Trainer, update_policy
+from tiny_models import make_model_dir
+
+FAST = {"num_steps": 5, "batch_size": 2, "num_generations": 4, "max_generation_steps": 8, "eval_every": 0,
+        "checkpoint_every": 2, "samples_per_step": 1, "wandb": False, "learning_rate": 0.01}
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    return make_model_dir(tmp_path_factory.mktemp("model") / "llama", "llama")
+
+
+def flags(tmp_path, model, **overrides):
+    values = {**FAST, "model_id": str(model), "monitoring_dir": str(tmp_path / "runs"), "run_name": "r",
+              **overrides}
+    return ["train", *(f"--set={k}={json.dumps(v)}" for k, v in values.items())]
+
+
+def lines(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def weights(checkpoint: Path) -> dict[str, np.ndarray]:
+    return {k: np.array(v) for k, v in mx.load(str(checkpoint / "model.safetensors")).items()}
+
+
+def at_step(monkeypatch, action):
+    """Call action(step) at the start of every training step."""
+    original = Trainer.step
+
+    def step(self, n):
+        action(n)
+        return original(self, n)
+
+    monkeypatch.setattr(Trainer, "step", step)
+
+
+# ----------------------------------------------------------------------------- signals
+
+
+def test_ctrl_c_finishes_the_step_checkpoints_and_exits_130(tmp_path, model, monkeypatch, capsys):
+    at_step(monkeypatch, lambda n: n == 3 and os.kill(os.getpid(), signal.SIGINT))
+    assert main(flags(tmp_path, model)) == 130
+    run_dir = tmp_path / "runs" / "r"
+    err = capsys.readouterr().err
+    assert f"interrupted after step 3, checkpoint saved; continue with: mlx-grpo train --resume {run_dir}" in err
+    assert [r["step"] for r in lines(run_dir / "metrics.jsonl")] == [1, 2, 3]
+    assert (run_dir / "checkpoints" / "step_3" / "state.json").is_file()
+    assert json.loads((run_dir / "run.json").read_text())["status"] == "interrupted"
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handlers are put back
+
+    monkeypatch.undo()
+    assert main(["train", "--resume", str(run_dir)]) == 0
+    assert [r["step"] for r in lines(run_dir / "metrics.jsonl")] == [1, 2, 3, 4, 5]
+
+
+def test_second_ctrl_c_stops_inside_the_step_without_a_new_checkpoint(tmp_path, model, monkeypatch, capsys):
+    def twice(n):
+        if n == 4:
+            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGINT)
+
+    at_step(monkeypatch, twice)
+    assert main(flags(tmp_path, model)) == 130
+    run_dir = tmp_path / "runs" / "r"
+    err = capsys.readouterr().err
+    assert f"stopped during step 4; the last checkpoint is step 2; continue from it with: " \
+           f"mlx-grpo train --resume {run_dir}" in err
+    assert [r["step"] for r in lines(run_dir / "metrics.jsonl")] == [1, 2, 3]
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_2"]
+    assert json.loads((run_dir / "run.json").read_text())["status"] == "interrupted"
+
+
+# ----------------------------------------------------------------------------- non-finite updates
+
+
+def poison(monkeypatch, bad_steps):
+    """Make the loss (and so every gradient) NaN during the given steps."""
+    current = {"step": 0}
+    at_step(monkeypatch, lambda n: current.update(step=n))
+    make_loss_fn = trainer_module.make_loss_fn
+
+    def poisoned_make_loss_fn(config):
+        loss_fn = make_loss_fn(config)
+
+        def wrapped(model, batch, *args):
+            loss, aux = loss_fn(model, batch, *args)
+            return (loss * math.nan if current["step"] in bad_steps else loss), aux
+
+        return wrapped
+
+    monkeypatch.setattr(trainer_module, "make_loss_fn", poisoned_make_loss_fn)
+
+
+def test_a_nan_loss_is_skipped_counted_and_alerted(tmp_path, model, monkeypatch):
+    poison(monkeypatch, {3})
+    assert main(flags(tmp_path, model, checkpoint_every=1, keep_checkpoints=10)) == 0
+    run_dir = tmp_path / "runs" / "r"
+    records = {r["step"]: r for r in lines(run_dir / "metrics.jsonl")}
+    assert records[3]["policy/skipped_updates"] == 1 and records[3]["policy/loss"] is None  # null, never NaN
+    assert all(records[s]["policy/skipped_updates"] == 0 for s in (1, 2, 4, 5))
+    ckpt = run_dir / "checkpoints"
+    before, after = weights(ckpt / "step_2"), weights(ckpt / "step_3")
+    assert all(np.array_equal(before[k], after[k]) for k in before)  # the NaN step left the weights alone
+    assert not all(np.array_equal(after[k], weights(ckpt / "step_4")[k]) for k in after)  # training went on
+    alerts = [a for a in lines(run_dir / "alerts.jsonl") if a["rule"] == "non_finite"]
+    assert [(a["step"], a["level"]) for a in alerts] == [(3, "error")]
+    assert "policy/loss=NaN" in alerts[0]["message"]
+
+
+def test_nan_updates_in_a_row_stop_the_run_with_its_last_good_checkpoint(tmp_path, model, monkeypatch, capsys):
+    poison(monkeypatch, {3, 4, 5})
+    code = main(flags(tmp_path, model, checkpoint_every=1, max_consecutive_nonfinite=2))
+    run_dir = tmp_path / "runs" / "r"
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 3
+    assert len(err) == 1 and "2 updates in a row had a NaN or Inf loss or gradient" in err[0]
+    assert f"stopped at step 4. Continue from the last checkpoint with a lower learning rate: " \
+           f"mlx-grpo train --resume {run_dir} --learning-rate 0.001" in err[0]
+    assert json.loads((run_dir / "run.json").read_text())["status"] == "failed"
+    assert [r["step"] for r in lines(run_dir / "metrics.jsonl")] == [1, 2, 3, 4]
+    latest = max((run_dir / "checkpoints").iterdir(), key=lambda p: int(p.name.split("_")[1]))
+    assert latest.name == "step_3"
+    assert all(np.isfinite(v).all() for v in weights(latest).values())
+
+    monkeypatch.undo()
+    assert main(["train", "--resume", str(run_dir), "--learning-rate", "0.001"]) == 0
+    records = lines(run_dir / "metrics.jsonl")
+    assert [r["step"] for r in records] == [1, 2, 3, 4, 5]
+    assert records[-1]["policy/skipped_updates"] == 0 and records[-1]["policy/lr"] <= 0.001
+
+
+def test_an_infinite_gradient_with_a_finite_loss_never_reaches_the_weights():
+    model = nn.Linear(3, 2)
+    optimizer = optim.AdamW(learning_rate=0.1)
+    before = {k: np.array(v) for k, v in tree_flatten(model.parameters())}
+    config = load_config(None, {"num_iterations": 2})
+
+    def loss_and_grad(model, batch, advantages, old_logp, ref_logp):
+        grads = {k: mx.full(v.shape, math.inf) for k, v in model.parameters().items()}
+        stats = {"entropy": mx.array(0.5)}
+        return (mx.array(1.0), (stats, mx.zeros((1, 1)))), grads
+
+    result = update_policy(model, optimizer, loss_and_grad, None, None, None, config)
+    assert result.skipped == 2 and result.loss == 1.0 and math.isinf(result.grad_norm)
+    assert all(np.array_equal(before[k], np.array(v)) for k, v in tree_flatten(model.parameters()))
+    assert optimizer.state.get("step", mx.array(0)).item() == 0
+
+
+# ----------------------------------------------------------------------------- failing sinks
+
+
+def assert_complete_run_despite(run_dir: Path, sink: str, detail: str):
+    records = lines(run_dir / "metrics.jsonl")  # every line parses
+    assert [r["step"] for r in records] == [1, 2, 3, 4, 5]
+    failed = [a for a in lines(run_dir / "alerts.jsonl") if a["rule"] == "sink_failed"]
+    assert len(failed) == 1 and failed[0]["message"].startswith(f"{sink} logging failed") and detail in failed[0][
+        "message"]
+    assert json.loads((run_dir / "run.json").read_text())["status"] == "finished"
+
+
+def test_full_disk_under_tensorboard_warns_and_training_continues(tmp_path, model, monkeypatch, capsys):
+    from tensorboardX import record_writer
+
+    def no_space(self, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    # From step 2 on, every event write fails, in tensorboardX's own writer thread.
+    at_step(monkeypatch, lambda n: n == 2 and monkeypatch.setattr(record_writer.RecordWriter, "write", no_space))
+    assert main(flags(tmp_path, model)) == 0
+    assert "tensorboard logging failed" in capsys.readouterr().out
+    assert_complete_run_despite(tmp_path / "runs" / "r", "tensorboard", "No space left on device")
+
+
+def test_a_tensorboard_write_error_warns_and_training_continues(tmp_path, model, monkeypatch):
+    def broken(self, *args):
+        raise PermissionError("events file is read-only")
+
+    monkeypatch.setattr(sinks_module.TensorBoardSink, "write_samples", broken)
+    assert main(flags(tmp_path, model)) == 0
+    assert_complete_run_despite(tmp_path / "runs" / "r", "tensorboard", "read-only")
+
+
+class FakeWandb(Sink):
+    """Stands in for W&B: records what it was given; `fail_in` names the call that raises."""
+
+    name = "wandb"
+    fail_in = ""
+    seen: list = []
+
+    def __init__(self, options):
+        self.options = options
+
+    def _call(self, method, *args):
+        FakeWandb.seen.append((method, args))
+        if method == self.fail_in:
+            raise ConnectionError("wandb.init() timed out, check your network")
+
+    def start(self, info):
+        self._call("start", info)
+
+    def write(self, step, scalars, histograms, rewards):
+        self._call("write", step, scalars)
+
+
+@pytest.mark.parametrize("fail_in", ["start", "write"])
+def test_a_wandb_failure_warns_and_training_continues(tmp_path, model, monkeypatch, fail_in):
+    monkeypatch.setattr(FakeWandb, "fail_in", fail_in)
+    monkeypatch.setattr(sinks_module, "WandbSink", FakeWandb)
+    assert main(flags(tmp_path, model, wandb=True, tensorboard=False)) == 0
+    assert_complete_run_despite(tmp_path / "runs" / "r", "wandb", "timed out")
+
+
+# ----------------------------------------------------------------------------- secrets
+
+
+def test_secrets_never_reach_the_run_directory_tensorboard_or_wandb(tmp_path, model, monkeypatch):
+    secrets = {"WANDB_API_KEY": "0123456789abcdef0123456789abcdef01234567",
+               "HF_TOKEN": "hf_AbCdEfGhIjKlMnOpQrStUvWxYz012345",
+               "OPENAI_API_KEY": "sk-proj-AbCdEfGhIjKlMnOpQrStUvWx"}
+    for name, value in secrets.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(FakeWandb, "seen", [])
+    monkeypatch.setattr(sinks_module, "WandbSink", FakeWandb)
+    # Secrets pasted where config values go: a W&B note and tag, and a key-shaped string elsewhere.
+    argv = flags(tmp_path, model, wandb=True, wandb_notes=secrets["WANDB_API_KEY"],
+                 wandb_tags=["baseline", secrets["HF_TOKEN"]], wandb_entity=secrets["OPENAI_API_KEY"])
+    assert main(argv) == 0
+    run_dir = tmp_path / "runs" / "r"
+    files = [p for p in run_dir.rglob("*") if p.is_file()]
+    assert any(p.parent.name == "tensorboard" for p in files)
+    for path in files:
+        data = path.read_bytes()
+        for name, value in secrets.items():
+            assert value.encode() not in data, f"{name} in {path.relative_to(run_dir)}"
+    given_to_wandb = json.dumps(FakeWandb.seen, default=str)
+    assert not any(value in given_to_wandb for value in secrets.values())
+    config = json.loads((run_dir / "run.json").read_text())["config"]
+    assert config["wandb_tags"] == ["baseline"] and "wandb_notes" not in config
