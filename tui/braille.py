@@ -74,16 +74,27 @@ def cell_masks(top: np.ndarray, bottom: np.ndarray, width: int, height: int) -> 
 
 def render_cells(layers: list[Layer], width: int, height: int, y_lo: float, y_hi: float) -> tuple[list[list[str]], list[list[int]]]:
     """Braille characters per cell, and per cell the index in `layers` of the
-    highest-z layer with dots there (-1: empty), which gives the cell its colour."""
+    layer that owns it (-1: empty), which gives the cell its colour.
+
+    A cell shows the dots of its highest-z layers only: a smoothed line stays a
+    clean line where it crosses the dim raw points beneath it.
+    """
     masks = np.zeros((height, width), dtype=np.int64)
     owner = np.full((height, width), -1, dtype=np.int64)
+    owner_z = np.full((height, width), np.iinfo(np.int64).min, dtype=np.int64)
     for index in sorted(range(len(layers)), key=lambda i: layers[i].z):
+        z = layers[index].z
         spans = dot_spans(layers[index].buckets, 2 * width, y_lo, y_hi, 4 * height)
         if spans is None:
             continue
         m = cell_masks(*spans, width, height)
-        masks |= m
-        owner[m != 0] = index
+        hit = m != 0
+        above = hit & (owner_z < z)
+        same = hit & (owner_z == z)
+        masks[above] = m[above]
+        masks[same] |= m[same]
+        owner[hit] = index
+        owner_z[above] = z
     chars = [[_CHARS[m] for m in row] for row in masks.tolist()]
     return chars, owner.tolist()
 

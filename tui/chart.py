@@ -30,6 +30,25 @@ def short_name(metric: str) -> str:
     return "/".join(parts[1:]) if len(parts) > 1 else metric
 
 
+def legend_names(metrics: list[str]) -> list[str]:
+    """Names without the path segments all of them share, front and back.
+
+    [rewards/a/mean, rewards/b/mean] -> [a, b]; [accuracy/train, eval/accuracy]
+    stay whole; a single metric keeps its full name.
+    """
+    if len(metrics) < 2:
+        return list(metrics)
+    parts = [m.split("/") for m in metrics]
+    shortest = min(len(p) for p in parts)
+    front = 0
+    while front < shortest - 1 and len({p[front] for p in parts}) == 1:
+        front += 1
+    back = 0
+    while back < shortest - front - 1 and len({p[-1 - back] for p in parts}) == 1:
+        back += 1
+    return ["/".join(p[front : len(p) - back]) for p in parts]
+
+
 class MetricChart(Widget):
     """Chart of `metrics` for every run on the board."""
 
@@ -78,16 +97,17 @@ class MetricChart(Widget):
         """(legend label, colour, steps, values, smoothed values) of every line to draw."""
         out = []
         several_runs = len(board.runs) > 1
+        names = legend_names(self.metrics)
         for ri, run in enumerate(board.runs):
             for mi, metric in enumerate(self.metrics):
                 points = board.series(ri, metric)
                 if points is None or not len(points[0]):
                     continue
                 if several_runs:
-                    label = run.name if len(self.metrics) == 1 else f"{run.name}:{short_name(metric)}"
+                    label = run.name if len(self.metrics) == 1 else f"{run.name}:{names[mi]}"
                     color = board.color(ri)
                 else:
-                    label = short_name(metric)
+                    label = names[mi]
                     color = RUN_COLORS[mi % len(RUN_COLORS)]
                 out.append((label, color, *points))
         return out

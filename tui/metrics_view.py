@@ -1,92 +1,138 @@
-"""Every metric the runs log, with last value, range and trend; `/` filters it.
+"""Every metric the runs log, with last value per run, range and trend; `/` filters it.
 
-Rows are rebuilt only when the set of metrics or the filter changes; on a new
-step only the rows on screen are updated (the others when scrolled to).
+A line-API widget rather than a DataTable: on every new step only the rows on
+screen are formatted again (a DataTable re-renders each changed cell through
+rich, which cost more than the refresh budget for ~100 metrics).
 """
 
 from __future__ import annotations
 
-from rich.text import Text
-from textual.widgets import DataTable
+from rich.segment import Segment
+from rich.style import Style
+from textual import events
+from textual.binding import Binding
+from textual.geometry import Size
+from textual.reactive import reactive
+from textual.scroll_view import ScrollView
+from textual.strip import Strip
 
 from .board import Board
 from .fmt import fmt_spark, fmt_value
 from .palette import LEVEL_COLORS
 
 SPARK_WIDTH = 16
+VALUE_WIDTH = 10
+_HEADER = Style(bold=True, color="#9aa5b1")
+_CURSOR = Style(bgcolor="#2b3a4a")
+_DIM = Style(color="#9aa5b1")
+_TREND = Style(color="#4ea1ff")
 
 
-class MetricsView(DataTable):
+class MetricsView(ScrollView, can_focus=True):
+    BINDINGS = [Binding("down", "cursor_down", show=False), Binding("up", "cursor_up", show=False)]
+    cursor = reactive(0)
+
     def __init__(self, *, id: str | None = None):
-        super().__init__(id=id, cursor_type="row", zebra_stripes=True)
-        self._layout_key: tuple | None = None
+        super().__init__(id=id)
         self._names: list[str] = []
-        self._fresh: dict[str, tuple] = {}  # metric -> data stamp its row shows
+        self._key: tuple | None = None
+        self._rows: dict[str, tuple[tuple, list[tuple[str, Style]]]] = {}  # name -> (stamp, cells)
+        self._name_width = 20
 
     @property
     def board(self) -> Board:
         return self.app.board  # type: ignore[attr-defined]
 
+    @property
+    def names(self) -> list[str]:
+        """The metrics listed, in order (after the filter)."""
+        return self._names
+
     def update_data(self) -> None:
         board = self.board
-        runs = board.runs
         names = sorted(n for n in board.available_metrics() if board.matches_filter(n))
-        layout_key = (len(runs), tuple(names))
-        if layout_key != self._layout_key:
-            self._layout_key = layout_key
-            cursor = self.cursor_row
-            self.clear(columns=True)
-            self.add_column("metric", key="metric")
-            for i, run in enumerate(runs):
-                self.add_column(Text(run.name, style=board.color(i)), key=f"run{i}")
-            self.add_column("min", key="min")
-            self.add_column("max", key="max")
-            self.add_column("trend", key="trend")
-            for name in names:
-                self.add_row(*self._cells(name), key=name)
+        key = (len(board.runs), tuple(names))
+        if key != self._key:
+            self._key = key
             self._names = names
-            self._fresh = dict.fromkeys(names, self._stamp())
-            if self.row_count:
-                self.move_cursor(row=min(max(cursor, 0), self.row_count - 1))
-            return
-        self._update_visible()
+            self._name_width = max([len(n) + 2 for n in names] + [20])
+            self.virtual_size = Size(self._name_width + (len(board.runs) + 2) * VALUE_WIDTH + SPARK_WIDTH + 4,
+                                     len(names) + 1)
+            self.cursor = min(self.cursor, max(0, len(names) - 1))
+        self.refresh()
 
-    def watch_scroll_y(self, old: float, new: float) -> None:
-        super().watch_scroll_y(old, new)
-        self._update_visible()
+    # ------------------------------------------------------------------ keys and mouse
+    def action_cursor_down(self) -> None:
+        self._move(1)
 
-    def _stamp(self) -> tuple:
-        return (self.board.generation, tuple(sorted(self.board.standing)))
+    def action_cursor_up(self) -> None:
+        self._move(-1)
 
-    def _update_visible(self) -> None:
-        if not self._names:
-            return
-        stamp = self._stamp()
+    def _move(self, delta: int) -> None:
+        if self._names:
+            self.cursor = max(0, min(len(self._names) - 1, self.cursor + delta))
+
+    def watch_cursor(self, old: int, new: int) -> None:
+        # Keep the cursor row on screen (row i is drawn at line i + 1, under the header).
         top = int(self.scroll_y)
-        for name in self._names[top : top + self.size.height]:
-            if self._fresh.get(name) == stamp:
-                continue
-            self._fresh[name] = stamp
-            keys = ["metric", *(f"run{i}" for i in range(len(self.board.runs))), "min", "max", "trend"]
-            for key, cell in zip(keys, self._cells(name)):
-                self.update_cell(name, key, cell)
+        visible = max(1, self.size.height - 1)
+        if new < top:
+            self.scroll_to(y=new, animate=False)
+        elif new >= top + visible:
+            self.scroll_to(y=new - visible + 1, animate=False)
+        self.refresh()
 
-    def _cells(self, name: str) -> list[Text]:
+    def on_click(self, event: events.Click) -> None:
+        row = int(self.scroll_y) + event.y - 1
+        if event.y >= 1 and 0 <= row < len(self._names):
+            self.cursor = row
+
+    # ------------------------------------------------------------------ drawing
+    def render_line(self, y: int) -> Strip:
+        width = self.size.width
+        scroll_x = int(self.scroll_x)
+        if y == 0:
+            cells = [("metric".ljust(self._name_width), _HEADER)]
+            board = self.board
+            for i, run in enumerate(board.runs):
+                cells.append((run.name[: VALUE_WIDTH - 1].rjust(VALUE_WIDTH), Style(bold=True, color=board.color(i))))
+            cells += [("min".rjust(VALUE_WIDTH), _HEADER), ("max".rjust(VALUE_WIDTH), _HEADER),
+                      ("  trend", _HEADER)]
+            return _strip(cells, scroll_x, width)
+        index = int(self.scroll_y) + y - 1
+        if index >= len(self._names):
+            return Strip.blank(width)
+        strip = _strip(self._cells(self._names[index]), scroll_x, width)
+        return strip.apply_style(_CURSOR) if index == self.cursor and self.has_focus else strip
+
+    def _cells(self, name: str) -> list[tuple[str, Style]]:
         board = self.board
+        stamp = (board.generation, board.standing.get(name))
+        cached = self._rows.get(name)
+        if cached is not None and cached[0] == stamp:
+            return cached[1]
         runs = board.runs
         level = board.alert_level([name])
-        cells = [Text(("⚠ " if level else "") + name, style=LEVEL_COLORS[level] if level else "")]
-        lo, hi, trend = None, None, []
+        label = ("⚠ " if level else "") + name
+        cells = [(label.ljust(self._name_width), Style(color=LEVEL_COLORS[level]) if level else Style())]
+        lo = hi = None
+        trend: list[float] = []
         for i, run in enumerate(runs):
-            cells.append(Text(fmt_value(run.table.last_value(name)), justify="right",
-                              style=board.color(i) if len(runs) > 1 else ""))
+            value = run.table.last_value(name)
+            cells.append((fmt_value(value).rjust(VALUE_WIDTH), Style(color=board.color(i)) if len(runs) > 1 else Style()))
             span = run.table.column_range(name)
             if span is not None:
                 lo = span[0] if lo is None else min(lo, span[0])
                 hi = span[1] if hi is None else max(hi, span[1])
                 if not trend:
                     trend = run.table.column(name)[-4 * SPARK_WIDTH :][::4].tolist()
-        cells.append(Text(fmt_value(lo), justify="right"))
-        cells.append(Text(fmt_value(hi), justify="right"))
-        cells.append(Text(fmt_spark(trend, SPARK_WIDTH), style="#4ea1ff"))
+        cells.append((fmt_value(lo).rjust(VALUE_WIDTH), _DIM))
+        cells.append((fmt_value(hi).rjust(VALUE_WIDTH), _DIM))
+        cells.append(("  " + fmt_spark(trend, SPARK_WIDTH), _TREND))
+        self._rows[name] = (stamp, cells)
         return cells
+
+
+def _strip(cells: list[tuple[str, Style]], scroll_x: int, width: int) -> Strip:
+    strip = Strip([Segment(text, style) for text, style in cells])
+    return strip.crop(scroll_x, scroll_x + width).extend_cell_length(width)

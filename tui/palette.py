@@ -21,7 +21,7 @@ def run_color(index: int) -> str:
     return RUN_COLORS[index % len(RUN_COLORS)]
 
 
-def dim(color: str, amount: float = 0.45) -> str:
+def dim(color: str, amount: float = 0.4) -> str:
     """The colour mixed toward black: raw points under a smoothed line."""
     r, g, b = (int(color[i : i + 2], 16) for i in (1, 3, 5))
     return "#{:02x}{:02x}{:02x}".format(*(int(c * amount) for c in (r, g, b)))

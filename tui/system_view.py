@@ -2,19 +2,57 @@
 
 from __future__ import annotations
 
+import numpy as np
+from rich.segment import Segment
+from rich.style import Style
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
-from textual.widgets import Label, Sparkline
+from textual.strip import Strip
+from textual.widget import Widget
+from textual.widgets import Label
 
 from mlx_grpo.telemetry.downsample import bucketize, finite_points
 
 from .chart_view import ChartsView
-from .fmt import fmt_value
+from .fmt import fmt_spark, fmt_value
 from .views import SYSTEM, SYSTEM_SPARKLINES
 
-# Points handed to a Sparkline: it buckets them to its width itself, so keep
-# the list short and the cost flat whatever the run length.
-SPARK_POINTS = 120
+_SPARK_STYLE = Style(color="#ff9f43")
+
+
+class SparkLine(Widget):
+    """One line of block characters: the maximum of each screen column's steps.
+
+    Drawn from min/max buckets (cheap for any run length); Textual's Sparkline
+    widget costs more per redraw than the whole refresh budget allows.
+    """
+
+    def __init__(self, metric: str):
+        super().__init__(classes="spark")
+        self.metric = metric
+        self._points = None
+        self._key: tuple | None = None
+        self._text = ""
+
+    def set_points(self, xs, ys) -> None:
+        self._points = (xs, ys)
+        self.refresh()
+
+    def render_line(self, y: int) -> Strip:
+        width = self.size.width
+        if y != 0 or self._points is None:
+            return Strip.blank(width)
+        xs, ys = self._points
+        key = (len(xs), float(xs[-1]) if len(xs) else None, width)
+        if key != self._key:  # drawn at render time: the width is known only once laid out
+            self._key = key
+            self._text = ""
+            if len(xs) and width > 0:
+                peaks = bucketize(xs, ys, float(xs[0]), float(xs[-1]), width).hi
+                # Fewer points than columns: widen each point so the line spans the row.
+                peaks = peaks[np.arange(width) * len(peaks) // width]
+                self._text = fmt_spark(peaks.tolist(), width)
+        return Strip([Segment(self._text, _SPARK_STYLE)]).extend_cell_length(width)
 
 
 class SparkRow(Horizontal):
@@ -25,7 +63,7 @@ class SparkRow(Horizontal):
 
     def compose(self) -> ComposeResult:
         yield Label(self.label, classes="spark-label")
-        yield Sparkline([], summary_function=max, classes="spark")
+        yield SparkLine(self.metric)
         yield Label("", classes="spark-value")
 
 
@@ -45,13 +83,12 @@ class SystemView(ChartsView):
             show = col is not None and board.matches_filter(row.label, row.metric)
             if row.display != show:
                 row.display = show
-            if not row.display:
+            if not show:
                 continue
             xs, ys = finite_points(run.table.steps, col)
             if not len(xs):
                 continue
-            buckets = bucketize(xs, ys, float(xs[0]), float(xs[-1]), SPARK_POINTS)
-            row.query_one(Sparkline).data = buckets.hi.tolist()
+            row.query_one(SparkLine).set_points(xs, ys)
             limit = ""
             if row.metric == "system/accel_active_gb":
                 cap = run.table.last_value("system/accel_limit_gb")
