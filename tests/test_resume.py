@@ -229,9 +229,10 @@ def staged_crash(run_dir, keep_checkpoints_up_to):
     (run_dir / "run.json").write_text(json.dumps({**info, "status": "running", "pid": 2 ** 22 + 1}))
 
 
-@pytest.mark.parametrize("last_checkpoint", [0, 9])
+@pytest.mark.parametrize("last_checkpoint", [0, 9, NUM_STEPS])
 def test_torn_lines_and_missing_checkpoints_are_repaired_on_resume(setup, reference, tmp_path, last_checkpoint):
-    """0: killed before the first checkpoint, the run starts over; 9: it continues from step 9.
+    """0: killed before the first checkpoint, the run starts over; 9: it continues from step 9; 10: killed
+    after the last checkpoint, while finishing up: the resume only writes the final files.
     Resumed in a new process, like the reference run, so both use the same BLAS and compare exactly."""
     import shutil
 
