@@ -82,6 +82,25 @@ def test_rewritten_in_place_with_same_length_is_noticed(tmp_path):
     assert [r["step"] for r in result.records] == [7, 8]
 
 
+def test_file_cut_back_and_grown_past_the_offset_between_polls_is_reread(tmp_path):
+    # A resumed run cuts metrics.jsonl back to its checkpoint and logs on; a
+    # slow poll can find the file longer than before with other bytes at the offset.
+    path = tmp_path / "m.jsonl"
+    write(path, "".join(json.dumps({"step": i, "v": 1.0}) + "\n" for i in range(1, 21)))
+    tail = JsonlTail(path)
+    assert len(tail.poll().records) == 20
+    with open(path, "r+") as f:
+        lines = f.readlines()
+        f.seek(0)
+        f.truncate()
+        f.writelines(lines[:10])  # back to step 10
+        f.writelines(json.dumps({"step": i, "v": 2.0, "resumed": True}) + "\n" for i in range(11, 40))
+    result = tail.poll()
+    assert result.reset
+    assert [r["step"] for r in result.records] == list(range(1, 40))
+    assert tail.garbage_lines == 0
+
+
 def test_garbage_lines_are_skipped_and_counted(tmp_path):
     path = tmp_path / "m.jsonl"
     with open(path, "wb") as f:

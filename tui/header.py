@@ -53,6 +53,8 @@ class RunHeader(Static):
                 text.append(f"  loading history {100 * run.history_progress:.0f}%", style="#8a8a8a")
             if run.garbage_total:
                 text.append(f"  {run.garbage_total} bad lines skipped", style="#8a8a8a")
+            if run.notes:
+                text.append(f"  {run.notes[-1]}", style="#8a8a8a")
             text.append("\n")
         smoothing = f"EMA {board.smoothing:g}" if board.smoothing else "off"
         text.append(f"refresh {board.refresh_s:g}s · smoothing {smoothing}", style="#8a8a8a")

@@ -5,8 +5,10 @@ poll, in one bulk read. It is built for files it does not control:
 
 - a last line without its newline is kept back until the writer finishes it;
 - a file that shrank (truncated), was replaced (new inode, e.g. an atomic
-  rename) or whose first bytes changed (rewritten in place) is read again from
-  the start, and the caller is told so it can drop what it derived;
+  rename), or whose first bytes or the bytes just before the read offset
+  changed (rewritten in place; cut back by a resumed run and grown again
+  between two polls) is read again from the start, and the caller is told so
+  it can drop what it derived;
 - a file that does not exist yet is simply empty until it appears;
 - lines that are not JSON objects are skipped and counted, never raised.
 
@@ -20,9 +22,10 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-# Bytes from the start of the file remembered to notice an in-place rewrite
-# that left the file at least as long as before (size and inode unchanged).
+# Bytes from the start of the file, and just before the offset, remembered to
+# notice a rewrite that left the file at least as long as before.
 _HEAD_BYTES = 256
+_MARK_BYTES = 64
 
 
 @dataclass
@@ -50,6 +53,7 @@ class JsonlTail:
         self.lines_read = 0
         self._identity: tuple[int, int] | None = None
         self._head = b""
+        self._mark = b""
         self._partial = b""
 
     @property
@@ -85,6 +89,7 @@ class JsonlTail:
                 data = f.read(st.st_size - self.offset)
                 self.offset += len(data)
                 self._remember_head(f)
+                self._mark = data[-_MARK_BYTES:] if len(data) >= _MARK_BYTES else self._read_mark(f)
                 result.records = self._parse(data)
         if final and self._partial:
             tail, self._partial = self._partial, b""
@@ -96,8 +101,14 @@ class JsonlTail:
             return True
         if self._head:
             f.seek(0)
-            return f.read(len(self._head)) != self._head
-        return False
+            if f.read(len(self._head)) != self._head:
+                return True
+        return bool(self._mark) and self._read_mark(f) != self._mark
+
+    def _read_mark(self, f) -> bytes:
+        start = max(0, self.offset - _MARK_BYTES)
+        f.seek(start)
+        return f.read(self.offset - start)
 
     def _remember_head(self, f) -> None:
         if len(self._head) < _HEAD_BYTES:
@@ -108,6 +119,7 @@ class JsonlTail:
         self.offset = 0
         self._identity = None
         self._head = b""
+        self._mark = b""
         self._partial = b""
 
     def _parse(self, data: bytes) -> list[dict]:
