@@ -157,8 +157,11 @@ class Workload:
         self.model = self.policy.model
         self.rows, self.prompts = synthetic_rows(self.policy.tokenizer, config, config.batch_size, prompt_length,
                                                  config.seed)
-        self.trainer.train_rows = self.rows
-        self.trainer.order = PromptOrder(len(self.rows), config.seed)
+        # As many rows as the configured dataset has, so the step pays the real cost of drawing
+        # prompts from it; every row is one of the synthetic prompts, so the shapes stay fixed.
+        size = max(len(self.trainer.train_rows), len(self.rows))
+        self.trainer.train_rows = [self.rows[i % len(self.rows)] for i in range(size)]
+        self.trainer.order = PromptOrder(size, config.seed)
         G = config.num_generations
         self.group_rows = [row for row in self.rows for _ in range(G)]
         self.batch_rollout = self.rollout(step_key(config.seed, 0))
