@@ -8,6 +8,8 @@ accumulates across steps:
 - the alert engine: every rule's cooldowns, windows and baselines (`alert_engine_state`),
 - which reward functions already had their first failure reported (it is reported once per run),
 - reward functions with state of their own (`state_dict` / `load_state_dict`, e.g. the rubric reward),
+- named components of the step with state of their own (same two methods, e.g. the adaptive
+  generation window's controller),
 - the count of non-finite updates in a row, and the training seconds so far (`timing/elapsed_s`
   continues rather than restarting at 0).
 
@@ -26,7 +28,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from .rewards import RewardFunction
@@ -44,6 +46,7 @@ class RunState:
     alert_engine: alerts.AlertEngine
     reward_fns: Sequence[RewardFunction]
     nonfinite_in_a_row: int = 0
+    components: Mapping[str, Any] = field(default_factory=dict)  # name -> object with state_dict/load_state_dict
 
     def state_dict(self, elapsed_s: float) -> dict[str, Any]:
         return {
@@ -53,6 +56,7 @@ class RunState:
             "reward_errors_reported": [fn.name for fn in self.reward_fns if fn.error_reported],
             "reward_functions": {fn.name: fn.fn.state_dict() for fn in self.reward_fns
                                  if hasattr(fn.fn, "state_dict")},
+            "components": {name: component.state_dict() for name, component in self.components.items()},
             "nonfinite_in_a_row": self.nonfinite_in_a_row,
             "elapsed_s": elapsed_s,
         }
@@ -70,6 +74,10 @@ class RunState:
             saved = state["reward_functions"].get(fn.name)
             if saved is not None and hasattr(fn.fn, "load_state_dict"):
                 fn.fn.load_state_dict(saved)
+        saved = state.get("components", {})  # absent in checkpoints older than components
+        for name, component in self.components.items():
+            if name in saved:  # a component turned on only at resume starts fresh
+                component.load_state_dict(saved[name])
         self.nonfinite_in_a_row = int(state["nonfinite_in_a_row"])
         return float(state["elapsed_s"])
 

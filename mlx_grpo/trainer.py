@@ -509,7 +509,8 @@ def train(config: TrainConfig, base_dir: Path, resume_dir: Path | None = None) -
     tracker = RewardTracker([f.name for f in trainer.reward_fns], hist_every=config.histogram_every)
     gen_tp = ThroughputTracker("throughput/gen_tokens_per_s")
     bp_tp = ThroughputTracker("throughput/backprop_tokens_per_s")
-    run_state = RunState(tracker, [gen_tp, bp_tp], engine, trainer.reward_fns)
+    run_state = RunState(tracker, [gen_tp, bp_tp], engine, trainer.reward_fns,
+                         components={"adaptive_window": trainer.window} if trainer.window is not None else {})
     elapsed_before = run_state.load_state_dict(resume_state["run_state"]) if "run_state" in resume_state else 0.0
     sampler = SystemSampler(accel_memory=accel_memory).start()
     run_start = time.perf_counter() - elapsed_before

@@ -273,3 +273,27 @@ def test_a_damaged_checkpoint_is_one_line_naming_it(reference, tmp_path, capsys)
     assert main(["train", "--resume", str(run_dir)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"{latest}: checkpoint cannot be read" in err[0] and "move it aside" in err[0]
+
+
+def test_adaptive_window_state_survives_a_resume(setup, tmp_path):
+    """The controller's window, epsilon and success average decide each rollout's budget after a resume."""
+    import shutil
+
+    from mlx_grpo.config import load_config
+    from mlx_grpo.trainer import train
+
+    root, config_path = setup
+    values = {**yaml.safe_load(config_path.read_text()), "monitoring_dir": str(tmp_path / "runs"),
+              "tensorboard": False, "adaptive_window.enable": True, "adaptive_window.epsilon": 0.5,
+              "adaptive_window.epsilon_decay": 0.7}  # exploration and its decay: state a restart would lose
+    whole = Path(train(load_config(None, {**values, "run_name": "whole"}), root)["run_dir"])
+    run_dir = tmp_path / "runs" / "crashed"
+    shutil.copytree(whole, run_dir)
+    staged_crash(run_dir, 9)
+    main(["train", "--resume", str(run_dir)])
+
+    def window_metrics(path):
+        return [{k: v for k, v in r.items() if k.startswith("adaptive_window/")} for r in lines(path)]
+
+    expected = window_metrics(whole / "metrics.jsonl")
+    assert expected[0] and window_metrics(run_dir / "metrics.jsonl") == expected
