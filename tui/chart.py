@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 from rich.segment import Segment
 from rich.style import Style
+from textual.geometry import Region
 from textual.strip import Strip
 from textual.widget import Widget
 
@@ -22,6 +23,7 @@ from .palette import RUN_COLORS, dim
 
 AXIS_WIDTH = 7
 _AXIS_STYLE = Style(color="#8a8a8a")
+_LEGEND_STYLE = Style(color="#c9d1d9")
 
 
 def short_name(metric: str) -> str:
@@ -76,13 +78,19 @@ class MetricChart(Widget):
         )
         if key == self._key:
             return
+        resized = self._key is None or key[1:3] != self._key[1:3]
         self._key = key
-        self._strips = self._draw(board)
-        self.border_title = ("⚠ " if level else "") + self.chart_title
-        self.border_subtitle = " ".join(
-            f"[{color}]■[/] {label} {fmt_value(last)}" for label, color, last in self.legend
-        )
-        self.refresh()
+        title = ("⚠ " if level else "") + self.chart_title
+        if self.border_title != title:
+            self.border_title = title
+        old, self._strips = self._strips, self._draw(board)
+        if resized or len(old) != len(self._strips):
+            self.refresh()
+            return
+        # On a long run one more step changes few screen columns: repaint only changed lines.
+        for y, (before, after) in enumerate(zip(old, self._strips)):
+            if before != after:
+                self.refresh(Region(0, y, self.size.width, 1))
 
     def on_resize(self) -> None:
         self.update_data()
@@ -143,11 +151,32 @@ class MetricChart(Widget):
             segs = [Segment(labels.get(row, "").rjust(AXIS_WIDTH)[:AXIS_WIDTH] + "┤", _AXIS_STYLE)]
             segs.extend(_runs(chars[row], owners[row], styles))
             strips.append(Strip(segs, width))
-        left, right = f"{x0:,.0f}", f"{x1:,.0f}"
-        gap = max(1, plot_w - len(left) - len(right))
-        axis = " " * (AXIS_WIDTH + 1) + left + " " * gap + right
-        strips.append(Strip([Segment(axis[:width].ljust(width), _AXIS_STYLE)], width))
+        strips.append(self._axis_line(x0, x1, series, width, plot_w))
         return strips
+
+    @staticmethod
+    def _axis_line(x0: float, x1: float, series: list, width: int, plot_w: int) -> Strip:
+        """The step range at both ends and, between them, the legend with each line's last value."""
+        left, right = f"{x0:,.0f}", f"{x1:,.0f}"
+        room = plot_w - len(left) - len(right) - 2
+        legend: list[Segment] = []
+        used = 0
+        for label, color, _, ys, _ in series:
+            entry = f"{label} {fmt_value(float(ys[-1]))}"
+            need = len(entry) + 2 + (2 if legend else 0)
+            if used + need > room:
+                if room - used >= 1:
+                    legend.append(Segment("…", _AXIS_STYLE))
+                    used += 1
+                break
+            if legend:
+                legend.append(Segment("  "))
+            legend += [Segment("■ ", _style(color)), Segment(entry, _LEGEND_STYLE)]
+            used += need
+        pad = max(0, room - used)
+        segs = [Segment(" " * (AXIS_WIDTH + 1) + left + " " * (1 + pad // 2), _AXIS_STYLE), *legend,
+                Segment(" " * (1 + pad - pad // 2) + right, _AXIS_STYLE)]
+        return Strip(segs).crop(0, width).extend_cell_length(width)
 
 
 _STYLES: dict[str, Style] = {}
