@@ -431,30 +431,40 @@ def measure_memory(options: BenchOptions) -> dict:
 
 # ----------------------------------------------------------------------------- the report
 
-def _ratio_samples(measured: dict, numerator: str, denominator: str) -> list[float] | None:
-    """Per-repetition tokens/s ratio numerator/denominator."""
+def _ratio(samples: list[float], best: float) -> dict:
+    """A ratio's per-repetition summary, plus `best`: the same ratio between the fastest run of
+    each path, the least disturbed estimate when other work shares the machine."""
+    return {**summarise(samples), "best": best}
+
+
+def _speed_ratio(measured: dict, numerator: str, denominator: str) -> dict | None:
+    """Tokens/s of `numerator` over tokens/s of `denominator`."""
     if numerator not in measured or denominator not in measured:
         return None
     a, b = measured[numerator], measured[denominator]
-    return [(a["tokens"] / sa) / (b["tokens"] / sb) for sa, sb in zip(a["seconds"], b["seconds"])]
+    samples = [(a["tokens"] / sa) / (b["tokens"] / sb) for sa, sb in zip(a["seconds"], b["seconds"])]
+    return _ratio(samples, (a["tokens"] / min(a["seconds"])) / (b["tokens"] / min(b["seconds"])))
 
 
-def _overhead_samples(measured: dict) -> list[float] | None:
-    """Per-repetition whole-step time over the sum of its separately timed phases."""
+def _step_overhead(measured: dict) -> dict | None:
+    """Whole-step time over the sum of its separately timed phases."""
     parts = ["rollout", "reward", "update"] + (["reference"] if "reference" in measured else [])
     if "step" not in measured or any(p not in measured for p in parts):
         return None
-    return [step / sum(measured[p]["seconds"][i] for p in parts)
-            for i, step in enumerate(measured["step"]["seconds"])]
+    samples = [step / sum(measured[p]["seconds"][i] for p in parts)
+               for i, step in enumerate(measured["step"]["seconds"])]
+    best = min(measured["step"]["seconds"]) / sum(min(measured[p]["seconds"]) for p in parts)
+    return _ratio(samples, best)
 
 
-def _own_phase_samples(measured: dict) -> list[float] | None:
-    """Per-repetition whole-step wall time over the sum of the trainer's own phase timers in that
-    same step: untimed work inside the step, immune to load that varies between separate runs."""
+def _step_vs_own_phases(measured: dict) -> dict | None:
+    """Whole-step wall time over the sum of the trainer's own phase timers in that same step:
+    untimed work inside the step, immune to load that varies between separate runs."""
     step = measured.get("step")
     if not step or not step.get("phases"):
         return None
-    return [wall / sum(phases.values()) for wall, phases in zip(step["seconds"], step["phases"])]
+    samples = [wall / sum(phases.values()) for wall, phases in zip(step["seconds"], step["phases"])]
+    return _ratio(samples, samples[step["seconds"].index(min(step["seconds"]))])
 
 
 # name, short label, what it compares, comparison, target
@@ -486,14 +496,14 @@ def build_report(settings: dict, measured: dict, memory: dict | None, bandwidth:
         if m.get("phases"):
             names = [p for p in STEP_PHASES if all(p in ph for ph in m["phases"])]
             paths[name]["phases"] = {p: statistics.median(ph[p] for ph in m["phases"]) for p in names}
-    ratio_samples = {
-        "rollout_vs_ceiling": _ratio_samples(measured, "rollout", "rollout_ceiling"),
-        "rollout_vs_sequential": _ratio_samples(measured, "rollout", "rollout_sequential"),
-        "update_vs_ceiling": _ratio_samples(measured, "update", "update_ceiling"),
-        "step_overhead": _overhead_samples(measured),
-        "step_vs_own_phases": _own_phase_samples(measured),
+    computed = {
+        "rollout_vs_ceiling": _speed_ratio(measured, "rollout", "rollout_ceiling"),
+        "rollout_vs_sequential": _speed_ratio(measured, "rollout", "rollout_sequential"),
+        "update_vs_ceiling": _speed_ratio(measured, "update", "update_ceiling"),
+        "step_overhead": _step_overhead(measured),
+        "step_vs_own_phases": _step_vs_own_phases(measured),
     }
-    ratios = {name: summarise(values) for name, values in ratio_samples.items() if values}
+    ratios = {name: value for name, value in computed.items() if value is not None}
     goals = []
     for name, label, meaning, comparison, target in GOALS:
         if name == "memory_beta_ratio":

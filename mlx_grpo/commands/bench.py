@@ -109,12 +109,13 @@ def print_report(report: dict, console=None) -> None:
 
     if report["goals"]:
         goals = Table(title="goals", title_justify="left", box=box.SIMPLE_HEAD)
-        for header in ("ratio", "median", "min - max", "target", ""):
+        for header in ("ratio", "median", "min - max", "best", "target", ""):
             goals.add_column(header, justify="left" if header in ("ratio", "") else "right")
         for g in report["goals"]:
             r = report["ratios"].get(g["name"])
             spread = f"{r['min']:.2f} - {r['max']:.2f}" if r else ""
-            goals.add_row(g["label"], f"{g['measured']:.2f}", spread, f"{g['comparison']} {g['target']:g}",
+            best = f"{r['best']:.2f}" if r else ""
+            goals.add_row(g["label"], f"{g['measured']:.2f}", spread, best, f"{g['comparison']} {g['target']:g}",
                           "[green]met[/green]" if g["met"] else "[red]not met[/red]")
         console.print(goals)
     own = report["ratios"].get("step_vs_own_phases")
