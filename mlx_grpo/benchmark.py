@@ -16,9 +16,10 @@ Paths (names used in the JSON report, docs/bench_schema.json):
   rollout_sequential  the same decode, one sequence at a time (timed on a sample of sequences)
   reward              decode to text, every configured reward function, group advantages
   reference           reference-policy log-probs for the KL term (only when beta > 0)
-  update              the trainer's update: GRPO loss, value_and_grad, clipping, AdamW step
+  update              the trainer's update_policy: GRPO loss, value_and_grad, clipping, AdamW step
   update_ceiling      a bare value_and_grad + AdamW loop: masked cross-entropy on the same tokens
-  step                one whole trainer step: rollout, rewards, advantages, reference, update
+  step                Trainer.step, as `mlx-grpo train` runs it: prompts, rollout, rewards,
+                      advantages, reference, update, metric record
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ from .errors import UserError
 from .machine import describe
 from .models import count_parameters
 from .rewards import score_completions
-from .rollout import Rollout, SamplingSettings, decode_completion, generate
+from .rollout import Rollout, decode_completion, generate
 from .trainer import Trainer, build_train_batch, completion_logprobs, step_key, update_policy
 
 SCHEMA_VERSION = 1
