@@ -8,13 +8,15 @@ the dashboard headless (Textual's run_test) and measures:
 - open: from creating the app to the first full screen (header at the last step,
   every overview tile and chart drawn);
 - history: until the older steps, parsed in the background, are all in the charts;
-- refresh: one timer tick after the trainer appended a step (read + update + a
-  full repaint of the screen), per view, while history loads and after.
+- refresh: one timer tick after the trainer appended a step (read the new
+  bytes, update the widgets) plus the screen repaint that follows, per view,
+  while history loads and after.
 
 Targets (issue 5): open <= 1 s, refresh <= 50 ms. Prints a table, then JSON.
-Each figure is given as wall time and as the CPU time of this process: on a
-busy machine (other jobs on the same cores) the wall time mostly measures the
-wait for a core, the CPU time what the dashboard itself costs.
+Each figure is given as wall time and as the CPU time of this process (for a
+refresh: over the tick and the test harness's wait for idle, an upper bound).
+On a busy machine (other jobs on the same cores) the wall time includes the
+wait for a core; the CPU time is what the dashboard itself costs.
 
     python benchmarks/bench_dashboard.py [--steps 100000] [--keep DIR]
 """
@@ -104,10 +106,13 @@ def append_step(run_dir: Path, step: int) -> None:
         f.write(json.dumps(rec) + "\n")
 
 
-def import_seconds() -> float:
-    code = "import time; t = time.perf_counter(); import tui.app; print(time.perf_counter() - t)"
+def import_seconds() -> tuple[float, float]:
+    """(wall, cpu) seconds of `import tui.app` in a fresh interpreter."""
+    code = ("import time; t, c = time.perf_counter(), time.process_time(); import tui.app; "
+            "print(time.perf_counter() - t, time.process_time() - c)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
-    return float(out.stdout.strip())
+    wall, cpu = out.stdout.split()
+    return float(wall), float(cpu)
 
 
 def screen_complete(app, last_step: int) -> bool:
@@ -140,6 +145,23 @@ async def measure(run_dir: Path, steps: int, refreshes: int) -> dict:
 
         step = steps
 
+        # The screen repaints what changed on Textual's update timer; time those
+        # repaints too. pilot.pause() itself waits ~40 ms for the app to go idle,
+        # which is test-harness latency, not dashboard work, so it is not counted.
+        screen = app.screen
+        painted = [0.0]
+        for name in ("_compositor_refresh", "_refresh_layout"):
+            original = getattr(screen, name)
+
+            def timed(*args, _original=original, **kwargs):
+                t = time.perf_counter()
+                try:
+                    return _original(*args, **kwargs)
+                finally:
+                    painted[0] += time.perf_counter() - t
+
+            setattr(screen, name, timed)
+
         async def refresh_ms(view: int, n: int) -> dict:
             nonlocal step
             app.action_show_view(view)
@@ -148,11 +170,13 @@ async def measure(run_dir: Path, steps: int, refreshes: int) -> dict:
             for _ in range(n):
                 step += 1
                 append_step(run_dir, step)
+                painted[0] = 0.0
                 t, c = time.perf_counter(), time.process_time()
                 app.tick()
+                ticked = time.perf_counter() - t
                 await pilot.pause()
-                wall.append((time.perf_counter() - t) * 1e3)
                 cpu.append((time.process_time() - c) * 1e3)
+                wall.append((ticked + painted[0]) * 1e3)
             return {"median": statistics.median(wall), "max": max(wall), "cpu_median": statistics.median(cpu)}
 
         result["refresh_during_history_ms"] = await refresh_ms(1, refreshes)
@@ -190,7 +214,7 @@ def main() -> int:
             args.steps = sum(1 for _ in open(run_dir / "metrics.jsonl", "rb"))
         result = {"steps": args.steps, "metrics_per_step": len(metric_names()),
                   "metrics_jsonl_mb": round(size / 1e6, 1), "generate_s": round(gen, 1),
-                  "import_s": import_seconds()}
+                  **dict(zip(("import_s", "import_cpu_s"), import_seconds()))}
         result.update(asyncio.run(measure(run_dir, args.steps, args.refreshes)))
     finally:
         if tmp is not None:
@@ -202,7 +226,8 @@ def main() -> int:
     print(f"load average {load:.1f} on {os.cpu_count()} cores")
     during = result["refresh_during_history_ms"]
     rows = [
-        ("import tui.app (fresh interpreter)", f"{result['import_s'] * 1e3:.0f} ms", "", ""),
+        ("import tui.app (fresh interpreter)", f"{result['import_s'] * 1e3:.0f} ms",
+         f"{result['import_cpu_s'] * 1e3:.0f} ms", "paid once, before the app starts"),
         ("open -> first full screen", f"{result['open_s'] * 1e3:.0f} ms", f"{result['open_cpu_s'] * 1e3:.0f} ms",
          f"target <= 1000 ms; {result['rows_at_first_screen']:,} newest steps shown"),
         ("open -> all history charted", f"{result['history_s']:.1f} s", "",

@@ -19,6 +19,7 @@ class MetricTile(Static):
         self.label = label
         self.metric = metric
         self._key: tuple | None = None
+        self._shown: str | None = None
 
     @property
     def board(self) -> Board:
@@ -37,7 +38,9 @@ class MetricTile(Static):
         if key == self._key:
             return
         self._key = key
-        self.border_title = ("⚠ " if level else "") + self.label
+        title = ("⚠ " if level else "") + self.label
+        if self.border_title != title:
+            self.border_title = title
         text = Text(no_wrap=True, overflow="ellipsis")
         several = len(board.runs) > 1
         for i, run in enumerate(board.runs):
@@ -53,4 +56,6 @@ class MetricTile(Static):
                 arrow = "▲" if delta > 0 else "▼" if delta < 0 else "="
                 text.append(f" {arrow}", style="#8a8a8a")
             text.append(" " + fmt_spark(values, SPARK_WIDTH), style=board.color(i) if several else "#4ea1ff")
-        self.update(text, layout=False)
+        if text.plain != self._shown:  # colours follow the run and the text: same text, same look
+            self._shown = text.plain
+            self.update(text, layout=False)
