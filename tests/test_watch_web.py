@@ -67,14 +67,18 @@ def served_run(tmp_path):
     try:
         yield url, writer.name
     finally:
-        # The server and the dashboard processes it started share one session.
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
+        stop_session(server)  # with the dashboard processes the server started
         log.close()
+
+
+def stop_session(proc: subprocess.Popen) -> None:
+    """End a process started with start_new_session=True and everything it started."""
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
 def terminal_text(data: bytes) -> str:
@@ -171,9 +175,4 @@ async def test_headless_chromium_loads_the_dashboard(served_run, tmp_path):
         assert name in shown and "step 12/40" in shown
         assert (tmp_path / "dashboard.png").stat().st_size > 10_000
     finally:
-        os.killpg(browser.pid, signal.SIGTERM)
-        try:
-            browser.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.killpg(browser.pid, signal.SIGKILL)
-            browser.wait()
+        stop_session(browser)
