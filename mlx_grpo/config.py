@@ -282,6 +282,12 @@ def _coerce(value: Any, tp: Any, key: str, source: str) -> Any:
     if tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
+        if isinstance(value, str):
+            # YAML 1.1 reads "1e-5" (no dot) as a string; people write learning rates that way.
+            try:
+                return float(value)
+            except ValueError:
+                pass
         raise _type_error(value, tp, key, source)
     if tp is str:
         if isinstance(value, str):

@@ -73,3 +73,9 @@ def test_cli_reports_a_bad_config_in_one_line(tmp_path, capsys):
 def test_cli_flag_overrides_are_type_checked(capsys):
     assert main(["train", "--num-steps", "lots"]) == 2
     assert "command line: key 'num_steps' is 'lots'; expected an integer" in capsys.readouterr().err
+
+
+def test_exponent_without_a_dot_is_a_number(tmp_path):
+    path = tmp_path / "lr.yaml"
+    path.write_text("learning_rate: 1e-5\n")
+    assert load_config(path, {"beta": "4e-2"}).learning_rate == 1e-5
