@@ -92,7 +92,7 @@ def test_state_round_trips_through_json_and_resumes_the_same_decisions():
     for step in range(1, 4):
         first.update(first.plan(step), [5, 7, 9], [True, step % 2 == 0, True])
     resumed = controller(seed=3, **settings)
-    resumed.load_state(json.loads(json.dumps(first.state())))
+    resumed.load_state_dict(json.loads(json.dumps(first.state_dict())))
     for step in range(4, 8):
         plan_a, plan_b = first.plan(step), resumed.plan(step)
         assert plan_a == plan_b

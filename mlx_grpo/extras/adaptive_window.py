@@ -103,8 +103,8 @@ class WindowController:
             })
         return out
 
-    def state(self) -> dict:
+    def state_dict(self) -> dict:
         return asdict(self._state)
 
-    def load_state(self, state: dict) -> None:
+    def load_state_dict(self, state: dict) -> None:
         self._state = ControllerState(**state)

@@ -1,0 +1,102 @@
+"""A few steps of the default task with the training extras on: their metrics reach metrics.jsonl and
+TensorBoard, the window follows the previous step's successes, S-GRPO trains on its exits, dumps appear."""
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from tbparse import SummaryReader
+
+from mlx_grpo.config import load_config
+from mlx_grpo.extras.entropy_dump import list_dumps, read_dump
+from mlx_grpo.telemetry.catalogue import find_entry
+from mlx_grpo.trainer import train
+
+STEPS, BATCH, GROUP, EXITS = 4, 4, 4, 3
+
+
+def run(tmp_path: Path, name: str, **overrides) -> Path:
+    config = load_config(None, {"num_steps": STEPS, "batch_size": BATCH, "num_generations": GROUP,
+                                "train_size": 200, "eval_size": 40, "eval_every": STEPS, "checkpoint_every": 0,
+                                "monitoring_dir": str(tmp_path), "run_name": name, **overrides})
+    result = train(config, tmp_path)
+    assert result["status"] == "finished"
+    return Path(result["run_dir"])
+
+
+def records(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def extras_run(tmp_path_factory) -> Path:
+    return run(tmp_path_factory.mktemp("runs"), "extras", **{
+        "adaptive_window.enable": True, "adaptive_window.epsilon": 0.25,
+        "sgrpo.enable": True, "sgrpo.num_exits": EXITS, "entropy_logging.enable": True})
+
+
+def test_every_feature_metric_is_in_metrics_jsonl_and_tensorboard(extras_run):
+    recs = records(extras_run)
+    assert [r["step"] for r in recs] == list(range(1, STEPS + 1))
+    expected = {"adaptive_window/current_window", "adaptive_window/num_success_samples",
+                "adaptive_window/success_rate", "adaptive_window/success_rate_ema",
+                "adaptive_window/exploration_rate", "adaptive_window/epsilon",
+                "adaptive_window/cumulative_success_rate", "adaptive_window/explored_step",
+                "sgrpo/overall_accuracy", *(f"sgrpo/exit_{k}/accuracy" for k in range(1, EXITS + 1))}
+    for rec in recs:
+        assert expected <= rec.keys()
+        assert any(name.startswith("difficulty/") and name.endswith("/accuracy") for name in rec)
+    seen = set().union(*recs)
+    # lengths of successful completions and the mean correct exit need something to be right: the
+    # shipped model answers some sums correctly from the start
+    assert {"adaptive_window/mean_success_length", "adaptive_window/median_success_length",
+            "adaptive_window/std_success_length", "adaptive_window/p95_success_length",
+            "sgrpo/avg_correct_exit_position"} <= seen
+    assert any(name.startswith("eval/difficulty/") for name in recs[-1])
+    extras = {n for n in seen if n.split("/")[0] in ("adaptive_window", "sgrpo", "difficulty", "eval")}
+    assert all(find_entry(n) is not None for n in extras), sorted(n for n in extras if find_entry(n) is None)
+
+    scalars = SummaryReader(str(extras_run / "tensorboard")).scalars
+    for name in extras:
+        # the end-of-run summary repeats eval/* at the last step: same value, so drop repeats
+        logged = scalars[scalars.tag == name].drop_duplicates(["step", "value"]).sort_values("step")
+        from_jsonl = [(r["step"], r[name]) for r in recs if name in r]
+        assert list(logged.step) == [step for step, _ in from_jsonl], name
+        assert list(logged.value) == pytest.approx([value for _, value in from_jsonl], rel=1e-5), name
+
+
+def test_window_follows_the_previous_steps_successes_and_bounds_the_rollout(extras_run):
+    recs = records(extras_run)
+    assert recs[0]["adaptive_window/current_window"] == 24  # nothing learned yet: the configured maximum
+    for before, rec in zip(recs, recs[1:]):
+        window = rec["adaptive_window/current_window"]
+        assert rec["completions/length_max"] <= window
+        if rec["adaptive_window/explored_step"]:
+            assert window == 24
+        elif before["adaptive_window/num_success_samples"]:
+            # default percentile 95 and margin 4, clamped to [min_window 8, 24]
+            assert window == min(24, max(8, math.ceil(before["adaptive_window/p95_success_length"]) + 4))
+    assert any(r["adaptive_window/current_window"] < 24 for r in recs)
+
+
+def test_sgrpo_trains_on_the_exits_and_entropy_dumps_cover_them(extras_run):
+    recs = records(extras_run)
+    for rec in recs:
+        exits = [rec[f"sgrpo/exit_{k}/accuracy"] for k in range(1, EXITS + 1)]
+        assert rec["sgrpo/overall_accuracy"] == pytest.approx(sum(exits) / EXITS)
+    dumps = list_dumps(extras_run)
+    assert [int(read_dump(p)["step"]) for p in dumps] == list(range(1, STEPS + 1))
+    arrays = read_dump(dumps[0])
+    assert arrays["entropy"].shape[0] == BATCH * GROUP * EXITS  # one row per exit: what the update saw
+    mask = arrays["response_mask"].astype(bool)
+    assert (arrays["entropy"][mask] >= 0).all() and (arrays["varentropy"][mask] >= 0).all()
+    assert recs[0]["policy/entropy"] == pytest.approx(float(arrays["entropy"][mask].mean()), rel=1e-4)
+
+
+def test_features_off_log_none_of_their_metrics(tmp_path):
+    run_dir = run(tmp_path, "plain", num_steps=2, eval_every=0)
+    seen = set().union(*records(run_dir))
+    assert not any(n.startswith(("adaptive_window/", "sgrpo/")) for n in seen)
+    assert any(n.startswith("difficulty/") for n in seen)  # the task labels difficulty whatever is on
+    assert not (run_dir / "entropy").exists()
