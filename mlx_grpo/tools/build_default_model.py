@@ -252,7 +252,11 @@ def train(args: argparse.Namespace, config: dict, tokenizer: Tokenizer, targets:
             print(f"step {step:4d}  loss {loss.item():.4f}  last held-out greedy acc {history[-1][1]:.3f}", flush=True)
 
     if not snapshots:
-        raise SystemExit(f"no evaluation came within {SNAPSHOT_BAND:.0%} of the targets; train longer (--max-steps)")
+        curve = " ".join(f"{s}:{a:.2f}" for s, a in history)
+        raise SystemExit(
+            f"no evaluation came within {SNAPSHOT_BAND:.0%} of the targets (accuracy by step: {curve}); "
+            "train longer (--max-steps) or evaluate more often (--eval-every)"
+        )
     smooth = dict(zip((s for s, _ in history), smoothed(history)))
     best = {}
     for t in targets:

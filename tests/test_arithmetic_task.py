@@ -1,0 +1,83 @@
+"""The default arithmetic task: splits, determinism, answers, difficulty, target format."""
+
+import re
+
+import pytest
+
+from mlx_grpo.errors import UserError
+from mlx_grpo.tasks import arithmetic
+
+PROMPT_RE = re.compile(r"^(\d{3})\+(\d{3})=$")
+
+
+def operands(row):
+    a, b = PROMPT_RE.match(row["prompt"]).groups()
+    return int(a), int(b)
+
+
+def test_train_and_heldout_share_no_pair_in_either_order():
+    train = {operands(r) for r in arithmetic.make_split("train", 20000, seed=0)}
+    heldout = {operands(r) for r in arithmetic.make_split("heldout", 2000, seed=0)}
+    assert train.isdisjoint(heldout)
+    assert train.isdisjoint({(b, a) for a, b in heldout})
+
+
+def test_split_membership_is_fixed_and_about_ten_percent_held_out():
+    pairs = [(a, b) for a in range(0, 1000, 7) for b in range(0, 1000, 3)]
+    held = [arithmetic.split_of(a, b) == "heldout" for a, b in pairs]
+    assert 0.08 < sum(held) / len(held) < 0.12
+    assert all(arithmetic.split_of(a, b) == arithmetic.split_of(b, a) for a, b in pairs[:500])
+    # Rows of a seed come only from their own split, whatever the seed.
+    for seed in (0, 1, 2):
+        assert all(arithmetic.split_of(*operands(r)) == "heldout" for r in arithmetic.make_split("heldout", 300, seed))
+
+
+def test_same_seed_same_rows_other_seed_other_rows():
+    assert arithmetic.make_split("train", 500, seed=3) == arithmetic.make_split("train", 500, seed=3)
+    assert arithmetic.make_split("train", 500, seed=3) != arithmetic.make_split("train", 500, seed=4)
+    # A longer draw starts with the shorter one, so growing n keeps earlier rows.
+    assert arithmetic.make_split("heldout", 300, seed=5)[:100] == arithmetic.make_split("heldout", 100, seed=5)
+
+
+def test_prompts_have_fixed_width_and_answers_are_the_sum():
+    rows = arithmetic.make_split("train", 3000, seed=1) + arithmetic.make_split("heldout", 300, seed=1)
+    for row in rows:
+        a, b = operands(row)
+        assert len(row["prompt"]) == 8
+        assert row["answer"] == str(a + b)
+        assert not (len(row["answer"]) > 1 and row["answer"].startswith("0"))
+    assert arithmetic.make_row(47, 302) == {"prompt": "047+302=", "answer": "349", "difficulty": 3}
+    assert arithmetic.make_row(999, 999)["answer"] == "1998"
+    assert arithmetic.make_row(0, 0)["answer"] == "0"
+
+
+def test_difficulty_is_digits_of_larger_operand_and_all_levels_occur():
+    rows = arithmetic.make_split("train", 3000, seed=2)
+    for row in rows:
+        assert row["difficulty"] == len(str(max(operands(row))))
+    counts = {d: sum(r["difficulty"] == d for r in rows) for d in (1, 2, 3)}
+    # Documented mix: about 1/9, 3/9, 5/9.
+    assert 0.07 < counts[1] / len(rows) < 0.15
+    assert 0.28 < counts[2] / len(rows) < 0.39
+    assert 0.50 < counts[3] / len(rows) < 0.61
+    assert arithmetic.make_row(9, 5)["difficulty"] == 1
+    assert arithmetic.make_row(3, 10)["difficulty"] == 2
+
+
+def test_completion_format_and_answer_extraction():
+    row = arithmetic.make_row(47, 302)
+    completion = arithmetic.format_completion(row)
+    assert completion == "<reasoning></reasoning><answer>349</answer>"
+    assert arithmetic.extract_answer(completion) == "349"
+    assert arithmetic.is_correct(completion, row)
+    assert not arithmetic.is_correct("<reasoning></reasoning><answer>348</answer>", row)
+    assert not arithmetic.is_correct("<reasoning></reasoning><answer>349", row)
+    assert arithmetic.extract_answer("no tags at all") is None
+
+
+def test_bad_arguments_are_refused_with_one_line():
+    with pytest.raises(UserError, match="split"):
+        arithmetic.make_split("test", 10, seed=0)
+    with pytest.raises(UserError, match=">= 0"):
+        arithmetic.make_split("train", -1, seed=0)
+    assert arithmetic.make_split("train", 0, seed=0) == []
