@@ -571,6 +571,8 @@ def train(config: TrainConfig, base_dir: Path, resume_dir: Path | None = None) -
                     checkpoint_s = _checkpoint(trainer, sinks, run_dir, step, run_id, run_state,
                                                time.perf_counter() - run_start)
                 if stopping:
+                    # Said now, while nothing can go wrong: a second Ctrl-C during the cleanup below ends it at once.
+                    report_stop(run_dir, step, checkpoint_saved=True)
                     break
         status = "interrupted" if stopping else "finished"
     except KeyboardInterrupt:
@@ -600,8 +602,6 @@ def train(config: TrainConfig, base_dir: Path, resume_dir: Path | None = None) -
                         + (f", held-out accuracy {acc:.1%}" if acc is not None else "")
                         + (f", reward quality {quality:.0f}/100" if quality is not None else "")
                         + f" — run directory: {run_dir}")
-    if status == "interrupted":
-        report_stop(run_dir, step, checkpoint_saved=True)
     return {**final, "status": status, "run_dir": str(run_dir)}
 
 

@@ -187,7 +187,7 @@ def test_second_ctrl_c_stops_at_once_and_keeps_the_last_checkpoint(setup, refere
     assert time.monotonic() - t < 10
     assert code == 130
     assert "Traceback" not in err
-    assert f"continue from it with: mlx-grpo train --resume {run_dir}\n" in err
+    assert f"mlx-grpo train --resume {run_dir}\n" in err  # the second Ctrl-C may land in the cleanup
     assert json.loads((run_dir / "run.json").read_text())["status"] == "interrupted"
 
     code, out, err = finish(resume(setup, name))
