@@ -37,8 +37,8 @@ class AdaptiveWindowConfig:
 
     enable: bool = False
     min_window: int = 8  # never budget fewer tokens than this
-    percentile: float = 95.0  # of the lengths of this step's correct completions
-    margin: int = 4  # tokens added on top of the percentile
+    percentile: float = 100.0  # of the lengths of this step's correct completions (100: the longest)
+    margin: int = 1  # tokens added on top of the percentile
     epsilon: float = 0.1  # probability that a step explores (uses max_generation_steps)
     epsilon_decay: float = 1.0  # epsilon is multiplied by this after every step
     min_epsilon: float = 0.0  # floor of the decayed epsilon
@@ -92,7 +92,7 @@ class TrainConfig:
     batch_size: int = 16  # prompts per step
     num_generations: int = 8  # completions per prompt (G)
     num_iterations: int = 1  # optimisation passes over one rollout
-    learning_rate: float = 1e-4
+    learning_rate: float = 3e-5
     lr_schedule: str = "cosine"  # cosine | constant
     warmup_fraction: float = 0.05
     weight_decay: float = 0.0
