@@ -33,6 +33,7 @@ def records(run_dir: Path) -> list[dict]:
 def extras_run(tmp_path_factory) -> Path:
     return run(tmp_path_factory.mktemp("runs"), "extras", **{
         "adaptive_window.enable": True, "adaptive_window.epsilon": 0.25,
+        "adaptive_window.percentile": 95, "adaptive_window.margin": 4,  # p95 is logged: the test can recompute
         "sgrpo.enable": True, "sgrpo.num_exits": EXITS, "entropy_logging.enable": True})
 
 
@@ -75,7 +76,7 @@ def test_window_follows_the_previous_steps_successes_and_bounds_the_rollout(extr
         if rec["adaptive_window/explored_step"]:
             assert window == 24
         elif before["adaptive_window/num_success_samples"]:
-            # default percentile 95 and margin 4, clamped to [min_window 8, 24]
+            # percentile 95 and margin 4, clamped to [min_window 8, 24]
             assert window == min(24, max(8, math.ceil(before["adaptive_window/p95_success_length"]) + 4))
     assert any(r["adaptive_window/current_window"] < 24 for r in recs)
 
