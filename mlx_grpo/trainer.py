@@ -327,7 +327,8 @@ class Trainer:
             trained = run_exits(policy.model, policy.tokenizer, rollout, answers, num_exits=config.sgrpo.num_exits,
                                 decay=config.sgrpo.decay, max_answer_tokens=config.sgrpo.max_answer_tokens,
                                 scale_rewards=config.scale_rewards, settings=self.settings, eos_ids=policy.eos_ids,
-                                pad_id=policy.pad_id, key=mx.random.split(step_key(config.seed, step))[1])
+                                pad_id=policy.pad_id,
+                                key=mx.random.split(self.world.sample_key(step_key(config.seed, step)))[1])
             advantages = trained.advantages
         batch = build_train_batch(trained, policy.pad_id)
         mx.eval(advantages)
