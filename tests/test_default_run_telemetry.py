@@ -1,0 +1,70 @@
+"""A short run of the default config writes every catalogued metric that applies to it, everywhere."""
+
+import json
+from pathlib import Path
+
+import pytest
+from tbparse import SummaryReader
+
+from mlx_grpo.config import load_config
+from mlx_grpo.telemetry.catalogue import CATALOGUE, find_entry
+from mlx_grpo.trainer import train
+
+# Emitted only when the batch holds such completions (none of 128 truncated, say): not every step has them.
+DEPENDS_ON_THE_BATCH = {"completions/truncated_correct_frac"}
+
+
+@pytest.fixture(scope="module")
+def default_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("default-run")
+    # The default config, shortened; 4 prompts a step from 8 rows make every 2 steps an epoch.
+    config = load_config(Path(__file__).parent.parent / "configs" / "default.yaml", {
+        "num_steps": 6, "batch_size": 4, "train_size": 8, "eval_every": 3, "eval_size": 20, "histogram_every": 2,
+        "checkpoint_every": 3, "monitoring_dir": str(tmp / "runs"), "wandb": False})
+    result = train(config, tmp)
+    assert result["status"] == "finished"
+    run_dir = Path(result["run_dir"])
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return run_dir, records
+
+
+def expected_every_step_names(reward_names):
+    names = set()
+    for entry in CATALOGUE:
+        if entry.kind != "scalar" or entry.when != "every logged step":
+            continue
+        if "<fn>" in entry.name:
+            names.update(entry.name.replace("<fn>", fn) for fn in reward_names)
+        else:
+            names.add(entry.name)
+    return names - DEPENDS_ON_THE_BATCH
+
+
+def test_every_record_is_complete_and_catalogued(default_run):
+    run_dir, records = default_run
+    assert [r["step"] for r in records] == list(range(1, 7))
+    seen = set().union(*records)
+    uncatalogued = sorted(k for k in seen - {"step", "time"} if find_entry(k) is None)
+    assert uncatalogued == []
+    functions = ["format_exact", "format_approx", "answer_check", "number_check"]
+    missing = sorted(expected_every_step_names(functions) - seen)
+    assert missing == []
+    for name in ("eval/accuracy", "eval/difficulty/3/accuracy", "epoch/reward_mean", "epoch/reward_trend",
+                 "epoch/loss_trend", "difficulty/3/accuracy", "timing/checkpoint_s", "timing/eval_s"):
+        assert name in seen, name
+    final = json.loads((run_dir / "final_metrics.json").read_text())
+    for fn in functions + ["total"]:
+        for stat in ("mean", "std", "min", "max", "total_samples"):
+            assert f"final/{fn}/{stat}" in final
+
+
+def test_tensorboard_holds_the_same_scalars_and_histograms(default_run):
+    run_dir, records = default_run
+    reader = SummaryReader(str(run_dir / "tensorboard"))
+    scalar_tags = set(reader.scalars["tag"])
+    logged = {k for r in records for k, v in r.items() if k not in ("step", "time") and v is not None}
+    assert sorted(logged - scalar_tags) == []
+    histogram_tags = set(reader.histograms["tag"]) if len(reader.histograms) else set()
+    assert {"rewards/total/hist", "rewards/answer_check/hist", "advantages/hist"} <= histogram_tags
+    steps = reader.scalars[reader.scalars["tag"] == "rewards/total/mean"]["step"].tolist()
+    assert steps == list(range(1, 7))
