@@ -165,10 +165,26 @@ def build_train_batch(rollout: Rollout, pad_id: int) -> TrainBatch:
                       int(mask.sum()))
 
 
+# Architectures whose output step is exactly "backbone, then the LM head (or the tied embedding)".
+# For them only completion positions go through the head: [N, T, V] logits instead of [N, S-1, V]
+# (on a 32k vocabulary, ~40% less peak memory in value_and_grad). Others take the full forward pass.
+PLAIN_HEAD_MODELS = {"llama", "qwen2", "qwen3", "mistral"}
+
+
+def completion_logits(model: nn.Module, batch: TrainBatch) -> mx.array:
+    """Logits at the completion positions, [N, T, V]."""
+    positions = batch.positions[:, :, None]
+    if getattr(model, "model_type", None) in PLAIN_HEAD_MODELS and hasattr(model, "model"):
+        hidden = mx.take_along_axis(model.model(batch.inputs), positions, axis=1)
+        if getattr(model.args, "tie_word_embeddings", False):
+            return model.model.embed_tokens.as_linear(hidden)
+        return model.lm_head(hidden)
+    return mx.take_along_axis(model(batch.inputs), positions, axis=1)
+
+
 def completion_logprobs(model: nn.Module, batch: TrainBatch, temperature: float) -> tuple[mx.array, mx.array]:
     """(log-probs [N, T], logits at completion positions [N, T, V]) under `model`."""
-    logits = model(batch.inputs).astype(mx.float32) / temperature
-    logits = mx.take_along_axis(logits, batch.positions[:, :, None], axis=1)
+    logits = completion_logits(model, batch).astype(mx.float32) / temperature
     targets = mx.take_along_axis(batch.targets, batch.positions, axis=1)
     return grpo.token_logprobs(logits, targets), logits
 
