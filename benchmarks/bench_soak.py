@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import tempfile
 import time
@@ -35,13 +34,7 @@ SERIES = {"rss": "system/process_rss_gb", "mlx_active": "system/accel_active_gb"
 
 def preload_openblas() -> None:
     """Restart this script with OpenBLAS preloaded (it must be loaded before MLX to take effect)."""
-    if not sys.platform.startswith("linux") or os.environ.get(blas.SWITCH, "1") == "0" or blas.preloaded_openblas():
-        return
-    library = blas.find_openblas()
-    if library is None:
-        return
-    env = {**os.environ, "LD_PRELOAD": ":".join(p for p in (library, os.environ.get("LD_PRELOAD", "")) if p)}
-    os.execve(sys.executable, [sys.executable, str(Path(__file__).resolve()), *sys.argv[1:]], env)
+    blas.reexec_with_openblas([str(Path(__file__).resolve()), *sys.argv[1:]])
 
 
 def memory_growth(records: list[dict], warmup: int, window: int) -> dict[str, dict[str, float]]:

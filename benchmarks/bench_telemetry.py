@@ -20,13 +20,11 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-if __name__ == "__main__" and "openblas" not in os.environ.get("LD_PRELOAD", ""):
-    from mlx_grpo.blas import find_openblas
+if __name__ == "__main__":
+    from mlx_grpo.blas import reexec_with_openblas
 
-    library = find_openblas()
-    if library and os.environ.get("MLX_GRPO_OPENBLAS", "1") != "0":
-        os.environ["LD_PRELOAD"] = library  # preloading only works at process start: re-exec once
-        os.execv(sys.executable, [sys.executable, *sys.argv])
+    # OpenBLAS only helps when preloaded at process start: re-exec once, before MLX loads.
+    reexec_with_openblas([str(Path(__file__).resolve()), *sys.argv[1:]])
 
 from mlx_grpo import trainer as trainer_module
 from mlx_grpo.config import load_config

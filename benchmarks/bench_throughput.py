@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -22,14 +21,7 @@ from mlx_grpo import blas
 
 def preload_openblas() -> None:
     """Restart this script with OpenBLAS preloaded (it must be loaded before MLX to take effect)."""
-    if not sys.platform.startswith("linux") or os.environ.get(blas.SWITCH, "1") == "0" or blas.preloaded_openblas():
-        return
-    library = blas.find_openblas()
-    if library is None:
-        return
-    env = dict(os.environ)
-    env["LD_PRELOAD"] = ":".join(p for p in (library, env.get("LD_PRELOAD", "")) if p)
-    os.execve(sys.executable, [sys.executable, str(Path(__file__).resolve()), *sys.argv[1:]], env)
+    blas.reexec_with_openblas([str(Path(__file__).resolve()), *sys.argv[1:]])
 
 
 def main(argv: list[str] | None = None) -> int:

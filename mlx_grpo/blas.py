@@ -37,8 +37,12 @@ def preloaded_openblas() -> str | None:
     return None
 
 
-def reexec_with_openblas() -> None:
-    """Replace this process with itself plus OpenBLAS preloaded, when that applies."""
+def reexec_with_openblas(command: list[str] | None = None) -> None:
+    """Replace this process with itself plus OpenBLAS preloaded, when that applies.
+
+    `command` is what to re-run after the interpreter: by default the `mlx-grpo` command
+    line; a benchmark script passes its own path and arguments.
+    """
     if not sys.platform.startswith("linux") or os.environ.get(SWITCH, "1") == "0" or preloaded_openblas():
         return
     library = find_openblas()
@@ -47,4 +51,5 @@ def reexec_with_openblas() -> None:
     env = dict(os.environ)
     env["LD_PRELOAD"] = ":".join(p for p in (library, env.get("LD_PRELOAD", "")) if p)
     env[SWITCH] = "1"
-    os.execve(sys.executable, [sys.executable, "-m", "mlx_grpo.cli", *sys.argv[1:]], env)
+    command = command if command is not None else ["-m", "mlx_grpo.cli", *sys.argv[1:]]
+    os.execve(sys.executable, [sys.executable, *command], env)

@@ -18,7 +18,6 @@ import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import aiohttp
 import pytest
