@@ -24,6 +24,7 @@ import numpy as np
 
 from .judge import JudgeError
 from .rubric import Rubric, RubricScores
+from .telemetry.reward_stats import RunningStats
 
 REWARD_NAME = "rubric"
 SUMMARY_COLUMNS = ("criterion", "mean", "std", "min", "max", "samples")
@@ -156,42 +157,11 @@ def judge_alerts(errors: list[JudgeError]) -> list[dict]:
     return alerts
 
 
-class _Running:
-    """Count, mean, variance (Chan et al. merge), min and max without keeping the values."""
-
-    def __init__(self):
-        self.count, self.mean, self.m2 = 0, 0.0, 0.0
-        self.min, self.max = math.inf, -math.inf
-
-    def add(self, values: np.ndarray) -> None:
-        values = values[~np.isnan(values)]
-        if values.size == 0:
-            return
-        n, mean = values.size, float(values.mean())
-        m2 = float(((values - mean) ** 2).sum())
-        total = self.count + n
-        delta = mean - self.mean
-        self.mean += delta * n / total
-        self.m2 += m2 + delta * delta * self.count * n / total
-        self.count = total
-        self.min = min(self.min, float(values.min()))
-        self.max = max(self.max, float(values.max()))
-
-    def state_dict(self) -> dict:
-        # min/max are infinite until a value arrives; JSON has no infinity.
-        return {"count": self.count, "mean": self.mean, "m2": self.m2,
-                "min": self.min if self.count else None, "max": self.max if self.count else None}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.count, self.mean, self.m2 = int(state["count"]), float(state["mean"]), float(state["m2"])
-        self.min = math.inf if state["min"] is None else float(state["min"])
-        self.max = -math.inf if state["max"] is None else float(state["max"])
-
-    def row(self, label: str) -> dict:
-        if self.count == 0:
-            return {"criterion": label, "mean": None, "std": None, "min": None, "max": None, "samples": 0}
-        return {"criterion": label, "mean": self.mean, "std": math.sqrt(self.m2 / self.count),
-                "min": self.min, "max": self.max, "samples": self.count}
+def _summary_row(stats: RunningStats, label: str) -> dict:
+    if stats.count == 0:
+        return {"criterion": label, "mean": None, "std": None, "min": None, "max": None, "samples": 0}
+    return {"criterion": label, "mean": stats.mean, "std": math.sqrt(stats.variance),
+            "min": stats.min, "max": stats.max, "samples": stats.count}
 
 
 class RubricSummary:
@@ -199,8 +169,8 @@ class RubricSummary:
 
     def __init__(self, rubric: Rubric):
         self.rubric = rubric
-        self._criteria = {c.name: _Running() for c in rubric.criteria}
-        self._total = _Running()
+        self._criteria = {c.name: RunningStats() for c in rubric.criteria}
+        self._total = RunningStats()
         self.api_tokens = 0
         self.failed_requests = 0
 
@@ -228,15 +198,15 @@ class RubricSummary:
 
     def to_rows(self) -> list[dict]:
         """Rows with SUMMARY_COLUMNS; criteria are named `<rubric>/<criterion>`; std is the population std."""
-        rows = [stats.row(f"{self.rubric.name}/{name}") for name, stats in self._criteria.items()]
-        rows.append(self._total.row(self.rubric.name))
+        rows = [_summary_row(stats, f"{self.rubric.name}/{name}") for name, stats in self._criteria.items()]
+        rows.append(_summary_row(self._total, self.rubric.name))
         return rows
 
     def final_metrics(self) -> dict[str, float | int | None]:
         """final/criteria/<rubric>/<criterion>/{mean,std,min,max,total_samples} for final_metrics.json."""
         metrics: dict[str, float | int | None] = {}
         for name, stats in self._criteria.items():
-            row = stats.row(name)
+            row = _summary_row(stats, name)
             prefix = f"final/criteria/{self.rubric.name}/{name}"
             for stat in ("mean", "std", "min", "max"):
                 metrics[f"{prefix}/{stat}"] = row[stat]
