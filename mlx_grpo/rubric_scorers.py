@@ -16,10 +16,10 @@ from typing import Callable
 
 from .errors import UserError
 from .judge import Judge, JudgeBatch
+from .rewards import extract_answer
 
 # Thousands separators are accepted ("1,234"); a plain run of digits is the common case ("0357").
 _NUMBER = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|[-+]?\.\d+")
-_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 
 
 class CriterionFailed(Exception):
@@ -28,12 +28,6 @@ class CriterionFailed(Exception):
 
 def numbers_in(text: str) -> list[float]:
     return [float(match.replace(",", "")) for match in _NUMBER.findall(text)]
-
-
-def extract_answer(completion: str) -> str | None:
-    """Text inside the last <answer>...</answer> pair, or None when there is none."""
-    found = _ANSWER_TAG.findall(completion)
-    return found[-1] if found else None
 
 
 def completion_number(completion: str, require_tags: bool) -> float | None:

@@ -68,11 +68,10 @@ def test_completion_format_and_answer_extraction():
     row = arithmetic.make_row(47, 302)
     completion = arithmetic.format_completion(row)
     assert completion == "<reasoning></reasoning><answer>349</answer>"
-    assert arithmetic.extract_answer(completion) == "349"
     assert arithmetic.is_correct(completion, row)
     assert not arithmetic.is_correct("<reasoning></reasoning><answer>348</answer>", row)
     assert not arithmetic.is_correct("<reasoning></reasoning><answer>349", row)
-    assert arithmetic.extract_answer("no tags at all") is None
+    assert not arithmetic.is_correct("no tags at all", row)
 
 
 def test_bad_arguments_are_refused_with_one_line():

@@ -29,8 +29,8 @@ about 6% difficulty 1 (rather than 11%), 35% difficulty 2 and 59% difficulty 3.
 from __future__ import annotations
 
 import random
-import re
 
+from .. import rewards
 from ..errors import UserError
 
 SPLITS = ("train", "heldout")
@@ -38,7 +38,6 @@ WIDTH = 3  # operands are zero-padded to this many digits
 HELDOUT_PERCENT = 10
 
 _DIGIT_RANGES = {1: (0, 9), 2: (10, 99), 3: (100, 999)}
-_ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _MASK64 = (1 << 64) - 1
 
 
@@ -94,12 +93,6 @@ def format_completion(row: dict) -> str:
     return f"<reasoning></reasoning><answer>{row['answer']}</answer>"
 
 
-def extract_answer(completion: str) -> str | None:
-    """The text inside the first <answer>...</answer>, stripped, or None if absent."""
-    match = _ANSWER_RE.search(completion)
-    return match.group(1).strip() if match else None
-
-
 def is_correct(completion: str, row: dict) -> bool:
-    """True when the completion's answer block holds exactly the row's answer."""
-    return extract_answer(completion) == row["answer"]
+    """True when the completion's answer block holds the row's sum (the trainer's own test)."""
+    return rewards.is_correct(completion, row["answer"])
