@@ -520,20 +520,28 @@ class _ThresholdState(_RuleState):
                                       f"{name} is {_fmt(value)}, {words} {_fmt(rule.value)}{_in_a_row(rule.for_steps)}"))
 
 
-class _TrendState(_RuleState):
+class _WindowedState(_RuleState):
+    """A rule state keeping one window of recent points per metric it watches."""
+
     def __init__(self, rule: Rule) -> None:
         super().__init__(rule)
         self.windows: dict[str, _Window] = {}
 
+    def window(self, name: str) -> _Window:
+        window = self.windows.get(name)
+        if window is None:
+            window = self.windows[name] = _Window(self.rule.window)  # type: ignore[attr-defined]
+        return window
+
+
+class _TrendState(_WindowedState):
     def update(self, step, time, record, names, out):
         rule: TrendRule = self.rule  # type: ignore[assignment]
         for name in names:
             value = _num(record[name])
             if value is None:
                 continue
-            window = self.windows.get(name)
-            if window is None:
-                window = self.windows[name] = _Window(rule.window)
+            window = self.window(name)
             window.push(step, value)
             if len(window) < rule.min_points:
                 continue
@@ -556,11 +564,7 @@ class _TrendState(_RuleState):
                                       f"now {_fmt(value)}"))
 
 
-class _SpikeState(_RuleState):
-    def __init__(self, rule: Rule) -> None:
-        super().__init__(rule)
-        self.windows: dict[str, _Window] = {}
-
+class _SpikeState(_WindowedState):
     def update(self, step, time, record, names, out):
         rule: SpikeRule = self.rule  # type: ignore[assignment]
         for name in names:
@@ -573,9 +577,7 @@ class _SpikeState(_RuleState):
                 y = math.log(value)
             else:
                 y = value
-            window = self.windows.get(name)
-            if window is None:
-                window = self.windows[name] = _Window(rule.window)
+            window = self.window(name)
             if len(window) >= rule.min_points:
                 mean = window.mean()
                 std = max(window.std(), rule.min_std)
@@ -638,10 +640,9 @@ class _BaselineState(_RuleState):
                                       f"{_in_a_row(rule.for_steps)}"))
 
 
-class _HackingState(_RuleState):
+class _HackingState(_WindowedState):
     def __init__(self, rule: Rule) -> None:
         super().__init__(rule)
-        self.windows: dict[str, _Window] = {}
         # Accuracy points are trimmed to the reward window's span when it is evaluated;
         # the bound (accuracy logged at most twice per reward record) caps memory when
         # no reward metric ever arrives.
@@ -671,9 +672,7 @@ class _HackingState(_RuleState):
             value = _num(record[name])
             if value is None:
                 continue
-            window = self.windows.get(name)
-            if window is None:
-                window = self.windows[name] = _Window(rule.window)
+            window = self.window(name)
             window.push(step, value)
             if len(window.points) < rule.min_points:
                 continue
