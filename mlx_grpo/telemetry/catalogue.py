@@ -153,7 +153,7 @@ def _policy_entries() -> list[MetricSpec]:
                    p, EVERY_STEP),
         MetricSpec("policy/pg_loss", "Clipped policy-gradient (surrogate) loss alone.", "", p, EVERY_STEP),
         MetricSpec("policy/kl", "Mean per-token KL divergence of the policy from the reference model (k3 "
-                   "estimator), over completion tokens. 0 when beta is 0 and no reference model is kept.",
+                   "estimator), over completion tokens. Left out when beta is 0 (no reference model is kept).",
                    "nats", p, EVERY_STEP),
         MetricSpec("policy/kl_penalty", "The KL term as added to the loss: beta * policy/kl.", "", p, EVERY_STEP),
         MetricSpec("policy/kl_coef", "beta, the coefficient of the KL term.", "", p, EVERY_STEP),
@@ -180,8 +180,8 @@ def _policy_entries() -> list[MetricSpec]:
                    EVERY_STEP),
         MetricSpec("policy/grad_norm", "Global L2 norm of the gradient before clipping.", "", p, EVERY_STEP),
         MetricSpec("policy/lr", "Learning rate used by this step's update.", "", p, EVERY_STEP),
-        MetricSpec("policy/skipped_updates", "Optimizer updates skipped so far because the loss or gradient "
-                   "was not finite.", "count", p, EVERY_STEP),
+        MetricSpec("policy/skipped_updates", "Optimizer updates of this step skipped because the loss or "
+                   "gradient was not finite (at most num_iterations).", "count", p, EVERY_STEP),
     ]
 
 
