@@ -47,7 +47,8 @@ from .machine import describe
 from .models import count_parameters
 from .rewards import score_completions
 from .rollout import Rollout, decode_completion, generate
-from .trainer import Trainer, build_train_batch, completion_logprobs, step_key, update_policy
+from .trainer import Trainer, step_key
+from .update import build_train_batch, reference_logprobs, update_policy
 
 SCHEMA_VERSION = 1
 PATHS = ("rollout", "rollout_ceiling", "rollout_sequential", "reward", "reference", "update",
@@ -200,12 +201,7 @@ class Workload:
 
     def reference_logprobs(self, batch) -> mx.array | None:
         """The reference phase of Trainer.step."""
-        if self.reference is None:
-            return None
-        with self.reference.active() as ref_model:
-            ref_logp = mx.stop_gradient(completion_logprobs(ref_model, batch, self.config.temperature)[0])
-            mx.eval(ref_logp)
-        return ref_logp
+        return reference_logprobs(self.reference, batch, self.config.temperature)
 
     def update(self, batch, advantages: mx.array, ref_logp: mx.array | None) -> None:
         """The trainer's own update phase."""

@@ -30,8 +30,8 @@ from mlx_grpo import grpo
 from mlx_grpo.config import load_config
 from mlx_grpo.distributed import init_world
 from mlx_grpo.rollout import Rollout
-from mlx_grpo.trainer import (build_train_batch, completion_logprobs, load_policy_for_training, make_loss_fn,
-                              make_optimizer, update_policy)
+from mlx_grpo.trainer import load_policy_for_training, make_optimizer
+from mlx_grpo.update import build_train_batch, completion_logprobs, make_loss_fn, update_policy
 
 B, G = 2, 4  # prompts per rank, completions per prompt
 CASES = {  # name -> (loss_type the loss uses, loss_type the wrapper is told, scale_rewards)

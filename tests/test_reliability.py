@@ -20,7 +20,8 @@ from mlx_grpo.cli import main
 from mlx_grpo.config import load_config
 from mlx_grpo.telemetry import sinks as sinks_module
 from mlx_grpo.telemetry.sinks import Sink
-from mlx_grpo.trainer import Trainer, update_policy
+from mlx_grpo.trainer import Trainer
+from mlx_grpo.update import update_policy
 from tiny_models import make_model_dir
 
 FAST = {"num_steps": 5, "batch_size": 2, "num_generations": 4, "max_generation_steps": 8, "eval_every": 0,

@@ -5,7 +5,7 @@ import pytest
 from mlx_lm import load
 
 from mlx_grpo.rollout import SamplingSettings, filter_logits, generate
-from mlx_grpo.trainer import build_train_batch, completion_logprobs
+from mlx_grpo.update import build_train_batch, completion_logprobs
 from tiny_models import make_model_dir
 
 
