@@ -39,16 +39,15 @@ import numpy as np
 from mlx.utils import tree_flatten
 from mlx_lm.models.cache import make_prompt_cache
 
-from . import chips, grpo
+from . import chips
 from .config import TrainConfig
-from .data import PromptOrder, encode_prompt, extra_columns
+from .data import EncodedPrompt, PromptOrder, encode_prompt
 from .errors import UserError
 from .machine import describe
 from .models import count_parameters
-from .rewards import score_completions
-from .rollout import Rollout, decode_completion, generate
-from .trainer import Trainer, step_key
-from .update import build_train_batch, reference_logprobs, update_policy
+from .rollout import Rollout
+from .trainer import Prompts, Trainer, step_key
+from .update import build_train_batch
 
 SCHEMA_VERSION = 1
 PATHS = ("rollout", "rollout_ceiling", "rollout_sequential", "reward", "reference", "update",
@@ -63,7 +62,7 @@ DESCRIPTIONS = {
     "update_ceiling": "(c) bare grad + AdamW",
     "step": "whole trainer step",
 }
-# The trainer's own phase timers (timing/<phase>_s in its metric record), read back from each step.
+# The trainer's own phase timers (StepData.seconds), read back from each step.
 STEP_PHASES = ("rollout", "reward", "advantage", "ref", "update")
 MEMORY_BETA = 0.04  # the KL weight the memory comparison uses when the benchmarked run has beta = 0
 
@@ -145,31 +144,29 @@ def synthetic_rows(tokenizer, config: TrainConfig, count: int, length: int, seed
 
 class Workload:
     """The trainer (`Trainer.build`, as `mlx-grpo train` builds it) on synthetic prompts, and a
-    prepared rollout, batch and advantages so that each phase can also be timed alone."""
+    prepared rollout, batch and advantages so that each phase can also be timed alone. Every phase
+    is the trainer's own phase method."""
 
     def __init__(self, config: TrainConfig, base_dir: Path, prompt_length: int):
-        # Features that change the amount of work from step to step are off: every path then
-        # handles the same tokens.
+        # Features that change the amount of work from step to step are off, and EOS is not honoured:
+        # every path then handles the same tokens, in the phases and in the whole step alike.
         config = replace(config, adaptive_window=replace(config.adaptive_window, enable=False),
                          sgrpo=replace(config.sgrpo, enable=False))
         self.config = config
-        self.trainer = Trainer.build(config, base_dir)
-        # No EOS ids: every sequence decodes the full budget, in the phases and in the whole step alike.
-        self.policy = self.trainer.policy = replace(self.trainer.policy, eos_ids=set())
-        self.model = self.policy.model
-        self.rows, self.prompts = synthetic_rows(self.policy.tokenizer, config, config.batch_size, prompt_length,
-                                                 config.seed)
+        built = Trainer.build(config, base_dir, stop_at_eos=False)
+        self.rows, self.prompts = synthetic_rows(built.policy.tokenizer, config, config.batch_size, prompt_length,
+                                            config.seed)
         # As many rows as the configured dataset has, so the step pays the real cost of drawing
         # prompts from it; every row is one of the synthetic prompts, so the shapes stay fixed.
-        size = max(len(self.trainer.train_rows), len(self.rows))
-        self.trainer.train_rows = [self.rows[i % len(self.rows)] for i in range(size)]
-        self.trainer.order = PromptOrder(size, config.seed)
-        G = config.num_generations
-        self.group_rows = [row for row in self.rows for _ in range(G)]
+        size = max(len(built.train_rows), len(self.rows))
+        self.trainer = replace(built, train_rows=[self.rows[i % len(self.rows)] for i in range(size)],
+                               order=PromptOrder(size, config.seed))
+        self.model = self.trainer.policy.model
+        self.fixed = Prompts(self.rows, [EncodedPrompt(p, False) for p in self.prompts], config.num_generations)
         self.batch_rollout = self.rollout(step_key(config.seed, 0))
-        self.batch = build_train_batch(self.batch_rollout, self.policy.pad_id)
+        self.batch = build_train_batch(self.batch_rollout, self.trainer.policy.pad_id)
         self.advantages = self.rewards(self.batch_rollout)
-        self.ref_logp = self.reference_logprobs(self.batch)
+        self.ref_logp = self.trainer.reference_logprobs(self.batch)
 
     @property
     def reference(self):
@@ -184,34 +181,19 @@ class Workload:
         return self.sequences * self.config.max_generation_steps
 
     def rollout(self, key: mx.array) -> Rollout:
-        """The rollout phase of Trainer.step."""
-        self.model.eval()
-        return generate(self.model, self.prompts, self.config.num_generations, self.config.max_generation_steps,
-                        self.policy.eos_ids, self.policy.pad_id, self.trainer.settings, key)
+        return self.trainer.rollout(self.fixed, key, self.config.max_generation_steps)
 
     def rewards(self, rollout: Rollout) -> mx.array:
-        """The reward and advantage phases of Trainer.step."""
-        texts = [decode_completion(self.policy.tokenizer, c, self.policy.eos_ids) for c in rollout.completions]
-        scores = score_completions(self.trainer.reward_fns, [r["prompt"] for r in self.group_rows], texts,
-                                   [r["answer"] for r in self.group_rows], extra_columns(self.group_rows))
-        advantages = grpo.group_advantages(mx.array(scores.total, dtype=mx.float32),
-                                           self.config.num_generations, self.config.scale_rewards)
-        mx.eval(advantages)
-        return advantages
-
-    def reference_logprobs(self, batch) -> mx.array | None:
-        """The reference phase of Trainer.step."""
-        return reference_logprobs(self.reference, batch, self.config.temperature)
+        """The reward and advantage phases."""
+        return self.trainer.advantages(self.trainer.score(self.fixed, rollout))
 
     def update(self, batch, advantages: mx.array, ref_logp: mx.array | None) -> None:
-        """The trainer's own update phase."""
-        update_policy(self.model, self.trainer.optimizer, self.trainer.loss_and_grad, batch, advantages, ref_logp,
-                      self.config)
+        self.trainer.update(batch, advantages, ref_logp)
 
     def step(self, step: int) -> dict[str, float]:
-        """One whole step of the trainer, metric record included; returns the trainer's own phase timers."""
-        metrics = self.trainer.step(step).metrics
-        return {phase: metrics[f"timing/{phase}_s"] for phase in STEP_PHASES if f"timing/{phase}_s" in metrics}
+        """One whole step of the trainer; returns its own phase timers."""
+        seconds = self.trainer.step(step).seconds
+        return {phase: seconds[phase] for phase in STEP_PHASES if phase in seconds}
 
 
 # ----------------------------------------------------------------------------- the baselines
@@ -344,7 +326,7 @@ def measure_paths(options: BenchOptions) -> tuple[dict, dict, dict | None]:
         "rollout_ceiling": (ceiling, work.completion_tokens),
         "rollout_sequential": (sequential, n_sequential * T),
         "reward": (lambda rep: work.rewards(work.batch_rollout), work.completion_tokens),
-        "reference": (lambda rep: work.reference_logprobs(work.batch), work.completion_tokens),
+        "reference": (lambda rep: work.trainer.reference_logprobs(work.batch), work.completion_tokens),
         "update": (lambda rep: work.update(work.batch, work.advantages, work.ref_logp),
                    work.completion_tokens * config.num_iterations),
         "update_ceiling": (lambda rep: update_ceiling(), work.completion_tokens),
@@ -405,11 +387,11 @@ def measure_memory(options: BenchOptions) -> dict:
         mx.reset_peak_memory()
         rollout = work.rollout(step_key(config.seed, 2))
         advantages = work.rewards(rollout)
-        batch = build_train_batch(rollout, work.policy.pad_id)
+        batch = build_train_batch(rollout, work.trainer.policy.pad_id)
         del rollout
         rollout_peak = mx.get_peak_memory()
         mx.reset_peak_memory()
-        work.update(batch, advantages, work.reference_logprobs(batch))
+        work.update(batch, advantages, work.trainer.reference_logprobs(batch))
         train_peaks[b] = mx.get_peak_memory()
         step_peaks[b] = max(rollout_peak, train_peaks[b])
         del work, batch, advantages

@@ -5,7 +5,7 @@ Layout of `<run dir>/checkpoints/step_<N>/`:
   or `model.safetensors` (full fine-tuning: every weight)
 - `optimizer.safetensors`: the optimiser state (AdamW moments and its step counter)
 - `state.json`: step, data order position, MLX's global random key, the run id, the config (no
-  secrets), the run loop's trackers (`run_state`, see run_state.py) and the byte length of each
+  secrets), the run's recorder state (`run_state`, see telemetry/recorder.py) and the byte length of each
   run-directory JSONL log at the moment of the checkpoint (resume cuts the logs back to it)
 
 A checkpoint is written into a temporary directory and renamed into place, so a
@@ -18,6 +18,8 @@ import json
 import os
 import re
 import shutil
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +41,37 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def save_checkpoint(
+@dataclass
+class PendingCheckpoint:
+    """A checkpoint written to its temporary directory, not yet in place (see `prepare_checkpoint`)."""
+
+    tmp: Path
+    final: Path
+    keep: int
+    seconds: float  # time spent writing it
+
+    def commit(self, extra_state: dict[str, Any]) -> Path:
+        """Add `extra_state` to its state.json and move it into place; prune old checkpoints."""
+        state_path = self.tmp / "state.json"
+        state = {**json.loads(state_path.read_text()), **extra_state}
+        _write_synced(state_path, json.dumps(state))
+        _fsync_dir(self.tmp)
+        shutil.rmtree(self.final, ignore_errors=True)
+        os.replace(self.tmp, self.final)
+        _fsync_dir(self.final.parent)
+        for old in list_checkpoints(self.final.parent)[:-self.keep]:
+            shutil.rmtree(old, ignore_errors=True)
+        return self.final
+
+
+def _write_synced(path: Path, text: str) -> None:
+    with open(path, "w") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def prepare_checkpoint(
     checkpoints_dir: Path,
     step: int,
     model: nn.Module,
@@ -47,9 +79,14 @@ def save_checkpoint(
     state: dict[str, Any],
     adapter_config: dict | None,
     keep: int,
-) -> Path:
+) -> PendingCheckpoint:
+    """Write weights (or adapters), optimiser and `state` into `.step_<N>.tmp`; `commit` puts it in place.
+
+    Two phases so the loop can time the checkpoint in the step's own record and store the logs'
+    lengths after that record: a crash before the commit leaves only the previous checkpoint.
+    """
+    start = time.perf_counter()
     checkpoints_dir.mkdir(parents=True, exist_ok=True)
-    final = checkpoints_dir / f"step_{step}"
     tmp = checkpoints_dir / f".step_{step}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
@@ -64,13 +101,7 @@ def save_checkpoint(
     for name in os.listdir(tmp):
         with open(tmp / name, "rb") as fh:
             os.fsync(fh.fileno())
-    _fsync_dir(tmp)
-    shutil.rmtree(final, ignore_errors=True)
-    os.replace(tmp, final)
-    _fsync_dir(checkpoints_dir)
-    for old in list_checkpoints(checkpoints_dir)[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
-    return final
+    return PendingCheckpoint(tmp, checkpoints_dir / f"step_{step}", keep, time.perf_counter() - start)
 
 
 def list_checkpoints(checkpoints_dir: Path) -> list[Path]:

@@ -114,15 +114,16 @@ class PromptOrder:
         return cached[1]
 
     def next_indices(self, count: int) -> list[int]:
+        """The next `count` rows. The epoch advances as soon as its last row is drawn, so `epoch`
+        changes during the step that finishes an epoch (the step that closes it in the metrics)."""
         out: list[int] = []
-        order = self._permutation(self.epoch)
         while len(out) < count:
-            if self.position >= self.num_rows:
-                self.epoch += 1
-                self.position = 0
-                order = self._permutation(self.epoch)
-            out.append(order[self.position])
+            if self.position >= self.num_rows:  # a checkpoint saved at an epoch's end by an older version
+                self.epoch, self.position = self.epoch + 1, 0
+            out.append(self._permutation(self.epoch)[self.position])
             self.position += 1
+            if self.position == self.num_rows:
+                self.epoch, self.position = self.epoch + 1, 0
         return out
 
     def state(self) -> dict:

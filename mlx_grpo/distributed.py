@@ -12,9 +12,14 @@ Every rank runs the same trainer on its own share of each step's prompts:
   sequences. `bnpo` and `dapo` divide by the active-token count, which differs between ranks: each
   rank's loss and gradient are rescaled by W * M_r / M (M_r its tokens, M the global count) before
   averaging, which turns its divisor into the global count and the average into the big-batch update.
-- metrics: each rank's step record is gathered and combined by the rules of `rank_metrics`; the
-  per-completion arrays (rewards, advantages, lengths) are gathered whole, so the reward tracker,
-  histograms and final summaries see the global batch. Held-out evaluation is split across ranks.
+- metrics: gather, then summarise. Each rank's raw per-completion arrays (scores, advantages,
+  lengths, truncation, correctness...) are gathered whole into one `StepData` of the global batch,
+  from which the recorder computes every metric once, exactly as one process would. What is local by
+  nature is reduced as sums: the update's token means weighted by each rank's tokens, phase seconds
+  and peaks as the slowest rank's. (Loss and gradient norm are already the global batch's.) The
+  few metrics that components compute per rank (adaptive window, S-GRPO exits, reward-function
+  step metrics) are averaged over ranks. Held-out evaluation is split across ranks and its rows'
+  results gathered.
 - output: only rank 0 writes the run directory, TensorBoard, W&B and checkpoints, and prints.
 
 With one process (no launcher) `init_world()` gives a `World` of size 1 whose every method hands its
@@ -38,8 +43,8 @@ from mlx.utils import tree_map
 from . import grpo
 from .data import PromptOrder
 from .errors import UserError
-from .rank_metrics import combine_records
 from .telemetry.sinks import SinkSet
+from .telemetry.step_data import StepData
 
 # Loss types whose denominator is the active-token count of the batch (see grpo.grpo_loss).
 TOKEN_NORMALISED = ("bnpo", "dapo")
@@ -188,31 +193,52 @@ class World:
 
     # ------------------------------------------------------------------ metrics and output
 
-    def reduce_metrics(self, record: dict[str, float]) -> dict[str, float]:
-        """One record of the whole step from every rank's record (see rank_metrics)."""
+    def gather_lists(self, *lists: list) -> list[list]:
+        """Each JSON-able list concatenated over ranks, in rank order."""
         if not self.distributed:
-            return record
-        return combine_records(self.gather_json(record))
+            return list(lists)
+        parts = self.gather_json(list(lists))
+        return [[item for part in parts for item in part[k]] for k in range(len(lists))]
 
-    def reduce_step(self, result: Any) -> Any:
-        """A StepResult of the global batch: combined metrics and the gathered per-completion arrays.
+    def slowest(self, seconds: float) -> float:
+        """The slowest rank's time: a phase ends when the last rank's does."""
+        return max(self.gather_json(seconds)) if self.distributed else seconds
 
-        Samples (for samples.jsonl) stay rank 0's; reward-function warnings stay on their rank.
+    def gather(self, data: StepData) -> StepData:
+        """The global batch's StepData: per-completion arrays concatenated in rank order, the update's
+        token means weighted by each rank's tokens, the slowest rank's seconds and peaks.
+
+        Samples, the entropy dump and reward-function warnings stay this rank's.
         """
         if not self.distributed:
-            return result
-        parts = self.gather_json({"metrics": result.metrics, "total": result.rewards_total.tolist(),
-                                  "scores": result.scores.tolist(), "advantages": result.advantages.tolist(),
-                                  "lengths": result.lengths.tolist()})
+            return data
+        parts = self.gather_json({
+            "scores": data.scores.tolist(), "total": data.total.tolist(), "advantages": data.advantages.tolist(),
+            "prompt_lengths": data.prompt_lengths.tolist(), "prompt_truncated": data.prompt_truncated.tolist(),
+            "lengths": data.lengths.tolist(), "truncated": data.truncated.tolist(), "correct": data.correct.tolist(),
+            "difficulty": data.difficulty, "trained_tokens": data.trained_tokens, "stats": data.update.stats,
+            "seconds": data.seconds, "peaks": data.peak_memory, "components": data.component_metrics,
+        })
 
-        def joined(key: str) -> np.ndarray:
-            return np.concatenate([np.asarray(p[key], dtype=float) for p in parts])
+        def joined(key: str, dtype: Any = float) -> np.ndarray:
+            return np.concatenate([np.asarray(p[key], dtype=dtype) for p in parts])
 
-        scores = np.concatenate([np.asarray(p["scores"], dtype=float).reshape(result.scores.shape[0], -1)
-                                 for p in parts], axis=1)
-        return dataclasses.replace(result, metrics=combine_records([p["metrics"] for p in parts]),
-                                   rewards_total=joined("total"), scores=scores,
-                                   advantages=joined("advantages"), lengths=joined("lengths"))
+        tokens = [p["trained_tokens"] for p in parts]
+        stats = combine_update_stats([p["stats"] for p in parts], tokens)
+        components = {name: float(np.mean([p["components"][name] for p in parts if name in p["components"]]))
+                      for name in data.component_metrics}
+        return dataclasses.replace(
+            data,
+            scores=np.concatenate([np.asarray(p["scores"], dtype=float).reshape(data.scores.shape[0], -1)
+                                   for p in parts], axis=1),
+            total=joined("total"), advantages=joined("advantages"), prompt_lengths=joined("prompt_lengths"),
+            prompt_truncated=joined("prompt_truncated", bool), lengths=joined("lengths"),
+            truncated=joined("truncated", bool), correct=joined("correct", bool),
+            difficulty=[level for p in parts for level in p["difficulty"]], trained_tokens=sum(tokens),
+            update=dataclasses.replace(data.update, stats=stats),
+            seconds={name: max(p["seconds"][name] for p in parts) for name in data.seconds},
+            peak_memory={name: max(p["peaks"][name] for p in parts) for name in data.peak_memory},
+            component_metrics=components)
 
     def sinks(self, make: Callable[[], SinkSet], run_dir: Path) -> SinkSet:
         """Rank 0's sinks from `make()`; other ranks get a set that records nothing."""
@@ -230,6 +256,33 @@ class World:
             raise UserError(f"{checkpoint}: saved by a run of {saved} process(es), this launch has {self.size}; "
                             f"resume with the same number (mlx.launch -n/--hostfile with {saved} "
                             f"{'ranks' if saved > 1 else 'rank, or plain mlx-grpo train --resume'})")
+
+
+def combine_update_stats(per_rank: list[dict[str, float]], tokens: list[int]) -> dict[str, float]:
+    """The update's statistics of the global batch from each rank's, over its `tokens` completion tokens.
+
+    Token means are weighted by tokens; a `<x>_std` beside `<x>_mean` is pooled (exact population std);
+    `pg_loss` is a plain mean (each rank already holds its share of the global aggregate, see
+    `wrap_loss_and_grad`); `ratio_p95`, a quantile, is the token-weighted mean of the ranks' (approximate).
+    """
+    total = max(1, sum(tokens))
+
+    def weighted(values: list[float]) -> float:
+        return sum(v * n for v, n in zip(values, tokens)) / total
+
+    out: dict[str, float] = {}
+    for name in per_rank[0]:
+        values = [stats[name] for stats in per_rank]
+        mean_name = name[:-len("_std")] + "_mean" if name.endswith("_std") else None
+        if name == "pg_loss":
+            out[name] = float(np.mean(values))
+        elif mean_name in per_rank[0]:
+            means = [stats[mean_name] for stats in per_rank]
+            mean = weighted(means)
+            out[name] = float(np.sqrt(weighted([v * v + (m - mean) ** 2 for v, m in zip(values, means)])))
+        else:
+            out[name] = weighted(values)
+    return out
 
 
 def init_world() -> World:

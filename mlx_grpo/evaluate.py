@@ -1,4 +1,4 @@
-"""Held-out evaluation: greedy accuracy of a policy on rows it never trained on."""
+"""Held-out evaluation: greedy decoding of rows the policy never trained on, and which it got right."""
 
 from __future__ import annotations
 
@@ -10,16 +10,18 @@ import mlx.core as mx
 from .data import encode_prompt
 from .rewards import is_correct
 from .rollout import SamplingSettings, decode_completion, generate
-from .step_metrics import difficulty_metrics
 
 GREEDY = SamplingSettings(temperature=0.0)
 
 
 @dataclass
 class EvalResult:
-    accuracy: float
-    num_rows: int
-    by_difficulty: dict[str, float]
+    correct: list[bool]  # one per held-out row
+    levels: list  # each row's difficulty level (None when the data has none)
+
+    @property
+    def accuracy(self) -> float | None:
+        return sum(self.correct) / len(self.correct) if self.correct else None
 
 
 def evaluate(model: Any, tokenizer: Any, rows: list[dict], config: Any, eos_ids: set[int], pad_id: int,
@@ -33,7 +35,4 @@ def evaluate(model: Any, tokenizer: Any, rows: list[dict], config: Any, eos_ids:
                            mx.random.key(0))
         for row, ids in zip(chunk, rollout.completions):
             correct.append(is_correct(decode_completion(tokenizer, ids, eos_ids), row["answer"]))
-    levels = [row.get("difficulty") for row in rows]
-    by_level = difficulty_metrics(levels, correct) if any(level is not None for level in levels) else {}
-    return EvalResult(sum(correct) / max(1, len(correct)), len(correct),
-                      {k.replace("difficulty/", "eval/difficulty/"): v for k, v in by_level.items()})
+    return EvalResult(correct, [row.get("difficulty") for row in rows])

@@ -157,3 +157,46 @@ def describe() -> Machine:
         matmul_fp32_gflops=round(matmul_gflops(), 1),
         load_average=round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
     )
+
+
+# ----------------------------------------------------------------------------- the MLX device, for a run
+
+def accel_memory() -> dict[str, float | None]:
+    """MLX's memory counters and the device's recommended working set (None where the backend has none)."""
+    import mlx.core as mx
+
+    info = mx.device_info()
+    return {
+        "active": mx.get_active_memory(),
+        "peak": mx.get_peak_memory(),
+        "cache": mx.get_cache_memory(),
+        "limit": info.get("max_recommended_working_set_size"),
+    }
+
+
+def describe_device(dtype: str) -> dict[str, object]:
+    """run.json's device section: backend, device, chip, memory, BLAS, dtype, OS."""
+    import mlx.core as mx
+
+    info = mx.device_info()
+    device = mx.default_device()
+    return {
+        "backend": "metal" if device.type == mx.gpu and mx.metal.is_available() else "cpu",
+        "device": str(device),
+        "device_name": info.get("device_name", platform.processor()),
+        "architecture": info.get("architecture", platform.machine()),
+        "memory_size_gb": (info["memory_size"] / 2**30) if "memory_size" in info else None,
+        "blas": blas_in_use().name,
+        "dtype": dtype,
+        "platform": platform.platform(),
+    }
+
+
+def versions() -> dict[str, str]:
+    import mlx.core as mx
+    import mlx_lm
+
+    from . import __version__
+
+    return {"mlx_grpo": __version__, "mlx": mx.__version__, "mlx_lm": mlx_lm.__version__,
+            "python": platform.python_version()}

@@ -202,6 +202,43 @@ BUILTINS: dict[str, Callable] = {
 # -------------------------------------------------------------------- loading
 
 
+class RewardHooks:
+    """What a stateful reward function can tell the run besides its scores. Subclass it and override
+    what you need; every method defaults to "nothing to say". The trainer calls each hook once per
+    step (or epoch, checkpoint, run end) on every reward function, plain functions included.
+    """
+
+    def describe(self) -> str | None:
+        """A line printed when the run starts (e.g. the rubric's criteria)."""
+        return None
+
+    def step_metrics(self, step: int) -> dict[str, float | None]:
+        """Metrics of the batches scored since the last call, added to the step's record."""
+        return {}
+
+    def take_alerts(self) -> list[dict]:
+        """Alert bodies (level, rule, metric, value, message) raised since the last call."""
+        return []
+
+    def end_epoch(self) -> dict[str, float]:
+        """Metrics of the epoch that just ended."""
+        return {}
+
+    def state_dict(self) -> dict | None:
+        """Plain-JSON state for a checkpoint (None: nothing to keep)."""
+        return None
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore what `state_dict` returned."""
+
+    def final_metrics(self, run_dir: Path | None) -> dict[str, float | None]:
+        """Metrics of the whole run at its end; write any summary files into `run_dir` (None: another rank)."""
+        return {}
+
+
+NO_HOOKS = RewardHooks()
+
+
 @dataclass
 class RewardFunction:
     """One configured reward: its metric name, the callable and its weight.
@@ -214,6 +251,11 @@ class RewardFunction:
     fn: Callable[..., Sequence[float | None]]
     weight: float
     error_reported: bool = False
+
+    @property
+    def hooks(self) -> RewardHooks:
+        """The function's hooks, or ones that say nothing for a plain function."""
+        return self.fn if isinstance(self.fn, RewardHooks) else NO_HOOKS
 
 
 def load_reward_functions(specs: Iterable[tuple[str, float]], base_dir: str | Path) -> list[RewardFunction]:

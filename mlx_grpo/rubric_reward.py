@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from .judge import JudgeError
+from .rewards import RewardHooks
 from .rubric import Rubric, RubricScores
 from .telemetry.reward_stats import RunningStats
 
@@ -32,7 +33,7 @@ SUMMARY_JSON = "rubric_summary.json"
 SUMMARY_MARKDOWN = "rubric_summary.md"
 
 
-class RubricReward:
+class RubricReward(RewardHooks):
     """Callable with the reward-function signature; remembers scores until the trainer logs them."""
 
     def __init__(self, rubric: Rubric, criteria_every: int = 10):
@@ -98,6 +99,15 @@ class RubricReward:
                            "(further failures are not reported)",
             })
         return alerts
+
+    def describe(self) -> str:
+        return self.rubric.describe()
+
+    def final_metrics(self, run_dir: Path | None) -> dict[str, float | int | None]:
+        """The per-criterion summary of the run, written to the run directory on rank 0."""
+        if run_dir is not None:
+            self.summary.write(run_dir)
+        return self.summary.final_metrics()
 
     def end_epoch(self) -> dict[str, int]:
         """Judge tokens spent since the previous epoch ended (the seed's Epoch/APITokens)."""

@@ -68,3 +68,31 @@ def test_tensorboard_holds_the_same_scalars_and_histograms(default_run):
     assert {"rewards/total/hist", "rewards/answer_check/hist", "advantages/hist"} <= histogram_tags
     steps = reader.scalars[reader.scalars["tag"] == "rewards/total/mean"]["step"].tolist()
     assert steps == list(range(1, 7))
+
+
+def test_epochs_close_at_the_step_that_draws_their_last_prompt(default_run):
+    _, records = default_run
+    G = load_config(Path(__file__).parent.parent / "configs" / "default.yaml", {}).num_generations
+    closed = {r["step"]: r for r in records if "epoch/index" in r}
+    assert sorted(closed) == [2, 4, 6]  # 8 rows, 4 prompts a step: every second step ends an epoch
+    assert [closed[s]["epoch/index"] for s in (2, 4, 6)] == [1, 2, 3]
+    assert all(r["epoch/num_samples"] == 2 * 4 * G and r["epoch/partial"] == 0 for r in closed.values())
+
+
+def test_checkpoint_time_is_in_the_record_of_the_step_it_saved(default_run):
+    run_dir, records = default_run
+    assert [r["step"] for r in records if "timing/checkpoint_s" in r] == [3, 6]  # the last one is not lost
+    assert all(r["timing/checkpoint_s"] > 0 for r in records if "timing/checkpoint_s" in r)
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_3", "step_6"]
+
+
+def test_a_run_ending_inside_an_epoch_reports_the_partial_epoch(tmp_path):
+    config = load_config(Path(__file__).parent.parent / "configs" / "default.yaml", {
+        "num_steps": 3, "batch_size": 4, "train_size": 8, "eval_every": 0, "tensorboard": False,
+        "monitoring_dir": str(tmp_path / "runs"), "wandb": False})
+    result = train(config, tmp_path)
+    records = [json.loads(line) for line in (Path(result["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
+    epochs = [(r["step"], r["epoch/index"], r["epoch/partial"], r["epoch/num_samples"]) for r in records
+              if "epoch/index" in r]
+    G = config.num_generations
+    assert epochs == [(2, 1, 0, 2 * 4 * G), (3, 2, 1, 4 * G)]

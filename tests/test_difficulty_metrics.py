@@ -2,7 +2,8 @@
 
 import pytest
 
-from mlx_grpo.step_metrics import difficulty_metrics, rollout_metrics
+from mlx_grpo.telemetry.step_data import difficulty_metrics, eval_record, step_record
+from step_data_builder import make_step_data
 
 
 def test_accuracy_and_count_per_level_skip_unlabelled_rows():
@@ -21,11 +22,18 @@ def test_text_labels_are_levels_too():
                        "difficulty/hard/accuracy": 0.0, "difficulty/hard/count": 1.0}
 
 
-def test_step_metrics_carry_levels_only_when_the_data_has_them():
-    common = dict(prompt_lengths=[8, 8, 8, 8], prompt_truncated=[False] * 4, completion_lengths=[8, 9, 8, 24],
-                  completion_truncated=[False, False, False, True], correct=[True, False, True, False])
-    labelled = rollout_metrics(**common, difficulty=[1, 1, 3, 3])
+def test_step_records_carry_levels_only_when_the_data_has_them():
+    correct = [True, False, True, False]
+    labelled = step_record(make_step_data(4, 2, correct=correct, levels=[1, 1, 3, 3]))
     assert labelled["difficulty/1/accuracy"] == 0.5 and labelled["difficulty/3/count"] == 2
     assert labelled["accuracy/train"] == 0.5
-    unlabelled = rollout_metrics(**common, difficulty=[None] * 4)
+    unlabelled = step_record(make_step_data(4, 2, correct=correct))
     assert not any(name.startswith("difficulty/") for name in unlabelled)
+
+
+def test_evaluation_reports_accuracy_per_level_and_no_accuracy_for_an_empty_held_out_set():
+    record = eval_record([True, False, True], ["easy", "hard", "easy"], seconds=1.5)
+    assert record == {"timing/eval_s": 1.5, "eval/num_samples": 3.0, "eval/accuracy": pytest.approx(2 / 3),
+                      "eval/difficulty/easy/accuracy": 1.0, "eval/difficulty/easy/count": 2.0,
+                      "eval/difficulty/hard/accuracy": 0.0, "eval/difficulty/hard/count": 1.0}
+    assert "eval/accuracy" not in eval_record([], [], seconds=0.1)

@@ -3,9 +3,9 @@
 The multi-process tests launch two ranks with `mlx.launch --backend ring` on 127.0.0.1 only.
 """
 
+import dataclasses
 import json
 import os
-import re
 import socket
 import subprocess
 import sys
@@ -16,12 +16,10 @@ import pytest
 
 from mlx_grpo.blas import find_openblas
 from mlx_grpo.data import PromptOrder
-from mlx_grpo.distributed import ShardedOrder, World, init_world
+from mlx_grpo.distributed import ShardedOrder, World, combine_update_stats, init_world
 from mlx_grpo.errors import UserError
-from mlx_grpo.rank_metrics import RULES, combine_records, rule_for
-from mlx_grpo.step_metrics import rollout_metrics
-from mlx_grpo.telemetry.catalogue import CATALOGUE, find_entry
-from mlx_grpo.telemetry.reward_stats import reward_metrics
+from mlx_grpo.telemetry.step_data import step_record
+from step_data_builder import make_step_data
 from tiny_models import make_model_dir
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,10 +36,8 @@ def test_one_process_world_hands_everything_back_untouched():
     def loss_and_grad(*args):
         return args
 
-    record = {"tokens/total": 3.0}
     order = PromptOrder(10, 0)
     assert world.wrap_loss_and_grad(loss_and_grad, "bnpo") is loss_and_grad
-    assert world.reduce_metrics(record) is record
     assert world.shard_order(order) is order
     assert world.describe() == {"world_size": 1}
 
@@ -56,88 +52,69 @@ def test_ranks_split_the_prompts_of_one_big_batch_across_epochs():
     assert ranks[0].epoch == single.epoch > 0
 
 
-# ----------------------------------------------------------------------------- metric reduction
+# ----------------------------------------------------------------------------- gather, then summarise
 
-def _step_record(total, scores, lengths, truncated, correct, prompt_lengths, levels):
-    return {**reward_metrics(scores, ["fmt", "ans"], [1.0, 2.0], total, 4),
-            **rollout_metrics(prompt_lengths, [False] * len(total), lengths, truncated, correct, levels)}
+class TwoRanks(World):
+    """Rank 0 of a two-rank world whose other rank's data is given: gather_json without a launch."""
+
+    def __init__(self, other):
+        super().__init__(group=None, rank=0, size=2)
+        self.other = other
+
+    def gather_json(self, obj):
+        import json as _json
+        mine = _json.loads(_json.dumps(obj, default=float))
+        return [mine, self.other]
 
 
-def test_combined_record_equals_the_record_of_the_whole_batch():
-    rng = np.random.default_rng(3)
+def _halves(data, n):
+    parts = []
+    for h in (slice(0, n), slice(n, 2 * n)):
+        parts.append(dataclasses.replace(
+            data, scores=data.scores[:, h], total=data.total[h], advantages=data.advantages[h],
+            prompt_lengths=data.prompt_lengths[h], prompt_truncated=data.prompt_truncated[h],
+            lengths=data.lengths[h], truncated=data.truncated[h], correct=data.correct[h],
+            difficulty=data.difficulty[h], trained_tokens=int(data.lengths[h].sum())))
+    return parts
+
+
+def _wire(data):
+    """What World.gather sends for a rank's data."""
+    return json.loads(json.dumps({
+        "scores": data.scores.tolist(), "total": data.total.tolist(), "advantages": data.advantages.tolist(),
+        "prompt_lengths": data.prompt_lengths.tolist(), "prompt_truncated": data.prompt_truncated.tolist(),
+        "lengths": data.lengths.tolist(), "truncated": data.truncated.tolist(), "correct": data.correct.tolist(),
+        "difficulty": data.difficulty, "trained_tokens": data.trained_tokens, "stats": data.update.stats,
+        "seconds": data.seconds, "peaks": data.peak_memory, "components": data.component_metrics}, default=float))
+
+
+def test_gathered_step_gives_exactly_the_record_of_the_whole_batch():
     n = 16  # per rank: 4 groups of 4
-    total = rng.normal(size=2 * n)
-    scores = rng.normal(size=(2, 2 * n))
-    scores[0, rng.random(2 * n) < 0.3] = np.nan  # "fmt" misses some completions, unevenly per rank
-    lengths = rng.integers(1, 30, size=2 * n).astype(float)
-    truncated = rng.random(2 * n) < 0.3
-    correct = rng.random(2 * n) < 0.5
-    prompts = rng.integers(5, 9, size=2 * n)
-    levels = np.where(rng.random(2 * n) < 0.4, "hard", "easy")
-    halves = [slice(0, n), slice(n, 2 * n)]
-    parts = [_step_record(total[h], scores[:, h], lengths[h], truncated[h], correct[h], prompts[h], levels[h])
-             for h in halves]
-    whole = _step_record(total, scores, lengths, truncated, correct, prompts, levels)
-    combined = combine_records(parts)
-
-    approximate = {name for name in whole if rule_for(name)[0].approx}
-    assert approximate >= {"rewards/total/median", "rewards/entropy", "rewards/fmt/q25"}
-    for name, value in whole.items():
-        if name not in approximate:
-            assert combined[name] == pytest.approx(value, rel=1e-9, abs=1e-12), name
-    # totals are summed, not rank 0's
-    assert combined["tokens/completion_total"] == lengths.sum() != parts[0]["tokens/completion_total"]
+    levels = ["hard" if i % 3 else "easy" for i in range(2 * n)]
+    whole = make_step_data(2 * n, 4, seed=3, levels=levels)
+    first, second = _halves(whole, n)
+    second = dataclasses.replace(second, seconds={**second.seconds, "step": 5.0})
+    gathered = TwoRanks(_wire(second)).gather(first)
+    expected = step_record(dataclasses.replace(whole, seconds=gathered.seconds))
+    got = step_record(gathered)
+    assert got.keys() == expected.keys()
+    for name, value in expected.items():  # medians, quartiles and entropies too: no approximation left
+        assert got[name] == pytest.approx(value, rel=1e-12, abs=1e-12), name
+    assert gathered.seconds["step"] == 5.0  # the slowest rank
+    assert got["tokens/completion_total"] == whole.lengths.sum()
 
 
-def test_token_means_are_weighted_by_tokens_and_spreads_are_pooled():
+def test_update_statistics_are_token_weighted_and_spreads_pooled():
     a = np.array([1.0, 1.2, 0.8])
     b = np.array([2.0, 1.0, 1.5, 1.1, 0.9, 1.3, 1.7])
-    parts = [{"tokens/completion_total": float(x.size), "policy/ratio_mean": x.mean(), "policy/ratio_std": x.std(),
-              "policy/kl": 0.1 * x.size, "policy/lr": 1e-4, "timing/step_s": s, "tokens/total": 2.0 * x.size}
-             for x, s in ((a, 2.0), (b, 3.0))]
+    stats = [{"ratio_mean": x.mean(), "ratio_std": x.std(), "kl": 0.1 * x.size, "pg_loss": p}
+             for x, p in ((a, 0.2), (b, 0.4))]
+    out = combine_update_stats(stats, [a.size, b.size])
     both = np.concatenate([a, b])
-    out = combine_records(parts)
-    assert out["policy/ratio_mean"] == pytest.approx(both.mean())
-    assert out["policy/ratio_std"] == pytest.approx(both.std())
-    assert out["policy/kl"] == pytest.approx((0.3 * 3 + 0.7 * 7) / 10)
-    assert out["policy/lr"] == 1e-4
-    assert out["timing/step_s"] == 3.0  # the slowest rank
-    assert out["tokens/total"] == 20.0
-
-
-def test_derived_rates_are_recomputed_and_partial_metrics_use_the_ranks_that_have_them():
-    parts = [{"tokens/total": 100.0, "tokens/completion_total": 60.0, "timing/step_s": 2.0, "timing/rollout_s": 1.0,
-              "throughput/step_tokens_per_s": 50.0, "timing/gen_ms_per_token": 1000 / 60,
-              "completions/clip_ratio": 0.0, "completions/finished_correct_frac": 0.5},
-             {"tokens/total": 300.0, "tokens/completion_total": 140.0, "timing/step_s": 4.0, "timing/rollout_s": 3.0,
-              "throughput/step_tokens_per_s": 75.0, "timing/gen_ms_per_token": 3000 / 140,
-              "completions/clip_ratio": 0.25, "completions/truncated_correct_frac": 1.0,
-              "completions/finished_correct_frac": 0.0}]
-    out = combine_records(parts)
-    assert out["throughput/step_tokens_per_s"] == pytest.approx(400.0 / 4.0)
-    assert out["timing/gen_ms_per_token"] == pytest.approx(1000 * 3.0 / 200.0)
-    assert out["completions/truncated_correct_frac"] == 1.0  # only rank 1 had truncated completions
-
-
-def test_every_catalogued_metric_declares_how_it_combines_across_ranks():
-    fill = {"fn": "answer_check", "level": "easy", "rubric": "r", "criterion": "c", "k": "2"}
-    names = {re.sub(r"<(\w+)>", lambda m: fill[m.group(1)], spec.name) for spec in CATALOGUE
-             if spec.kind in ("scalar", "summary")}
-    missing = sorted(name for name in names if rule_for(name) is None)
-    assert not missing, f"declare how these combine across ranks in mlx_grpo/rank_metrics.py RULES: {missing}"
-    for name in names:
-        rule, groups = rule_for(name)
-        for ref in (rule.weight, rule.mean, rule.num, rule.den):
-            if ref is not None:
-                concrete = re.sub(r"<(\w+)>", lambda m: groups[m.group(1)], ref.removeprefix("1-"))
-                assert find_entry(concrete) is not None, f"{name}: rule refers to {concrete}, not a metric"
-
-
-def test_every_approximation_is_documented():
-    text = (ROOT / "docs" / "DISTRIBUTED.md").read_text()
-    for pattern, rule in RULES:
-        if rule.approx:
-            assert f"`{pattern}`" in text, pattern
+    assert out["ratio_mean"] == pytest.approx(both.mean())
+    assert out["ratio_std"] == pytest.approx(both.std())
+    assert out["kl"] == pytest.approx((0.3 * 3 + 0.7 * 7) / 10)
+    assert out["pg_loss"] == pytest.approx(0.3)  # each rank holds its share of the global aggregate
 
 
 # ----------------------------------------------------------------------------- output and resume

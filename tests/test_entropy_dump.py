@@ -101,7 +101,7 @@ def test_a_step_dumps_the_sampling_policy_entropy_of_every_completion_token(tiny
     mask = arrays["response_mask"].astype(bool)
     np.testing.assert_allclose(arrays["entropy"][mask], np.array(entropy)[mask], rtol=1e-4)
     np.testing.assert_allclose(arrays["varentropy"][mask], np.array(varentropy)[mask], rtol=1e-3, atol=1e-5)
-    assert result.metrics["policy/entropy"] == pytest.approx(float(arrays["entropy"][mask].mean()), rel=1e-4)
+    assert result.update.stats["entropy"] == pytest.approx(float(arrays["entropy"][mask].mean()), rel=1e-4)
 
 
 def test_a_run_writes_a_dump_every_n_steps_and_none_when_off(tiny_model, tmp_path):

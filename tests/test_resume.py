@@ -25,7 +25,7 @@ CONFIG = {"num_steps": NUM_STEPS, "batch_size": 2, "num_generations": 4, "max_ge
           "learning_rate": 0.01, "train_size": 6, "eval_every": 4, "eval_size": 4, "checkpoint_every": 3,
           "keep_checkpoints": 2, "histogram_every": 2, "samples_per_step": 1, "seed": 3, "wandb": False}
 # Wall-clock measurements differ between any two runs; everything else must be identical.
-CLOCK_PREFIXES = ("timing/", "system/", "throughput/")
+CLOCK_PREFIXES = ("timing/", "system/", "throughput/", "memory/")  # measured, not computed
 
 
 @pytest.fixture(scope="module")
@@ -145,14 +145,19 @@ def test_sigkill_at_random_steps_then_resume_is_the_uninterrupted_run(setup, ref
             break  # a fast machine finished the run before this kill: nothing left to interrupt
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-        run_ids.add(json.loads((run_dir / "run.json").read_text())["run_id"])
+        info = json.loads((run_dir / "run.json").read_text())
+        run_ids.add(info["run_id"])
+        if info["status"] == "finished":
+            proc = None  # the run finished between the poll and the kill: nothing was interrupted
+            break
         proc = resume(setup, name)
-    code, out, err = finish(proc)
-    assert code == 0, err
+    if proc is not None:
+        code, out, err = finish(proc)
+        assert code == 0, err
     info = assert_same_run(run_dir, reference)
     assert run_ids == {info["run_id"]}
     assert [r["step"] for r in info["resumes"]] == sorted(r["step"] for r in info["resumes"])
-    assert len(info["resumes"]) == len(kill_steps)
+    assert 1 <= len(info["resumes"]) <= len(kill_steps)
     assert tensorboard_steps(run_dir) == list(range(1, NUM_STEPS + 1))
 
 

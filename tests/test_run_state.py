@@ -1,4 +1,4 @@
-"""The run loop's trackers through a checkpoint: saved as JSON, restored, they carry on exactly as if the run
+"""The run's recorder state through a checkpoint: saved as JSON, restored, it carries on exactly as if the run
 had never stopped."""
 
 import json
@@ -9,9 +9,9 @@ import pytest
 from mlx_grpo.rewards import RewardFunction
 from mlx_grpo.rubric import load_rubric
 from mlx_grpo.rubric_reward import RubricReward
-from mlx_grpo.run_state import RunState, alert_engine_state, load_alert_engine_state
 from mlx_grpo.telemetry.alert_config import rules_from_config
 from mlx_grpo.telemetry.alerts import RULE_KINDS, AlertEngine, ThresholdRule
+from mlx_grpo.telemetry.recorder import RunRecorder
 from mlx_grpo.telemetry.reward_stats import RewardTracker, ThroughputTracker
 from synthetic_runs import Faults, simulate
 
@@ -34,12 +34,12 @@ def test_alert_engine_resumes_every_rule_kind_exactly():
     cut = 90
     whole = AlertEngine(rules)
     alerts_of(whole, records[:cut])
-    saved = through_json(alert_engine_state(whole))
+    saved = through_json(whole.state_dict())
     expected = alerts_of(whole, records[cut:])
     assert {a["rule"] for a in expected} >= {"non_finite", "kl_drift", "reward_hacking", "grad_norm_spike"}
 
     resumed = AlertEngine(rules_from_config({}, defaults=True))
-    load_alert_engine_state(resumed, saved)
+    resumed.load_state_dict(saved)
     assert alerts_of(resumed, records[cut:]) == expected
     fresh = AlertEngine(rules_from_config({}, defaults=True))
     assert alerts_of(fresh, records[cut:]) != expected  # so the state is what made the difference
@@ -49,18 +49,18 @@ def test_a_changed_rule_starts_fresh_and_unknown_state_types_are_refused():
     rule = ThresholdRule(name="high", metric="x", op=">", value=1.0, for_steps=3)
     engine = AlertEngine([rule])
     alerts_of(engine, [{"step": 1, "x": 2.0}, {"step": 2, "x": 2.0}])
-    saved = through_json(alert_engine_state(engine))
+    saved = through_json(engine.state_dict())
 
     same = AlertEngine([ThresholdRule(name="high", metric="x", op=">", value=1.0, for_steps=3)])
-    load_alert_engine_state(same, saved)
+    same.load_state_dict(saved)
     assert [a["step"] for a in alerts_of(same, [{"step": 3, "x": 2.0}])] == [3]  # third step in a row
     changed = AlertEngine([ThresholdRule(name="high", metric="x", op=">", value=1.5, for_steps=3)])
-    load_alert_engine_state(changed, saved)
+    changed.load_state_dict(saved)
     assert alerts_of(changed, [{"step": 3, "x": 2.0}]) == []  # counting starts again under the new rule
 
     text = json.dumps(saved).replace('"_Latch"', '"ThresholdRule"')
     with pytest.raises(ValueError, match="unknown alert state type 'ThresholdRule'"):
-        load_alert_engine_state(AlertEngine([rule]), json.loads(text))
+        AlertEngine([rule]).load_state_dict(json.loads(text))
 
 
 def tracker_steps(tracker, rng, steps):
@@ -123,11 +123,14 @@ def test_rubric_reward_resumes_its_summary_and_epoch_tokens(tmp_path):
     assert resumed.summary.to_rows()[-1]["samples"] == 6
 
 
-def test_run_state_keeps_reported_reward_errors_and_elapsed_time():
+def test_recorder_keeps_reported_reward_errors_nonfinite_count_and_elapsed_time():
     fns = [RewardFunction("a", lambda *a, **k: [], 1.0, error_reported=True), RewardFunction("b", None, 1.0)]
-    state = RunState(RewardTracker(["a", "b"]), [ThroughputTracker("t")], AlertEngine([]), fns, nonfinite_in_a_row=2)
-    saved = through_json(state.state_dict(elapsed_s=12.5))
+    recorder = RunRecorder(["a", "b"], [], reward_fns=fns, clock=lambda: 112.5)
+    recorder._started, recorder.nonfinite_in_a_row = 100.0, 2
+    saved = through_json(recorder.state_dict())
     fresh = [RewardFunction("a", None, 1.0), RewardFunction("b", None, 1.0, error_reported=True)]
-    restored = RunState(RewardTracker(["a", "b"]), [ThroughputTracker("t")], AlertEngine([]), fresh)
-    assert restored.load_state_dict(saved) == 12.5
+    restored = RunRecorder(["a", "b"], [], reward_fns=fresh, clock=lambda: 500.0)
+    restored.load_state_dict(saved)
+    assert restored.elapsed() == 12.5
     assert [f.error_reported for f in fresh] == [True, False] and restored.nonfinite_in_a_row == 2
+

@@ -15,11 +15,12 @@ import pytest
 from mlx_grpo.cli import main
 from mlx_grpo.rubric import load_rubric
 from mlx_grpo.rubric_reward import RubricReward
-from mlx_grpo.step_metrics import rollout_metrics
 from mlx_grpo.telemetry import catalogue
 from mlx_grpo.telemetry.catalogue import find_entry
 from mlx_grpo.telemetry.reward_stats import RewardTracker, ThroughputTracker, reward_metrics
+from mlx_grpo.telemetry.step_data import step_record
 from mlx_grpo.telemetry.system import SystemSampler
+from step_data_builder import make_step_data
 
 REPO = Path(__file__).resolve().parents[1]
 SEEDS_DIR = Path(os.environ.get("MLX_GRPO_SEEDS_DIR", REPO.parent / "shared" / "seeds"))
@@ -128,7 +129,7 @@ def test_every_name_the_telemetry_modules_emit_is_catalogued():
                             gpu_utilization=lambda: 50.0)
     with sampler:
         emitted.update(sampler.snapshot())
-    emitted.update(rollout_metrics([5, 5], [False, True], [3, 9], [False, True], [True, False], [3, 4]))
+    emitted.update(step_record(make_step_data(levels=[3, 4] * 8)))
     for key in ("epoch/reward_trend", "epoch/loss_trend", "system/gpu_utilization_percent",
                 "system/accel_memory_percent", "rewards/answer_check/hist", "advantages/hist"):
         assert key in emitted

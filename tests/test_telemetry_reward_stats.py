@@ -114,7 +114,7 @@ def test_epoch_aggregates_and_trends():
     tracker.update(1, np.array([[1.0, 1.0]]), np.array([1.0, 1.0]), loss=0.5)
     tracker.update(2, np.array([[3.0, 3.0]]), np.array([3.0, 3.0]), loss=0.3)
     first = tracker.end_epoch()
-    assert first == pytest.approx({"epoch/index": 1, "epoch/num_samples": 4,
+    assert first == pytest.approx({"epoch/index": 1, "epoch/num_samples": 4, "epoch/partial": 0,
                                    "epoch/reward_mean": 2.0, "epoch/reward_variance": 1.0, "epoch/loss_mean": 0.4})
     tracker.update(3, np.array([[4.0, 4.0]]), np.array([4.0, 4.0]), loss=0.2)
     second = tracker.end_epoch()

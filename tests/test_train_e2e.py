@@ -62,17 +62,17 @@ def test_lora_changes_only_adapters_and_reference_is_the_base(tmp_path, models):
         if "lora" not in k:
             assert mx.array_equal(frozen_before[k], v), k
     assert trainer.reference.model is model  # no second copy under LoRA
-    result = trainer.step(3)
-    assert result.metrics["policy/kl"] > 0  # adapters moved the policy away from the base
+    assert trainer.step(3).update.stats["kl"] > 0  # adapters moved the policy away from the base
 
 
 def test_beta_zero_builds_no_reference(tmp_path, models):
+    from mlx_grpo.telemetry.step_data import step_record
     from mlx_grpo.trainer import Trainer
 
     config = load_config(None, {**FAST, "model_id": str(models["llama"]), "beta": 0.0})
     trainer = Trainer.build(config, tmp_path)
     assert trainer.reference is None
-    assert "policy/kl" not in trainer.step(1).metrics
+    assert "policy/kl" not in step_record(trainer.step(1))
 
 
 def test_dora_and_quantized_base_with_lora(tmp_path, models):

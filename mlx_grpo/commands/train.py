@@ -59,7 +59,28 @@ def collect_overrides(args: argparse.Namespace) -> dict[str, typing.Any]:
     return overrides
 
 
-def run(args: argparse.Namespace) -> int:
-    from ..trainer import train_from_cli
+def train_from_cli(config_path: str | None, overrides: dict, resume: str | None = None) -> int:
+    """Train from a config file (or the built-in default) or resume a run; returns the exit code."""
+    from pathlib import Path
 
+    from ..config import load_config
+    from ..errors import UserError
+    from ..resume import config_for_resume
+    from ..signals import EXIT_INTERRUPTED
+    from ..trainer import train
+
+    if resume is not None:
+        if config_path is not None:
+            raise UserError(f"--resume {resume}: the run keeps its own config; give changes as flags "
+                            f"(e.g. --num-steps 500), not a config file ({config_path})")
+        config, base_dir = config_for_resume(Path(resume), overrides)
+        result = train(config, base_dir, resume_dir=Path(resume))
+    else:
+        config = load_config(config_path, overrides)
+        base_dir = Path(config_path).resolve().parent if config_path else Path.cwd()
+        result = train(config, base_dir)
+    return {"finished": 0, "interrupted": EXIT_INTERRUPTED}.get(result.get("status"), 1)
+
+
+def run(args: argparse.Namespace) -> int:
     return train_from_cli(args.config, collect_overrides(args), resume=args.resume)

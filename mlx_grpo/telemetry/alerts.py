@@ -792,6 +792,91 @@ class AlertEngine:
             out.extend(self.check(record))
         return out
 
+    # ------------------------------------------------------------------ checkpoints
+
+    def state_dict(self) -> dict[str, Any]:
+        """Every rule's cooldowns, windows and baselines as plain JSON, matched back by the rule's definition.
+
+        Rule states are small objects of plain data (latches, windows of points, baseline lists), one
+        class per rule kind; their fields are walked rather than saved by a pair of methods per class,
+        so a new rule kind made of the same plain data is covered without code here.
+        """
+        return {"records": self._records,
+                "rules": [{"rule": repr(state.rule), "fields": _encode_fields(state)} for state in self._states]}
+
+    def load_state_dict(self, saved: Mapping[str, Any]) -> None:
+        """Restore `state_dict`'s output; a rule added or changed since starts fresh."""
+        by_rule = {item["rule"]: item["fields"] for item in saved["rules"]}
+        self._records = int(saved["records"])
+        for state in self._states:
+            fields = by_rule.get(repr(state.rule))
+            if fields is not None:
+                for name, value in fields.items():
+                    setattr(state, name, _decode(value))
+
+
+# Fields of a rule state that are not state: the rule itself comes from the (re)loaded configuration.
+_NOT_STATE = ("rule",)
+
+
+def _field_names(obj: Any) -> list[str]:
+    names = list(getattr(obj, "__dict__", {}))
+    for cls in type(obj).__mro__:
+        slots = cls.__dict__.get("__slots__", ())
+        names.extend([slots] if isinstance(slots, str) else slots)
+    return [n for n in dict.fromkeys(names) if n not in _NOT_STATE and hasattr(obj, n)]
+
+
+def _encode_fields(obj: Any) -> dict[str, Any]:
+    return {name: _encode(getattr(obj, name)) for name in _field_names(obj)}
+
+
+def _encode(value: Any) -> Any:
+    """JSON for plain data. Every JSON object in the output is tagged with what it stands for."""
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else {"float": repr(value)}
+    if isinstance(value, list):
+        return [_encode(v) for v in value]
+    if isinstance(value, tuple):
+        return {"tuple": [_encode(v) for v in value]}
+    if isinstance(value, deque):
+        return {"deque": [_encode(v) for v in value], "maxlen": value.maxlen}
+    if isinstance(value, dict):
+        return {"dict": [[_encode(k), _encode(v)] for k, v in value.items()]}
+    cls = type(value)
+    if cls.__module__ == __name__ and not isinstance(value, Rule):
+        return {"object": cls.__name__, "fields": _encode_fields(value)}
+    raise TypeError(f"alert engine state holds a {cls.__module__}.{cls.__name__}, which a checkpoint cannot store")
+
+
+def _decode(value: Any) -> Any:
+    if isinstance(value, list):
+        return [_decode(v) for v in value]
+    if not isinstance(value, dict):
+        return value
+    if "float" in value:
+        return float(value["float"])
+    if "tuple" in value:
+        return tuple(_decode(v) for v in value["tuple"])
+    if "deque" in value:
+        return deque((_decode(v) for v in value["deque"]), maxlen=value["maxlen"])
+    if "dict" in value:
+        return {_decode(k): _decode(v) for k, v in value["dict"]}
+    return _decode_object(value["object"], value["fields"])
+
+
+def _decode_object(name: str, fields: Mapping[str, Any]) -> Any:
+    # Only a state class of this module, made without running its __init__: no code is named by data.
+    cls = globals().get(name)
+    if not (isinstance(cls, type) and cls.__module__ == __name__) or issubclass(cls, Rule):
+        raise ValueError(f"checkpoint names an unknown alert state type {name!r}")
+    obj = cls.__new__(cls)
+    for field_name, value in fields.items():
+        setattr(obj, field_name, _decode(value))
+    return obj
+
 
 __all__ = [
     "LEVELS", "Alert", "AlertEngine", "Rule", "ThresholdRule", "TrendRule", "SpikeRule", "BaselineRule",

@@ -278,8 +278,8 @@ def _performance_entries() -> list[MetricSpec]:
                    "ms/token", ti, EVERY_STEP),
     ]
     for phase in ("ref", "reward", "advantage", "update", "step"):
-        out.append(MetricSpec(f"timing/{phase}_ms_per_token", f"timing/{phase}_s in milliseconds per token of "
-                              "tokens/total.", "ms/token", ti, EVERY_STEP))
+        out.append(MetricSpec(f"timing/{phase}_ms_per_token", f"timing/{phase}_s in milliseconds per completion "
+                              "token trained on.", "ms/token", ti, EVERY_STEP))
     return out
 
 
@@ -304,6 +304,10 @@ def _system_entries() -> list[MetricSpec]:
                    "the backend reports none.", "GB", s, accel),
         MetricSpec("system/accel_memory_percent", "accel_active_gb as a percentage of accel_limit_gb.", "%", s,
                    accel),
+        *(MetricSpec(f"memory/{phase}_peak_gb", f"Peak MLX memory during this step's {words} (the counter is "
+                     "reset before the phase): what the phase needs, KV cache and activations included.", "GB",
+                     "memory", EVERY_STEP)
+          for phase, words in (("rollout", "rollout"), ("ref", "reference pass"), ("update", "update"))),
         MetricSpec("system/gpu_utilization_percent", "GPU 'Device Utilization %' of the Apple GPU as reported by "
                    "ioreg (no sudo). Left out on machines without it.", "%", s, "every logged step, on macOS"),
     ]
@@ -326,6 +330,8 @@ def _epoch_entries() -> list[MetricSpec]:
         MetricSpec("epoch/api_tokens", "Judge API tokens used during the epoch.", "tokens", e,
                    "end of each epoch, when a rubric uses a judge"),
         MetricSpec("epoch/num_samples", "Completions scored during the epoch.", "count", e, EPOCH),
+        MetricSpec("epoch/partial", "1 when the figures are of the run's last epoch, cut short by the end of the "
+                   "run (reported at the last step); 0 for a whole epoch.", "flag", e, EPOCH + ", and the last step"),
     ]
 
 

@@ -4,9 +4,10 @@
 completions were correct, when known) into the same metric records the trainer
 writes, runs the alert engine on them, and answers questions about the run so far:
 summaries, recent trends, one function's statistics, reward quality and function
-importance, reward hacking. The statistics are reward_stats.py's, the alerts
-alerts.py's and the analysis analysis.py's, so a hand-written loop and `mlx-grpo
-train` report the same numbers. Example: docs/ALERTS.md. Imports no mlx.
+importance, reward hacking. It records through the trainer's own `RunRecorder`
+(its trackers and alert engine, without sinks), and the analysis is analysis.py's,
+so a hand-written loop and `mlx-grpo train` report the same numbers. Example:
+docs/ALERTS.md. Imports no mlx.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from .alert_console import print_alerts
 from .alerts import Alert, AlertEngine, Rule, ThresholdRule, TrendRule
 from .analysis import (FunctionImportance, HackingReport, QualityReport, RewardReport, Trend, analyze_run,
                        detect_reward_hacking, function_importance, series, trend_of)
-from .reward_stats import RewardTracker, reward_metrics
+from .recorder import RunRecorder
+from .reward_stats import reward_metrics
 
 _CONDITIONS = {"above": ">", "below": "<", "at_least": ">=", "at_most": "<="}
 
@@ -51,7 +53,7 @@ class RewardMonitor:
         self.records: list[dict[str, Any]] = []
         self.samples: deque[dict[str, Any]] = deque(maxlen=max_samples)
         self.alerts: list[Alert] = []
-        self._tracker: RewardTracker | None = None
+        self._recorder: RunRecorder | None = None
 
     # ------------------------------------------------------------------ tracking
 
@@ -77,7 +79,6 @@ class RewardMonitor:
             raise ValueError(f"{n} completions do not split into groups of {group}")
         record: dict[str, Any] = {"step": int(step), "time": time.time()}
         record.update(reward_metrics(scores, names, weights, total, group))
-        record.update(self._tracker.update(step, scores, total))  # type: ignore[union-attr]
         if kl is not None:
             record["policy/kl"] = float(kl)
         if entropy is not None:
@@ -100,14 +101,15 @@ class RewardMonitor:
                 "correct": bool(correct[i]) if correct is not None else None,
                 "length": float(lengths[i]) if lengths is not None else None,
             })
-        self._raise(self.engine.check(record))
+        self._raise(self._recorder.observe(step, record, scores, total))  # type: ignore[union-attr]
         return record
 
     def _names(self, rewards: Mapping[str, Sequence]) -> list[str]:
         if self.reward_names is None:
             self.reward_names = list(rewards)
-        if self._tracker is None:
-            self._tracker = RewardTracker(self.reward_names)
+        if self._recorder is None:
+            self._recorder = RunRecorder(self.reward_names, ())
+            self._recorder.engine = self.engine  # rules may be added before the first step
         missing = [name for name in self.reward_names if name not in rewards]
         unknown = [name for name in rewards if name not in self.reward_names]
         if missing or unknown:
@@ -168,7 +170,7 @@ class RewardMonitor:
             if key in latest:
                 means[key] = latest[key]
         return {"steps": len(self.records), "last_step": latest.get("step"),
-                "run": self._tracker.final_metrics() if self._tracker else {}, "latest": means,
+                "run": self._recorder.rewards.final_metrics() if self._recorder else {}, "latest": means,
                 "alerts": dict(Counter(a.level for a in self.alerts))}
 
     def recent_trends(self, num_steps: int = 50) -> dict[str, Trend]:
@@ -182,7 +184,7 @@ class RewardMonitor:
         """One function: whole-run mean/std/min/max over every score, latest and recent mean, share, trend."""
         if not self.reward_names or name not in self.reward_names:
             raise KeyError(f"no reward function named {name!r}; tracked: {self.reward_names}")
-        final = self._tracker.final_metrics() if self._tracker else {}
+        final = self._recorder.rewards.final_metrics() if self._recorder else {}
         stats: dict[str, Any] = {key.rsplit("/", 1)[1]: value for key, value in final.items()
                                  if key.startswith(f"final/{name}/")}
         latest = self.records[-1] if self.records else {}

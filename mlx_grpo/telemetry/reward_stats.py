@@ -236,8 +236,14 @@ class RewardTracker:
                 del self._pending[name]
         return out
 
-    def end_epoch(self) -> dict[str, float]:
-        out = {"epoch/index": float(self._epoch_index), "epoch/num_samples": float(self._epoch_rewards.count)}
+    def epoch_has_data(self) -> bool:
+        """Whether the current epoch has seen any step yet."""
+        return bool(self._epoch_rewards.count)
+
+    def end_epoch(self, partial: bool = False) -> dict[str, float]:
+        """The epoch's figures; `partial` marks the run's last epoch when the run ended inside it."""
+        out = {"epoch/index": float(self._epoch_index), "epoch/num_samples": float(self._epoch_rewards.count),
+               "epoch/partial": float(partial)}
         if self._epoch_rewards.count:
             out["epoch/reward_mean"] = self._epoch_rewards.mean
             out["epoch/reward_variance"] = self._epoch_rewards.variance

@@ -98,6 +98,9 @@ class Sink:
     def log_checkpoint(self, path: str | Path, step: int) -> None:
         pass
 
+    def flush(self) -> None:
+        """Put what was written so far on disk (before a checkpoint records that it was)."""
+
     def close(self, status: str) -> None:
         pass
 
@@ -271,6 +274,10 @@ class TensorBoardSink(Sink):
     def write_samples(self, step, samples) -> None:
         self._raise_write_error()
         self.writer.add_text("samples/completions", samples_markdown(samples), step)
+
+    def flush(self) -> None:
+        self.writer.flush()
+        self._raise_write_error()
 
     def write_alert(self, alert) -> None:
         self._raise_write_error()
@@ -598,6 +605,9 @@ class SinkSet:
 
     def log_checkpoint(self, path: str | Path, step: int) -> None:
         self._each("log_checkpoint", path, step)
+
+    def flush(self) -> None:
+        self._each("flush")
 
     def close(self, status: str = "finished") -> None:
         if self._closed:

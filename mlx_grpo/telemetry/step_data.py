@@ -1,0 +1,158 @@
+"""What one training step produced, as data, and the one function that names it: `step_record`.
+
+The trainer's step returns a `StepData` of raw per-completion arrays, the update's results and the
+phase timings; under data parallelism the ranks' arrays are gathered into one `StepData` of the
+global batch first. `step_record` then computes every per-step metric of the record once, from
+whole arrays, so a metric means the same with one process or many. Pure numpy, no mlx.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from .reward_stats import reward_metrics
+
+# The phases a step is timed in, in order (timing/<phase>_s, timing/<phase>_ms_per_token).
+PHASES = ("rollout", "reward", "advantage", "ref", "update")
+
+
+@dataclass
+class UpdateStats:
+    """The update's outcome: loss and gradient norm of the global batch, token means of its statistics."""
+
+    loss: float
+    grad_norm: float
+    stats: dict[str, float]  # kl, entropy, clip fractions... averaged over the batch's completion tokens
+    skipped: int  # optimiser steps refused because the loss or gradient was not finite
+    learning_rate: float
+    kl_coef: float
+    has_reference: bool
+
+
+@dataclass
+class StepData:
+    """One step: N = B*G completions (all ranks' when gathered), the update, and timings."""
+
+    step: int
+    group_size: int
+    reward_names: list[str]
+    reward_weights: list[float]
+    scores: np.ndarray  # [F, N] per-function scores, NaN = no score
+    total: np.ndarray  # [N] weighted total reward
+    advantages: np.ndarray  # [N] each completion's group advantage
+    prompt_lengths: np.ndarray  # [N] prompt tokens of each sequence
+    prompt_truncated: np.ndarray  # [N] bool: prompt cut to max_prompt_length
+    lengths: np.ndarray  # [N] completion tokens
+    truncated: np.ndarray  # [N] bool: reached the generation budget without EOS
+    correct: np.ndarray  # [N] bool
+    difficulty: list  # [N] the dataset's difficulty level of each prompt, None when it has none
+    trained_tokens: int  # completion tokens the update trained on (S-GRPO trains on its own exits)
+    update: UpdateStats
+    seconds: dict[str, float]  # phase -> seconds (PHASES, plus "step"): the slowest rank's
+    peak_memory: dict[str, float] = field(default_factory=dict)  # phase -> peak bytes during it
+    component_metrics: dict[str, float] = field(default_factory=dict)  # named by their own modules
+    samples: list[dict] = field(default_factory=list)  # a few completions for samples.jsonl (rank 0's)
+    new_errors: list[str] = field(default_factory=list)  # reward-function failures first seen this step
+    entropy_dump: dict[str, np.ndarray] | None = None
+
+    @property
+    def completion_tokens(self) -> int:
+        return int(self.lengths.sum())
+
+
+def _stats(prefix: str, values: np.ndarray) -> dict[str, float]:
+    return {f"{prefix}_mean": float(values.mean()), f"{prefix}_min": float(values.min()),
+            f"{prefix}_max": float(values.max())}
+
+
+def outcome_metrics(data: StepData) -> dict[str, float]:
+    """Lengths, tokens, truncation and correctness of the step's completions."""
+    lengths = np.asarray(data.lengths, dtype=float)
+    truncated = np.asarray(data.truncated, dtype=bool)
+    finished = ~truncated
+    correct = np.asarray(data.correct, dtype=bool)
+    prompt_lengths = np.asarray(data.prompt_lengths, dtype=float)
+    out = {f"completions/{k}": v for k, v in _stats("length", lengths).items()}
+    out["completions/clip_ratio"] = float(truncated.mean())
+    out["completions/finished_frac"] = float(finished.mean())
+    if truncated.any():
+        out["completions/truncated_correct_frac"] = float(correct[truncated].mean())
+    if finished.any():
+        out["completions/finished_correct_frac"] = float(correct[finished].mean())
+    if correct.any():
+        out["completions/correct_length_mean"] = float(lengths[correct].mean())
+    out.update({f"prompts/{k}": v for k, v in _stats("length", prompt_lengths).items()})
+    out["prompts/clip_ratio"] = float(np.asarray(data.prompt_truncated, dtype=bool).mean())
+    out["tokens/prompt_total"] = float(prompt_lengths.sum())
+    out["tokens/completion_total"] = float(lengths.sum())
+    out["tokens/total"] = out["tokens/prompt_total"] + out["tokens/completion_total"]
+    out["accuracy/train"] = float(correct.mean())
+    out.update(difficulty_metrics(data.difficulty, correct))
+    return out
+
+
+def difficulty_metrics(levels: Sequence, correct: Sequence[bool]) -> dict[str, float]:
+    """`difficulty/<level>/accuracy` and `/count` for every level present (None levels are skipped)."""
+    by_level: dict[str, list[bool]] = defaultdict(list)
+    for level, ok in zip(levels, correct):
+        if level is not None:
+            by_level[str(level)].append(bool(ok))
+    out: dict[str, float] = {}
+    for level, oks in sorted(by_level.items()):
+        out[f"difficulty/{level}/accuracy"] = float(np.mean(oks))
+        out[f"difficulty/{level}/count"] = float(len(oks))
+    return out
+
+
+def update_metrics(update: UpdateStats) -> dict[str, float]:
+    out = {"policy/loss": update.loss, "policy/grad_norm": update.grad_norm, "policy/lr": update.learning_rate,
+           "policy/kl_coef": update.kl_coef, "policy/skipped_updates": float(update.skipped),
+           **{f"policy/{k}": v for k, v in update.stats.items()}}
+    if not update.has_reference:  # no reference policy: there is no KL to report
+        out.pop("policy/kl", None)
+        out.pop("policy/kl_penalty", None)
+    return out
+
+
+def timing_metrics(data: StepData) -> dict[str, float]:
+    """Phase seconds, milliseconds per completion token, and the whole step's tokens per second."""
+    trained = max(1, data.trained_tokens)
+    out = {f"timing/{phase}_s": data.seconds[phase] for phase in (*PHASES, "step") if phase in data.seconds}
+    out["timing/gen_ms_per_token"] = 1000 * data.seconds["rollout"] / max(1, data.completion_tokens)
+    for phase in ("update", "ref", "reward", "advantage", "step"):
+        out[f"timing/{phase}_ms_per_token"] = 1000 * data.seconds[phase] / trained
+    out["throughput/step_tokens_per_s"] = (trained + float(np.sum(data.prompt_lengths))) / data.seconds["step"]
+    return out
+
+
+def memory_metrics(data: StepData) -> dict[str, float]:
+    """The peak memory of each phase of this step, in GiB."""
+    return {f"memory/{phase}_peak_gb": peak / 2**30 for phase, peak in data.peak_memory.items()}
+
+
+def step_record(data: StepData) -> dict[str, float]:
+    """Every per-step metric of the step, computed once from the whole batch's arrays."""
+    adv = np.asarray(data.advantages, dtype=float)
+    return {
+        **update_metrics(data.update),
+        "advantages/mean": float(adv.mean()), "advantages/std": float(adv.std()),
+        "advantages/min": float(adv.min()), "advantages/max": float(adv.max()),
+        **reward_metrics(data.scores, data.reward_names, data.reward_weights, data.total, data.group_size),
+        **outcome_metrics(data),
+        **timing_metrics(data),
+        **memory_metrics(data),
+        **data.component_metrics,
+    }
+
+
+def eval_record(correct: Sequence[bool], levels: Sequence, seconds: float) -> dict[str, float]:
+    """Held-out greedy accuracy (overall and per difficulty level) of every evaluated row."""
+    out = {"timing/eval_s": seconds, "eval/num_samples": float(len(correct))}
+    if len(correct):  # an empty held-out set has no accuracy, not 0%
+        out["eval/accuracy"] = float(np.mean(np.asarray(correct, dtype=bool)))
+    out.update({k.replace("difficulty/", "eval/difficulty/"): v for k, v in difficulty_metrics(levels, correct).items()})
+    return out
