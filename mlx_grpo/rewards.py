@@ -193,7 +193,7 @@ BUILTINS: dict[str, Callable] = {
     "format_approx": format_approx,
     "answer_check": answer_check,
     "number_check": number_check,
-    # Names the seed documents use.
+    # Names other GRPO recipes use for the same functions.
     "check_answer": answer_check,
     "check_numbers": number_check,
 }

@@ -1,4 +1,4 @@
-"""The metric catalogue: lookups, the seed mapping's completeness, METRICS.md, `mlx-grpo metrics`."""
+"""The metric catalogue: lookups, other tools' names (complete for the requirement documents), METRICS.md, `mlx-grpo metrics`."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 from mlx_grpo.cli import main
 from mlx_grpo.rubric import load_rubric
 from mlx_grpo.rubric_reward import RubricReward
-from mlx_grpo.telemetry import catalogue
+from mlx_grpo.telemetry import catalogue, other_names
 from mlx_grpo.telemetry.catalogue import find_entry
 from mlx_grpo.telemetry.reward_stats import RewardTracker, ThroughputTracker, reward_metrics
 from mlx_grpo.telemetry.step_data import step_record
@@ -24,6 +24,10 @@ from step_data_builder import make_step_data
 
 REPO = Path(__file__).resolve().parents[1]
 SEEDS_DIR = Path(os.environ.get("MLX_GRPO_SEEDS_DIR", REPO.parent / "shared" / "seeds"))
+# The requirement documents the product was described from, by the tool whose names each one uses.
+SEED_FILES = {"tunix": "000-wandb-metrics-guide.md", "wandb-guide": "001-wandb-visualization-guide.md",
+              "verl": "002-tinyzero-verl-metrics.md", "reward-monitor": "003-reward-monitoring-system.md",
+              "tensorboard-guide": "004-tensorboard-metrics.md"}
 
 # Backticked words in the seed documents that are not metric names.
 NOT_METRICS = {
@@ -68,21 +72,22 @@ def seed_metric_names(text: str) -> list[str]:
 
 
 @pytest.mark.skipif(not SEEDS_DIR.is_dir(), reason=f"seed documents not found at {SEEDS_DIR}")
-def test_every_metric_named_in_the_seeds_is_mapped():
-    mapped = {(m.seed, m.name) for m in catalogue.SEED_MAP}
+def test_every_metric_named_in_the_requirement_documents_has_an_other_name_entry():
+    mapped = {(m.source, m.name) for m in other_names.OTHER_NAMES}
     missing = []
-    for seed, document in catalogue.SEEDS.items():
+    for source, document in SEED_FILES.items():
         names = seed_metric_names((SEEDS_DIR / document).read_text(encoding="utf-8"))
         assert len(names) > 10, f"extraction found almost nothing in {document}"
-        missing += [(seed, name) for name in names if (seed, name) not in mapped]
+        missing += [(source, name) for name in names if (source, name) not in mapped]
     assert missing == []
 
 
-def test_seed_answers_name_catalogue_entries_and_unanswered_ones_say_why():
-    assert catalogue.unresolved_answers() == []
-    for m in catalogue.SEED_MAP:
-        assert m.answers or m.note, f"{m.seed} {m.name}: no canonical metric and no reason"
-    critic_values = [m for m in catalogue.SEED_MAP if m.name == "critic/values/mean"]
+def test_other_names_answer_with_catalogue_entries_and_unanswered_ones_say_why():
+    assert other_names.unresolved_answers() == []
+    for m in other_names.OTHER_NAMES:
+        assert m.source in other_names.SOURCES
+        assert m.answers or m.note, f"{m.source} {m.name}: no canonical metric and no reason"
+    critic_values = other_names.lookup("critic/values/mean")
     assert critic_values and critic_values[0].answers == () and "critic" in critic_values[0].note
 
 
@@ -155,14 +160,20 @@ def test_metrics_md_is_up_to_date():
     assert actual == expected, "METRICS.md is stale: python -m mlx_grpo.telemetry.catalogue --write METRICS.md"
 
 
-def test_metrics_command_prints_table_json_and_seed_map(capsys):
+def test_metrics_command_prints_table_json_other_names_and_looks_names_up(capsys):
     assert main(["metrics", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert {"name", "description", "unit", "group", "when", "kind"} <= set(rows[0])
     assert len(rows) == len(catalogue.CATALOGUE)
-    assert main(["metrics", "--seed-map", "--json"]) == 0
-    seed_rows = json.loads(capsys.readouterr().out)
-    assert any(r["name"] == "Train/KLPenalty" and r["answers"] == ["policy/kl_penalty"] for r in seed_rows)
+    assert main(["metrics", "--other-names", "--json"]) == 0
+    other = json.loads(capsys.readouterr().out)
+    assert any(r["name"] == "Train/KLPenalty" and r["answers"] == ["policy/kl_penalty"] for r in other)
+    assert main(["metrics", "frac_reward_zero_std", "--json"]) == 0  # TRL's name
+    assert [r["ours"] for r in json.loads(capsys.readouterr().out)] == ["rewards/zero_std_group_frac"]
+    assert main(["metrics", "actor/pg_clipfrac", "--json"]) == 0  # verl's
+    assert json.loads(capsys.readouterr().out)[0]["ours"] == "policy/clip_frac"
+    assert main(["metrics", "no/such_metric"]) == 2
+    assert "no metric named 'no/such_metric'" in capsys.readouterr().err
     assert main(["metrics", "--group", "system"]) == 0
     out = capsys.readouterr().out
     assert "system/process_rss_gb" in out and "policy/loss" not in out

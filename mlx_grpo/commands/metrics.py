@@ -1,7 +1,8 @@
-"""`mlx-grpo metrics`: print the metric catalogue, or where each seed document's metrics went.
+"""`mlx-grpo metrics`: the metric catalogue, and other tools' names for the same metrics.
 
-Default: a table of every canonical metric. `--seed-map`: the seed mapping instead. `--json`: the
-same data as JSON (for scripts). `--group NAME` keeps one group of the catalogue.
+Default: a table of every canonical metric. `NAME`: look one name up, ours or another tool's
+(`mlx-grpo metrics frac_reward_zero_std`). `--other-names`: every TRL / verl / Tunix / TensorBoard-guide
+name and ours. `--json`: the same data as JSON (for scripts). `--group NAME` keeps one group.
 """
 
 from __future__ import annotations
@@ -13,28 +14,59 @@ from ..errors import UserError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("name", nargs="?", help="a metric name to look up: ours, or another tool's "
+                                                "(e.g. frac_reward_zero_std, actor/pg_clipfrac)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    parser.add_argument("--seed-map", action="store_true",
-                        help="print, for every metric named in the seed documents, the metric that answers it")
+    parser.add_argument("--other-names", action="store_true",
+                        help="list other tools' metric names (TRL, verl, Tunix, TensorBoard guide) and ours")
     parser.add_argument("--group", help="only this group of the catalogue (e.g. rewards, policy, system)")
+
+
+def _lookup(name: str) -> list[dict]:
+    from ..telemetry import catalogue, other_names
+
+    rows = []
+    entry = catalogue.find_entry(name)
+    if entry is not None:
+        rows.append({"name": name, "ours": entry.name, "tool": "mlx-grpo", "note": entry.description})
+    for m in other_names.lookup(name):
+        rows.append({"name": m.name, "ours": ", ".join(m.answers) or "none", "tool": other_names.SOURCES[m.source],
+                     "note": m.note})
+    if not rows:
+        raise UserError(f"no metric named '{name}', ours or another tool's; `mlx-grpo metrics` lists ours and "
+                        "`mlx-grpo metrics --other-names` the others")
+    return rows
 
 
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from ..telemetry import catalogue
+    from ..telemetry import catalogue, other_names
 
-    if args.seed_map:
-        rows = catalogue.seed_map_json()
+    if args.name is not None:
+        rows = _lookup(args.name)
         if args.json:
             print(json.dumps(rows, indent=2))
             return 0
-        table = Table(title="Seed metrics and the canonical metrics that answer them", show_lines=False)
-        for column in ("seed", "seed metric", "canonical", "note"):
+        table = Table(title=f"{args.name}")
+        for column in ("tool", "name", "ours", "note"):
             table.add_column(column, overflow="fold")
         for row in rows:
-            table.add_row(row["seed"], row["name"], "\n".join(row["answers"]) or "[dim]none[/dim]", row["note"])
+            table.add_row(row["tool"], row["name"], row["ours"], row["note"])
+        Console().print(table)
+        return 0
+
+    if args.other_names:
+        rows = other_names.other_names_json()
+        if args.json:
+            print(json.dumps(rows, indent=2))
+            return 0
+        table = Table(title="Other tools' metric names and ours", show_lines=False)
+        for column in ("tool", "their name", "ours", "note"):
+            table.add_column(column, overflow="fold")
+        for row in rows:
+            table.add_row(row["source"], row["name"], "\n".join(row["answers"]) or "[dim]none[/dim]", row["note"])
         Console().print(table)
         return 0
 

@@ -7,7 +7,7 @@ issues and recommendations, each reward function's importance, trends, correlati
 between functions, and a reward-hacking verdict. report.py renders and writes it;
 monitor.py runs the same functions on a live loop's history.
 
-The quality score (weights from the reward-monitoring seed document):
+The quality score (weights as reward-monitoring dashboards use them):
 - consistency 25%: the step-to-step jitter of the mean reward against the spread of
   rewards within a batch (a jumpy mean is noise or instability);
 - discriminability 35%: the share of groups whose completions got different rewards
