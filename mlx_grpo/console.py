@@ -12,7 +12,9 @@ class TrainingConsole:
     """A rich progress bar with step, reward, accuracy and tokens/s; messages print above it."""
 
     def __init__(self, total_steps: int, start_step: int = 0, enabled: bool = True):
-        self.console = Console(stderr=False, highlight=False)
+        # Without a terminal (a log file, CI, a pipe) lines are never wrapped at rich's default 80 columns:
+        # a run directory path or an alert stays one line that grep and copy-paste can use.
+        self.console = Console(stderr=False, highlight=False, soft_wrap=not sys.stdout.isatty())
         self.progress = Progress(
             TextColumn("[bold]step"),
             MofNCompleteColumn(),

@@ -451,20 +451,19 @@ def prepare(trainer: Trainer, recorder: RunRecorder, run: Run, step: int) -> Pen
                               trainer.adapter_config(), trainer.config.keep_checkpoints)
 
 
-def finish(run: Run, step: int, status: str, report: StepReport | None) -> dict[str, Any]:
+def finish(run: Run, step: int, status: str, last_step: StepReport | None) -> dict[str, Any]:
     """Close the run: final metrics, the sinks, and on a finished run the report and its last line."""
     recorder, world = run.recorder, run.trainer.world
-    last = report.record if report is not None else run.last_record
+    last = last_step.record if last_step is not None else run.last_record
     final = recorder.final_metrics(step, status == "finished", run.run_dir if world.is_main else None, last)
     recorder.close(final, status)
     if status == "finished" and world.is_main:
         from .telemetry.report import write_report
 
-        quality = write_report(run.run_dir).quality.score
-        acc = final.get("eval/accuracy")
-        recorder.message(f"finished {step} steps in {recorder.elapsed():.0f} s"
-                         + (f", held-out accuracy {acc:.1%}" if acc is not None else "")
-                         + (f", reward quality {quality:.0f}/100" if quality is not None else "")
+        reward_report = write_report(run.run_dir)
+        quality = reward_report.quality.score
+        recorder.message(f"finished {step} steps in {recorder.elapsed():.0f} s: {reward_report.outcome.headline()}"
+                         + (f"; reward functions' quality {quality:.0f}/100" if quality is not None else "")
                          + f" — run directory: {run.run_dir}")
     return final
 

@@ -51,7 +51,7 @@ def test_healthy_report_scores_well_and_explains_each_part(healthy_dir):
     assert data["run"] == "healthy-run" and data["quality"]["score"] == pytest.approx(q.score)
     assert set(data["importance"]) == set(report.functions)
     md = (healthy_dir / "report.md").read_text()
-    assert md.startswith("# Reward report: healthy-run") and "## Quality: " in md and "| discriminability | 35% |" in md
+    assert md.startswith("# Reward report: healthy-run") and "## Reward functions' quality: " in md and "**What happened:** " in md and "| discriminability | 35% |" in md
 
 
 def test_constant_reward_scores_low_and_says_why():
@@ -142,7 +142,7 @@ def test_report_tolerates_a_partial_last_line_and_reads_alerts(healthy_dir):
 def test_report_command_prints_and_writes(healthy_dir, capsys):
     assert main(["report", str(healthy_dir)]) == 0
     out = capsys.readouterr().out
-    assert "Reward report: healthy-run" in out and "Quality" in out
+    assert "Reward report: healthy-run" in out and "quality" in out and "What happened: held-out accuracy" in out
     for word in ("consistency", "discriminability", "stability", "coverage", "answer_check", "Reward hacking"):
         assert word in out
     assert (healthy_dir / "report.json").is_file() and (healthy_dir / "report.md").is_file()
@@ -163,3 +163,15 @@ def test_report_command_refuses_what_is_not_a_run(tmp_path, capsys):
     (tmp_path / "metrics.jsonl").write_text('{"step": 1, "rew')
     assert main(["report", str(tmp_path)]) == 2
     assert "no metric records yet" in capsys.readouterr().err
+
+
+def test_a_run_whose_held_out_accuracy_collapsed_is_not_praised():
+    from mlx_grpo.telemetry.analysis import analyze_run as analyze
+
+    metrics, samples = _sim()
+    accuracy = iter(np.linspace(0.46, 0.14, sum(1 for r in metrics if "eval/accuracy" in r)))
+    collapsed = [{**r, "eval/accuracy": next(accuracy)} if "eval/accuracy" in r else r for r in metrics]
+    report = analyze(collapsed, samples)
+    headline = report.outcome.headline()
+    assert headline.startswith("held-out accuracy 46.0% -> 14.0% (-32.0 points)")
+    assert any("held-out accuracy fell from 46% to 14%" in issue for issue in report.quality.issues)

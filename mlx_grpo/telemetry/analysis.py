@@ -458,6 +458,42 @@ def detect_reward_hacking(metrics: "Records | RunData", samples: Records = (),
 # --------------------------------------------------------------------------- whole report
 
 @dataclass
+class RunOutcome:
+    """What happened to the task, before any judgement of the reward functions."""
+
+    eval_first: float | None  # held-out accuracy at the first and the last evaluation
+    eval_last: float | None
+    train_accuracy: Trend | None  # accuracy/train, first quarter against last quarter
+    reward: Trend | None  # rewards/total/mean, likewise
+    alerts: dict[str, int]  # fired alerts by level
+
+    def headline(self) -> str:
+        """One line: held-out accuracy from -> to, the reward's trend, the alerts raised."""
+        parts = []
+        if self.eval_first is not None and self.eval_last is not None:
+            change = 100 * (self.eval_last - self.eval_first)
+            parts.append(f"held-out accuracy {self.eval_first:.1%} -> {self.eval_last:.1%} ({change:+.1f} points)")
+        elif self.train_accuracy is not None:
+            t = self.train_accuracy
+            parts.append(f"training accuracy {t.start:.0%} -> {t.end:.0%} ({t.direction})")
+        if self.reward is not None:
+            parts.append(f"reward {self.reward.start:+.3g} -> {self.reward.end:+.3g} ({self.reward.direction})")
+        raised = [f"{self.alerts[level]} {level}{'s' if self.alerts[level] != 1 else ''}"
+                  for level in ("error", "warning") if self.alerts.get(level)]
+        parts.append(f"alerts: {', '.join(raised)}" if raised else "no warnings or errors")
+        return ", ".join(parts)
+
+
+def run_outcome(data: RunData, alerts: Sequence[Alert]) -> RunOutcome:
+    _, accuracy = data.series("eval/accuracy")
+    counts: dict[str, int] = {}
+    for alert in alerts:
+        counts[alert.level] = counts.get(alert.level, 0) + 1
+    return RunOutcome(float(accuracy[0]) if len(accuracy) else None, float(accuracy[-1]) if len(accuracy) else None,
+                      trend_of(data, "accuracy/train"), trend_of(data, "rewards/total/mean"), counts)
+
+
+@dataclass
 class RewardReport:
     steps: int
     first_step: int | None
@@ -471,6 +507,7 @@ class RewardReport:
     hacking: HackingReport
     alerts: list[Alert]
     alerts_source: str  # "alerts.jsonl" or "replayed built-in rules"
+    outcome: RunOutcome  # what happened to the task (the quality score judges the reward functions only)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -500,6 +537,13 @@ def _issues(report: RewardReport, nonzero: float | None, auc: float | None,
         if rec not in recs:
             recs.append(rec)
 
+    outcome = report.outcome
+    if outcome.eval_first is not None and outcome.eval_last is not None and \
+            outcome.eval_last < outcome.eval_first - 0.05:
+        add(f"held-out accuracy fell from {outcome.eval_first:.0%} to {outcome.eval_last:.0%}: the policy got worse "
+            "at the task, whatever the rewards say",
+            "resume from an earlier checkpoint with a lower learning rate or a larger beta, and check the reward "
+            "functions for something the policy learned to game")
     if (p := parts["consistency"]).score is not None and p.score < 50:
         add("the mean reward jumps a lot from step to step",
             "use more prompts per step (batch_size) to average out noise, or lower the learning rate")
@@ -559,6 +603,6 @@ def analyze_run(metrics: Records, samples: Records = (), alerts: Sequence[Alert]
         functions=data.functions, quality=quality, importance=importance, trends=reward_trends(data),
         correlations=function_correlations(data),
         hacking=detect_reward_hacking(data, importance=importance, hacking_alerts=hacking_alerts),
-        alerts=list(alerts), alerts_source=source)
+        alerts=list(alerts), alerts_source=source, outcome=run_outcome(data, alerts))
     quality.issues, quality.recommendations = _issues(report, nonzero, auc, data)
     return report

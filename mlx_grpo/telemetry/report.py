@@ -71,7 +71,10 @@ def render_markdown(report: RewardReport, title: str) -> str:
     lines = [f"# Reward report: {title}", "",
              f"{report.steps} logged steps (steps {report.first_step} to {report.last_step}), "
              f"{report.num_samples} sampled completions, reward functions: {', '.join(report.functions) or 'none'}.", "",
-             f"## Quality: {_fmt(q.score, '.0f')}/100{_parts_note(report)}", "",
+             f"**What happened:** {report.outcome.headline()}.", "",
+             f"## Reward functions' quality: {_fmt(q.score, '.0f')}/100{_parts_note(report)}", "",
+             "How well the reward functions can teach (signal, spread, agreement with correctness); it does not "
+             "say whether the task improved: see the line above.", "",
              "| part | weight | score | why |", "|---|---|---|---|"]
     for part in q.parts:
         lines.append(f"| {part.name} | {part.weight:.0%} | {_fmt(part.score, '.0f')} | {part.explanation} |")
@@ -138,10 +141,11 @@ def print_report(report: RewardReport, title: str, console: Console | None = Non
     for part in q.parts:
         parts.add_row(part.name, f"{part.weight:.0%}", Text(_fmt(part.score, ".0f"), _score_style(part.score)),
                       part.explanation)
-    score = Text.assemble("Quality ", (f"{_fmt(q.score, '.0f')}/100", f"bold {_score_style(q.score)}"),
+    outcome = Text.assemble(("What happened: ", "bold"), report.outcome.headline())
+    score = Text.assemble("Reward functions' quality ", (f"{_fmt(q.score, '.0f')}/100", f"bold {_score_style(q.score)}"),
                           f"{_parts_note(report)}   {report.steps} logged steps, "
                           f"{report.num_samples} sampled completions")
-    body: list[Any] = [score, parts]
+    body: list[Any] = [outcome, score, parts]
     if q.issues:
         body.append(Text("\nIssues", style="bold"))
         body += [Text(f"  • {issue}", style="red") for issue in q.issues]
