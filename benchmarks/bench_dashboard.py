@@ -4,7 +4,7 @@ Writes a run directory with N logged steps (default 100,000) of ~100 canonical
 metrics at full float precision, like the trainer's metrics.jsonl, then drives
 the dashboard headless (Textual's run_test) and measures:
 
-- import: `import tui.app` in a fresh interpreter (what the command pays before anything);
+- import: `import mlx_grpo.tui.app` in a fresh interpreter (what the command pays before anything);
 - open: from creating the app to the first full screen (header at the last step,
   every overview tile and chart drawn);
 - history: until the older steps, parsed in the background, are all in the charts;
@@ -107,8 +107,8 @@ def append_step(run_dir: Path, step: int) -> None:
 
 
 def import_seconds() -> tuple[float, float]:
-    """(wall, cpu) seconds of `import tui.app` in a fresh interpreter."""
-    code = ("import time; t, c = time.perf_counter(), time.process_time(); import tui.app; "
+    """(wall, cpu) seconds of `import mlx_grpo.tui.app` in a fresh interpreter."""
+    code = ("import time; t, c = time.perf_counter(), time.process_time(); import mlx_grpo.tui.app; "
             "print(time.perf_counter() - t, time.process_time() - c)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     wall, cpu = out.stdout.split()
@@ -116,7 +116,7 @@ def import_seconds() -> tuple[float, float]:
 
 
 def screen_complete(app, last_step: int) -> bool:
-    from tui.chart import MetricChart
+    from mlx_grpo.tui.chart import MetricChart
 
     header = app.query_one("#header")
     if f"{last_step:,}" not in str(header.content):
@@ -127,7 +127,7 @@ def screen_complete(app, last_step: int) -> bool:
 
 
 async def measure(run_dir: Path, steps: int, refreshes: int) -> dict:
-    from tui.app import VIEWS, WatchApp
+    from mlx_grpo.tui.app import VIEWS, WatchApp
 
     result: dict = {}
     t0, c0 = time.perf_counter(), time.process_time()
@@ -226,7 +226,7 @@ def main() -> int:
     print(f"load average {load:.1f} on {os.cpu_count()} cores")
     during = result["refresh_during_history_ms"]
     rows = [
-        ("import tui.app (fresh interpreter)", f"{result['import_s'] * 1e3:.0f} ms",
+        ("import mlx_grpo.tui.app (fresh interpreter)", f"{result['import_s'] * 1e3:.0f} ms",
          f"{result['import_cpu_s'] * 1e3:.0f} ms", "paid once, before the app starts"),
         ("open -> first full screen", f"{result['open_s'] * 1e3:.0f} ms", f"{result['open_cpu_s'] * 1e3:.0f} ms",
          f"target <= 1000 ms; {result['rows_at_first_screen']:,} newest steps shown"),

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mlx_grpo.telemetry.downsample import bucketize, ema
-from tui.braille import Layer, render_cells
-from tui.chart import legend_names
+from mlx_grpo.tui.downsample import bucketize, ema
+from mlx_grpo.tui.braille import Layer, render_cells
+from mlx_grpo.tui.chart import legend_names
 
 
 def ema_loop(x, w, start=None):

@@ -14,9 +14,9 @@ import pytest
 from mlx_grpo.telemetry.rundir_reader import STANDING_RECORDS
 from run_writer import RunWriter, metric_record
 from screen_text import screen_text
-from tui.app import WatchApp
-from tui.chart import MetricChart
-from tui.tile import MetricTile
+from mlx_grpo.tui.app import WatchApp
+from mlx_grpo.tui.chart import MetricChart
+from mlx_grpo.tui.tile import MetricTile
 
 pytestmark = pytest.mark.anyio
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from run_writer import RunWriter
-from tui.app import WatchApp
+from mlx_grpo.tui.app import WatchApp
 
 SIZE = (130, 42)
 STEPS = 60

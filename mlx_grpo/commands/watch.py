@@ -32,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
     run_dirs = resolve_run_dirs(args.run_dirs)
     if args.web:
         return _serve(run_dirs, args)
-    from tui.app import WatchApp
+    from ..tui.app import WatchApp
 
     WatchApp(run_dirs, refresh=args.refresh).run()
     return 0

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mlx_grpo.telemetry.downsample import Buckets
+from .downsample import Buckets
 
 # Bit of each dot in a braille cell, indexed [row 0..3][col 0..1] (Unicode order).
 _DOT_BITS = np.array([[0x01, 0x08], [0x02, 0x10], [0x04, 0x20], [0x40, 0x80]], dtype=np.int64)

@@ -11,8 +11,8 @@ from typing import Callable
 
 import numpy as np
 
-from mlx_grpo.telemetry.downsample import ema, finite_points
-from mlx_grpo.telemetry.rundir_reader import RunReader, RunState, pid_alive
+from .downsample import ema, finite_points
+from ..telemetry.rundir_reader import RunReader, RunState, pid_alive
 
 from .palette import LEVEL_RANK, run_color
 

@@ -11,7 +11,7 @@ from textual.strip import Strip
 from textual.widget import Widget
 from textual.widgets import Label
 
-from mlx_grpo.telemetry.downsample import bucketize, finite_points
+from .downsample import bucketize, finite_points
 
 from .chart_view import ChartsView
 from .fmt import fmt_spark, fmt_value

@@ -14,7 +14,7 @@ from textual.geometry import Region
 from textual.strip import Strip
 from textual.widget import Widget
 
-from mlx_grpo.telemetry.downsample import bucketize
+from .downsample import bucketize
 
 from .board import Board
 from .braille import Layer, nice_range, render_cells

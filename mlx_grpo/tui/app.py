@@ -14,7 +14,7 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.widgets import Footer, Input, TabbedContent, TabPane
 
-from mlx_grpo.telemetry.rundir_reader import RunReader, pid_alive
+from ..telemetry.rundir_reader import RunReader, pid_alive
 
 from .alerts_view import AlertsView
 from .board import Board
