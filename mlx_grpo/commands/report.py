@@ -1,4 +1,5 @@
-"""`mlx-grpo report RUN_DIR`: the reward report of a run, printed and written into the run directory."""
+"""`mlx-grpo report RUN_DIR [...]`: the reward report of a run, printed and written into the run directory;
+`--html` draws the run (several runs overlaid) into one self-contained HTML file."""
 
 from __future__ import annotations
 
@@ -6,22 +7,32 @@ import argparse
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (holds metrics.jsonl)")
+    parser.add_argument("run_dirs", metavar="RUN_DIR", nargs="+", help="run directories (each holds metrics.jsonl)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON instead of tables")
     parser.add_argument("--no-write", dest="write", action="store_false",
                         help="do not write report.json and report.md into the run directory")
+    parser.add_argument("--html", nargs="?", const="", metavar="FILE",
+                        help="also write one self-contained HTML file of charts, samples and the report, runs "
+                             "overlaid (default: report.html in the first run directory; needs mlx-grpo[report])")
 
 
 def run(args: argparse.Namespace) -> int:
     from ..telemetry.report import build_report, print_report, report_json, save_report
 
-    title, report = build_report(args.run_dir)
-    if args.write:
-        save_report(args.run_dir, title, report)
-    if args.json:
-        print(report_json(title, report), end="")
-    else:
-        print_report(report, title)
+    for run_dir in args.run_dirs:
+        title, report = build_report(run_dir)
         if args.write:
-            print(f"wrote {args.run_dir.rstrip('/')}/report.json and report.md")
+            save_report(run_dir, title, report)
+        if args.json:
+            print(report_json(title, report), end="")
+        else:
+            print_report(report, title)
+            if args.write:
+                print(f"wrote {run_dir.rstrip('/')}/report.json and report.md")
+    if args.html is not None:
+        from ..telemetry.html_report import write_html_report
+
+        path = write_html_report(args.run_dirs, args.html or None)
+        if not args.json:
+            print(f"wrote {path}")
     return 0

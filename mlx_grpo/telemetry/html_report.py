@@ -1,0 +1,215 @@
+"""`mlx-grpo report RUN [RUN ...] --html`: one self-contained HTML file with the pictures of a run.
+
+The charts a user would otherwise open TensorBoard for — reward per function, accuracy, KL and
+entropy, lengths, throughput, memory, the alert timeline — drawn by matplotlib as inline SVG with
+text as paths (no fonts to fetch), plus sample completions and the reward report. Several runs
+overlay in every chart. The file makes no network request: no scripts, no CDN, no web fonts.
+matplotlib is an optional extra (`pip install 'mlx-grpo[report]'`). Imports no mlx.
+"""
+
+from __future__ import annotations
+
+import html
+import io
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+
+from ..errors import UserError
+from .analysis import RewardReport, RunData, analyze_run
+from .report import load_run
+
+# (title, y label, metrics): a metric with `*` stands for every reward function's.
+CHARTS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("Total reward", "reward", ("rewards/total/mean",)),
+    ("Reward per function", "mean reward", ("rewards/*/mean",)),
+    ("Accuracy", "fraction correct", ("accuracy/train", "eval/accuracy")),
+    ("KL to the reference", "KL", ("policy/kl",)),
+    ("Entropy", "nats", ("policy/entropy",)),
+    ("Completion length", "tokens", ("completions/length_mean",)),
+    ("Truncated completions", "fraction", ("completions/clip_ratio",)),
+    ("Throughput", "tokens/s", ("throughput/gen_tokens_per_s", "throughput/backprop_tokens_per_s")),
+    ("Memory", "GB", ("system/process_rss_gb", "system/accel_peak_gb", "memory/rollout_peak_gb",
+                      "memory/update_peak_gb")),
+)
+RUN_STYLES = ("-", "--", ":", "-.")
+LEVEL_COLOURS = {"info": "#4c8bf5", "warning": "#e8a317", "error": "#d93025"}
+SAMPLES_SHOWN = 8
+
+
+@dataclass
+class LoadedRun:
+    title: str
+    info: dict
+    data: RunData
+    report: RewardReport
+
+
+def load_runs(run_dirs: Sequence[str | Path]) -> list[LoadedRun]:
+    runs = []
+    for run_dir in run_dirs:
+        info, metrics, samples, alerts = load_run(run_dir)
+        title = str(info.get("name") or Path(run_dir).resolve().name)
+        runs.append(LoadedRun(title, info, RunData(metrics, samples), analyze_run(metrics, samples, alerts)))
+    return runs
+
+
+def _pyplot():
+    try:
+        import matplotlib
+    except ImportError:
+        raise UserError("report --html draws its charts with matplotlib: pip install 'mlx-grpo[report]'") from None
+    matplotlib.use("Agg")
+    matplotlib.rcParams.update({"svg.fonttype": "path", "font.size": 9, "axes.spines.top": False,
+                                "axes.spines.right": False, "svg.hashsalt": "mlx-grpo"})
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _metric_names(pattern: str, runs: Sequence[LoadedRun]) -> list[str]:
+    if "*" not in pattern:
+        return [pattern]
+    prefix, suffix = pattern.split("*")
+    names = {n for run in runs for n in run.data.table.names
+             if n.startswith(prefix) and n.endswith(suffix) and "/" not in n[len(prefix):-len(suffix)]}
+    return sorted(names - {"rewards/total/mean"})
+
+
+def _svg(fig) -> str:
+    buffer = io.StringIO()
+    fig.savefig(buffer, format="svg", bbox_inches="tight")
+    text = buffer.getvalue()
+    text = re.sub(r"<metadata>.*?</metadata>", "", text, flags=re.S)  # RDF boilerplate naming web addresses
+    return text[text.index("<svg"):]  # drop the XML prolog and DOCTYPE: the SVG sits inside HTML
+
+
+def chart_svg(plt, title: str, ylabel: str, patterns: Sequence[str], runs: Sequence[LoadedRun]) -> str | None:
+    """One chart, every run and every matching metric as a line; None when no run has any of them."""
+    # A colour per metric, a line style per run: overlaid runs of one metric read as one family.
+    lines = []
+    names = [name for pattern in patterns for name in _metric_names(pattern, runs)]
+    for k, name in enumerate(names):
+        for r, run in enumerate(runs):
+            steps, values = run.data.series(name)
+            if len(values):
+                label = name if len(runs) == 1 else f"{run.title}: {name}"
+                lines.append((steps, values, label, f"C{k % 10}", RUN_STYLES[r % len(RUN_STYLES)]))
+    if not lines:
+        return None
+    fig, ax = plt.subplots(figsize=(6.2, 2.8))
+    for steps, values, label, colour, style in lines:
+        ax.plot(steps, values, marker="o" if len(values) < 15 else None, markersize=3, linewidth=1.4, label=label,
+                color=colour, linestyle=style)
+    ax.set_title(title, loc="left", fontweight="bold")
+    ax.set_xlabel("step")
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    if len(lines) > 1:
+        ax.legend(fontsize=7, frameon=False, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    svg = _svg(fig)
+    plt.close(fig)
+    return svg
+
+
+def alert_timeline_svg(plt, runs: Sequence[LoadedRun]) -> str | None:
+    """Each run's alerts as marks on a step axis, coloured by level."""
+    if not any(run.report.alerts for run in runs):
+        return None
+    fig, ax = plt.subplots(figsize=(6.2, 0.5 + 0.45 * len(runs)))
+    labelled: set[str] = set()
+    for row, run in enumerate(runs):
+        for level, colour in LEVEL_COLOURS.items():
+            steps = [a.step for a in run.report.alerts if a.level == level]
+            if steps:
+                ax.scatter(steps, [row] * len(steps), color=colour, s=28, marker="|" if level == "info" else "o",
+                           label=None if level in labelled else level)
+                labelled.add(level)
+    ax.set_yticks(range(len(runs)), [run.title for run in runs])
+    ax.set_ylim(-0.6, len(runs) - 0.4)
+    ax.set_xlabel("step")
+    ax.set_title("Alerts", loc="left", fontweight="bold")
+    ax.legend(fontsize=7, frameon=False, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    svg = _svg(fig)
+    plt.close(fig)
+    return svg
+
+
+def _e(value: Any) -> str:
+    return html.escape("" if value is None else str(value))
+
+
+def _report_section(run: LoadedRun) -> str:
+    q = run.report.quality
+    parts = "".join(f"<tr><td>{_e(p.name)}</td><td>{p.weight:.0%}</td>"
+                    f"<td>{'-' if p.score is None else f'{p.score:.0f}'}</td><td>{_e(p.explanation)}</td></tr>"
+                    for p in q.parts)
+    issues = "".join(f"<li>{_e(i)}</li>" for i in q.issues) or "<li>none found</li>"
+    recs = "".join(f"<li>{_e(r)}</li>" for r in q.recommendations)
+    score = "-" if q.score is None else f"{q.score:.0f}"
+    return (f"<section><h2>{_e(run.title)}</h2>"
+            f"<p class='outcome'><b>What happened:</b> {_e(run.report.outcome.headline())}.</p>"
+            f"<h3>Reward functions' quality: {score}/100</h3>"
+            f"<table><tr><th>part</th><th>weight</th><th>score</th><th>why</th></tr>{parts}</table>"
+            f"<h4>Issues</h4><ul>{issues}</ul>" + (f"<h4>Recommendations</h4><ul>{recs}</ul>" if recs else "")
+            + f"<p><b>Reward hacking:</b> {_e(run.report.hacking.verdict)}</p></section>")
+
+
+def _samples_section(run: LoadedRun) -> str:
+    samples = run.data.samples[-SAMPLES_SHOWN:]
+    if not samples:
+        return ""
+    rows = "".join(
+        f"<tr><td>{_e(s.get('step'))}</td><td><pre>{_e(s.get('prompt'))}</pre></td>"
+        f"<td><pre>{_e(s.get('completion'))}</pre></td><td>{_e(s.get('answer'))}</td>"
+        f"<td>{_e(s.get('total'))}</td><td>{'yes' if s.get('correct') else 'no'}</td></tr>"
+        for s in samples if isinstance(s, dict))
+    return (f"<section><h3>Sample completions: {_e(run.title)} (last {len(samples)})</h3><table>"
+            "<tr><th>step</th><th>prompt</th><th>completion</th><th>answer</th><th>reward</th><th>correct</th></tr>"
+            f"{rows}</table></section>")
+
+
+STYLE = """
+body { font-family: -apple-system, "Segoe UI", Helvetica, Arial, sans-serif; margin: 24px auto; max-width: 1320px;
+       color: #202124; background: #fff; }
+h1 { font-size: 22px; } h2 { font-size: 18px; margin-top: 28px; } h3 { font-size: 15px; }
+.charts { display: grid; grid-template-columns: repeat(auto-fill, minmax(620px, 1fr)); gap: 12px; }
+.chart { border: 1px solid #e0e0e0; border-radius: 6px; padding: 6px; margin: 0; }
+.chart svg { width: 100%; height: auto; }
+table { border-collapse: collapse; font-size: 13px; margin: 6px 0; }
+td, th { border: 1px solid #e0e0e0; padding: 4px 8px; text-align: left; vertical-align: top; }
+pre { margin: 0; white-space: pre-wrap; font-size: 12px; max-width: 460px; }
+.outcome { font-size: 15px; background: #f5f7fb; padding: 8px 12px; border-radius: 6px; }
+"""
+
+
+def render_html(runs: Sequence[LoadedRun]) -> str:
+    plt = _pyplot()
+    charts = [(title, svg) for title, ylabel, metrics in CHARTS
+              if (svg := chart_svg(plt, title, ylabel, metrics, runs))]
+    timeline = alert_timeline_svg(plt, runs)
+    if timeline is not None:
+        charts.append(("Alerts", timeline))
+    names = ", ".join(run.title for run in runs)
+    body = [f"<h1>mlx-grpo run report: {_e(names)}</h1>",
+            "<div class='charts'>" + "".join(f"<figure class='chart' title='{_e(title)}'>{svg}</figure>"
+                                             for title, svg in charts) + "</div>"]
+    body += [_report_section(run) for run in runs]
+    body += [_samples_section(run) for run in runs]
+    return ("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
+            f"<title>mlx-grpo report: {_e(names)}</title><style>{STYLE}</style></head><body>"
+            + "\n".join(body) + "</body></html>\n")
+
+
+def write_html_report(run_dirs: Sequence[str | Path], out: str | Path | None = None) -> Path:
+    """Write the report of one or more runs; the default place is report.html in the first run directory."""
+    runs = load_runs(run_dirs)
+    path = Path(out) if out is not None else Path(run_dirs[0]) / "report.html"
+    text = render_html(runs)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+    return path

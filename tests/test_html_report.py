@@ -1,0 +1,37 @@
+"""`mlx-grpo report --html`: one self-contained file with every chart, runs overlaid, and nothing fetched."""
+
+import re
+
+from mlx_grpo.cli import main
+from synthetic_runs import Faults, simulate, write_run_dir
+
+
+def _runs(tmp_path):
+    metrics, samples = simulate(60, 0, Faults())
+    metrics = [{**r, "system/process_rss_gb": 1.5 + 0.001 * r["step"]} for r in metrics]
+    healthy = write_run_dir(tmp_path / "healthy", metrics, samples, name="healthy")
+    hacked = write_run_dir(tmp_path / "hacked", *simulate(60, 1, Faults(length_reward=True, fault_step=30)),
+                           name="hacked")
+    return healthy, hacked
+
+
+def test_html_report_draws_every_chart_for_several_runs_and_fetches_nothing(tmp_path, capsys):
+    healthy, hacked = _runs(tmp_path)
+    out = tmp_path / "both.html"
+    assert main(["report", str(healthy), str(hacked), "--html", str(out), "--no-write"]) == 0
+    text = out.read_text()
+    charts = re.findall(r"<figure class='chart' title='([^']+)'>\s*<svg", text)
+    assert charts == ["Total reward", "Reward per function", "Accuracy", "KL to the reference", "Entropy",
+                      "Completion length", "Truncated completions", "Throughput", "Memory", "Alerts"]
+    assert "healthy: rewards/total/mean" in text and "hacked: rewards/total/mean" in text  # overlaid
+    assert "What happened:" in text and "Reward functions' quality" in text and "Sample completions" in text
+    # Nothing the browser would fetch: no scripts, stylesheets, images, fonts or frames by URL.
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", text)
+    assert "@import" not in text and not re.search(r"url\((?!#)", text) and "<script" not in text  # url(#id): local
+    assert f"wrote {out}" in capsys.readouterr().out
+
+
+def test_html_report_goes_into_the_run_directory_by_default(tmp_path):
+    healthy, _ = _runs(tmp_path)
+    assert main(["report", str(healthy), "--html"]) == 0
+    assert (healthy / "report.html").is_file() and (healthy / "report.json").is_file()
