@@ -1,9 +1,12 @@
 """`mlx-grpo watch --web`: the dashboard served on localhost by textual-serve.
 
-The first test talks to the server like the page's script does (HTTP, then the
-websocket that carries the terminal) and needs no browser. The second loads the
-page in headless Chromium and reads what the page's terminal received; it is
-skipped when Chromium is not installed (Debian: apt-get install chromium).
+Most tests talk to the server like the page's script does (HTTP, then the
+websocket that carries the terminal) and need no browser: the page and its
+terminal, what the server refuses (no token, another site's Origin, more
+sessions than allowed) and that the page asks nothing of the network. The last
+loads the page in headless Chromium, reads what the page's terminal received
+and lists every request the page made; it is skipped when Chromium is not
+installed (Debian: apt-get install chromium).
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
+from typing import Callable
 
 import aiohttp
 import pytest
@@ -39,35 +44,55 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture
-def served_run(tmp_path):
-    """A run directory and `mlx-grpo watch --web` serving it; yields (url, run name)."""
+@dataclass
+class Served:
+    url: str    # as printed at start, with the token
+    base: str   # http://localhost:PORT
+    run_name: str
+
+
+def serve(tmp_path, *extra: str):
+    """A run directory and `mlx-grpo watch --web` serving it, until the generator is closed."""
     writer = RunWriter(tmp_path / "webrun", name="web-demo-run", total_steps=40)
     writer.start()
     for _ in range(12):
         writer.log_step()
     port = free_port()
-    log = open(tmp_path / "server.log", "wb")
+    log_path = tmp_path / "server.log"
+    log = open(log_path, "wb")
     server = subprocess.Popen(
-        [sys.executable, "-m", "mlx_grpo.cli", "watch", "--web", "--port", str(port), str(writer.run_dir)],
+        [sys.executable, "-m", "mlx_grpo.cli", "watch", "--web", "--port", str(port), *extra, str(writer.run_dir)],
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )
-    url = f"http://localhost:{port}"
     deadline = time.monotonic() + 30
+    while not (printed := re.search(r"open (http://\S+)", log_path.read_text())):
+        if server.poll() is not None or time.monotonic() > deadline:
+            log.close()
+            pytest.fail("server did not start: " + log_path.read_text())
+        time.sleep(0.1)
+    base = f"http://localhost:{port}"
     while True:
         try:
             socket.create_connection(("localhost", port), timeout=0.5).close()
             break
         except OSError:
-            if server.poll() is not None or time.monotonic() > deadline:
-                log.close()
-                pytest.fail("server did not start: " + (tmp_path / "server.log").read_text())
+            assert time.monotonic() < deadline, "the server printed its address but does not listen"
             time.sleep(0.1)
     try:
-        yield url, writer.name
+        yield Served(printed.group(1), base, writer.name)
     finally:
         stop_session(server)  # with the dashboard processes the server started
         log.close()
+
+
+@pytest.fixture
+def served_run(tmp_path):
+    yield from serve(tmp_path)
+
+
+@pytest.fixture
+def served_one_session(tmp_path):
+    yield from serve(tmp_path, "--max-sessions", "1")
 
 
 def stop_session(proc: subprocess.Popen) -> None:
@@ -84,27 +109,104 @@ def terminal_text(data: bytes) -> str:
     return ANSI.sub(b"", data).decode("utf-8", errors="replace")
 
 
+async def open_page(http: aiohttp.ClientSession, url: str) -> str:
+    """The page's HTML; the session keeps the cookie the page sets, as a browser does."""
+    async with http.get(url) as page:
+        assert page.status == 200, await page.text()
+        return await page.text()
+
+
+def websocket_url(html: str) -> str:
+    return re.search(r'data-session-websocket-url="([^"]+)"', html).group(1) + "?width=120&height=40"
+
+
+async def read_terminal(ws, until: Callable[[str], bool], timeout: float = 30) -> str:
+    received = b""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and not until(terminal_text(received)):
+        try:
+            msg = await ws.receive(timeout=2)
+        except asyncio.TimeoutError:
+            continue
+        if msg.type == aiohttp.WSMsgType.BINARY:
+            received += msg.data
+        elif msg.type in (aiohttp.WSMsgType.CLOSED, aiohttp.WSMsgType.ERROR):
+            break
+    return terminal_text(received)
+
+
 async def test_served_page_and_its_terminal_show_the_run(served_run):
-    url, name = served_run
+    name = served_run.run_name
+    assert "?token=" in served_run.url
     async with aiohttp.ClientSession() as http:
-        async with http.get(url) as page:
-            html = await page.text()
-        assert page.status == 200 and "textual.js" in html
-        ws_url = re.search(r'data-session-websocket-url="([^"]+)"', html).group(1)
-        received = b""
-        async with http.ws_connect(f"{ws_url}?width=120&height=40") as ws:
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline and not (name in terminal_text(received) and "step 12/40" in terminal_text(received)):
-                try:
-                    msg = await ws.receive(timeout=2)
-                except asyncio.TimeoutError:
-                    continue
-                if msg.type == aiohttp.WSMsgType.BINARY:
-                    received += msg.data
-                elif msg.type in (aiohttp.WSMsgType.CLOSED, aiohttp.WSMsgType.ERROR):
-                    break
-    text = terminal_text(received)
+        html = await open_page(http, served_run.url)
+        assert "textual.js" in html
+        async with http.ws_connect(websocket_url(html)) as ws:
+            text = await read_terminal(ws, lambda t: name in t and "step 12/40" in t)
     assert name in text and "step 12/40" in text and "Overview" in text
+
+
+async def status_of(http: aiohttp.ClientSession, url: str, **headers: str) -> int:
+    async with http.get(url, headers=headers) as response:
+        return response.status
+
+
+async def test_requests_without_the_token_are_refused(served_run):
+    base = served_run.base
+    async with aiohttp.ClientSession() as http:
+        assert await status_of(http, base + "/") == 403
+        assert await status_of(http, base + "/?token=0123456789abcdef") == 403
+        assert await status_of(http, base + "/static/js/textual.js") == 403
+        with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+            await http.ws_connect(base.replace("http", "ws") + "/ws?width=80&height=24")
+        assert refused.value.status == 403
+
+
+async def test_another_sites_page_is_refused_even_with_the_token(served_run):
+    evil = {"Origin": "http://evil.example"}
+    async with aiohttp.ClientSession() as http:
+        assert await status_of(http, served_run.url, **evil) == 403
+        html = await open_page(http, served_run.url)  # the cookie a real visit gets does not help either
+        with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+            await http.ws_connect(websocket_url(html), headers=evil)
+        assert refused.value.status == 403
+        # The page's own origin is admitted, on localhost or 127.0.0.1.
+        assert await status_of(http, served_run.url, Origin=served_run.base) == 200
+        local = served_run.url.replace("localhost", "127.0.0.1")
+        assert await status_of(http, local, Origin=served_run.base.replace("localhost", "127.0.0.1")) == 200
+
+
+async def test_sessions_are_capped(served_one_session):
+    served = served_one_session
+    async with aiohttp.ClientSession() as http:
+        html = await open_page(http, served.url)
+        async with http.ws_connect(websocket_url(html)) as first:
+            await read_terminal(first, lambda t: "Overview" in t)
+            with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+                await http.ws_connect(websocket_url(html))
+            assert refused.value.status == 503
+        # Once the first tab is closed, a new one gets in.
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                async with http.ws_connect(websocket_url(html)) as second:
+                    assert "Overview" in await read_terminal(second, lambda t: "Overview" in t)
+                break
+            except aiohttp.WSServerHandshakeError:
+                assert time.monotonic() < deadline, "the closed session was never released"
+                await asyncio.sleep(0.2)
+
+
+async def test_page_loads_nothing_from_the_network(served_run):
+    async with aiohttp.ClientSession() as http:
+        html = await open_page(http, served_run.url)
+        addresses = re.findall(r"""(?:src|href|url)\s*[=(]\s*["']?([^"')\s>]+)""", html)
+        assert addresses
+        remote = [a for a in addresses if re.match(r"(https?:)?//", a) and not a.startswith(served_run.base)]
+        assert not remote, remote
+        font = re.search(r'src: url\("([^"]+\.ttf)"\)', html).group(1)
+        async with http.get(served_run.base + font) as response:
+            assert response.status == 200 and len(await response.read()) > 10_000
 
 
 # Before the page's own script runs: keep a copy of every terminal frame the page receives.
@@ -124,7 +226,7 @@ window.WebSocket.prototype = NativeWebSocket.prototype;
 
 @pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (apt-get install chromium)")
 async def test_headless_chromium_loads_the_dashboard(served_run, tmp_path):
-    url, name = served_run
+    url, name = served_run.url, served_run.run_name
     profile = tmp_path / "chromium-profile"
     browser = subprocess.Popen([CHROMIUM, *CHROMIUM_FLAGS, f"--user-data-dir={profile}",
                                 "--remote-debugging-port=0", "--window-size=1400,900", "about:blank"],
@@ -142,16 +244,20 @@ async def test_headless_chromium_loads_the_dashboard(served_run, tmp_path):
             page = next(t for t in targets if t["type"] == "page")
             async with http.ws_connect(page["webSocketDebuggerUrl"], max_msg_size=0) as cdp:
                 ids = iter(range(1, 10**6))
+                requested: list[str] = []  # every URL the page asked for
 
                 async def call(method: str, **params):
                     msg_id = next(ids)
                     await cdp.send_str(json.dumps({"id": msg_id, "method": method, "params": params}))
                     while True:
                         reply = json.loads((await cdp.receive(timeout=30)).data)
+                        if reply.get("method") == "Network.requestWillBeSent":
+                            requested.append(reply["params"]["request"]["url"])
                         if reply.get("id") == msg_id:
                             assert "error" not in reply, reply
                             return reply.get("result", {})
 
+                await call("Network.enable")
                 await call("Page.enable")
                 await call("Page.addScriptToEvaluateOnNewDocument", source=RECORD_FRAMES)
                 await call("Page.navigate", url=url)
@@ -173,5 +279,8 @@ async def test_headless_chromium_loads_the_dashboard(served_run, tmp_path):
         assert state["canvas"] > 0, "xterm did not draw"
         assert name in shown and "step 12/40" in shown
         assert (tmp_path / "dashboard.png").stat().st_size > 10_000
+        # Works offline: everything the page asked for came from this server (no font or CDN requests).
+        assert any(u.endswith(".ttf") for u in requested), requested
+        assert all(u.startswith(served_run.base) for u in requested), requested
     finally:
         stop_session(browser)

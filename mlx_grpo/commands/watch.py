@@ -12,6 +12,9 @@ from pathlib import Path
 
 from ..errors import UserError
 
+# Each --web session is a dashboard process (~0.3 s of CPU to open, tens of MB).
+DEFAULT_MAX_SESSIONS = 4
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_dirs", nargs="*", metavar="RUN_DIR",
@@ -20,8 +23,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--refresh", type=float, default=1.0, metavar="SECONDS",
                         help="seconds between reads of the run directory (default 1; +/- change it live)")
     parser.add_argument("--web", action="store_true",
-                        help="serve the dashboard on http://localhost:PORT with textual-serve instead of the terminal")
+                        help="serve the dashboard on http://localhost:PORT with textual-serve instead of the terminal; "
+                             "open the address it prints (it carries a token; other sites' pages are refused)")
     parser.add_argument("--port", type=int, default=8000, help="port for --web (default 8000)")
+    parser.add_argument("--max-sessions", type=int, default=DEFAULT_MAX_SESSIONS, metavar="N",
+                        help=f"--web: dashboards open at once, one process each (default {DEFAULT_MAX_SESSIONS})")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -41,12 +47,14 @@ def run(args: argparse.Namespace) -> int:
 def _serve(run_dirs: list[Path], args: argparse.Namespace) -> int:
     if not 0 < args.port < 65536:
         raise UserError(f"--port must be between 1 and 65535, got {args.port}")
-    from textual_serve.server import Server
+    if args.max_sessions < 1:
+        raise UserError(f"--max-sessions must be at least 1, got {args.max_sessions}")
+    from ..tui.web import WatchServer
 
     # Each browser tab gets its own dashboard process running this same command.
     command = shlex.join([sys.executable, "-m", "mlx_grpo.cli", "watch", "--refresh", str(args.refresh),
                           *(str(d.resolve()) for d in run_dirs)])
-    server = Server(command, host="localhost", port=args.port, title="mlx-grpo watch")
+    server = WatchServer(command, port=args.port, max_sessions=args.max_sessions)
     try:
         server.serve()
     except OSError as err:
