@@ -221,13 +221,19 @@ async def test_keys_smoothing_pause_refresh_filter_views_help(run):
         await pilot.press("minus")
         assert "refresh 0.25s" in header(app)
 
-        await pilot.press("slash", *"entropy", "enter")
+        await pilot.press("2", "slash", *"entropy", "enter")
         assert "filter 'entropy'" in header(app)
-        await pilot.press("2")
         visible = [c.chart_title for c in app.active_view().query(MetricChart) if c.display]
         assert visible == ["entropy"]
+        # The filter belongs to the view it was typed in: the overview still shows everything.
+        await pilot.press("1")
+        assert "filter" not in header(app)
+        assert all(c.display for c in app.active_view().query(MetricChart))
+        await pilot.press("2")
+        assert "filter 'entropy'" in header(app)
         await pilot.press("slash", "escape")
         assert "filter" not in header(app)
+        assert all(c.display for c in app.active_view().query(MetricChart))
 
         await pilot.press("tab")
         assert app.query_one("#views").active == "lengths"

@@ -61,8 +61,9 @@ class Alert:
 
 # --------------------------------------------------------------------------- patterns
 
-def _pattern_regex(pattern: str) -> re.Pattern | None:
-    """`*` matches within one path segment, `**` across segments, `?` one character.
+def metric_pattern(pattern: str) -> re.Pattern | None:
+    """A metric-name glob as a regex: `*` matches within one path segment, `**` across segments,
+    `?` one character. Alert rules and the dashboard's chart specs use it.
 
     Returns None for a plain name (matched by equality, which is cheaper).
     """
@@ -121,7 +122,7 @@ class Rule:
             raise ValueError("key 'for_steps' must be at least 1")
         if self.cooldown < 0:
             raise ValueError("key 'cooldown' must not be negative")
-        regex = _pattern_regex(self.metric)
+        regex = metric_pattern(self.metric)
         object.__setattr__(self, "_regex", regex)
 
     def metrics_in(self, keys: Iterable[str]) -> tuple[str, ...]:
@@ -880,5 +881,5 @@ def _decode_object(name: str, fields: Mapping[str, Any]) -> Any:
 
 __all__ = [
     "LEVELS", "Alert", "AlertEngine", "Rule", "ThresholdRule", "TrendRule", "SpikeRule", "BaselineRule",
-    "HackingRule", "NonFiniteRule", "RULE_KINDS",
+    "HackingRule", "NonFiniteRule", "RULE_KINDS", "metric_pattern",
 ]

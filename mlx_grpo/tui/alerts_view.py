@@ -6,20 +6,17 @@ from rich.text import Text
 from textual.widgets import DataTable
 
 from .board import Board
+from .board_widget import BoardView
 from .fmt import fmt_value
-from .palette import LEVEL_COLORS
+from .palette import FADED, level_color
 
 MAX_ROWS = 1000
 
 
-class AlertsView(DataTable):
-    def __init__(self, *, id: str | None = None):
-        super().__init__(id=id, cursor_type="row", zebra_stripes=True)
+class AlertsView(BoardView, DataTable):
+    def __init__(self, board: Board, *, id: str | None = None):
+        super().__init__(board, id=id, cursor_type="row", zebra_stripes=True)
         self._key: tuple | None = None
-
-    @property
-    def board(self) -> Board:
-        return self.app.board  # type: ignore[attr-defined]
 
     def on_mount(self) -> None:
         self.add_columns("", "run", "step", "level", "metric", "value", "message")
@@ -30,7 +27,7 @@ class AlertsView(DataTable):
         for i, run in enumerate(board.runs):
             for entry in run.alerts:
                 a = entry.alert
-                if board.matches_filter(a.metric, a.rule, a.message, a.level):
+                if self.matches(a.metric, a.rule, a.message, a.level):
                     rows.append((a.step, a.time or 0.0, i, entry, run.alert_stands(a)))
         rows.sort(key=lambda r: (r[0], r[1]), reverse=True)
         rows = rows[:MAX_ROWS]
@@ -42,7 +39,7 @@ class AlertsView(DataTable):
         self.clear()
         for step, _, i, entry, stands in rows:
             a = entry.alert
-            color = LEVEL_COLORS.get(a.level, "white")
+            color = level_color(a.level)
             source = "" if entry.source == "run" else " (evaluated here)"
             self.add_row(
                 Text("●" if stands else "○", style=color),
@@ -51,5 +48,5 @@ class AlertsView(DataTable):
                 Text(a.level.upper(), style=f"bold {color}"),
                 Text(a.metric, style=color if stands else ""),
                 Text(fmt_value(a.value), justify="right"),
-                Text(a.message + source, style="" if stands else "#9a9a9a"),
+                Text(a.message + source, style="" if stands else FADED),
             )

@@ -1,52 +1,67 @@
 """`mlx-grpo watch`: a live terminal dashboard over one or more run directories.
 
 The app polls the runs on a timer (RunReader reads only new bytes) and updates
-the header and the visible view; hidden views catch up when shown.
+the header and the visible view; hidden views catch up when shown. What the
+user sets (smoothing, pause, refresh, the view's filter) are reactives whose
+watchers push the change down and redraw.
 """
 
 from __future__ import annotations
 
 import time
+from functools import partial
 from pathlib import Path
 from typing import Callable
 
 from textual.app import App, ComposeResult
 from textual.binding import Binding
+from textual.reactive import var
 from textual.widgets import Footer, Input, TabbedContent, TabPane
 
 from ..telemetry.rundir_reader import RunReader, pid_alive
-
 from .alerts_view import AlertsView
 from .board import Board
+from .board_widget import BoardView
 from .chart_view import ChartsView
 from .config_view import ConfigView
-from .header import RunHeader
+from .header import RunHeader, Settings
 from .help_screen import HelpScreen
 from .metrics_view import MetricsView
+from .palette import css_variables
 from .samples_view import SamplesView
 from .system_view import SystemView
 from .views import LENGTHS, OVERVIEW, POLICY, THROUGHPUT
 
 NARROW_WIDTH = 120
+SMOOTHING_LEVELS = (0.0, 0.6, 0.9, 0.99)
+REFRESH_LEVELS = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0)
 
-VIEWS = (
-    ("overview", "Overview"),
-    ("policy", "Policy"),
-    ("lengths", "Lengths"),
-    ("throughput", "Throughput"),
-    ("system", "System"),
-    ("alerts", "Alerts"),
-    ("samples", "Samples"),
-    ("config", "Config"),
-    ("metrics", "Metrics"),
+# The views in tab order (keys 1-9): title, and what makes it from the board.
+VIEWS: tuple[tuple[str, Callable[..., BoardView]], ...] = (
+    ("Overview", partial(ChartsView, spec=OVERVIEW)),
+    ("Policy", partial(ChartsView, spec=POLICY)),
+    ("Lengths", partial(ChartsView, spec=LENGTHS)),
+    ("Throughput", partial(ChartsView, spec=THROUGHPUT)),
+    ("System", SystemView),
+    ("Alerts", AlertsView),
+    ("Samples", SamplesView),
+    ("Config", ConfigView),
+    ("Metrics", MetricsView),
 )
+VIEW_KEYS = tuple(title.lower() for title, _ in VIEWS)
+
+
+def next_refresh(current: float, direction: int) -> float:
+    """The refresh interval one level up (+1, slower) or down (-1, faster)."""
+    i = min(range(len(REFRESH_LEVELS)), key=lambda k: abs(REFRESH_LEVELS[k] - current))
+    return REFRESH_LEVELS[max(0, min(len(REFRESH_LEVELS) - 1, i + direction))]
 
 
 class FilterInput(Input):
     BINDINGS = [Binding("escape", "app.close_filter(True)", "clear filter")]
 
 
-class WatchApp(App):
+class WatchApp(App[None]):
     CSS_PATH = "watch.tcss"
     TITLE = "mlx-grpo watch"
     BINDINGS = [
@@ -54,7 +69,7 @@ class WatchApp(App):
         Binding("question_mark", "help", "help"),
         Binding("tab", "next_view(1)", "next view", priority=True, show=False),
         Binding("shift+tab", "next_view(-1)", "previous view", priority=True, show=False),
-        *(Binding(str(i), f"show_view({i})", name, show=False) for i, (_, name) in enumerate(VIEWS, 1)),
+        *(Binding(str(i), f"show_view({i})", title, show=False) for i, (title, _) in enumerate(VIEWS, 1)),
         Binding("j", "move(1)", "down", show=False),
         Binding("k", "move(-1)", "up", show=False),
         Binding("slash", "open_filter", "filter"),
@@ -63,6 +78,11 @@ class WatchApp(App):
         Binding("s", "smoothing", "smoothing"),
         Binding("p", "pause", "pause"),
     ]
+
+    smoothing = var(0.6, init=False)
+    paused = var(False, init=False)
+    refresh_s = var(1.0, init=False)
+    filter = var("", init=False)  # the visible view's
 
     def __init__(
         self,
@@ -75,26 +95,21 @@ class WatchApp(App):
     ):
         super().__init__()
         readers = [RunReader(d, **(reader_options or {})) for d in run_dirs]
-        self.board = Board(readers, clock=clock, alive=alive, refresh_s=refresh)
+        self.board = Board(readers, clock=clock, alive=alive, smoothing=self.smoothing)
+        self.set_reactive(WatchApp.refresh_s, refresh)
         self._timer = None
 
-    def compose(self) -> ComposeResult:
-        yield RunHeader(id="header")
-        with TabbedContent(initial="overview", id="views"):
-            for i, (key, name) in enumerate(VIEWS, 1):
-                with TabPane(f"{i} {name}", id=key):
-                    yield self._make_view(key)
-        yield FilterInput(placeholder="filter: part of a metric name, then enter (escape clears)", id="filter")
-        yield Footer()
+    def get_css_variables(self) -> dict[str, str]:
+        return {**super().get_css_variables(), **css_variables()}
 
-    @staticmethod
-    def _make_view(key: str):
-        specs = {"overview": OVERVIEW, "policy": POLICY, "lengths": LENGTHS, "throughput": THROUGHPUT}
-        if key in specs:
-            return ChartsView(specs[key], id=f"view-{key}")
-        makers = {"system": SystemView, "alerts": AlertsView, "samples": SamplesView,
-                  "config": ConfigView, "metrics": MetricsView}
-        return makers[key](id=f"view-{key}")
+    def compose(self) -> ComposeResult:
+        yield RunHeader(self.board, id="header")
+        with TabbedContent(initial=VIEW_KEYS[0], id="views"):
+            for i, ((title, make), key) in enumerate(zip(VIEWS, VIEW_KEYS), 1):
+                with TabPane(f"{i} {title}", id=key):
+                    yield make(self.board, id=f"view-{key}")
+        yield FilterInput(placeholder="filter this view: part of a name, then enter (escape clears)", id="filter")
+        yield Footer()
 
     def on_mount(self) -> None:
         # Held directly: while the help screen is up, queries would search that screen.
@@ -105,7 +120,7 @@ class WatchApp(App):
         self.board.poll()
         self.update_views()
         self._focus_view()
-        self._timer = self.set_interval(self.board.refresh_s, self.tick)
+        self._timer = self.set_interval(self.refresh_s, self.tick)
 
     def on_resize(self, event) -> None:
         self._fit_columns(event.size.width)
@@ -123,46 +138,69 @@ class WatchApp(App):
     def tick(self) -> None:
         if not self._header.is_attached:  # the app is shutting down
             return
-        if not self.board.paused:
+        if not self.paused:
             self.board.poll()
         self.update_views()
 
     def update_views(self) -> None:
         """Header always (elapsed time moves); the visible view only."""
+        self._header.settings = Settings(self.refresh_s, self.smoothing, self.paused, self.filter)
         self._header.update_data()
         view = self.active_view()
         if view is not None:
             view.update_data()
 
-    def active_view(self):
+    def active_view(self) -> BoardView | None:
         active = self._tabs.active
-        return self._tabs.query_one(f"#view-{active}") if active else None
+        return self._tabs.query_one(f"#view-{active}", BoardView) if active else None
 
     def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
         view = self.active_view()
-        if view is not None:
-            view.update_data()
-            if not self._filter_box.has_focus:
-                self._focus_view()
+        if view is None:
+            return
+        self._filter_box.value = view.filter
+        self.filter = view.filter
+        self.update_views()
+        if not self._filter_box.has_focus:
+            self._focus_view()
 
     def _focus_view(self) -> None:
         """Give the visible view the keyboard, so arrows and j/k move in it."""
         view = self.active_view()
         if view is not None:
-            (view.query_one("#samples-table") if isinstance(view, SamplesView) else view).focus()
+            view.focus_target.focus()
+
+    # ------------------------------------------------------------------ watchers
+    def watch_smoothing(self, value: float) -> None:
+        self.board.smoothing = value
+        self.update_views()
+
+    def watch_paused(self) -> None:
+        self.update_views()
+
+    def watch_refresh_s(self, value: float) -> None:
+        if self._timer is not None:
+            self._timer.stop()
+        self._timer = self.set_interval(value, self.tick)
+        self.update_views()
+
+    def watch_filter(self, value: str) -> None:
+        view = self.active_view()
+        if view is not None:
+            view.filter = value
+        self.update_views()
 
     # ------------------------------------------------------------------ actions
     def action_help(self) -> None:
-        self.push_screen(HelpScreen([name for _, name in VIEWS]))
+        self.push_screen(HelpScreen([title for title, _ in VIEWS]))
 
     def action_show_view(self, index: int) -> None:
-        if 1 <= index <= len(VIEWS):
-            self._tabs.active = VIEWS[index - 1][0]
+        if 1 <= index <= len(VIEW_KEYS):
+            self._tabs.active = VIEW_KEYS[index - 1]
 
     def action_next_view(self, direction: int) -> None:
-        keys = [k for k, _ in VIEWS]
-        current = keys.index(self._tabs.active)
-        self._tabs.active = keys[(current + direction) % len(keys)]
+        current = VIEW_KEYS.index(self._tabs.active)
+        self._tabs.active = VIEW_KEYS[(current + direction) % len(VIEW_KEYS)]
 
     def action_move(self, direction: int) -> None:
         focused = self.focused
@@ -176,6 +214,7 @@ class WatchApp(App):
                 return
 
     def action_open_filter(self) -> None:
+        self._filter_box.value = self.filter
         self._filter_box.display = True
         self._filter_box.focus()
 
@@ -183,33 +222,24 @@ class WatchApp(App):
         box = self._filter_box
         if clear:
             box.value = ""
-            self._set_filter("")
+            self.filter = ""
         box.display = False
         self._focus_view()
 
     def on_input_changed(self, event: Input.Changed) -> None:
         if event.input.id == "filter":
-            self._set_filter(event.value)
+            self.filter = event.value
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         if event.input.id == "filter":
             self.action_close_filter()
 
-    def _set_filter(self, text: str) -> None:
-        self.board.filter = text
-        self.update_views()
-
     def action_refresh_interval(self, direction: int) -> None:
-        self.board.change_refresh(direction)
-        if self._timer is not None:
-            self._timer.stop()
-        self._timer = self.set_interval(self.board.refresh_s, self.tick)
-        self.update_views()
+        self.refresh_s = next_refresh(self.refresh_s, direction)
 
     def action_smoothing(self) -> None:
-        self.board.cycle_smoothing()
-        self.update_views()
+        levels = SMOOTHING_LEVELS
+        self.smoothing = levels[(levels.index(self.smoothing) + 1) % len(levels)]
 
     def action_pause(self) -> None:
-        self.board.paused = not self.board.paused
-        self.update_views()
+        self.paused = not self.paused

@@ -1,6 +1,6 @@
-"""The dashboard's model: the runs being watched and the user's view settings.
+"""The dashboard's model: the runs being watched, their standing alerts and smoothed series.
 
-Widgets read from one `Board` (the app owns it); nothing here draws.
+Widgets read from one `Board` (the app owns it and sets its smoothing); nothing here draws.
 """
 
 from __future__ import annotations
@@ -11,13 +11,15 @@ from typing import Callable
 
 import numpy as np
 
-from .downsample import ema, finite_points
+from ..telemetry.alerts import LEVELS
 from ..telemetry.rundir_reader import RunReader, RunState, pid_alive
+from .downsample import ema, finite_points
+from .palette import run_color
 
-from .palette import LEVEL_RANK, run_color
 
-SMOOTHING_LEVELS = (0.0, 0.6, 0.9, 0.99)
-REFRESH_LEVELS = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0)
+def level_rank(level: str) -> int:
+    """info < warning < error; a level this version does not know ranks as info."""
+    return LEVELS.index(level) if level in LEVELS else 0
 
 
 class _Smoothed:
@@ -58,9 +60,6 @@ class Board:
     clock: Callable[[], float] = time.time
     alive: Callable[[int], bool] = pid_alive
     smoothing: float = 0.6
-    refresh_s: float = 1.0
-    paused: bool = False
-    filter: str = ""
     # metric -> (level, indices of the runs where an alert on it stands)
     standing: dict[str, tuple[str, set[int]]] = field(default_factory=dict)
     # Bumped whenever any run's data changed; views skip work when it did not.
@@ -92,7 +91,7 @@ class Board:
             for metric, level in run.standing_alerts().items():
                 old_level, idx = standing.get(metric, ("info", set()))
                 idx.add(i)
-                best = level if LEVEL_RANK[level] >= LEVEL_RANK[old_level] else old_level
+                best = level if level_rank(level) >= level_rank(old_level) else old_level
                 standing[metric] = (best, idx)
         self.standing = standing
 
@@ -101,7 +100,7 @@ class Board:
         best = None
         for m in metrics:
             hit = self.standing.get(m)
-            if hit and (best is None or LEVEL_RANK[hit[0]] > LEVEL_RANK[best]):
+            if hit and (best is None or level_rank(hit[0]) > level_rank(best)):
                 best = hit[0]
         return best
 
@@ -124,22 +123,6 @@ class Board:
         for run in self.runs:
             names.update(dict.fromkeys(run.table.names))
         return list(names)
-
-    def matches_filter(self, *texts: str) -> bool:
-        f = self.filter.strip().lower()
-        return not f or any(f in t.lower() for t in texts)
-
-    def cycle_smoothing(self) -> float:
-        i = SMOOTHING_LEVELS.index(self.smoothing) if self.smoothing in SMOOTHING_LEVELS else 0
-        self.smoothing = SMOOTHING_LEVELS[(i + 1) % len(SMOOTHING_LEVELS)]
-        return self.smoothing
-
-    def change_refresh(self, direction: int) -> float:
-        """Step the refresh interval up (+1, slower) or down (-1, faster)."""
-        levels = REFRESH_LEVELS
-        i = min(range(len(levels)), key=lambda k: abs(levels[k] - self.refresh_s))
-        self.refresh_s = levels[max(0, min(len(levels) - 1, i + direction))]
-        return self.refresh_s
 
     def close(self) -> None:
         for reader in self.readers:

@@ -17,13 +17,14 @@ from textual.widget import Widget
 from .downsample import bucketize
 
 from .board import Board
+from .board_widget import BoardWidget
 from .braille import Layer, nice_range, render_cells
 from .fmt import fmt_value
-from .palette import RUN_COLORS, dim
+from .palette import MUTED, RUN_COLORS, TEXT, dim
 
 AXIS_WIDTH = 7
-_AXIS_STYLE = Style(color="#8a8a8a")
-_LEGEND_STYLE = Style(color="#c9d1d9")
+_AXIS_STYLE = Style(color=MUTED)
+_LEGEND_STYLE = Style(color=TEXT)
 
 
 def short_name(metric: str) -> str:
@@ -51,20 +52,16 @@ def legend_names(metrics: list[str]) -> list[str]:
     return ["/".join(p[front : len(p) - back]) for p in parts]
 
 
-class MetricChart(Widget):
+class MetricChart(BoardWidget, Widget):
     """Chart of `metrics` for every run on the board."""
 
-    def __init__(self, title: str, metrics: list[str], *, id: str | None = None):
-        super().__init__(id=id)
+    def __init__(self, board: Board, title: str, metrics: list[str], *, id: str | None = None):
+        super().__init__(board, id=id)
         self.chart_title = title
         self.metrics = list(metrics)
         self._key: tuple | None = None
         self._strips: list[Strip] = []
         self.legend: list[tuple[str, str, float | None]] = []  # (label, colour, last value)
-
-    @property
-    def board(self) -> Board:
-        return self.app.board  # type: ignore[attr-defined]
 
     def update_data(self) -> None:
         """Recompute if anything the drawing depends on changed."""

@@ -6,23 +6,20 @@ from textual.app import ComposeResult
 from textual.containers import Grid, Vertical, VerticalScroll
 
 from .board import Board
+from .board_widget import BoardView
 from .chart import MetricChart, short_name
 from .tile import MetricTile
 from .views import ViewSpec, resolve
 
 
-class ChartsView(VerticalScroll):
-    def __init__(self, spec: ViewSpec, *, id: str | None = None):
-        super().__init__(id=id, classes="charts-view")
+class ChartsView(BoardView, VerticalScroll):
+    def __init__(self, board: Board, spec: ViewSpec, *, id: str | None = None):
+        super().__init__(board, id=id, classes="charts-view")
         self.spec = spec
         self._plan: list[tuple[str, tuple[str, ...]]] | None = None
 
-    @property
-    def board(self) -> Board:
-        return self.app.board  # type: ignore[attr-defined]
-
     def compose(self) -> ComposeResult:
-        yield Grid(*(MetricTile(label, metric) for label, metric in self.spec.tiles), classes="tiles")
+        yield Grid(*(MetricTile(self.board, label, metric) for label, metric in self.spec.tiles), classes="tiles")
         yield from self.compose_extra()
         yield Vertical(classes="charts")
 
@@ -52,7 +49,7 @@ class ChartsView(VerticalScroll):
         board = self.board
         available = set(board.available_metrics())
         for tile in self.query(MetricTile):
-            show = tile.metric in available and board.matches_filter(tile.label, tile.metric)
+            show = tile.metric in available and self.matches(tile.label, tile.metric)
             if tile.display != show:  # assigning display, even unchanged, costs a layout pass
                 tile.display = show
             if show:
@@ -63,11 +60,11 @@ class ChartsView(VerticalScroll):
             self._plan = plan
             box = self.query_one(".charts", Vertical)
             box.remove_children()
-            box.mount_all([MetricChart(title, list(metrics)) for title, metrics in plan])
+            box.mount_all([MetricChart(board, title, list(metrics)) for title, metrics in plan])
             # Mounted charts get their first data on resize, once they have a size.
             return
         for chart in self.query(MetricChart):
-            show = board.matches_filter(chart.chart_title, *chart.metrics)
+            show = self.matches(chart.chart_title, *chart.metrics)
             if chart.display != show:
                 chart.display = show
             if show:

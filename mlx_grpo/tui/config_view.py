@@ -8,33 +8,31 @@ from textual.containers import VerticalScroll
 from textual.widgets import Static
 
 from .board import Board
+from .board_widget import BoardView
+from .palette import ACCENT, MUTED, TEXT_SOFT
 
 # run.json sections shown after its top-level fields (run id, status, times...).
 SECTIONS = ("config", "versions", "device")
 
 
-class ConfigView(VerticalScroll):
-    def __init__(self, *, id: str | None = None):
-        super().__init__(id=id)
+class ConfigView(BoardView, VerticalScroll):
+    def __init__(self, board: Board, *, id: str | None = None):
+        super().__init__(board, id=id)
         self._key: tuple | None = None
-
-    @property
-    def board(self) -> Board:
-        return self.app.board  # type: ignore[attr-defined]
 
     def compose(self):
         yield Static("", id="config-text")
 
     def update_data(self) -> None:
         board = self.board
-        key = (tuple(id(run.info) for run in board.runs), board.filter)
+        key = (tuple(id(run.info) for run in board.runs), self.filter)
         if key == self._key:
             return
         self._key = key
         text = Text()
         for i, run in enumerate(board.runs):
             text.append(f"{run.name}  ", style=f"bold {board.color(i)}")
-            text.append(str(run.run_dir) + "\n", style="#8a8a8a")
+            text.append(str(run.run_dir) + "\n", style=MUTED)
             if run.info is None:
                 text.append("  run.json not written yet\n\n")
                 continue
@@ -43,10 +41,10 @@ class ConfigView(VerticalScroll):
                 if body is None:
                     continue
                 dumped = yaml.safe_dump({section: body}, sort_keys=False, default_flow_style=False, width=100)
-                lines = [ln for ln in dumped.splitlines() if board.matches_filter(ln) or not ln.startswith(" ")]
+                lines = [ln for ln in dumped.splitlines() if self.matches(ln) or not ln.startswith(" ")]
                 for line in lines:
                     key_part, sep, rest = line.partition(":")
-                    text.append("  " + key_part, style="#4ea1ff" if not line.startswith(" ") else "#c0c0c0")
+                    text.append("  " + key_part, style=ACCENT if not line.startswith(" ") else TEXT_SOFT)
                     text.append(sep + rest + "\n")
             text.append("\n")
         self.query_one("#config-text", Static).update(text)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from rich.text import Text
 from textual.widgets import Static
 
-from .board import Board
+from .board_widget import BoardWidget
 from .fmt import fmt_duration, fmt_step
-from .palette import LEVEL_COLORS, STATE_COLORS
+from .palette import HIGHLIGHT, INK, LEVEL_COLORS, MUTED, state_color
 
 BAR_WIDTH = 12
 
@@ -19,10 +21,18 @@ def _bar(step: int | None, total: int | None) -> str:
     return "█" * filled + "░" * (BAR_WIDTH - filled)
 
 
-class RunHeader(Static):
-    @property
-    def board(self) -> Board:
-        return self.app.board  # type: ignore[attr-defined]
+@dataclass(frozen=True)
+class Settings:
+    """What the user set, shown on the header's last line (the app keeps it)."""
+
+    refresh_s: float
+    smoothing: float
+    paused: bool = False
+    filter: str = ""
+
+
+class RunHeader(BoardWidget, Static):
+    settings = Settings(1.0, 0.0)
 
     def on_mount(self) -> None:
         # A line per run and one for the settings; fixed, so updates need no layout pass.
@@ -44,22 +54,23 @@ class RunHeader(Static):
             if eta is not None:
                 text.append(f"  ETA {fmt_duration(eta)}")
             text.append("  ")
-            text.append(f" {status.upper()} ", style=f"bold #101010 on {STATE_COLORS.get(status, '#888888')}")
+            text.append(f" {status.upper()} ", style=f"bold {INK} on {state_color(status)}")
             levels = [e.alert.level for e in run.alerts]
             for level in ("error", "warning"):
                 if level in levels:
                     text.append(f"  ⚠ {levels.count(level)} {level}", style=f"bold {LEVEL_COLORS[level]}")
             if run.history_progress is not None:
-                text.append(f"  loading history {100 * run.history_progress:.0f}%", style="#8a8a8a")
+                text.append(f"  loading history {100 * run.history_progress:.0f}%", style=MUTED)
             if run.garbage_total:
-                text.append(f"  {run.garbage_total} bad lines skipped", style="#8a8a8a")
+                text.append(f"  {run.garbage_total} bad lines skipped", style=MUTED)
             if run.notes:
-                text.append(f"  {run.notes[-1]}", style="#8a8a8a")
+                text.append(f"  {run.notes[-1]}", style=MUTED)
             text.append("\n")
-        smoothing = f"EMA {board.smoothing:g}" if board.smoothing else "off"
-        text.append(f"refresh {board.refresh_s:g}s · smoothing {smoothing}", style="#8a8a8a")
-        if board.filter:
-            text.append(f" · filter '{board.filter}'", style="bold #ffd166")
-        if board.paused:
-            text.append("  PAUSED", style="bold #101010 on #ffd166")
+        settings = self.settings
+        smoothing = f"EMA {settings.smoothing:g}" if settings.smoothing else "off"
+        text.append(f"refresh {settings.refresh_s:g}s · smoothing {smoothing}", style=MUTED)
+        if settings.filter:
+            text.append(f" · filter '{settings.filter}'", style=f"bold {HIGHLIGHT}")
+        if settings.paused:
+            text.append("  PAUSED", style=f"bold {INK} on {HIGHLIGHT}")
         self.update(text, layout=False)

@@ -9,6 +9,8 @@ from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
+from .palette import HIGHLIGHT
+
 KEYS = (
     ("q", "quit"),
     ("?", "this help (any key closes it)"),
@@ -33,7 +35,7 @@ STATES = (
 
 def help_text(views: list[str]) -> Table:
     grid = Table.grid(padding=(0, 2))
-    grid.add_column(style="bold #ffd166", no_wrap=True)
+    grid.add_column(style=f"bold {HIGHLIGHT}", no_wrap=True)
     grid.add_column()
     grid.add_row(Text("keys", style="bold underline"), "")
     for key, what in KEYS:

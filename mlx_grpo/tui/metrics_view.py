@@ -17,31 +17,28 @@ from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
 from .board import Board
+from .board_widget import BoardView
 from .fmt import fmt_spark, fmt_value
-from .palette import LEVEL_COLORS
+from .palette import ACCENT, CURSOR_BG, LABEL, level_color
 
 SPARK_WIDTH = 16
 VALUE_WIDTH = 10
-_HEADER = Style(bold=True, color="#9aa5b1")
-_CURSOR = Style(bgcolor="#2b3a4a")
-_DIM = Style(color="#9aa5b1")
-_TREND = Style(color="#4ea1ff")
+_HEADER = Style(bold=True, color=LABEL)
+_CURSOR = Style(bgcolor=CURSOR_BG)
+_DIM = Style(color=LABEL)
+_TREND = Style(color=ACCENT)
 
 
-class MetricsView(ScrollView, can_focus=True):
+class MetricsView(BoardView, ScrollView, can_focus=True):
     BINDINGS = [Binding("down", "cursor_down", show=False), Binding("up", "cursor_up", show=False)]
     cursor = reactive(0)
 
-    def __init__(self, *, id: str | None = None):
-        super().__init__(id=id)
+    def __init__(self, board: Board, *, id: str | None = None):
+        super().__init__(board, id=id)
         self._names: list[str] = []
         self._key: tuple | None = None
         self._rows: dict[str, tuple[tuple, list[tuple[str, Style]]]] = {}  # name -> (stamp, cells)
         self._name_width = 20
-
-    @property
-    def board(self) -> Board:
-        return self.app.board  # type: ignore[attr-defined]
 
     @property
     def names(self) -> list[str]:
@@ -50,7 +47,7 @@ class MetricsView(ScrollView, can_focus=True):
 
     def update_data(self) -> None:
         board = self.board
-        names = sorted(n for n in board.available_metrics() if board.matches_filter(n))
+        names = sorted(n for n in board.available_metrics() if self.matches(n))
         key = (len(board.runs), tuple(names))
         if key != self._key:
             self._key = key
@@ -114,7 +111,7 @@ class MetricsView(ScrollView, can_focus=True):
         runs = board.runs
         level = board.alert_level([name])
         label = ("⚠ " if level else "") + name
-        cells = [(label.ljust(self._name_width), Style(color=LEVEL_COLORS[level]) if level else Style())]
+        cells = [(label.ljust(self._name_width), Style(color=level_color(level)) if level else Style())]
         lo = hi = None
         trend: list[float] = []
         for i, run in enumerate(runs):

@@ -8,8 +8,12 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal, VerticalScroll
 from textual.widgets import DataTable, Static
 
+from textual.widget import Widget
+
 from .board import Board
+from .board_widget import BoardView
 from .fmt import fmt_value
+from .palette import BAD, GOOD, MUTED, TEXT_BRIGHT
 
 MAX_ROWS = 300
 PREVIEW = 48
@@ -18,16 +22,16 @@ PREVIEW = 48
 def _sample_text(name: str, color: str, s: dict) -> Table:
     """The detail pane: texts first, then one row per reward function."""
     grid = Table.grid(padding=(0, 1))
-    grid.add_column(style="bold #8a8a8a", no_wrap=True)
+    grid.add_column(style=f"bold {MUTED}", no_wrap=True)
     grid.add_column(overflow="fold")
     correct = s.get("correct")
-    verdict = Text("correct", style="bold #7bd88f") if correct else Text("wrong", style="bold #ff5555") \
+    verdict = Text("correct", style=f"bold {GOOD}") if correct else Text("wrong", style=f"bold {BAD}") \
         if correct is not None else Text("–")
     grid.add_row("run", Text(name, style=color))
     grid.add_row("step", f"{s.get('step', 0):,}")
     grid.add_row("verdict", verdict)
     grid.add_row("prompt", Text(str(s.get("prompt", ""))))
-    grid.add_row("completion", Text(str(s.get("completion", "")), style="#e0e0e0"))
+    grid.add_row("completion", Text(str(s.get("completion", "")), style=TEXT_BRIGHT))
     grid.add_row("answer", Text(str(s.get("answer", ""))))
     grid.add_row("total", fmt_value(s.get("total")))
     grid.add_row("advantage", fmt_value(s.get("advantage")))
@@ -35,21 +39,21 @@ def _sample_text(name: str, color: str, s: dict) -> Table:
     grid.add_row("length", f"{s.get('length', '–')}{truncated}")
     rewards = s.get("rewards") or {}
     if isinstance(rewards, dict) and rewards:
-        table = Table(box=None, show_header=True, header_style="bold #8a8a8a", padding=(0, 1))
+        table = Table(box=None, show_header=True, header_style=f"bold {MUTED}", padding=(0, 1))
         table.add_column("reward function")
         table.add_column("value", justify="right")
         table.add_column("")
         for fn, value in rewards.items():
             number = value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
             bar = "█" * max(0, min(20, int(round(abs(number) * 10)))) if number is not None else ""
-            table.add_row(str(fn), fmt_value(number), Text(bar, style="#7bd88f" if (number or 0) > 0 else "#ff5555"))
+            table.add_row(str(fn), fmt_value(number), Text(bar, style=GOOD if (number or 0) > 0 else BAD))
         grid.add_row("rewards", table)
     return grid
 
 
-class SamplesView(Horizontal):
-    def __init__(self, *, id: str | None = None):
-        super().__init__(id=id)
+class SamplesView(BoardView, Horizontal):
+    def __init__(self, board: Board, *, id: str | None = None):
+        super().__init__(board, id=id)
         self._filter: str | None = None
         self._seen: list[tuple[int, int]] = []  # per run: (resets, received) already listed
         self._rows: dict[str, tuple[int, dict]] = {}
@@ -57,8 +61,8 @@ class SamplesView(Horizontal):
         self._next_key = 0
 
     @property
-    def board(self) -> Board:
-        return self.app.board  # type: ignore[attr-defined]
+    def focus_target(self) -> Widget:
+        return self.query_one("#samples-table", DataTable)
 
     def compose(self) -> ComposeResult:
         yield DataTable(id="samples-table", cursor_type="row", zebra_stripes=True)
@@ -72,14 +76,14 @@ class SamplesView(Horizontal):
         board = self.board
         runs = board.runs
         table = self.query_one(DataTable)
-        rebuild = self._filter != board.filter or len(self._seen) != len(runs) or any(
+        rebuild = self._filter != self.filter or len(self._seen) != len(runs) or any(
             seen[0] != run.samples_resets for seen, run in zip(self._seen, runs))
         if rebuild:
             table.clear()
             self._rows.clear()
             self._order.clear()
             self._seen = [(run.samples_resets, run.samples_received - len(run.samples)) for run in runs]
-            self._filter = board.filter
+            self._filter = self.filter
         following = table.row_count == 0 or table.cursor_row >= table.row_count - 1
         added = False
         for i, run in enumerate(runs):
@@ -87,7 +91,7 @@ class SamplesView(Horizontal):
             fresh = min(run.samples_received - seen, len(run.samples))
             self._seen[i] = (resets, run.samples_received)
             for s in list(run.samples)[len(run.samples) - fresh :]:
-                if board.matches_filter(str(s.get("prompt", "")), str(s.get("completion", "")), run.name):
+                if self.matches(str(s.get("prompt", "")), str(s.get("completion", "")), run.name):
                     self._add_row(table, i, s)
                     added = True
         while len(self._order) > MAX_ROWS:
@@ -108,7 +112,7 @@ class SamplesView(Horizontal):
             Text(board.runs[run_index].name, style=board.color(run_index)),
             Text(f"{s.get('step', 0):,}", justify="right"),
             Text(fmt_value(s.get("total")), justify="right"),
-            Text("✓", style="#7bd88f") if correct else Text("✗", style="#ff5555") if correct is not None else "",
+            Text("✓", style=GOOD) if correct else Text("✗", style=BAD) if correct is not None else "",
             Text(str(s.get("length", "")), justify="right"),
             completion[:PREVIEW] + ("…" if len(completion) > PREVIEW else ""),
             key=key,

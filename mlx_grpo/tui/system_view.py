@@ -13,11 +13,13 @@ from textual.widgets import Label
 
 from .downsample import bucketize, finite_points
 
+from .board import Board
 from .chart_view import ChartsView
 from .fmt import fmt_spark, fmt_value
+from .palette import SPARK
 from .views import SYSTEM, SYSTEM_SPARKLINES
 
-_SPARK_STYLE = Style(color="#ff9f43")
+_SPARK_STYLE = Style(color=SPARK)
 
 
 class SparkLine(Widget):
@@ -68,8 +70,8 @@ class SparkRow(Horizontal):
 
 
 class SystemView(ChartsView):
-    def __init__(self, *, id: str | None = None):
-        super().__init__(SYSTEM, id=id)
+    def __init__(self, board: Board, *, id: str | None = None):
+        super().__init__(board, SYSTEM, id=id)
 
     def compose_extra(self) -> ComposeResult:
         yield Vertical(*(SparkRow(label, metric) for label, metric in SYSTEM_SPARKLINES), classes="sparks")
@@ -80,7 +82,7 @@ class SystemView(ChartsView):
         run = board.runs[0]
         for row in self.query(SparkRow):
             col = run.table.column(row.metric)
-            show = col is not None and board.matches_filter(row.label, row.metric)
+            show = col is not None and self.matches(row.label, row.metric)
             if row.display != show:
                 row.display = show
             if not show:

@@ -6,24 +6,22 @@ from rich.text import Text
 from textual.widgets import Static
 
 from .board import Board
+from .board_widget import BoardWidget
 from .fmt import fmt_spark, fmt_value
+from .palette import ACCENT, MUTED
 
 SPARK_WIDTH = 12
 # Change shown next to the value: against the value this many records back.
 DELTA_RECORDS = 10
 
 
-class MetricTile(Static):
-    def __init__(self, label: str, metric: str):
-        super().__init__("")
+class MetricTile(BoardWidget, Static):
+    def __init__(self, board: Board, label: str, metric: str):
+        super().__init__(board, "")
         self.label = label
         self.metric = metric
         self._key: tuple | None = None
         self._shown: str | None = None
-
-    @property
-    def board(self) -> Board:
-        return self.app.board  # type: ignore[attr-defined]
 
     def on_mount(self) -> None:
         # A line per run inside the border; fixed, so updates need no layout pass.
@@ -54,8 +52,8 @@ class MetricTile(Static):
             if len(values) > DELTA_RECORDS:
                 delta = values[-1] - values[-1 - DELTA_RECORDS]
                 arrow = "▲" if delta > 0 else "▼" if delta < 0 else "="
-                text.append(f" {arrow}", style="#8a8a8a")
-            text.append(" " + fmt_spark(values, SPARK_WIDTH), style=board.color(i) if several else "#4ea1ff")
+                text.append(f" {arrow}", style=MUTED)
+            text.append(" " + fmt_spark(values, SPARK_WIDTH), style=board.color(i) if several else ACCENT)
         if text.plain != self._shown:  # colours follow the run and the text: same text, same look
             self._shown = text.plain
             self.update(text, layout=False)

@@ -1,13 +1,15 @@
 """What each chart view shows: its tiles and its charts, by canonical metric name.
 
-A chart's metrics may be patterns (`*` matches one path segment): the
-per-function reward charts find the run's reward functions by themselves.
+A chart's metrics may be patterns, as in alert rules (`*` matches within one
+path segment): the per-function reward charts find the run's reward functions
+by themselves.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
+
+from ..telemetry.alerts import metric_pattern
 
 
 @dataclass(frozen=True)
@@ -20,31 +22,24 @@ class ChartSpec:
 
 @dataclass(frozen=True)
 class ViewSpec:
-    key: str
-    title: str
     tiles: tuple[tuple[str, str], ...]  # (label, metric)
     charts: tuple[ChartSpec, ...]
-
-
-def _pattern(p: str) -> re.Pattern:
-    return re.compile("".join("[^/]*" if part == "*" else re.escape(part) for part in re.split(r"(\*)", p)) + r"\Z")
 
 
 def resolve(spec: ChartSpec, available: list[str]) -> list[str]:
     """The chart's metrics that exist in at least one run, in spec order then name order."""
     out: list[str] = []
     for m in spec.metrics:
-        if "*" not in m:
+        rx = metric_pattern(m)
+        if rx is None:
             if m in available and m not in out:
                 out.append(m)
             continue
-        rx = _pattern(m)
         out.extend(sorted(n for n in available if rx.match(n) and n not in spec.exclude and n not in out))
     return out
 
 
 OVERVIEW = ViewSpec(
-    "overview", "Overview",
     tiles=(
         ("reward", "rewards/total/mean"),
         ("accuracy", "accuracy/train"),
@@ -63,7 +58,6 @@ OVERVIEW = ViewSpec(
 )
 
 POLICY = ViewSpec(
-    "policy", "Policy",
     tiles=(
         ("KL", "policy/kl"),
         ("entropy", "policy/entropy"),
@@ -83,7 +77,6 @@ POLICY = ViewSpec(
 )
 
 LENGTHS = ViewSpec(
-    "lengths", "Lengths",
     tiles=(
         ("length", "completions/length/mean"),
         ("truncated", "completions/truncated_frac"),
@@ -101,7 +94,6 @@ LENGTHS = ViewSpec(
 )
 
 THROUGHPUT = ViewSpec(
-    "throughput", "Throughput",
     tiles=(
         ("gen tok/s", "throughput/gen_tokens_per_s"),
         ("backprop tok/s", "throughput/backprop_tokens_per_s"),
@@ -120,7 +112,6 @@ THROUGHPUT = ViewSpec(
 )
 
 SYSTEM = ViewSpec(
-    "system", "System",
     tiles=(
         ("CPU %", "system/cpu_percent"),
         ("memory %", "system/memory_percent"),
@@ -144,5 +135,3 @@ SYSTEM_SPARKLINES = (
     ("accel active GB", "system/accel_active_gb"),
     ("accel memory %", "system/accel_memory_percent"),
 )
-
-CHART_VIEWS = (OVERVIEW, POLICY, LENGTHS, THROUGHPUT, SYSTEM)
