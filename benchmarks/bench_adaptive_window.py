@@ -62,7 +62,7 @@ def compare_runs(run_dirs: list[Path]) -> None:
         print(f"{run_dir.name}: {len(recs)} steps, rollout_s mean {rollout.mean():.3f} median "
               f"{np.median(rollout):.3f}, step_s mean {values('timing/step_s').mean():.3f}, "
               + (f"window mean {window.mean():.2f}, " if window.size else "window off, ")
-              + f"clip_ratio {values('completions/clip_ratio').mean():.4f}, "
+              + f"clip_ratio {values('completions/truncated_frac').mean():.4f}, "
               f"accuracy/train last 50 {values('accuracy/train')[-50:].mean():.3f}, eval {evals}")
 
 

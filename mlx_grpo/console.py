@@ -7,6 +7,8 @@ import sys
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from .telemetry import names
+
 
 class TrainingConsole:
     """A rich progress bar with step, reward, accuracy and tokens/s; messages print above it."""
@@ -37,22 +39,23 @@ class TrainingConsole:
         self.progress.stop()
 
     def step(self, step: int, record: dict[str, float], every: int) -> None:
-        reward = record.get("rewards/total/mean")
-        acc = record.get("accuracy/train")
-        tps = record.get("throughput/step_tokens_per_s")
+        reward = record.get(names.REWARD_MEAN)
+        acc = record.get(names.ACCURACY_TRAIN)
+        tps = record.get(names.STEP_TOKENS_PER_S)
+        held_out = record.get(names.EVAL_ACCURACY)
         parts = []
         if reward is not None:
             parts.append(f"reward {reward:+.3f}")
         if acc is not None:
             parts.append(f"acc {acc:.0%}")
-        if "eval/accuracy" in record:
-            parts.append(f"held-out {record['eval/accuracy']:.0%}")
+        if held_out is not None:
+            parts.append(f"held-out {held_out:.0%}")
         if tps is not None:
             parts.append(f"{tps:,.0f} tok/s")
         summary = "  ".join(parts)
         self.progress.update(self.task, completed=step, summary=summary)
         # Without a terminal (CI, a log file) a line every `every` steps stands in for the bar.
-        if self.plain and (step % every == 0 or "eval/accuracy" in record):
+        if self.plain and (step % every == 0 or held_out is not None):
             self.console.print(f"step {step}/{self.progress.tasks[0].total}  {summary}")
 
     def message(self, text: str, style: str | None = None) -> None:

@@ -117,8 +117,8 @@ def simulate(steps: int = 200, seed: int = 0, faults: Faults | None = None, eval
         record.update(reward_metrics(scores, names, weights, total, GROUP))
         record.update(tracker.update(step, scores, total))
         record["accuracy/train"] = float(correct.mean())
-        record["completions/length_mean"] = float(lengths.mean())
-        record["completions/clip_ratio"] = float(truncated.mean())
+        record["completions/length/mean"] = float(lengths.mean())
+        record["completions/truncated_frac"] = float(truncated.mean())
         level = 0.4 - 0.2 * step / steps
         kl = level * min(1.0, max(0.0, (step - 2) / 8)) * math.exp(rng.normal(0, 0.35))
         if rng.random() < 0.01:

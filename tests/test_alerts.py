@@ -17,6 +17,7 @@ from rich.console import Console
 from mlx_grpo.errors import UserError
 from mlx_grpo.telemetry.alert_config import default_rules, load_alert_rules, rules_from_config
 from mlx_grpo.telemetry.alert_console import format_alert, print_alerts
+from mlx_grpo.telemetry.catalogue import canonical_record
 from mlx_grpo.telemetry.alerts import (Alert, AlertEngine, BaselineRule, HackingRule, NonFiniteRule, SpikeRule,
                                        ThresholdRule, TrendRule)
 from synthetic_runs import Faults, simulate
@@ -85,8 +86,9 @@ def test_each_builtin_rule_fires_on_its_fault(fault, rule, earliest, latest):
 
 
 def _measured(name: str) -> list[dict]:
-    """Metric records of real runs of the shipped model (the metrics the rules watch)."""
-    return [json.loads(line) for line in (DATA / name).read_text().splitlines()]
+    """Metric records of real runs of the shipped model (the metrics the rules watch), read as every reader
+    reads a run directory: names of the version that wrote them become today's."""
+    return [canonical_record(json.loads(line)) for line in (DATA / name).read_text().splitlines()]
 
 
 def test_measured_default_run_raises_no_warning():

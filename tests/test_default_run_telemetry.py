@@ -49,8 +49,8 @@ def test_every_record_is_complete_and_catalogued(default_run):
     functions = ["format_exact", "format_approx", "answer_check", "number_check"]
     missing = sorted(expected_every_step_names(functions) - seen)
     assert missing == []
-    for name in ("eval/accuracy", "eval/difficulty/3/accuracy", "epoch/reward_mean", "epoch/reward_trend",
-                 "epoch/loss_trend", "difficulty/3/accuracy", "timing/checkpoint_s", "timing/eval_s"):
+    for name in ("eval/accuracy", "eval/difficulty/3/accuracy", "epoch/reward/mean", "epoch/reward/trend",
+                 "epoch/loss/trend", "difficulty/3/accuracy", "timing/checkpoint_s", "timing/eval_s"):
         assert name in seen, name
     final = json.loads((run_dir / "final_metrics.json").read_text())
     for fn in functions + ["total"]:

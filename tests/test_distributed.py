@@ -211,9 +211,9 @@ def test_two_rank_training_writes_one_run_directory_with_global_metrics(tmp_path
     assert [r["step"] for r in records] == [1, 2, 3]
     sequences = 2 * b * g  # both ranks' completions
     for r in records:
-        assert r["tokens/completion_total"] == pytest.approx(r["completions/length_mean"] * sequences)
+        assert r["tokens/completion_total"] == pytest.approx(r["completions/length/mean"] * sequences)
         assert r["tokens/total"] == r["tokens/prompt_total"] + r["tokens/completion_total"]
-        assert r["completions/length_min"] <= r["completions/length_mean"] <= r["completions/length_max"]
+        assert r["completions/length/min"] <= r["completions/length/mean"] <= r["completions/length/max"]
     assert records[-1]["eval/num_samples"] == 10  # 5 held-out rows on each rank
     samples = (run_dir / "samples.jsonl").read_text().splitlines()
     assert len(samples) == 3 * b  # rank 0's first groups, once per step

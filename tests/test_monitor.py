@@ -41,7 +41,7 @@ def test_track_step_returns_a_canonical_record():
     assert record["rewards/total/mean"] == pytest.approx(0.5 + 2 * 0.5)
     assert record["rewards/style/contribution_pct"] == pytest.approx(100 * 16 / (8 + 16))
     assert record["accuracy/train"] == 0.5 and record["policy/kl"] == 0.01 and record["policy/entropy"] == 0.7
-    assert record["completions/length_mean"] == pytest.approx(17.5)
+    assert record["completions/length/mean"] == pytest.approx(17.5)
     # Prompt-major groups of 4: the first two groups are all correct, the last two all wrong.
     assert record["rewards/zero_std_group_frac"] == 1.0
     assert monitor.reward_names == ["answer", "style"] and len(monitor.samples) == 16

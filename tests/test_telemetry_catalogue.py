@@ -121,7 +121,7 @@ def test_every_name_the_telemetry_modules_emit_is_catalogued():
     emitted = dict(reward_metrics(scores, names, [1.0, 1.0], total, 2))
     tracker = RewardTracker(names, hist_every=1, hist_min_samples=1)
     emitted.update(tracker.update(1, scores, total, loss=0.5,
-                                  extra={"advantages/hist": total, "completions/length_hist": total}))
+                                  extra={"advantages/hist": total, "completions/length/hist": total}))
     emitted.update(tracker.histograms(1))
     tracker.update(2, scores, total, loss=0.4)
     emitted.update(tracker.end_epoch())
@@ -135,7 +135,7 @@ def test_every_name_the_telemetry_modules_emit_is_catalogued():
     with sampler:
         emitted.update(sampler.snapshot())
     emitted.update(step_record(make_step_data(levels=[3, 4] * 8)))
-    for key in ("epoch/reward_trend", "epoch/loss_trend", "system/gpu_utilization_percent",
+    for key in ("epoch/reward/trend", "epoch/loss/trend", "system/gpu_utilization_percent",
                 "system/accel_memory_percent", "rewards/answer_check/hist", "advantages/hist"):
         assert key in emitted
     assert [name for name in emitted if find_entry(name) is None] == []
@@ -187,3 +187,47 @@ def test_telemetry_modules_never_import_mlx():
             "import mlx_grpo.telemetry.rundir, mlx_grpo.telemetry.sinks, mlx_grpo.commands.metrics\n"
             "assert not [m for m in sys.modules if m == 'mlx' or m.startswith('mlx.')], 'mlx imported'\n")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
+
+
+def test_cross_boundary_names_and_chart_groups_are_catalogued():
+    from mlx_grpo.telemetry import names
+
+    constants = {k: v for k, v in vars(names).items() if k.isupper()}
+    assert len(constants) >= 10
+    assert [v for v in constants.values() if find_entry(v) is None] == []
+    for section, charts in catalogue.CHART_GROUPS.items():
+        for title, members in charts.items():
+            assert [m for m in members if find_entry(m.replace("<fn>", "f").replace("<level>", "3")) is None] == [], title
+    assert [n for n in catalogue.LABELS if find_entry(n) is None] == []
+
+
+def test_tensorboard_layout_is_generated_from_the_chart_groups():
+    layout = catalogue.tensorboard_layout()
+    assert set(layout) == set(catalogue.CHART_GROUPS)
+    regexes = [rx for charts in layout.values() for kind, rxs in charts.values() if kind == "Multiline" for rx in rxs]
+    for name in ("rewards/answer_check/mean", "policy/ratio/p95", "completions/truncated_frac", "memory/update_peak_gb",
+                 "throughput/gen_tokens_per_s/avg", "difficulty/3/accuracy"):
+        assert any(re.match(rx, name) for rx in regexes), name
+    assert not any(re.match(rx, "rewards/total/contribution_pct") for rx in regexes)
+
+
+def test_dashboard_views_use_catalogued_names_with_the_catalogue_labels():
+    from mlx_grpo.tui.views import CHART_VIEWS, SYSTEM_SPARKLINES
+
+    for view in CHART_VIEWS:
+        for tile_label, metric in view.tiles:
+            assert find_entry(metric) is not None and tile_label == catalogue.label(metric), (view.key, metric)
+        for chart in view.charts:
+            assert [m for m in chart.metrics if find_entry(m.replace("*", "answer_check")) is None] == []
+    assert [m for _, m in SYSTEM_SPARKLINES if find_entry(m) is None] == []
+
+
+def test_old_metric_names_are_read_as_todays():
+    from mlx_grpo.telemetry.metric_table import table_from_records
+
+    assert all(find_entry(new) is not None and find_entry(old) is None for old, new in catalogue.ALIASES.items())
+    old_run = [json.loads(line) for line in (REPO / "tests/data/run_default_healthy.jsonl").read_text().splitlines()]
+    assert "completions/clip_ratio" in old_run[0]  # written before truncation got its own name
+    table, rejected = table_from_records(old_run)
+    assert rejected == 0 and "completions/truncated_frac" in table.names and "completions/clip_ratio" not in table.names
+    assert catalogue.canonical_record({"step": 1, "x/y": 2}) == {"step": 1, "x/y": 2}

@@ -115,13 +115,13 @@ def test_epoch_aggregates_and_trends():
     tracker.update(2, np.array([[3.0, 3.0]]), np.array([3.0, 3.0]), loss=0.3)
     first = tracker.end_epoch()
     assert first == pytest.approx({"epoch/index": 1, "epoch/num_samples": 4, "epoch/partial": 0,
-                                   "epoch/reward_mean": 2.0, "epoch/reward_variance": 1.0, "epoch/loss_mean": 0.4})
+                                   "epoch/reward/mean": 2.0, "epoch/reward/variance": 1.0, "epoch/loss/mean": 0.4})
     tracker.update(3, np.array([[4.0, 4.0]]), np.array([4.0, 4.0]), loss=0.2)
     second = tracker.end_epoch()
     assert second["epoch/index"] == 2
-    assert second["epoch/reward_trend"] == pytest.approx(2.0)
-    assert second["epoch/loss_trend"] == pytest.approx(0.2)  # loss went down: positive
-    assert second["epoch/reward_variance"] == 0.0
+    assert second["epoch/reward/trend"] == pytest.approx(2.0)
+    assert second["epoch/loss/trend"] == pytest.approx(0.2)  # loss went down: positive
+    assert second["epoch/reward/variance"] == 0.0
 
 
 def test_histograms_wait_for_their_step_and_ten_samples():
@@ -166,12 +166,12 @@ def test_throughput_tracker_average_is_tokens_over_seconds_and_p99_matches_numpy
     tracker.update(100, 1.0)
     out = tracker.update(400, 2.0)
     assert out["throughput/gen_tokens_per_s"] == 200.0
-    assert out["throughput/gen_tokens_per_s_avg"] == pytest.approx(500 / 3)
-    assert out["throughput/gen_tokens_per_s_p99"] == pytest.approx(np.percentile([100.0, 200.0], 99))
+    assert out["throughput/gen_tokens_per_s/avg"] == pytest.approx(500 / 3)
+    assert out["throughput/gen_tokens_per_s/p99"] == pytest.approx(np.percentile([100.0, 200.0], 99))
     rng = np.random.default_rng(0)
     rates = []
     for tokens, seconds in zip(rng.integers(1, 1000, 300), rng.uniform(0.1, 2.0, 300)):
         out = tracker.update(float(tokens), float(seconds))
         rates.append(tokens / seconds)
-    assert out["throughput/gen_tokens_per_s_p99"] == pytest.approx(np.percentile([100.0, 200.0, *rates], 99))
+    assert out["throughput/gen_tokens_per_s/p99"] == pytest.approx(np.percentile([100.0, 200.0, *rates], 99))
     assert tracker.update(10, 0.0) == {}

@@ -72,7 +72,7 @@ def test_window_follows_the_previous_steps_successes_and_bounds_the_rollout(extr
     assert recs[0]["adaptive_window/current_window"] == 24  # nothing learned yet: the configured maximum
     for before, rec in zip(recs, recs[1:]):
         window = rec["adaptive_window/current_window"]
-        assert rec["completions/length_max"] <= window
+        assert rec["completions/length/max"] <= window
         if rec["adaptive_window/explored_step"]:
             assert window == 24
         elif before["adaptive_window/num_success_samples"]:

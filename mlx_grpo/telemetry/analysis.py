@@ -30,6 +30,7 @@ import numpy as np
 
 from .alert_config import default_rules
 from .alerts import Alert, AlertEngine, Rule
+from .catalogue import canonical_record
 from .metric_table import table_from_records
 
 QUALITY_WEIGHTS = {"consistency": 0.25, "discriminability": 0.35, "stability": 0.25, "coverage": 0.15}
@@ -75,7 +76,7 @@ class RunData:
     resumed run counts each step once), reward function names, per-completion columns."""
 
     def __init__(self, metrics: Sequence[Mapping[str, Any]], samples: Sequence[Mapping[str, Any]] = ()) -> None:
-        self.records = list(metrics)
+        self.records = [canonical_record(r) for r in metrics]
         self.table, _ = table_from_records(self.records)
         self.samples = list(samples)
         self.functions = self._function_names()
@@ -299,7 +300,7 @@ def reward_trends(metrics: "Records | RunData") -> dict[str, Trend]:
     """Trends of the total and each function's mean reward, accuracy, and completion length."""
     data = _data(metrics)
     names = ["rewards/total/mean", *(f"rewards/{fn}/mean" for fn in data.functions), *ACCURACY_METRICS,
-             "completions/length_mean"]
+             "completions/length/mean"]
     out = {}
     for name in names:
         trend = trend_of(data, name)
@@ -430,7 +431,7 @@ def detect_reward_hacking(metrics: "Records | RunData", samples: Records = (),
             if share is not None and share.change >= 15:
                 findings.append(f"{fn}'s share of the reward grew from {share.start:.0f}% to {share.end:.0f}% "
                                 f"while accuracy did not improve ({acc_words})")
-    length = trend_of(data, "completions/length_mean")
+    length = trend_of(data, "completions/length/mean")
     length_grew = length is not None and length.direction == "rising" and (length.relative_change or 0) >= 0.2
     for fn, info in importance.items():
         mean_trend = trend_of(data, f"rewards/{fn}/mean")
@@ -574,7 +575,7 @@ def _issues(report: RewardReport, nonzero: float | None, auc: float | None,
         if corr.corr > 0.95:
             add(f"{corr.a} and {corr.b} are almost the same signal (correlation {corr.corr:.2f})",
                 f"keep one of {corr.a} and {corr.b}, or lower one weight")
-    _, clip = data.series("completions/clip_ratio")
+    _, clip = data.series("completions/truncated_frac")
     if len(clip) and clip.mean() > 0.3:
         add(f"{clip.mean():.0%} of completions were cut off at the generation limit",
             "raise max_generation_steps, or penalise overly long completions")

@@ -172,12 +172,12 @@ def _policy_entries() -> list[MetricSpec]:
         MetricSpec("policy/ppo_kl", "Approximate KL(pi_old || pi_new) of this update: mean of "
                    "log pi_old - log pi_new over completion tokens. 0 on the first pass over a rollout.",
                    "nats", p, EVERY_STEP),
-        MetricSpec("policy/ratio_mean", "Mean importance ratio pi_new / pi_old over completion tokens (1 when "
+        MetricSpec("policy/ratio/mean", "Mean importance ratio pi_new / pi_old over completion tokens (1 when "
                    "the update is on-policy).", "ratio", p, EVERY_STEP),
-        MetricSpec("policy/ratio_std", "Standard deviation of the importance ratio.", "ratio", p, EVERY_STEP),
-        MetricSpec("policy/ratio_p95", "95th percentile of the importance ratio.", "ratio", p, EVERY_STEP),
-        MetricSpec("policy/log_ratio_mean", "Mean log importance ratio.", "nats", p, EVERY_STEP),
-        MetricSpec("policy/log_ratio_std", "Standard deviation of the log importance ratio.", "nats", p,
+        MetricSpec("policy/ratio/std", "Standard deviation of the importance ratio.", "ratio", p, EVERY_STEP),
+        MetricSpec("policy/ratio/p95", "95th percentile of the importance ratio.", "ratio", p, EVERY_STEP),
+        MetricSpec("policy/log_ratio/mean", "Mean log importance ratio.", "nats", p, EVERY_STEP),
+        MetricSpec("policy/log_ratio/std", "Standard deviation of the log importance ratio.", "nats", p,
                    EVERY_STEP),
         MetricSpec("policy/grad_norm", "Global L2 norm of the gradient before clipping.", "", p, EVERY_STEP),
         MetricSpec("policy/lr", "Learning rate used by this step's update.", "", p, EVERY_STEP),
@@ -198,25 +198,25 @@ def _advantage_entries() -> list[MetricSpec]:
 def _length_entries() -> list[MetricSpec]:
     c, pr, t = "completions", "prompts", "tokens"
     return [
-        MetricSpec("completions/length_mean", "Mean completion length.", "tokens", c, EVERY_STEP),
-        MetricSpec("completions/length_min", "Shortest completion.", "tokens", c, EVERY_STEP),
-        MetricSpec("completions/length_max", "Longest completion.", "tokens", c, EVERY_STEP),
-        MetricSpec("completions/clip_ratio", "Fraction of completions truncated: they reached the generation "
+        MetricSpec("completions/length/mean", "Mean completion length.", "tokens", c, EVERY_STEP),
+        MetricSpec("completions/length/min", "Shortest completion.", "tokens", c, EVERY_STEP),
+        MetricSpec("completions/length/max", "Longest completion.", "tokens", c, EVERY_STEP),
+        MetricSpec("completions/truncated_frac", "Fraction of completions truncated: they reached the generation "
                    "budget without an end-of-sequence token.", "fraction", c, EVERY_STEP),
         MetricSpec("completions/finished_frac", "Fraction of completions that ended with an end-of-sequence "
-                   "token within the budget (1 - clip_ratio).", "fraction", c, EVERY_STEP),
+                   "token within the budget (1 - truncated_frac).", "fraction", c, EVERY_STEP),
         MetricSpec("completions/truncated_correct_frac", "Among truncated completions, the fraction with the "
                    "right answer. Left out when none was truncated.", "fraction", c, EVERY_STEP),
         MetricSpec("completions/finished_correct_frac", "Among finished completions, the fraction with the right "
                    "answer. Left out when none finished.", "fraction", c, EVERY_STEP),
-        MetricSpec("completions/correct_length_mean", "Mean length of the completions with the right answer. "
+        MetricSpec("completions/correct_length/mean", "Mean length of the completions with the right answer. "
                    "Left out when none was right.", "tokens", c, EVERY_STEP),
-        MetricSpec("completions/length_hist", "Distribution of completion lengths since the previous "
+        MetricSpec("completions/length/hist", "Distribution of completion lengths since the previous "
                    "histogram.", "tokens", c, HIST, "histogram"),
-        MetricSpec("prompts/length_mean", "Mean prompt length (after truncation).", "tokens", pr, EVERY_STEP),
-        MetricSpec("prompts/length_min", "Shortest prompt.", "tokens", pr, EVERY_STEP),
-        MetricSpec("prompts/length_max", "Longest prompt.", "tokens", pr, EVERY_STEP),
-        MetricSpec("prompts/clip_ratio", "Fraction of prompts cut to max_prompt_length.", "fraction", pr,
+        MetricSpec("prompts/length/mean", "Mean prompt length (after truncation).", "tokens", pr, EVERY_STEP),
+        MetricSpec("prompts/length/min", "Shortest prompt.", "tokens", pr, EVERY_STEP),
+        MetricSpec("prompts/length/max", "Longest prompt.", "tokens", pr, EVERY_STEP),
+        MetricSpec("prompts/truncated_frac", "Fraction of prompts cut to max_prompt_length.", "fraction", pr,
                    EVERY_STEP),
         MetricSpec("tokens/prompt_total", "Prompt tokens in the batch, counted once per completion.", "tokens", t,
                    EVERY_STEP),
@@ -253,9 +253,9 @@ def _performance_entries() -> list[MetricSpec]:
                         "per second of update")):
         out += [
             MetricSpec(f"throughput/{key}_tokens_per_s", f"{words}, this step.", "tokens/s", th, EVERY_STEP),
-            MetricSpec(f"throughput/{key}_tokens_per_s_avg", f"{words}, since the start: total tokens / total "
+            MetricSpec(f"throughput/{key}_tokens_per_s/avg", f"{words}, since the start: total tokens / total "
                        "seconds (so long steps weigh more than short ones).", "tokens/s", th, EVERY_STEP),
-            MetricSpec(f"throughput/{key}_tokens_per_s_p99", f"{words}: 99th percentile of the per-step values "
+            MetricSpec(f"throughput/{key}_tokens_per_s/p99", f"{words}: 99th percentile of the per-step values "
                        "so far.", "tokens/s", th, EVERY_STEP),
         ]
     out.append(MetricSpec("throughput/step_tokens_per_s", "tokens/total / timing/step_s: end-to-end tokens per "
@@ -319,14 +319,14 @@ def _epoch_entries() -> list[MetricSpec]:
     return [
         MetricSpec("epoch/index", "Number of the pass over the training data that just ended (1-based).", "count",
                    e, EPOCH),
-        MetricSpec("epoch/reward_mean", "Mean total reward over every completion of the epoch.", "reward", e,
+        MetricSpec("epoch/reward/mean", "Mean total reward over every completion of the epoch.", "reward", e,
                    EPOCH),
-        MetricSpec("epoch/loss_mean", "Mean of policy/loss over the epoch's steps.", "", e, EPOCH),
-        MetricSpec("epoch/reward_variance", "Variance of the total reward over every completion of the epoch.",
+        MetricSpec("epoch/loss/mean", "Mean of policy/loss over the epoch's steps.", "", e, EPOCH),
+        MetricSpec("epoch/reward/variance", "Variance of the total reward over every completion of the epoch.",
                    "reward^2", e, EPOCH),
-        MetricSpec("epoch/reward_trend", "epoch/reward_mean minus the previous epoch's (positive = improving). "
+        MetricSpec("epoch/reward/trend", "epoch/reward/mean minus the previous epoch's (positive = improving). "
                    "Left out after the first epoch.", "reward", e, EPOCH),
-        MetricSpec("epoch/loss_trend", "Previous epoch's epoch/loss_mean minus this one's (positive = loss went "
+        MetricSpec("epoch/loss/trend", "Previous epoch's epoch/loss/mean minus this one's (positive = loss went "
                    "down). Left out after the first epoch.", "", e, EPOCH),
         MetricSpec("epoch/api_tokens", "Judge API tokens used during the epoch.", "tokens", e,
                    "end of each epoch, when a rubric uses a judge"),
@@ -443,6 +443,111 @@ def find_entry(name: str) -> MetricSpec | None:
         if regex.match(name):
             return spec
     return None
+
+
+# ----------------------------------------------------------------------------- charts, labels, old names
+
+# The chart groups of the namespace, by section: the TensorBoard custom layout is generated from
+# them (`tensorboard_layout`), and the dashboard's views and the HTML report draw these names.
+CHART_GROUPS: dict[str, dict[str, tuple[str, ...]]] = {
+    "rewards": {
+        "total reward": ("rewards/total/mean", "rewards/total/median", "rewards/total/recent_mean",
+                         "rewards/total/min", "rewards/total/max"),
+        "reward per function": ("rewards/<fn>/mean",),
+        "contribution %": ("rewards/<fn>/contribution_pct",),
+        "signal quality": ("rewards/signal_to_noise", "rewards/entropy", "rewards/zero_std_group_frac"),
+        "accuracy": ("accuracy/train", "eval/accuracy", "difficulty/<level>/accuracy"),
+    },
+    "policy": {
+        "loss": ("policy/loss", "policy/pg_loss", "policy/kl_penalty"),
+        "KL": ("policy/kl", "policy/ppo_kl"),
+        "entropy": ("policy/entropy",),
+        "PPO clipping": ("policy/clip_frac_low", "policy/clip_frac_high", "policy/clip_frac", "policy/outside_frac"),
+        "importance ratio": ("policy/ratio/mean", "policy/ratio/std", "policy/ratio/p95", "policy/log_ratio/mean",
+                             "policy/log_ratio/std"),
+        "gradient norm": ("policy/grad_norm",),
+        "learning rate": ("policy/lr",),
+        "advantages": ("advantages/mean", "advantages/std", "advantages/min", "advantages/max"),
+    },
+    "performance": {
+        "generation tokens/s": ("throughput/gen_tokens_per_s", "throughput/gen_tokens_per_s/avg",
+                                "throughput/gen_tokens_per_s/p99"),
+        "backprop tokens/s": ("throughput/backprop_tokens_per_s", "throughput/backprop_tokens_per_s/avg",
+                              "throughput/backprop_tokens_per_s/p99"),
+        "phase seconds": ("timing/step_s", "timing/rollout_s", "timing/reward_s", "timing/advantage_s",
+                          "timing/ref_s", "timing/update_s", "timing/checkpoint_s", "timing/eval_s"),
+        "ms per token": ("timing/gen_ms_per_token", "timing/update_ms_per_token", "timing/ref_ms_per_token"),
+        "completion length": ("completions/length/mean", "completions/length/min", "completions/length/max"),
+        "truncation": ("completions/truncated_frac", "prompts/truncated_frac"),
+    },
+    "memory": {
+        "peak per phase GB": ("memory/rollout_peak_gb", "memory/ref_peak_gb", "memory/update_peak_gb"),
+        "accelerator GB": ("system/accel_active_gb", "system/accel_peak_gb", "system/accel_limit_gb"),
+    },
+    "system": {
+        "CPU and GPU %": ("system/cpu_percent", "system/gpu_utilization_percent"),
+        "memory %": ("system/memory_percent", "system/accel_memory_percent"),
+        "memory GB": ("system/memory_used_gb", "system/memory_available_gb", "system/process_rss_gb"),
+    },
+}
+
+# Short labels for tiles and tables; a name without one shows its last path segments.
+LABELS: dict[str, str] = {
+    "rewards/total/mean": "reward", "accuracy/train": "accuracy", "eval/accuracy": "eval acc",
+    "policy/kl": "KL", "policy/entropy": "entropy", "policy/clip_frac": "PPO clip frac", "policy/loss": "loss",
+    "policy/grad_norm": "grad norm", "policy/lr": "lr", "completions/length/mean": "length",
+    "completions/truncated_frac": "truncated", "completions/finished_frac": "finished",
+    "prompts/length/mean": "prompt len", "tokens/total": "tokens/step",
+    "throughput/gen_tokens_per_s": "gen tok/s", "throughput/backprop_tokens_per_s": "backprop tok/s",
+    "timing/step_s": "step s", "timing/rollout_s": "rollout s", "timing/update_s": "update s",
+    "timing/gen_ms_per_token": "gen ms/tok", "system/cpu_percent": "CPU %", "system/memory_percent": "memory %",
+    "system/process_rss_gb": "process GB", "system/accel_active_gb": "accel GB", "system/accel_peak_gb": "accel peak",
+    "system/accel_limit_gb": "accel limit", "memory/update_peak_gb": "update peak GB",
+}
+
+# Names of older versions, read as today's (a run directory written before a rename still charts).
+ALIASES: dict[str, str] = {
+    "completions/length_mean": "completions/length/mean", "completions/length_min": "completions/length/min",
+    "completions/length_max": "completions/length/max", "completions/length_hist": "completions/length/hist",
+    "completions/correct_length_mean": "completions/correct_length/mean",
+    "completions/clip_ratio": "completions/truncated_frac",  # truncation, not PPO clipping (policy/clip_frac)
+    "prompts/length_mean": "prompts/length/mean", "prompts/length_min": "prompts/length/min",
+    "prompts/length_max": "prompts/length/max", "prompts/clip_ratio": "prompts/truncated_frac",
+    "throughput/gen_tokens_per_s_avg": "throughput/gen_tokens_per_s/avg",
+    "throughput/gen_tokens_per_s_p99": "throughput/gen_tokens_per_s/p99",
+    "throughput/backprop_tokens_per_s_avg": "throughput/backprop_tokens_per_s/avg",
+    "throughput/backprop_tokens_per_s_p99": "throughput/backprop_tokens_per_s/p99",
+    "policy/ratio_mean": "policy/ratio/mean", "policy/ratio_std": "policy/ratio/std",
+    "policy/ratio_p95": "policy/ratio/p95", "policy/log_ratio_mean": "policy/log_ratio/mean",
+    "policy/log_ratio_std": "policy/log_ratio/std",
+    "epoch/reward_mean": "epoch/reward/mean", "epoch/reward_variance": "epoch/reward/variance",
+    "epoch/reward_trend": "epoch/reward/trend", "epoch/loss_mean": "epoch/loss/mean",
+    "epoch/loss_trend": "epoch/loss/trend",
+}
+
+
+def canonical_record(record: dict) -> dict:
+    """`record` with old metric names renamed to today's (the same dict when it has none)."""
+    if not any(key in ALIASES for key in record):
+        return record
+    return {ALIASES.get(key, key): value for key, value in record.items()}
+
+
+def label(name: str) -> str:
+    """The short label of a metric for tiles and tables."""
+    return LABELS.get(name) or "/".join(name.split("/")[-2:])
+
+
+def tensorboard_layout() -> dict[str, dict[str, list]]:
+    """TensorBoard's custom-scalars layout, from CHART_GROUPS (plus the reward's q25..q75 margin chart)."""
+    layout: dict[str, dict[str, list]] = {
+        section: {title: ["Multiline", ["^" + _pattern(n).pattern.removesuffix(r"\Z") + "$" for n in names]]
+                  for title, names in charts.items()}
+        for section, charts in CHART_GROUPS.items()}
+    layout["rewards"] = {"total reward: mean with q25..q75": ["Margin", ["rewards/total/mean", "rewards/total/q25",
+                                                                        "rewards/total/q75"]],
+                         **layout["rewards"]}
+    return layout
 
 
 # ----------------------------------------------------------------------------- output

@@ -18,6 +18,8 @@ from typing import Iterable
 
 import numpy as np
 
+from .catalogue import canonical_record
+
 STEP = "step"
 TIME = "time"
 # Steps are stored as float64, exact up to 2**53.
@@ -172,12 +174,14 @@ class MetricTable:
 def table_from_records(records: Iterable[dict]) -> tuple[MetricTable, int]:
     """Build a table from parsed metric records; returns (table, records rejected).
 
+    Old metric names are read as today's (catalogue.ALIASES).
     A record needs an integral `step`; other fields that are not finite numbers
     become NaN. Records going back in steps rewind, as described above.
     """
     kept: list[dict] = []
     rejected = 0
     for rec in records:
+        rec = canonical_record(rec)  # a run written before a metric was renamed charts under today's name
         step = rec.get(STEP)
         if type(step) is float and step.is_integer():
             step = int(step)

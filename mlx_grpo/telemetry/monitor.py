@@ -90,7 +90,7 @@ class RewardMonitor:
         if lengths is not None:
             if len(lengths) != n:
                 raise ValueError(f"lengths has {len(lengths)} entries for {n} completions")
-            record["completions/length_mean"] = float(np.mean(lengths))
+            record["completions/length/mean"] = float(np.mean(lengths))
         record.update(extra or {})
         self.records.append(record)
         for i in range(n):

@@ -27,7 +27,7 @@ Public API:
   (`epoch/api_tokens` comes from the rubric reward, which counts the judge's tokens).
   `final_metrics()` returns `final/<fn>/*` and `final/total/*`.
 - `ThroughputTracker(name)`: `update(tokens, seconds)` returns `{name: tokens/seconds,
-  name_avg: sum tokens / sum seconds, name_p99: 99th percentile of the per-step values so far}`;
+  name/avg: sum tokens / sum seconds, name/p99: 99th percentile of the per-step values so far}`;
   O(log n) per step (a sorted list), so a long run does not slow logging down.
 - `RunningStats`, `RewardTracker` and `ThroughputTracker` have `state_dict()` (plain JSON: lists,
   numbers, None) and `load_state_dict(state)`, so a checkpoint carries them and a resumed run's
@@ -245,15 +245,15 @@ class RewardTracker:
         out = {"epoch/index": float(self._epoch_index), "epoch/num_samples": float(self._epoch_rewards.count),
                "epoch/partial": float(partial)}
         if self._epoch_rewards.count:
-            out["epoch/reward_mean"] = self._epoch_rewards.mean
-            out["epoch/reward_variance"] = self._epoch_rewards.variance
-            if "epoch/reward_mean" in self._previous_epoch:
-                out["epoch/reward_trend"] = out["epoch/reward_mean"] - self._previous_epoch["epoch/reward_mean"]
+            out["epoch/reward/mean"] = self._epoch_rewards.mean
+            out["epoch/reward/variance"] = self._epoch_rewards.variance
+            if "epoch/reward/mean" in self._previous_epoch:
+                out["epoch/reward/trend"] = out["epoch/reward/mean"] - self._previous_epoch["epoch/reward/mean"]
         if self._epoch_losses.count:
-            out["epoch/loss_mean"] = self._epoch_losses.mean
-            if "epoch/loss_mean" in self._previous_epoch:
+            out["epoch/loss/mean"] = self._epoch_losses.mean
+            if "epoch/loss/mean" in self._previous_epoch:
                 # Positive when the loss went down, so both trends read "positive = better".
-                out["epoch/loss_trend"] = self._previous_epoch["epoch/loss_mean"] - out["epoch/loss_mean"]
+                out["epoch/loss/trend"] = self._previous_epoch["epoch/loss/mean"] - out["epoch/loss/mean"]
         self._previous_epoch = out
         self._epoch_index += 1
         self._new_epoch()
@@ -311,8 +311,8 @@ class ThroughputTracker:
         self._tokens += tokens
         self._seconds += seconds
         bisect.insort(self._sorted, rate)
-        return {self.name: rate, f"{self.name}_avg": self._tokens / self._seconds,
-                f"{self.name}_p99": self.percentile(99.0)}
+        return {self.name: rate, f"{self.name}/avg": self._tokens / self._seconds,
+                f"{self.name}/p99": self.percentile(99.0)}
 
     def state_dict(self) -> dict:
         return {"tokens": self._tokens, "seconds": self._seconds, "rates": self._sorted}

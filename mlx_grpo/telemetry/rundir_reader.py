@@ -39,6 +39,7 @@ from ..errors import UserError
 from .alert_config import default_rules, load_alert_rules
 from .alerts import Alert, AlertEngine
 from .history_loader import HistoryLoader
+from .catalogue import canonical_record
 from .jsonl_tail import JsonlTail
 from .metric_table import MetricTable, table_from_records
 
@@ -356,7 +357,7 @@ class RunReader:
             return
         fired = []
         for rec in records:
-            fired.extend(engine.check(rec))
+            fired.extend(engine.check(canonical_record(rec)))
         for alert in fired:
             if (alert.rule, alert.metric, alert.step) not in self._file_alert_keys:
                 self.state.alerts.append(AlertEntry(alert, "dashboard"))

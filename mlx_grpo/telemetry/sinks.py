@@ -44,7 +44,6 @@ Public API:
   out with a warning.
 - `wandb_enabled(flag, environ=os.environ) -> bool`: `--wandb` / `--no-wandb` / neither (on when
   WANDB_API_KEY is set).
-- `tensorboard_layout() -> dict`: the custom-scalars layout (tag regexes).
 - `samples_markdown(samples) -> str`, `split_completion(text) -> (reasoning, answer)`,
   `flatten_config(config) -> dict`: the formatting the sinks share.
 """
@@ -65,6 +64,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from .catalogue import tensorboard_layout
 from .rundir import RunDirWriter, json_safe
 
 # Sample columns shown in text and tables; long texts are cut so a step's table stays readable.
@@ -158,43 +158,6 @@ def flatten_config(config: Mapping[str, Any], prefix: str = "") -> dict[str, boo
 
 
 # ----------------------------------------------------------------------------- TensorBoard
-
-
-def tensorboard_layout() -> dict[str, dict[str, list]]:
-    return {
-        "rewards": {
-            "total reward: mean with q25..q75": ["Margin", ["rewards/total/mean", "rewards/total/q25",
-                                                            "rewards/total/q75"]],
-            "total reward": ["Multiline", [r"^rewards/total/(mean|median|recent_mean|min|max)$"]],
-            "per-function mean": ["Multiline", [r"^rewards/[^/]+/mean$"]],
-            "contribution %": ["Multiline", [r"^rewards/[^/]+/contribution_pct$"]],
-            "signal quality": ["Multiline", [r"^rewards/(signal_to_noise|entropy|zero_std_group_frac)$"]],
-            "accuracy": ["Multiline", [r"^accuracy/train$", r"^eval/accuracy$", r"^difficulty/.*/accuracy$"]],
-        },
-        "policy": {
-            "loss": ["Multiline", [r"^policy/(loss|pg_loss|kl_penalty)$"]],
-            "KL": ["Multiline", [r"^policy/(kl|ppo_kl)$"]],
-            "entropy": ["Multiline", [r"^policy/entropy$"]],
-            "clipping": ["Multiline", [r"^policy/(clip_frac.*|outside_frac)$"]],
-            "importance ratio": ["Multiline", [r"^policy/(ratio_.*|log_ratio_.*)$"]],
-            "gradient norm": ["Multiline", [r"^policy/grad_norm$"]],
-            "learning rate": ["Multiline", [r"^policy/lr$"]],
-            "advantages": ["Multiline", [r"^advantages/(mean|std|min|max)$"]],
-        },
-        "performance": {
-            "generation tokens/s": ["Multiline", [r"^throughput/gen_tokens_per_s.*"]],
-            "backprop tokens/s": ["Multiline", [r"^throughput/backprop_tokens_per_s.*"]],
-            "phase seconds": ["Multiline", [r"^timing/.*_s$"]],
-            "ms per token": ["Multiline", [r"^timing/.*_ms_per_token$"]],
-            "completion length": ["Multiline", [r"^completions/length_(mean|min|max)$"]],
-            "truncation": ["Multiline", [r"^(completions|prompts)/clip_ratio$"]],
-        },
-        "system": {
-            "CPU and GPU %": ["Multiline", [r"^system/(cpu_percent|gpu_utilization_percent)$"]],
-            "memory %": ["Multiline", [r"^system/(memory_percent|accel_memory_percent)$"]],
-            "memory GB": ["Multiline", [r"^system/.*_gb$"]],
-        },
-    }
 
 
 class _GuardedEvents:

@@ -16,6 +16,10 @@ import numpy as np
 
 from .reward_stats import reward_metrics
 
+# grpo_loss's statistics whose record names put the statistic last (policy/ratio/mean, like rewards/<fn>/mean).
+UPDATE_STAT_NAMES = {"ratio_mean": "ratio/mean", "ratio_std": "ratio/std", "ratio_p95": "ratio/p95",
+                     "log_ratio_mean": "log_ratio/mean", "log_ratio_std": "log_ratio/std"}
+
 # The phases a step is timed in, in order (timing/<phase>_s, timing/<phase>_ms_per_token).
 PHASES = ("rollout", "reward", "advantage", "ref", "update")
 
@@ -65,8 +69,8 @@ class StepData:
 
 
 def _stats(prefix: str, values: np.ndarray) -> dict[str, float]:
-    return {f"{prefix}_mean": float(values.mean()), f"{prefix}_min": float(values.min()),
-            f"{prefix}_max": float(values.max())}
+    return {f"{prefix}/mean": float(values.mean()), f"{prefix}/min": float(values.min()),
+            f"{prefix}/max": float(values.max())}
 
 
 def outcome_metrics(data: StepData) -> dict[str, float]:
@@ -77,16 +81,16 @@ def outcome_metrics(data: StepData) -> dict[str, float]:
     correct = np.asarray(data.correct, dtype=bool)
     prompt_lengths = np.asarray(data.prompt_lengths, dtype=float)
     out = {f"completions/{k}": v for k, v in _stats("length", lengths).items()}
-    out["completions/clip_ratio"] = float(truncated.mean())
+    out["completions/truncated_frac"] = float(truncated.mean())
     out["completions/finished_frac"] = float(finished.mean())
     if truncated.any():
         out["completions/truncated_correct_frac"] = float(correct[truncated].mean())
     if finished.any():
         out["completions/finished_correct_frac"] = float(correct[finished].mean())
     if correct.any():
-        out["completions/correct_length_mean"] = float(lengths[correct].mean())
+        out["completions/correct_length/mean"] = float(lengths[correct].mean())
     out.update({f"prompts/{k}": v for k, v in _stats("length", prompt_lengths).items()})
-    out["prompts/clip_ratio"] = float(np.asarray(data.prompt_truncated, dtype=bool).mean())
+    out["prompts/truncated_frac"] = float(np.asarray(data.prompt_truncated, dtype=bool).mean())
     out["tokens/prompt_total"] = float(prompt_lengths.sum())
     out["tokens/completion_total"] = float(lengths.sum())
     out["tokens/total"] = out["tokens/prompt_total"] + out["tokens/completion_total"]
@@ -111,7 +115,7 @@ def difficulty_metrics(levels: Sequence, correct: Sequence[bool]) -> dict[str, f
 def update_metrics(update: UpdateStats) -> dict[str, float]:
     out = {"policy/loss": update.loss, "policy/grad_norm": update.grad_norm, "policy/lr": update.learning_rate,
            "policy/kl_coef": update.kl_coef, "policy/skipped_updates": float(update.skipped),
-           **{f"policy/{k}": v for k, v in update.stats.items()}}
+           **{f"policy/{UPDATE_STAT_NAMES.get(k, k)}": v for k, v in update.stats.items()}}
     if not update.has_reference:  # no reference policy: there is no KL to report
         out.pop("policy/kl", None)
         out.pop("policy/kl_penalty", None)

@@ -46,7 +46,7 @@ OVERVIEW = ViewSpec(
         ("eval acc", "eval/accuracy"),
         ("KL", "policy/kl"),
         ("entropy", "policy/entropy"),
-        ("length", "completions/length_mean"),
+        ("length", "completions/length/mean"),
         ("gen tok/s", "throughput/gen_tokens_per_s"),
         ("step s", "timing/step_s"),
     ),
@@ -61,7 +61,7 @@ POLICY = ViewSpec(
     tiles=(
         ("KL", "policy/kl"),
         ("entropy", "policy/entropy"),
-        ("clip frac", "policy/clip_frac"),
+        ("PPO clip frac", "policy/clip_frac"),
         ("loss", "policy/loss"),
         ("grad norm", "policy/grad_norm"),
         ("lr", "policy/lr"),
@@ -72,24 +72,24 @@ POLICY = ViewSpec(
         ChartSpec("clip fractions", ("policy/clip_frac_low", "policy/clip_frac_high", "policy/clip_frac")),
         ChartSpec("loss", ("policy/loss", "policy/pg_loss")),
         ChartSpec("grad norm", ("policy/grad_norm",)),
-        ChartSpec("importance ratio", ("policy/ratio_mean", "policy/ratio_p95", "policy/ppo_kl")),
+        ChartSpec("importance ratio", ("policy/ratio/mean", "policy/ratio/p95", "policy/ppo_kl")),
     ),
 )
 
 LENGTHS = ViewSpec(
     tiles=(
-        ("length", "completions/length_mean"),
-        ("truncated", "completions/clip_ratio"),
+        ("length", "completions/length/mean"),
+        ("truncated", "completions/truncated_frac"),
         ("finished", "completions/finished_frac"),
-        ("prompt len", "prompts/length_mean"),
+        ("prompt len", "prompts/length/mean"),
         ("tokens/step", "tokens/total"),
     ),
     charts=(
-        ChartSpec("completion length", ("completions/length_mean", "completions/length_min", "completions/length_max")),
-        ChartSpec("truncation", ("completions/clip_ratio", "prompts/clip_ratio")),
+        ChartSpec("completion length", ("completions/length/mean", "completions/length/min", "completions/length/max")),
+        ChartSpec("truncation", ("completions/truncated_frac", "prompts/truncated_frac")),
         ChartSpec("finished / correct",
                   ("completions/finished_frac", "completions/finished_correct_frac", "completions/truncated_correct_frac")),
-        ChartSpec("prompt length", ("prompts/length_mean",)),
+        ChartSpec("prompt length", ("prompts/length/mean",)),
     ),
 )
 
