@@ -212,11 +212,11 @@ def test_tensorboard_layout_is_generated_from_the_chart_groups():
 
 
 def test_dashboard_views_use_catalogued_names_with_the_catalogue_labels():
-    from mlx_grpo.tui.views import CHART_VIEWS, SYSTEM_SPARKLINES
+    from mlx_grpo.tui.views import LENGTHS, OVERVIEW, POLICY, SYSTEM, SYSTEM_SPARKLINES, THROUGHPUT
 
-    for view in CHART_VIEWS:
+    for view in (OVERVIEW, POLICY, LENGTHS, THROUGHPUT, SYSTEM):
         for tile_label, metric in view.tiles:
-            assert find_entry(metric) is not None and tile_label == catalogue.label(metric), (view.key, metric)
+            assert find_entry(metric) is not None and tile_label == catalogue.label(metric), metric
         for chart in view.charts:
             assert [m for m in chart.metrics if find_entry(m.replace("*", "answer_check")) is None] == []
     assert [m for _, m in SYSTEM_SPARKLINES if find_entry(m) is None] == []
