@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from .errors import UserError
+from .errors import UserError, yaml_error
 
 DEFAULT_MODEL = "default"  # the small arithmetic model shipped inside the package
 
@@ -332,10 +332,7 @@ def read_yaml_mapping(path: Path) -> dict:
     try:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
-        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-        raise UserError(f"{where}: malformed YAML: {problem}") from None
+        raise yaml_error(path, err) from None
     if data is None:
         return {}
     if not isinstance(data, dict):

@@ -11,3 +11,11 @@ class UserError(Exception):
     def __init__(self, message: str, exit_code: int = 2):
         super().__init__(message)
         self.exit_code = exit_code
+
+
+def yaml_error(source: object, err: Exception) -> UserError:
+    """One line for a YAML file that does not parse: `file:line: not valid YAML: problem`."""
+    mark = getattr(err, "problem_mark", None)
+    where = f"{source}:{mark.line + 1}" if mark is not None else str(source)
+    problem = getattr(err, "problem", None) or (str(err).splitlines() or ["unreadable"])[0]
+    return UserError(f"{where}: not valid YAML: {problem}")

@@ -60,6 +60,13 @@ def extract_answer(completion: str) -> str | None:
     return inner.strip() if closed else None
 
 
+def extract_reasoning(completion: str) -> str:
+    """The stripped text of the last complete ``<reasoning>...</reasoning>`` block; without one, the whole text."""
+    _, found, tail = completion.rpartition("<reasoning>")
+    inner, closed, _ = tail.partition("</reasoning>")
+    return inner.strip() if found and closed else completion.strip()
+
+
 def _normalise(text: str) -> str:
     """Drop whitespace, thousands commas, '$', a final '.', and case."""
     return re.sub(r"[\s,$]", "", text).lower().rstrip(".")

@@ -23,7 +23,7 @@ from typing import Any, Callable
 import numpy as np
 import yaml
 
-from .errors import UserError
+from .errors import UserError, yaml_error
 from .judge import PLACEHOLDERS, Judge, JudgeConfig, JudgeError, chat_completions_url
 from .rubric_scorers import (CriterionFailed, JudgeScorer, LengthScorer, NumericAnswerScorer, PythonScorer,
                              RegexScorer, SubstringScorer)
@@ -137,10 +137,7 @@ def load_rubric(path: str | os.PathLike) -> Rubric:
         lines = _line_numbers(yaml.compose(text, Loader=yaml.SafeLoader))
         data = yaml.safe_load(text)
     except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
-        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-        raise UserError(f"{where}: not valid YAML: {problem}") from None
+        raise yaml_error(path, err) from None
 
     root = _Section(path, lines, (), "rubric", data)
     root.require_mapping()

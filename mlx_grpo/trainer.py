@@ -37,7 +37,8 @@ from .extras.sgrpo import run_exits
 from .machine import accel_memory, describe_device, versions
 from .models import ReferencePolicy, apply_adapters, count_parameters, load_policy, make_reference
 from .resume import last_record, log_positions, resumable_checkpoint, resume_command, truncate_logs
-from .rewards import RewardFunction, RewardScores, is_correct, load_reward_functions, score_completions
+from .rewards import (RewardFunction, RewardScores, extract_answer, extract_reasoning, is_correct,
+                      load_reward_functions, score_completions)
 from .rollout import Rollout, SamplingSettings, decode_completion, generate
 from .signals import StopRequest, report_stop
 from .telemetry.alert_config import load_alert_rules, rules_from_config
@@ -285,7 +286,9 @@ class Trainer:
         for i in [g * G for g in range(min(self.config.samples_per_step, len(prompts.rows)))]:
             per_fn = {name: (None if np.isnan(scores.per_function[j, i]) else float(scores.per_function[j, i]))
                       for j, name in enumerate(scores.names)}
-            out.append({"prompt": rows[i]["prompt"], "completion": scored.texts[i], "answer": rows[i]["answer"],
+            out.append({"prompt": rows[i]["prompt"], "completion": scored.texts[i],
+                        "reasoning": extract_reasoning(scored.texts[i]),
+                        "predicted": extract_answer(scored.texts[i]), "answer": rows[i]["answer"],
                         "rewards": per_fn, "total": float(scores.total[i]), "advantage": float(adv[i]),
                         "length": int(lengths[i]), "truncated": bool(truncated[i]),
                         "correct": bool(scored.correct[i])})

@@ -359,7 +359,7 @@ rules:
     ("disable: [no_such_rule]\n", "disable[0]: no built-in rule named 'no_such_rule'"),
     ("defaults: maybe\n", "key 'defaults' must be true or false"),
     ("rule: []\n", "unknown key 'rule'"),
-    ("rules:\n  - {name: a, kind: nonfinite\n", "alerts.yaml:3: invalid YAML"),
+    ("rules:\n  - {name: a, kind: nonfinite\n", "alerts.yaml:3: not valid YAML"),
 ])
 def test_rule_file_mistakes_name_file_rule_and_key(tmp_path, text, expected):
     path = _write(tmp_path, text)
@@ -377,7 +377,7 @@ def test_missing_rules_file_is_a_user_error(tmp_path):
 
 def test_yaml_is_loaded_safely(tmp_path):
     path = _write(tmp_path, "rules: !!python/object/apply:os.system ['echo hacked']\n")
-    with pytest.raises(UserError, match="invalid YAML"):
+    with pytest.raises(UserError, match="not valid YAML"):
         load_alert_rules(path)
 
 

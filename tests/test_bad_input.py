@@ -47,7 +47,7 @@ def train_with(tmp_path, model, *flags):
 
 def test_malformed_yaml_names_file_and_line(tmp_path, capsys):
     config = write(tmp_path / "run.yaml", "num_steps: 3\nbatch_size: [1, 2\nseed: 1\n")
-    one_line_error(capsys, ["train", str(config)], f"{config}:3: malformed YAML")
+    one_line_error(capsys, ["train", str(config)], f"{config}:3: not valid YAML")
 
 
 def test_unknown_key_names_it_and_suggests_the_right_one(tmp_path, capsys):

@@ -44,7 +44,7 @@ def test_overrides_beat_the_file(tmp_path):
     ("loss_type: ppo\n", "key 'loss_type' is 'ppo'; expected one of grpo, bnpo, dr_grpo, dapo"),
     ("adaptive_window:\n  enabel: true\n", "unknown key 'adaptive_window.enabel'"),
     ("rewards: [answer_check, {name: format_exact, weight: high}]\n", "key 'rewards[1].weight'"),
-    ("num_steps: [1\n", "malformed YAML"),
+    ("num_steps: [1\n", "not valid YAML"),
     ("- a\n- b\n", "expected a mapping"),
 ])
 def test_mistakes_name_the_file_and_key(tmp_path, text, message):
@@ -58,7 +58,7 @@ def test_mistakes_name_the_file_and_key(tmp_path, text, message):
 def test_malformed_yaml_gives_the_line(tmp_path):
     path = tmp_path / "bad.yaml"
     path.write_text("num_steps: 3\nbeta: [0.1\nseed: 2\n")
-    with pytest.raises(UserError, match=r"bad.yaml:\d+: malformed YAML"):
+    with pytest.raises(UserError, match=r"bad.yaml:\d+: not valid YAML"):
         load_config(path)
 
 

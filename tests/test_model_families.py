@@ -2,7 +2,6 @@
 roll out in a batch exactly as one sequence at a time would, and train, checkpoint and resume with LoRA."""
 
 import json
-from pathlib import Path
 
 import mlx.core as mx
 import pytest

@@ -13,8 +13,7 @@ from tensorboard.backend.event_processing import event_accumulator
 
 from mlx_grpo.telemetry.jsonl_tail import JsonlTail
 from mlx_grpo.telemetry.rundir import RunDirWriter, scrub_secrets
-from mlx_grpo.telemetry.sinks import (Sink, SinkSet, TensorBoardSink, ThreadedSink, samples_markdown,
-                                      split_completion)
+from mlx_grpo.telemetry.sinks import (Sink, SinkSet, TensorBoardSink, ThreadedSink, samples_markdown)
 
 SAMPLE = {"prompt": "What is 2+3?", "completion": "<reasoning>2+3=5</reasoning><answer>5</answer>", "answer": "5",
           "rewards": {"format_exact": 1.0, "answer_check": None}, "total": 1.0, "advantage": 0.5, "length": 12,
@@ -132,6 +131,18 @@ def test_tensorboard_flushes_within_seconds_while_the_run_is_live(tmp_path):
     assert seen
 
 
+def test_tensorboard_flush_puts_every_written_step_on_disk_before_it_returns(tmp_path):
+    # The checkpoint records that a step's events are on disk: a kill right after must not lose them.
+    sink = TensorBoardSink(tmp_path / "tb", flush_secs=3600)
+    for step in range(1, 41):
+        sink.write(step, {"rewards/total/mean": float(step)}, {"completions/length/hist": np.arange(50.0)}, None)
+    sink.flush()
+    acc = event_accumulator.EventAccumulator(str(tmp_path / "tb"), size_guidance={"scalars": 0})
+    acc.Reload()
+    assert [e.step for e in acc.Scalars("rewards/total/mean")] == list(range(1, 41))
+    sink.close("finished")
+
+
 class Exploding(Sink):
     name = "exploding"
 
@@ -186,9 +197,13 @@ def test_sinkset_context_manager_records_how_the_run_ended(tmp_path, error, stat
     assert json.loads((tmp_path / "run" / "run.json").read_text())["status"] == status
 
 
-def test_sample_helpers_split_reasoning_and_escape_markdown():
-    assert split_completion("<reasoning> think </reasoning><answer> 42 </answer>") == ("think", "42")
-    assert split_completion("no tags at all") == ("no tags at all", "")
+def test_samples_split_completions_with_the_scoring_extractor_and_escape_markdown():
+    from mlx_grpo.rewards import extract_answer, extract_reasoning
+
+    # One extractor for scoring and display: the last complete block wins, as when scoring.
+    assert (extract_reasoning("<reasoning> think </reasoning><answer> 42 </answer>"),
+            extract_answer("<answer>1<answer>2</answer>")) == ("think", "2")
+    assert extract_reasoning("no tags at all") == "no tags at all"
     table = samples_markdown([{**SAMPLE, "prompt": "a|b\nc"}])
     header, rule, row = table.splitlines()
     assert header.count("|") == rule.count("|") == 11  # 10 columns: 3 texts, 2 rewards, 5 numbers

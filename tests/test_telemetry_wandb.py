@@ -27,7 +27,7 @@ def offline(monkeypatch, tmp_path):
 
 def sample(step, i):
     return {"prompt": f"{step}+{i}=?", "completion": f"<reasoning>add</reasoning><answer>{step + i}</answer>",
-            "answer": str(step + i), "rewards": {"format_exact": 1.0, "answer_check": None}, "total": 1.0,
+            "reasoning": "add", "predicted": str(step + i), "answer": str(step + i), "rewards": {"format_exact": 1.0, "answer_check": None}, "total": 1.0,
             "advantage": 0.25, "length": 9, "truncated": False, "correct": True}
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from ..errors import UserError
+from ..errors import UserError, yaml_error
 from .alerts import RULE_KINDS, Rule
 
 
@@ -139,10 +139,7 @@ def _load_yaml(path: Path, source: str) -> Any:
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f"{source}:{mark.line + 1}" if mark is not None else source
-        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-        raise UserError(f"{where}: invalid YAML: {problem}") from None
+        raise yaml_error(source, err) from None
 
 
 def load_alert_rules(path: str | Path, *, defaults: bool = True) -> list[Rule]:
@@ -158,7 +155,7 @@ def _default_rules() -> tuple[Rule, ...]:
     try:
         data = yaml.safe_load(ref.read_text(encoding="utf-8"))
     except yaml.YAMLError as err:
-        raise UserError(f"{source}: invalid YAML: {err}") from None
+        raise yaml_error(source, err) from None
     if not isinstance(data, dict) or set(data) != {"rules"}:
         raise UserError(f"{source}: expected a mapping with the single key 'rules'")
     return tuple(_parse_rule_list(data["rules"], source))

@@ -31,6 +31,7 @@ import numpy as np
 from .alert_config import default_rules
 from .alerts import Alert, AlertEngine, Rule
 from .catalogue import canonical_record
+from .rundir import json_safe
 from .metric_table import table_from_records
 
 QUALITY_WEIGHTS = {"consistency": 0.25, "discriminability": 0.35, "stability": 0.25, "coverage": 0.15}
@@ -514,17 +515,7 @@ class RewardReport:
         data = asdict(self)
         data["hacking"]["alerts"] = [alert.to_dict() for alert in self.hacking.alerts]
         data["alerts"] = [alert.to_dict() for alert in self.alerts]
-        return _json_safe(data)
-
-
-def _json_safe(value: Any) -> Any:
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
-    return value
+        return json_safe(data)
 
 
 def _issues(report: RewardReport, nonzero: float | None, auc: float | None,

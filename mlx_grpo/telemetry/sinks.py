@@ -44,8 +44,7 @@ Public API:
   out with a warning.
 - `wandb_enabled(flag, environ=os.environ) -> bool`: `--wandb` / `--no-wandb` / neither (on when
   WANDB_API_KEY is set).
-- `samples_markdown(samples) -> str`, `split_completion(text) -> (reasoning, answer)`,
-  `flatten_config(config) -> dict`: the formatting the sinks share.
+- `samples_markdown(samples) -> str`, `flatten_config(config) -> dict`: the formatting the sinks share.
 """
 
 from __future__ import annotations
@@ -72,8 +71,6 @@ TEXT_LIMIT = 600
 # A fixed bin count: tensorboardX's default ("tensorflow" edges) costs ~2.5 ms per histogram, 30 bins ~0.2 ms.
 HIST_BINS = 30
 HPARAM_METRICS = ("rewards/total/mean", "accuracy/train", "eval/accuracy", "policy/loss")
-_REASONING = re.compile(r"<reasoning>(.*?)</reasoning>", re.DOTALL)
-_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 
 
 class Sink:
@@ -111,13 +108,6 @@ class Sink:
 def _clip(text: Any, limit: int = TEXT_LIMIT) -> str:
     text = "" if text is None else str(text)
     return text if len(text) <= limit else text[:limit] + " [...]"
-
-
-def split_completion(completion: str) -> tuple[str, str]:
-    """(reasoning, answer) of a completion; without tags, all of it is the reasoning."""
-    reasoning = _REASONING.findall(completion)
-    answers = _ANSWER.findall(completion)
-    return (reasoning[-1].strip() if reasoning else completion.strip()), (answers[-1].strip() if answers else "")
 
 
 def _fmt(value: Any) -> str:
@@ -160,16 +150,30 @@ def flatten_config(config: Mapping[str, Any], prefix: str = "") -> dict[str, boo
 # ----------------------------------------------------------------------------- TensorBoard
 
 
+@dataclass(frozen=True)
+class _FlushMarker:
+    """Queued behind a step's events: the writer thread reaching it means every earlier event is written."""
+    token: int
+
+
 class _GuardedEvents:
     """Sits between tensorboardX's writer thread and the event file: keeps the first write error and
     drops later events, instead of letting the error end the thread (its queue would then fill and
-    block the training thread for good)."""
+    block the training thread for good). It also answers flush markers, which gives the training thread
+    a real barrier: tensorboardX's own flush() leaves events still waiting in its queue unwritten."""
 
-    def __init__(self, inner: Any):
+    def __init__(self, inner: Any, events: Any):
         self.inner = inner
+        self.events = events  # the writer thread's queue
         self.error: BaseException | None = None
+        self._reached: dict[int, threading.Event] = {}
+        self._next_token = 0
 
     def write_event(self, event: Any) -> None:
+        if isinstance(event, _FlushMarker):
+            self.flush()
+            self._reached.pop(event.token, threading.Event()).set()
+            return
         if self.error is None:
             try:
                 self.inner.write_event(event)
@@ -183,14 +187,23 @@ class _GuardedEvents:
             except Exception as exc:
                 self.error = exc
 
+    def flush_queued(self, timeout: float = 60.0) -> None:
+        """Block until every event queued so far is written and flushed (or `timeout` seconds passed)."""
+        self._next_token += 1
+        reached = self._reached[self._next_token] = threading.Event()
+        self.events.put(_FlushMarker(self._next_token))
+        reached.wait(timeout)
+
 
 def _guard_writer_thread(writer: Any) -> _GuardedEvents | None:
     """Put a _GuardedEvents in front of the writer thread of a tensorboardX SummaryWriter (2.6 layout);
     None when the layout is different (the thread then stays unguarded)."""
-    worker = getattr(getattr(writer._get_file_writer(), "event_writer", None), "_worker", None)
-    if worker is None or not hasattr(worker, "_record_writer"):
+    event_writer = getattr(writer._get_file_writer(), "event_writer", None)
+    worker = getattr(event_writer, "_worker", None)
+    events = getattr(event_writer, "_event_queue", None)
+    if worker is None or events is None or not hasattr(worker, "_record_writer"):
         return None
-    guard = _GuardedEvents(worker._record_writer)
+    guard = _GuardedEvents(worker._record_writer, events)
     worker._record_writer = guard
     return guard
 
@@ -239,7 +252,10 @@ class TensorBoardSink(Sink):
         self.writer.add_text("samples/completions", samples_markdown(samples), step)
 
     def flush(self) -> None:
-        self.writer.flush()
+        if self._guard is not None:
+            self._guard.flush_queued()
+        else:
+            self.writer.flush()
         self._raise_write_error()
 
     def write_alert(self, alert) -> None:
@@ -374,9 +390,10 @@ class WandbSink(Sink):
                        self._table_fns), "total", "advantage", "length", "truncated", "correct", "completion"]
             self._table = self.wandb.Table(columns=columns, log_mode="INCREMENTAL")
         for s in samples:
-            reasoning, answer = split_completion(str(s.get("completion") or ""))
+            # The trainer splits each completion with the same extractor that scored it.
             rewards = s.get("rewards") or {}
-            row = [step, _clip(s.get("prompt")), _clip(reasoning), answer, _clip(s.get("answer")),
+            row = [step, _clip(s.get("prompt")), _clip(s.get("reasoning")), _clip(s.get("predicted")),
+                   _clip(s.get("answer")),
                    *(json_safe(rewards.get(fn)) for fn in self._table_fns), json_safe(s.get("total")),
                    json_safe(s.get("advantage")), s.get("length"), s.get("truncated"), s.get("correct"),
                    _clip(s.get("completion"), 4 * TEXT_LIMIT)]
