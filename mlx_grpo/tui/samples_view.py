@@ -55,6 +55,7 @@ class SamplesView(BoardView, Horizontal):
     def __init__(self, board: Board, *, id: str | None = None):
         super().__init__(board, id=id)
         self._filter: str | None = None
+        self._runs_version = -1
         self._seen: list[tuple[int, int]] = []  # per run: (resets, received) already listed
         self._rows: dict[str, tuple[int, dict]] = {}
         self._order: list[str] = []
@@ -76,7 +77,7 @@ class SamplesView(BoardView, Horizontal):
         board = self.board
         runs = board.runs
         table = self.query_one(DataTable)
-        rebuild = self._filter != self.filter or len(self._seen) != len(runs) or any(
+        rebuild = self._filter != self.filter or self._runs_version != board.runs_version or any(
             seen[0] != run.samples_resets for seen, run in zip(self._seen, runs))
         if rebuild:
             table.clear()
@@ -84,6 +85,7 @@ class SamplesView(BoardView, Horizontal):
             self._order.clear()
             self._seen = [(run.samples_resets, run.samples_received - len(run.samples)) for run in runs]
             self._filter = self.filter
+            self._runs_version = board.runs_version
         following = table.row_count == 0 or table.cursor_row >= table.row_count - 1
         added = False
         for i, run in enumerate(runs):
