@@ -54,10 +54,22 @@ def load_policy(config: TrainConfig, base_dir: Path) -> tuple[nn.Module, Any]:
         # one line here; --debug shows the cause's traceback.
         detail = (str(err).splitlines() or [""])[0]
         raise UserError(f"model '{config.model_id}': could not be loaded: {type(err).__name__}: {detail}") from err
+    refuse_unbatchable(model, config.model_id)
     dtype = DTYPES[config.dtype]
     if not _is_quantized(model):
         model.set_dtype(dtype)
     return model, tokenizer
+
+
+def refuse_unbatchable(model: nn.Module, model_id: str) -> None:
+    """One line, before any run directory exists, for a model whose cache the rollout cannot batch."""
+    from .rollout import unbatchable_caches
+
+    kinds = unbatchable_caches(model)
+    if kinds:
+        raise UserError(f"model '{model_id}' ({getattr(model, 'model_type', type(model).__module__)}): its "
+                        f"{', '.join(kinds)} cache cannot be batched by mlx-lm, so GRPO's batched rollout cannot "
+                        "run it")
 
 
 def _is_quantized(model: nn.Module) -> bool:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
-from mlx_lm.models.cache import BatchKVCache, KVCache
+from mlx_lm.models.cache import BatchKVCache, KVCache, make_prompt_cache
 
 
 @dataclass(frozen=True)
@@ -79,30 +79,46 @@ def sample_tokens(logits: mx.array, settings: SamplingSettings, key: mx.array) -
     return ids, mx.take_along_axis(logprobs, ids[:, None], axis=-1)[:, 0]
 
 
-def _make_cache(model: nn.Module, left_padding: list[int], capacity: int) -> list:
-    if hasattr(model, "make_cache"):
-        own = model.make_cache()
-        if not all(type(c) is KVCache for c in own):
-            # Sliding windows or SSM states need their own batching.
-            kinds = sorted({type(c).__name__ for c in own})
-            raise NotImplementedError(f"batched rollout supports models with a plain KV cache; "
-                                      f"{type(model).__module__} uses {', '.join(kinds)}")
+def unbatchable_caches(model: nn.Module) -> list[str]:
+    """Kinds of the model's cache that mlx-lm cannot merge into a batch (empty: the rollout can batch it)."""
+    return sorted({type(c).__name__ for c in make_prompt_cache(model) if not hasattr(type(c), "merge")})
+
+
+def _prefill_plain(model: nn.Module, prompts: list[list[int]], pad_id: int, capacity: int,
+                   rows: mx.array) -> tuple[mx.array, list]:
+    """Every prompt in one left-padded forward pass, then each prompt's cache copied per group member."""
+    longest = max(len(p) for p in prompts)
+    left_padding = [longest - len(p) for p in prompts]
+    inputs = mx.array([[pad_id] * pad + p for pad, p in zip(left_padding, prompts)])
     cache = [BatchKVCache(left_padding) if any(left_padding) else KVCache() for _ in model.layers]
     for layer_cache in cache:
         # mlx-lm grows caches in blocks of 256 positions; one block of exactly the needed size
         # cuts rollout peak memory ~3.5x at the default shapes.
         layer_cache.step = max(1, capacity)
-    return cache
-
-
-def _repeat_rows(cache: list, rows: mx.array) -> None:
-    """Give every group member its own copy of its prompt's cache."""
+    logits = model(inputs, cache=cache)[:, -1, :]
     for layer_cache in cache:
         if isinstance(layer_cache, BatchKVCache):
             layer_cache.filter(rows)
         else:
             layer_cache.keys = layer_cache.keys[rows]
             layer_cache.values = layer_cache.values[rows]
+    return logits[rows], cache
+
+
+def _prefill_merged(model: nn.Module, prompts: list[list[int]], rows: mx.array) -> tuple[mx.array, list]:
+    """Each prompt prefilled alone in the model's own cache (sliding windows, state-space layers, hybrids),
+    then every layer's caches merged into mlx-lm's batch cache of that kind, one row per group member."""
+    per_prompt, last = [], []
+    for prompt in prompts:
+        cache = make_prompt_cache(model)
+        logits = model(mx.array([prompt]), cache=cache)[:, -1, :]
+        mx.eval(logits, [c.state for c in cache])
+        per_prompt.append(cache)
+        last.append(logits)
+    order = np.array(rows).tolist()
+    merged = [type(per_prompt[0][layer]).merge([per_prompt[i][layer] for i in order])
+              for layer in range(len(per_prompt[0]))]
+    return mx.concatenate(last, axis=0)[rows], merged
 
 
 def generate(
@@ -117,14 +133,11 @@ def generate(
 ) -> Rollout:
     """Sample `group_size` completions for each prompt, all in one batch."""
     start = time.perf_counter()
-    longest = max(len(p) for p in prompts)
-    left_padding = [longest - len(p) for p in prompts]
-    inputs = mx.array([[pad_id] * pad + p for pad, p in zip(left_padding, prompts)])
-    cache = _make_cache(model, left_padding, longest + max_tokens)
-    logits = model(inputs, cache=cache)[:, -1, :]
     rows = mx.array(np.repeat(np.arange(len(prompts)), group_size))
-    _repeat_rows(cache, rows)
-    logits = logits[rows]
+    if all(type(c) is KVCache for c in make_prompt_cache(model)):
+        logits, cache = _prefill_plain(model, prompts, pad_id, max(len(p) for p in prompts) + max_tokens, rows)
+    else:
+        logits, cache = _prefill_merged(model, prompts, rows)
 
     n = len(prompts) * group_size
     eos = mx.array(sorted(eos_ids))

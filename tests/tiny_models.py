@@ -17,6 +17,13 @@ from mlx_grpo.tools.build_default_model import BOS, EOS, PAD, build_tokenizer, s
 ARCHITECTURES = {
     "llama": {"architectures": ["LlamaForCausalLM"], "rope_theta": 10000.0, "tie_word_embeddings": False},
     "qwen2": {"architectures": ["Qwen2ForCausalLM"], "rope_theta": 1000000.0, "tie_word_embeddings": True},
+    # Sliding-window attention (RotatingKVCache) on every other layer, with a window shorter than a rollout.
+    "gemma3_text": {"architectures": ["Gemma3ForCausalLM"], "head_dim": 16, "query_pre_attn_scalar": 16,
+                    "sliding_window": 6, "sliding_window_pattern": 2},
+    # A hybrid: short-convolution state layers (ArraysCache) and attention layers (KVCache).
+    "lfm2": {"architectures": ["Lfm2ForCausalLM"], "norm_eps": 1e-5, "conv_bias": False, "conv_L_cache": 3,
+             "block_dim": 64, "block_multiple_of": 16, "block_ffn_dim_multiplier": 1.0,
+             "block_auto_adjust_ff_dim": False, "block_ff_dim": 128, "full_attn_idxs": [1]},
 }
 
 
