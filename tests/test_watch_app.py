@@ -138,6 +138,17 @@ async def test_samples_view_shows_recent_completions_with_reward_breakdown(run):
         await wait_for(pilot, lambda: "What is 6 + 0?" in screen_text(app))
 
 
+async def test_a_sample_with_values_of_the_wrong_type_is_shown_as_text(run):
+    run.append("samples.jsonl", {"step": 5, "total": "y", "advantage": True, "length": [1], "prompt": "odd sample",
+                                 "completion": "...", "rewards": {"answer_check": "z"}, "correct": "maybe"})
+    app = make_app(run)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("7")
+        await wait_for(pilot, lambda: "odd sample" in screen_text(app))  # selected: the newest
+        run.log_step()
+        await wait_for(pilot, lambda: "What is 6 + 1?" in screen_text(app))
+
+
 async def test_truncated_metrics_file_is_recovered(run):
     app = make_app(run)
     async with app.run_test(size=SIZE) as pilot:

@@ -12,7 +12,7 @@ from textual.widget import Widget
 
 from .board import Board
 from .board_widget import BoardView
-from .fmt import fmt_value
+from .fmt import fmt_count, fmt_value
 from .palette import BAD, GOOD, MUTED, TEXT_BRIGHT
 
 MAX_ROWS = 300
@@ -28,7 +28,7 @@ def _sample_text(name: str, color: str, s: dict) -> Table:
     verdict = Text("correct", style=f"bold {GOOD}") if correct else Text("wrong", style=f"bold {BAD}") \
         if correct is not None else Text("–")
     grid.add_row("run", Text(name, style=color))
-    grid.add_row("step", f"{s.get('step', 0):,}")
+    grid.add_row("step", fmt_count(s.get("step", 0)))
     grid.add_row("verdict", verdict)
     grid.add_row("prompt", Text(str(s.get("prompt", ""))))
     grid.add_row("completion", Text(str(s.get("completion", "")), style=TEXT_BRIGHT))
@@ -112,7 +112,7 @@ class SamplesView(BoardView, Horizontal):
         completion = " ".join(str(s.get("completion", "")).split())
         table.add_row(
             Text(board.runs[run_index].name, style=board.color(run_index)),
-            Text(f"{s.get('step', 0):,}", justify="right"),
+            Text(fmt_count(s.get("step", 0)), justify="right"),
             Text(fmt_value(s.get("total")), justify="right"),
             Text("✓", style=GOOD) if correct else Text("✗", style=BAD) if correct is not None else "",
             Text(str(s.get("length", "")), justify="right"),
