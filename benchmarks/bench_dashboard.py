@@ -127,7 +127,7 @@ def screen_complete(app, last_step: int) -> bool:
 
 
 async def measure(run_dir: Path, steps: int, refreshes: int) -> dict:
-    from mlx_grpo.tui.app import VIEWS, WatchApp
+    from mlx_grpo.tui.app import VIEW_KEYS, WatchApp
 
     result: dict = {}
     t0, c0 = time.perf_counter(), time.process_time()
@@ -185,7 +185,7 @@ async def measure(run_dir: Path, steps: int, refreshes: int) -> dict:
             app.tick()
         result["history_s"] = time.perf_counter() - t0
         result["rows_after_history"] = len(state.table)
-        result["refresh_ms"] = {key: await refresh_ms(index, refreshes) for index, (key, _) in enumerate(VIEWS, 1)}
+        result["refresh_ms"] = {key: await refresh_ms(index, refreshes) for index, key in enumerate(VIEW_KEYS, 1)}
         app.exit()
     return result
 

@@ -10,13 +10,17 @@ import threading
 import time
 
 import pytest
+from textual.widgets import SelectionList
 
+from mlx_grpo.telemetry.catalogue import find_entry
 from mlx_grpo.telemetry.rundir_reader import STANDING_RECORDS
-from run_writer import RunWriter, metric_record
-from screen_text import screen_text
 from mlx_grpo.tui.app import WatchApp
 from mlx_grpo.tui.chart import MetricChart
+from mlx_grpo.tui.chart_screen import ChartScreen
+from mlx_grpo.tui.run_picker import RunPicker
 from mlx_grpo.tui.tile import MetricTile
+from run_writer import RunWriter, metric_record
+from screen_text import screen_text
 
 pytestmark = pytest.mark.anyio
 
@@ -132,6 +136,17 @@ async def test_samples_view_shows_recent_completions_with_reward_breakdown(run):
         await wait_for(pilot, lambda: "What is 6 + 1?" in screen_text(app))
         await pilot.press("k")  # the sample before the newest
         await wait_for(pilot, lambda: "What is 6 + 0?" in screen_text(app))
+
+
+async def test_a_sample_with_values_of_the_wrong_type_is_shown_as_text(run):
+    run.append("samples.jsonl", {"step": 5, "total": "y", "advantage": True, "length": [1], "prompt": "odd sample",
+                                 "completion": "...", "rewards": {"answer_check": "z"}, "correct": "maybe"})
+    app = make_app(run)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("7")
+        await wait_for(pilot, lambda: "odd sample" in screen_text(app))  # selected: the newest
+        run.log_step()
+        await wait_for(pilot, lambda: "What is 6 + 1?" in screen_text(app))
 
 
 async def test_truncated_metrics_file_is_recovered(run):
@@ -267,3 +282,136 @@ async def test_long_run_first_screen_then_history_fills_in(tmp_path):
         await wait_for(pilot, lambda: "loading history" not in header(app), timeout=60)
         assert len(app.board.runs[0].table) == 3000
         await wait_for(pilot, lambda: "        1 " in screen_text(app).split("total reward")[1])
+
+
+# ---------------------------------------------------------------------- any metric as a chart, runs
+
+
+def chart_screen(app) -> ChartScreen | None:
+    return app.screen if isinstance(app.screen, ChartScreen) else None
+
+
+async def test_enter_on_a_metrics_row_opens_it_as_a_chart_that_follows_the_run(run):
+    app = make_app(run)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: "step 5/" in header(app))
+        await pilot.press("9", "slash", *"grad_norm", "enter")  # a metric with no place in views 1-5 works too
+        assert app.active_view().names == ["policy/grad_norm"]
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: chart_screen(app) is not None)
+        shown = chart_screen(app)
+        assert [c.metrics for c in shown.query(MetricChart)] == [["policy/grad_norm"]]
+        text = screen_text(app)
+        assert find_entry("policy/grad_norm").description in text  # what the metric is, from the catalogue
+        assert "points" in text and "last step" in text
+        await wait_for(pilot, lambda: shown.query_one(MetricChart).legend)
+        before = shown.query_one(MetricChart).legend[0][2]
+        run.log_step()
+        await wait_for(pilot, lambda: shown.query_one(MetricChart).legend[0][2] != before)
+        await pilot.press("escape")
+        assert chart_screen(app) is None and app.query_one("#views").active == "metrics"
+
+
+async def test_arrows_select_tiles_and_charts_and_enter_opens_them(run):
+    app = make_app(run)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: "step 5/" in header(app))
+        await wait_for(pilot, lambda: len(app.active_view().query(MetricChart)) == 3)
+        await pilot.press("down")
+        assert app.focused is tile(app, "rewards/total/mean")
+        await pilot.press("right", "right")  # past accuracy; eval acc is hidden (the run logs no eval)
+        assert app.focused is tile(app, "policy/kl")
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: chart_screen(app) is not None)
+        assert chart_screen(app).metrics == ("policy/kl",)
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: app.focused is tile(app, "policy/kl"))  # back where it was
+        # Down goes to the nearest tile below, then to the charts; enter opens a chart with all its metrics.
+        await pilot.press("down")
+        assert app.focused is tile(app, "timing/step_s")
+        await pilot.press("down")
+        assert app.focused is chart(app, "reward per function")
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: chart_screen(app) is not None)
+        assert set(chart_screen(app).metrics) == {"rewards/answer_check/mean", "rewards/format_exact/mean"}
+        # A number key goes back to the views.
+        await pilot.press("2")
+        await wait_for(pilot, lambda: chart_screen(app) is None and app.query_one("#views").active == "policy")
+
+
+async def test_a_click_on_a_tile_opens_its_chart(run):
+    app = make_app(run)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: "step 5/" in header(app))
+        await pilot.click(MetricTile)  # the first tile: reward
+        await wait_for(pilot, lambda: chart_screen(app) is not None)
+        assert chart_screen(app).metrics == ("rewards/total/mean",)
+
+
+async def test_the_filter_applies_to_the_view_it_was_typed_in(run):
+    run.alert("policy/kl", level="warning", message="KL is drifting")
+    app = make_app(run)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: "step 5/" in header(app))
+        await pilot.press("9", "slash", *"entropy", "enter")
+        assert app.active_view().names == ["policy/entropy"]
+        await pilot.press("6")  # the alerts view has its own (empty) filter: the KL alert is listed
+        await wait_for(pilot, lambda: "KL is drifting" in screen_text(app))
+        await pilot.press("slash", *"nothing-matches", "enter")
+        await wait_for(pilot, lambda: "KL is drifting" not in screen_text(app))
+        await pilot.press("9")
+        assert app.active_view().names == ["policy/entropy"] and "filter 'entropy'" in header(app)
+
+
+def runs_beside(tmp_path) -> tuple[RunWriter, RunWriter]:
+    first = RunWriter(tmp_path / "runs" / "first", name="first")
+    second = RunWriter(tmp_path / "runs" / "second", name="second", start_time=1_700_000_100.0)
+    first.start()
+    second.start(config={"model": "tiny-llama", "learning_rate": 3e-4, "num_steps": 100, "enable_alerts": False})
+    for w, n in ((first, 6), (second, 4)):
+        for _ in range(n):
+            w.log_step()
+    return first, second
+
+
+async def test_run_browser_adds_and_removes_runs_beside_the_watched_one(tmp_path):
+    first, second = runs_beside(tmp_path)
+    (tmp_path / "runs" / "not-a-run").mkdir()
+    app = make_app(first)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: "step 6/" in header(app))
+        await pilot.press("r")
+        await wait_for(pilot, lambda: isinstance(app.screen, RunPicker))
+        picker = app.screen.query_one(SelectionList)
+        listed = [str(o.prompt) for o in picker._options]
+        assert len(listed) == 2 and "second" in listed[0] and "first" in listed[1]  # newest first
+        assert "step 4/100" in listed[0] and "running" in listed[0]
+        assert picker.selected == [1]  # the watched run
+        await pilot.press("space", "enter")  # the highlighted row is the newest: add it
+        await wait_for(pilot, lambda: len(header(app).splitlines()) == 3)
+        assert header(app).splitlines()[0].startswith("● first")  # the watched run keeps its place and colour
+        await wait_for(pilot, lambda: [l for l, _, _ in chart(app, "total reward").legend] == ["first", "second"])
+        # Remove the first run again; escape would have changed nothing.
+        await pilot.press("r")
+        await wait_for(pilot, lambda: isinstance(app.screen, RunPicker))
+        await pilot.press("escape")
+        assert len(app.board.runs) == 2
+        await pilot.press("r")
+        await wait_for(pilot, lambda: isinstance(app.screen, RunPicker))
+        await pilot.press("down", "space", "enter")
+        await wait_for(pilot, lambda: [r.name for r in app.board.runs] == ["second"])
+        assert "first" not in header(app)
+
+
+async def test_config_view_lists_what_differs_between_overlaid_runs(tmp_path):
+    first, second = runs_beside(tmp_path)
+    app = make_app(first, second)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("8")
+        await wait_for(pilot, lambda: "differences between the runs" in screen_text(app))
+        lines = screen_text(app).splitlines()
+        row = next(line for line in lines if "learning_rate" in line)
+        assert "0.0001" in row and "0.0003" in row
+        assert not any("model" in line and "tiny-llama" in line and "0.0" in line for line in lines)
+        await pilot.press("slash", *"num_steps", "enter")  # the filter narrows the differences too
+        await wait_for(pilot, lambda: "none: the runs have the same config" in screen_text(app))

@@ -1,11 +1,13 @@
 """Snapshots of the dashboard's main views on a fixed run (pytest-textual-snapshot).
 
-The clock is frozen and the run directory has a fixed relative path, so the
-screens are the same on every machine. After an intended change to the look:
+The clock and the time zone are fixed and the run directories have fixed
+relative paths, so the screens are the same on every machine. After an intended change to the look:
 pytest tests/test_watch_snapshots.py --snapshot-update, and check the SVGs.
 """
 
 from __future__ import annotations
+
+import time
 
 import pytest
 
@@ -19,16 +21,20 @@ STEPS = 60
 @pytest.fixture
 def fixed_runs(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # the config view shows the run directory as given
+    monkeypatch.setenv("TZ", "UTC")  # and run.json's times as local times
+    time.tzset()
     main = RunWriter(tmp_path / "runs" / "demo", name="demo", total_steps=100)
     main.start()
     for _ in range(STEPS):
         main.log_step()
     main.alert("policy/kl", level="warning", message="KL above 0.1 for 3 steps")
     other = RunWriter(tmp_path / "runs" / "other", name="other", total_steps=100, start_time=main.start_time + 3)
-    other.start()
+    other.start(config={"model": "tiny-llama", "learning_rate": 3e-4, "num_steps": 100, "enable_alerts": False})
     for _ in range(STEPS // 2):
         other.log_step()
-    return main
+    yield main
+    monkeypatch.undo()  # the time zone as it was, for the tests after this one
+    time.tzset()
 
 
 def app_for(*names: str, main: RunWriter) -> WatchApp:
@@ -43,3 +49,17 @@ def test_view(snap_compare, fixed_runs, keys):
 
 def test_two_runs_overlaid(snap_compare, fixed_runs):
     assert snap_compare(app_for("demo", "other", main=fixed_runs), terminal_size=SIZE)
+
+
+def test_two_runs_config_differences(snap_compare, fixed_runs):
+    assert snap_compare(app_for("demo", "other", main=fixed_runs), press=["8"], terminal_size=SIZE)
+
+
+@pytest.mark.parametrize("keys", [["9", "slash", *"entropy", "enter", "enter"], ["down", "right", "right", "enter"]],
+                         ids=["from-metrics-table", "from-tile"])
+def test_metric_opened_as_chart(snap_compare, fixed_runs, keys):
+    assert snap_compare(app_for("demo", "other", main=fixed_runs), press=keys, terminal_size=SIZE)
+
+
+def test_run_browser(snap_compare, fixed_runs):
+    assert snap_compare(app_for("demo", main=fixed_runs), press=["r"], terminal_size=SIZE)

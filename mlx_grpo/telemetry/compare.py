@@ -9,8 +9,11 @@ Public API:
   last 10 steps), held-out accuracy (final_metrics.json, else the last `eval/accuracy` logged), train
   accuracy (last `accuracy/train`), tokens/s over the whole run (sum of `tokens/total` / sum of
   `timing/step_s`) and wall time (last `timing/elapsed_s`). A torn last line is skipped.
-- `config_differences(summaries) -> list[str]`: dotted config keys whose values differ between the runs
-  (plus `world_size`), leaving out keys that name the run rather than configure it.
+- `run_config(info) -> dict`: a run.json's config as dotted keys, plus `world_size`.
+- `differing_keys(configs) -> list[str]`: dotted keys whose values differ between configs like that,
+  leaving out keys that name the run rather than configure it (the dashboard's Config view uses it too);
+  `config_differences(summaries)` is the same for loaded summaries.
+- `value_text(value) -> str`: a config value in a table cell.
 - `comparison_table(summaries, sort=None) -> rich.table.Table` and `comparison_json(summaries) -> list`.
 - `table_console() -> rich.console.Console`: the terminal's width, or PIPE_WIDTH when not a terminal.
 
@@ -94,10 +97,8 @@ def load_summary(run_dir: Path) -> RunSummary:
         info = json.loads((run_dir / "run.json").read_text())
     except (OSError, json.JSONDecodeError):
         raise UserError(f"{run_dir}: run.json is missing or unreadable") from None
-    config = _flatten(info.get("config") or {})
-    config["world_size"] = (info.get("device") or {}).get("world_size", 1)
     summary = RunSummary(run_dir, info.get("name") or run_dir.name, info.get("status", "unknown"), 0,
-                         info.get("total_steps"), config)
+                         info.get("total_steps"), run_config(info))
     tokens = seconds = 0.0
     last: dict[str, float] = {}
     wanted = ("rewards/total/mean", "rewards/total/recent_mean", "accuracy/train", "eval/accuracy",
@@ -134,16 +135,28 @@ def load_summary(run_dir: Path) -> RunSummary:
     return summary
 
 
-def config_differences(summaries: list[RunSummary]) -> list[str]:
+def run_config(info: dict) -> dict[str, Any]:
+    config = info.get("config")
+    device = info.get("device")
+    flat = _flatten(config) if isinstance(config, dict) else {}
+    flat["world_size"] = device.get("world_size", 1) if isinstance(device, dict) else 1
+    return flat
+
+
+def differing_keys(configs: list[dict[str, Any]]) -> list[str]:
     keys: dict[str, None] = {}
-    for s in summaries:
-        keys.update(dict.fromkeys(s.config))
+    for config in configs:
+        keys.update(dict.fromkeys(config))
     missing = object()
     return [key for key in keys if key not in NOT_CONFIG
-            and len({json.dumps(s.config.get(key, missing), default=str) for s in summaries}) > 1]
+            and len({json.dumps(c.get(key, missing), default=str) for c in configs}) > 1]
 
 
-def _cell(value: Any) -> str:
+def config_differences(summaries: list[RunSummary]) -> list[str]:
+    return differing_keys([s.config for s in summaries])
+
+
+def value_text(value: Any) -> str:
     if value is None:
         return "-"
     if isinstance(value, bool):
@@ -189,7 +202,7 @@ def comparison_table(summaries: list[RunSummary], sort: str | None = None) -> Ta
         table.add_column(title, justify="right")
     for s in sort_summaries(summaries, sort):
         steps = f"{s.steps}/{s.total_steps}" if s.total_steps else str(s.steps)
-        table.add_row(s.name, s.status, steps, *[_cell(s.config.get(k)) for k in differing],
+        table.add_row(s.name, s.status, steps, *[value_text(s.config.get(k)) for k in differing],
                       *[_metric_cell(attr, getattr(s, attr)) for attr in METRIC_COLUMNS])
     return table
 

@@ -3,7 +3,8 @@
 The app polls the runs on a timer (RunReader reads only new bytes) and updates
 the header and the visible view; hidden views catch up when shown. What the
 user sets (smoothing, pause, refresh, the view's filter) are reactives whose
-watchers push the change down and redraw.
+watchers push the change down and redraw. Widgets ask for a chart of their own
+with an OpenChart message; `r` opens the run browser.
 """
 
 from __future__ import annotations
@@ -21,13 +22,16 @@ from textual.widgets import Footer, Input, TabbedContent, TabPane
 from ..telemetry.rundir_reader import RunReader, pid_alive
 from .alerts_view import AlertsView
 from .board import Board
-from .board_widget import BoardView
+from .board_widget import BoardView, BoardWidget
+from .chart_screen import ChartScreen
 from .chart_view import ChartsView
 from .config_view import ConfigView
 from .header import RunHeader, Settings
 from .help_screen import HelpScreen
+from .messages import OpenChart
 from .metrics_view import MetricsView
 from .palette import css_variables
+from .run_picker import RunPicker
 from .samples_view import SamplesView
 from .system_view import SystemView
 from .views import LENGTHS, OVERVIEW, POLICY, THROUGHPUT
@@ -77,6 +81,7 @@ class WatchApp(App[None]):
         Binding("minus", "refresh_interval(-1)", "faster"),
         Binding("s", "smoothing", "smoothing"),
         Binding("p", "pause", "pause"),
+        Binding("r", "pick_runs", "runs"),
     ]
 
     smoothing = var(0.6, init=False)
@@ -94,7 +99,10 @@ class WatchApp(App[None]):
         reader_options: dict | None = None,
     ):
         super().__init__()
-        readers = [RunReader(d, **(reader_options or {})) for d in run_dirs]
+        self._reader_options = reader_options or {}
+        readers = [RunReader(d, **self._reader_options) for d in run_dirs]
+        # The run browser lists the runs beside the ones given (their folders, e.g. runs/).
+        self.run_roots = list(dict.fromkeys(Path(d).parent for d in run_dirs))
         self.board = Board(readers, clock=clock, alive=alive, smoothing=self.smoothing)
         self.set_reactive(WatchApp.refresh_s, refresh)
         self._timer = None
@@ -143,12 +151,14 @@ class WatchApp(App[None]):
         self.update_views()
 
     def update_views(self) -> None:
-        """Header always (elapsed time moves); the visible view only."""
+        """Header always (elapsed time moves); the visible view only, and a chart opened over it."""
         self._header.settings = Settings(self.refresh_s, self.smoothing, self.paused, self.filter)
         self._header.update_data()
         view = self.active_view()
         if view is not None:
             view.update_data()
+        if isinstance(self.screen, BoardWidget):
+            self.screen.update_data()
 
     def active_view(self) -> BoardView | None:
         active = self._tabs.active
@@ -190,15 +200,49 @@ class WatchApp(App[None]):
             view.filter = value
         self.update_views()
 
+    # ------------------------------------------------------------------ charts and runs
+    def on_open_chart(self, message: OpenChart) -> None:
+        self.push_screen(ChartScreen(self.board, message.title, message.metrics))
+
+    def _back_to_views(self) -> None:
+        """Close a chart screen (or the help) so that the views are what the keys act on."""
+        while len(self.screen_stack) > 1:
+            self.pop_screen()
+
+    def action_pick_runs(self) -> None:
+        self._back_to_views()
+        watched = [reader.run_dir for reader in self.board.readers]
+        self.push_screen(RunPicker(watched, self.run_roots), callback=self._set_runs)
+
+    def _set_runs(self, chosen: list[Path] | None) -> None:
+        """Watch the chosen runs: those watched already keep their reader, place and colour; new ones follow."""
+        if not chosen:
+            return
+        kept = {reader.run_dir.resolve(): reader for reader in self.board.readers}
+        wanted = {path.resolve(): path for path in chosen}
+        readers = [reader for key, reader in kept.items() if key in wanted]
+        readers += [RunReader(path, **self._reader_options) for key, path in wanted.items() if key not in kept]
+        self.board.replace_readers(readers)
+        self.board.poll()
+        self.update_views()
+
     # ------------------------------------------------------------------ actions
+    def check_action(self, action: str, parameters: tuple) -> bool | None:
+        # The filter belongs to a view: there is none to filter while a chart or a dialog is open.
+        if action == "open_filter" and len(self.screen_stack) > 1:
+            return False
+        return True
+
     def action_help(self) -> None:
         self.push_screen(HelpScreen([title for title, _ in VIEWS]))
 
     def action_show_view(self, index: int) -> None:
         if 1 <= index <= len(VIEW_KEYS):
+            self._back_to_views()
             self._tabs.active = VIEW_KEYS[index - 1]
 
     def action_next_view(self, direction: int) -> None:
+        self._back_to_views()
         current = VIEW_KEYS.index(self._tabs.active)
         self._tabs.active = VIEW_KEYS[(current + direction) % len(VIEW_KEYS)]
 

@@ -64,6 +64,8 @@ class Board:
     standing: dict[str, tuple[str, set[int]]] = field(default_factory=dict)
     # Bumped whenever any run's data changed; views skip work when it did not.
     generation: int = 0
+    # Bumped when the set of runs changes (the run browser): views drop what they kept per run.
+    runs_version: int = 0
     # (run index, metric) -> its points and their smoothing: smoothing a 100k-step
     # series costs milliseconds, extending it by one step costs nothing.
     _smooth_cache: dict = field(default_factory=dict)
@@ -84,6 +86,17 @@ class Board:
             self.generation += 1
             self._update_standing()
         return changed
+
+    def replace_readers(self, readers: list[RunReader]) -> None:
+        """Watch these runs from now on; readers no longer in the list are closed."""
+        for old in self.readers:
+            if not any(old is new for new in readers):
+                old.close()
+        self.readers = readers
+        self._smooth_cache.clear()
+        self.runs_version += 1
+        self.generation += 1
+        self._update_standing()
 
     def _update_standing(self) -> None:
         standing: dict[str, tuple[str, set[int]]] = {}

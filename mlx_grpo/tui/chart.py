@@ -20,6 +20,7 @@ from .board import Board
 from .board_widget import BoardWidget
 from .braille import Layer, nice_range, render_cells
 from .fmt import fmt_value
+from .messages import OpenChart
 from .palette import MUTED, RUN_COLORS, TEXT, dim
 
 AXIS_WIDTH = 7
@@ -52,8 +53,8 @@ def legend_names(metrics: list[str]) -> list[str]:
     return ["/".join(p[front : len(p) - back]) for p in parts]
 
 
-class MetricChart(BoardWidget, Widget):
-    """Chart of `metrics` for every run on the board."""
+class MetricChart(BoardWidget, Widget, can_focus=True):
+    """Chart of `metrics` for every run on the board. Enter or a click opens it on a screen of its own."""
 
     def __init__(self, board: Board, title: str, metrics: list[str], *, id: str | None = None):
         super().__init__(board, id=id)
@@ -70,12 +71,12 @@ class MetricChart(BoardWidget, Widget):
         self.set_class(level == "warning", "alert-warning")
         self.set_class(level == "error", "alert-error")
         key = (
-            tuple((len(r.table), r.table.version, r.table.epoch) for r in board.runs),
+            board.runs_version, tuple((len(r.table), r.table.version, r.table.epoch) for r in board.runs),
             self.size.width, self.size.height, board.smoothing, level,
         )
         if key == self._key:
             return
-        resized = self._key is None or key[1:3] != self._key[1:3]
+        resized = self._key is None or key[2:4] != self._key[2:4]
         self._key = key
         title = ("⚠ " if level else "") + self.chart_title
         if self.border_title != title:
@@ -91,6 +92,12 @@ class MetricChart(BoardWidget, Widget):
 
     def on_resize(self) -> None:
         self.update_data()
+
+    def chart_request(self) -> OpenChart:
+        return OpenChart(self.chart_title, tuple(self.metrics))
+
+    def on_click(self) -> None:
+        self.post_message(self.chart_request())
 
     def render_line(self, y: int) -> Strip:
         if y < len(self._strips):

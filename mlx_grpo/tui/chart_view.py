@@ -1,9 +1,15 @@
-"""A view of metric tiles above charts, built from a ViewSpec (views.py)."""
+"""A view of metric tiles above charts, built from a ViewSpec (views.py).
+
+The arrow keys (or h j k l) move a selection over the tiles and charts; Enter
+opens the selected one as a chart of its own.
+"""
 
 from __future__ import annotations
 
 from textual.app import ComposeResult
+from textual.binding import Binding
 from textual.containers import Grid, Vertical, VerticalScroll
+from textual.widget import Widget
 
 from .board import Board
 from .board_widget import BoardView
@@ -12,7 +18,26 @@ from .tile import MetricTile
 from .views import ViewSpec, resolve
 
 
+def split_for_runs(title: str, metrics: list[str], runs: int) -> list[tuple[str, tuple[str, ...]]]:
+    """(title, metrics) of the charts that show these metrics.
+
+    With several runs each run gets one colour, so a chart of several metrics
+    is split into one chart per metric.
+    """
+    if runs > 1 and len(metrics) > 1:
+        return [(f"{title}: {short_name(m)}", (m,)) for m in metrics]
+    return [(title, tuple(metrics))]
+
+
 class ChartsView(BoardView, VerticalScroll):
+    BINDINGS = [
+        Binding("down,j", "select('down')", "down", show=False),
+        Binding("up,k", "select('up')", "up", show=False),
+        Binding("right,l", "select('right')", "right", show=False),
+        Binding("left,h", "select('left')", "left", show=False),
+        Binding("enter", "open_selected", "open as chart", show=False),
+    ]
+
     def __init__(self, board: Board, spec: ViewSpec, *, id: str | None = None):
         super().__init__(board, id=id, classes="charts-view")
         self.spec = spec
@@ -28,21 +53,13 @@ class ChartsView(BoardView, VerticalScroll):
         return iter(())
 
     def chart_plan(self, board: Board) -> list[tuple[str, tuple[str, ...]]]:
-        """(title, metrics) of each chart for the metrics the runs have.
-
-        With several runs each run gets one colour, so a chart of several
-        metrics is split into one chart per metric.
-        """
+        """(title, metrics) of each chart for the metrics the runs have."""
         available = board.available_metrics()
         plan = []
         for spec in self.spec.charts:
             metrics = resolve(spec, available)
-            if not metrics:
-                continue
-            if len(board.runs) > 1 and len(metrics) > 1:
-                plan.extend((f"{spec.title}: {short_name(m)}", (m,)) for m in metrics)
-            else:
-                plan.append((spec.title, tuple(metrics)))
+            if metrics:
+                plan.extend(split_for_runs(spec.title, metrics, len(board.runs)))
         return plan
 
     def update_data(self) -> None:
@@ -72,3 +89,40 @@ class ChartsView(BoardView, VerticalScroll):
 
     def update_extra(self) -> None:
         """Refresh the widgets of compose_extra()."""
+
+    # ------------------------------------------------------------------ selection
+    def _grid(self) -> list[tuple[MetricTile | MetricChart, int, float]]:
+        """Each shown tile and chart with its row and the middle of its column (0..1), top to bottom."""
+        cells: list[tuple[MetricTile | MetricChart, int, float]] = []
+        row = 0
+        for box, kind in ((self.query_one(".tiles"), MetricTile), (self.query_one(".charts"), MetricChart)):
+            columns = max(1, box.styles.grid_size_columns or 1)
+            shown = [w for w in box.query(kind) if w.display]
+            cells.extend((w, row + i // columns, (i % columns + 0.5) / columns) for i, w in enumerate(shown))
+            row += -(-len(shown) // columns)
+        return cells
+
+    def action_select(self, direction: str) -> None:
+        cells = self._grid()
+        if not cells:
+            return
+        at = next((i for i, (w, _, _) in enumerate(cells) if w is self.screen.focused), None)
+        target: Widget | None
+        if at is None:
+            target = cells[0][0]
+        elif direction in ("left", "right"):
+            target = cells[max(0, min(len(cells) - 1, at + (1 if direction == "right" else -1)))][0]
+        else:
+            _, row, middle = cells[at]
+            wanted = row + (1 if direction == "down" else -1)
+            beside = [(abs(x - middle), w) for w, r, x in cells if r == wanted]
+            # Up from the top row gives the keyboard back to the view (nothing selected).
+            target = min(beside, key=lambda c: c[0])[1] if beside else (self if direction == "up" else None)
+        if target is not None:
+            # Now, not on the next idle as Widget.focus() does: keys typed fast act on the new selection.
+            self.screen.set_focus(target)
+
+    def action_open_selected(self) -> None:
+        selected = self.screen.focused  # this binding fires only while the focus is in this view
+        if isinstance(selected, (MetricTile, MetricChart)):
+            self.post_message(selected.chart_request())

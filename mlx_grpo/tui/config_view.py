@@ -1,18 +1,34 @@
-"""The runs' resolved config, versions and device, as run.json records them."""
+"""The runs' resolved config, versions and device, as run.json records them.
+
+With several runs, the config keys whose values differ between them come first,
+one column per run (the same keys `mlx-grpo compare` lists).
+"""
 
 from __future__ import annotations
 
+import time
+
 import yaml
+from rich.console import Group
+from rich.table import Table
 from rich.text import Text
 from textual.containers import VerticalScroll
 from textual.widgets import Static
 
+from ..telemetry.compare import differing_keys, run_config, value_text
 from .board import Board
 from .board_widget import BoardView
-from .palette import ACCENT, MUTED, TEXT_SOFT
+from .palette import ACCENT, LABEL, MUTED, TEXT_SOFT
 
 # run.json sections shown after its top-level fields (run id, status, times...).
 SECTIONS = ("config", "versions", "device")
+
+
+def readable_times(fields: dict) -> dict:
+    """run.json's top-level fields with `*_time` Unix timestamps as local date, time and zone."""
+    return {key: time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(value))
+            if key.endswith("_time") and isinstance(value, (int, float)) and not isinstance(value, bool) else value
+            for key, value in fields.items()}
 
 
 class ConfigView(BoardView, VerticalScroll):
@@ -29,14 +45,40 @@ class ConfigView(BoardView, VerticalScroll):
         if key == self._key:
             return
         self._key = key
+        parts = [self._differences()] if len(board.runs) > 1 else []
+        parts.append(self._dumps())
+        self.query_one("#config-text", Static).update(Group(*parts))
+
+    def _differences(self) -> Group:
+        """The config keys whose values differ between the runs (that have a run.json), a column per run."""
+        board = self.board
+        with_info = [(i, run) for i, run in enumerate(board.runs) if isinstance(run.info, dict)]
+        configs = [run_config(run.info) for _, run in with_info]
+        keys = [k for k in differing_keys(configs) if self.matches(k)] if len(configs) > 1 else []
+        title = Text("differences between the runs", style=f"bold {ACCENT}")
+        if len(configs) < 2:
+            return Group(title, Text("  fewer than two runs have a run.json yet\n", style=MUTED))
+        if not keys:
+            return Group(title, Text("  none: the runs have the same config\n", style=MUTED))
+        table = Table(box=None, header_style=f"bold {LABEL}", padding=(0, 2, 0, 2), expand=False)
+        table.add_column("key")
+        for i, run in with_info:
+            table.add_column(Text(run.name, style=f"bold {board.color(i)}"))
+        for k in keys:
+            table.add_row(k, *(Text(value_text(c.get(k)), style=board.color(i)) for (i, _), c in zip(with_info, configs)))
+        return Group(title, table, Text(""))
+
+    def _dumps(self) -> Text:
+        """Each run's run.json as YAML, a section per block; lines that do not match the filter are left out."""
+        board = self.board
         text = Text()
         for i, run in enumerate(board.runs):
             text.append(f"{run.name}  ", style=f"bold {board.color(i)}")
             text.append(str(run.run_dir) + "\n", style=MUTED)
-            if run.info is None:
+            if not isinstance(run.info, dict):
                 text.append("  run.json not written yet\n\n")
                 continue
-            top = {k: v for k, v in run.info.items() if k not in SECTIONS}
+            top = readable_times({k: v for k, v in run.info.items() if k not in SECTIONS})
             for section, body in (("run", top), *((name, run.info.get(name)) for name in SECTIONS)):
                 if body is None:
                     continue
@@ -47,4 +89,4 @@ class ConfigView(BoardView, VerticalScroll):
                     text.append("  " + key_part, style=ACCENT if not line.startswith(" ") else TEXT_SOFT)
                     text.append(sep + rest + "\n")
             text.append("\n")
-        self.query_one("#config-text", Static).update(text)
+        return text

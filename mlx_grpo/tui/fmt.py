@@ -6,9 +6,14 @@ import math
 
 
 def fmt_value(v: float | None, width: int = 7) -> str:
-    """A number in at most ~`width` characters: 0.0123, 1.23k, 4.5e-05, 12.3M."""
+    """A number in at most ~`width` characters: 0.0123, 1.23k, 4.5e-05, 12.3M.
+
+    Anything else a hand-edited or foreign file may hold (text, true/false) is shown as its text, cut to `width`.
+    """
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return "–"
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return str(v)[:width]
     if math.isinf(v):
         return "inf" if v > 0 else "-inf"
     a = abs(v)
@@ -36,6 +41,11 @@ def fmt_duration(seconds: float | None) -> str:
     m, s = divmod(rest, 60)
     text = f"{h}:{m:02d}:{s:02d}"
     return f"{days}d {text}" if days else text
+
+
+def fmt_count(n) -> str:
+    """An integer with thousands separators; anything else as its text."""
+    return f"{n:,}" if isinstance(n, int) and not isinstance(n, bool) else str(n)
 
 
 def fmt_step(step: int | None, total: int | None) -> str:

@@ -34,12 +34,13 @@ class Settings:
 class RunHeader(BoardWidget, Static):
     settings = Settings(1.0, 0.0)
 
-    def on_mount(self) -> None:
-        # A line per run and one for the settings; fixed, so updates need no layout pass.
-        self.styles.height = len(self.board.runs) + 1
+    _height = 0
 
     def update_data(self) -> None:
         board = self.board
+        if self._height != len(board.runs) + 1:
+            # A line per run and one for the settings; set only when the runs change, so updates need no layout pass.
+            self._height = self.styles.height = len(board.runs) + 1
         now = board.clock()
         text = Text(no_wrap=True, overflow="ellipsis")
         for i, run in enumerate(board.runs):

@@ -16,11 +16,14 @@ KEYS = (
     ("?", "this help (any key closes it)"),
     ("tab / shift+tab", "next / previous view"),
     ("1 … 9", "go to a view"),
-    ("j k ↓ ↑", "move in lists and tables, scroll chart views"),
-    ("/", "filter metrics, alerts, samples and config (enter keeps it, escape clears it)"),
+    ("j k ↓ ↑", "move in lists and tables; select a tile or chart (also h l ← →)"),
+    ("enter", "open the selected tile, chart or metric as a chart of its own (escape goes back)"),
+    ("/", "filter this view: its tiles and charts, metrics, alerts, samples or config (enter keeps it, "
+          "escape clears it)"),
     ("+ / -", "refresh slower / faster"),
     ("s", "smoothing: off, EMA 0.6, 0.9, 0.99"),
     ("p", "pause / resume reading the run"),
+    ("r", "runs: pick the runs to overlay among those beside the watched ones"),
 )
 
 STATES = (

@@ -1,4 +1,4 @@
-"""Every metric the runs log, with last value per run, range and trend; `/` filters it.
+"""Every metric the runs log, with last value per run, range and trend; `/` filters it, Enter charts it.
 
 A line-API widget rather than a DataTable: on every new step only the rows on
 screen are formatted again (a DataTable re-renders each changed cell through
@@ -19,6 +19,7 @@ from textual.strip import Strip
 from .board import Board
 from .board_widget import BoardView
 from .fmt import fmt_spark, fmt_value
+from .messages import OpenChart
 from .palette import ACCENT, CURSOR_BG, LABEL, level_color
 
 SPARK_WIDTH = 16
@@ -30,7 +31,11 @@ _TREND = Style(color=ACCENT)
 
 
 class MetricsView(BoardView, ScrollView, can_focus=True):
-    BINDINGS = [Binding("down", "cursor_down", show=False), Binding("up", "cursor_up", show=False)]
+    BINDINGS = [
+        Binding("down", "cursor_down", show=False),
+        Binding("up", "cursor_up", show=False),
+        Binding("enter", "open_chart", "open as chart", show=False),
+    ]
     cursor = reactive(0)
 
     def __init__(self, board: Board, *, id: str | None = None):
@@ -48,7 +53,7 @@ class MetricsView(BoardView, ScrollView, can_focus=True):
     def update_data(self) -> None:
         board = self.board
         names = sorted(n for n in board.available_metrics() if self.matches(n))
-        key = (len(board.runs), tuple(names))
+        key = (board.runs_version, len(board.runs), tuple(names))
         if key != self._key:
             self._key = key
             self._names = names
@@ -79,9 +84,17 @@ class MetricsView(BoardView, ScrollView, can_focus=True):
             self.scroll_to(y=new - visible + 1, animate=False)
         self.refresh()
 
+    def action_open_chart(self) -> None:
+        if self._names:
+            name = self._names[self.cursor]
+            self.post_message(OpenChart(name, (name,)))
+
     def on_click(self, event: events.Click) -> None:
+        """A click selects a row; a click on the selected row opens its chart."""
         row = int(self.scroll_y) + event.y - 1
         if event.y >= 1 and 0 <= row < len(self._names):
+            if row == self.cursor:
+                self.action_open_chart()
             self.cursor = row
 
     # ------------------------------------------------------------------ drawing

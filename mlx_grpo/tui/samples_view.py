@@ -12,7 +12,7 @@ from textual.widget import Widget
 
 from .board import Board
 from .board_widget import BoardView
-from .fmt import fmt_value
+from .fmt import fmt_count, fmt_value
 from .palette import BAD, GOOD, MUTED, TEXT_BRIGHT
 
 MAX_ROWS = 300
@@ -28,7 +28,7 @@ def _sample_text(name: str, color: str, s: dict) -> Table:
     verdict = Text("correct", style=f"bold {GOOD}") if correct else Text("wrong", style=f"bold {BAD}") \
         if correct is not None else Text("–")
     grid.add_row("run", Text(name, style=color))
-    grid.add_row("step", f"{s.get('step', 0):,}")
+    grid.add_row("step", fmt_count(s.get("step", 0)))
     grid.add_row("verdict", verdict)
     grid.add_row("prompt", Text(str(s.get("prompt", ""))))
     grid.add_row("completion", Text(str(s.get("completion", "")), style=TEXT_BRIGHT))
@@ -55,6 +55,7 @@ class SamplesView(BoardView, Horizontal):
     def __init__(self, board: Board, *, id: str | None = None):
         super().__init__(board, id=id)
         self._filter: str | None = None
+        self._runs_version = -1
         self._seen: list[tuple[int, int]] = []  # per run: (resets, received) already listed
         self._rows: dict[str, tuple[int, dict]] = {}
         self._order: list[str] = []
@@ -76,7 +77,7 @@ class SamplesView(BoardView, Horizontal):
         board = self.board
         runs = board.runs
         table = self.query_one(DataTable)
-        rebuild = self._filter != self.filter or len(self._seen) != len(runs) or any(
+        rebuild = self._filter != self.filter or self._runs_version != board.runs_version or any(
             seen[0] != run.samples_resets for seen, run in zip(self._seen, runs))
         if rebuild:
             table.clear()
@@ -84,6 +85,7 @@ class SamplesView(BoardView, Horizontal):
             self._order.clear()
             self._seen = [(run.samples_resets, run.samples_received - len(run.samples)) for run in runs]
             self._filter = self.filter
+            self._runs_version = board.runs_version
         following = table.row_count == 0 or table.cursor_row >= table.row_count - 1
         added = False
         for i, run in enumerate(runs):
@@ -110,7 +112,7 @@ class SamplesView(BoardView, Horizontal):
         completion = " ".join(str(s.get("completion", "")).split())
         table.add_row(
             Text(board.runs[run_index].name, style=board.color(run_index)),
-            Text(f"{s.get('step', 0):,}", justify="right"),
+            Text(fmt_count(s.get("step", 0)), justify="right"),
             Text(fmt_value(s.get("total")), justify="right"),
             Text("✓", style=GOOD) if correct else Text("✗", style=BAD) if correct is not None else "",
             Text(str(s.get("length", "")), justify="right"),

@@ -1,4 +1,4 @@
-"""A tile: one metric's latest value per run, its recent trend and change."""
+"""A tile: one metric's latest value per run, its recent trend and change. Enter or a click opens its chart."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from textual.widgets import Static
 from .board import Board
 from .board_widget import BoardWidget
 from .fmt import fmt_spark, fmt_value
+from .messages import OpenChart
 from .palette import ACCENT, MUTED
 
 SPARK_WIDTH = 12
@@ -15,20 +16,26 @@ SPARK_WIDTH = 12
 DELTA_RECORDS = 10
 
 
-class MetricTile(BoardWidget, Static):
+class MetricTile(BoardWidget, Static, can_focus=True):
     def __init__(self, board: Board, label: str, metric: str):
         super().__init__(board, "")
         self.label = label
         self.metric = metric
         self._key: tuple | None = None
         self._shown: str | None = None
+        self._height = 0
 
-    def on_mount(self) -> None:
-        # A line per run inside the border; fixed, so updates need no layout pass.
-        self.styles.height = len(self.board.runs) + 2
+    def chart_request(self) -> OpenChart:
+        return OpenChart(self.label, (self.metric,))
+
+    def on_click(self) -> None:
+        self.post_message(self.chart_request())
 
     def update_data(self) -> None:
         board = self.board
+        if self._height != len(board.runs) + 2:
+            # A line per run inside the border; set only when the runs change, so updates need no layout pass.
+            self._height = self.styles.height = len(board.runs) + 2
         level = board.alert_level([self.metric])
         self.set_class(level == "warning", "alert-warning")
         self.set_class(level == "error", "alert-error")
