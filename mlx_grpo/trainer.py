@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -397,7 +398,7 @@ def train(config: TrainConfig, base_dir: Path, resume_dir: Path | None = None) -
     """Run GRPO; returns the final metrics plus the run directory and status."""
     run = open_run(config, base_dir, resume_dir)
     trainer, recorder, world, run_dir = run.trainer, run.recorder, run.trainer.world, run.run_dir
-    step, report, status, stopping = run.start_step, None, "failed", None
+    step, report, status, stopping, stopped_by = run.start_step, None, "failed", None, None
     stop = StopRequest()
     try:
         with recorder.console, stop:
@@ -414,9 +415,10 @@ def train(config: TrainConfig, base_dir: Path, resume_dir: Path | None = None) -
                 if recorder.nonfinite_in_a_row >= config.max_consecutive_nonfinite:
                     recorder.write(report)
                     raise UserError(nonfinite_stop_message(recorder.nonfinite_in_a_row, step, run_dir, config),
-                                    exit_code=3)
-                # checkpoint when due (timed in this step's record), then write the record
-                stopping = world.agree(stop.requested)
+                                    exit_code=EXIT_GUARD_STOP)
+                # checkpoint when due (timed in this step's record), then write the record;
+                # a stop is a signal's name or an alert rule with `action: stop`
+                stopping = world.agree(stop.requested or alert_stop_request(report))
                 pending = None
                 if world.is_main and (due(step, config.checkpoint_every, config.num_steps) or last or stopping):
                     pending = prepare(trainer, recorder, run, step)
@@ -427,7 +429,13 @@ def train(config: TrainConfig, base_dir: Path, resume_dir: Path | None = None) -
                 # stop when asked (Ctrl-C, SIGTERM), every rank at the same step
                 if stopping:
                     # Said now, while nothing can go wrong: a second Ctrl-C during the cleanup ends it at once.
-                    report_stop(run_dir, step, checkpoint_saved=True)
+                    stopped_by = stopping.removeprefix(ALERT_STOP) if stopping.startswith(ALERT_STOP) else None
+                    if stopped_by is not None:
+                        # Plain stderr, one line, like report_stop: the command must paste as is.
+                        print(f"mlx-grpo: {alert_stop_message(stopped_by, step, run_dir)}", file=sys.stderr,
+                              flush=True)
+                    else:
+                        report_stop(run_dir, step, checkpoint_saved=True)
                     break
         status = "interrupted" if stopping else "finished"
     except KeyboardInterrupt:
@@ -436,7 +444,22 @@ def train(config: TrainConfig, base_dir: Path, resume_dir: Path | None = None) -
         raise
     finally:
         final = finish(run, step, status, report)
-    return {**final, "status": status, "run_dir": str(run_dir)}
+    return {**final, "status": status, "run_dir": str(run_dir),
+            **({"stopped_by_alert": stopped_by} if stopped_by is not None else {})}
+
+
+ALERT_STOP = "alert:"  # a stop request from an alert rule: this prefix and the rule's name
+EXIT_GUARD_STOP = 3  # the exit code of a run a guard stopped: repeated non-finite updates, an alert's `action: stop`
+
+
+def alert_stop_request(report: StepReport) -> str | None:
+    """The stop request of the first alert of the step whose rule has `action: stop`, if any."""
+    return next((ALERT_STOP + alert.rule for alert in report.alerts if alert.action == "stop"), None)
+
+
+def alert_stop_message(rule: str, step: int, run_dir: Path) -> str:
+    return (f"alert rule '{rule}' (action: stop) stopped the run after step {step}, checkpoint saved; "
+            f"continue with: {resume_command(run_dir)}")
 
 
 def due(step: int, every: int, num_steps: int) -> bool:

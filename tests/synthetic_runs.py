@@ -37,7 +37,9 @@ class Faults:
     entropy_collapse: bool = False
     grad_spike: bool = False  # a 10x gradient norm at fault_step
     throughput_drop: bool = False
-    memory_high: bool = False
+    memory_high: bool = False  # the step's peak near the accelerator's working set
+    system_memory_high: bool = False  # the machine nearly out of memory
+    collapse: bool = False  # the policy breaks: accuracy to 0 and the format rewards mostly lost at once
     stagnant: bool = False  # accuracy stays at 30% for the whole run
     rare_success: bool = False  # answers almost never right and no format reward: tiny signal-to-noise
     takeover: bool = False  # format_approx's weight grows while accuracy falls
@@ -49,6 +51,8 @@ def _accuracy(step: int, steps: int, faults: Faults, gain: float) -> float:
     if faults.rare_success:
         return 0.005
     base = 0.20 + gain * min(1.0, step / steps)
+    if faults.collapse and step >= faults.fault_step:
+        return 0.001
     if (faults.length_reward or faults.takeover) and step >= faults.fault_step:
         return max(0.05, base - 0.002 * (step - faults.fault_step))
     return base
@@ -91,6 +95,8 @@ def simulate(steps: int = 200, seed: int = 0, faults: Faults | None = None, eval
         truncated = lengths >= MAX_TOKENS
         rows = []
         weights = []
+        if faults.collapse and after:
+            format_rate = 0.3
         for name in names:
             if name == "constant":
                 row = np.ones(correct.size)
@@ -145,9 +151,9 @@ def simulate(steps: int = 200, seed: int = 0, faults: Faults | None = None, eval
             speed *= 0.3
         record["throughput/gen_tokens_per_s"] = speed
         memory = 40.0 + rng.normal(0, 1.0)
-        if faults.memory_high and after:
-            memory = 95.0
         record["system/accel_memory_percent"] = memory
+        record["memory/peak_percent"] = 95.0 if faults.memory_high and after else 1.6 * memory
+        record["system/memory_percent"] = 95.0 if faults.system_memory_high and after else 55.0 + 0.05 * memory
         if eval_every and step % eval_every == 0:
             record["eval/accuracy"] = float(np.clip(acc + rng.normal(0, 0.035), 0, 1))
         metrics.append(record)

@@ -18,8 +18,8 @@ from mlx_grpo.errors import UserError
 from mlx_grpo.telemetry.alert_config import default_rules, load_alert_rules, rules_from_config
 from mlx_grpo.telemetry.alert_console import format_alert, print_alerts
 from mlx_grpo.telemetry.catalogue import canonical_record
-from mlx_grpo.telemetry.alerts import (Alert, AlertEngine, BaselineRule, HackingRule, NonFiniteRule, SpikeRule,
-                                       ThresholdRule, TrendRule)
+from mlx_grpo.telemetry.alerts import (Alert, AlertEngine, BaselineRule, DropRule, HackingRule, NonFiniteRule,
+                                       SpikeRule, ThresholdRule, TrendRule)
 from synthetic_runs import Faults, simulate
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -70,7 +70,11 @@ FAULTS = [
     ("length_reward", "reward_hacking", 100, 145),
     ("grad_spike", "grad_norm_spike", 100, 100),
     ("throughput_drop", "throughput_drop", 100, 110),
-    ("memory_high", "accel_memory_high", 100, 103),
+    ("memory_high", "accel_memory_high", 100, 102),
+    ("system_memory_high", "system_memory_high", 100, 103),
+    ("collapse", "reward_collapse", 100, 102),
+    ("collapse", "accuracy_collapse", 100, 102),
+    ("stagnant", "not_learning", 150, 180),
     ("stagnant", "reward_stagnation", 150, 175),
     ("rare_success", "low_signal_to_noise", 1, 60),
     ("takeover", "reward_takeover", 100, 175),
@@ -111,6 +115,57 @@ def test_measured_length_paying_reward_is_caught_within_a_few_steps():
 def test_measured_constant_reward_warns_at_step_5():
     alerts = [a for a in _replay(_measured("run_constant_reward.jsonl")) if a.level != "info"]
     assert [(a.step, a.rule) for a in alerts] == [(5, "zero_std_groups")]
+
+
+def test_measured_collapse_after_a_learning_rate_raise_is_caught_in_two_steps():
+    # The default run to step 200, resumed with learning rate 3e-3 (constant): reward 8.0 -> 4.9 -> 4.4 and
+    # accuracy 0.55 -> 0.05 -> 0.00 at steps 202-203. Both collapse rules fire at the second collapsed step,
+    # neither before.
+    alerts = _replay(_measured("run_lr_raised_collapse.jsonl"))
+    collapse = [(a.step, a.rule, a.level) for a in alerts if a.rule in ("reward_collapse", "accuracy_collapse")]
+    assert collapse == [(203, "reward_collapse", "error"), (203, "accuracy_collapse", "error")]
+    assert "fell to 4.422 from its recent median 8.018 (-45%" in next(a.message for a in alerts
+                                                                      if a.rule == "reward_collapse")
+
+
+def test_measured_frozen_run_is_reported_as_not_learning_and_nothing_else():
+    # The default run at learning rate 1e-9: nothing moves. Sampled accuracy still swings 0.2-0.6 from batch
+    # to batch, which is why the rule needs 150 steps to be sure.
+    alerts = _replay(_measured("run_not_learning.jsonl"))
+    warnings = [(a.step, a.rule) for a in alerts if a.level != "info"]
+    assert warnings == [(150, "not_learning")]
+    message = next(a.message for a in alerts if a.rule == "not_learning")
+    assert message.startswith("rewards/total/mean, accuracy/train and rewards/zero_std_group_frac have not moved")
+
+
+def test_a_run_that_learned_and_levelled_off_is_not_reported_as_not_learning():
+    # The measured default run is nearly flat after step 100 (reward 7.8-8.0), but no longer where it began.
+    rules = [r for r in default_rules() if r.name == "not_learning"]
+    assert _replay(_measured("run_default_healthy.jsonl"), rules) == []
+    flat_from_the_start = [{"step": s, "rewards/total/mean": 7.3, "accuracy/train": 0.38,
+                            "rewards/zero_std_group_frac": 0.1} for s in range(1, 151)]
+    assert [a.step for a in _replay(flat_from_the_start, rules)] == [150]
+    learned = [{**r, "rewards/total/mean": 6.0 if r["step"] <= 20 else 7.3} for r in flat_from_the_start]
+    assert _replay(learned, rules) == []
+
+
+def test_action_stop_is_carried_by_the_alert_and_written_only_when_set():
+    stop = ThresholdRule(name="s", metric="m", op=">", value=1, action="stop")
+    quiet = ThresholdRule(name="q", metric="m", op=">", value=1)
+    alerts = AlertEngine([stop, quiet]).check({"step": 1, "m": 2.0})
+    assert [(a.rule, a.action) for a in alerts] == [("s", "stop"), ("q", "none")]
+    assert alerts[0].to_dict()["action"] == "stop" and "action" not in alerts[1].to_dict()
+    assert Alert.from_dict(alerts[0].to_dict()) == alerts[0]
+    # Stopping does not change what a rule measures: its saved state still matches on resume.
+    assert repr(stop).replace("'s'", "'q'") == repr(quiet)
+
+
+def test_drop_rule_compares_with_the_median_so_a_lasting_collapse_fires_once():
+    rule = DropRule(name="d", metric="m", window=5, fall=0.5, relative=True, min_scale=1, for_steps=2)
+    values = [8.0, 8.2, 7.9, 8.1, 8.0, 3.0, 2.5, 2.0, 2.0, 2.0]
+    alerts = _replay(_records(values), [rule])
+    assert [a.step for a in alerts] == [7]  # two collapsed steps; the median still remembers the level
+    assert DropRule(name="u", metric="m", window=3, fall=1.0, direction="up").make_state() is not None
 
 
 def test_every_builtin_rule_has_a_fault_that_fires_it():
@@ -353,6 +408,12 @@ rules:
      "rules[0] (a): key 'min_points' must be between 3 and 'window'"),
     ("rules:\n  - {name: a, kind: nonfinite}\n  - {name: a, kind: nonfinite}\n",
      "rules[1] (a): rule name 'a' is used twice"),
+    ("rules:\n  - {name: a, kind: nonfinite, action: halt}\n", "rules[0] (a): key 'action' must be one of none, stop"),
+    ("rules:\n  - {name: a, kind: drop, metric: m, window: 5, fall: -1}\n", "rules[0] (a): key 'fall' must be positive"),
+    ("rules:\n  - {name: a, kind: plateau, metric: 'rewards/*/mean', window: 5, change: 1, baseline_steps: 5}\n",
+     "rules[0] (a): a plateau rule takes plain metric names"),
+    ("rules:\n  - {name: a, kind: plateau, metric: m, window: 5, change: 1, baseline_steps: 9}\n",
+     "rules[0] (a): key 'baseline_steps' must be between 1 and 'window'"),
     ("rules:\n  - just a string\n", "rules[0]: a rule must be a mapping"),
     ("rules: {name: a}\n", "key 'rules' must be a list"),
     ("- {name: a, kind: nonfinite}\n", "alert rules must be a mapping"),

@@ -67,7 +67,7 @@ def train_from_cli(config_path: str | None, overrides: dict, resume: str | None 
     from ..errors import UserError
     from ..resume import config_for_resume
     from ..signals import EXIT_INTERRUPTED
-    from ..trainer import train
+    from ..trainer import EXIT_GUARD_STOP, train
 
     if resume is not None:
         if config_path is not None:
@@ -79,6 +79,8 @@ def train_from_cli(config_path: str | None, overrides: dict, resume: str | None 
         config = load_config(config_path, overrides)
         base_dir = Path(config_path).resolve().parent if config_path else Path.cwd()
         result = train(config, base_dir)
+    if "stopped_by_alert" in result:
+        return EXIT_GUARD_STOP
     return {"finished": 0, "interrupted": EXIT_INTERRUPTED}.get(result.get("status"), 1)
 
 

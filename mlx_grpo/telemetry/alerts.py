@@ -20,13 +20,15 @@ import math
 import operator
 import re
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from statistics import median
 from typing import Any, ClassVar, Iterable, Mapping, Sequence
 
 from ..errors import UserError
 
 LEVELS = ("info", "warning", "error")
+# What the trainer does when a rule fires: "none" (report it) or "stop" (checkpoint, close the logs, exit 3).
+ACTIONS = ("none", "stop")
 # Keys of a record that are coordinates, not metrics: never matched by a rule.
 _NOT_METRICS = frozenset({"step", "time"})
 
@@ -42,12 +44,16 @@ class Alert:
     metric: str
     value: float | None
     message: str
+    action: str = "none"  # "stop": the rule stops the run (written to alerts.jsonl only then)
 
     def to_dict(self) -> dict[str, Any]:
         # alerts.jsonl holds only finite numbers or null; the message keeps "NaN"/"Inf".
         value = self.value if self.value is not None and math.isfinite(self.value) else None
-        return {"step": self.step, "time": self.time, "level": self.level, "rule": self.rule,
-                "metric": self.metric, "value": value, "message": self.message}
+        out = {"step": self.step, "time": self.time, "level": self.level, "rule": self.rule,
+               "metric": self.metric, "value": value, "message": self.message}
+        if self.action != "none":
+            out["action"] = self.action
+        return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "Alert":
@@ -56,7 +62,8 @@ class Alert:
         return cls(step=int(data.get("step") or 0), time=data.get("time"), level=str(data.get("level", "info")),
                    rule=str(data.get("rule", "")), metric=str(data.get("metric", "")),
                    value=float(value) if isinstance(value, (int, float)) else None,
-                   message=str(data.get("message", "")))
+                   message=str(data.get("message", "")),
+                   action="stop" if data.get("action") == "stop" else "none")
 
 
 # --------------------------------------------------------------------------- patterns
@@ -110,8 +117,12 @@ class Rule:
     for_steps: int = 1
     cooldown: int = 50
     hint: str = ""
+    # Left out of repr, which matches saved rule state on resume: stopping does not change what a rule measures.
+    action: str = field(default="none", repr=False)
 
     def __post_init__(self) -> None:
+        if self.action not in ACTIONS:
+            raise ValueError(f"key 'action' must be one of {', '.join(ACTIONS)}, got {self.action!r}")
         if not self.name:
             raise ValueError("key 'name' must not be empty")
         if not self.metric:
@@ -342,6 +353,82 @@ class HackingRule(Rule):
         return _HackingState(self)
 
 
+_DROP_DIRECTIONS = ("down", "up")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DropRule(Rule):
+    """A sudden fall (or rise) of a metric away from the median of its previous `window` values.
+
+    down: median - value >= `fall`; up: value - median >= `fall`. With `relative`, the difference is
+    divided by max(|median|, min_scale), so 1.0 means "lost its whole level". The median, not the mean,
+    so the first collapsed values do not drag the reference down and `for_steps` > 1 still compares
+    with the level before the collapse. Evaluated once `min_points` previous values are known.
+    """
+
+    kind: ClassVar[str] = "drop"
+    window: int
+    fall: float
+    direction: str = "down"
+    relative: bool = False
+    min_scale: float = 1e-9
+    min_points: int = 0  # 0: the whole window
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.window < 3:
+            raise ValueError("key 'window' must be at least 3")
+        _check_min_points(self)
+        if self.fall <= 0:
+            raise ValueError("key 'fall' must be positive (the direction gives the sign)")
+        if self.direction not in _DROP_DIRECTIONS:
+            raise ValueError(f"key 'direction' must be one of {', '.join(_DROP_DIRECTIONS)}, got {self.direction!r}")
+        if self.min_scale <= 0:
+            raise ValueError("key 'min_scale' must be positive")
+
+    def make_state(self) -> "_RuleState":
+        return _DropState(self)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlateauRule(Rule):
+    """Nothing moving: `metric` and every metric in `together` flat over the last `window` records and
+    no different from the run's start.
+
+    A metric has moved by the larger of its least-squares change over the window and the difference
+    between the window's mean and the mean of its first `baseline_steps` values. Flat: at most `change`
+    for `metric` (relative as in TrendRule when `relative`) and at most `together_change` (absolute) for
+    each metric of `together`. Comparing with the start keeps a run that learned and then levelled off
+    quiet; only a run that is where it began, and stays there, fires. A metric of `together` that a run
+    does not log is left out; `metric` itself must be logged.
+    """
+
+    kind: ClassVar[str] = "plateau"
+    window: int
+    change: float
+    baseline_steps: int = 20
+    together: tuple[str, ...] = ()
+    together_change: float = 0.0
+    relative: bool = False
+    min_scale: float = 1e-9
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.window < 3:
+            raise ValueError("key 'window' must be at least 3")
+        if not 1 <= self.baseline_steps <= self.window:
+            raise ValueError("key 'baseline_steps' must be between 1 and 'window'")
+        if self.change < 0 or self.together_change < 0:
+            raise ValueError("keys 'change' and 'together_change' must not be negative")
+        if self.min_scale <= 0:
+            raise ValueError("key 'min_scale' must be positive")
+        if metric_pattern(self.metric) is not None or any(metric_pattern(m) is not None for m in self.together):
+            raise ValueError("a plateau rule takes plain metric names, not patterns")
+
+    def make_state(self) -> "_RuleState":
+        return _PlateauState(self)
+
+
 @dataclass(frozen=True, kw_only=True)
 class NonFiniteRule(Rule):
     """A NaN or an infinity in any matching metric."""
@@ -355,7 +442,8 @@ class NonFiniteRule(Rule):
 
 
 RULE_KINDS: dict[str, type[Rule]] = {
-    cls.kind: cls for cls in (ThresholdRule, TrendRule, SpikeRule, BaselineRule, HackingRule, NonFiniteRule)
+    cls.kind: cls for cls in (ThresholdRule, TrendRule, SpikeRule, BaselineRule, HackingRule, DropRule,
+                              PlateauRule, NonFiniteRule)
 }
 
 
@@ -498,7 +586,7 @@ class _RuleState:
     def alert(self, step: int, time: float | None, name: str, value: float | None, text: str) -> Alert:
         rule = self.rule
         return Alert(step=step, time=time, level=rule.level, rule=rule.name, metric=name, value=value,
-                     message=rule._message(text))
+                     message=rule._message(text), action=rule.action)
 
     def update(self, step: int, time: float | None, record: Mapping, names: tuple[str, ...], out: list) -> None:
         raise NotImplementedError
@@ -704,6 +792,80 @@ class _HackingState(_WindowedState):
                                       f"getting answers right"))
 
 
+class _DropState(_RuleState):
+    def __init__(self, rule: Rule) -> None:
+        super().__init__(rule)
+        self.previous: dict[str, deque] = {}
+
+    def update(self, step, time, record, names, out):
+        rule: DropRule = self.rule  # type: ignore[assignment]
+        for name in names:
+            value = _num(record[name])
+            if value is None:
+                continue
+            previous = self.previous.get(name)
+            if previous is None:
+                previous = self.previous[name] = deque(maxlen=rule.window)
+            if len(previous) >= rule.min_points:
+                level = median(previous)
+                moved = level - value if rule.direction == "down" else value - level
+                scale = max(abs(level), rule.min_scale) if rule.relative else 1.0
+                if self.fire(moved / scale >= rule.fall, name, step):
+                    verb = "fell" if rule.direction == "down" else "jumped"
+                    amount = f"{-moved / scale * 100 if rule.direction == 'down' else moved / scale * 100:+.0f}%" \
+                        if rule.relative else f"{value - level:+.4g}"
+                    out.append(self.alert(step, time, name, value,
+                                          f"{name} {verb} to {_fmt(value)} from its recent median {_fmt(level)} "
+                                          f"({amount}, last {len(previous)} logged steps){_in_a_row(rule.for_steps)}"))
+            previous.append(value)
+
+
+class _PlateauState(_RuleState):
+    def __init__(self, rule: Rule) -> None:
+        super().__init__(rule)
+        names = (rule.metric, *rule.together)  # type: ignore[attr-defined]
+        self.windows = {name: _Window(rule.window) for name in names}  # type: ignore[attr-defined]
+        self.start: dict[str, list[float]] = {name: [] for name in names}
+
+    def _moved(self, name: str) -> float | None:
+        """How far `name` moved: max(|change over the window|, |window mean - start mean|); None: unknown."""
+        window, start = self.windows[name], self.start[name]
+        change = window.change()
+        if change is None or len(start) < self.rule.baseline_steps:  # type: ignore[attr-defined]
+            return None
+        return max(abs(change), abs(window.mean() - sum(start) / len(start)))
+
+    def update(self, step, time, record, names, out):
+        rule: PlateauRule = self.rule  # type: ignore[assignment]
+        for name, window in self.windows.items():
+            value = _num(record.get(name))
+            if value is not None:
+                window.push(step, value)
+                if len(self.start[name]) < rule.baseline_steps:
+                    self.start[name].append(value)
+        value = _num(record.get(rule.metric))
+        if value is None or len(self.windows[rule.metric]) < rule.window:
+            return
+        moved = self._moved(rule.metric)
+        if moved is None:
+            return
+        level = self.windows[rule.metric].mean()
+        scale = max(abs(level), rule.min_scale) if rule.relative else 1.0
+        moves = [(rule.metric, moved / scale, rule.change)]
+        for name in rule.together:
+            # Only a metric logged over most of the window counts; one never logged is left out.
+            if len(self.windows[name]) >= rule.window // 2 and (other := self._moved(name)) is not None:
+                moves.append((name, other, rule.together_change))
+        if self.fire(all(m <= limit for _, m, limit in moves), rule.metric, step):
+            named = [n for n, _, _ in moves]
+            listed = named[0] if len(named) == 1 else f"{', '.join(named[:-1])} and {named[-1]}"
+            amounts = ", ".join(f"{m * 100:.1f}%" if n == rule.metric and rule.relative else f"{m:.3g}"
+                                for n, m, _ in moves)
+            out.append(self.alert(step, time, rule.metric, value,
+                                  f"{listed} have not moved over the last {len(self.windows[rule.metric])} logged "
+                                  f"steps nor since the start (by at most {amounts})"))
+
+
 def _nonfinite(value: Any) -> bool:
     if value is None or isinstance(value, str):
         return False
@@ -881,5 +1043,5 @@ def _decode_object(name: str, fields: Mapping[str, Any]) -> Any:
 
 __all__ = [
     "LEVELS", "Alert", "AlertEngine", "Rule", "ThresholdRule", "TrendRule", "SpikeRule", "BaselineRule",
-    "HackingRule", "NonFiniteRule", "RULE_KINDS", "metric_pattern",
+    "HackingRule", "DropRule", "PlateauRule", "NonFiniteRule", "RULE_KINDS", "ACTIONS", "metric_pattern",
 ]

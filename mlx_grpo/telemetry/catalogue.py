@@ -309,6 +309,10 @@ def _system_entries() -> list[MetricSpec]:
                      "reset before the phase): what the phase needs, KV cache and activations included.", "GB",
                      "memory", EVERY_STEP)
           for phase, words in (("rollout", "rollout"), ("ref", "reference pass"), ("update", "update"))),
+        MetricSpec("memory/peak_percent", "This step's highest phase peak (memory/*_peak_gb) as a percentage of "
+                   "the device's recommended working set (system/accel_limit_gb): the memory-pressure alert "
+                   "watches it, since memory read after the step misses the KV cache and activations.", "%",
+                   "memory", "every logged step, where the device reports a working set (Metal)"),
         MetricSpec("system/gpu_utilization_percent", "GPU 'Device Utilization %' of the Apple GPU as reported by "
                    "ioreg (no sudo). Left out on machines without it.", "%", s, "every logged step, on macOS"),
     ]
@@ -486,7 +490,7 @@ CHART_GROUPS: dict[str, dict[str, tuple[str, ...]]] = {
     },
     "system": {
         "CPU and GPU %": ("system/cpu_percent", "system/gpu_utilization_percent"),
-        "memory %": ("system/memory_percent", "system/accel_memory_percent"),
+        "memory %": ("system/memory_percent", "system/accel_memory_percent", "memory/peak_percent"),
         "memory GB": ("system/memory_used_gb", "system/memory_available_gb", "system/process_rss_gb"),
     },
 }

@@ -23,7 +23,7 @@ import numpy as np
 from .alert_console import format_alert
 from .alerts import Alert, AlertEngine, Rule
 from .reward_stats import RewardTracker, ThroughputTracker
-from .step_data import StepData, step_record
+from .step_data import StepData, peak_share_metrics, step_record
 
 
 @dataclass
@@ -91,6 +91,7 @@ class RunRecorder:
             record.update(evaluation)
         if self.sampler is not None:
             record.update(self.sampler.snapshot())
+        record.update(peak_share_metrics(data.peak_memory, record.get("system/accel_limit_gb")))
         record["timing/elapsed_s"] = self.elapsed()
         self.nonfinite_in_a_row = self.nonfinite_in_a_row + 1 if data.update.skipped else 0
         alerts = self.observe(step, record, data.scores, data.total, loss=data.update.loss,

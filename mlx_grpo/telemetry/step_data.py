@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -136,6 +136,15 @@ def timing_metrics(data: StepData) -> dict[str, float]:
 def memory_metrics(data: StepData) -> dict[str, float]:
     """The peak memory of each phase of this step, in GiB."""
     return {f"memory/{phase}_peak_gb": peak / 2**30 for phase, peak in data.peak_memory.items()}
+
+
+def peak_share_metrics(peak_memory: Mapping[str, float], working_set_gb: float | None) -> dict[str, float]:
+    """The step's highest phase peak as a percentage of the device's working set (none where it is unknown).
+
+    Measured on the peak, not after the step: by then the KV cache and activations are freed."""
+    if not peak_memory or not working_set_gb:
+        return {}
+    return {"memory/peak_percent": 100.0 * max(peak_memory.values()) / 2**30 / working_set_gb}
 
 
 def step_record(data: StepData) -> dict[str, float]:

@@ -1,0 +1,87 @@
+"""Alerts in real runs of the shipped model: memory pressure read on each step's peak, and `action: stop`."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import mlx_grpo.trainer as trainer_module
+from mlx_grpo.config import load_config
+from mlx_grpo.machine import accel_memory
+from mlx_grpo.trainer import train
+
+SMALL = {"num_steps": 5, "batch_size": 4, "num_generations": 4, "eval_every": 0, "checkpoint_every": 0,
+         "tensorboard": False, "samples_per_step": 1}
+MIB = 2**20
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def run_with_working_set(tmp_path: Path, monkeypatch, working_set: int) -> Path:
+    """A run on a device that reports `working_set` bytes as its recommended working set (Metal does; the CPU
+    backend reports none), every other reading MLX's own."""
+    monkeypatch.setattr(trainer_module, "accel_memory", lambda: {**accel_memory(), "limit": working_set})
+    config = load_config(None, {**SMALL, "monitoring_dir": str(tmp_path / "runs")})
+    return Path(train(config, tmp_path)["run_dir"])
+
+
+def test_memory_pressure_is_read_on_the_step_peak_and_raises_its_alert_within_a_few_steps(tmp_path, monkeypatch):
+    # The shipped model's steps peak at ~35 MiB (the update) while ~16 MiB stay in use after the step: on a
+    # 32 MiB working set the memory after the step looks fine and the step's peak does not.
+    run_dir = run_with_working_set(tmp_path / "small", monkeypatch, 32 * MIB)
+    records = read_jsonl(run_dir / "metrics.jsonl")
+    assert all(r["system/accel_memory_percent"] < 90 for r in records)
+    assert all(r["memory/peak_percent"] > 90 for r in records[1:])
+    peak = max(r[f"memory/{phase}_peak_gb"] for r in records[1:2] for phase in ("rollout", "ref", "update"))
+    assert records[1]["memory/peak_percent"] == pytest.approx(100 * peak * 2**30 / (32 * MIB))
+    alerts = [a for a in read_jsonl(run_dir / "alerts.jsonl") if a["rule"] == "accel_memory_high"]
+    assert [a["step"] for a in alerts] == [3] and alerts[0]["metric"] == "memory/peak_percent"
+
+    roomy = run_with_working_set(tmp_path / "roomy", monkeypatch, 1024 * MIB)
+    assert all(r["memory/peak_percent"] < 10 for r in read_jsonl(roomy / "metrics.jsonl"))
+    assert [a for a in read_jsonl(roomy / "alerts.jsonl") if a["level"] != "info"] == []
+
+
+def test_cpu_backend_reports_no_working_set_so_no_peak_share(tmp_path):
+    config = load_config(None, {**SMALL, "num_steps": 2, "monitoring_dir": str(tmp_path / "runs")})
+    records = read_jsonl(Path(train(config, tmp_path)["run_dir"]) / "metrics.jsonl")
+    assert records and all("memory/peak_percent" not in r and "memory/update_peak_gb" in r for r in records)
+
+
+def mlx_grpo_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "mlx_grpo.cli", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_a_rule_with_action_stop_checkpoints_closes_the_logs_and_exits_3_with_the_resume_command(tmp_path):
+    # A rule that holds from the first step fires at step 3 (for_steps 3) and stops the run there.
+    (tmp_path / "stop.yaml").write_text(
+        "rules:\n"
+        "  - {name: stop_at_three, kind: threshold, metric: rewards/total/mean, op: '>', value: -1000,\n"
+        "     for_steps: 3, action: stop, hint: stopped on purpose}\n")
+    run_dir = tmp_path / "runs" / "stopped"
+    flags = ["--num-steps", "6", "--batch-size", "4", "--num-generations", "4", "--eval-every", "0",
+             "--checkpoint-every", "0", "--no-tensorboard", "--monitoring-dir", "runs"]
+    result = mlx_grpo_cli("train", "--alerts", "stop.yaml", "--run-name", "stopped", *flags, cwd=tmp_path)
+    assert result.returncode == 3, result.stderr
+    stop_line = [line for line in result.stderr.splitlines() if "action: stop" in line]
+    assert stop_line == ["mlx-grpo: alert rule 'stop_at_three' (action: stop) stopped the run after step 3, "
+                         "checkpoint saved; continue with: mlx-grpo train --resume runs/stopped"]
+    assert "Traceback" not in result.stderr
+    assert [r["step"] for r in read_jsonl(run_dir / "metrics.jsonl")] == [1, 2, 3]
+    assert [(a["step"], a["rule"], a["action"]) for a in read_jsonl(run_dir / "alerts.jsonl")] == [
+        (3, "stop_at_three", "stop")]
+    assert json.loads((run_dir / "run.json").read_text())["status"] == "interrupted"
+    assert (run_dir / "checkpoints" / "step_3").is_dir()
+
+    # The command it printed continues the run; the rule remembers its condition already holds.
+    resumed = mlx_grpo_cli(*stop_line[0].split("continue with: mlx-grpo ")[1].split(), cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert [r["step"] for r in read_jsonl(run_dir / "metrics.jsonl")] == [1, 2, 3, 4, 5, 6]
+    assert json.loads((run_dir / "run.json").read_text())["status"] == "finished"
