@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 import time
 
+import psutil
 import pytest
 
 from mlx_grpo.telemetry.system import GB, SystemSampler, accel_metrics, parse_ioreg_utilization
@@ -84,3 +85,23 @@ def test_snapshot_is_cheap():
             s.snapshot()
         per_call = (time.perf_counter() - start) / 1000
     assert per_call < 1e-3  # measured ~10 us; the budget for all logging is ~5 ms per step
+
+
+def test_first_cpu_sample_measures_the_interval_instead_of_reading_zero(monkeypatch):
+    """psutil keeps cpu_percent's baseline per thread, so a thread's first call compares two readings taken
+    microseconds apart: 0.0 (or noise). The sampler's first value must cover a whole interval. The kernel's
+    CPU times move in ticks; here a tick is 50 ms and the machine is 75% busy."""
+    zero = psutil.cpu_times()._make([0.0] * len(psutil.cpu_times()))
+
+    def ticking_cpu_times(percpu=False):
+        ticks = int(time.monotonic() * 20)
+        return zero._replace(user=0.75 * ticks, idle=0.25 * ticks)
+
+    monkeypatch.setattr(psutil, "cpu_times", ticking_cpu_times)
+    sampler = SystemSampler(interval=0.3, gpu_utilization=lambda: None).start()
+    deadline = time.monotonic() + 5
+    while "system/cpu_percent" not in sampler.snapshot() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    first = sampler.snapshot()["system/cpu_percent"]
+    sampler.stop()
+    assert first == 75.0

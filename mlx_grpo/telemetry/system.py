@@ -83,8 +83,6 @@ class SystemSampler:
         self._thread: threading.Thread | None = None
 
     def start(self) -> "SystemSampler":
-        # The first cpu_percent call only sets the baseline; the first real value comes one interval later.
-        psutil.cpu_percent(interval=None)
         self._sample(include_cpu=False)
         self._stop.clear()
         self._thread = threading.Thread(target=self._run, name="mlx-grpo-system-sampler", daemon=True)
@@ -92,6 +90,9 @@ class SystemSampler:
         return self
 
     def _run(self) -> None:
+        # psutil keeps cpu_percent's baseline per calling thread, so the baseline is taken here, in the
+        # thread that reads it: taken in start() it left this thread's first reading a meaningless 0.0.
+        psutil.cpu_percent(interval=None)
         while not self._stop.wait(self.interval):
             self._sample(include_cpu=True)
 
