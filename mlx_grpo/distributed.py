@@ -6,12 +6,11 @@ Every rank runs the same trainer on its own share of each step's prompts:
   prompts one process with batch W*b would (rank r takes the r-th slice of each W*b block). Groups
   never straddle ranks, so group advantages are rank-local; `scale_rewards: batch` divides by the
   std of the whole global batch.
-- the update: gradients are averaged across ranks (`nn.average_gradients`) before clipping, so the
-  update equals the single-process update on the whole batch. That holds as is for `grpo` (mean over
-  sequences) and `dr_grpo` (constant denominator), since every rank holds the same number of
-  sequences. `bnpo` and `dapo` divide by the active-token count, which differs between ranks: each
-  rank's loss and gradient are rescaled by W * M_r / M (M_r its tokens, M the global count) before
-  averaging, which turns its divisor into the global count and the average into the big-batch update.
+- the update: every rank divides its loss by the global batch's sequence and token counts
+  (`loss_totals`, one small all_sum), so its loss and gradient are exactly its share of the global
+  batch's; they are summed across ranks (`sum_update`) before clipping, and the update equals the
+  single-process update on the whole batch for every loss type. Micro-batches inside a rank work the
+  same way (see update.py).
 - metrics: gather, then summarise. Each rank's raw per-completion arrays (scores, advantages,
   lengths, truncation, correctness...) are gathered whole into one `StepData` of the global batch,
   from which the recorder computes every metric once, exactly as one process would. What is local by
@@ -45,9 +44,8 @@ from .data import PromptOrder
 from .errors import UserError
 from .telemetry.sinks import SinkSet
 from .telemetry.step_data import StepData
+from .update import TrainBatch
 
-# Loss types whose denominator is the active-token count of the batch (see grpo.grpo_loss).
-TOKEN_NORMALISED = ("bnpo", "dapo")
 
 
 @dataclass
@@ -162,25 +160,19 @@ class World:
 
     # ------------------------------------------------------------------ the update
 
-    def wrap_loss_and_grad(self, loss_and_grad: Callable, loss_type: str) -> Callable:
-        """`loss_and_grad` whose loss and gradients are those of the global batch, identical on every rank."""
+    def loss_totals(self, batch: TrainBatch) -> grpo.LossTotals:
+        """The global batch's sequences and active tokens: every rank divides its loss by them."""
         if not self.distributed:
-            return loss_and_grad
+            return grpo.LossTotals(batch.num_sequences, batch.num_tokens)
+        sizes = mx.distributed.all_sum(mx.array([batch.num_sequences, batch.num_tokens]), group=self.group)
+        return grpo.LossTotals(*(int(v) for v in sizes.tolist()))
 
-        def averaged(model, batch, *args):
-            (loss, (stats, logp)), grads = loss_and_grad(model, batch, *args)
-            if loss_type in TOKEN_NORMALISED:
-                total = mx.distributed.all_sum(mx.array(float(batch.num_tokens)), group=self.group).item()
-                # This rank divided by its own M_r; W * M_r / M makes it M / W, and the average then sums / M.
-                scale = self.size * batch.num_tokens / max(total, 1.0)
-                loss = loss * scale
-                grads = tree_map(lambda g: g * scale, grads)
-                stats = {**stats, "pg_loss": stats["pg_loss"] * scale}
-            grads = nn.average_gradients(grads, group=self.group)
-            loss = mx.distributed.all_sum(loss, group=self.group) / self.size
-            return (loss, (stats, logp)), grads
-
-        return averaged
+    def sum_update(self, loss: mx.array, grads: Any) -> tuple[mx.array, Any]:
+        """Each rank's loss and gradient are its share of the global batch's: their sums are the whole."""
+        if not self.distributed:
+            return loss, grads
+        return (mx.distributed.all_sum(loss, group=self.group),
+                tree_map(lambda g: mx.distributed.all_sum(g, group=self.group), grads))
 
     def group_advantages(self, rewards: mx.array, group_size: int, scale: str) -> mx.array:
         """grpo.group_advantages of this rank's rewards; `batch` scaling uses the std of the global batch."""
@@ -262,8 +254,7 @@ def combine_update_stats(per_rank: list[dict[str, float]], tokens: list[int]) ->
     """The update's statistics of the global batch from each rank's, over its `tokens` completion tokens.
 
     Token means are weighted by tokens; a `<x>_std` beside `<x>_mean` is pooled (exact population std);
-    `pg_loss` is a plain mean (each rank already holds its share of the global aggregate, see
-    `wrap_loss_and_grad`); `ratio_p95`, a quantile, is the token-weighted mean of the ranks' (approximate).
+    `pg_loss` is a sum (each rank holds its share of the global aggregate, see `loss_totals`); `ratio_p95`, a quantile, is the token-weighted mean of the ranks' (approximate).
     """
     total = max(1, sum(tokens))
 
@@ -275,7 +266,7 @@ def combine_update_stats(per_rank: list[dict[str, float]], tokens: list[int]) ->
         values = [stats[name] for stats in per_rank]
         mean_name = name[:-len("_std")] + "_mean" if name.endswith("_std") else None
         if name == "pg_loss":
-            out[name] = float(np.mean(values))
+            out[name] = float(np.sum(values))
         elif mean_name in per_rank[0]:
             means = [stats[mean_name] for stats in per_rank]
             mean = weighted(means)

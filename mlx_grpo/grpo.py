@@ -21,6 +21,8 @@ Conventions used throughout:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import mlx.core as mx
 
 SCALE_MODES = ("group", "batch", "none")
@@ -155,6 +157,86 @@ def _masked_quantile(x: mx.array, mask: mx.array, q: float) -> mx.array:
     return mx.where(count > 0, value, 0.0)
 
 
+@dataclass(frozen=True)
+class LossTotals:
+    """The size of everything one optimiser step's gradient covers: all micro-batches of the update
+    and, under data parallelism, all ranks. The loss divides by these, so each part of the batch
+    computes exactly its share of the whole batch's loss and the parts' gradients simply add up."""
+
+    num_sequences: int
+    num_tokens: int  # active completion tokens
+
+    @classmethod
+    def of(cls, mask: mx.array) -> "LossTotals":
+        return cls(int(mask.shape[0]), int(mask.astype(mx.bool_).sum().item()))
+
+
+@dataclass
+class _TokenTerms:
+    active: mx.array  # [N, T] bool
+    seq_len: mx.array  # [N] active tokens per sequence
+    advantages: mx.array  # [N, 1]
+    pg: mx.array  # [N, T] clipped-surrogate loss per token, 0 where masked
+    kl: mx.array  # [N, T] k3 per token, 0 where masked or without a reference
+    ratio: mx.array  # [N, T] the importance ratio used (the sequence ratio in GSPO mode)
+    log_ratio: mx.array  # [N, T] its log
+    token_log_ratio: mx.array  # [N, T] logp - old_logp, token by token
+
+
+def _check_variant(loss_type: str, importance_level: str, beta: float, ref_logp, max_completion_length) -> None:
+    if loss_type not in LOSS_TYPES:
+        raise ValueError(f"loss_type must be one of {LOSS_TYPES}, got {loss_type!r}")
+    if importance_level not in IMPORTANCE_LEVELS:
+        raise ValueError(
+            f"importance_level must be one of {IMPORTANCE_LEVELS}, got {importance_level!r}"
+        )
+    if beta > 0 and ref_logp is None:
+        raise ValueError("beta > 0 needs ref_logp")
+    if loss_type == "dr_grpo" and not max_completion_length:
+        raise ValueError("loss_type 'dr_grpo' needs max_completion_length")
+
+
+def _token_terms(logp, old_logp, ref_logp, advantages, mask, epsilon, epsilon_high, importance_level) -> _TokenTerms:
+    active = mask.astype(mx.bool_)
+    # Zero every masked input first: nothing downstream (exp, products,
+    # their gradients) can then turn padding garbage into NaN.
+    logp = mx.where(active, logp.astype(mx.float32), 0.0)
+    if old_logp is None:
+        old_logp = logp
+    old_logp = mx.stop_gradient(mx.where(active, old_logp.astype(mx.float32), 0.0))
+    adv = advantages.astype(mx.float32)[:, None]
+    seq_len = active.astype(mx.float32).sum(axis=1)
+
+    token_log_ratio = logp - old_logp
+    if importance_level == "token":
+        log_ratio = token_log_ratio
+        ratio = mx.exp(log_ratio)
+    else:
+        seq_log_ratio = token_log_ratio.sum(axis=1) / mx.maximum(seq_len, 1.0)
+        log_ratio = mx.broadcast_to(seq_log_ratio[:, None], logp.shape)
+        ratio = mx.stop_gradient(mx.exp(log_ratio)) * mx.exp(logp - mx.stop_gradient(logp))
+
+    low, high = 1.0 - epsilon, 1.0 + epsilon_high
+    surrogate = mx.minimum(ratio * adv, mx.clip(ratio, low, high) * adv)
+    pg = mx.where(active, -surrogate, 0.0)
+    if ref_logp is not None:
+        ref = mx.where(active, ref_logp.astype(mx.float32), 0.0)
+        kl = mx.where(active, kl_k3(logp, ref), 0.0)
+    else:
+        kl = mx.zeros_like(logp)
+    return _TokenTerms(active, seq_len, adv, pg, kl, ratio, log_ratio, token_log_ratio)
+
+
+def _aggregate(per_token: mx.array, seq_len: mx.array, loss_type: str, totals: LossTotals,
+               max_completion_length: int | None) -> mx.array:
+    """This part of the batch's share of the whole batch's loss (see `grpo_loss`'s loss_type)."""
+    if loss_type == "grpo":
+        return (per_token.sum(axis=1) / mx.maximum(seq_len, 1.0)).sum() / max(totals.num_sequences, 1)
+    if loss_type == "dr_grpo":
+        return per_token.sum() / float(max(totals.num_sequences, 1) * max_completion_length)
+    return per_token.sum() / float(max(totals.num_tokens, 1))  # bnpo, dapo
+
+
 def grpo_loss(
     logp: mx.array,
     old_logp: mx.array | None,
@@ -168,8 +250,8 @@ def grpo_loss(
     loss_type: str = "grpo",
     importance_level: str = "token",
     max_completion_length: int | None = None,
-    num_items_in_batch: float | mx.array | None = None,
-) -> tuple[mx.array, dict[str, mx.array]]:
+    totals: LossTotals | None = None,
+) -> mx.array:
     """Clipped GRPO surrogate (+ optional k3 KL penalty), aggregated by ``loss_type``.
 
     Args:
@@ -180,8 +262,7 @@ def grpo_loss(
             (num_iterations == 1): the ratio is then exactly 1 and the
             gradient is the plain policy gradient.
         ref_logp: ``[N, T]`` float, log-probs under the reference policy, or
-            ``None``. Required when ``beta > 0``; when given with
-            ``beta == 0`` it only feeds the ``kl`` statistic.
+            ``None``. Required when ``beta > 0``.
         advantages: ``[N]`` float, one advantage per sequence.
         mask: ``[N, T]`` bool or 0/1, completion tokens that count.
         beta: weight of the per-token k3 KL term.
@@ -189,24 +270,18 @@ def grpo_loss(
         epsilon_high: upper clip, ratio is clipped above at
             ``1 + epsilon_high``; ``None`` means ``epsilon`` (symmetric).
         loss_type: how per-token losses ``l[i, t]`` become one scalar
-            (``|y_i|`` = active tokens of sequence i, ``M`` = sum of ``|y_i|``):
+            (``|y_i|`` = active tokens of sequence i; ``N`` and ``M`` = the
+            sequences and active tokens of the whole update, ``totals``):
 
-            * ``"grpo"``: ``mean_i( sum_t l[i,t] / |y_i| )``, each sequence
+            * ``"grpo"``: ``sum_i( sum_t l[i,t] / |y_i| ) / N``, each sequence
               weighs the same regardless of length. An all-masked sequence
               adds 0 but still counts in ``N``.
-            * ``"bnpo"``: ``sum l / M`` over this call's batch, each token
-              weighs the same.
+            * ``"bnpo"`` and ``"dapo"``: ``sum l / M``, each token of the whole
+              update weighs the same. (TRL's bnpo divides by the tokens of each
+              accumulation micro-batch; here splitting a batch never changes
+              its gradient, so the two names mean the same aggregation.)
             * ``"dr_grpo"``: ``sum l / (N * max_completion_length)``, a
               constant denominator, so no length bias at all.
-            * ``"dapo"``: ``sum l / num_items_in_batch``, each token weighs the
-              same across the *whole* update. ``num_items_in_batch`` is the
-              active-token count over everything whose gradients form one
-              optimiser step (all data-parallel processes, all accumulation
-              micro-batches); when omitted it is this call's ``M``, and dapo
-              then equals bnpo exactly. The count is a constant divisor, so
-              gradients must be summed across processes afterwards; if they
-              are averaged instead (``nn.average_gradients``), pass the global
-              count divided by the number of processes.
         importance_level: ``"token"`` uses ``r[i,t] = exp(logp - old_logp)``.
             ``"sequence"`` (GSPO) uses the geometric-mean sequence ratio
             ``s_i = exp(mean over active t of (logp - old_logp))`` at every
@@ -218,111 +293,86 @@ def grpo_loss(
         max_completion_length: the configured generation budget; required
             for ``"dr_grpo"`` (the padded width ``T`` varies between
             batches, the budget does not).
-        num_items_in_batch: see ``"dapo"``; only valid with ``loss_type="dapo"``.
+        totals: the whole update's sizes when these arrays are only part of
+            it (a micro-batch, one rank's share); ``None`` means these arrays
+            are the whole update. Every aggregation is then a plain sum over
+            sequences divided by a constant, so the gradients of the parts
+            add up to the gradient of the whole, for every loss_type.
 
     Per-token loss:
         ``-min(r * A, clip(r, 1 - epsilon, 1 + epsilon_high) * A)
         + beta * k3(logp, ref_logp)``.
 
     Returns:
-        ``(loss, stats)``: ``loss`` is a float32 scalar to differentiate.
-        ``stats`` maps names (``policy/<name>`` in the run directory) to
-        float32 scalars, stop-gradient'ed, over active tokens only, 0 when
-        there is none:
-
-        * ``pg_loss``: the surrogate part alone, aggregated like ``loss``.
-        * ``kl``: token mean of k3 (0 without ref_logp); ``kl_penalty``:
-          ``beta * kl``. For bnpo and local dapo ``loss == pg_loss +
-          kl_penalty``; grpo and dr_grpo weight the KL tokens like the loss.
-        * ``clip_frac_low``: ratio < 1 - epsilon where A < 0;
-          ``clip_frac_high``: ratio > 1 + epsilon_high where A > 0;
-          ``clip_frac``: their sum, the tokens whose gradient clipping removed.
-        * ``outside_frac``: ratio outside [1 - epsilon, 1 + epsilon_high],
-          whatever the sign of A.
-        * ``ppo_kl``: token mean of ``old_logp - logp``.
-        * ``ratio_mean``, ``ratio_std`` (population), ``ratio_p95``,
-          ``log_ratio_mean``, ``log_ratio_std``: of the ratio actually used
-          (the sequence ratio in GSPO mode).
+        ``loss``, a float32 scalar to differentiate: this part's share of
+        the whole update's loss. `policy_stats` describes the same arrays.
     """
-    if loss_type not in LOSS_TYPES:
-        raise ValueError(f"loss_type must be one of {LOSS_TYPES}, got {loss_type!r}")
-    if importance_level not in IMPORTANCE_LEVELS:
-        raise ValueError(
-            f"importance_level must be one of {IMPORTANCE_LEVELS}, got {importance_level!r}"
-        )
-    if beta > 0 and ref_logp is None:
-        raise ValueError("beta > 0 needs ref_logp")
-    if loss_type == "dr_grpo" and not max_completion_length:
-        raise ValueError("loss_type 'dr_grpo' needs max_completion_length")
-    if num_items_in_batch is not None and loss_type != "dapo":
-        raise ValueError("num_items_in_batch is only used by loss_type 'dapo'")
-    if epsilon_high is None:
-        epsilon_high = epsilon
+    _check_variant(loss_type, importance_level, beta, ref_logp, max_completion_length)
+    epsilon_high = epsilon if epsilon_high is None else epsilon_high
+    terms = _token_terms(logp, old_logp, ref_logp, advantages, mask, epsilon, epsilon_high, importance_level)
+    per_token = terms.pg + beta * terms.kl if beta > 0 else terms.pg
+    return _aggregate(per_token, terms.seq_len, loss_type, totals or LossTotals.of(mask), max_completion_length)
 
-    active = mask.astype(mx.bool_)
-    maskf = active.astype(mx.float32)
-    # Zero every masked input first: nothing downstream (exp, products,
-    # their gradients) can then turn padding garbage into NaN.
-    logp = mx.where(active, logp.astype(mx.float32), 0.0)
-    if old_logp is None:
-        old_logp = logp
-    old_logp = mx.stop_gradient(mx.where(active, old_logp.astype(mx.float32), 0.0))
-    adv = advantages.astype(mx.float32)[:, None]
-    seq_len = maskf.sum(axis=1)
 
-    token_log_ratio = logp - old_logp
-    if importance_level == "token":
-        log_ratio = token_log_ratio
-        ratio = mx.exp(log_ratio)
-    else:
-        seq_log_ratio = token_log_ratio.sum(axis=1) / mx.maximum(seq_len, 1.0)
-        log_ratio = mx.broadcast_to(seq_log_ratio[:, None], logp.shape)
-        ratio = mx.stop_gradient(mx.exp(log_ratio)) * mx.exp(logp - mx.stop_gradient(logp))
+def policy_stats(
+    logp: mx.array,
+    old_logp: mx.array | None,
+    ref_logp: mx.array | None,
+    advantages: mx.array,
+    mask: mx.array,
+    *,
+    beta: float = 0.0,
+    epsilon: float = 0.2,
+    epsilon_high: float | None = None,
+    loss_type: str = "grpo",
+    importance_level: str = "token",
+    max_completion_length: int | None = None,
+    totals: LossTotals | None = None,
+) -> dict[str, mx.array]:
+    """The update's statistics for the same arguments as `grpo_loss`, computed from log-probs alone
+    (no gradient, no logits), so an update split into micro-batches reports them once for the whole
+    batch. Names (``policy/<name>`` in the run directory) map to float32 scalars over active tokens
+    only, 0 when there is none:
 
-    low, high = 1.0 - epsilon, 1.0 + epsilon_high
-    surrogate = mx.minimum(ratio * adv, mx.clip(ratio, low, high) * adv)
-    pg_per_token = mx.where(active, -surrogate, 0.0)
-
-    if ref_logp is not None:
-        ref = mx.where(active, ref_logp.astype(mx.float32), 0.0)
-        kl_per_token = mx.where(active, kl_k3(logp, ref), 0.0)
-    else:
-        kl_per_token = mx.zeros_like(logp)
-
-    def aggregate(per_token: mx.array) -> mx.array:
-        if loss_type == "grpo":
-            return (per_token.sum(axis=1) / mx.maximum(seq_len, 1.0)).mean()
-        if loss_type == "bnpo":
-            return per_token.sum() / mx.maximum(maskf.sum(), 1.0)
-        if loss_type == "dr_grpo":
-            return per_token.sum() / float(per_token.shape[0] * max_completion_length)
-        denom = maskf.sum() if num_items_in_batch is None else mx.array(num_items_in_batch)
-        return per_token.sum() / mx.maximum(denom.astype(mx.float32), 1.0)
-
-    per_token = pg_per_token + beta * kl_per_token if beta > 0 else pg_per_token
-    loss = aggregate(per_token)
-
+    * ``pg_loss``: the surrogate part alone, aggregated like the loss (this
+      part's share when ``totals`` describes a larger update).
+    * ``kl``: token mean of k3 (0 without ref_logp); ``kl_penalty``:
+      ``beta * kl``. For bnpo/dapo over the whole update ``loss == pg_loss +
+      kl_penalty``; grpo and dr_grpo weight the KL tokens like the loss.
+    * ``clip_frac_low``: ratio < 1 - epsilon where A < 0;
+      ``clip_frac_high``: ratio > 1 + epsilon_high where A > 0;
+      ``clip_frac``: their sum, the tokens whose gradient clipping removed.
+    * ``outside_frac``: ratio outside [1 - epsilon, 1 + epsilon_high],
+      whatever the sign of A.
+    * ``ppo_kl``: token mean of ``old_logp - logp``.
+    * ``ratio_mean``, ``ratio_std`` (population), ``ratio_p95``,
+      ``log_ratio_mean``, ``log_ratio_std``: of the ratio actually used
+      (the sequence ratio in GSPO mode).
+    """
+    _check_variant(loss_type, importance_level, beta, ref_logp, max_completion_length)
+    epsilon_high = epsilon if epsilon_high is None else epsilon_high
     sg = mx.stop_gradient
-    r = sg(ratio)
-    lr = sg(log_ratio)
+    terms = _token_terms(sg(logp), old_logp, ref_logp, advantages, mask, epsilon, epsilon_high, importance_level)
+    active, adv, r, lr = terms.active, terms.advantages, terms.ratio, terms.log_ratio
+    low, high = 1.0 - epsilon, 1.0 + epsilon_high
     low_clipped = (r < low) & (adv < 0)
     high_clipped = (r > high) & (adv > 0)
-    kl = masked_mean(sg(kl_per_token), active)
+    kl = masked_mean(terms.kl, active)
     ratio_mean = masked_mean(r, active)
     log_ratio_mean = masked_mean(lr, active)
-    stats = {
-        "pg_loss": sg(aggregate(pg_per_token)),
+    return {
+        "pg_loss": _aggregate(terms.pg, terms.seq_len, loss_type, totals or LossTotals.of(mask),
+                              max_completion_length),
         "kl": kl,
         "kl_penalty": beta * kl,
         "clip_frac_low": masked_mean(low_clipped, active),
         "clip_frac_high": masked_mean(high_clipped, active),
         "clip_frac": masked_mean(low_clipped | high_clipped, active),
         "outside_frac": masked_mean((r < low) | (r > high), active),
-        "ppo_kl": masked_mean(-sg(token_log_ratio), active),
+        "ppo_kl": masked_mean(-terms.token_log_ratio, active),
         "ratio_mean": ratio_mean,
         "ratio_std": mx.sqrt(masked_mean(mx.square(r - ratio_mean), active)),
         "ratio_p95": _masked_quantile(r, active, 0.95),
         "log_ratio_mean": log_ratio_mean,
         "log_ratio_std": mx.sqrt(masked_mean(mx.square(lr - log_ratio_mean), active)),
     }
-    return loss, stats

@@ -48,7 +48,8 @@ from .telemetry.rundir import scrub_secrets
 from .telemetry.sinks import WandbOptions, make_sinks, wandb_enabled
 from .telemetry.step_data import StepData, UpdateStats, eval_record
 from .telemetry.system import SystemSampler
-from .update import TrainBatch, UpdateResult, build_train_batch, make_loss_fn, reference_logprobs, update_policy
+from .update import (TrainBatch, UpdateResult, build_train_batch, checkpoint_blocks, make_loss_fn, reference_logprobs,
+                     update_policy)
 
 
 # ----------------------------------------------------------------------------- setup pieces
@@ -170,6 +171,8 @@ class Trainer:
         if not stop_at_eos:
             policy = dataclasses.replace(policy, eos_ids=set())
         world.broadcast_parameters(policy.model)
+        if config.grad_checkpoint:
+            checkpoint_blocks(policy.model)
         reward_fns = load_rewards(config, base_dir)
         train_rows, eval_rows = rows if rows is not None else load_datasets(config, base_dir)
         window = (WindowController(config.adaptive_window, config.max_generation_steps, config.seed)
@@ -177,8 +180,7 @@ class Trainer:
         return cls(config, policy, make_reference(policy.model, config), reward_fns, train_rows,
                    world.shard_rows(eval_rows), world.shard_order(PromptOrder(len(train_rows), config.seed)),
                    make_optimizer(config),
-                   loss_and_grad=world.wrap_loss_and_grad(nn.value_and_grad(policy.model, make_loss_fn(config)),
-                                                          config.loss_type),
+                   loss_and_grad=nn.value_and_grad(policy.model, make_loss_fn(config)),
                    settings=SamplingSettings(config.temperature, config.top_p, config.top_k, config.min_p),
                    world=world, window=window)
 
@@ -212,11 +214,11 @@ class Trainer:
 
     def reference_logprobs(self, batch: TrainBatch) -> mx.array | None:
         """Reference-policy log-probs of the batch, once per rollout (None at beta = 0)."""
-        return reference_logprobs(self.reference, batch, self.config.temperature)
+        return reference_logprobs(self.reference, batch, self.config)
 
     def update(self, batch: TrainBatch, advantages: mx.array, ref_logp: mx.array | None) -> UpdateResult:
         return update_policy(self.policy.model, self.optimizer, self.loss_and_grad, batch, advantages, ref_logp,
-                             self.config)
+                             self.config, reduce=self.world)
 
     # ------------------------------------------------------------------ the step
 

@@ -1,23 +1,33 @@
 """The policy update: training batches, completion log-probs, the GRPO loss closure and the optimiser step.
 
-`build_train_batch` lays a rollout out as right-padded sequences; `completion_logprobs` scores the
+`build_train_batch` lays a rollout out as right-padded sequences; `completion_scores` scores the
 completion tokens under a model (the policy, or the reference for the KL term); `update_policy` runs
 `num_iterations` optimiser steps on one rollout with gradient clipping and a guard that keeps NaN/Inf
 away from the weights.
+
+Memory. A whole batch's logits are [N, T, V] floats: 32 completions of 1024 tokens over a 152k
+vocabulary are 20 GB in float32 before the backward pass multiplies them. So nothing here holds the
+whole batch's logits: the batch goes through the model in micro-batches of `micro_batch_size`
+completions whose gradients are summed, and each micro-batch's LM head runs over `logits_chunk_size`
+positions at a time, recomputed in the backward pass (`mx.checkpoint`) instead of kept. Each part
+divides its loss by the sizes of the whole update (`grpo.LossTotals`), so the summed gradient is the
+whole batch's gradient for every loss type, and the statistics are computed once from the gathered
+log-probs. `grad_checkpoint` also recomputes each transformer block instead of keeping its activations.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
+from typing import Any, Callable, Iterator
 
 import mlx.core as mx
 import mlx.nn as nn
 import mlx.optimizers as optim
 import numpy as np
-from mlx.utils import tree_flatten
+from mlx.utils import tree_flatten, tree_map
 
 from . import grpo
 from .config import TrainConfig
@@ -36,6 +46,28 @@ class TrainBatch:
     positions: mx.array  # [N, T] index into the S-1 axis of completion token t
     mask: mx.array  # [N, T] 1 for real completion tokens
     num_tokens: int  # completion tokens in the batch
+    sequence_lengths: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))  # prompt + completion
+
+    @property
+    def num_sequences(self) -> int:
+        return int(self.inputs.shape[0])
+
+    def rows(self, start: int, stop: int) -> "TrainBatch":
+        """Rows start..stop, cut to their own longest sequence and completion (less padding to compute)."""
+        mask = self.mask[start:stop]
+        width = max(1, int(self.sequence_lengths[start:stop].max()) - 1) if self.sequence_lengths.size \
+            else self.inputs.shape[1]
+        completion = max(1, int(mask.sum(axis=1).max().item()))
+        return replace(self, inputs=self.inputs[start:stop, :width], targets=self.targets[start:stop, :width],
+                       positions=self.positions[start:stop, :completion], mask=mask[:, :completion],
+                       num_tokens=int(mask.sum().item()), sequence_lengths=self.sequence_lengths[start:stop])
+
+    def micro_batches(self, size: int) -> Iterator[tuple[slice, "TrainBatch"]]:
+        """(rows, micro-batch) pairs of at most `size` sequences (0: the whole batch in one)."""
+        size = size or self.num_sequences
+        for start in range(0, self.num_sequences, size):
+            stop = min(start + size, self.num_sequences)
+            yield slice(start, stop), (self if size >= self.num_sequences else self.rows(start, stop))
 
 
 def build_train_batch(rollout: Rollout, pad_id: int) -> TrainBatch:
@@ -54,48 +86,180 @@ def build_train_batch(rollout: Rollout, pad_id: int) -> TrainBatch:
         positions[i, :n] = np.arange(len(p) - 1, len(p) - 1 + n)
         mask[i, :n] = 1.0
     return TrainBatch(mx.array(tokens[:, :-1]), mx.array(tokens[:, 1:]), mx.array(positions), mx.array(mask),
-                      int(mask.sum()))
+                      int(mask.sum()), np.array([len(s) for s in seqs], dtype=np.int32))
 
+
+# ----------------------------------------------------------------------------- scoring completions
 
 # Architectures whose output step is exactly "backbone, then the LM head (or the tied embedding)".
-# For them only completion positions go through the head: [N, T, V] logits instead of [N, S-1, V]
-# (on a 32k vocabulary, ~40% less peak memory in value_and_grad). Others take the full forward pass.
+# For them only completion positions go through the head, in chunks. Others take the full forward
+# pass: [N, S-1, V] logits at once.
 PLAIN_HEAD_MODELS = {"llama", "qwen2", "qwen3", "mistral"}
 
 
-def completion_logits(model: nn.Module, batch: TrainBatch) -> mx.array:
-    """Logits at the completion positions, [N, T, V]."""
-    positions = batch.positions[:, :, None]
-    if getattr(model, "model_type", None) in PLAIN_HEAD_MODELS and hasattr(model, "model"):
-        hidden = mx.take_along_axis(model.model(batch.inputs), positions, axis=1)
-        if getattr(model.args, "tie_word_embeddings", False):
-            return model.model.embed_tokens.as_linear(hidden)
-        return model.lm_head(hidden)
-    return mx.take_along_axis(model(batch.inputs), positions, axis=1)
+@dataclass
+class CompletionScores:
+    """Per completion token, [N, T]: the log-prob under the model and (when asked) the entropy of its
+    distribution, plus entropy_logging's per-token arrays."""
+
+    logp: mx.array
+    entropy: mx.array | None = None
+    token_stats: dict[str, mx.array] = field(default_factory=dict)
 
 
-def completion_logprobs(model: nn.Module, batch: TrainBatch, temperature: float) -> tuple[mx.array, mx.array]:
-    """(log-probs [N, T], logits at completion positions [N, T, V]) under `model`."""
-    logits = completion_logits(model, batch).astype(mx.float32) / temperature
+def _score_logits(logits: mx.array, targets: mx.array, temperature: float, entropy: bool,
+                  token_stats: bool) -> dict[str, mx.array]:
+    logits = logits.astype(mx.float32) / temperature
+    scores = {"logp": grpo.token_logprobs(logits, targets)}
+    if entropy:
+        scores["entropy"] = mx.stop_gradient(grpo.token_entropy(logits))
+    if token_stats:
+        scores.update(token_entropy.token_stats(logits))
+    return scores
+
+
+def _as_scores(arrays: dict[str, mx.array]) -> CompletionScores:
+    logp = arrays.pop("logp")
+    return CompletionScores(logp, arrays.pop("entropy", None), arrays)
+
+
+def _head(model: nn.Module) -> nn.Module:
+    return model.model.embed_tokens if getattr(model.args, "tie_word_embeddings", False) else model.lm_head
+
+
+def _head_weight(head: nn.Module) -> mx.array | None:
+    """The head's weight when it is one plain trainable matrix (full fine-tuning); None when the head
+    is frozen (LoRA), which saves the [V, H] weight gradient."""
+    trainable = dict(tree_flatten(head.trainable_parameters()))
+    if not trainable:
+        return None
+    if set(trainable) != {"weight"} or isinstance(head, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
+        raise NotImplementedError
+    return head.weight
+
+
+def _after(x: mx.array, *dependencies: mx.array) -> mx.array:
+    """`x` plus an exact zero computed from `dependencies`. MLX evaluates independent branches side by
+    side, so without this the logits of every chunk would exist at once; chained through the chunks,
+    each chunk waits for the one before it and its logits are freed before the next ones are built."""
+    zero = sum(mx.isnan(d.reshape(-1)[0]).astype(x.dtype) for d in dependencies) * 0
+    return x + zero
+
+
+def _chunked_head_scores(hidden: mx.array, targets: mx.array, head: nn.Module, temperature: float, chunk: int,
+                         entropy: bool, token_stats: bool) -> dict[str, mx.array]:
+    """`_score_logits` of the head's logits over `chunk` positions at a time, forward and backward:
+    at most one chunk's [N, chunk, V] logits (and their softmax) exist at any moment."""
+    width = targets.shape[1]
+    starts = range(0, width, chunk)
+    weight = _head_weight(head)
+    project = head.as_linear if isinstance(head, (nn.Embedding, nn.QuantizedEmbedding)) else head
+
+    def logits_of(h: mx.array, w: mx.array | None) -> mx.array:
+        return h @ w.T if w is not None else project(h)
+
+    def forward(h: mx.array, w: mx.array | None) -> tuple[mx.array, ...]:
+        parts: list[dict[str, mx.array]] = []
+        for s in starts:
+            part = h[:, s:s + chunk] if not parts else _after(h[:, s:s + chunk], *parts[-1].values())
+            parts.append(_score_logits(logits_of(part, w), targets[:, s:s + chunk], temperature, entropy,
+                                       token_stats))
+        return tuple(mx.concatenate([p[key] for p in parts], axis=1) for key in parts[0])
+
+    def backward(h: mx.array, w: mx.array | None, cotangent: mx.array) -> tuple[mx.array, mx.array | None]:
+        d_hidden: list[mx.array] = []
+        d_weight = None
+        for s in starts:
+            part = h[:, s:s + chunk]
+            if d_hidden:
+                part = _after(part, d_hidden[-1], *([] if d_weight is None else [d_weight]))
+
+            def logp_of(*inputs, s=s):
+                return _score_logits(logits_of(inputs[0], inputs[1] if len(inputs) > 1 else None),
+                                     targets[:, s:s + chunk], temperature, False, False)["logp"]
+
+            _, grads = mx.vjp(logp_of, [part] if w is None else [part, w], [cotangent[:, s:s + chunk]])
+            d_hidden.append(grads[0])
+            if w is not None:
+                d_weight = grads[1] if d_weight is None else d_weight + grads[1]
+        return mx.concatenate(d_hidden, axis=1), d_weight
+
+    keys = ["logp"] + (["entropy"] if entropy else []) + (list(token_entropy.TOKEN_KEYS) if token_stats else [])
+    if weight is None:
+        scores = mx.custom_function(lambda h: forward(h, None))
+        # one input: MLX hands the primal over as the array itself, not in a tuple
+        scores.vjp(lambda primal, cotangents, outputs: backward(primal, None, cotangents[0])[0])
+        outputs = scores(hidden)
+    else:
+        scores = mx.custom_function(forward)
+        scores.vjp(lambda primals, cotangents, outputs: backward(primals[0], primals[1], cotangents[0]))
+        outputs = scores(hidden, weight)
+    return dict(zip(keys, outputs))
+
+
+def completion_scores(model: nn.Module, batch: TrainBatch, temperature: float, *, entropy: bool = False,
+                      token_stats: bool = False, chunk_size: int = 0) -> CompletionScores:
+    """Log-probs of the completion tokens under `model` at `temperature`, [N, T].
+
+    `chunk_size` > 0 runs the LM head over that many completion positions at a time, in the forward
+    and the backward pass, so at most one chunk's [N, chunk, V] logits exist at once."""
     targets = mx.take_along_axis(batch.targets, batch.positions, axis=1)
-    return grpo.token_logprobs(logits, targets), logits
+    if not (getattr(model, "model_type", None) in PLAIN_HEAD_MODELS and hasattr(model, "model")):
+        logits = mx.take_along_axis(model(batch.inputs), batch.positions[:, :, None], axis=1)
+        return _as_scores(_score_logits(logits, targets, temperature, entropy, token_stats))
+    hidden = mx.take_along_axis(model.model(batch.inputs), batch.positions[:, :, None], axis=1)
+    head = _head(model)
+    if 0 < chunk_size < targets.shape[1]:
+        try:
+            return _as_scores(_chunked_head_scores(hidden, targets, head, temperature, chunk_size, entropy,
+                                                   token_stats))
+        except NotImplementedError:
+            pass  # a trainable head that is not one plain matrix (LoRA on the head): all positions at once
+    project = head.as_linear if isinstance(head, (nn.Embedding, nn.QuantizedEmbedding)) else head
+    return _as_scores(_score_logits(project(hidden), targets, temperature, entropy, token_stats))
+
+
+def completion_logprobs(model: nn.Module, batch: TrainBatch, temperature: float, chunk_size: int = 0) -> mx.array:
+    """Log-probs of the completion tokens under `model`, [N, T]."""
+    return completion_scores(model, batch, temperature, chunk_size=chunk_size).logp
+
+
+@lru_cache(maxsize=None)
+def _checkpointed_class(block_class: type) -> type:
+    def __call__(self, *args, **kwargs):
+        def run(params, *args, **kwargs):
+            self.update(params)
+            return block_class.__call__(self, *args, **kwargs)
+
+        return mx.checkpoint(run)(self.trainable_parameters(), *args, **kwargs)
+
+    return type(block_class.__name__, (block_class,), {"__call__": __call__, "grad_checkpointed": True})
+
+
+def checkpoint_blocks(model: nn.Module) -> None:
+    """Recompute each transformer block in the backward pass instead of keeping its activations: the
+    backward then holds one block's activations at a time (about a third more compute). Only this
+    model's blocks change (their class becomes a checkpointing subclass; weights and names stay)."""
+    for block in getattr(model, "layers", []):
+        if not getattr(block, "grad_checkpointed", False):
+            block.__class__ = _checkpointed_class(type(block))
 
 
 # ----------------------------------------------------------------------------- the update
 
-def make_loss_fn(config: TrainConfig):
-    def loss_fn(model, batch: TrainBatch, advantages, old_logp, ref_logp):
-        logp, logits = completion_logprobs(model, batch, config.temperature)
-        loss, stats = grpo.grpo_loss(
-            logp, old_logp, ref_logp, advantages, batch.mask,
+def make_loss_fn(config: TrainConfig) -> Callable:
+    """loss_fn(model, micro_batch, advantages, old_logp, ref_logp, totals) -> (loss, (logp, entropy, token
+    stats)): the micro-batch's share of the whole update's loss (`totals`), for nn.value_and_grad."""
+    def loss_fn(model, batch: TrainBatch, advantages, old_logp, ref_logp, totals: grpo.LossTotals):
+        scores = completion_scores(model, batch, config.temperature, entropy=True,
+                                   token_stats=config.entropy_logging.enable, chunk_size=config.logits_chunk_size)
+        loss = grpo.grpo_loss(
+            scores.logp, old_logp, ref_logp, advantages, batch.mask,
             beta=config.beta, epsilon=config.epsilon, epsilon_high=config.epsilon_high,
             loss_type=config.loss_type, importance_level=config.importance_sampling_level,
-            max_completion_length=config.max_generation_steps,
+            max_completion_length=config.max_generation_steps, totals=totals,
         )
-        stats["entropy"] = grpo.masked_mean(mx.stop_gradient(grpo.token_entropy(logits)), batch.mask)
-        if config.entropy_logging.enable:  # per-token arrays for the dump; update_policy takes them out
-            stats.update(token_entropy.token_stats(logits))
-        return loss, (stats, mx.stop_gradient(logp))
+        return loss, (mx.stop_gradient(scores.logp), scores.entropy, scores.token_stats)
 
     return loss_fn
 
@@ -111,6 +275,21 @@ def clip_by_global_norm(grads: Any, max_norm: float) -> tuple[Any, mx.array]:
     return grads, global_norm(grads)
 
 
+class LocalReduce:
+    """How one process's update sees the whole update: its own batch is all of it. `World` (distributed)
+    has the same two methods over every rank."""
+
+    def loss_totals(self, batch: TrainBatch) -> grpo.LossTotals:
+        return grpo.LossTotals(batch.num_sequences, batch.num_tokens)
+
+    def sum_update(self, loss: mx.array, grads: Any) -> tuple[mx.array, Any]:
+        return loss, grads
+
+
+def _pad_to(array: mx.array, width: int) -> mx.array:
+    return array if array.shape[1] == width else mx.pad(array, [(0, 0), (0, width - array.shape[1])])
+
+
 @dataclass
 class UpdateResult:
     loss: float
@@ -122,23 +301,49 @@ class UpdateResult:
 
 
 def update_policy(model: nn.Module, optimizer: optim.Optimizer, loss_and_grad, batch: TrainBatch,
-                  advantages: mx.array, ref_logp: mx.array | None, config: TrainConfig) -> UpdateResult:
-    """num_iterations optimiser steps on one rollout; iteration 0's log-probs are the 'old' policy's."""
+                  advantages: mx.array, ref_logp: mx.array | None, config: TrainConfig,
+                  reduce: LocalReduce | None = None) -> UpdateResult:
+    """num_iterations optimiser steps on one rollout; iteration 0's log-probs are the 'old' policy's.
+
+    Each step sums the micro-batches' gradients (each already divided by the whole update's sizes),
+    sums them over ranks (`reduce`), clips, and applies them unless the loss or gradient is not finite."""
     start = time.perf_counter()
+    reduce = reduce or LocalReduce()
+    totals = reduce.loss_totals(batch)
+    width = batch.mask.shape[1]
     model.train()
     old_logp = None
-    totals: dict[str, float] = {}
+    totals_by_stat: dict[str, float] = {}
     skipped = 0
     loss_value = norm_value = float("nan")
     token_stats: dict[str, np.ndarray] = {}
     for _ in range(config.num_iterations):
-        (loss, (stats, logp)), grads = loss_and_grad(model, batch, advantages, old_logp, ref_logp)
-        per_token = token_entropy.take_token_stats(stats)
+        loss, grads = mx.array(0.0), None
+        logps, entropies, per_token = [], [], []
+        for rows, micro in batch.micro_batches(config.micro_batch_size):
+            (part_loss, (logp, entropy, part_tokens)), part_grads = loss_and_grad(
+                model, micro, advantages[rows], None if old_logp is None else old_logp[rows, :micro.mask.shape[1]],
+                None if ref_logp is None else ref_logp[rows, :micro.mask.shape[1]], totals)
+            loss = loss + part_loss
+            grads = part_grads if grads is None else tree_map(mx.add, grads, part_grads)
+            # Evaluating here frees the micro-batch's activations before the next one is built.
+            mx.eval(loss, grads, logp, entropy, part_tokens)
+            logps.append(_pad_to(logp, width))
+            entropies.append(_pad_to(entropy, width))
+            per_token.append({k: _pad_to(v, width) for k, v in part_tokens.items()})
+        loss, grads = reduce.sum_update(loss, grads)
+        logp = mx.concatenate(logps)
+        stats = grpo.policy_stats(
+            logp, old_logp, ref_logp, advantages, batch.mask, beta=config.beta, epsilon=config.epsilon,
+            epsilon_high=config.epsilon_high, loss_type=config.loss_type,
+            importance_level=config.importance_sampling_level, max_completion_length=config.max_generation_steps,
+            totals=totals)
+        stats["entropy"] = grpo.masked_mean(mx.concatenate(entropies), batch.mask)
         grads, grad_norm = clip_by_global_norm(grads, config.max_grad_norm)
-        mx.eval(loss, grad_norm, stats, logp, per_token)
+        mx.eval(loss, grad_norm, stats, logp)
         if old_logp is None:
             old_logp = logp
-            token_stats = {name: np.array(value) for name, value in per_token.items()}
+            token_stats = {k: np.concatenate([np.array(part[k]) for part in per_token]) for k in per_token[0]}
         loss_value, norm_value = loss.item(), grad_norm.item()
         if math.isfinite(loss_value) and math.isfinite(norm_value):
             optimizer.update(model, grads)
@@ -146,16 +351,22 @@ def update_policy(model: nn.Module, optimizer: optim.Optimizer, loss_and_grad, b
         else:
             skipped += 1  # a NaN or Inf must never reach the weights
         for name, value in stats.items():
-            totals[name] = totals.get(name, 0.0) + value.item() / config.num_iterations
+            totals_by_stat[name] = totals_by_stat.get(name, 0.0) + value.item() / config.num_iterations
     model.eval()
-    return UpdateResult(loss_value, norm_value, totals, skipped, time.perf_counter() - start, token_stats)
+    return UpdateResult(loss_value, norm_value, totals_by_stat, skipped, time.perf_counter() - start, token_stats)
 
 
-def reference_logprobs(reference, batch: TrainBatch, temperature: float) -> mx.array | None:
-    """Log-probs of the completion tokens under the reference policy, [N, T]; None without one (beta = 0)."""
+def reference_logprobs(reference, batch: TrainBatch, config: TrainConfig) -> mx.array | None:
+    """Log-probs of the completion tokens under the reference policy, [N, T], through the same
+    micro-batches and chunks as the update; None without one (beta = 0)."""
     if reference is None:
         return None
+    width = batch.mask.shape[1]
+    parts = []
     with reference.active() as ref_model:
-        ref_logp = mx.stop_gradient(completion_logprobs(ref_model, batch, temperature)[0])
-        mx.eval(ref_logp)
-    return ref_logp
+        for _, micro in batch.micro_batches(config.micro_batch_size):
+            logp = mx.stop_gradient(completion_logprobs(ref_model, micro, config.temperature,
+                                                        config.logits_chunk_size))
+            mx.eval(logp)
+            parts.append(_pad_to(logp, width))
+    return mx.concatenate(parts)

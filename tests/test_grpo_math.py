@@ -11,10 +11,12 @@ import numpy as np
 import pytest
 
 from mlx_grpo.grpo import (
+    LossTotals,
     grpo_loss,
     group_advantages,
     kl_k3,
     masked_mean,
+    policy_stats,
     token_entropy,
     token_logprobs,
 )
@@ -38,10 +40,12 @@ def arr(x):
 
 
 def loss_of(logp, old=OLD, ref=None, **kw):
+    """(loss, stats) of the fixture batch."""
     kw.setdefault("epsilon", EPS)
     kw.setdefault("epsilon_high", EPS_HIGH)
-    return grpo_loss(arr(logp), None if old is None else arr(old), None if ref is None else arr(ref),
-                     arr(ADV), mx.array(MASK), **kw)
+    args = (logp if isinstance(logp, mx.array) else arr(logp), None if old is None else arr(old),
+            None if ref is None else arr(ref), arr(ADV), mx.array(MASK))
+    return grpo_loss(*args, **kw), policy_stats(*args, **kw)
 
 
 def value(x):
@@ -172,13 +176,39 @@ def test_on_policy_gradient_is_minus_advantage_over_length(as_constant):
     np.testing.assert_allclose(grad, expected, atol=1e-6)
 
 
-def test_dr_grpo_needs_budget_and_dapo_uses_global_token_count():
+def test_dr_grpo_needs_budget_and_part_of_an_update_divides_by_the_whole_updates_sizes():
     with pytest.raises(ValueError):
         loss_of(LOGP, old=None, loss_type="dr_grpo")
-    with pytest.raises(ValueError):
-        loss_of(LOGP, old=None, loss_type="bnpo", num_items_in_batch=12)
-    loss, _ = loss_of(LOGP, old=None, loss_type="dapo", num_items_in_batch=24)
-    assert value(loss) == pytest.approx(-1.5 / 24, abs=1e-7)
+    whole = LossTotals(num_sequences=8, num_tokens=24)  # these 4 sequences are half of the update
+    for loss_type in ("bnpo", "dapo"):
+        assert value(loss_of(LOGP, old=None, loss_type=loss_type, totals=whole)[0]) == pytest.approx(-1.5 / 24, abs=1e-7)
+    assert value(loss_of(LOGP, old=None, loss_type="grpo", totals=whole)[0]) == \
+        pytest.approx(-(1 - 1 + 0.5) / 8, abs=1e-7)
+    assert value(loss_of(LOGP, old=None, loss_type="dr_grpo", max_completion_length=4, totals=whole)[0]) == \
+        pytest.approx(-1.5 / 32, abs=1e-7)
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo", "dapo"])
+@pytest.mark.parametrize("level", ["token", "sequence"])
+def test_the_parts_gradients_add_up_to_the_whole_batchs(loss_type, level):
+    """Any split of the batch into parts, each divided by the whole's sizes, sums to the whole gradient."""
+    old, ref = arr(GSPO_OLD), arr(OLD)
+    kw = dict(beta=0.1, epsilon=EPS, epsilon_high=EPS_HIGH, loss_type=loss_type, importance_level=level,
+              max_completion_length=4)
+    mask, adv = mx.array(MASK), arr(ADV)
+
+    def whole(lp):
+        return grpo_loss(lp, old, ref, adv, mask, **kw)
+
+    totals = LossTotals.of(mask)
+
+    def in_parts(lp):
+        return sum(grpo_loss(lp[rows], old[rows], ref[rows], adv[rows], mask[rows], totals=totals, **kw)
+                   for rows in (slice(0, 1), slice(1, 3), slice(3, 4)))
+
+    assert value(in_parts(arr(LOGP))) == pytest.approx(value(whole(arr(LOGP))), abs=1e-7)
+    np.testing.assert_allclose(np.array(mx.grad(in_parts)(arr(LOGP))), np.array(mx.grad(whole)(arr(LOGP))),
+                               rtol=1e-6, atol=1e-8)
 
 
 def test_beta_without_reference_is_refused():
@@ -271,9 +301,9 @@ def test_all_masked_batch_gives_zero_not_nan():
     zeros = mx.zeros((2, 3))
     for loss_type in ("grpo", "bnpo", "dr_grpo", "dapo"):
         for level in ("token", "sequence"):
-            loss, stats = grpo_loss(zeros, zeros, zeros, arr([1.0, -1.0]), mx.zeros((2, 3), dtype=mx.bool_),
-                                    beta=0.1, loss_type=loss_type, importance_level=level,
-                                    max_completion_length=3)
+            args = (zeros, zeros, zeros, arr([1.0, -1.0]), mx.zeros((2, 3), dtype=mx.bool_))
+            kw = dict(beta=0.1, loss_type=loss_type, importance_level=level, max_completion_length=3)
+            loss, stats = grpo_loss(*args, **kw), policy_stats(*args, **kw)
             assert value(loss) == 0.0
             assert all(value(v) == 0.0 for v in stats.values())
 

@@ -21,7 +21,8 @@ from mlx_grpo.config import load_config
 from mlx_grpo.telemetry import sinks as sinks_module
 from mlx_grpo.telemetry.sinks import Sink
 from mlx_grpo.trainer import Trainer
-from mlx_grpo.update import update_policy
+from mlx_grpo.rollout import Rollout
+from mlx_grpo.update import build_train_batch, update_policy
 from tiny_models import make_model_dir
 
 FAST = {"num_steps": 5, "batch_size": 2, "num_generations": 4, "max_generation_steps": 8, "eval_every": 0,
@@ -158,14 +159,14 @@ def test_an_infinite_gradient_with_a_finite_loss_never_reaches_the_weights():
     model = nn.Linear(3, 2)
     optimizer = optim.AdamW(learning_rate=0.1)
     before = {k: np.array(v) for k, v in tree_flatten(model.parameters())}
-    config = load_config(None, {"num_iterations": 2})
+    config = load_config(None, {"num_iterations": 2, "beta": 0.0})
 
-    def loss_and_grad(model, batch, advantages, old_logp, ref_logp):
+    def loss_and_grad(model, batch, advantages, old_logp, ref_logp, totals):
         grads = {k: mx.full(v.shape, math.inf) for k, v in model.parameters().items()}
-        stats = {"entropy": mx.array(0.5)}
-        return (mx.array(1.0), (stats, mx.zeros((1, 1)))), grads
+        return (mx.array(1.0), (mx.zeros((1, 1)), mx.full((1, 1), 0.5), {})), grads
 
-    result = update_policy(model, optimizer, loss_and_grad, None, None, None, config)
+    batch = build_train_batch(Rollout([[1, 2]], [[3]], [[0.0]], [False], 0.0), pad_id=0)
+    result = update_policy(model, optimizer, loss_and_grad, batch, mx.zeros(1), None, config)
     assert result.skipped == 2 and result.loss == 1.0 and math.isinf(result.grad_norm)
     assert all(np.array_equal(before[k], np.array(v)) for k, v in tree_flatten(model.parameters()))
     assert optimizer.state.get("step", mx.array(0)).item() == 0

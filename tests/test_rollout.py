@@ -27,7 +27,7 @@ def test_sampled_logprobs_match_training_forward(tiny, prompt_texts):
     assert len(rollout.completions) == 3 * len(prompts)
     assert rollout.prompts[0] == rollout.prompts[2] == prompts[0]
     batch = build_train_batch(rollout, pad_id=0)
-    logp, _ = completion_logprobs(model, batch, temperature=1.0)
+    logp = completion_logprobs(model, batch, temperature=1.0)
     for i, lps in enumerate(rollout.logprobs):
         assert len(lps) == len(rollout.completions[i]) >= 1
         assert mx.allclose(logp[i, : len(lps)], mx.array(lps), atol=2e-4).item()

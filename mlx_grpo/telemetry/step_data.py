@@ -16,7 +16,7 @@ import numpy as np
 
 from .reward_stats import reward_metrics
 
-# grpo_loss's statistics whose record names put the statistic last (policy/ratio/mean, like rewards/<fn>/mean).
+# grpo.policy_stats' statistics whose record names put the statistic last (policy/ratio/mean, like rewards/<fn>/mean).
 UPDATE_STAT_NAMES = {"ratio_mean": "ratio/mean", "ratio_std": "ratio/std", "ratio_p95": "ratio/p95",
                      "log_ratio_mean": "log_ratio/mean", "log_ratio_std": "log_ratio/std"}
 
