@@ -24,6 +24,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "doctor": ("mlx_grpo.commands.doctor", "check backend, device, BLAS, dtype and memory, and say what to fix"),
     "sweep": ("mlx_grpo.commands.sweep", "grid or random search over config keys: one run per trial, resumable"),
     "compare": ("mlx_grpo.commands.compare", "table of several runs: config differences and final metrics"),
+    "export": ("mlx_grpo.commands.export", "write a run's checkpoint as a Hugging Face model directory for mlx-lm"),
+    "eval": ("mlx_grpo.commands.eval", "held-out accuracy of a run's checkpoint or a model (greedy, the run's rewards)"),
 }
 
 

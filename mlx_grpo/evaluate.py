@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Callable
 
 import mlx.core as mx
 
@@ -18,6 +18,7 @@ GREEDY = SamplingSettings(temperature=0.0)
 class EvalResult:
     correct: list[bool]  # one per held-out row
     levels: list  # each row's difficulty level (None when the data has none)
+    completions: list[str] = field(default_factory=list)  # the greedy completion of each row
 
     @property
     def accuracy(self) -> float | None:
@@ -25,14 +26,19 @@ class EvalResult:
 
 
 def evaluate(model: Any, tokenizer: Any, rows: list[dict], config: Any, eos_ids: set[int], pad_id: int,
-             batch_size: int = 100) -> EvalResult:
-    """Greedy-decode every held-out prompt; a completion is right when its answer matches."""
+             batch_size: int = 100, progress: Callable[[int], None] | None = None) -> EvalResult:
+    """Greedy-decode every held-out prompt; a completion is right when its answer matches.
+    `progress` is told how many rows each finished batch held (`mlx-grpo eval`'s progress bar)."""
     correct: list[bool] = []
+    texts: list[str] = []
     for start in range(0, len(rows), batch_size):
         chunk = rows[start:start + batch_size]
         prompts = [encode_prompt(tokenizer, row["prompt"], config).tokens for row in chunk]
         rollout = generate(model, prompts, 1, config.max_generation_steps, eos_ids, pad_id, GREEDY,
                            mx.random.key(0))
         for row, ids in zip(chunk, rollout.completions):
-            correct.append(is_correct(decode_completion(tokenizer, ids, eos_ids), row["answer"]))
-    return EvalResult(correct, [row.get("difficulty") for row in rows])
+            texts.append(decode_completion(tokenizer, ids, eos_ids))
+            correct.append(is_correct(texts[-1], row["answer"]))
+        if progress is not None:
+            progress(len(chunk))
+    return EvalResult(correct, [row.get("difficulty") for row in rows], texts)

@@ -1,0 +1,123 @@
+"""`mlx-grpo eval RUN_DIR|MODEL [--dataset FILE]`: held-out accuracy of a run's checkpoint or of a model.
+
+Greedy decoding, the same correctness check and held-out rows as the trainer's `eval/accuracy` (so on a
+run's own held-out split the two agree), and the mean score of each of the run's reward functions. A
+progress bar on stderr; `--json` prints one JSON object on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from ..errors import UserError
+
+USES_MLX = True
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("target", metavar="RUN_DIR|MODEL",
+                        help="a run directory (its latest checkpoint, its config's prompt format and reward "
+                             "functions) or a model: a local directory (an `mlx-grpo export` one too) or a hub id")
+    parser.add_argument("--dataset", metavar="FILE",
+                        help="JSONL rows to evaluate (the run's dataset format and fields); default: the run's "
+                             "own held-out split")
+    parser.add_argument("--step", type=int, default=None, metavar="N", help="RUN_DIR: the checkpoint of step N")
+    parser.add_argument("--config", metavar="FILE",
+                        help="MODEL: the run config whose prompt format and reward functions to use "
+                             "(default: the built-in default run's)")
+    parser.add_argument("--limit", type=int, default=None, metavar="N", help="evaluate only the first N rows")
+    parser.add_argument("--batch-size", type=int, default=100, metavar="N",
+                        help="prompts decoded together (default 100, as in training)")
+    parser.add_argument("--json", action="store_true", help="print the result as one JSON object")
+
+
+def run(args: argparse.Namespace) -> int:
+    import json
+    import sys
+    import time
+    from pathlib import Path
+
+    import numpy as np
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from ..data import extra_columns, load_datasets, read_jsonl_dataset
+    from ..evaluate import evaluate
+    from ..rewards import score_completions
+    from ..telemetry.step_data import eval_record
+    from ..trainer import load_rewards
+
+    if args.limit is not None and args.limit < 1:
+        raise UserError(f"--limit {args.limit}: must be at least 1")
+    if args.batch_size < 1:
+        raise UserError(f"--batch-size {args.batch_size}: must be at least 1")
+    model, tokenizer, config, base_dir, source = load_target(args)
+    if args.dataset is not None:
+        path = Path(args.dataset)
+        if not path.is_file():
+            raise UserError(f"--dataset {path}: file not found")
+        rows = read_jsonl_dataset(path, config.dataset_format, config.prompt_field, config.answer_field)
+    else:
+        rows = load_datasets(config, base_dir)[1]
+    rows = rows[: args.limit] if args.limit is not None else rows
+    if not rows:
+        raise UserError(f"--dataset {args.dataset or config.dataset}: no rows to evaluate")
+
+    eos_ids = set(getattr(tokenizer, "eos_token_ids", None) or [tokenizer.eos_token_id])
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos_ids)
+    start = time.perf_counter()
+    with Progress(TextColumn("eval"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                  console=Console(stderr=True), transient=True, disable=not sys.stderr.isatty()) as bar:
+        task = bar.add_task("eval", total=len(rows))
+        result = evaluate(model, tokenizer, rows, config, eos_ids, pad_id, batch_size=args.batch_size,
+                          progress=lambda n: bar.advance(task, n))
+    seconds = time.perf_counter() - start
+    functions = load_rewards(config, base_dir)
+    scores = score_completions(functions, [r["prompt"] for r in rows], result.completions,
+                               [r["answer"] for r in rows], extra_columns(rows))
+    rewards = {name: float(np.nanmean(scores.per_function[i])) for i, name in enumerate(scores.names)}
+    rewards["total"] = float(np.mean(scores.total))
+    out = {"target": source, "dataset": args.dataset or f"{config.dataset} (held-out split)",
+           "rows": len(rows), "correct": int(sum(result.correct)), **eval_record(result.correct, result.levels,
+                                                                                seconds),
+           "rewards": rewards}
+    if args.json:
+        print(json.dumps(out, indent=2))
+        return 0
+    print(f"{source}: held-out accuracy {out['eval/accuracy']:.1%} ({out['correct']}/{len(rows)}) on "
+          f"{out['dataset']}, greedy, {seconds:.1f} s")
+    for key, value in out.items():
+        if key.startswith("eval/difficulty/") and key.endswith("/accuracy"):
+            level = key.split("/")[2]
+            print(f"  difficulty {level}: {value:.1%} of {int(out[f'eval/difficulty/{level}/count'])}")
+    print("  mean reward: " + ", ".join(f"{name} {value:+.3f}" for name, value in rewards.items()))
+    return 0
+
+
+def load_target(args: argparse.Namespace):
+    """(model, tokenizer, config, base_dir, description) of a run directory's checkpoint or of a model."""
+    from pathlib import Path
+
+    from ..config import load_config
+    from ..export import ADAPTER_FILES, load_trained
+    from ..models import load_policy
+
+    target = Path(args.target)
+    if (target / "run.json").is_file():
+        if args.config is not None:
+            raise UserError(f"--config {args.config}: a run directory keeps its own config")
+        trained = load_trained(target, args.step)
+        return (trained.model, trained.tokenizer, trained.config, trained.base_dir,
+                f"{target} ({trained.checkpoint.name})")
+    if args.step is not None:
+        raise UserError(f"--step {args.step}: only for a run directory; {target} has no run.json")
+    config = load_config(args.config, {"model_id": args.target})
+    base_dir = Path(args.config).resolve().parent if args.config else Path.cwd()
+    model, tokenizer = load_policy(config, base_dir)
+    if all((target / name).is_file() for name in ADAPTER_FILES):  # an unfused `mlx-grpo export`
+        from mlx_lm.tuner.utils import load_adapters
+
+        model = load_adapters(model, str(target))
+    model.eval()
+    return model, tokenizer, config, base_dir, args.target
+

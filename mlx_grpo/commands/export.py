@@ -1,0 +1,38 @@
+"""`mlx-grpo export RUN_DIR [--step N] --out DIR [--fuse]`: a run's checkpoint as a Hugging Face model
+directory that `mlx_lm.generate` and `mlx_lm.server` load as it is."""
+
+from __future__ import annotations
+
+import argparse
+
+USES_MLX = True
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run_dir", metavar="RUN_DIR", help="run directory (holds checkpoints/step_<N>)")
+    parser.add_argument("--out", required=True, metavar="DIR", help="new (or empty) directory to write the model to")
+    parser.add_argument("--step", type=int, default=None, metavar="N",
+                        help="export the checkpoint of step N (default: the latest)")
+    parser.add_argument("--fuse", action="store_true",
+                        help="LoRA runs: fold the adapters into the weights (default: base weights plus "
+                             "adapters.safetensors, loaded with --adapter-path DIR)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from ..errors import UserError
+    from ..export import export_model
+
+    run_dir = Path(args.run_dir)
+    if not (run_dir / "run.json").is_file():
+        raise UserError(f"{run_dir}: not a run directory (no run.json)")
+    summary = export_model(run_dir, Path(args.out), args.step, args.fuse)
+    what = ("adapters fused into the weights" if summary["fused"] else
+            "base weights plus adapters (mlx_lm: --adapter-path " + summary["out"] + ")" if summary["use_lora"] else
+            "fully fine-tuned weights")
+    print(f"exported step {summary['step']} of {run_dir} to {summary['out']}: {what}")
+    print(f"try: mlx_lm.generate --model {summary['out']}"
+          + (f" --adapter-path {summary['out']}" if summary["use_lora"] and not summary["fused"] else "")
+          + " --prompt '12+7='")
+    return 0

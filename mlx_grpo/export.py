@@ -1,0 +1,132 @@
+"""A trained model out of a run directory: loaded from a checkpoint, written as a Hugging Face directory.
+
+`load_trained(run_dir, step)` rebuilds the policy of a checkpoint (the run's base model, its adapters, the
+checkpoint's weights) for `mlx-grpo eval`; `export_model(run_dir, out, step, fuse)` writes it where
+`mlx_lm.generate` and `mlx_lm.server` load it: config.json, tokenizer files and safetensors weights. A LoRA
+run's adapters are fused into the weights with `fuse`; without it the directory holds the base weights
+plus `adapters.safetensors` and `adapter_config.json` (load with `--adapter-path` set to the same
+directory). `write_fused(out, model, tokenizer, model_id, base_dir)` writes an in-memory policy (the
+trainer's final model for W&B).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import mlx.nn as nn
+from mlx.utils import tree_unflatten
+
+from .checkpoint import STEP_DIR, list_checkpoints
+from .config import TrainConfig
+from .errors import UserError
+from .models import apply_adapters, load_policy, resolve_model_path
+from .resume import config_for_resume
+
+ADAPTER_FILES = ("adapters.safetensors", "adapter_config.json")
+
+
+@dataclass
+class Trained:
+    """A checkpoint's policy, ready to generate with."""
+
+    model: nn.Module
+    tokenizer: Any
+    config: TrainConfig  # the run's config
+    base_dir: Path  # where the run resolved relative paths from
+    checkpoint: Path
+
+
+def find_checkpoint(run_dir: Path, step: int | None) -> Path:
+    """The checkpoint of `step`, or the run's latest; a UserError names the steps there are."""
+    found = list_checkpoints(run_dir / "checkpoints")
+    if not found:
+        raise UserError(f"{run_dir}: no checkpoint yet (checkpoints/step_<N>); train until the first one is saved")
+    if step is None:
+        return found[-1]
+    for path in found:
+        if int(STEP_DIR.match(path.name).group(1)) == step:
+            return path
+    steps = ", ".join(STEP_DIR.match(p.name).group(1) for p in found)
+    raise UserError(f"{run_dir}: no checkpoint of step {step}; there are checkpoints of steps {steps}")
+
+
+def _load_weights(model: nn.Module, checkpoint: Path) -> None:
+    name = "adapters.safetensors" if (checkpoint / "adapters.safetensors").is_file() else "model.safetensors"
+    try:
+        model.load_weights(str(checkpoint / name), strict=False)
+    except (OSError, ValueError, RuntimeError) as err:  # RuntimeError: mlx reading a damaged file
+        detail = (str(err).splitlines() or [""])[0]
+        raise UserError(f"{checkpoint / name}: cannot be read ({type(err).__name__}: {detail})") from err
+
+
+def load_trained(run_dir: Path, step: int | None = None) -> Trained:
+    """The policy of a run's checkpoint: base model, the run's adapters, the checkpoint's weights."""
+    config, base_dir = config_for_resume(run_dir, {})
+    checkpoint = find_checkpoint(run_dir, step)
+    model, tokenizer = load_policy(config, base_dir)
+    apply_adapters(model, config)
+    _load_weights(model, checkpoint)
+    model.eval()
+    return Trained(model, tokenizer, config, base_dir, checkpoint)
+
+
+def _source_dir(model_id: str, base_dir: Path) -> Path:
+    from mlx_lm.utils import hf_repo_to_path
+
+    source = resolve_model_path(model_id, base_dir)
+    return Path(source) if Path(source).is_dir() else hf_repo_to_path(source)
+
+
+def fuse_adapters(model: nn.Module) -> None:
+    """Fold every LoRA/DoRA layer into the linear layer it wraps (mlx-lm's fuse), in place."""
+    fused = [(name, module.fuse()) for name, module in model.named_modules() if hasattr(module, "fuse")]
+    if fused:
+        model.update_modules(tree_unflatten(fused))
+
+
+def _write(out: Path, model: nn.Module, tokenizer: Any, source: Path) -> None:
+    from mlx_lm.utils import load_config, save
+
+    # The base model's config (architecture, vocabulary, rope...) describes the written weights too;
+    # mlx-lm's save adds the tokenizer files and the source's generation_config.json.
+    save(out, source, model, tokenizer, load_config(source), donate_model=False)
+
+
+def _check_out(out: Path) -> None:
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise UserError(f"--out {out}: exists and is not an empty directory; choose a new one (nothing is overwritten)")
+
+
+def write_fused(out: Path, model: nn.Module, tokenizer: Any, model_id: str, base_dir: Path) -> Path:
+    """Write an in-memory policy as a complete model directory, adapters fused (the model is changed in place)."""
+    _check_out(out)
+    fuse_adapters(model)
+    _write(out, model, tokenizer, _source_dir(model_id, base_dir))
+    return out
+
+
+def export_model(run_dir: Path, out: Path, step: int | None = None, fuse: bool = False) -> dict[str, Any]:
+    """Write a run's checkpoint as a Hugging Face directory; returns what was written (also export.json)."""
+    _check_out(out)
+    config, base_dir = config_for_resume(run_dir, {})
+    checkpoint = find_checkpoint(run_dir, step)
+    source = _source_dir(config.model_id, base_dir)
+    model, tokenizer = load_policy(config, base_dir)
+    unfused_lora = config.use_lora and not fuse
+    if not unfused_lora:
+        apply_adapters(model, config)
+        _load_weights(model, checkpoint)
+        fuse_adapters(model)
+    _write(out, model, tokenizer, source)  # an unfused LoRA export writes the base weights
+    if unfused_lora:
+        for name in ADAPTER_FILES:
+            shutil.copy2(checkpoint / name, out / name)
+    summary = {"run_dir": str(run_dir), "checkpoint": checkpoint.name,
+               "step": int(STEP_DIR.match(checkpoint.name).group(1)), "model_id": config.model_id,
+               "use_lora": config.use_lora, "fused": config.use_lora and fuse, "out": str(out)}
+    (out / "export.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
