@@ -151,6 +151,9 @@ class TrainConfig:
     wandb_tags: list[str] = field(default_factory=list)
     wandb_notes: str | None = None
     wandb_log_checkpoints: bool = False
+    wandb_chart_every: int = 0  # redraw the 3D charts and the criteria heatmap every N steps; 0: ~10 times a run
+    wandb_log_dataset: bool = True  # the run's train and held-out rows as a W&B dataset artifact
+    wandb_log_model: bool = False  # at the end, the final model (adapters fused) as a W&B model artifact
 
     # --- feature sections ---
     adaptive_window: AdaptiveWindowConfig = field(default_factory=AdaptiveWindowConfig)
@@ -193,6 +196,7 @@ class TrainConfig:
             ("histogram_every", self.histogram_every >= 1, "at least 1"),
             ("samples_per_step", self.samples_per_step >= 0, "non-negative"),
             ("max_consecutive_nonfinite", self.max_consecutive_nonfinite >= 1, "at least 1"),
+            ("wandb_chart_every", self.wandb_chart_every >= 0, "non-negative (0: about ten times per run)"),
             ("rubric_weight", self.rubric_weight >= 0, "non-negative"),
             ("adaptive_window.min_window", self.adaptive_window.min_window >= 1, "at least 1"),
             ("adaptive_window.min_window", not self.adaptive_window.enable

@@ -330,6 +330,7 @@ class Run:
     start_step: int
     run_id: str
     last_record: dict[str, Any]
+    base_dir: Path  # where the config's relative paths resolve from
 
 
 def alert_rules(config: TrainConfig, base_dir: Path) -> list:
@@ -374,7 +375,8 @@ def open_run(config: TrainConfig, base_dir: Path, resume_dir: Path | None) -> Ru
     if wandb_enabled(config.wandb):
         wandb = WandbOptions(project=config.wandb_project, entity=config.wandb_entity,
                              name=config.wandb_run_name or run_dir.name, tags=config.wandb_tags,
-                             notes=config.wandb_notes, log_checkpoints=config.wandb_log_checkpoints)
+                             notes=config.wandb_notes, log_checkpoints=config.wandb_log_checkpoints,
+                             chart_every=config.wandb_chart_every)
     sinks = world.sinks(lambda: make_sinks(
         run_dir, tensorboard=config.tensorboard, tensorboard_dir=config.tensorboard_dir, wandb=wandb,
         warn=lambda m: console.message(m, style="yellow"),
@@ -382,6 +384,8 @@ def open_run(config: TrainConfig, base_dir: Path, resume_dir: Path | None) -> Ru
     sinks.start(run_dir.name, {**config_to_dict(config), "base_dir": str(base_dir)}, versions(),
                 {**describe_device(config.dtype), **world.describe()}, config.num_steps,
                 run_id=saved.get("run_id"), resume_step=start_step if resume_dir is not None else None)
+    if wandb is not None and config.wandb_log_dataset and resume_dir is None and world.is_main:
+        log_dataset(sinks, config, base_dir)
     recorder = RunRecorder(
         [f.name for f in trainer.reward_fns], rules, sinks=sinks, console=console,
         sampler=SystemSampler(accel_memory=accel_memory).start(), reward_fns=trainer.reward_fns,
@@ -398,7 +402,7 @@ def open_run(config: TrainConfig, base_dir: Path, resume_dir: Path | None) -> Ru
         if (line := fn.hooks.describe()) is not None:
             console.message(line)
     return Run(run_dir, trainer, recorder, start_step, sinks.rundir.info["run_id"],
-               last_record(run_dir) if resume_dir is not None else {})
+               last_record(run_dir) if resume_dir is not None else {}, base_dir)
 
 
 def train(config: TrainConfig, base_dir: Path, resume_dir: Path | None = None) -> dict[str, Any]:
@@ -469,6 +473,34 @@ def alert_stop_message(rule: str, step: int, run_dir: Path) -> str:
             f"continue with: {resume_command(run_dir)}")
 
 
+def log_dataset(sinks: Any, config: TrainConfig, base_dir: Path) -> None:
+    """The rows of the run's train and held-out splits, to the sinks that keep datasets (W&B's worker
+    thread writes and uploads them; the training thread only hands the lists over)."""
+    train_rows, heldout_rows = load_datasets(config, base_dir)
+    name = "arithmetic" if config.dataset == "arithmetic" else Path(config.dataset).stem
+    sinks.log_dataset(f"{name}-seed{config.seed}" if config.dataset == "arithmetic" else name,
+                      {"train": train_rows, "heldout": heldout_rows},
+                      {"dataset": config.dataset, "eval_dataset": config.eval_dataset,
+                       "dataset_format": config.dataset_format, "prompt_field": config.prompt_field,
+                       "answer_field": config.answer_field, "train_size": config.train_size,
+                       "eval_size": config.eval_size, "seed": config.seed})
+
+
+def log_final_model(run: Run, step: int) -> None:
+    """With `wandb_log_model`, the final policy as a model directory (adapters fused) in `final_model/` of the
+    run directory, logged by W&B as a model artifact. A failure here is a warning: the run is already done."""
+    from .export import write_fused
+
+    trainer, recorder = run.trainer, run.recorder
+    try:
+        path = write_fused(run.run_dir / "final_model", trainer.policy.model, trainer.policy.tokenizer,
+                           trainer.config.model_id, run.base_dir)
+    except (UserError, OSError, ValueError) as err:
+        recorder.message(f"warning: the final model was not logged to W&B: {err}", style="yellow")
+        return
+    recorder.sinks.log_model(path, step)
+
+
 def due(step: int, every: int, num_steps: int) -> bool:
     """Every `every` steps (0: never) and at the last step."""
     return bool(every) and (step % every == 0 or step == num_steps)
@@ -487,6 +519,9 @@ def prepare(trainer: Trainer, recorder: RunRecorder, run: Run, step: int) -> Pen
 def finish(run: Run, step: int, status: str, last_step: StepReport | None) -> dict[str, Any]:
     """Close the run: final metrics, the sinks, and on a finished run the report and its last line."""
     recorder, world = run.recorder, run.trainer.world
+    if (status == "finished" and world.is_main and run.trainer.config.wandb_log_model
+            and "wandb" in recorder.sinks.active):
+        log_final_model(run, step)
     last = last_step.record if last_step is not None else run.last_record
     final = recorder.final_metrics(step, status == "finished", run.run_dir if world.is_main else None, last)
     recorder.close(final, status)

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from mlx_grpo.telemetry.reward_stats import RewardTracker, reward_metrics
 from mlx_grpo.telemetry.sinks import WandbOptions, make_sinks, wandb_enabled
+from mlx_grpo.telemetry.wandb_charts import chart_interval, heatmap_svg
 
 pytest.importorskip("wandb")
 
@@ -48,7 +50,9 @@ def test_offline_wandb_run_completes_with_scalars_tables_charts_alerts_and_artif
         scalars = reward_metrics(scores, NAMES, [1.0, 1.0], total, group_size=4)
         scalars.update(tracker.update(step, scores, total, loss=0.1))
         scalars["policy/kl"] = 0.01 * step
-        sinks.write(step, scalars, tracker.histograms(step), rewards=total)
+        scalars["criteria/math/shows_work/mean"] = 0.2 * step
+        scalars["criteria/math/final_answer/mean"] = 1.0 - 0.1 * step
+        sinks.write(step, scalars, tracker.histograms(step), rewards={"total": total, **dict(zip(NAMES, scores))})
         sinks.write_samples(step, [sample(step, 0), sample(step, 1)])
         if step == 4:
             sinks.log_checkpoint(checkpoint, step)
@@ -78,6 +82,17 @@ def test_offline_wandb_run_completes_with_scalars_tables_charts_alerts_and_artif
     assert list((media / "object3D" / "charts").glob("reward_landscape_3d_*.pts.json"))
     assert list((media / "object3D" / "charts").glob("policy_evolution_3d_*.pts.json"))
     assert list((media / "table" / "charts").glob("reward_breakdown_table_*.table.json"))
+    # Reward components: every completion's score per function, a colour per function, at steps 2 and 4.
+    clouds = sorted((media / "object3D" / "charts").glob("reward_components_3d_*.pts.json"))
+    assert len(clouds) == 2
+    points = np.array(json.loads(clouds[-1].read_text()))
+    assert points.shape == (4 * 2 * 8, 6)  # 4 steps x 2 functions x 8 completions
+    assert len({tuple(p[3:]) for p in points}) == 2  # one colour per function
+    # The rubric criteria over time: a heatmap page and its data.
+    heatmap = sorted((media / "html" / "charts").glob("criteria_heatmap_*.html"))[-1].read_text()
+    assert "shows_work" in heatmap and "final_answer" in heatmap and heatmap.count("<rect") >= 8
+    criteria = json.loads(sorted((media / "table" / "charts").glob("criteria_over_time_*.table.json"))[-1].read_text())
+    assert criteria["columns"] == ["step", "criterion", "mean"] and len(criteria["data"]) == 8
     assert json.loads((offline / "run" / "run.json").read_text())["status"] == "finished"
 
 
@@ -91,6 +106,54 @@ def test_without_wandb_installed_training_logs_locally_with_one_warning(monkeypa
     assert sinks.active == ["tensorboard"]
     assert len(warnings) == 1 and "W&B logging is off" in warnings[0]
     assert (tmp_path / "run" / "metrics.jsonl").read_text().count("\n") == 1
+
+
+def test_chart_interval_is_a_setting_or_about_ten_redraws_per_run():
+    assert chart_interval(7, 1000) == 7
+    assert [chart_interval(0, n) for n in (5, 10, 200, 5000)] == [1, 1, 20, 500]
+    assert chart_interval(0, None) == 50
+
+
+def test_heatmap_svg_labels_rows_and_steps_and_greys_missing_cells():
+    svg = heatmap_svg(["a<b", "c"], [10, 20, 30], np.array([[0.0, 0.5, 1.0], [np.nan, 1.0, 0.0]]), title="t")
+    assert svg.startswith("<svg") and "a&lt;b" in svg and ">30<" in svg
+    assert svg.count('fill="#dddddd"') == 1  # criterion c was not logged at step 10
+    assert "#440154" in svg and "#fde725" in svg  # the scale's two ends
+
+
+def test_a_real_run_logs_dataset_charts_and_final_model_offline_and_a_failing_wandb_never_stops_it(
+        offline, monkeypatch):
+    from mlx_lm import load
+
+    from mlx_grpo.config import load_config
+    from mlx_grpo.telemetry.sinks import WandbSink
+    from mlx_grpo.trainer import train
+
+    monkeypatch.delenv("WANDB_DIR")  # W&B's files go into the run directory, as by default
+    settings = {"num_steps": 4, "batch_size": 4, "num_generations": 4, "eval_every": 0, "checkpoint_every": 0,
+                "tensorboard": False, "wandb": True, "monitoring_dir": str(offline / "runs")}
+    result = train(load_config(None, {**settings, "run_name": "logged", "wandb_log_model": True}), offline)
+    assert result["status"] == "finished"
+    run_dir = Path(result["run_dir"])
+    wandb_run = next((run_dir / "wandb").glob("offline-run-*"))
+    log = next(wandb_run.glob("run-*.wandb")).read_bytes()
+    assert b"arithmetic-seed0" in log and b"-model" in log  # the dataset and the final model artifacts
+    # 4 steps: the charts are redrawn every step (about ten times per run, at most once a step).
+    assert len(list((wandb_run / "files" / "media" / "object3D" / "charts").glob("reward_components_3d_*"))) == 4
+    model, _ = load(str(run_dir / "final_model"))  # the logged model is a complete mlx-lm model directory
+    assert model is not None
+
+    def broken(self, name, splits, metadata):
+        raise ConnectionError("W&B is unreachable")
+
+    monkeypatch.setattr(WandbSink, "log_dataset", broken)
+    result = train(load_config(None, {**settings, "run_name": "broken"}), offline)
+    assert result["status"] == "finished"
+    run_dir = Path(result["run_dir"])
+    assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 4
+    alerts = [json.loads(line) for line in (run_dir / "alerts.jsonl").read_text().splitlines()]
+    # W&B runs on its own thread: the failure surfaces at the next call and turns W&B off, nothing more.
+    assert any(a["rule"] == "sink_failed" and "W&B is unreachable" in a["message"] for a in alerts)
 
 
 def test_wandb_is_on_by_flag_or_api_key():

@@ -812,8 +812,8 @@ class _DropState(_RuleState):
                 scale = max(abs(level), rule.min_scale) if rule.relative else 1.0
                 if self.fire(moved / scale >= rule.fall, name, step):
                     verb = "fell" if rule.direction == "down" else "jumped"
-                    amount = f"{-moved / scale * 100 if rule.direction == 'down' else moved / scale * 100:+.0f}%" \
-                        if rule.relative else f"{value - level:+.4g}"
+                    # signed like the move itself: a fall reads -45%, a jump +45%
+                    amount = (f"{(value - level) / scale * 100:+.0f}%" if rule.relative else f"{value - level:+.4g}")
                     out.append(self.alert(step, time, name, value,
                                           f"{name} {verb} to {_fmt(value)} from its recent median {_fmt(level)} "
                                           f"({amount}, last {len(previous)} logged steps){_in_a_row(rule.for_steps)}"))

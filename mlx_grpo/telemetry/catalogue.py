@@ -388,6 +388,7 @@ def _extension_entries() -> list[MetricSpec]:
 
 def _media_entries() -> list[MetricSpec]:
     w = "logged steps that write samples"
+    charts = "every wandb_chart_every logged steps (default: about ten times per run) and the last, W&B only"
     return [
         MetricSpec("samples/completions", "Completions of the step: prompt, reasoning, answer, ground truth, "
                    "per-function rewards, total, advantage (W&B table whose rows accumulate over the run; "
@@ -396,12 +397,20 @@ def _media_entries() -> list[MetricSpec]:
                    "text"),
         MetricSpec("charts/reward_breakdown", "W&B bar chart of each reward function's mean score (unweighted) in "
                    "the batch; at the end, of the whole-run means.", "reward", "charts",
-                   "every chart_every logged steps and at the end, W&B only", "chart"),
+                   "every wandb_chart_every logged steps and at the end, W&B only", "chart"),
         MetricSpec("charts/reward_landscape_3d", "W&B 3D point cloud of (step, example index, total reward) over "
                    "the run, axes scaled to comparable ranges, colour from low (blue) to high (red) reward.",
-                   "", "charts", "every chart_every logged steps, W&B only", "chart"),
+                   "", "charts", charts, "chart"),
+        MetricSpec("charts/reward_components_3d", "W&B 3D point cloud of (step, reward function, score) of every "
+                   "completion over the run, a colour per reward function (named in the caption).", "", "charts",
+                   charts, "chart"),
         MetricSpec("charts/policy_evolution_3d", "W&B 3D point cloud of (policy/kl, rewards/total/mean, step) "
-                   "over the run.", "", "charts", "every chart_every logged steps, W&B only", "chart"),
+                   "over the run.", "", "charts", charts, "chart"),
+        MetricSpec("charts/criteria_heatmap", "W&B HTML heatmap of each rubric criterion's mean score (rows) per "
+                   "logged step (columns), the last 200 steps.", "score", "charts", f"{charts}, with a rubric",
+                   "chart"),
+        MetricSpec("charts/criteria_over_time", "W&B table (step, criterion, mean) the criteria heatmap is drawn "
+                   "from.", "score", "charts", f"{charts}, with a rubric", "table"),
     ]
 
 

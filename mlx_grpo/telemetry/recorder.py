@@ -34,7 +34,7 @@ class StepReport:
     record: dict[str, Any]
     alerts: list[Alert]
     histograms: dict[str, np.ndarray] = field(default_factory=dict)
-    rewards_total: np.ndarray | None = None
+    rewards: dict[str, np.ndarray] = field(default_factory=dict)  # "total" and per function, per completion
     samples: list[dict] = field(default_factory=list)
 
 
@@ -100,7 +100,8 @@ class RunRecorder:
             record.update(self.end_epoch(partial=not epoch_ended))
         for message in data.new_errors:
             self.message(f"warning: {message}", style="yellow")
-        return StepReport(step, record, alerts, self.rewards.histograms(step), data.total, data.samples)
+        scores = {"total": data.total, **{name: data.scores[i] for i, name in enumerate(data.reward_names)}}
+        return StepReport(step, record, alerts, self.rewards.histograms(step), scores, data.samples)
 
     def end_epoch(self, partial: bool = False) -> dict[str, float]:
         out = self.rewards.end_epoch(partial=partial)
@@ -114,7 +115,7 @@ class RunRecorder:
             report.record["timing/checkpoint_s"] = checkpoint_s
         step, last = report.step, report.step == self.num_steps
         if self.sinks is not None and (step % self.log_every == 0 or last):
-            self.sinks.write(step, report.record, report.histograms, rewards=report.rewards_total)
+            self.sinks.write(step, report.record, report.histograms, rewards=report.rewards)
             self.sinks.write_samples(step, report.samples)
         for alert in report.alerts:
             if self.sinks is not None:

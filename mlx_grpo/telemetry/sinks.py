@@ -4,10 +4,11 @@ Public API:
 
 - `Sink`: the interface every optional sink implements (each method defaults to doing nothing):
   `start(info)`, `write(step, scalars, histograms, rewards)`, `write_samples(step, samples)`,
-  `write_alert(alert)`, `write_final(metrics)`, `log_checkpoint(path, step)`, `close(status)`.
+  `write_alert(alert)`, `write_final(metrics)`, `log_checkpoint(path, step)`,
+  `log_dataset(name, splits, metadata)`, `log_model(path, step)`, `close(status)`.
   `info` is the run.json content plus `run_dir`; `scalars` maps canonical names to floats; `histograms`
-  maps names to arrays; `rewards` is the step's total reward per completion [N] (prompt-major), for the
-  W&B landscape.
+  maps names to arrays; `rewards` maps "total" and each reward function's name to the step's scores per
+  completion [N] (prompt-major), for the W&B 3D views.
 - `TensorBoardSink(logdir, flush_secs=2, purge_step=None)`: tensorboardX event files in `logdir` (the run's
   `tensorboard/`): all scalars of a step as one event, histograms, samples as a markdown table
   (`samples/completions`), alerts (`alerts`), the final metrics, a custom-scalars layout grouping
@@ -22,11 +23,16 @@ Public API:
   missing `wandb` raises ImportError). `wandb.init` with project / entity / name / tags / notes, the
   run config; the same scalars; `wandb.Histogram`s; the completions table `samples/completions` in
   INCREMENTAL mode, so each log adds rows and the history is kept (wandb >= 0.21; W&B Server >= 0.70
-  to render it); `charts/reward_breakdown` (bar chart of the per-function means) and two 3D point
+  to render it); `charts/reward_breakdown` (bar chart of the per-function means), three 3D point
   clouds (`wandb.Object3D`, which work offline): `charts/reward_landscape_3d` (step, example, total
-  reward) and `charts/policy_evolution_3d` (KL, mean reward, step) every `chart_every` steps; alerts
-  through `run.alert`; checkpoints as model artifacts when `log_checkpoints` is set; final metrics in
-  the run summary. WANDB_MODE=offline (or `mode="offline"`) works without a network.
+  reward), `charts/reward_components_3d` (step, reward function, score; a colour per function) and
+  `charts/policy_evolution_3d` (KL, mean reward, step), and with a rubric `charts/criteria_heatmap`
+  (criterion x step, as HTML) with its data as the table `charts/criteria_over_time`, all redrawn every
+  `chart_every` steps (0: about ten times per run, wandb_charts.chart_interval) and at the last step;
+  alerts through `run.alert`; checkpoints as model artifacts when `log_checkpoints` is set; the
+  dataset's rows as a `dataset` artifact (`log_dataset`) and the final model as a `model` artifact
+  (`log_model`); final metrics in the run summary. WANDB_MODE=offline (or `mode="offline"`) works
+  without a network.
 - `ThreadedSink(inner, max_pending=10000, close_timeout=120)`: runs a sink on a worker thread (make_sinks
   wraps W&B in one): the training thread only queues; errors surface on the next call; a full queue drops
   records instead of blocking, and `close` reports the count.
@@ -38,7 +44,8 @@ Public API:
   `start(name, config, versions, device, total_steps, run_id, resume_step=None)` writes run.json (see
   RunDirWriter.start for resuming) and starts every sink;
   `write(step, scalars, histograms=None, rewards=None, time=None)`, `write_samples`, `write_alert`,
-  `write_final`, `log_checkpoint`, `close(status)` fan out; `active` names the sinks still on.
+  `write_final`, `log_checkpoint`, `log_dataset`, `log_model`, `close(status)` fan out; `active` names the
+  sinks still on.
 - `make_sinks(run_dir, tensorboard=True, tensorboard_dir=None, flush_secs=2, wandb=None, warn=None,
   fsync=False, purge_step=None) -> SinkSet`: the usual set; a sink whose library is not installed is left
   out with a warning.
@@ -65,6 +72,7 @@ import numpy as np
 
 from .catalogue import tensorboard_layout
 from .rundir import RunDirWriter, json_safe
+from .wandb_charts import CATEGORY_COLOURS, category_cloud, chart_interval, heatmap_svg, value_cloud
 
 # Sample columns shown in text and tables; long texts are cut so a step's table stays readable.
 TEXT_LIMIT = 600
@@ -80,7 +88,7 @@ class Sink:
         pass
 
     def write(self, step: int, scalars: Mapping[str, float], histograms: Mapping[str, np.ndarray],
-              rewards: np.ndarray | None) -> None:
+              rewards: Mapping[str, np.ndarray] | None) -> None:
         pass
 
     def write_samples(self, step: int, samples: Sequence[Mapping[str, Any]]) -> None:
@@ -93,6 +101,13 @@ class Sink:
         pass
 
     def log_checkpoint(self, path: str | Path, step: int) -> None:
+        pass
+
+    def log_dataset(self, name: str, splits: Mapping[str, Sequence[Mapping[str, Any]]],
+                    metadata: Mapping[str, Any]) -> None:
+        pass
+
+    def log_model(self, path: str | Path, step: int) -> None:
         pass
 
     def flush(self) -> None:
@@ -297,21 +312,10 @@ class WandbOptions:
     notes: str | None = None
     mode: str | None = None  # "online", "offline", "disabled"; None = WANDB_MODE or online
     dir: str | None = None  # where W&B keeps its files; None = WANDB_DIR if set, else the run directory
-    chart_every: int = 50
-    landscape_points: int = 10_000
+    chart_every: int = 0  # 0: about ten times per run (wandb_charts.chart_interval)
+    landscape_points: int = 10_000  # the most recent points each 3D cloud keeps
     log_checkpoints: bool = False
     extra_config: Mapping[str, Any] = field(default_factory=dict)
-
-
-def _point_cloud(xyz: np.ndarray, value: np.ndarray) -> np.ndarray:
-    """[N, 6] x, y, z, r, g, b: each axis scaled to 0..10 so one axis does not flatten the others,
-    coloured from blue (low value) to red (high value)."""
-    lo, hi = xyz.min(axis=0), xyz.max(axis=0)
-    scaled = 10.0 * (xyz - lo) / np.where(hi > lo, hi - lo, 1.0)
-    v_lo, v_hi = value.min(), value.max()
-    t = (value - v_lo) / (v_hi - v_lo) if v_hi > v_lo else np.full_like(value, 0.5)
-    colour = np.stack([255 * t, np.full_like(t, 60.0), 255 * (1 - t)], axis=1)
-    return np.concatenate([scaled, colour], axis=1)
 
 
 class WandbSink(Sink):
@@ -325,9 +329,13 @@ class WandbSink(Sink):
         self.run = None
         self._table = None
         self._table_fns: list[str] = []
-        self._landscape: list[np.ndarray] = []
-        self._landscape_size = 0
+        self._landscape = _RecentPoints(options.landscape_points)
+        self._components = _RecentPoints(options.landscape_points)
+        self._component_names: list[str] = []
         self._evolution: list[tuple[float, float, float]] = []
+        self._criteria: dict[str, dict[int, float]] = {}  # criterion -> step -> mean score
+        self._chart_every = options.chart_every
+        self._total_steps: int | None = None
 
     def start(self, info: Mapping[str, Any]) -> None:
         opts = self.options
@@ -338,28 +346,39 @@ class WandbSink(Sink):
         self.run = self.wandb.init(project=opts.project, entity=opts.entity, name=opts.name or info.get("name"),
                                    tags=list(opts.tags) or None, notes=opts.notes, config=json_safe(config),
                                    dir=wandb_dir, mode=opts.mode)
+        self._total_steps = info.get("total_steps")
+        self._chart_every = chart_interval(opts.chart_every, self._total_steps)
 
     def write(self, step, scalars, histograms, rewards) -> None:
         data: dict[str, Any] = {k: v for k, v in scalars.items() if v is not None}
         for name, array in histograms.items():
             data[name] = self.wandb.Histogram(np.asarray(array, dtype=np.float64))
-        if rewards is not None:
-            self._add_landscape(step, np.asarray(rewards, dtype=np.float64))
+        if rewards:
+            self._add_rewards(step, rewards)
         if "policy/kl" in scalars and "rewards/total/mean" in scalars:
             self._evolution.append((float(scalars["policy/kl"]), float(scalars["rewards/total/mean"]), float(step)))
-        if self.options.chart_every > 0 and step % self.options.chart_every == 0:
+        for name, value in scalars.items():
+            if name.startswith("criteria/") and name.endswith("/mean") and value is not None:
+                self._criteria.setdefault(name[len("criteria/"):-len("/mean")], {})[step] = float(value)
+        if step % self._chart_every == 0 or step == self._total_steps:
             data.update(self._charts(scalars))
         self.run.log(data, step=step)
 
-    def _add_landscape(self, step: int, rewards: np.ndarray) -> None:
-        points = np.stack([np.full(rewards.size, float(step)), np.arange(rewards.size, dtype=np.float64), rewards],
-                          axis=1)
-        points = points[np.isfinite(rewards)]
-        self._landscape.append(points)
-        self._landscape_size += len(points)
-        # Keep the most recent points only; the chart is redrawn from them each time.
-        while self._landscape_size - len(self._landscape[0]) >= self.options.landscape_points:
-            self._landscape_size -= len(self._landscape.pop(0))
+    def _add_rewards(self, step: int, rewards: Mapping[str, np.ndarray]) -> None:
+        total = np.asarray(rewards["total"], dtype=np.float64)
+        points = np.stack([np.full(total.size, float(step)), np.arange(total.size, dtype=np.float64), total], axis=1)
+        self._landscape.add(points[np.isfinite(total)])
+        for name in rewards:
+            if name != "total" and name not in self._component_names:
+                self._component_names.append(name)
+        parts = []
+        for index, name in enumerate(self._component_names):
+            scores = np.asarray(rewards.get(name, ()), dtype=np.float64)
+            scores = scores[np.isfinite(scores)]  # a function that failed this batch has NaN scores
+            parts.append(np.stack([np.full(scores.size, float(step)), np.full(scores.size, float(index)), scores],
+                                  axis=1))
+        if parts:
+            self._components.add(np.concatenate(parts))
 
     def _charts(self, scalars: Mapping[str, float]) -> dict[str, Any]:
         charts: dict[str, Any] = {}
@@ -367,14 +386,36 @@ class WandbSink(Sink):
                  if re.fullmatch(r"rewards/[^/]+/mean", k) and k != "rewards/total/mean"}
         if means:
             charts["charts/reward_breakdown"] = self._bar(means, "Reward breakdown (batch mean per function)")
-        if self._landscape:
-            points = np.concatenate(self._landscape)
-            if len(points) >= 2:
-                charts["charts/reward_landscape_3d"] = self.wandb.Object3D(_point_cloud(points, points[:, 2]))
+        points = self._landscape.points()
+        if len(points) >= 2:
+            charts["charts/reward_landscape_3d"] = self.wandb.Object3D(value_cloud(points, points[:, 2]))
+        points = self._components.points()
+        if len(points) >= 2:
+            # x: step, y: reward function (in the order of the run's reward list), z: score; a colour per function.
+            charts["charts/reward_components_3d"] = self.wandb.Object3D(category_cloud(points, points[:, 1]),
+                                                                        caption=self._components_caption())
         if len(self._evolution) >= 2:
             points = np.asarray(self._evolution, dtype=np.float64)
-            charts["charts/policy_evolution_3d"] = self.wandb.Object3D(_point_cloud(points, points[:, 1]))
+            charts["charts/policy_evolution_3d"] = self.wandb.Object3D(value_cloud(points, points[:, 1]))
+        charts.update(self._criteria_charts())
         return charts
+
+    def _components_caption(self) -> str:
+        colours = [CATEGORY_COLOURS[i % len(CATEGORY_COLOURS)] for i in range(len(self._component_names))]
+        return "y axis, in order: " + ", ".join(f"{name} (rgb{c})" for name, c in zip(self._component_names, colours))
+
+    def _criteria_charts(self) -> dict[str, Any]:
+        """The rubric criteria's mean scores over time: a heatmap (HTML) and the table it is drawn from."""
+        steps = sorted({step for scores in self._criteria.values() for step in scores})
+        if len(steps) < 2:
+            return {}
+        steps = steps[-CRITERIA_COLUMNS:]
+        names = sorted(self._criteria)
+        values = np.array([[self._criteria[n].get(s, math.nan) for s in steps] for n in names])
+        svg = heatmap_svg(names, steps, values, title="Rubric criteria: mean score per logged step")
+        rows = [[s, n, self._criteria[n][s]] for n in names for s in steps if s in self._criteria[n]]
+        return {"charts/criteria_heatmap": self.wandb.Html(svg, data_is_not_path=True),
+                "charts/criteria_over_time": self.wandb.Table(columns=["step", "criterion", "mean"], data=rows)}
 
     def _bar(self, values: Mapping[str, float], title: str):
         table = self.wandb.Table(columns=["reward_function", "mean"],
@@ -429,8 +470,56 @@ class WandbSink(Sink):
         artifact.add_dir(str(path))
         self.run.log_artifact(artifact, aliases=[f"step_{step}", "latest"])
 
+    def log_dataset(self, name, splits, metadata) -> None:
+        """The rows the run trains and evaluates on, one JSONL file per split (written here, on W&B's thread)."""
+        import tempfile
+
+        artifact = self.wandb.Artifact(name=_artifact_name(name), type="dataset",
+                                       metadata=json_safe({**metadata, **{f"{split}_rows": len(rows)
+                                                                           for split, rows in splits.items()}}))
+        with tempfile.TemporaryDirectory() as tmp:
+            for split, rows in splits.items():
+                path = Path(tmp) / f"{split}.jsonl"
+                with open(path, "w", encoding="utf-8") as fh:
+                    for row in rows:
+                        fh.write(json.dumps(json_safe(dict(row))) + "\n")
+                artifact.add_file(str(path), name=path.name)  # copied into W&B's staging area here
+            self.run.log_artifact(artifact)
+
+    def log_model(self, path, step) -> None:
+        """The final model (a Hugging Face directory) as a model artifact."""
+        artifact = self.wandb.Artifact(name=f"{self.run.id}-model", type="model", metadata={"step": step})
+        artifact.add_dir(str(path))
+        self.run.log_artifact(artifact, aliases=["final", f"step_{step}"])
+
     def close(self, status: str) -> None:
         self.run.finish(exit_code=0 if status == "finished" else 1)
+
+
+CRITERIA_COLUMNS = 200  # the heatmap shows the most recent logged steps, so a long run's stays readable
+
+
+class _RecentPoints:
+    """The most recent [n, 3] point arrays of a 3D cloud, `limit` points at most (whole steps dropped)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.parts: list[np.ndarray] = []
+        self.size = 0
+
+    def add(self, points: np.ndarray) -> None:
+        self.parts.append(points)
+        self.size += len(points)
+        while self.size - len(self.parts[0]) >= self.limit:
+            self.size -= len(self.parts.pop(0))
+
+    def points(self) -> np.ndarray:
+        return np.concatenate(self.parts) if self.parts else np.empty((0, 3))
+
+
+def _artifact_name(text: str) -> str:
+    """W&B artifact names allow letters, digits, dashes, underscores and dots."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-.") or "dataset"
 
 
 # ----------------------------------------------------------------------------- background worker
@@ -495,6 +584,13 @@ class ThreadedSink(Sink):
 
     def log_checkpoint(self, path, step):
         self._submit("log_checkpoint", path, step)
+
+    def log_dataset(self, name, splits, metadata):
+        # The rows are not copied: the trainer only reads them.
+        self._submit("log_dataset", name, splits, dict(metadata))
+
+    def log_model(self, path, step):
+        self._submit("log_model", path, step)
 
     def close(self, status):
         self._queue.put(("close", (status,)))
@@ -564,7 +660,7 @@ class SinkSet:
         return self.info
 
     def write(self, step: int, scalars: Mapping[str, float], histograms: Mapping[str, np.ndarray] | None = None,
-              rewards: np.ndarray | None = None, time: float | None = None) -> None:
+              rewards: Mapping[str, np.ndarray] | None = None, time: float | None = None) -> None:
         self._last_step = step
         self.rundir.write_metrics(step, scalars, time)
         self._each("write", step, scalars, histograms or {}, rewards)
@@ -585,6 +681,13 @@ class SinkSet:
 
     def log_checkpoint(self, path: str | Path, step: int) -> None:
         self._each("log_checkpoint", path, step)
+
+    def log_dataset(self, name: str, splits: Mapping[str, Sequence[Mapping[str, Any]]],
+                    metadata: Mapping[str, Any]) -> None:
+        self._each("log_dataset", name, splits, metadata)
+
+    def log_model(self, path: str | Path, step: int) -> None:
+        self._each("log_model", path, step)
 
     def flush(self) -> None:
         self._each("flush")
