@@ -32,6 +32,7 @@ from mlx.utils import tree_flatten, tree_map
 from . import grpo
 from .config import TrainConfig
 from .extras import token_entropy
+from .models import has_plain_head, lm_head, project_to_vocab
 from .rollout import Rollout
 
 
@@ -92,12 +93,6 @@ def build_train_batch(rollout: Rollout, pad_id: int) -> TrainBatch:
 
 # ----------------------------------------------------------------------------- scoring completions
 
-# Architectures whose output step is exactly "backbone, then the LM head (or the tied embedding)".
-# For them only completion positions go through the head, in chunks. Others take the full forward
-# pass: [N, S-1, V] logits at once.
-PLAIN_HEAD_MODELS = {"llama", "qwen2", "qwen3", "mistral"}
-
-
 @dataclass
 class CompletionScores:
     """Per completion token, [N, T]: the log-prob under the model and (when asked) the entropy of its
@@ -122,10 +117,6 @@ def _score_logits(logits: mx.array, targets: mx.array, temperature: float, entro
 def _as_scores(arrays: dict[str, mx.array]) -> CompletionScores:
     logp = arrays.pop("logp")
     return CompletionScores(logp, arrays.pop("entropy", None), arrays)
-
-
-def _head(model: nn.Module) -> nn.Module:
-    return model.model.embed_tokens if getattr(model.args, "tie_word_embeddings", False) else model.lm_head
 
 
 def _head_weight(head: nn.Module) -> mx.array | None:
@@ -154,10 +145,8 @@ def _chunked_head_scores(hidden: mx.array, targets: mx.array, head: nn.Module, t
     width = targets.shape[1]
     starts = range(0, width, chunk)
     weight = _head_weight(head)
-    project = head.as_linear if isinstance(head, (nn.Embedding, nn.QuantizedEmbedding)) else head
-
     def logits_of(h: mx.array, w: mx.array | None) -> mx.array:
-        return h @ w.T if w is not None else project(h)
+        return h @ w.T if w is not None else project_to_vocab(head, h)
 
     def forward(h: mx.array, w: mx.array | None) -> tuple[mx.array, ...]:
         parts: list[dict[str, mx.array]] = []
@@ -205,19 +194,18 @@ def completion_scores(model: nn.Module, batch: TrainBatch, temperature: float, *
     `chunk_size` > 0 runs the LM head over that many completion positions at a time, in the forward
     and the backward pass, so at most one chunk's [N, chunk, V] logits exist at once."""
     targets = mx.take_along_axis(batch.targets, batch.positions, axis=1)
-    if not (getattr(model, "model_type", None) in PLAIN_HEAD_MODELS and hasattr(model, "model")):
+    if not has_plain_head(model):  # the full forward pass: [N, S-1, V] logits at once
         logits = mx.take_along_axis(model(batch.inputs), batch.positions[:, :, None], axis=1)
         return _as_scores(_score_logits(logits, targets, temperature, entropy, token_stats))
     hidden = mx.take_along_axis(model.model(batch.inputs), batch.positions[:, :, None], axis=1)
-    head = _head(model)
+    head = lm_head(model)
     if 0 < chunk_size < targets.shape[1]:
         try:
             return _as_scores(_chunked_head_scores(hidden, targets, head, temperature, chunk_size, entropy,
                                                    token_stats))
         except NotImplementedError:
             pass  # a trainable head that is not one plain matrix (LoRA on the head): all positions at once
-    project = head.as_linear if isinstance(head, (nn.Embedding, nn.QuantizedEmbedding)) else head
-    return _as_scores(_score_logits(project(hidden), targets, temperature, entropy, token_stats))
+    return _as_scores(_score_logits(project_to_vocab(head, hidden), targets, temperature, entropy, token_stats))
 
 
 def completion_logprobs(model: nn.Module, batch: TrainBatch, temperature: float, chunk_size: int = 0) -> mx.array:
