@@ -56,7 +56,6 @@ def make_model_dir(out: Path, model_type: str = "llama", seed: int = 0) -> Path:
 
 
 IN_MEMORY = {  # random_model's architectures: one of each head layout
-
     "llama": {"rope_theta": 10000.0, "tie_word_embeddings": False},  # its own LM head
     "qwen2": {"rope_theta": 1000000.0, "tie_word_embeddings": True},  # the head is the embedding
     "gemma3_text": {"head_dim": 16, "query_pre_attn_scalar": 16, "sliding_window": 6,  # full-logits path
