@@ -72,8 +72,9 @@ class TrainBatch:
             yield slice(start, stop), (self if size >= self.num_sequences else self.rows(start, stop))
 
 
-def build_train_batch(rollout: Rollout, pad_id: int) -> TrainBatch:
-    """Prompt then completion, padded on the right: a causal mask is then exactly the rollout's view."""
+def build_train_batch(rollout: Rollout, pad_id: int, mask_truncated: bool = False) -> TrainBatch:
+    """Prompt then completion, padded on the right: a causal mask is then exactly the rollout's view.
+    `mask_truncated`: completions that hit the budget without ending get no loss tokens."""
     seqs = [p + c for p, c in zip(rollout.prompts, rollout.completions)]
     width = max(len(s) for s in seqs)
     tokens = np.full((len(seqs), width), pad_id, dtype=np.int32)
@@ -86,7 +87,7 @@ def build_train_batch(rollout: Rollout, pad_id: int) -> TrainBatch:
         n = len(c)
         # the logit at position k predicts token k+1, so completion token t comes from len(p)-1+t
         positions[i, :n] = np.arange(len(p) - 1, len(p) - 1 + n)
-        mask[i, :n] = 1.0
+        mask[i, :n] = 0.0 if mask_truncated and rollout.truncated[i] else 1.0
     return TrainBatch(mx.array(tokens[:, :-1]), mx.array(tokens[:, 1:]), mx.array(positions), mx.array(mask),
                       int(mask.sum()), np.array([len(s) for s in seqs], dtype=np.int32))
 
@@ -246,7 +247,7 @@ def make_loss_fn(config: TrainConfig) -> Callable:
             scores.logp, old_logp, ref_logp, advantages, batch.mask,
             beta=config.beta, epsilon=config.epsilon, epsilon_high=config.epsilon_high,
             loss_type=config.loss_type, importance_level=config.importance_sampling_level,
-            max_completion_length=config.max_generation_steps, totals=totals,
+            max_completion_length=config.max_generation_steps, totals=totals, delta=config.delta,
         )
         return loss, (mx.stop_gradient(scores.logp), scores.entropy, scores.token_stats)
 
@@ -326,7 +327,7 @@ def update_policy(model: nn.Module, optimizer: optim.Optimizer, loss_and_grad, b
             logp, old_logp, ref_logp, advantages, batch.mask, beta=config.beta, epsilon=config.epsilon,
             epsilon_high=config.epsilon_high, loss_type=config.loss_type,
             importance_level=config.importance_sampling_level, max_completion_length=config.max_generation_steps,
-            totals=totals)
+            totals=totals, delta=config.delta)
         stats["entropy"] = grpo.masked_mean(mx.concatenate(entropies), batch.mask)
         grads, grad_norm = clip_by_global_norm(grads, config.max_grad_norm)
         mx.eval(loss, grad_norm, stats, logp)
