@@ -11,10 +11,8 @@ in float32 unless --dtype says otherwise (on a CPU, bf16 matmuls bypass BLAS and
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib
 import json
-import sys
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -23,6 +21,7 @@ import numpy as np
 
 from mlx_grpo.config import load_config
 from mlx_grpo.models import apply_adapters, make_reference
+from mlx_grpo.presets import preset_config
 from mlx_grpo.rollout import Rollout, SamplingSettings, generate
 from mlx_grpo.trainer import make_optimizer
 from mlx_grpo.update import (build_train_batch, checkpoint_blocks, make_loss_fn, reference_logprobs,
@@ -31,6 +30,7 @@ from mlx_grpo.update import (build_train_batch, checkpoint_blocks, make_loss_fn,
 
 @dataclass
 class Probe:
+    preset: str = ""  # a published shape (mlx_grpo/presets.py); the shape fields below are then ignored
     model_type: str = "qwen2"
     hidden: int = 896
     intermediate: int = 4864
@@ -51,8 +51,11 @@ class Probe:
     beta: float = 0.04
     dtype: str = "float32"
     rollout: bool = False
+    train: bool = True  # measure the reference and update phases (off: the rollout alone)
 
     def model_config(self) -> dict:
+        if self.preset:
+            return preset_config(self.preset, self.layers)
         return {"model_type": self.model_type, "hidden_size": self.hidden, "intermediate_size": self.intermediate,
                 "num_attention_heads": self.heads, "num_key_value_heads": self.kv_heads,
                 "vocab_size": self.vocab, "num_hidden_layers": self.layers, "tie_word_embeddings": self.tied,
@@ -60,8 +63,9 @@ class Probe:
 
 
 def build_model(probe: Probe) -> nn.Module:
-    module = importlib.import_module(f"mlx_lm.models.{probe.model_type}")
-    model = module.Model(module.ModelArgs.from_dict(probe.model_config()))
+    config = probe.model_config()
+    module = importlib.import_module(f"mlx_lm.models.{config['model_type']}")
+    model = module.Model(module.ModelArgs.from_dict(config))
     model.set_dtype(getattr(mx, probe.dtype))
     mx.eval(model.parameters())
     return model
@@ -83,8 +87,9 @@ def measure(probe: Probe) -> dict[str, float]:
     reference = make_reference(model, config)
     optimizer = make_optimizer(config)
     rng = np.random.default_rng(0)
+    vocab = probe.model_config()["vocab_size"]
     num_prompts = probe.sequences // probe.group_size
-    prompts = [rng.integers(1, probe.vocab, probe.prompt).tolist() for _ in range(num_prompts)]
+    prompts = [rng.integers(1, vocab, probe.prompt).tolist() for _ in range(num_prompts)]
     out = {"weights": weights}
 
     def phase(name, run):
@@ -99,7 +104,12 @@ def measure(probe: Probe) -> dict[str, float]:
     if probe.rollout:
         phase("rollout", lambda: generate(model, prompts, probe.group_size, probe.completion, set(), 0,
                                           SamplingSettings(temperature=1.0), mx.random.key(0)))
-    completions = [rng.integers(1, probe.vocab, probe.completion).tolist() for _ in range(probe.sequences)]
+        out["kv_bytes"] = (probe.sequences * (probe.prompt + probe.completion) * len(model.layers) * 2
+                           * model.args.num_key_value_heads * (getattr(model.args, "head_dim", None)
+                           or model.args.hidden_size // model.args.num_attention_heads) * mx.float32.size)
+    if not probe.train:
+        return out
+    completions = [rng.integers(1, vocab, probe.completion).tolist() for _ in range(probe.sequences)]
     rollout = Rollout([p for p in prompts for _ in range(probe.group_size)], completions,
                       [[0.0] * probe.completion] * probe.sequences, [False] * probe.sequences, 0.0)
     batch = build_train_batch(rollout, pad_id=0)

@@ -336,9 +336,12 @@ def this_machine_budget() -> tuple[float, str]:
 # ----------------------------------------------------------------------------- the model's shape
 
 def read_model_shape(model_id: str, base_dir: Path) -> ModelShape:
-    """The shape of `model_id` from its config.json, without loading any weights."""
+    """The shape of `model_id` from its config.json (or a `preset:NAME`), without loading any weights."""
     from .models import resolve_model_path
+    from .presets import preset_config
 
+    if model_id.startswith("preset:"):
+        return ModelShape.from_config(preset_config(model_id.removeprefix("preset:")), model_id)
     path = Path(resolve_model_path(model_id, base_dir, need_weights=False))
     config_file = path / "config.json"
     if not config_file.is_file():

@@ -84,3 +84,20 @@ def test_train_refuses_a_run_that_cannot_fit_before_loading_anything(tmp_path, c
     assert code != 0 and len(err) == 1
     assert "this run needs ~" in err[0] and "fit with" in err[0] and "memory_check: false" in err[0]
     assert not runs.exists()
+
+
+def test_presets_have_the_published_sizes_and_build_through_mlx_lm():
+    from mlx_grpo.presets import PRESETS, preset_config, preset_model
+
+    # model cards: parameters in billions
+    published = {"qwen2.5-0.5b": 0.49, "qwen2.5-1.5b": 1.54, "qwen2.5-3b": 3.09, "qwen2.5-7b": 7.61,
+                 "qwen3-0.6b": 0.6, "qwen3-1.7b": 1.7, "qwen3-4b": 4.0, "llama-3.2-1b": 1.24, "llama-3.2-3b": 3.21}
+    assert set(PRESETS) == set(published)
+    for name, billions in published.items():
+        assert ModelShape.from_config(preset_config(name)).parameters() / 1e9 == pytest.approx(billions, abs=0.03), name
+    model = preset_model("qwen3-0.6b", layers=1)
+    assert len(model.layers) == 1 and model.args.hidden_size == 1024 and model.args.vocab_size == 151936
+    import mlx.core as mx
+
+    assert model(mx.array([[1, 2, 3]])).shape == (1, 3, 151936)
+    assert ModelShape.from_config(preset_config("qwen3-0.6b", layers=1)).layers == 1
