@@ -21,6 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "report": ("mlx_grpo.commands.report", "reward report of a run: quality score, reward functions, hacking check"),
     "metrics": ("mlx_grpo.commands.metrics", "print the metric catalogue (and where the seed metrics went)"),
     "bench": ("mlx_grpo.commands.bench", "measure tokens/s of rollout, update and whole step against baselines"),
+    "plan": ("mlx_grpo.commands.plan", "predict each phase's peak memory for a config, and the settings that fit"),
     "doctor": ("mlx_grpo.commands.doctor", "check backend, device, BLAS, dtype and memory, and say what to fix"),
     "sweep": ("mlx_grpo.commands.sweep", "grid or random search over config keys: one run per trial, resumable"),
     "compare": ("mlx_grpo.commands.compare", "table of several runs: config differences and final metrics"),

@@ -98,9 +98,11 @@ class TrainConfig:
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
     # Memory of the update and the reference pass (the same gradient whatever they are; docs/SCALE.md):
-    micro_batch_size: int = 0  # completions per forward/backward pass, gradients accumulated; 0 = all at once
+    # completions per forward/backward pass, gradients summed; 0 = all at once; auto = the most that fit
+    micro_batch_size: int | str = "auto"
     logits_chunk_size: int = 0  # completion positions per LM-head pass (152k-vocab logits are big); 0 = all
     grad_checkpoint: bool = False  # recompute each transformer block in the backward pass instead of keeping it
+    memory_check: bool = True  # refuse a run `mlx-grpo plan` predicts will not fit in memory
     beta: float = 0.04  # KL coefficient; 0 computes no reference policy at all
     epsilon: float = 0.2
     epsilon_high: float | None = None  # None: same as epsilon
@@ -169,7 +171,9 @@ class TrainConfig:
             ("warmup_fraction", 0 <= self.warmup_fraction < 1, "in [0, 1)"),
             ("weight_decay", self.weight_decay >= 0, "non-negative"),
             ("max_grad_norm", self.max_grad_norm >= 0, "non-negative (0 turns clipping off)"),
-            ("micro_batch_size", self.micro_batch_size >= 0, "non-negative (0: the whole batch at once)"),
+            ("micro_batch_size", self.micro_batch_size == "auto" or (isinstance(self.micro_batch_size, int)
+                                                                      and self.micro_batch_size >= 0),
+             "auto or a non-negative integer (0: the whole batch at once)"),
             ("logits_chunk_size", self.logits_chunk_size >= 0, "non-negative (0: every position at once)"),
             ("beta", self.beta >= 0, "non-negative"),
             ("epsilon", 0 < self.epsilon < 1, "between 0 and 1"),

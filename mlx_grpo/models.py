@@ -23,8 +23,9 @@ DEFAULT_MODEL_DIR = Path(__file__).parent / "default_model"
 DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}
 
 
-def resolve_model_path(model_id: str, base_dir: Path) -> str:
-    """A local directory (checked to be a model) or, failing that, a hub id."""
+def resolve_model_path(model_id: str, base_dir: Path, need_weights: bool = True) -> str:
+    """A local directory (checked to be a model; `need_weights` False: a config.json is enough) or,
+    failing that, a hub id."""
     if model_id == DEFAULT_MODEL:
         return str(DEFAULT_MODEL_DIR)
     candidate = Path(model_id).expanduser()
@@ -38,7 +39,7 @@ def resolve_model_path(model_id: str, base_dir: Path) -> str:
         raise UserError(f"model '{model_id}': directory not found")
     if not (candidate / "config.json").is_file():
         raise UserError(f"model '{model_id}': not a model directory (no config.json)")
-    if not any(candidate.glob("*.safetensors")):
+    if need_weights and not any(candidate.glob("*.safetensors")):
         raise UserError(f"model '{model_id}': not a model directory (no *.safetensors weights)")
     return str(candidate)
 

@@ -48,6 +48,7 @@ from .telemetry.rundir import scrub_secrets
 from .telemetry.sinks import WandbOptions, make_sinks, wandb_enabled
 from .telemetry.step_data import StepData, UpdateStats, eval_record
 from .telemetry.system import SystemSampler
+from .plan import fit_run
 from .update import (TrainBatch, UpdateResult, build_train_batch, checkpoint_blocks, make_loss_fn, reference_logprobs,
                      update_policy)
 
@@ -165,6 +166,8 @@ class Trainer:
               stop_at_eos: bool = True) -> "Trainer":
         """`rows`: (train, eval) rows instead of the config's datasets; `stop_at_eos` False makes every
         completion run its whole budget (the benchmark's fixed shapes)."""
+        if config.micro_batch_size == "auto":
+            config = fit_run(config, base_dir)[0]
         mx.random.seed(config.seed)
         world = init_world()
         policy = load_policy_for_training(config, base_dir)
@@ -353,6 +356,7 @@ def open_run(config: TrainConfig, base_dir: Path, resume_dir: Path | None) -> Ru
     """Build the trainer, restore a checkpoint when resuming, and assemble the recorder and its sinks."""
     checkpoint = resumable_checkpoint(resume_dir, config.num_steps) if resume_dir is not None else None
     rules = alert_rules(config, base_dir)  # before the model loads: a mistake in the file shows at once
+    config, memory_plan = fit_run(config, base_dir)  # refuses a run that cannot fit, before anything loads
     trainer = Trainer.build(config, base_dir)
     world = trainer.world
     run_dir = Path(world.from_main(str(resume_dir or new_run_dir(config, base_dir))))
@@ -393,6 +397,7 @@ def open_run(config: TrainConfig, base_dir: Path, resume_dir: Path | None) -> Ru
     total_params, trainable_params = count_parameters(trainer.policy.model)
     console.message(f"run {run_dir}  model {config.model_id}: {total_params:,} parameters, "
                     f"{trainable_params:,} trainable")
+    console.message(memory_plan)
     for fn in trainer.reward_fns:
         if (line := fn.hooks.describe()) is not None:
             console.message(line)

@@ -62,9 +62,10 @@ class TrainBatch:
                        positions=self.positions[start:stop, :completion], mask=mask[:, :completion],
                        num_tokens=int(mask.sum().item()), sequence_lengths=self.sequence_lengths[start:stop])
 
-    def micro_batches(self, size: int) -> Iterator[tuple[slice, "TrainBatch"]]:
-        """(rows, micro-batch) pairs of at most `size` sequences (0: the whole batch in one)."""
-        size = size or self.num_sequences
+    def micro_batches(self, size: int | str) -> Iterator[tuple[slice, "TrainBatch"]]:
+        """(rows, micro-batch) pairs of at most `size` sequences (0: the whole batch in one). `auto` is
+        resolved by the run's memory plan before training; called directly, it means the whole batch."""
+        size = size if isinstance(size, int) and size > 0 else self.num_sequences
         for start in range(0, self.num_sequences, size):
             stop = min(start + size, self.num_sequences)
             yield slice(start, stop), (self if size >= self.num_sequences else self.rows(start, stop))

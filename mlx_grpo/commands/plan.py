@@ -1,0 +1,75 @@
+"""`mlx-grpo plan [CONFIG] [--memory 16GB]`: will this run fit in memory, and what would make it fit."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+USES_MLX = True
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("config", nargs="?", help="YAML run config (default: the built-in default run)")
+    parser.add_argument("--memory", metavar="SIZE",
+                        help="plan for an Apple-silicon Mac with this much unified memory (e.g. 16GB), against "
+                             "its recommended working set; default: this machine")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a config key (e.g. --set max_generation_steps=1024)")
+    parser.add_argument("--json", action="store_true", help="print the plan as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from ..config import load_config, parse_override
+    from ..plan import GB, make_plan
+
+    overrides = dict(parse_override(text) for text in args.overrides)
+    config = load_config(args.config, overrides)
+    base_dir = Path(args.config).resolve().parent if args.config else Path.cwd()
+    verdict, facts = make_plan(config, base_dir, args.memory)
+    if args.json:
+        print(json.dumps({**facts, "budget_gb": round(verdict.budget / GB, 2), "fits": verdict.fits,
+                          "configured": verdict.configured.as_gb(),
+                          "fitting_settings": None if verdict.fitting is None else vars(verdict.fitting),
+                          "fitting": None if verdict.fitting_peaks is None else verdict.fitting_peaks.as_gb(),
+                          "other_changes": verdict.other_changes}, indent=2))
+    else:
+        print(format_plan(verdict, facts))
+    return 0 if verdict.fits else 1
+
+
+def format_plan(verdict, facts: dict) -> str:
+    from ..plan import GB
+
+    def gb(x: float) -> str:
+        return f"{x / GB:.1f} GB"
+
+    peaks = verdict.configured
+    lines = [
+        f"model     {facts['model']}: {facts['parameters'] / 1e9:.2f}B parameters, {facts['layers']} layers, "
+        f"vocabulary {facts['vocab']:,}, {facts['dtype']}{', 4-bit' if facts.get('bits') == 4 else ''}",
+        f"batch     {facts['prompts']} prompts x {facts['group_size']} completions, prompts <= "
+        f"{facts['prompt_length']} tokens, completions <= {facts['completion_length']} tokens",
+        f"memory    {gb(verdict.budget)} ({verdict.budget_source})",
+        "",
+        f"{'phase':<11}{'peak':>10}",
+        f"{'weights':<11}{gb(peaks.weights):>10}",
+        f"{'resident':<11}{gb(peaks.resident):>10}   weights + trainable state kept all run",
+        f"{'rollout':<11}{gb(peaks.rollout):>10}   KV cache of every completion + sampling",
+        f"{'reference':<11}{gb(peaks.reference):>10}",
+        f"{'update':<11}{gb(peaks.update):>10}",
+        "",
+    ]
+    settings = verdict.settings.describe()
+    if verdict.fits:
+        lines.append(f"fits: peak {gb(peaks.peak)} of {gb(verdict.budget)} with {settings}")
+    elif verdict.fitting is not None:
+        lines.append(f"does not fit: peak {gb(peaks.peak)} of {gb(verdict.budget)} with {settings}")
+        lines.append(f"fits with {verdict.fitting.describe()}: peak {gb(verdict.fitting_peaks.peak)}")
+    else:
+        lines.append(f"does not fit: peak {gb(peaks.peak)} of {gb(verdict.budget)}, even one completion at a time "
+                     f"with 32-position head chunks and grad_checkpoint")
+        if verdict.other_changes:
+            lines.append("it would fit with: " + "; or ".join(verdict.other_changes))
+    return "\n".join(lines)

@@ -1,0 +1,422 @@
+"""Predict the peak memory of each phase of a GRPO step before any weights load, and find settings that fit.
+
+The model's shape comes from its config.json alone. Each phase's peak is what stays resident
+(weights, trainable state: LoRA or full weights' gradients and AdamW moments, a frozen reference copy)
+plus what the phase builds on top:
+
+- rollout: the KV cache of every completion at full length, the prompts' prefill (its logits over the
+  whole vocabulary) and one decode step's sampling arrays;
+- reference: one micro-batch's forward pass (transient, one block at a time) and its LM-head logits;
+- update: one micro-batch's activations kept for the backward pass in every block (only the block
+  inputs with `grad_checkpoint`, plus one block recomputed), attention scores, and the LM-head logits
+  with their softmax and gradient, whole or one chunk at a time.
+
+The constants are measured, not guessed: `benchmarks/memory_probe.py` measures each phase's peak
+on random-weight models (MLX's peak counter is exact), and docs/SCALE.md compares this formula with
+those measurements on the published shapes of Qwen2.5, Qwen3 and Llama-3.2 models.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from .config import TrainConfig
+from .errors import UserError
+
+GB = 1e9
+
+# ----------------------------------------------------------------------------- measured constants
+# Bytes kept per token and per transformer block for the backward pass, in units of the activation
+# dtype's size: A_HIDDEN per hidden unit and A_INTERMEDIATE per MLP unit (norm inputs and outputs,
+# q/k/v/o and gate/up/down inputs, LoRA inputs), plus A_SCORES fp32 bytes per attention score.
+A_HIDDEN = 5.5
+A_INTERMEDIATE = 6.2
+A_SCORES = 2.0
+# The forward-only reference pass keeps about one block's worth at a time.
+A_FORWARD = 1.0
+# The LM head: peak bytes per fp32 logit of the part of the batch whose logits exist at once
+# (log-softmax, its gradient, entropy). A chunked head pays more per logit, on far fewer logits.
+HEAD_UPDATE = 4.8
+HEAD_UPDATE_CHUNKED = 12.0
+HEAD_REFERENCE = 2.9
+HEAD_REFERENCE_CHUNKED = 6.0
+# Sampling one decode step (softmax, filters, categorical) per fp32 logit of [N, V].
+SAMPLING = 4.0
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What memory depends on, read from a model's config.json."""
+
+    vocab: int
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    tied: bool
+    bits: int | None = None  # quantized base weights
+    group_size: int = 64
+
+    @classmethod
+    def from_config(cls, config: dict, source: str = "config.json") -> "ModelShape":
+        text = config.get("text_config") or {}
+        merged = {**text, **{k: v for k, v in config.items() if k != "text_config"}}
+        try:
+            hidden = int(merged["hidden_size"])
+            heads = int(merged["num_attention_heads"])
+            quant = merged.get("quantization") or {}
+            return cls(vocab=int(merged["vocab_size"]), hidden=hidden, layers=int(merged["num_hidden_layers"]),
+                       heads=heads, kv_heads=int(merged.get("num_key_value_heads") or heads),
+                       head_dim=int(merged.get("head_dim") or hidden // heads),
+                       intermediate=int(merged["intermediate_size"]),
+                       tied=bool(merged.get("tie_word_embeddings", False)),
+                       bits=int(quant["bits"]) if quant.get("bits") else None,
+                       group_size=int(quant.get("group_size", 64)))
+        except KeyError as err:
+            raise UserError(f"{source}: no '{err.args[0]}': mlx-grpo plan reads the model's shape from it") from None
+
+    def block_parameters(self) -> int:
+        attention = self.hidden * self.head_dim * (2 * self.heads + 2 * self.kv_heads)
+        return attention + 3 * self.hidden * self.intermediate + 2 * self.hidden
+
+    def parameters(self) -> int:
+        embeddings = self.vocab * self.hidden * (1 if self.tied else 2)
+        return embeddings + self.layers * self.block_parameters() + self.hidden
+
+    def weight_bytes(self, dtype_bytes: int) -> float:
+        if self.bits is None:
+            return self.parameters() * dtype_bytes
+        # quantized matrices: `bits` per weight plus a scale and a bias (dtype) per group; norms stay
+        per_weight = self.bits / 8 + 2 * dtype_bytes / self.group_size
+        return self.parameters() * per_weight
+
+    def lora_parameters(self, rank: int, num_layers: int) -> int:
+        """LoRA on every linear of `num_layers` blocks: rank x (inputs + outputs) each."""
+        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        linears = [(self.hidden, q), (self.hidden, kv), (self.hidden, kv), (q, self.hidden),
+                   (self.hidden, self.intermediate), (self.hidden, self.intermediate), (self.intermediate, self.hidden)]
+        return num_layers * rank * sum(i + o for i, o in linears)
+
+    def with_layers(self, layers: int) -> "ModelShape":
+        return replace(self, layers=layers)
+
+
+def dtype_bytes(dtype: str) -> int:
+    return 4 if dtype == "float32" else 2
+
+
+@dataclass(frozen=True)
+class Shapes:
+    """The batch: prompts x completions of at most these lengths."""
+
+    prompts: int
+    group_size: int
+    prompt_length: int
+    completion_length: int
+
+    @property
+    def sequences(self) -> int:
+        return self.prompts * self.group_size
+
+    @property
+    def length(self) -> int:
+        return self.prompt_length + self.completion_length
+
+
+@dataclass(frozen=True)
+class MemorySettings:
+    """The keys that change memory, not results."""
+
+    micro_batch_size: int = 0
+    logits_chunk_size: int = 0
+    grad_checkpoint: bool = False
+
+    def describe(self) -> str:
+        return (f"micro_batch_size: {self.micro_batch_size or 'all'}, logits_chunk_size: "
+                f"{self.logits_chunk_size or 'off'}, grad_checkpoint: {str(self.grad_checkpoint).lower()}")
+
+
+@dataclass(frozen=True)
+class PhasePeaks:
+    """Bytes: what stays resident, and each phase's peak (resident included)."""
+
+    weights: float
+    resident: float
+    rollout: float
+    reference: float
+    update: float
+
+    @property
+    def peak(self) -> float:
+        return max(self.rollout, self.reference, self.update)
+
+    def as_gb(self) -> dict[str, float]:
+        return {name: round(getattr(self, name) / GB, 2)
+                for name in ("weights", "resident", "rollout", "reference", "update", "peak")}
+
+
+def predict(shape: ModelShape, shapes: Shapes, config: TrainConfig, settings: MemorySettings,
+            dtype: str) -> PhasePeaks:
+    """Peak bytes of each phase of one step."""
+    d = dtype_bytes(dtype)
+    n, s, t = shapes.sequences, shapes.length, shapes.completion_length
+    weights = shape.weight_bytes(d)
+    if config.use_lora:
+        lora_layers = shape.layers if config.lora_layers < 0 else min(config.lora_layers, shape.layers)
+        trainable = shape.lora_parameters(config.lora_rank, lora_layers)
+        # LoRA parameters are float32 whatever the base dtype: weights, AdamW's two moments
+        resident = weights + trainable * 4 * 3
+        gradients = trainable * 4 * 2  # the micro-batch's and the running sum
+    else:
+        trainable = shape.parameters()
+        reference_copy = weights if config.beta > 0 else 0
+        resident = weights + trainable * d * 2 + reference_copy
+        gradients = trainable * d * 2
+
+    # rollout: KV cache of every sequence at full length, the prompts' prefill, one decode step
+    kv = n * s * shape.layers * 2 * shape.kv_heads * shape.head_dim * d
+    prefill = shapes.prompts * shapes.prompt_length * (shape.vocab * d + shape.intermediate * d * 4)
+    sampling = n * shape.vocab * 4 * SAMPLING
+    rollout = resident + kv + max(prefill, sampling)
+
+    m = min(settings.micro_batch_size or n, n)
+    chunked = 0 < settings.logits_chunk_size < t
+    positions = settings.logits_chunk_size if chunked else t
+    logits = m * positions * shape.vocab * 4
+    per_token_block = (A_HIDDEN * shape.hidden + A_INTERMEDIATE * shape.intermediate) * d \
+        + A_SCORES * 4 * shape.heads * s
+    one_block = m * s * per_token_block
+    reference = resident + m * s * A_FORWARD * per_token_block \
+        + logits * (HEAD_REFERENCE_CHUNKED if chunked else HEAD_REFERENCE)
+    if settings.grad_checkpoint:
+        kept = shape.layers * m * s * shape.hidden * d + one_block
+    else:
+        kept = shape.layers * one_block
+    update = resident + gradients + kept + logits * (HEAD_UPDATE_CHUNKED if chunked else HEAD_UPDATE)
+    return PhasePeaks(weights, resident, rollout, reference if config.beta > 0 else resident, update)
+
+
+# ----------------------------------------------------------------------------- fitting a budget
+
+CHUNKS = (0, 256, 128, 64, 32)
+
+
+def candidate_settings(sequences: int) -> list[MemorySettings]:
+    """Every setting worth trying, fastest first: no block recompute before recompute (about a third
+    more compute), whole micro-batches before small ones, large head chunks before small."""
+    return [MemorySettings(m, c, ckpt) for ckpt in (False, True) for m in candidate_micro_batches(sequences)
+            for c in CHUNKS]
+
+
+@dataclass(frozen=True)
+class Verdict:
+    budget: float
+    budget_source: str
+    configured: PhasePeaks
+    settings: MemorySettings  # what the config asks for
+    fitting: MemorySettings | None  # the fastest settings that fit (None: nothing fits)
+    fitting_peaks: PhasePeaks | None
+    other_changes: list[str]  # when nothing fits: what else would
+
+    @property
+    def fits(self) -> bool:
+        return self.configured.peak <= self.budget
+
+
+# Recommended settings keep the predicted peak under this share of the budget: the formula is
+# within ~15% of measurements, and the system needs some memory of its own.
+MARGIN = 0.85
+
+
+def configured_settings(config: TrainConfig, shape: ModelShape, shapes: Shapes, dtype: str,
+                        budget: float) -> MemorySettings:
+    """The config's memory keys, with `micro_batch_size: auto` as the most completions per pass that fit."""
+    if config.micro_batch_size != "auto":
+        return MemorySettings(config.micro_batch_size, config.logits_chunk_size, config.grad_checkpoint)
+    sizes = [m for m in candidate_micro_batches(shapes.sequences)]
+    for m in sizes:
+        settings = MemorySettings(m, config.logits_chunk_size, config.grad_checkpoint)
+        if predict(shape, shapes, config, settings, dtype).peak <= MARGIN * budget:
+            return settings
+    return MemorySettings(sizes[-1], config.logits_chunk_size, config.grad_checkpoint)
+
+
+def candidate_micro_batches(sequences: int) -> list[int]:
+    """0 (all at once), then ever smaller micro-batches down to 1."""
+    return [0, *sorted({m for m in (64, 32, 16, 8, 4, 2, 1) if m < sequences}, reverse=True)]
+
+
+def plan(shape: ModelShape, shapes: Shapes, config: TrainConfig, dtype: str, budget: float,
+         budget_source: str) -> Verdict:
+    settings = configured_settings(config, shape, shapes, dtype, budget)
+    configured = predict(shape, shapes, config, settings, dtype)
+    fitting = fitting_peaks = None
+    for candidate in candidate_settings(shapes.sequences):
+        peaks = predict(shape, shapes, config, candidate, dtype)
+        if peaks.peak <= MARGIN * budget:
+            fitting, fitting_peaks = candidate, peaks
+            break
+    other = [] if fitting is not None else bigger_changes(shape, shapes, config, dtype, MARGIN * budget)
+    return Verdict(budget, budget_source, configured, settings, fitting, fitting_peaks, other)
+
+
+def bigger_changes(shape: ModelShape, shapes: Shapes, config: TrainConfig, dtype: str, budget: float) -> list[str]:
+    """When no memory setting is enough: the smallest changes to the run that fit, with the leanest
+    settings. Model changes first (LoRA, a 4-bit base), each alone or with fewer prompts per step or
+    shorter completions."""
+    leanest = MemorySettings(1, 32, True)
+    variants: list[tuple[list[str], ModelShape, TrainConfig]] = [([], shape, config)]
+    if not config.use_lora:
+        variants.append((["use_lora: true"], shape, replace(config, use_lora=True)))
+    if shape.bits is None:
+        variants.append((["use_lora: true", "a 4-bit base model (mlx_lm.convert -q)"] if not config.use_lora
+                         else ["a 4-bit base model (mlx_lm.convert -q)"], replace(shape, bits=4),
+                         replace(config, use_lora=True)))
+    found: list[str] = []
+    for changes, model, cfg in variants:
+        if predict(model, shapes, cfg, leanest, dtype).peak <= budget:
+            found.append(" + ".join(changes))
+        else:
+            for prompts in range(shapes.prompts - 1, 0, -1):
+                if predict(model, replace(shapes, prompts=prompts), cfg, leanest, dtype).peak <= budget:
+                    found.append(" + ".join([*changes, f"batch_size: {prompts}"]))
+                    break
+            else:
+                for length in (1536, 1024, 768, 512, 384, 256, 128, 64):
+                    if length < shapes.completion_length and predict(
+                            model, replace(shapes, completion_length=length), cfg, leanest, dtype).peak <= budget:
+                        found.append(" + ".join([*changes, f"max_generation_steps: {length}"]))
+                        break
+        if len(found) == 2:
+            break
+    return [f for f in found if f]
+
+
+# ----------------------------------------------------------------------------- budgets
+
+def mac_working_set(memory_gb: float) -> float:
+    """Metal's recommended working set of an Apple-silicon Mac with `memory_gb` of unified memory:
+    about two thirds of it up to 32 GB, three quarters above (what `mx.device_info()` reports)."""
+    return memory_gb * GB * (2 / 3 if memory_gb <= 32 else 3 / 4)
+
+
+def parse_memory(text: str) -> float:
+    """'16GB', '16', '24 GiB' -> gigabytes."""
+    cleaned = text.strip().lower().replace(" ", "")
+    for suffix in ("gib", "gb", "g"):
+        if cleaned.endswith(suffix):
+            cleaned = cleaned[: -len(suffix)]
+            break
+    try:
+        value = float(cleaned)
+    except ValueError:
+        raise UserError(f"--memory {text!r}: expected a size such as 16GB") from None
+    if not math.isfinite(value) or value <= 0:
+        raise UserError(f"--memory {text!r}: expected a positive size such as 16GB")
+    return value
+
+
+def this_machine_budget() -> tuple[float, str]:
+    import mlx.core as mx
+    import psutil
+
+    if mx.metal.is_available():
+        info = mx.device_info() if hasattr(mx, "device_info") else mx.metal.device_info()
+        working_set = info.get("max_recommended_working_set_size")
+        if working_set:
+            return float(working_set), "this Mac's recommended working set"
+    return float(psutil.virtual_memory().total) * 0.9, "90% of this machine's memory"
+
+
+# ----------------------------------------------------------------------------- the model's shape
+
+def read_model_shape(model_id: str, base_dir: Path) -> ModelShape:
+    """The shape of `model_id` from its config.json, without loading any weights."""
+    from .models import resolve_model_path
+
+    path = Path(resolve_model_path(model_id, base_dir, need_weights=False))
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        config_file = _hub_config(model_id)
+    try:
+        return ModelShape.from_config(json.loads(config_file.read_text()), str(config_file))
+    except (OSError, ValueError) as err:
+        raise UserError(f"{config_file}: cannot read the model's shape: {err}") from None
+
+
+def _hub_config(model_id: str) -> Path:
+    """A hub model's config.json: from the local cache, else downloaded alone (a few kB)."""
+    try:
+        from huggingface_hub import hf_hub_download, try_to_load_from_cache
+        from huggingface_hub.utils import logging as hub_logging
+
+        cached = try_to_load_from_cache(model_id, "config.json")
+        if isinstance(cached, str):
+            return Path(cached)
+        hub_logging.set_verbosity_error()  # its retry warnings would bury our one line
+        return Path(hf_hub_download(model_id, "config.json"))
+    except Exception as err:  # offline, unknown repo, no access: one line either way
+        raise UserError(f"model '{model_id}': cannot read its config.json ({type(err).__name__}); "
+                        f"download the model or give a local directory") from None
+
+
+# ----------------------------------------------------------------------------- one call for the CLI and train
+
+def planned_dtype(dtype: str, for_a_mac: bool) -> str:
+    """`auto` is bf16 on a GPU (a Mac), float32 on the CPU backend."""
+    if dtype != "auto":
+        return dtype
+    if for_a_mac:
+        return "bfloat16"
+    import mlx.core as mx
+
+    return "bfloat16" if mx.default_device().type == mx.gpu else "float32"
+
+
+def make_plan(config: TrainConfig, base_dir: Path, memory: str | None = None) -> tuple[Verdict, dict]:
+    """The plan of `config` on this machine, or on a Mac with `memory` ('16GB') of unified memory."""
+    shape = read_model_shape(config.model_id, base_dir)
+    dtype = planned_dtype(config.dtype, memory is not None)
+    if memory is not None:
+        size = parse_memory(memory)
+        budget, source = mac_working_set(size), f"the recommended working set of a {size:g} GB Mac"
+    else:
+        budget, source = this_machine_budget()
+    shapes = Shapes(config.batch_size, config.num_generations, config.max_prompt_length, config.max_generation_steps)
+    verdict = plan(shape, shapes, config, dtype, budget, source)
+    facts = {"model": config.model_id, "parameters": shape.parameters(), "layers": shape.layers,
+             "vocab": shape.vocab, "dtype": dtype, "bits": shape.bits, "prompts": shapes.prompts,
+             "group_size": shapes.group_size, "prompt_length": shapes.prompt_length,
+             "completion_length": shapes.completion_length}
+    return verdict, facts
+
+
+def fit_run(config: TrainConfig, base_dir: Path) -> tuple[TrainConfig, str]:
+    """At the start of a run, before the model loads: `micro_batch_size: auto` resolved, and the plan's
+    verdict in one line. A run predicted not to fit this machine is refused (UserError naming the
+    settings that would fit) unless `memory_check` is off."""
+    try:
+        verdict, facts = make_plan(config, base_dir)
+    except UserError as err:  # no config.json to read (a hub model not downloaded yet, offline)
+        fallback = 0 if config.micro_batch_size == "auto" else config.micro_batch_size
+        return replace(config, micro_batch_size=fallback), f"memory plan: skipped ({err})"
+    peaks, settings = verdict.configured, verdict.settings
+    config = replace(config, micro_batch_size=settings.micro_batch_size)
+    line = (f"memory plan: peak ~{peaks.peak / GB:.1f} GB of {verdict.budget / GB:.1f} GB "
+            f"(rollout {peaks.rollout / GB:.1f}, reference {peaks.reference / GB:.1f}, update {peaks.update / GB:.1f}) "
+            f"with {settings.describe()}")
+    if verdict.fits or not config.memory_check:
+        return config, line
+    if verdict.fitting is not None:
+        advice = f"it fits with {verdict.fitting.describe()}"
+    elif verdict.other_changes:
+        advice = "it would fit with " + "; or ".join(verdict.other_changes)
+    else:
+        advice = "no setting makes it fit here"
+    raise UserError(f"this run needs ~{peaks.peak / GB:.1f} GB at its peak, more than {verdict.budget / GB:.1f} GB "
+                    f"({verdict.budget_source}); {advice}. See `mlx-grpo plan`; memory_check: false starts it anyway")

@@ -1,0 +1,86 @@
+"""`mlx-grpo plan`: a config's memory before any weight loads, the settings that fit, and train's refusal."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from mlx_grpo.cli import main
+from mlx_grpo.config import load_config
+from mlx_grpo.plan import (GB, MemorySettings, ModelShape, Shapes, configured_settings, mac_working_set, plan,
+                           predict)
+
+# Published config.json values (huggingface.co/Qwen/Qwen2.5-1.5B-Instruct, /Qwen/Qwen2.5-7B-Instruct).
+QWEN25_15B = {"model_type": "qwen2", "hidden_size": 1536, "intermediate_size": 8960, "num_attention_heads": 12,
+              "num_key_value_heads": 2, "num_hidden_layers": 28, "vocab_size": 151936, "tie_word_embeddings": True,
+              "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "max_position_embeddings": 32768}
+QWEN25_7B = {**QWEN25_15B, "hidden_size": 3584, "intermediate_size": 18944, "num_attention_heads": 28,
+             "num_key_value_heads": 4, "tie_word_embeddings": False, "vocab_size": 152064}
+
+
+def test_the_shape_gives_the_published_parameter_counts():
+    # model cards: 1.54B and 7.61B parameters (q/k/v biases, a few hundred thousand, are left out)
+    assert ModelShape.from_config(QWEN25_15B).parameters() / 1e9 == pytest.approx(1.54, abs=0.01)
+    assert ModelShape.from_config(QWEN25_7B).parameters() / 1e9 == pytest.approx(7.61, abs=0.01)
+
+
+def recipe(**overrides):
+    """The common Qwen2.5-1.5B recipe: LoRA r16, 4 prompts x 8 completions of 1024 tokens after 256."""
+    return load_config(None, {"use_lora": True, "lora_rank": 16, "batch_size": 4, "num_generations": 8,
+                              "max_prompt_length": 256, "max_generation_steps": 1024, **overrides})
+
+
+def test_micro_batches_head_chunks_and_checkpoints_each_lower_the_update_peak():
+    shape, shapes = ModelShape.from_config(QWEN25_15B), Shapes(4, 8, 256, 1024)
+    config = recipe()
+    peaks = [predict(shape, shapes, config, settings, "bfloat16").update
+             for settings in (MemorySettings(), MemorySettings(8), MemorySettings(1), MemorySettings(1, 128),
+                              MemorySettings(1, 128, True))]
+    assert peaks == sorted(peaks, reverse=True) and len(set(peaks)) == len(peaks)
+    assert peaks[-1] < 9 * GB < peaks[0]
+
+
+def test_a_16gb_mac_gets_settings_under_its_working_set_and_auto_takes_the_most_that_fit():
+    shape, shapes = ModelShape.from_config(QWEN25_15B), Shapes(4, 8, 256, 1024)
+    budget = mac_working_set(16)
+    verdict = plan(shape, shapes, recipe(micro_batch_size=0), "bfloat16", budget, "16 GB Mac")
+    assert not verdict.fits and verdict.fitting is not None
+    assert verdict.fitting_peaks.peak <= 0.85 * budget
+    chosen = configured_settings(recipe(grad_checkpoint=True, logits_chunk_size=128), shape, shapes, "bfloat16", budget)
+    assert chosen.micro_batch_size >= 1
+    bigger = MemorySettings(chosen.micro_batch_size * 2, 128, True)
+    assert predict(shape, shapes, recipe(), bigger, "bfloat16").peak > 0.85 * budget
+    roomy = configured_settings(recipe(grad_checkpoint=True, logits_chunk_size=128), shape, shapes, "bfloat16",
+                                mac_working_set(128))
+    assert roomy.micro_batch_size == 0 or roomy.micro_batch_size > chosen.micro_batch_size
+
+
+def shape_only_model(tmp_path: Path, config: dict) -> Path:
+    """A model directory with a config.json and nothing else: the plan needs no weights."""
+    model = tmp_path / "qwen7b"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(config))
+    return model
+
+
+def test_plan_says_what_would_make_an_impossible_run_fit(tmp_path, capsys):
+    model = shape_only_model(tmp_path, QWEN25_7B)
+    code = main(["plan", "--memory", "16GB", "--set", f"model_id={model}", "--set", "use_lora=false",
+                 "--set", "max_generation_steps=1024", "--set", "dtype=bfloat16"])
+    out = capsys.readouterr().out
+    assert code == 1
+    assert "does not fit" in out and "it would fit with: use_lora: true + a 4-bit base model" in out
+
+
+def test_train_refuses_a_run_that_cannot_fit_before_loading_anything(tmp_path, capsys):
+    model = shape_only_model(tmp_path, QWEN25_7B)  # no weights: loading would fail, so nothing loaded
+    runs = tmp_path / "runs"
+    # full fine-tuning of 7B parameters with 512 completions of 2048 tokens: beyond any machine CI runs on
+    code = main(["train", "--model-id", str(model), "--no-use-lora", "--max-generation-steps", "2048",
+                 "--batch-size", "64", "--dtype", "bfloat16", "--monitoring-dir", str(runs)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code != 0 and len(err) == 1
+    assert "this run needs ~" in err[0] and "fit with" in err[0] and "memory_check: false" in err[0]
+    assert not runs.exists()
