@@ -106,9 +106,13 @@ class TrainConfig:
     beta: float = 0.04  # KL coefficient; 0 computes no reference policy at all
     epsilon: float = 0.2
     epsilon_high: float | None = None  # None: same as epsilon
+    delta: float | None = None  # two-sided clipping (TRL): where the advantage is negative, the ratio counts at most delta
     loss_type: str = "grpo"  # grpo | bnpo | dr_grpo | dapo
     importance_sampling_level: str = "token"  # token | sequence (GSPO)
     scale_rewards: str = "group"  # group | batch | none
+    mask_truncated_completions: bool = False  # completions cut off by the budget take no part in the loss (DAPO)
+    dynamic_sampling: bool = False  # drop groups whose rewards are all equal; draw more prompts to refill (DAPO)
+    dynamic_sampling_max_rounds: int = 3  # extra draws per step at most; then the batch is filled with what there is
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
@@ -178,6 +182,9 @@ class TrainConfig:
             ("beta", self.beta >= 0, "non-negative"),
             ("epsilon", 0 < self.epsilon < 1, "between 0 and 1"),
             ("epsilon_high", self.epsilon_high is None or self.epsilon_high > 0, "positive"),
+            ("delta", self.delta is None or self.delta > 1 + (self.epsilon_high or self.epsilon),
+             "above 1 + epsilon_high (or null to turn two-sided clipping off)"),
+            ("dynamic_sampling_max_rounds", self.dynamic_sampling_max_rounds >= 1, "at least 1"),
             ("temperature", self.temperature > 0, "positive"),
             ("top_p", 0 < self.top_p <= 1, "in (0, 1]"),
             ("top_k", self.top_k >= 0, "non-negative (0 turns it off)"),

@@ -196,7 +196,8 @@ def _check_variant(loss_type: str, importance_level: str, beta: float, ref_logp,
         raise ValueError("loss_type 'dr_grpo' needs max_completion_length")
 
 
-def _token_terms(logp, old_logp, ref_logp, advantages, mask, epsilon, epsilon_high, importance_level) -> _TokenTerms:
+def _token_terms(logp, old_logp, ref_logp, advantages, mask, epsilon, epsilon_high, importance_level,
+                 delta=None) -> _TokenTerms:
     active = mask.astype(mx.bool_)
     # Zero every masked input first: nothing downstream (exp, products,
     # their gradients) can then turn padding garbage into NaN.
@@ -217,7 +218,9 @@ def _token_terms(logp, old_logp, ref_logp, advantages, mask, epsilon, epsilon_hi
         ratio = mx.stop_gradient(mx.exp(log_ratio)) * mx.exp(logp - mx.stop_gradient(logp))
 
     low, high = 1.0 - epsilon, 1.0 + epsilon_high
-    surrogate = mx.minimum(ratio * adv, mx.clip(ratio, low, high) * adv)
+    # two-sided clipping: a negative advantage cannot push a token whose ratio is above delta any harder
+    capped = ratio if delta is None else mx.minimum(ratio, delta)
+    surrogate = mx.minimum(capped * adv, mx.clip(ratio, low, high) * adv)
     pg = mx.where(active, -surrogate, 0.0)
     if ref_logp is not None:
         ref = mx.where(active, ref_logp.astype(mx.float32), 0.0)
@@ -251,6 +254,7 @@ def grpo_loss(
     importance_level: str = "token",
     max_completion_length: int | None = None,
     totals: LossTotals | None = None,
+    delta: float | None = None,
 ) -> mx.array:
     """Clipped GRPO surrogate (+ optional k3 KL penalty), aggregated by ``loss_type``.
 
@@ -298,9 +302,13 @@ def grpo_loss(
             are the whole update. Every aggregation is then a plain sum over
             sequences divided by a constant, so the gradients of the parts
             add up to the gradient of the whole, for every loss_type.
+        delta: two-sided clipping (TRL's ``delta``): the unclipped term uses
+            ``min(r, delta)``, so where ``A < 0`` a ratio above ``delta`` gives
+            a constant loss and no gradient (a large ratio times a negative
+            advantage would otherwise give an unbounded loss). ``None``: off.
 
     Per-token loss:
-        ``-min(r * A, clip(r, 1 - epsilon, 1 + epsilon_high) * A)
+        ``-min(min(r, delta) * A, clip(r, 1 - epsilon, 1 + epsilon_high) * A)
         + beta * k3(logp, ref_logp)``.
 
     Returns:
@@ -309,7 +317,7 @@ def grpo_loss(
     """
     _check_variant(loss_type, importance_level, beta, ref_logp, max_completion_length)
     epsilon_high = epsilon if epsilon_high is None else epsilon_high
-    terms = _token_terms(logp, old_logp, ref_logp, advantages, mask, epsilon, epsilon_high, importance_level)
+    terms = _token_terms(logp, old_logp, ref_logp, advantages, mask, epsilon, epsilon_high, importance_level, delta)
     per_token = terms.pg + beta * terms.kl if beta > 0 else terms.pg
     return _aggregate(per_token, terms.seq_len, loss_type, totals or LossTotals.of(mask), max_completion_length)
 
@@ -328,6 +336,7 @@ def policy_stats(
     importance_level: str = "token",
     max_completion_length: int | None = None,
     totals: LossTotals | None = None,
+    delta: float | None = None,
 ) -> dict[str, mx.array]:
     """The update's statistics for the same arguments as `grpo_loss`, computed from log-probs alone
     (no gradient, no logits), so an update split into micro-batches reports them once for the whole
@@ -352,7 +361,8 @@ def policy_stats(
     _check_variant(loss_type, importance_level, beta, ref_logp, max_completion_length)
     epsilon_high = epsilon if epsilon_high is None else epsilon_high
     sg = mx.stop_gradient
-    terms = _token_terms(sg(logp), old_logp, ref_logp, advantages, mask, epsilon, epsilon_high, importance_level)
+    terms = _token_terms(sg(logp), old_logp, ref_logp, advantages, mask, epsilon, epsilon_high, importance_level,
+                         delta)
     active, adv, r, lr = terms.active, terms.advantages, terms.ratio, terms.log_ratio
     low, high = 1.0 - epsilon, 1.0 + epsilon_high
     low_clipped = (r < low) & (adv < 0)

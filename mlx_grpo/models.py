@@ -23,6 +23,25 @@ DEFAULT_MODEL_DIR = Path(__file__).parent / "default_model"
 DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}
 
 
+# Architectures whose output step is exactly "backbone, then the LM head (or the tied embedding)":
+# callers that need logits at a few positions only run the head there (a [positions, V] matrix
+# instead of [all positions, V]; at a 152k vocabulary that is most of a pass's memory).
+PLAIN_HEAD_MODELS = {"llama", "qwen2", "qwen3", "mistral"}
+
+
+def has_plain_head(model: nn.Module) -> bool:
+    return getattr(model, "model_type", None) in PLAIN_HEAD_MODELS and hasattr(model, "model")
+
+
+def lm_head(model: nn.Module) -> nn.Module:
+    """The module that turns hidden states into logits: the LM head, or the tied embedding."""
+    return model.model.embed_tokens if getattr(model.args, "tie_word_embeddings", False) else model.lm_head
+
+
+def project_to_vocab(head: nn.Module, hidden: mx.array) -> mx.array:
+    return head.as_linear(hidden) if isinstance(head, (nn.Embedding, nn.QuantizedEmbedding)) else head(hidden)
+
+
 def resolve_model_path(model_id: str, base_dir: Path, need_weights: bool = True) -> str:
     """A local directory (checked to be a model; `need_weights` False: a config.json is enough) or,
     failing that, a hub id."""

@@ -16,6 +16,8 @@ import mlx.nn as nn
 import numpy as np
 from mlx_lm.models.cache import BatchKVCache, KVCache, make_prompt_cache
 
+from .models import has_plain_head, lm_head, project_to_vocab
+
 
 @dataclass(frozen=True)
 class SamplingSettings:
@@ -84,6 +86,14 @@ def unbatchable_caches(model: nn.Module) -> list[str]:
     return sorted({type(c).__name__ for c in make_prompt_cache(model) if not hasattr(type(c), "merge")})
 
 
+def last_position_logits(model: nn.Module, inputs: mx.array, cache: list) -> mx.array:
+    """[B, V] logits of the last position: a prompt's prefill needs no others (at a 152k vocabulary,
+    B x prompt length x V logits would be most of the rollout's memory)."""
+    if has_plain_head(model):
+        return project_to_vocab(lm_head(model), model.model(inputs, cache=cache)[:, -1, :])
+    return model(inputs, cache=cache)[:, -1, :]
+
+
 def _prefill_plain(model: nn.Module, prompts: list[list[int]], pad_id: int, capacity: int,
                    rows: mx.array) -> tuple[mx.array, list]:
     """Every prompt in one left-padded forward pass, then each prompt's cache copied per group member."""
@@ -95,7 +105,7 @@ def _prefill_plain(model: nn.Module, prompts: list[list[int]], pad_id: int, capa
         # mlx-lm grows caches in blocks of 256 positions; one block of exactly the needed size
         # cuts rollout peak memory ~3.5x at the default shapes.
         layer_cache.step = max(1, capacity)
-    logits = model(inputs, cache=cache)[:, -1, :]
+    logits = last_position_logits(model, inputs, cache)
     for layer_cache in cache:
         if isinstance(layer_cache, BatchKVCache):
             layer_cache.filter(rows)
@@ -111,7 +121,7 @@ def _prefill_merged(model: nn.Module, prompts: list[list[int]], rows: mx.array) 
     per_prompt, last = [], []
     for prompt in prompts:
         cache = make_prompt_cache(model)
-        logits = model(mx.array([prompt]), cache=cache)[:, -1, :]
+        logits = last_position_logits(model, mx.array([prompt]), cache)
         mx.eval(logits, [c.state for c in cache])
         per_prompt.append(cache)
         last.append(logits)

@@ -115,9 +115,10 @@ class PhaseMeter:
             mx.reset_peak_memory()
         start = time.perf_counter()
         yield
-        self.seconds[name] = time.perf_counter() - start
+        # a phase entered again in the same step (dynamic sampling's extra rollouts) adds up
+        self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
         if memory:
-            self.peaks[name] = float(mx.get_peak_memory())
+            self.peaks[name] = max(self.peaks.get(name, 0.0), float(mx.get_peak_memory()))
 
 
 # ----------------------------------------------------------------------------- one step, in phases
@@ -142,6 +143,49 @@ class Scored:
     texts: list[str]
     scores: RewardScores
     correct: list[bool]
+
+
+@dataclass
+class Drawn:
+    """Prompts drawn for a step, their rollout and its scores, group by group: what dynamic sampling
+    filters and tops up."""
+
+    prompts: Prompts
+    rollout: Rollout
+    scored: Scored
+
+    def informative_groups(self) -> list[int]:
+        """Groups whose completions did not all get the same total reward (the others have no advantage)."""
+        totals = self.scored.scores.total.reshape(len(self.prompts.rows), self.prompts.group_size)
+        return [g for g, row in enumerate(totals) if row.max() > row.min()]
+
+    def take(self, groups: list[int]) -> "Drawn":
+        G = self.prompts.group_size
+        rows = [g * G + j for g in groups for j in range(G)]
+        r, sc = self.rollout, self.scored
+        return Drawn(Prompts([self.prompts.rows[g] for g in groups], [self.prompts.encoded[g] for g in groups], G),
+                     Rollout([r.prompts[i] for i in rows], [r.completions[i] for i in rows],
+                             [r.logprobs[i] for i in rows], [r.truncated[i] for i in rows], r.seconds),
+                     Scored([sc.texts[i] for i in rows],
+                            dataclasses.replace(sc.scores, per_function=sc.scores.per_function[:, rows],
+                                                total=sc.scores.total[rows]),
+                            [sc.correct[i] for i in rows]))
+
+    @staticmethod
+    def join(parts: list["Drawn"]) -> "Drawn":
+        first = parts[0]
+        return Drawn(
+            Prompts([row for p in parts for row in p.prompts.rows], [e for p in parts for e in p.prompts.encoded],
+                    first.prompts.group_size),
+            Rollout([x for p in parts for x in p.rollout.prompts], [x for p in parts for x in p.rollout.completions],
+                    [x for p in parts for x in p.rollout.logprobs], [x for p in parts for x in p.rollout.truncated],
+                    sum(p.rollout.seconds for p in parts)),
+            Scored([x for p in parts for x in p.scored.texts],
+                   dataclasses.replace(first.scored.scores,
+                                       per_function=np.concatenate([p.scored.scores.per_function for p in parts], 1),
+                                       total=np.concatenate([p.scored.scores.total for p in parts]),
+                                       new_errors=[e for p in parts for e in p.scored.scores.new_errors]),
+                   [x for p in parts for x in p.scored.correct]))
 
 
 @dataclass
@@ -189,8 +233,8 @@ class Trainer:
 
     # ------------------------------------------------------------------ phases
 
-    def draw_prompts(self) -> Prompts:
-        rows = [self.train_rows[i] for i in self.order.next_indices(self.config.batch_size)]
+    def draw_prompts(self, count: int | None = None) -> Prompts:
+        rows = [self.train_rows[i] for i in self.order.next_indices(count or self.config.batch_size)]
         encoded = [encode_prompt(self.policy.tokenizer, row["prompt"], self.config) for row in rows]
         return Prompts(rows, encoded, self.config.num_generations)
 
@@ -208,6 +252,33 @@ class Trainer:
         scores = score_completions(self.reward_fns, [row["prompt"] for row in rows], texts, answers,
                                    extra_columns(rows))
         return Scored(texts, scores, [is_correct(t, a) for t, a in zip(texts, answers)])
+
+    def refill(self, drawn: Drawn, key: mx.array, max_tokens: int, meter: PhaseMeter) -> tuple[Drawn, int]:
+        """Dynamic sampling (DAPO): keep the groups whose rewards differ and draw new prompts for the
+        others, up to `dynamic_sampling_max_rounds` times; a batch still short is filled with the
+        equal-reward groups drawn first. Returns the batch and how many prompts were drawn again."""
+        kept = [drawn.take(drawn.informative_groups())]
+        spare = [drawn.take([g for g in range(len(drawn.prompts.rows)) if g not in drawn.informative_groups()])]
+        redrawn = 0
+        round_keys = mx.random.split(key, self.config.dynamic_sampling_max_rounds + 1)
+        for round_key in round_keys[1:]:
+            missing = self.config.batch_size - sum(len(part.prompts.rows) for part in kept)
+            if missing <= 0:
+                break
+            prompts = self.draw_prompts(missing)
+            with meter.phase("rollout", memory=True):
+                rollout = self.rollout(prompts, round_key, max_tokens)
+            with meter.phase("reward"):
+                more = Drawn(prompts, rollout, self.score(prompts, rollout))
+            redrawn += missing
+            informative = more.informative_groups()
+            kept.append(more.take(informative))
+            spare.append(more.take([g for g in range(missing) if g not in informative]))
+        missing = self.config.batch_size - sum(len(part.prompts.rows) for part in kept)
+        if missing > 0:
+            spares = Drawn.join(spare)
+            kept.append(spares.take(list(range(missing))))
+        return Drawn.join(kept), redrawn
 
     def advantages(self, scored: Scored) -> mx.array:
         advantages = self.world.group_advantages(mx.array(scored.scores.total, dtype=mx.float32),
@@ -234,10 +305,16 @@ class Trainer:
             prompts = self.draw_prompts()
             plan = self.window.plan(step) if self.window is not None else None
             # The window varies the rollout budget only; the dr_grpo denominator stays max_generation_steps.
+            rollout_budget = plan.window if plan is not None else config.max_generation_steps
             with meter.phase("rollout", memory=True):
-                rollout = self.rollout(prompts, key, plan.window if plan is not None else config.max_generation_steps)
+                rollout = self.rollout(prompts, key, rollout_budget)
             with meter.phase("reward"):
                 scored = self.score(prompts, rollout)
+            component_metrics: dict[str, float] = {}
+            if config.dynamic_sampling:
+                drawn, redrawn = self.refill(Drawn(prompts, rollout, scored), key, rollout_budget, meter)
+                prompts, rollout, scored = drawn.prompts, drawn.rollout, drawn.scored
+                component_metrics["sampling/redrawn_prompts"] = float(redrawn)
             with meter.phase("advantage"):
                 advantages = group_advantages = self.advantages(scored)
                 trained = rollout
@@ -249,13 +326,12 @@ class Trainer:
                                         scale_rewards=config.scale_rewards, settings=self.settings,
                                         eos_ids=policy.eos_ids, pad_id=policy.pad_id, key=mx.random.split(key)[1])
                     advantages = trained.advantages
-                batch = build_train_batch(trained, policy.pad_id)
+                batch = build_train_batch(trained, policy.pad_id, config.mask_truncated_completions)
                 mx.eval(advantages)
             with meter.phase("ref", memory=True):
                 ref_logp = self.reference_logprobs(batch)
             with meter.phase("update", memory=True):
                 update = self.update(batch, advantages, ref_logp)
-        component_metrics: dict[str, float] = {}
         lengths = np.array([len(c) for c in rollout.completions], dtype=float)
         if plan is not None:
             component_metrics.update(self.window.update(plan, lengths, scored.correct))

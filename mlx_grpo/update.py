@@ -32,6 +32,7 @@ from mlx.utils import tree_flatten, tree_map
 from . import grpo
 from .config import TrainConfig
 from .extras import token_entropy
+from .models import has_plain_head, lm_head, project_to_vocab
 from .rollout import Rollout
 
 
@@ -71,8 +72,9 @@ class TrainBatch:
             yield slice(start, stop), (self if size >= self.num_sequences else self.rows(start, stop))
 
 
-def build_train_batch(rollout: Rollout, pad_id: int) -> TrainBatch:
-    """Prompt then completion, padded on the right: a causal mask is then exactly the rollout's view."""
+def build_train_batch(rollout: Rollout, pad_id: int, mask_truncated: bool = False) -> TrainBatch:
+    """Prompt then completion, padded on the right: a causal mask is then exactly the rollout's view.
+    `mask_truncated`: completions that hit the budget without ending get no loss tokens."""
     seqs = [p + c for p, c in zip(rollout.prompts, rollout.completions)]
     width = max(len(s) for s in seqs)
     tokens = np.full((len(seqs), width), pad_id, dtype=np.int32)
@@ -85,18 +87,12 @@ def build_train_batch(rollout: Rollout, pad_id: int) -> TrainBatch:
         n = len(c)
         # the logit at position k predicts token k+1, so completion token t comes from len(p)-1+t
         positions[i, :n] = np.arange(len(p) - 1, len(p) - 1 + n)
-        mask[i, :n] = 1.0
+        mask[i, :n] = 0.0 if mask_truncated and rollout.truncated[i] else 1.0
     return TrainBatch(mx.array(tokens[:, :-1]), mx.array(tokens[:, 1:]), mx.array(positions), mx.array(mask),
                       int(mask.sum()), np.array([len(s) for s in seqs], dtype=np.int32))
 
 
 # ----------------------------------------------------------------------------- scoring completions
-
-# Architectures whose output step is exactly "backbone, then the LM head (or the tied embedding)".
-# For them only completion positions go through the head, in chunks. Others take the full forward
-# pass: [N, S-1, V] logits at once.
-PLAIN_HEAD_MODELS = {"llama", "qwen2", "qwen3", "mistral"}
-
 
 @dataclass
 class CompletionScores:
@@ -122,10 +118,6 @@ def _score_logits(logits: mx.array, targets: mx.array, temperature: float, entro
 def _as_scores(arrays: dict[str, mx.array]) -> CompletionScores:
     logp = arrays.pop("logp")
     return CompletionScores(logp, arrays.pop("entropy", None), arrays)
-
-
-def _head(model: nn.Module) -> nn.Module:
-    return model.model.embed_tokens if getattr(model.args, "tie_word_embeddings", False) else model.lm_head
 
 
 def _head_weight(head: nn.Module) -> mx.array | None:
@@ -154,10 +146,8 @@ def _chunked_head_scores(hidden: mx.array, targets: mx.array, head: nn.Module, t
     width = targets.shape[1]
     starts = range(0, width, chunk)
     weight = _head_weight(head)
-    project = head.as_linear if isinstance(head, (nn.Embedding, nn.QuantizedEmbedding)) else head
-
     def logits_of(h: mx.array, w: mx.array | None) -> mx.array:
-        return h @ w.T if w is not None else project(h)
+        return h @ w.T if w is not None else project_to_vocab(head, h)
 
     def forward(h: mx.array, w: mx.array | None) -> tuple[mx.array, ...]:
         parts: list[dict[str, mx.array]] = []
@@ -205,19 +195,18 @@ def completion_scores(model: nn.Module, batch: TrainBatch, temperature: float, *
     `chunk_size` > 0 runs the LM head over that many completion positions at a time, in the forward
     and the backward pass, so at most one chunk's [N, chunk, V] logits exist at once."""
     targets = mx.take_along_axis(batch.targets, batch.positions, axis=1)
-    if not (getattr(model, "model_type", None) in PLAIN_HEAD_MODELS and hasattr(model, "model")):
+    if not has_plain_head(model):  # the full forward pass: [N, S-1, V] logits at once
         logits = mx.take_along_axis(model(batch.inputs), batch.positions[:, :, None], axis=1)
         return _as_scores(_score_logits(logits, targets, temperature, entropy, token_stats))
     hidden = mx.take_along_axis(model.model(batch.inputs), batch.positions[:, :, None], axis=1)
-    head = _head(model)
+    head = lm_head(model)
     if 0 < chunk_size < targets.shape[1]:
         try:
             return _as_scores(_chunked_head_scores(hidden, targets, head, temperature, chunk_size, entropy,
                                                    token_stats))
         except NotImplementedError:
             pass  # a trainable head that is not one plain matrix (LoRA on the head): all positions at once
-    project = head.as_linear if isinstance(head, (nn.Embedding, nn.QuantizedEmbedding)) else head
-    return _as_scores(_score_logits(project(hidden), targets, temperature, entropy, token_stats))
+    return _as_scores(_score_logits(project_to_vocab(head, hidden), targets, temperature, entropy, token_stats))
 
 
 def completion_logprobs(model: nn.Module, batch: TrainBatch, temperature: float, chunk_size: int = 0) -> mx.array:
@@ -258,7 +247,7 @@ def make_loss_fn(config: TrainConfig) -> Callable:
             scores.logp, old_logp, ref_logp, advantages, batch.mask,
             beta=config.beta, epsilon=config.epsilon, epsilon_high=config.epsilon_high,
             loss_type=config.loss_type, importance_level=config.importance_sampling_level,
-            max_completion_length=config.max_generation_steps, totals=totals,
+            max_completion_length=config.max_generation_steps, totals=totals, delta=config.delta,
         )
         return loss, (mx.stop_gradient(scores.logp), scores.entropy, scores.token_stats)
 
@@ -338,7 +327,7 @@ def update_policy(model: nn.Module, optimizer: optim.Optimizer, loss_and_grad, b
             logp, old_logp, ref_logp, advantages, batch.mask, beta=config.beta, epsilon=config.epsilon,
             epsilon_high=config.epsilon_high, loss_type=config.loss_type,
             importance_level=config.importance_sampling_level, max_completion_length=config.max_generation_steps,
-            totals=totals)
+            totals=totals, delta=config.delta)
         stats["entropy"] = grpo.masked_mean(mx.concatenate(entropies), batch.mask)
         grads, grad_norm = clip_by_global_norm(grads, config.max_grad_norm)
         mx.eval(loss, grad_norm, stats, logp)

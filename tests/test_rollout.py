@@ -62,3 +62,20 @@ def test_filters_keep_the_expected_tokens():
     assert kept(SamplingSettings(top_p=0.7)) == [True, True, False, False]
     assert kept(SamplingSettings(top_p=0.9)) == [True, True, True, False]
     assert kept(SamplingSettings(min_p=0.2)) == [True, True, True, False]
+
+
+def test_prefill_never_builds_logits_for_every_prompt_position():
+    """At a large vocabulary, [prompts, prompt length, V] logits would be most of a rollout's memory."""
+    from tiny_models import random_model
+
+    vocab, length = 32768, 200
+    model = random_model("llama", vocab=vocab, hidden=64)
+    prompts = [list(range(1, length + 1)), list(range(2, length + 2))]
+    mx.clear_cache()
+    mx.reset_peak_memory()
+    before = mx.get_active_memory()
+    rollout = generate(model, prompts, group_size=2, max_tokens=2, eos_ids=set(), pad_id=0,
+                       settings=SamplingSettings(temperature=1.0), key=mx.random.key(0))
+    all_positions = len(prompts) * length * vocab * 4  # 52 MB
+    assert len(rollout.completions) == 4
+    assert mx.get_peak_memory() - before < all_positions / 5

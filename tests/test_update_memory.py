@@ -3,7 +3,6 @@ update needs, never its result."""
 
 from __future__ import annotations
 
-import importlib
 import json
 from pathlib import Path
 
@@ -17,27 +16,10 @@ from mlx.utils import tree_flatten
 from mlx_grpo.config import load_config
 from mlx_grpo.models import apply_adapters
 from mlx_grpo.rollout import Rollout
+from tiny_models import random_model
+
 from mlx_grpo.update import (build_train_batch, checkpoint_blocks, completion_logprobs, make_loss_fn,
                              reference_logprobs, update_policy)
-
-ARCHS = {
-    "llama": {"rope_theta": 10000.0, "tie_word_embeddings": False},  # its own LM head
-    "qwen2": {"rope_theta": 1000000.0, "tie_word_embeddings": True},  # the head is the embedding
-    "gemma3_text": {"head_dim": 16, "query_pre_attn_scalar": 16, "sliding_window": 6,  # full-logits path
-                    "sliding_window_pattern": 2},
-}
-
-
-def random_model(model_type: str, vocab: int = 300, hidden: int = 64, layers: int = 2, seed: int = 0) -> nn.Module:
-    module = importlib.import_module(f"mlx_lm.models.{model_type}")
-    args = {**ARCHS[model_type], "model_type": model_type, "hidden_size": hidden, "num_hidden_layers": layers,
-            "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 2 * hidden,
-            "vocab_size": vocab, "rms_norm_eps": 1e-6, "max_position_embeddings": 512}
-    mx.random.seed(seed)
-    model = module.Model(module.ModelArgs.from_dict(args))
-    mx.eval(model.parameters())
-    return model
-
 
 def random_rollout(n: int, vocab: int, max_completion: int, seed: int = 0) -> Rollout:
     """n completions of very different lengths (1..max_completion) after prompts of 3-8 tokens."""

@@ -53,3 +53,23 @@ def make_model_dir(out: Path, model_type: str = "llama", seed: int = 0) -> Path:
     save_config(dict(config), out / "config.json")
     save_tokenizer(tokenizer, out)
     return out
+
+
+IN_MEMORY = {  # random_model's architectures: one of each head layout
+    "llama": {"rope_theta": 10000.0, "tie_word_embeddings": False},  # its own LM head
+    "qwen2": {"rope_theta": 1000000.0, "tie_word_embeddings": True},  # the head is the embedding
+    "gemma3_text": {"head_dim": 16, "query_pre_attn_scalar": 16, "sliding_window": 6,  # full-logits path
+                    "sliding_window_pattern": 2},
+}
+
+
+def random_model(model_type: str, vocab: int = 300, hidden: int = 64, layers: int = 2, seed: int = 0):
+    """A random-weight mlx-lm model built in memory (no tokenizer): for shapes and memory, not text."""
+    module = importlib.import_module(f"mlx_lm.models.{model_type}")
+    args = {**IN_MEMORY[model_type], "model_type": model_type, "hidden_size": hidden, "num_hidden_layers": layers,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 2 * hidden,
+            "vocab_size": vocab, "rms_norm_eps": 1e-6, "max_position_embeddings": 512}
+    mx.random.seed(seed)
+    model = module.Model(module.ModelArgs.from_dict(args))
+    mx.eval(model.parameters())
+    return model

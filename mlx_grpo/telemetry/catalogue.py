@@ -62,6 +62,7 @@ SGRPO = "every logged step, when S-GRPO is enabled"
 EVAL = "every eval_every steps and at the end"
 CRITERIA = "first logged step and every criteria_every steps, when a rubric is configured"
 JUDGE = "every logged step, when a rubric has a judge criterion"
+DYNAMIC = "every logged step, when dynamic_sampling is on"
 
 _STATS = {
     "mean": "mean",
@@ -112,6 +113,9 @@ def _reward_entries() -> list[MetricSpec]:
         MetricSpec("rewards/zero_std_group_frac", "Fraction of prompt groups whose G completions all got the "
                    "same total reward: their advantages are 0 and they teach nothing.", "fraction", "rewards",
                    EVERY_STEP),
+        MetricSpec("sampling/redrawn_prompts", "Prompts drawn again this step by dynamic sampling to replace groups "
+                   "whose completions all got the same reward (0: the first draw was all informative).",
+                   "prompts", "rewards", DYNAMIC),
         MetricSpec("rewards/cumulative", "Sum of rewards/total/mean over all steps so far.", "reward",
                    "rewards", EVERY_STEP),
     ]

@@ -1,0 +1,100 @@
+"""The GRPO options peers have: two-sided clipping (delta), masking truncated completions out of the loss,
+and dynamic sampling (DAPO), each checked by hand and in a real step."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from mlx_grpo.config import load_config
+from mlx_grpo.errors import UserError
+from mlx_grpo.grpo import grpo_loss
+from mlx_grpo.rollout import Rollout
+from mlx_grpo.trainer import Trainer
+from mlx_grpo.update import build_train_batch
+
+
+# ----------------------------------------------------------------------------- delta
+
+def one_token_loss(ratio: float, advantage: float, delta=None) -> tuple[float, float]:
+    """(loss, d loss / d logp) of one token with the given ratio to the old policy."""
+    old = mx.array([[0.0]])
+
+    def f(logp):
+        return grpo_loss(logp, old, None, mx.array([advantage]), mx.array([[1]]), epsilon=0.2, delta=delta)
+
+    logp = mx.array([[float(np.log(ratio))]])
+    loss, grad = mx.value_and_grad(f)(logp)
+    return loss.item(), grad.item()
+
+
+def test_delta_caps_the_ratio_of_a_token_with_a_negative_advantage():
+    # ratio 3, A = -1: min(3 * -1, clip(3) * -1) = -3, loss 3 and gradient 3 (dL/dlogp = -A * r)
+    assert one_token_loss(3.0, -1.0) == pytest.approx((3.0, 3.0))
+    # delta 2: min(min(3, 2) * -1, 1.2 * -1) = -2, loss 2, and the capped ratio passes no gradient
+    assert one_token_loss(3.0, -1.0, delta=2.0) == pytest.approx((2.0, 0.0))
+    # below delta nothing changes: ratio 1.5 -> loss 1.5, gradient 1.5
+    assert one_token_loss(1.5, -1.0, delta=2.0) == pytest.approx((1.5, 1.5))
+    # a positive advantage is already clipped at 1 + epsilon: delta changes nothing
+    assert one_token_loss(3.0, 1.0, delta=2.0) == pytest.approx(one_token_loss(3.0, 1.0))
+
+
+def test_delta_must_lie_above_the_upper_clip():
+    with pytest.raises(UserError, match="delta"):
+        load_config(None, {"delta": 1.1, "epsilon": 0.2})
+    assert load_config(None, {"delta": 1.5}).delta == 1.5
+
+
+# ----------------------------------------------------------------------------- mask_truncated_completions
+
+def test_truncated_completions_get_no_loss_tokens_when_masked():
+    rollout = Rollout([[1, 2], [1, 2], [3]], [[4, 5, 6], [7], [8, 9]], [[0.0] * 3, [0.0], [0.0] * 2],
+                      [True, False, True], 0.0)
+    assert np.array(build_train_batch(rollout, 0).mask).sum(axis=1).tolist() == [3, 1, 2]
+    masked = build_train_batch(rollout, 0, mask_truncated=True)
+    assert np.array(masked.mask).sum(axis=1).tolist() == [0, 1, 0] and masked.num_tokens == 1
+    # grpo: the masked sequences add 0 but still count in N = 3, so the loss is -A_1 / 3
+    loss = grpo_loss(mx.zeros((3, 3)), None, None, mx.array([5.0, 2.0, -7.0]), masked.mask)
+    assert loss.item() == pytest.approx(-2.0 / 3)
+
+
+# ----------------------------------------------------------------------------- dynamic sampling
+
+PARITY_REWARD = '''
+def odd_prompts_only(prompts, completions, answers, **columns):
+    """Reward spread only on prompts whose first operand is odd: even ones' groups all score 0."""
+    out = []
+    for i, (p, c) in enumerate(zip(prompts, completions)):
+        digits = "".join(ch for ch in p.split("+")[0] if ch.isdigit())
+        out.append(float(sum(map(ord, c)) % 7) if digits and int(digits) % 2 else 0.0)
+    return out
+'''
+
+
+def trainer_with(tmp_path, **overrides) -> Trainer:
+    (tmp_path / "parity.py").write_text(PARITY_REWARD)
+    config = load_config(None, {"batch_size": 6, "num_generations": 4, "max_generation_steps": 8, "train_size": 200,
+                                "eval_every": 0, "rewards": ["parity.py:odd_prompts_only"], **overrides})
+    return Trainer.build(config, tmp_path)
+
+
+def test_dynamic_sampling_replaces_groups_that_teach_nothing(tmp_path):
+    plain = trainer_with(tmp_path).step(1)
+    groups = plain.total.reshape(6, 4)
+    assert (groups.max(axis=1) == groups.min(axis=1)).any()  # without it, some groups have no spread
+
+    data = trainer_with(tmp_path, dynamic_sampling=True, dynamic_sampling_max_rounds=10).step(1)
+    groups = data.total.reshape(-1, 4)
+    assert groups.shape == (6, 4)  # the batch is full
+    assert (groups.max(axis=1) > groups.min(axis=1)).all()  # and every group has a spread
+    assert data.component_metrics["sampling/redrawn_prompts"] >= 1
+    assert data.trained_tokens == int(data.lengths.sum())
+
+
+def test_a_batch_that_stays_uninformative_is_filled_after_the_last_round(tmp_path):
+    data = trainer_with(tmp_path, rewards=["format_exact"], max_generation_steps=1, dynamic_sampling=True,
+                        dynamic_sampling_max_rounds=2).step(1)
+    # one-token completions never satisfy the format: every group scores 0, every round redraws all 6
+    assert data.total.shape == (24,) and not data.total.any()
+    assert data.component_metrics["sampling/redrawn_prompts"] == 12
