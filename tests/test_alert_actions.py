@@ -85,3 +85,32 @@ def test_a_rule_with_action_stop_checkpoints_closes_the_logs_and_exits_3_with_th
     assert resumed.returncode == 0, resumed.stderr
     assert [r["step"] for r in read_jsonl(run_dir / "metrics.jsonl")] == [1, 2, 3, 4, 5, 6]
     assert json.loads((run_dir / "run.json").read_text())["status"] == "finished"
+
+
+def test_an_injected_reward_collapse_is_caught_in_two_steps_and_its_stop_rule_ends_the_run(tmp_path):
+    """The shipped model trains 10 healthy steps; resumed with the learning rate raised to 3e-3 its reward
+    falls from ~7 to below 0 and accuracy to 0 at once (measured: 7.05, 7.16, then -2.67 at step 12). The
+    built-in collapse rules fire on the second collapsed step; redefined with `action: stop`, the reward
+    rule ends the run there with a checkpoint and the resume command."""
+    (tmp_path / "stop_on_collapse.yaml").write_text(
+        "rules:\n"
+        "  - {name: reward_collapse, kind: drop, metric: rewards/total/mean, window: 20, min_points: 10,\n"
+        "     fall: 0.3, relative: true, min_scale: 1, for_steps: 2, level: error, action: stop}\n")
+    run_dir = tmp_path / "runs" / "collapse"
+    healthy = mlx_grpo_cli("train", "--alerts", "stop_on_collapse.yaml", "--num-steps", "10", "--batch-size", "8",
+                           "--eval-every", "0", "--checkpoint-every", "10", "--no-tensorboard",
+                           "--monitoring-dir", "runs", "--run-name", "collapse", cwd=tmp_path)
+    assert healthy.returncode == 0, healthy.stderr
+    assert all(a["level"] == "info" for a in read_jsonl(run_dir / "alerts.jsonl"))
+    broken = mlx_grpo_cli("train", "--resume", "runs/collapse", "--num-steps", "16", "--learning-rate", "3e-3",
+                          "--lr-schedule", "constant", cwd=tmp_path)
+    assert broken.returncode == 3, broken.stderr
+    records = read_jsonl(run_dir / "metrics.jsonl")
+    stopped_at = records[-1]["step"]
+    collapsed = [r["step"] for r in records if r["rewards/total/mean"] < 0.7 * 7.0]
+    assert collapsed[0] > 10 and stopped_at == collapsed[1] <= 14  # the second collapsed step, within a few
+    errors = [(a["step"], a["rule"]) for a in read_jsonl(run_dir / "alerts.jsonl") if a["level"] == "error"]
+    assert errors == [(stopped_at, "reward_collapse"), (stopped_at, "accuracy_collapse")]
+    assert (f"alert rule 'reward_collapse' (action: stop) stopped the run after step {stopped_at}, checkpoint "
+            "saved; continue with: mlx-grpo train --resume runs/collapse") in broken.stderr
+    assert (run_dir / "checkpoints" / f"step_{stopped_at}").is_dir()

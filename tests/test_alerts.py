@@ -165,7 +165,9 @@ def test_drop_rule_compares_with_the_median_so_a_lasting_collapse_fires_once():
     values = [8.0, 8.2, 7.9, 8.1, 8.0, 3.0, 2.5, 2.0, 2.0, 2.0]
     alerts = _replay(_records(values), [rule])
     assert [a.step for a in alerts] == [7]  # two collapsed steps; the median still remembers the level
-    assert DropRule(name="u", metric="m", window=3, fall=1.0, direction="up").make_state() is not None
+    jump = DropRule(name="u", metric="m", window=3, fall=1.0, direction="up")
+    assert [(a.step, a.message.split(" (")[0]) for a in _replay(_records([1.0, 1.2, 0.9, 3.0]), [jump])] == [
+        (4, "m jumped to 3 from its recent median 1")]
 
 
 def test_every_builtin_rule_has_a_fault_that_fires_it():

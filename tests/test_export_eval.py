@@ -56,6 +56,19 @@ def test_eval_of_a_run_agrees_with_its_own_held_out_accuracy(runs, capsys):
         assert result["target"].endswith("(step_3)")
 
 
+def test_eval_reads_a_jsonl_dataset_with_the_runs_fields(runs, tmp_path, capsys):
+    from mlx_grpo.data import load_datasets
+
+    trained = load_trained(runs["full"])
+    heldout = load_datasets(trained.config, trained.base_dir)[1][:12]
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(json.dumps({"prompt": r["prompt"], "answer": r["answer"]}) + "\n" for r in heldout))
+    from_file = cli_json(capsys, "eval", str(runs["full"]), "--dataset", str(path), "--json")
+    own_split = cli_json(capsys, "eval", str(runs["full"]), "--limit", "12", "--json")
+    assert from_file["rows"] == 12 and from_file["dataset"] == str(path)
+    assert from_file["eval/accuracy"] == own_split["eval/accuracy"] and from_file["rewards"] == own_split["rewards"]
+
+
 def test_full_fine_tune_export_loads_and_generates_with_mlx_lm_and_evaluates_the_same(runs, tmp_path, capsys):
     out = tmp_path / "full"
     assert main(["export", str(runs["full"]), "--out", str(out)]) == 0
