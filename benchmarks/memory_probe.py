@@ -108,6 +108,7 @@ def measure(probe: Probe) -> dict[str, float]:
                            * model.args.num_key_value_heads * (getattr(model.args, "head_dim", None)
                            or model.args.hidden_size // model.args.num_attention_heads) * mx.float32.size)
     if not probe.train:
+        out["trainable_state"] = mx.get_active_memory() - weights
         return out
     completions = [rng.integers(1, vocab, probe.completion).tolist() for _ in range(probe.sequences)]
     rollout = Rollout([p for p in prompts for _ in range(probe.group_size)], completions,

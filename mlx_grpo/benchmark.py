@@ -190,10 +190,10 @@ class Workload:
     def update(self, batch, advantages: mx.array, ref_logp: mx.array | None) -> None:
         self.trainer.update(batch, advantages, ref_logp)
 
-    def step(self, step: int) -> dict[str, float]:
-        """One whole step of the trainer; returns its own phase timers."""
-        seconds = self.trainer.step(step).seconds
-        return {phase: seconds[phase] for phase in STEP_PHASES if phase in seconds}
+    def step(self, step: int) -> tuple[dict[str, float], dict[str, float]]:
+        """One whole step of the trainer; returns its own phase timers and per-phase peak memory (bytes)."""
+        data = self.trainer.step(step)
+        return {phase: data.seconds[phase] for phase in STEP_PHASES if phase in data.seconds}, dict(data.peak_memory)
 
 
 # ----------------------------------------------------------------------------- the baselines
@@ -315,11 +315,13 @@ def measure_paths(options: BenchOptions) -> tuple[dict, dict, dict | None]:
         decode_ceiling(model, prompts, G, T, config.temperature)
 
     step_phases: list[dict[str, float]] = []
+    step_peaks: list[dict[str, float]] = []
 
     def step(rep: int) -> None:
-        phases = work.step(1000 + rep)
+        phases, peaks = work.step(1000 + rep)
         if rep >= options.warmup:
             step_phases.append(phases)
+            step_peaks.append(peaks)
 
     runners: dict[str, tuple[Callable[[int], None], int]] = {
         "rollout": (lambda rep: work.rollout(step_key(config.seed, 1 + rep)), work.completion_tokens),
@@ -339,6 +341,8 @@ def measure_paths(options: BenchOptions) -> tuple[dict, dict, dict | None]:
     measured = {name: {"tokens": tokens, "seconds": samples[name]} for name, (_, tokens) in chosen.items()}
     if "step" in measured:
         measured["step"]["phases"] = step_phases
+        # each phase's peak (its KV cache, activations and logits on top of the weights), the worst repetition
+        measured["step"]["peak_memory_bytes"] = {name: max(p[name] for p in step_peaks) for name in step_peaks[0]}
 
     total, trainable = count_parameters(model)
     settings = {
@@ -381,7 +385,7 @@ def measure_memory(options: BenchOptions) -> dict:
     for b in (0.0, beta):
         config = replace(options.config, use_lora=True, beta=b)
         work = Workload(config, options.base_dir, options.prompt_length)
-        work.step(1)  # warm-up: kernels and allocator caches
+        work.step(1)  # warm-up: kernels and allocator caches (its timers and peaks are not used)
         gc.collect()
         mx.clear_cache()
         mx.reset_peak_memory()
@@ -472,6 +476,8 @@ def build_report(settings: dict, measured: dict, memory: dict | None, bandwidth:
             "tokens_per_s": summarise(tps),
             "spread": (max(tps) - min(tps)) / median_tps,
         }
+        if m.get("peak_memory_bytes"):
+            paths[name]["peak_memory_bytes"] = m["peak_memory_bytes"]
         if m.get("phases"):
             names = [p for p in STEP_PHASES if all(p in ph for ph in m["phases"])]
             paths[name]["phases"] = {p: statistics.median(ph[p] for ph in m["phases"]) for p in names}

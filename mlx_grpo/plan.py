@@ -4,8 +4,8 @@ The model's shape comes from its config.json alone. Each phase's peak is what st
 (weights, trainable state: LoRA or full weights' gradients and AdamW moments, a frozen reference copy)
 plus what the phase builds on top:
 
-- rollout: the KV cache of every completion at full length, the prompts' prefill (its logits over the
-  whole vocabulary) and one decode step's sampling arrays;
+- rollout: the KV cache of every completion at full length, and the larger of the prompts' prefill
+  (block activations; logits at the last position only) and one decode step's sampling arrays;
 - reference: one micro-batch's forward pass (transient, one block at a time) and its LM-head logits;
 - update: one micro-batch's activations kept for the backward pass in every block (only the block
   inputs with `grad_checkpoint`, plus one block recomputed), attention scores, and the LM-head logits
@@ -29,22 +29,31 @@ from .errors import UserError
 GB = 1e9
 
 # ----------------------------------------------------------------------------- measured constants
-# Bytes kept per token and per transformer block for the backward pass, in units of the activation
-# dtype's size: A_HIDDEN per hidden unit and A_INTERMEDIATE per MLP unit (norm inputs and outputs,
-# q/k/v/o and gate/up/down inputs, LoRA inputs), plus A_SCORES fp32 bytes per attention score.
-A_HIDDEN = 5.5
-A_INTERMEDIATE = 6.2
-A_SCORES = 2.0
-# The forward-only reference pass keeps about one block's worth at a time.
+# Fitted to benchmarks/memory_probe.py measurements (LoRA, float32, CPU backend; docs/SCALE.md).
+# Bytes kept per token and per transformer block for the backward pass: A_HIDDEN activation values
+# per hidden unit and A_INTERMEDIATE per MLP unit (norm inputs and outputs, q/k/v/o and gate/up/down
+# inputs, LoRA inputs), plus A_SCORES fp32 bytes per attention score (heads x sequence length).
+A_HIDDEN = 4.4
+A_INTERMEDIATE = 5.2
+A_SCORES = 1.0
+# The forward-only reference pass holds about one block's worth at a time.
 A_FORWARD = 1.0
 # The LM head: peak bytes per fp32 logit of the part of the batch whose logits exist at once
 # (log-softmax, its gradient, entropy). A chunked head pays more per logit, on far fewer logits.
-HEAD_UPDATE = 4.8
-HEAD_UPDATE_CHUNKED = 12.0
-HEAD_REFERENCE = 2.9
-HEAD_REFERENCE_CHUNKED = 6.0
+HEAD_UPDATE = 4.3
+HEAD_UPDATE_CHUNKED = 10.5
+HEAD_REFERENCE = 2.5
+HEAD_REFERENCE_CHUNKED = 5.0
 # Sampling one decode step (softmax, filters, categorical) per fp32 logit of [N, V].
 SAMPLING = 4.0
+
+
+def activation_bytes(dtype: str, use_lora: bool) -> float:
+    """Bytes per kept activation value. bf16 LoRA keeps ~0.8x float32's, not half: mlx-lm's adapters are
+    float32, so every adapted layer's input is also kept as a float32 copy (measured, Qwen2.5-0.5B shape)."""
+    if dtype == "float32":
+        return 4.0
+    return 3.2 if use_lora else 2.0
 
 
 @dataclass(frozen=True)
@@ -180,7 +189,8 @@ def predict(shape: ModelShape, shapes: Shapes, config: TrainConfig, settings: Me
 
     # rollout: KV cache of every sequence at full length, the prompts' prefill, one decode step
     kv = n * s * shape.layers * 2 * shape.kv_heads * shape.head_dim * d
-    prefill = shapes.prompts * shapes.prompt_length * (shape.vocab * d + shape.intermediate * d * 4)
+    # the prefill's block activations (its logits are the last position's only)
+    prefill = shapes.prompts * shapes.prompt_length * shape.intermediate * d * 4
     sampling = n * shape.vocab * 4 * SAMPLING
     rollout = resident + kv + max(prefill, sampling)
 
@@ -188,8 +198,8 @@ def predict(shape: ModelShape, shapes: Shapes, config: TrainConfig, settings: Me
     chunked = 0 < settings.logits_chunk_size < t
     positions = settings.logits_chunk_size if chunked else t
     logits = m * positions * shape.vocab * 4
-    per_token_block = (A_HIDDEN * shape.hidden + A_INTERMEDIATE * shape.intermediate) * d \
-        + A_SCORES * 4 * shape.heads * s
+    per_token_block = (A_HIDDEN * shape.hidden + A_INTERMEDIATE * shape.intermediate) \
+        * activation_bytes(dtype, config.use_lora) + A_SCORES * 4 * shape.heads * s
     one_block = m * s * per_token_block
     reference = resident + m * s * A_FORWARD * per_token_block \
         + logits * (HEAD_REFERENCE_CHUNKED if chunked else HEAD_REFERENCE)

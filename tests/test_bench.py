@@ -44,6 +44,9 @@ def test_bench_json_validates_and_every_figure_is_positive(report):
     # the trainer's own phase timers were read back from the step and cover no more than its wall time
     assert {"rollout", "update", "ref"} <= set(report["paths"]["step"]["phases"])
     assert report["ratios"]["step_vs_own_phases"]["min"] >= 0.99
+    # each phase's peak memory, read back from the step: the weights plus what the phase builds
+    peaks = report["paths"]["step"]["peak_memory_bytes"]
+    assert set(peaks) == {"rollout", "ref", "update"} and min(peaks.values()) > 0
     assert report["machine"]["blas"] in ("OpenBLAS", "reference BLAS", "Accelerate", "other")
 
 

@@ -125,6 +125,10 @@ def print_report(report: dict, console=None) -> None:
         console.print(f"inside the trainer step (its own timers, s): {listed}; step time over their sum "
                       f"{own['median']:.3f} ({own['min']:.3f} - {own['max']:.3f})")
 
+    peaks = report["paths"].get("step", {}).get("peak_memory_bytes")
+    if peaks:
+        listed = ", ".join(f"{name} {_gib(value)}" for name, value in peaks.items())
+        console.print(f"peak memory per phase of the trainer step (weights included): {listed}")
     mem = report["memory"]
     if mem:
         console.print(f"peak memory, one LoRA step: beta {mem['beta']:g} {_gib(mem['lora_beta_peak_bytes'])}, "
