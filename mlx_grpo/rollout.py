@@ -50,21 +50,40 @@ def filter_logits(logits: mx.array, settings: SamplingSettings) -> mx.array:
     """Apply top-k, top-p and min-p by setting excluded logits to -inf."""
     neg_inf = mx.array(-float("inf"), dtype=logits.dtype)
     if settings.top_k > 0 and settings.top_k < logits.shape[-1]:
-        kth = mx.sort(logits, axis=-1)[..., -settings.top_k][..., None]
+        # a partition finds the k-th largest without sorting the whole vocabulary
+        kth = mx.partition(logits, -settings.top_k, axis=-1)[..., -settings.top_k][..., None]
         logits = mx.where(logits < kth, neg_inf, logits)
     if settings.min_p > 0.0:
         probs = mx.softmax(logits, axis=-1)
         floor = settings.min_p * probs.max(axis=-1, keepdims=True)
         logits = mx.where(probs < floor, neg_inf, logits)
     if settings.top_p < 1.0:
-        order = mx.argsort(-logits, axis=-1)
-        sorted_probs = mx.take_along_axis(mx.softmax(logits, axis=-1), order, axis=-1)
-        # keep a token when the mass before it is below top_p (the top token always stays)
-        mass_before = mx.cumsum(sorted_probs, axis=-1) - sorted_probs
-        keep_sorted = mass_before < settings.top_p
-        keep = mx.put_along_axis(mx.zeros_like(keep_sorted), order, keep_sorted, axis=-1)
-        logits = mx.where(keep, logits, neg_inf)
+        logits = mx.where(top_p_keep(logits, settings.top_p), logits, neg_inf)
     return logits
+
+
+TOP_P_CANDIDATES = 1024  # sorted instead of the whole vocabulary, when they hold the top_p mass
+
+
+def top_p_keep(logits: mx.array, top_p: float) -> mx.array:
+    """Which tokens top-p keeps: those whose higher-probability predecessors hold less than `top_p` of
+    the mass (the top token always stays). Sorting 152k logits per row costs more than the decode step's
+    matmul, so only the `TOP_P_CANDIDATES` largest are sorted when they hold the `top_p` mass (the usual
+    case); the rest are then excluded anyway. Flat rows fall back to sorting everything."""
+    probs = mx.softmax(logits, axis=-1)
+    vocab = logits.shape[-1]
+    if vocab > TOP_P_CANDIDATES:
+        candidates = mx.argpartition(-logits, TOP_P_CANDIDATES - 1, axis=-1)[..., :TOP_P_CANDIDATES]
+        order = mx.take_along_axis(candidates, mx.argsort(-mx.take_along_axis(logits, candidates, axis=-1),
+                                                          axis=-1), axis=-1)
+        sorted_probs = mx.take_along_axis(probs, order, axis=-1)
+        if bool((sorted_probs.sum(axis=-1) >= top_p).all()):
+            keep_sorted = mx.cumsum(sorted_probs, axis=-1) - sorted_probs < top_p
+            return mx.put_along_axis(mx.zeros(logits.shape, dtype=mx.bool_), order, keep_sorted, axis=-1)
+    order = mx.argsort(-logits, axis=-1)
+    sorted_probs = mx.take_along_axis(probs, order, axis=-1)
+    keep_sorted = mx.cumsum(sorted_probs, axis=-1) - sorted_probs < top_p
+    return mx.put_along_axis(mx.zeros_like(keep_sorted), order, keep_sorted, axis=-1)
 
 
 def sample_tokens(logits: mx.array, settings: SamplingSettings, key: mx.array) -> tuple[mx.array, mx.array]:

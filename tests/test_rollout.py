@@ -1,6 +1,7 @@
 """Rollout correctness: the batched KV-cache decode must agree with a plain forward pass."""
 
 import mlx.core as mx
+import numpy as np
 import pytest
 from mlx_lm import load
 
@@ -79,3 +80,28 @@ def test_prefill_never_builds_logits_for_every_prompt_position():
     all_positions = len(prompts) * length * vocab * 4  # 52 MB
     assert len(rollout.completions) == 4
     assert mx.get_peak_memory() - before < all_positions / 5
+
+
+def test_top_k_by_partition_keeps_exactly_the_k_largest_logits():
+    logits = mx.random.normal((4, 5000), key=mx.random.key(3))
+    kept = filter_logits(logits, SamplingSettings(top_k=37))
+    finite = np.isfinite(np.array(kept))
+    assert (finite.sum(axis=1) == 37).all()
+    kth = np.sort(np.array(logits), axis=1)[:, -37][:, None]
+    assert (finite == (np.array(logits) >= kth)).all()
+
+
+@pytest.mark.parametrize("scale", [8.0, 0.01])  # peaked rows (candidates suffice), flat rows (full sort)
+def test_top_p_over_the_candidates_equals_top_p_over_the_sorted_vocabulary(scale):
+    from mlx_grpo.rollout import top_p_keep
+
+    logits = mx.random.normal((6, 20000), key=mx.random.key(5)) * scale
+    order = np.argsort(-np.array(logits), axis=1)
+    probs = np.array(mx.softmax(logits, axis=-1))
+    sorted_probs = np.take_along_axis(probs, order, axis=1)
+    keep_sorted = np.cumsum(sorted_probs, axis=1) - sorted_probs < 0.9
+    expected = np.zeros_like(keep_sorted)
+    np.put_along_axis(expected, order, keep_sorted, axis=1)
+    got = np.array(top_p_keep(logits, 0.9))
+    assert (got == expected).all()
+    assert got.sum(axis=1).min() >= 1
