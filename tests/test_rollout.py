@@ -105,3 +105,21 @@ def test_top_p_over_the_candidates_equals_top_p_over_the_sorted_vocabulary(scale
     got = np.array(top_p_keep(logits, 0.9))
     assert (got == expected).all()
     assert got.sum(axis=1).min() >= 1
+
+
+def test_rollout_memory_does_not_grow_with_decode_steps_beyond_the_kv_cache():
+    from tiny_models import random_model
+
+    model = random_model("llama", vocab=32768, hidden=64)
+    prompts = [[1, 2, 3, 4], [5, 6, 7, 8]]
+
+    def peak(steps: int) -> int:
+        mx.clear_cache()
+        mx.reset_peak_memory()
+        before = mx.get_active_memory()
+        generate(model, prompts, group_size=4, max_tokens=steps, eos_ids=set(), pad_id=0,
+                 settings=SamplingSettings(temperature=1.0), key=mx.random.key(0))
+        return mx.get_peak_memory() - before
+
+    step_logits = 8 * 32768 * 4  # one decode step's float32 logits, 1 MB
+    assert peak(72) - peak(8) < 4 * step_logits  # 64 more steps would keep 64 MB of logits if they leaked
