@@ -1,7 +1,10 @@
-"""Ctrl-C and SIGTERM during training: finish the step, write a checkpoint, close the logs, exit 130.
+"""Ctrl-C, SIGTERM and SIGHUP during training: finish the step, write a checkpoint, close the logs, exit 130.
 
-`StopRequest` is a context manager the run loop holds around its steps. The first SIGINT or
-SIGTERM only records the request (`requested` becomes the signal's name) and says what happens
+SIGHUP is what a run gets when its terminal closes or an ssh session drops: it is a request to
+stop, like SIGTERM, not a reason to lose the step (Python's default would end the process at once).
+
+`StopRequest` is a context manager the run loop holds around its steps. The first SIGINT, SIGTERM
+or SIGHUP only records the request (`requested` becomes the signal's name) and says what happens
 next; the loop checks `requested` after each step, writes a checkpoint and stops with status
 "interrupted". A second signal raises KeyboardInterrupt at once, wherever the loop is: the run
 stops without a new checkpoint and the last complete one stays as it was (checkpoints are
@@ -23,7 +26,7 @@ from typing import Any
 from .checkpoint import STEP_DIR, latest_checkpoint
 from .resume import resume_command
 
-SIGNALS = (signal.SIGINT, signal.SIGTERM)
+SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
 EXIT_INTERRUPTED = 130  # the shell's code for a process ended by Ctrl-C
 
 
@@ -50,8 +53,11 @@ class StopRequest:
     def _handle(self, signum: int, frame: Any) -> None:
         if self.requested is None:
             self.requested = signal.Signals(signum).name
-            print(f"mlx-grpo: {self.requested}: finishing this step and writing a checkpoint "
-                  "(press Ctrl-C again to stop at once)", file=sys.stderr, flush=True)
+            try:
+                print(f"mlx-grpo: {self.requested}: finishing this step and writing a checkpoint "
+                      "(press Ctrl-C again to stop at once)", file=sys.stderr, flush=True)
+            except OSError:  # the terminal is gone (SIGHUP): the run still checkpoints and closes
+                pass
             return
         self._restore()
         raise KeyboardInterrupt

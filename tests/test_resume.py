@@ -161,12 +161,13 @@ def test_sigkill_at_random_steps_then_resume_is_the_uninterrupted_run(setup, ref
     assert tensorboard_steps(run_dir) == list(range(1, NUM_STEPS + 1))
 
 
-def test_sigterm_checkpoints_the_step_and_says_how_to_resume(setup, reference):
-    name = "terminated"
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])  # SIGHUP: the terminal closed, ssh dropped
+def test_sigterm_checkpoints_the_step_and_says_how_to_resume(setup, reference, sig):
+    name = f"terminated-{sig.name}"
     run_dir = setup[0] / "runs" / name
     proc = new_run(setup, name)
     wait_for_step(proc, run_dir, 4)
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(sig)
     code, out, err = finish(proc)
     assert code == 130
     assert f"mlx-grpo train --resume {run_dir}\n" in err
