@@ -61,6 +61,22 @@ def extrapolate(one: float, two: float, layers: int) -> float:
     return one + (layers - 1) * (two - one)
 
 
+def full_depth(found: dict[int, dict], phase: str, layers: int) -> float:
+    """A phase's peak at full depth from its 1- and 2-block measurements. Weights and LoRA state grow
+    by the same amount per block; so do the update's kept activations. The reference pass and the
+    rollout hold one block's activations at a time, so their extra does not grow (measured peaks of
+    transient buffers differ by scheduling noise, which a slope would multiply by the depth), except
+    the rollout's KV cache, which is exact per block."""
+    resident = extrapolate(*(found[k]["weights"] + found[k]["trainable_state"] for k in (1, 2)), layers)
+    if phase == "update":
+        return resident + extrapolate(found[1]["update"], found[2]["update"], layers)
+    if phase == "ref":
+        return resident + max(found[1]["ref"], found[2]["ref"])
+    kv_per_block = found[1]["kv_bytes"]
+    transient = max(found[k]["rollout"] - found[k]["kv_bytes"] for k in (1, 2))
+    return resident + transient + kv_per_block * layers
+
+
 def render(path: Path) -> str:
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     lines = ["| preset | completion | phase | measured, 1 block | 2 blocks | full depth (extrapolated) | "
@@ -81,7 +97,7 @@ def render(path: Path) -> str:
                     shapes_measured = shapes
                 # measured: peak above what was resident before the phase, plus the weights and LoRA state
                 measured = [found[k][phase] + found[k]["weights"] + found[k]["trainable_state"] for k in (1, 2)]
-                estimate = extrapolate(*measured, full.layers)
+                estimate = full_depth(found, phase, full.layers)
                 peaks = predict(full, shapes_measured, config, SETTINGS, "float32")
                 predicted = {"rollout": peaks.rollout, "ref": peaks.reference, "update": peaks.update}[phase]
                 lines.append(f"| {name} | {completion} | {phase} | {measured[0] / GB:.2f} GB | {measured[1] / GB:.2f} GB"

@@ -128,13 +128,33 @@ def restore_rng(key: list[int]) -> None:
     mx.random.seed((high << 32) | low)
 
 
+def _check_weights_fit(path: Path, weights: dict[str, mx.array], model: nn.Module) -> None:
+    """Every saved array must be a parameter of this model with the same shape, and every trainable
+    parameter must be saved: a checkpoint never half-loads into another model."""
+    params = dict(tree_flatten(model.parameters()))
+    for name, value in weights.items():
+        if name not in params:
+            raise UserError(f"{path}: the checkpoint holds '{name}', which this model does not have: it was "
+                            "saved from another model or adapter layout")
+        if tuple(value.shape) != tuple(params[name].shape):
+            raise UserError(f"{path}: '{name}' has shape {tuple(value.shape)} in the checkpoint and "
+                            f"{tuple(params[name].shape)} in this model: it was saved from another model or "
+                            "adapter layout")
+    missing = [name for name, _ in tree_flatten(model.trainable_parameters()) if name not in weights]
+    if missing:
+        raise UserError(f"{path}: the checkpoint has no '{missing[0]}' ({len(missing)} trained arrays missing): it "
+                        "was saved from another model or adapter layout")
+
+
 def load_checkpoint(path: Path, model: nn.Module, optimizer: optim.Optimizer) -> dict[str, Any]:
     """Restore weights, optimiser state and the global RNG; return the saved trainer state."""
     try:
         state = json.loads((path / "state.json").read_text())
         weights_file = path / ("adapters.safetensors" if (path / "adapters.safetensors").exists()
                                else "model.safetensors")
-        model.load_weights(list(mx.load(str(weights_file)).items()), strict=False)
+        weights = mx.load(str(weights_file))
+        _check_weights_fit(path, weights, model)
+        model.load_weights(list(weights.items()), strict=False)
         optimizer.state = tree_unflatten(list(mx.load(str(path / "optimizer.safetensors")).items()))
     except (OSError, ValueError, RuntimeError) as err:  # RuntimeError: mlx reading a damaged file
         detail = (str(err).splitlines() or [""])[0]

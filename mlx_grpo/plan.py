@@ -44,8 +44,8 @@ HEAD_UPDATE = 4.3
 HEAD_UPDATE_CHUNKED = 10.5
 HEAD_REFERENCE = 2.5
 HEAD_REFERENCE_CHUNKED = 5.0
-# Sampling one decode step (softmax, filters, categorical) per fp32 logit of [N, V].
-SAMPLING = 4.0
+# A decode step's float32 [N, V] logits still held while the prefill's buffers are: (measured).
+SAMPLING_KEPT = 1.0
 
 
 def activation_bytes(dtype: str, use_lora: bool) -> float:
@@ -187,19 +187,19 @@ def predict(shape: ModelShape, shapes: Shapes, config: TrainConfig, settings: Me
         resident = weights + trainable * d * 2 + reference_copy
         gradients = trainable * d * 2
 
-    # rollout: KV cache of every sequence at full length, the prompts' prefill, one decode step
-    kv = n * s * shape.layers * 2 * shape.kv_heads * shape.head_dim * d
-    # the prefill's block activations (its logits are the last position's only)
-    prefill = shapes.prompts * shapes.prompt_length * shape.intermediate * d * 4
-    sampling = n * shape.vocab * 4 * SAMPLING
-    rollout = resident + kv + max(prefill, sampling)
-
     m = min(settings.micro_batch_size or n, n)
+    per_token_block = (A_HIDDEN * shape.hidden + A_INTERMEDIATE * shape.intermediate) \
+        * activation_bytes(dtype, config.use_lora) + A_SCORES * 4 * shape.heads * s
+
+    # rollout: KV cache of every sequence at full length, the prompts' prefill (one block at a time;
+    # logits at the last position only), then a decode step's logits and sampling arrays
+    kv = n * s * shape.layers * 2 * shape.kv_heads * shape.head_dim * d
+    prefill = shapes.prompts * shapes.prompt_length * A_FORWARD * per_token_block
+    rollout = resident + kv + prefill + n * shape.vocab * 4 * SAMPLING_KEPT
+
     chunked = 0 < settings.logits_chunk_size < t
     positions = settings.logits_chunk_size if chunked else t
     logits = m * positions * shape.vocab * 4
-    per_token_block = (A_HIDDEN * shape.hidden + A_INTERMEDIATE * shape.intermediate) \
-        * activation_bytes(dtype, config.use_lora) + A_SCORES * 4 * shape.heads * s
     one_block = m * s * per_token_block
     reference = resident + m * s * A_FORWARD * per_token_block \
         + logits * (HEAD_REFERENCE_CHUNKED if chunked else HEAD_REFERENCE)

@@ -60,10 +60,24 @@ def _flatten(config: dict) -> dict[str, Any]:
     return out
 
 
+# Keys that decide which weights a checkpoint holds: a resume cannot change them.
+MODEL_KEYS = ("model_id", "dtype", "use_lora", "use_dora")
+
+
+def _changes_the_model(key: str) -> bool:
+    return key in MODEL_KEYS or key.startswith("lora_")
+
+
 def config_for_resume(run_dir: Path, overrides: dict[str, Any]) -> tuple[TrainConfig, Path]:
-    """(config, base_dir) of a run directory: run.json's config, then `overrides`."""
+    """(config, base_dir) of a run directory: run.json's config, then `overrides`. An override that would
+    change the model the checkpoints belong to is refused."""
     info = read_run_info(run_dir)
     saved = dict(info["config"])
+    for key, value in overrides.items():
+        if _changes_the_model(key) and saved.get(key) != value:
+            raise UserError(f"--resume {run_dir}: '{key}' cannot change on resume ({saved.get(key)!r} -> {value!r}): "
+                            f"the checkpoints hold that model's weights. To start a new run from them: mlx-grpo "
+                            f"export {run_dir} --out DIR, then train with model_id: DIR")
     # The trainer stores where relative paths (model, dataset, reward files) were resolved from.
     base_dir = Path(saved.pop("base_dir", None) or Path.cwd())
     return load_config(None, {**_flatten(saved), **overrides}), base_dir

@@ -18,6 +18,7 @@ from mlx.utils import tree_flatten
 import mlx_grpo.trainer as trainer_module
 from mlx_grpo.cli import main
 from mlx_grpo.config import load_config
+from mlx_grpo.errors import UserError
 from mlx_grpo.telemetry import sinks as sinks_module
 from mlx_grpo.telemetry.sinks import Sink
 from mlx_grpo.trainer import Trainer
@@ -262,3 +263,37 @@ def test_secrets_never_reach_the_run_directory_tensorboard_or_wandb(tmp_path, mo
     assert not any(value in given_to_wandb for value in secrets.values())
     config = json.loads((run_dir / "run.json").read_text())["config"]
     assert config["wandb_tags"] == ["baseline"] and "wandb_notes" not in config
+
+
+# ----------------------------------------------------------------------------- a resume never changes the model
+
+
+@pytest.mark.parametrize("flag,value", [("--lora-rank", "4"), ("--use-lora", None), ("--model-id", "other-dir"),
+                                        ("--dtype", "bfloat16")])
+def test_a_resume_that_would_change_the_model_is_refused(tmp_path, model, capsys, flag, value):
+    assert main(flags(tmp_path, model, num_steps=2, checkpoint_every=1)) == 0
+    run_dir = tmp_path / "runs" / "r"
+    before = (run_dir / "metrics.jsonl").read_bytes()
+    code = main(["train", "--resume", str(run_dir), "--num-steps", "3", flag, *([value] if value else [])])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1
+    assert "cannot change on resume" in err[0] and f"mlx-grpo export {run_dir} --out DIR" in err[0]
+    assert (run_dir / "metrics.jsonl").read_bytes() == before  # nothing touched
+    assert main(["train", "--resume", str(run_dir), "--num-steps", "3"]) == 0  # other keys still may change
+
+
+def test_a_checkpoint_never_half_loads_into_another_model(tmp_path, model):
+    from mlx_grpo.checkpoint import load_checkpoint
+    from mlx_grpo.trainer import make_optimizer
+
+    assert main(flags(tmp_path, model, num_steps=1, checkpoint_every=1, use_lora=True, lora_rank=8)) == 0
+    checkpoint = tmp_path / "runs" / "r" / "checkpoints" / "step_1"
+    config = load_config(None, {"model_id": str(model), "use_lora": True, "lora_rank": 4})
+    from mlx_grpo.trainer import load_policy_for_training
+
+    policy = load_policy_for_training(config, tmp_path)
+    with pytest.raises(UserError, match=r"has shape .* in the checkpoint and .* in this model"):
+        load_checkpoint(checkpoint, policy.model, make_optimizer(config))
+    full = load_policy_for_training(load_config(None, {"model_id": str(model)}), tmp_path)
+    with pytest.raises(UserError, match="which this model does not have"):
+        load_checkpoint(checkpoint, full.model, make_optimizer(config))
