@@ -6,10 +6,11 @@ plus what the phase builds on top:
 
 - rollout: the KV cache of every completion at full length, and the larger of the prompts' prefill
   (block activations; logits at the last position only) and one decode step's sampling arrays;
-- reference: one micro-batch's forward pass (transient, one block at a time) and its LM-head logits;
+- reference: one micro-batch's forward pass (transient, one block at a time), then its LM-head logits;
 - update: one micro-batch's activations kept for the backward pass in every block (only the block
-  inputs with `grad_checkpoint`, plus one block recomputed), attention scores, and the LM-head logits
-  with their softmax and gradient, whole or one chunk at a time.
+  inputs with `grad_checkpoint`), then the larger of the LM head's buffers (logits with their softmax
+  and gradient, whole or one chunk at a time) and one block's backward (its attention scores, and its
+  recomputed activations with `grad_checkpoint`).
 
 The constants are measured, not guessed: `benchmarks/memory_probe.py` measures each phase's peak
 on random-weight models (MLX's peak counter is exact), and docs/SCALE.md compares this formula with
@@ -29,23 +30,22 @@ from .errors import UserError
 GB = 1e9
 
 # ----------------------------------------------------------------------------- measured constants
-# Fitted to benchmarks/memory_probe.py measurements (LoRA, float32, CPU backend; docs/SCALE.md).
-# Bytes kept per token and per transformer block for the backward pass: A_HIDDEN activation values
-# per hidden unit and A_INTERMEDIATE per MLP unit (norm inputs and outputs, q/k/v/o and gate/up/down
-# inputs, LoRA inputs), plus A_SCORES fp32 bytes per attention score (heads x sequence length).
-A_HIDDEN = 4.4
-A_INTERMEDIATE = 5.2
-A_SCORES = 1.0
-# The forward-only reference pass holds about one block's worth at a time.
+# Fitted to benchmarks/memory_probe.py measurements (LoRA, CPU backend; docs/SCALE.md).
+# Activation values kept per token and per transformer block for the backward pass, per unit of
+# (hidden + MLP) width: norm inputs and outputs, q/k/v/o and gate/up/down inputs, LoRA inputs.
+A_KEPT = 5.6
+# Attention is recomputed, not kept: one block at a time holds [heads, S, S] score-sized buffers,
+# this many of them in the backward pass and in a forward pass.
+A_ATTENTION_BACKWARD = 7.7
+A_ATTENTION_FORWARD = 3.8
+# A forward-only block (reference pass, prefill) holds about this many activation values per unit.
 A_FORWARD = 1.0
 # The LM head: peak bytes per fp32 logit of the part of the batch whose logits exist at once
 # (log-softmax, its gradient, entropy). A chunked head pays more per logit, on far fewer logits.
 HEAD_UPDATE = 4.3
 HEAD_UPDATE_CHUNKED = 10.5
 HEAD_REFERENCE = 2.5
-HEAD_REFERENCE_CHUNKED = 5.0
-# A decode step's float32 [N, V] logits still held while the prefill's buffers are: (measured).
-SAMPLING_KEPT = 1.0
+HEAD_REFERENCE_CHUNKED = 7.0
 
 
 def activation_bytes(dtype: str, use_lora: bool) -> float:
@@ -188,26 +188,34 @@ def predict(shape: ModelShape, shapes: Shapes, config: TrainConfig, settings: Me
         gradients = trainable * d * 2
 
     m = min(settings.micro_batch_size or n, n)
-    per_token_block = (A_HIDDEN * shape.hidden + A_INTERMEDIATE * shape.intermediate) \
-        * activation_bytes(dtype, config.use_lora) + A_SCORES * 4 * shape.heads * s
+    act = activation_bytes(dtype, config.use_lora)
+    width = shape.hidden + shape.intermediate
+
+    def attention(rows: int, length: int, copies: float) -> float:
+        return copies * rows * shape.heads * length * length * d
 
     # rollout: KV cache of every sequence at full length, the prompts' prefill (one block at a time;
-    # logits at the last position only), then a decode step's logits and sampling arrays
+    # logits at the last position only), then one decode step's logits
     kv = n * s * shape.layers * 2 * shape.kv_heads * shape.head_dim * d
-    prefill = shapes.prompts * shapes.prompt_length * A_FORWARD * per_token_block
-    rollout = resident + kv + prefill + n * shape.vocab * 4 * SAMPLING_KEPT
+    prefill = shapes.prompts * shapes.prompt_length * width * act * A_FORWARD \
+        + attention(shapes.prompts, shapes.prompt_length, A_ATTENTION_FORWARD)
+    rollout = resident + kv + prefill + n * shape.vocab * 4
 
+    # reference and update, per micro-batch of m sequences. The blocks run before the LM head in the
+    # forward pass and after it in the backward pass, so their transient buffers and the head's never
+    # coincide: a phase's peak is the larger of the two, on top of what the backward pass keeps.
     chunked = 0 < settings.logits_chunk_size < t
     positions = settings.logits_chunk_size if chunked else t
     logits = m * positions * shape.vocab * 4
-    one_block = m * s * per_token_block
-    reference = resident + m * s * A_FORWARD * per_token_block \
-        + logits * (HEAD_REFERENCE_CHUNKED if chunked else HEAD_REFERENCE)
-    if settings.grad_checkpoint:
-        kept = shape.layers * m * s * shape.hidden * d + one_block
+    reference = resident + max(logits * (HEAD_REFERENCE_CHUNKED if chunked else HEAD_REFERENCE),
+                               m * s * width * act * A_FORWARD + attention(m, s, A_ATTENTION_FORWARD))
+    one_block = m * s * width * act * A_KEPT
+    if settings.grad_checkpoint:  # block inputs are kept; each block is recomputed in its backward
+        kept, recomputed = shape.layers * m * s * shape.hidden * d, one_block
     else:
-        kept = shape.layers * one_block
-    update = resident + gradients + kept + logits * (HEAD_UPDATE_CHUNKED if chunked else HEAD_UPDATE)
+        kept, recomputed = shape.layers * one_block, 0.0
+    update = resident + gradients + kept + max(logits * (HEAD_UPDATE_CHUNKED if chunked else HEAD_UPDATE),
+                                               attention(m, s, A_ATTENTION_BACKWARD) + recomputed)
     return PhasePeaks(weights, resident, rollout, reference if config.beta > 0 else resident, update)
 
 
