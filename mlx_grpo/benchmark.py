@@ -44,7 +44,7 @@ from .config import TrainConfig
 from .data import EncodedPrompt, PromptOrder, encode_prompt
 from .errors import UserError
 from .machine import describe
-from .models import count_parameters
+from .models import count_parameters, resolve_dtype
 from .rollout import Rollout
 from .trainer import Prompts, Trainer, step_key
 from .update import build_train_batch
@@ -349,7 +349,7 @@ def measure_paths(options: BenchOptions) -> tuple[dict, dict, dict | None]:
         "model": config.model_id,
         "parameters": total,
         "trainable_parameters": trainable,
-        "dtype": config.dtype,
+        "dtype": resolve_dtype(config),
         "use_lora": config.use_lora,
         "beta": config.beta,
         "batch_size": config.batch_size,

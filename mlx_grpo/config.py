@@ -67,7 +67,7 @@ class SGRPOConfig:
 class TrainConfig:
     # --- model ---
     model_id: str = DEFAULT_MODEL
-    dtype: str = "float32"
+    dtype: str = "auto"  # auto: bfloat16 for LoRA on a GPU, float32 otherwise (the CPU backend, full fine-tuning)
     use_lora: bool = False
     lora_rank: int = 8
     lora_alpha: float = 16.0
@@ -175,6 +175,9 @@ class TrainConfig:
             ("warmup_fraction", 0 <= self.warmup_fraction < 1, "in [0, 1)"),
             ("weight_decay", self.weight_decay >= 0, "non-negative"),
             ("max_grad_norm", self.max_grad_norm >= 0, "non-negative (0 turns clipping off)"),
+            ("dtype", self.dtype in ("auto", "float32") or self.use_lora,
+             "float32 or auto for full fine-tuning (use_lora: false): AdamW's steps are below bf16/fp16 precision "
+             "for most weights and round to zero, so the run would stop learning; or set use_lora: true"),
             ("micro_batch_size", self.micro_batch_size == "auto" or (isinstance(self.micro_batch_size, int)
                                                                       and self.micro_batch_size >= 0),
              "auto or a non-negative integer (0: the whole batch at once)"),
@@ -221,7 +224,7 @@ class TrainConfig:
             ("sgrpo.max_answer_tokens", self.sgrpo.max_answer_tokens >= 1, "at least 1"),
         ]
         choices = {
-            "dtype": ("float32", "bfloat16", "float16"),
+            "dtype": ("auto", "float32", "bfloat16", "float16"),
             "loss_type": ("grpo", "bnpo", "dr_grpo", "dapo"),
             "importance_sampling_level": ("token", "sequence"),
             "scale_rewards": ("group", "batch", "none"),

@@ -75,10 +75,22 @@ def load_policy(config: TrainConfig, base_dir: Path) -> tuple[nn.Module, Any]:
         detail = (str(err).splitlines() or [""])[0]
         raise UserError(f"model '{config.model_id}': could not be loaded: {type(err).__name__}: {detail}") from err
     refuse_unbatchable(model, config.model_id)
-    dtype = DTYPES[config.dtype]
+    dtype = DTYPES[resolve_dtype(config)]
     if not _is_quantized(model):
         model.set_dtype(dtype)
     return model, tokenizer
+
+
+def resolve_dtype(config: TrainConfig, gpu: bool | None = None) -> str:
+    """The dtype a run computes in. `auto`: bfloat16 for LoRA on a GPU (half the memory and bandwidth;
+    the trained adapters stay float32), float32 on the CPU backend (bf16 matmuls skip BLAS there) and
+    for full fine-tuning (AdamW's steps round to zero in bf16 weights). `gpu`: plan for a GPU (or not)
+    instead of this machine."""
+    if config.dtype != "auto":
+        return config.dtype
+    if gpu is None:
+        gpu = mx.default_device().type == mx.gpu
+    return "bfloat16" if gpu and config.use_lora else "float32"
 
 
 def refuse_unbatchable(model: nn.Module, model_id: str) -> None:

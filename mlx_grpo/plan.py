@@ -270,7 +270,8 @@ def candidate_micro_batches(sequences: int) -> list[int]:
 
 
 def plan(shape: ModelShape, shapes: Shapes, config: TrainConfig, dtype: str, budget: float,
-         budget_source: str) -> Verdict:
+         budget_source: str, lora_dtype: str | None = None) -> Verdict:
+    """`lora_dtype`: what the run would compute in with LoRA (dtype `auto` differs between the two)."""
     settings = configured_settings(config, shape, shapes, dtype, budget)
     configured = predict(shape, shapes, config, settings, dtype)
     fitting = fitting_peaks = None
@@ -279,16 +280,19 @@ def plan(shape: ModelShape, shapes: Shapes, config: TrainConfig, dtype: str, bud
         if peaks.peak <= MARGIN * budget:
             fitting, fitting_peaks = candidate, peaks
             break
-    other = [] if fitting is not None else bigger_changes(shape, shapes, config, dtype, MARGIN * budget)
+    other = [] if fitting is not None else bigger_changes(shape, shapes, config, dtype, lora_dtype or dtype,
+                                                          MARGIN * budget)
     return Verdict(budget, budget_source, configured, settings, fitting, fitting_peaks, other)
 
 
-def bigger_changes(shape: ModelShape, shapes: Shapes, config: TrainConfig, dtype: str, budget: float) -> list[str]:
+def bigger_changes(shape: ModelShape, shapes: Shapes, config: TrainConfig, dtype: str, lora_dtype: str,
+                   budget: float) -> list[str]:
     """When no memory setting is enough: the smallest changes to the run that fit, with the leanest
     settings. Model changes first (LoRA, a 4-bit base), each alone or with fewer prompts per step or
     shorter completions."""
     leanest = MemorySettings(1, 32, True)
     variants: list[tuple[list[str], ModelShape, TrainConfig]] = [([], shape, config)]
+    dtypes = {False: dtype, True: lora_dtype}
     if not config.use_lora:
         variants.append((["use_lora: true"], shape, replace(config, use_lora=True)))
     if shape.bits is None:
@@ -297,17 +301,18 @@ def bigger_changes(shape: ModelShape, shapes: Shapes, config: TrainConfig, dtype
                          replace(config, use_lora=True)))
     found: list[str] = []
     for changes, model, cfg in variants:
-        if predict(model, shapes, cfg, leanest, dtype).peak <= budget:
+        run_dtype = dtype if cfg.use_lora == config.use_lora else dtypes[True]
+        if predict(model, shapes, cfg, leanest, run_dtype).peak <= budget:
             found.append(" + ".join(changes))
         else:
             for prompts in range(shapes.prompts - 1, 0, -1):
-                if predict(model, replace(shapes, prompts=prompts), cfg, leanest, dtype).peak <= budget:
+                if predict(model, replace(shapes, prompts=prompts), cfg, leanest, run_dtype).peak <= budget:
                     found.append(" + ".join([*changes, f"batch_size: {prompts}"]))
                     break
             else:
                 for length in (1536, 1024, 768, 512, 384, 256, 128, 64):
                     if length < shapes.completion_length and predict(
-                            model, replace(shapes, completion_length=length), cfg, leanest, dtype).peak <= budget:
+                            model, replace(shapes, completion_length=length), cfg, leanest, run_dtype).peak <= budget:
                         found.append(" + ".join([*changes, f"max_generation_steps: {length}"]))
                         break
         if len(found) == 2:
@@ -388,28 +393,20 @@ def _hub_config(model_id: str) -> Path:
 
 # ----------------------------------------------------------------------------- one call for the CLI and train
 
-def planned_dtype(dtype: str, for_a_mac: bool) -> str:
-    """`auto` is bf16 on a GPU (a Mac), float32 on the CPU backend."""
-    if dtype != "auto":
-        return dtype
-    if for_a_mac:
-        return "bfloat16"
-    import mlx.core as mx
-
-    return "bfloat16" if mx.default_device().type == mx.gpu else "float32"
-
-
 def make_plan(config: TrainConfig, base_dir: Path, memory: str | None = None) -> tuple[Verdict, dict]:
     """The plan of `config` on this machine, or on a Mac with `memory` ('16GB') of unified memory."""
+    from .models import resolve_dtype
+
     shape = read_model_shape(config.model_id, base_dir)
-    dtype = planned_dtype(config.dtype, memory is not None)
+    dtype = resolve_dtype(config, gpu=True if memory is not None else None)  # a Mac computes on its GPU
     if memory is not None:
         size = parse_memory(memory)
         budget, source = mac_working_set(size), f"the recommended working set of a {size:g} GB Mac"
     else:
         budget, source = this_machine_budget()
     shapes = Shapes(config.batch_size, config.num_generations, config.max_prompt_length, config.max_generation_steps)
-    verdict = plan(shape, shapes, config, dtype, budget, source)
+    lora_dtype = resolve_dtype(replace(config, use_lora=True), gpu=True if memory is not None else None)
+    verdict = plan(shape, shapes, config, dtype, budget, source, lora_dtype)
     facts = {"model": config.model_id, "parameters": shape.parameters(), "layers": shape.layers,
              "vocab": shape.vocab, "dtype": dtype, "bits": shape.bits, "prompts": shapes.prompts,
              "group_size": shapes.group_size, "prompt_length": shapes.prompt_length,

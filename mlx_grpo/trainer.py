@@ -36,7 +36,7 @@ from .extras import entropy_dump
 from .extras.adaptive_window import WindowController
 from .extras.sgrpo import run_exits
 from .machine import accel_memory, describe_device, versions
-from .models import ReferencePolicy, apply_adapters, count_parameters, load_policy, make_reference
+from .models import ReferencePolicy, apply_adapters, count_parameters, load_policy, make_reference, resolve_dtype
 from .resume import last_record, log_positions, resumable_checkpoint, resume_command, truncate_logs
 from .rewards import (RewardFunction, RewardScores, extract_answer, extract_reasoning, is_correct,
                       load_reward_functions, score_completions)
@@ -458,7 +458,7 @@ def open_run(config: TrainConfig, base_dir: Path, resume_dir: Path | None) -> Ru
         warn=lambda m: console.message(m, style="yellow"),
         purge_step=start_step + 1 if resume_dir is not None else None), run_dir)
     sinks.start(run_dir.name, {**config_to_dict(config), "base_dir": str(base_dir)}, versions(),
-                {**describe_device(config.dtype), **world.describe()}, config.num_steps,
+                {**describe_device(resolve_dtype(config)), **world.describe()}, config.num_steps,
                 run_id=saved.get("run_id"), resume_step=start_step if resume_dir is not None else None)
     if wandb is not None and config.wandb_log_dataset and resume_dir is None and world.is_main:
         log_dataset(sinks, config, base_dir)

@@ -79,3 +79,32 @@ def test_exponent_without_a_dot_is_a_number(tmp_path):
     path = tmp_path / "lr.yaml"
     path.write_text("learning_rate: 1e-5\n")
     assert load_config(path, {"beta": "4e-2"}).learning_rate == 1e-5
+
+
+def test_dtype_auto_is_float32_on_the_cpu_and_for_full_fine_tuning_and_bf16_for_lora_on_a_gpu():
+    from mlx_grpo.models import resolve_dtype
+
+    full, lora = load_config(None, {}), load_config(None, {"use_lora": True})
+    assert full.dtype == "auto" and resolve_dtype(full) == "float32" and resolve_dtype(lora) == "float32"
+    assert resolve_dtype(lora, gpu=True) == "bfloat16" and resolve_dtype(full, gpu=True) == "float32"
+    assert resolve_dtype(load_config(None, {"dtype": "float16", "use_lora": True})) == "float16"
+
+
+def test_a_half_precision_full_fine_tune_is_refused_because_adamw_steps_vanish_in_bf16():
+    import mlx.core as mx
+    import mlx.nn as nn
+    import mlx.optimizers as optim
+    import numpy as np
+
+    with pytest.raises(UserError, match="key 'dtype' is 'bfloat16'.*round to zero"):
+        load_config(None, {"dtype": "bfloat16", "use_lora": False})
+    # why: one AdamW step at the default learning rate moves float32 weights and leaves bf16 ones as they were
+    moved = {}
+    for dtype in (mx.float32, mx.bfloat16):
+        layer = nn.Linear(64, 64)
+        layer.set_dtype(dtype)
+        before = np.array(layer.weight.astype(mx.float32))
+        grads = {"weight": mx.random.normal(layer.weight.shape).astype(dtype), "bias": mx.zeros(64, dtype=dtype)}
+        optim.AdamW(learning_rate=3e-5).update(layer, grads)
+        moved[dtype] = float((np.array(layer.weight.astype(mx.float32)) != before).mean())
+    assert moved[mx.float32] > 0.99 and moved[mx.bfloat16] < 0.5  # measured: 100% and 24%

@@ -68,7 +68,7 @@ def shape_only_model(tmp_path: Path, config: dict) -> Path:
 def test_plan_says_what_would_make_an_impossible_run_fit(tmp_path, capsys):
     model = shape_only_model(tmp_path, QWEN25_7B)
     code = main(["plan", "--memory", "16GB", "--set", f"model_id={model}", "--set", "use_lora=false",
-                 "--set", "max_generation_steps=1024", "--set", "dtype=bfloat16"])
+                 "--set", "max_generation_steps=1024"])
     out = capsys.readouterr().out
     assert code == 1
     assert "does not fit" in out and "it would fit with: use_lora: true + a 4-bit base model" in out
@@ -79,7 +79,7 @@ def test_train_refuses_a_run_that_cannot_fit_before_loading_anything(tmp_path, c
     runs = tmp_path / "runs"
     # full fine-tuning of 7B parameters with 512 completions of 2048 tokens: beyond any machine CI runs on
     code = main(["train", "--model-id", str(model), "--no-use-lora", "--max-generation-steps", "2048",
-                 "--batch-size", "64", "--dtype", "bfloat16", "--monitoring-dir", str(runs)])
+                 "--batch-size", "64", "--dtype", "float32", "--monitoring-dir", str(runs)])
     err = capsys.readouterr().err.strip().splitlines()
     assert code != 0 and len(err) == 1
     assert "this run needs ~" in err[0] and "fit with" in err[0] and "memory_check: false" in err[0]

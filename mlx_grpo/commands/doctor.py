@@ -62,9 +62,12 @@ def diagnose(config_path: str | None) -> tuple[list[tuple[str, str]], list[str]]
 
     config = load_config(config_path) if config_path else load_config()
     source = config_path or "default run config"
-    dtype_row = f"{config.dtype} ({source})"
-    if on_cpu and config.dtype != "float32":
-        fixes.append(f"{source}: set dtype: float32; on the CPU backend {config.dtype} matmuls skip BLAS and run slower")
+    from ..models import resolve_dtype
+
+    dtype = resolve_dtype(config)
+    dtype_row = f"{dtype} ({source}{', from auto' if config.dtype == 'auto' else ''})"
+    if on_cpu and dtype != "float32":
+        fixes.append(f"{source}: set dtype: auto or float32; on the CPU backend {dtype} matmuls skip BLAS and run slower")
     rows.append(("dtype", dtype_row))
 
     memory = psutil.virtual_memory()
