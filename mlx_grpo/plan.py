@@ -34,6 +34,9 @@ GB = 1e9
 # Activation values kept per token and per transformer block for the backward pass, per unit of
 # (hidden + MLP) width: norm inputs and outputs, q/k/v/o and gate/up/down inputs, LoRA inputs.
 A_KEPT = 5.6
+# With grad_checkpoint, what each block keeps per token, in hidden-size units (its input and the
+# residual stream around it).
+A_CHECKPOINTED = 2.8
 # Attention is recomputed, not kept: one block at a time holds [heads, S, S] score-sized buffers,
 # this many of them in the backward pass and in a forward pass.
 A_ATTENTION_BACKWARD = 7.7
@@ -211,7 +214,7 @@ def predict(shape: ModelShape, shapes: Shapes, config: TrainConfig, settings: Me
                                m * s * width * act * A_FORWARD + attention(m, s, A_ATTENTION_FORWARD))
     one_block = m * s * width * act * A_KEPT
     if settings.grad_checkpoint:  # block inputs are kept; each block is recomputed in its backward
-        kept, recomputed = shape.layers * m * s * shape.hidden * d, one_block
+        kept, recomputed = shape.layers * m * s * shape.hidden * d * A_CHECKPOINTED, one_block
     else:
         kept, recomputed = shape.layers * one_block, 0.0
     update = resident + gradients + kept + max(logits * (HEAD_UPDATE_CHUNKED if chunked else HEAD_UPDATE),
