@@ -140,7 +140,6 @@ class TrainConfig:
     tensorboard: bool = True
     tensorboard_dir: str | None = None  # None: <run dir>/tensorboard
     log_every: int = 1
-    log_distributions: bool = False
     histogram_every: int = 10
     samples_per_step: int = 4
     max_consecutive_nonfinite: int = 5
@@ -329,12 +328,18 @@ def _field_types(cls: type) -> dict[str, Any]:
     return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
 
 
+# Keys earlier versions had: accepted and ignored, so old configs and old runs' run.json still load.
+RETIRED_KEYS = {"log_distributions"}  # histograms are logged every histogram_every steps
+
+
 def _build_dataclass(cls: type, mapping: dict, prefix: str, source: str, base: Any = None) -> Any:
     """Make `cls` from a mapping, starting from `base` (or the defaults)."""
     types_by_name = _field_types(cls)
     values = {} if base is None else {n: getattr(base, n) for n in types_by_name}
     for key, value in mapping.items():
         dotted = f"{prefix}.{key}" if prefix else str(key)
+        if dotted in RETIRED_KEYS:
+            continue
         if key not in types_by_name:
             close = difflib.get_close_matches(str(key), types_by_name, n=1)
             hint = f" (did you mean '{close[0]}'?)" if close else ""

@@ -108,3 +108,7 @@ def test_a_half_precision_full_fine_tune_is_refused_because_adamw_steps_vanish_i
         optim.AdamW(learning_rate=3e-5).update(layer, grads)
         moved[dtype] = float((np.array(layer.weight.astype(mx.float32)) != before).mean())
     assert moved[mx.float32] > 0.99 and moved[mx.bfloat16] < 0.5  # measured: 100% and 24%
+
+
+def test_a_retired_key_from_an_older_config_or_run_is_ignored():
+    assert not hasattr(load_config(None, {"log_distributions": True}), "log_distributions")

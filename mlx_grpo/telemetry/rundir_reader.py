@@ -1,11 +1,11 @@
 """Follow a run directory live: run.json, metrics, samples and alerts.
 
 `RunReader.poll()` reads what the trainer appended since the last poll and
-keeps it in a `RunState`. Opening a long run is fast: only the last few MB of
+keeps it in a `RunView`. Opening a long run is fast: only the last few MB of
 metrics.jsonl are parsed before the first screen; older lines are parsed in
 background processes and joined in front as they finish (history_loader.py).
 
-Run states (`RunState.status`), first match wins:
+Run states (`RunView.status`), first match wins:
 
 - `waiting`     the directory, or both run.json and metrics.jsonl, do not exist yet.
 - `finished`, `interrupted`, `failed`: run.json's `status` says so.
@@ -88,7 +88,7 @@ class AlertEntry:
 
 
 @dataclass
-class RunState:
+class RunView:
     run_dir: Path
     info: dict | None = None
     table: MetricTable = field(default_factory=MetricTable)
@@ -229,7 +229,7 @@ class RunReader:
         history_chunk_bytes: int | None = None,
     ):
         self.run_dir = Path(run_dir)
-        self.state = RunState(self.run_dir)
+        self.state = RunView(self.run_dir)
         self._chunk_bytes = history_chunk_bytes
         # A little history is cheaper to read at once than to hand to a process.
         self._metrics = JsonlTail(self.run_dir / METRICS, initial_tail_bytes=tail_bytes,

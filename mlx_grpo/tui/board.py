@@ -12,7 +12,7 @@ from typing import Callable
 import numpy as np
 
 from ..telemetry.alerts import LEVELS
-from ..telemetry.rundir_reader import RunReader, RunState, pid_alive
+from ..telemetry.rundir_reader import RunReader, RunView, pid_alive
 from .downsample import ema, finite_points
 from .palette import run_color
 
@@ -71,7 +71,7 @@ class Board:
     _smooth_cache: dict = field(default_factory=dict)
 
     @property
-    def runs(self) -> list[RunState]:
+    def runs(self) -> list[RunView]:
         return [r.state for r in self.readers]
 
     def color(self, index: int) -> str:
