@@ -112,3 +112,46 @@ def test_a_half_precision_full_fine_tune_is_refused_because_adamw_steps_vanish_i
 
 def test_a_retired_key_from_an_older_config_or_run_is_ignored():
     assert not hasattr(load_config(None, {"log_distributions": True}), "log_distributions")
+
+
+def test_every_config_key_works_as_a_flag():
+    """Each top-level key through its generated --flag gives the same config as the key in a file."""
+    import argparse
+    import typing
+
+    from mlx_grpo.commands.train import add_arguments, collect_overrides
+    from mlx_grpo.config import top_level_fields
+
+    samples = {bool: ("--{}", True), int: ("7", 7), float: ("0.5", 0.5), str: ("x", "x")}
+    for name, tp in top_level_fields().items():
+        parser = argparse.ArgumentParser()
+        add_arguments(parser)
+        flag = "--" + name.replace("_", "-")
+        args = typing.get_args(tp)
+        base = next((a for a in args if a is not type(None)), tp) if typing.get_origin(tp) is not list else tp
+        if typing.get_origin(base) is list:
+            argv, expected = [flag, "answer_check" if name == "rewards" else "a", "b" if name != "rewards" else
+                              "format_exact"], None
+        elif base is bool:
+            argv, expected = [flag], True
+        else:
+            text, expected = samples.get(base, ("x", "x"))
+            argv = [flag, text]
+        overrides = collect_overrides(parser.parse_args(argv))
+        assert name in overrides, name
+        if expected is None:
+            assert isinstance(overrides[name], list) and len(overrides[name]) == 2, (name, overrides[name])
+        else:
+            assert overrides[name] == expected, (name, overrides[name])
+    config = load_config(None, collect_overrides(_parsed(["--rewards", "answer_check", "--wandb-tags", "a", "b"])))
+    assert [r.name for r in config.rewards] == ["answer_check"] and config.wandb_tags == ["a", "b"]
+
+
+def _parsed(argv):
+    import argparse
+
+    from mlx_grpo.commands.train import add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return parser.parse_args(argv)

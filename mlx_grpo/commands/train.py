@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import types
 import typing
 
 from ..config import parse_override, top_level_fields
@@ -11,8 +12,9 @@ USES_MLX = True
 
 
 def _flag_kind(tp: typing.Any) -> str:
-    args = [a for a in typing.get_args(tp) if a is not type(None)] or [tp]
-    base = args[0]
+    # unwrap Optional[X] / X | None only: list[X]'s own argument is its item type, not an alternative
+    union = typing.get_origin(tp) in (typing.Union, types.UnionType)
+    base = next(a for a in typing.get_args(tp) if a is not type(None)) if union else tp
     if base is bool:
         return "bool"
     if typing.get_origin(base) is list:
@@ -47,8 +49,10 @@ def collect_overrides(args: argparse.Namespace) -> dict[str, typing.Any]:
     for name, tp in top_level_fields().items():
         if name in vars(args):
             value = getattr(args, name)
-            # A string key keeps its text as typed ("--run-name 007" stays "007").
-            if isinstance(value, str) and str not in typing.get_args(tp) and tp is not str:
+            # A string key keeps its text as typed ("--run-name 007" stays "007"); a key that is a string or
+            # something else (micro_batch_size: auto or a number) is read as YAML.
+            other_types = [a for a in (typing.get_args(tp) or (tp,)) if a not in (str, type(None))]
+            if isinstance(value, str) and (tp is not str and other_types):
                 value = parse_override(f"{name}={value}")[1]
             elif isinstance(value, list):
                 value = [parse_override(f"x={v}")[1] for v in value]
