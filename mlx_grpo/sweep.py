@@ -244,7 +244,8 @@ def load_sweep(path: str | Path) -> SweepSpec:
                 raise UserError(f"{path}: key 'parameters.{p.key}': a grid needs values, or a range with step or num "
                                 f"(or use method: random)")
     output = Path(raw.get("output_dir", "sweeps")).expanduser()
-    directory = (output if output.is_absolute() else here / output) / name
+    # outputs go where the user stands; the base config is found next to the sweep file
+    directory = (output if output.is_absolute() else Path.cwd() / output) / name
     return SweepSpec(path, name, base, method, trials, seed, directory, dict(fixed), params)
 
 

@@ -416,9 +416,11 @@ def alert_rules(config: TrainConfig, base_dir: Path) -> list:
     return rules_from_config({}, defaults=config.enable_alerts)
 
 
-def new_run_dir(config: TrainConfig, base_dir: Path) -> Path:
-    root = Path(config.monitoring_dir)
-    root = root if root.is_absolute() else base_dir / root if not Path.cwd() == base_dir else root
+def new_run_dir(config: TrainConfig) -> Path:
+    # Outputs go where the user stands, as with every other trainer: `mlx-grpo train cfg/my.yaml` writes
+    # to ./runs, where `mlx-grpo watch` and `tensorboard --logdir runs` look. (Inputs named inside a
+    # config, such as datasets and reward files, resolve against the config file.)
+    root = Path(config.monitoring_dir).expanduser()
     name = config.run_name or time.strftime("grpo-%Y%m%d-%H%M%S")
     run_dir = root / name
     suffix = 1
@@ -435,7 +437,7 @@ def open_run(config: TrainConfig, base_dir: Path, resume_dir: Path | None) -> Ru
     config, memory_plan = fit_run(config, base_dir)  # refuses a run that cannot fit, before anything loads
     trainer = Trainer.build(config, base_dir)
     world = trainer.world
-    run_dir = Path(world.from_main(str(resume_dir or new_run_dir(config, base_dir))))
+    run_dir = Path(world.from_main(str(resume_dir or new_run_dir(config))))
     saved: dict[str, Any] = {}
     if checkpoint is not None:
         saved = load_checkpoint(checkpoint, trainer.policy.model, trainer.optimizer)

@@ -17,6 +17,12 @@ from mlx_grpo.telemetry.compare import config_differences, expand_run_dirs, load
 from mlx_grpo.telemetry.rundir import RunDirWriter
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def in_tmp_path(tmp_path, monkeypatch):
+    """Sweeps write where the command runs (output_dir is relative to the working directory)."""
+    monkeypatch.chdir(tmp_path)
 DEFAULT = ROOT / "configs" / "default.yaml"
 
 
@@ -37,7 +43,7 @@ def test_example_sweep_is_a_checked_grid_over_the_default_config():
     for trial in trials:
         config = trial_config(spec, trial)
         assert config.learning_rate == trial.params["learning_rate"] and config.num_steps == 100
-    assert spec.directory == ROOT / "configs" / "sweeps" / "lr-beta"
+    assert spec.directory == Path.cwd() / "sweeps" / "lr-beta"  # where the user stands, not in configs/
 
 
 def test_random_search_draws_reproducibly_within_ranges(tmp_path):

@@ -109,3 +109,17 @@ def test_user_mistakes_end_in_one_line(tmp_path, models, capsys):
     assert main(["train", "--model-id", str(models["llama"]), "--dataset", str(broken)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"{broken}:2: malformed JSON" in err[0]
+
+
+def test_runs_go_where_the_user_stands_and_config_paths_stay_next_to_the_config(tmp_path, monkeypatch):
+    from mlx_grpo.cli import main
+
+    (tmp_path / "cfg").mkdir()
+    (tmp_path / "cfg" / "tiny.jsonl").write_text('{"prompt": "1+1=", "answer": "2"}\n' * 8)
+    (tmp_path / "cfg" / "my.yaml").write_text("num_steps: 1\nbatch_size: 2\nnum_generations: 2\n"
+                                              "max_generation_steps: 4\neval_every: 0\ndataset: tiny.jsonl\n"
+                                              "eval_dataset: tiny.jsonl\nrun_name: r\n")
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "cfg/my.yaml"]) == 0
+    assert (tmp_path / "runs" / "r" / "run.json").is_file()  # not cfg/runs: where watch and tensorboard look
+    assert not (tmp_path / "cfg" / "runs").exists()
