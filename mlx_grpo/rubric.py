@@ -24,6 +24,7 @@ import numpy as np
 import yaml
 
 from .errors import UserError, yaml_error
+from .telemetry.rundir import register_secret
 from .judge import PLACEHOLDERS, Judge, JudgeConfig, JudgeError, chat_completions_url
 from .rubric_scorers import (CriterionFailed, JudgeScorer, LengthScorer, NumericAnswerScorer, PythonScorer,
                              RegexScorer, SubstringScorer)
@@ -381,6 +382,7 @@ def _build_judge(root: _Section) -> Judge:
         api_key = os.environ.get(env_name)
         if not api_key:
             raise section.fail("api_key_env", f"environment variable {env_name} is not set")
+        register_secret(api_key)  # whatever the variable is called, its value is never written
     defaults = JudgeConfig(url=url)
     config = JudgeConfig(
         url=url,

@@ -454,3 +454,16 @@ def test_builtin_rules_are_packaged_and_documented():
         before = yaml_text.split(f"- name: {rule.name}\n")[0].rstrip().splitlines()[-1]
         assert before.strip().startswith("#"), rule.name
         assert rule.hint, rule.name
+
+
+def test_alert_messages_are_scrubbed_wherever_they_come_from(monkeypatch):
+    from mlx_grpo.telemetry.alerts import Alert
+    from mlx_grpo.telemetry.rundir import register_secret
+
+    # a judge echoing its Authorization header, with a key whose variable name says nothing
+    monkeypatch.setenv("JUDGE_AUTH", "judgecred_QWERTY123456789")
+    register_secret("judgecred_QWERTY123456789")
+    alert = Alert(step=1, time=None, level="warning", rule="judge_failed", metric="judge/errors", value=1.0,
+                  message="judge answered 401: {'auth': 'Bearer judgecred_QWERTY123456789', 'x': 'sk-abcdefghijklmnopqrstuv'}")
+    assert "judgecred" not in alert.message and "sk-abcdefghijklmnopqrstuv" not in alert.message
+    assert "judge answered 401" in alert.message and "[secret]" in alert.to_dict()["message"]

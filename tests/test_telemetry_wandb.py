@@ -159,3 +159,30 @@ def test_a_real_run_logs_dataset_charts_and_final_model_offline_and_a_failing_wa
 def test_wandb_is_on_by_flag_or_api_key():
     assert wandb_enabled(True, {}) and not wandb_enabled(False, {"WANDB_API_KEY": "k"})
     assert wandb_enabled(None, {"WANDB_API_KEY": "k"}) and not wandb_enabled(None, {})
+
+
+SECRET_RUN = """
+import sys
+from mlx_grpo.telemetry.sinks import WandbOptions, make_sinks
+secret, typed, out = sys.argv[1], sys.argv[2], sys.argv[3]
+options = WandbOptions(project="mlx-grpo-test", name="secrets", tags=[typed, "ok"], notes=f"key {secret}", dir=out)
+sinks = make_sinks(out + "/run", wandb=options)
+sinks.start(name="run", config={"system_prompt": f"use token {typed}"}, total_steps=1)
+sinks.write(1, {"rewards/total/mean": 1.0}, {}, None)
+sinks.close("finished")
+"""
+
+
+def test_secrets_in_notes_tags_and_the_command_line_never_reach_wandb(offline):
+    import os
+    import subprocess
+
+    secret, typed = "sk-openaiSECRET0123456789abcdef", "hf_HFSECRETabcdefghijklmnopqrstu"
+    # a fresh process: W&B keeps settings per process, and its metadata records this command line
+    env = {**os.environ, "OPENAI_API_KEY": secret}
+    done = subprocess.run([sys.executable, "-c", SECRET_RUN, secret, typed, str(offline / "out")], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    written = b"".join(p.read_bytes() for p in (offline / "out").rglob("*") if p.is_file())
+    assert any((offline / "out").rglob("*.wandb"))  # W&B did write its files
+    assert secret.encode() not in written and typed.encode() not in written

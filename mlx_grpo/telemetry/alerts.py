@@ -25,6 +25,7 @@ from statistics import median
 from typing import Any, ClassVar, Iterable, Mapping, Sequence
 
 from ..errors import UserError
+from .rundir import scrub_text
 
 LEVELS = ("info", "warning", "error")
 # What the trainer does when a rule fires: "none" (report it) or "stop" (checkpoint, close the logs, exit 3).
@@ -45,6 +46,11 @@ class Alert:
     value: float | None
     message: str
     action: str = "none"  # "stop": the rule stops the run (written to alerts.jsonl only then)
+
+    def __post_init__(self) -> None:
+        # Messages carry text from outside (a judge's error body, a reward function's exception): every
+        # place an alert goes (alerts.jsonl, TensorBoard, W&B, the report, the console) gets it scrubbed.
+        object.__setattr__(self, "message", scrub_text(self.message))
 
     def to_dict(self) -> dict[str, Any]:
         # alerts.jsonl holds only finite numbers or null; the message keeps "NaN"/"Inf".

@@ -58,8 +58,27 @@ _SECRET_VALUE = re.compile(
 _SECRET_ENV = re.compile(r"(?i)(key|token|secret|password)$")
 
 
+# Values known to be secret whatever their variable is called (a judge's key from its api_key_env).
+_REGISTERED: set[str] = set()
+
+
+def register_secret(value: str | None) -> None:
+    """Never write `value`: it is scrubbed from configs, alert messages and W&B notes from now on."""
+    if value and len(value) >= 4:
+        _REGISTERED.add(value)
+
+
 def _env_secrets() -> set[str]:
-    return {value for name, value in os.environ.items() if _SECRET_ENV.search(name) and len(value) >= 8}
+    named = {value for name, value in os.environ.items() if _SECRET_ENV.search(name) and len(value) >= 8}
+    return named | _REGISTERED
+
+
+def scrub_text(text: str) -> str:
+    """Free text (an alert message, a judge's error body, W&B notes) with every secret value it contains
+    replaced by [secret]: the known secrets, then anything shaped like a credential."""
+    for secret in sorted(_env_secrets(), key=len, reverse=True):
+        text = text.replace(secret, "[secret]")
+    return _SECRET_VALUE.sub("[secret]", text)
 
 
 def scrub_secrets(obj: Any, _env: set[str] | None = None) -> Any:

@@ -71,7 +71,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from .catalogue import tensorboard_layout
-from .rundir import RunDirWriter, json_safe
+from .rundir import RunDirWriter, json_safe, scrub_secrets, scrub_text
 from .wandb_charts import CATEGORY_COLOURS, category_cloud, chart_interval, heatmap_svg, value_cloud
 
 # Sample columns shown in text and tables; long texts are cut so a step's table stays readable.
@@ -343,9 +343,13 @@ class WandbSink(Sink):
         wandb_dir = opts.dir or (None if os.environ.get("WANDB_DIR") else info["run_dir"])
         config = {**(info.get("config") or {}), "run_id": info.get("run_id"), "versions": info.get("versions"),
                   "device": info.get("device"), **opts.extra_config}
+        # Notes and tags are free text a user may paste a key into; W&B's own metadata would record the
+        # command line, secrets typed as flags included, so it is not collected.
+        tags = [scrub_text(str(tag)) for tag in opts.tags]
         self.run = self.wandb.init(project=opts.project, entity=opts.entity, name=opts.name or info.get("name"),
-                                   tags=list(opts.tags) or None, notes=opts.notes, config=json_safe(config),
-                                   dir=wandb_dir, mode=opts.mode)
+                                   tags=tags or None, notes=scrub_text(opts.notes) if opts.notes else None,
+                                   config=json_safe(scrub_secrets(config)), dir=wandb_dir, mode=opts.mode,
+                                   settings=self.wandb.Settings(x_disable_meta=True))
         self._total_steps = info.get("total_steps")
         self._chart_every = chart_interval(opts.chart_every, self._total_steps)
 
