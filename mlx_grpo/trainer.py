@@ -49,6 +49,7 @@ from .telemetry.sinks import WandbOptions, make_sinks, wandb_enabled
 from .telemetry.step_data import StepData, UpdateStats, eval_record
 from .telemetry.system import SystemSampler
 from .plan import fit_run
+from .run_lock import RunLock, create_run_dir
 from .update import (TrainBatch, UpdateResult, build_train_batch, checkpoint_blocks, make_loss_fn, reference_logprobs,
                      update_policy)
 
@@ -407,6 +408,7 @@ class Run:
     run_id: str
     last_record: dict[str, Any]
     base_dir: Path  # where the config's relative paths resolve from
+    lock: RunLock | None = None  # rank 0's lock on the run directory, released when the run closes
 
 
 def alert_rules(config: TrainConfig, base_dir: Path) -> list:
@@ -417,17 +419,12 @@ def alert_rules(config: TrainConfig, base_dir: Path) -> list:
 
 
 def new_run_dir(config: TrainConfig) -> Path:
-    # Outputs go where the user stands, as with every other trainer: `mlx-grpo train cfg/my.yaml` writes
-    # to ./runs, where `mlx-grpo watch` and `tensorboard --logdir runs` look. (Inputs named inside a
-    # config, such as datasets and reward files, resolve against the config file.)
-    root = Path(config.monitoring_dir).expanduser()
-    name = config.run_name or time.strftime("grpo-%Y%m%d-%H%M%S")
-    run_dir = root / name
-    suffix = 1
-    while run_dir.exists():
-        suffix += 1
-        run_dir = root / f"{name}-{suffix}"
-    return run_dir
+    """A new run directory, created by this process alone (two runs named alike get two directories).
+    Outputs go where the user stands, as with every other trainer: `mlx-grpo train cfg/my.yaml` writes
+    to ./runs, where `mlx-grpo watch` and `tensorboard --logdir runs` look. (Inputs named inside a
+    config, such as datasets and reward files, resolve against the config file.)"""
+    return create_run_dir(Path(config.monitoring_dir).expanduser(),
+                          config.run_name or time.strftime("grpo-%Y%m%d-%H%M%S"))
 
 
 def open_run(config: TrainConfig, base_dir: Path, resume_dir: Path | None) -> Run:
@@ -437,7 +434,9 @@ def open_run(config: TrainConfig, base_dir: Path, resume_dir: Path | None) -> Ru
     config, memory_plan = fit_run(config, base_dir)  # refuses a run that cannot fit, before anything loads
     trainer = Trainer.build(config, base_dir)
     world = trainer.world
-    run_dir = Path(world.from_main(str(resume_dir or new_run_dir(config))))
+    # rank 0 owns the run directory: it creates it (or takes the resumed one) and locks it for the run
+    run_dir = Path(world.from_main(str(resume_dir or new_run_dir(config)) if world.is_main else ""))
+    lock = RunLock(run_dir).acquire() if world.is_main else None
     saved: dict[str, Any] = {}
     if checkpoint is not None:
         saved = load_checkpoint(checkpoint, trainer.policy.model, trainer.optimizer)
@@ -480,7 +479,7 @@ def open_run(config: TrainConfig, base_dir: Path, resume_dir: Path | None) -> Ru
         if (line := fn.hooks.describe()) is not None:
             console.message(line)
     return Run(run_dir, trainer, recorder, start_step, sinks.rundir.info["run_id"],
-               last_record(run_dir) if resume_dir is not None else {}, base_dir)
+               last_record(run_dir) if resume_dir is not None else {}, base_dir, lock)
 
 
 def train(config: TrainConfig, base_dir: Path, resume_dir: Path | None = None) -> dict[str, Any]:
@@ -603,6 +602,8 @@ def finish(run: Run, step: int, status: str, last_step: StepReport | None) -> di
     last = last_step.record if last_step is not None else run.last_record
     final = recorder.final_metrics(step, status == "finished", run.run_dir if world.is_main else None, last)
     recorder.close(final, status)
+    if run.lock is not None:
+        run.lock.release()
     if status == "finished" and world.is_main:
         from .telemetry.report import write_report
 

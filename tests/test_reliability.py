@@ -297,3 +297,50 @@ def test_a_checkpoint_never_half_loads_into_another_model(tmp_path, model):
     full = load_policy_for_training(load_config(None, {"model_id": str(model)}), tmp_path)
     with pytest.raises(UserError, match="which this model does not have"):
         load_checkpoint(checkpoint, full.model, make_optimizer(config))
+
+
+# ----------------------------------------------------------------------------- one process per run directory
+
+
+def test_runs_started_at_once_with_the_same_name_get_their_own_directories(tmp_path):
+    import threading
+
+    from mlx_grpo.run_lock import create_run_dir
+
+    made, start = [], threading.Barrier(8)
+
+    def claim():
+        start.wait()
+        made.append(create_run_dir(tmp_path / "runs", "grpo-20261124-120000"))
+
+    threads = [threading.Thread(target=claim) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(set(made)) == 8 and all(p.is_dir() for p in made)
+    assert sorted(p.name for p in made)[:2] == ["grpo-20261124-120000", "grpo-20261124-120000-2"]
+
+
+def test_a_run_being_trained_cannot_be_resumed_by_a_second_process(tmp_path, model, capsys):
+    from mlx_grpo.run_lock import RunLock
+
+    assert main(flags(tmp_path, model, num_steps=2, checkpoint_every=1)) == 0
+    run_dir = tmp_path / "runs" / "r"
+    before = (run_dir / "metrics.jsonl").read_bytes()
+    held = RunLock(run_dir).acquire()  # as the process training it would hold it
+    try:
+        code = main(["train", "--resume", str(run_dir), "--num-steps", "3"])
+    finally:
+        held.release()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "another process" in err[0] and "is training this run" in err[0]
+    assert (run_dir / "metrics.jsonl").read_bytes() == before
+    assert main(["train", "--resume", str(run_dir), "--num-steps", "3"]) == 0  # free again: resumes
+
+
+def test_an_unwritable_monitoring_dir_is_one_line(tmp_path, model, capsys):
+    (tmp_path / "file").write_text("not a directory")
+    code = main(flags(tmp_path, model, monitoring_dir=str(tmp_path / "file" / "runs")))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "cannot create the run directory" in err[0]
