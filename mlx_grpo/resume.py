@@ -123,16 +123,43 @@ def resumable_checkpoint(run_dir: Path, num_steps: int) -> Path | None:
     return latest
 
 
+# The run-directory logs the trainer appends to: a resume cuts these back, and never any other file.
+TRAINER_LOGS = ("metrics.jsonl", "samples.jsonl", "alerts.jsonl")
+
+
 def log_positions(run_dir: Path) -> dict[str, int]:
-    return {path.name: path.stat().st_size for path in sorted(run_dir.glob("*.jsonl"))}
+    """Where each of the trainer's logs ends, saved with a checkpoint."""
+    return {name: (run_dir / name).stat().st_size for name in TRAINER_LOGS if (run_dir / name).is_file()}
 
 
-def truncate_logs(run_dir: Path, positions: dict[str, int]) -> None:
-    for path in run_dir.glob("*.jsonl"):
-        keep = positions.get(path.name, 0)
+def truncate_logs(run_dir: Path, positions: dict[str, int] | None, step: int) -> None:
+    """Cut the trainer's logs back to the checkpoint of `step`: at the positions it saved (a log it did
+    not list did not exist yet), or, for a checkpoint saved without them, before the first record of a
+    later step. Files the trainer does not write are never touched."""
+    for name in TRAINER_LOGS:
+        path = run_dir / name
+        if not path.is_file():
+            continue
+        keep = positions.get(name, 0) if positions is not None else _end_of_step(path, step)
         if path.stat().st_size > keep:
             with open(path, "r+b") as fh:
                 fh.truncate(keep)
+
+
+def _end_of_step(path: Path, step: int) -> int:
+    """Byte offset of the first line that is not a whole record of `step` or earlier."""
+    offset = 0
+    with open(path, "rb") as fh:
+        for line in fh:
+            try:
+                record = json.loads(line) if line.endswith(b"\n") else None
+                record_step = record.get("step") if isinstance(record, dict) else None
+            except ValueError:
+                record_step = None
+            if not isinstance(record_step, int) or record_step > step:
+                break
+            offset += len(line)
+    return offset
 
 
 def last_record(run_dir: Path) -> dict[str, Any]:

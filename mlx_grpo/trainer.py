@@ -443,7 +443,7 @@ def open_run(config: TrainConfig, base_dir: Path, resume_dir: Path | None) -> Ru
         world.check_resume(saved, checkpoint)
         trainer.order.load_state(saved["order"])
     if resume_dir is not None and world.is_main:
-        truncate_logs(run_dir, saved.get("log_positions", {}))
+        truncate_logs(run_dir, saved.get("log_positions"), saved.get("step", 0))
     start_step = saved.get("step", 0)
 
     console = TrainingConsole(config.num_steps, start_step)

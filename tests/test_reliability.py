@@ -5,6 +5,7 @@ import errno
 import json
 import math
 import os
+import shutil
 import signal
 from pathlib import Path
 
@@ -344,3 +345,23 @@ def test_an_unwritable_monitoring_dir_is_one_line(tmp_path, model, capsys):
     code = main(flags(tmp_path, model, monitoring_dir=str(tmp_path / "file" / "runs")))
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "cannot create the run directory" in err[0]
+
+
+def test_resume_cuts_only_the_trainers_logs_and_only_where_it_knows(tmp_path, model):
+    """A checkpoint saved without log positions (an older or hand-edited one) and a JSONL file of the
+    user's own: the resume cuts the trainer's logs after the checkpoint's step and nothing else."""
+    assert main(flags(tmp_path, model, num_steps=4, checkpoint_every=2)) == 0
+    run_dir = tmp_path / "runs" / "r"
+    mine = run_dir / "my_notes.jsonl"
+    mine.write_text('{"note": "kept"}\n')
+    state_file = run_dir / "checkpoints" / "step_4" / "state.json"
+    shutil.rmtree(state_file.parent)  # resume from step 2, whose state has no log positions
+    state_file = run_dir / "checkpoints" / "step_2" / "state.json"
+    state = json.loads(state_file.read_text())
+    del state["log_positions"]
+    state_file.write_text(json.dumps(state))
+    samples_before = [s["step"] for s in lines(run_dir / "samples.jsonl")]
+    assert main(["train", "--resume", str(run_dir)]) == 0
+    assert [r["step"] for r in lines(run_dir / "metrics.jsonl")] == [1, 2, 3, 4]  # 3 and 4 once each
+    assert [s["step"] for s in lines(run_dir / "samples.jsonl")] == samples_before
+    assert mine.read_text() == '{"note": "kept"}\n'
