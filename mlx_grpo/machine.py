@@ -161,11 +161,25 @@ def describe() -> Machine:
 
 # ----------------------------------------------------------------------------- the MLX device, for a run
 
+def device_info() -> dict:
+    """The GPU's facts (name, architecture, memory size, recommended working set), {} without a GPU.
+    `mx.device_info()` exists from MLX 0.30.4; earlier versions, which our `mlx>=0.29` floor allows, have
+    only `mx.metal.device_info()` (the same keys on Metal). Asked of the GPU, not the default device."""
+    import mlx.core as mx
+
+    if hasattr(mx, "device_info"):
+        try:
+            return dict(mx.device_info(mx.gpu)) if mx.metal.is_available() else dict(mx.device_info())
+        except (RuntimeError, ValueError, TypeError):
+            return {}
+    return dict(mx.metal.device_info()) if mx.metal.is_available() else {}
+
+
 def accel_memory() -> dict[str, float | None]:
     """MLX's memory counters and the device's recommended working set (None where the backend has none)."""
     import mlx.core as mx
 
-    info = mx.device_info()
+    info = device_info()
     return {
         "active": mx.get_active_memory(),
         "peak": mx.get_peak_memory(),
@@ -178,7 +192,7 @@ def describe_device(dtype: str) -> dict[str, object]:
     """run.json's device section: backend, device, chip, memory, BLAS, dtype, OS."""
     import mlx.core as mx
 
-    info = mx.device_info()
+    info = device_info()
     device = mx.default_device()
     return {
         "backend": "metal" if device.type == mx.gpu and mx.metal.is_available() else "cpu",

@@ -351,9 +351,10 @@ def this_machine_budget() -> tuple[float, str]:
     import mlx.core as mx
     import psutil
 
+    from .machine import device_info
+
     if mx.metal.is_available():
-        info = mx.device_info() if hasattr(mx, "device_info") else mx.metal.device_info()
-        working_set = info.get("max_recommended_working_set_size")
+        working_set = device_info().get("max_recommended_working_set_size")
         if working_set:
             return float(working_set), "this Mac's recommended working set"
     return float(psutil.virtual_memory().total) * 0.9, "90% of this machine's memory"

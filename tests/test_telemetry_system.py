@@ -105,3 +105,19 @@ def test_first_cpu_sample_measures_the_interval_instead_of_reading_zero(monkeypa
     first = sampler.snapshot()["system/cpu_percent"]
     sampler.stop()
     assert first == 75.0
+
+
+def test_device_facts_work_on_mlx_versions_without_mx_device_info(monkeypatch):
+    """mx.device_info() exists from MLX 0.30.4; 0.29-0.30.3 (allowed by our floor) have only mx.metal.device_info."""
+    import mlx.core as mx
+
+    from mlx_grpo import machine
+
+    monkeypatch.delattr(mx, "device_info")
+    monkeypatch.setattr(mx.metal, "is_available", lambda: True)
+    monkeypatch.setattr(mx.metal, "device_info", lambda: {"device_name": "Apple M2", "memory_size": 16 * 2**30,
+                                                          "max_recommended_working_set_size": 11453251584})
+    assert machine.accel_memory()["limit"] == 11453251584
+    assert machine.describe_device("bfloat16")["device_name"] == "Apple M2"
+    monkeypatch.setattr(mx.metal, "is_available", lambda: False)
+    assert machine.accel_memory()["limit"] is None  # the CPU backend: no working set

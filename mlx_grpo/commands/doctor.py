@@ -28,7 +28,7 @@ def diagnose(config_path: str | None) -> tuple[list[tuple[str, str]], list[str]]
 
     from .. import blas
     from ..config import load_config
-    from ..machine import blas_in_use, cpu_model, matmul_gflops, package_version
+    from ..machine import blas_in_use, cpu_model, device_info, matmul_gflops, package_version
     from ..models import DEFAULT_MODEL_DIR
 
     fixes: list[str] = []
@@ -72,7 +72,7 @@ def diagnose(config_path: str | None) -> tuple[list[tuple[str, str]], list[str]]
 
     memory = psutil.virtual_memory()
     rows.append(("memory", f"{_gib(memory.total)} total, {_gib(memory.available)} available"
-                 + (f"; Metal working set {_gib(mx.device_info()['max_recommended_working_set_size'])}" if metal else "")))
+                 + (f"; Metal working set {_gib(device_info().get('max_recommended_working_set_size', 0))}" if metal else "")))
     if memory.available < LOW_MEMORY:
         fixes.append(f"only {_gib(memory.available)} of memory is free: close other programs or use a smaller batch")
 

@@ -9,7 +9,7 @@ Public API:
   - `accel_memory`: a callable the trainer passes (this package never imports mlx) returning a
     mapping with any of `active`, `peak`, `cache`, `limit` in bytes (None or absent = unknown), e.g.
     `lambda: {"active": mx.get_active_memory(), "peak": mx.get_peak_memory(),
-    "cache": mx.get_cache_memory(), "limit": mx.device_info().get("max_recommended_working_set_size")}`.
+    "cache": mx.get_cache_memory(), "limit": machine.device_info().get("max_recommended_working_set_size")}`.
     It is called from `snapshot()`, in the trainer's thread.
   - `gpu_utilization`: a callable returning a percentage or None; by default `ioreg_gpu_utilization`
     on macOS when `ioreg` exists, otherwise nothing.
