@@ -175,6 +175,24 @@ def device_info() -> dict:
     return dict(mx.metal.device_info()) if mx.metal.is_available() else {}
 
 
+def wire_memory(resident_bytes: float) -> str | None:
+    """On Metal, let MLX keep up to the recommended working set wired, as mlx-lm's trainer does, so the
+    model's buffers are not paged out between steps. Returns a warning when what stays resident all run
+    (weights, optimiser state) already takes more than 90% of that working set."""
+    import mlx.core as mx
+
+    if not mx.metal.is_available():
+        return None
+    working_set = device_info().get("max_recommended_working_set_size")
+    if not working_set:
+        return None
+    mx.set_wired_limit(int(working_set))
+    if resident_bytes > 0.9 * working_set:
+        return (f"the weights and optimiser state take {resident_bytes / 2**30:.1f} GiB, over 90% of this Mac's "
+                f"{working_set / 2**30:.1f} GiB working set: the rollout and update will swap; see `mlx-grpo plan`")
+    return None
+
+
 def accel_memory() -> dict[str, float | None]:
     """MLX's memory counters and the device's recommended working set (None where the backend has none)."""
     import mlx.core as mx

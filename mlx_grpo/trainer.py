@@ -35,7 +35,7 @@ from .evaluate import evaluate
 from .extras import entropy_dump
 from .extras.adaptive_window import WindowController
 from .extras.sgrpo import run_exits
-from .machine import accel_memory, describe_device, versions
+from .machine import accel_memory, describe_device, versions, wire_memory
 from .models import ReferencePolicy, apply_adapters, count_parameters, load_policy, make_reference, resolve_dtype
 from .resume import last_record, log_positions, resumable_checkpoint, resume_command, truncate_logs
 from .rewards import (RewardFunction, RewardScores, extract_answer, extract_reasoning, is_correct,
@@ -437,6 +437,7 @@ def open_run(config: TrainConfig, base_dir: Path, resume_dir: Path | None) -> Ru
     # rank 0 owns the run directory: it creates it (or takes the resumed one) and locks it for the run
     run_dir = Path(world.from_main(str(resume_dir or new_run_dir(config)) if world.is_main else ""))
     lock = RunLock(run_dir).acquire() if world.is_main else None
+    memory_warning = wire_memory(mx.get_active_memory())  # weights and optimiser state are loaded by now
     saved: dict[str, Any] = {}
     if checkpoint is not None:
         saved = load_checkpoint(checkpoint, trainer.policy.model, trainer.optimizer)
@@ -475,6 +476,8 @@ def open_run(config: TrainConfig, base_dir: Path, resume_dir: Path | None) -> Ru
     console.message(f"run {run_dir}  model {config.model_id}: {total_params:,} parameters, "
                     f"{trainable_params:,} trainable")
     console.message(memory_plan)
+    if memory_warning is not None:
+        console.message(memory_warning, style="yellow")
     for fn in trainer.reward_fns:
         if (line := fn.hooks.describe()) is not None:
             console.message(line)

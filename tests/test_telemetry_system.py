@@ -121,3 +121,19 @@ def test_device_facts_work_on_mlx_versions_without_mx_device_info(monkeypatch):
     assert machine.describe_device("bfloat16")["device_name"] == "Apple M2"
     monkeypatch.setattr(mx.metal, "is_available", lambda: False)
     assert machine.accel_memory()["limit"] is None  # the CPU backend: no working set
+
+
+def test_on_metal_the_working_set_is_wired_and_a_model_that_fills_it_is_warned_about(monkeypatch):
+    import mlx.core as mx
+
+    from mlx_grpo import machine
+
+    wired = []
+    monkeypatch.setattr(mx.metal, "is_available", lambda: True)
+    monkeypatch.setattr(machine, "device_info", lambda: {"max_recommended_working_set_size": 10 * 2**30})
+    monkeypatch.setattr(mx, "set_wired_limit", lambda n: wired.append(n))
+    assert machine.wire_memory(4 * 2**30) is None and wired == [10 * 2**30]
+    warning = machine.wire_memory(9.5 * 2**30)
+    assert "9.5 GiB, over 90% of this Mac's 10.0 GiB working set" in warning and "mlx-grpo plan" in warning
+    monkeypatch.setattr(mx.metal, "is_available", lambda: False)
+    assert machine.wire_memory(100 * 2**30) is None  # the CPU backend wires nothing
