@@ -175,10 +175,22 @@ def device_info() -> dict:
     return dict(mx.metal.device_info()) if mx.metal.is_available() else {}
 
 
+MEMORY_SHARE_ENV = "MLX_GRPO_MEMORY_SHARE"  # set by `mlx-grpo sweep --parallel N`: this process's share is 1/N
+
+
+def memory_share() -> int:
+    """How many trainers share this machine's memory (1 unless a parallel sweep started this one)."""
+    try:
+        return max(1, int(os.environ.get(MEMORY_SHARE_ENV, "1")))
+    except ValueError:
+        return 1
+
+
 def wire_memory(resident_bytes: float) -> str | None:
     """On Metal, let MLX keep up to the recommended working set wired, as mlx-lm's trainer does, so the
-    model's buffers are not paged out between steps. Returns a warning when what stays resident all run
-    (weights, optimiser state) already takes more than 90% of that working set."""
+    model's buffers are not paged out between steps; a trainer sharing the Mac with others (a parallel
+    sweep) wires and may use only its share. Returns a warning when what stays resident all run
+    (weights, optimiser state) already takes more than 90% of that."""
     import mlx.core as mx
 
     if not mx.metal.is_available():
@@ -186,7 +198,10 @@ def wire_memory(resident_bytes: float) -> str | None:
     working_set = device_info().get("max_recommended_working_set_size")
     if not working_set:
         return None
+    working_set = working_set / memory_share()
     mx.set_wired_limit(int(working_set))
+    if memory_share() > 1:
+        mx.set_memory_limit(int(working_set))
     if resident_bytes > 0.9 * working_set:
         return (f"the weights and optimiser state take {resident_bytes / 2**30:.1f} GiB, over 90% of this Mac's "
                 f"{working_set / 2**30:.1f} GiB working set: the rollout and update will swap; see `mlx-grpo plan`")

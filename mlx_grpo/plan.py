@@ -351,13 +351,15 @@ def this_machine_budget() -> tuple[float, str]:
     import mlx.core as mx
     import psutil
 
-    from .machine import device_info
+    from .machine import device_info, memory_share
 
+    share = memory_share()
+    of = f"1/{share} of " if share > 1 else ""  # a parallel sweep's trial
     if mx.metal.is_available():
         working_set = device_info().get("max_recommended_working_set_size")
         if working_set:
-            return float(working_set), "this Mac's recommended working set"
-    return float(psutil.virtual_memory().total) * 0.9, "90% of this machine's memory"
+            return float(working_set) / share, f"{of}this Mac's recommended working set"
+    return float(psutil.virtual_memory().total) * 0.9 / share, f"{of}90% of this machine's memory"
 
 
 # ----------------------------------------------------------------------------- the model's shape

@@ -45,6 +45,7 @@ from typing import Any, Callable
 
 from .config import TrainConfig, _build_dataclass, nest, read_yaml_mapping
 from .errors import UserError
+from .machine import MEMORY_SHARE_ENV
 
 TOP_KEYS = ("name", "base", "method", "trials", "seed", "output_dir", "fixed", "parameters")
 RANGE_KEYS = ("values", "min", "max", "step", "num", "distribution")
@@ -321,9 +322,12 @@ def trial_command(spec: SweepSpec, trial: Trial, resume: bool) -> list[str]:
     return command
 
 
-def trial_env(spec: SweepSpec) -> dict[str, str]:
-    """The trials' environment: W&B groups every trial of the sweep under its name."""
-    return {**os.environ, "WANDB_RUN_GROUP": os.environ.get("WANDB_RUN_GROUP", spec.name)}
+def trial_env(spec: SweepSpec, parallel: int = 1) -> dict[str, str]:
+    """The trials' environment: W&B groups every trial of the sweep under its name, and trials running
+    side by side each plan for and cap themselves at their share of the machine's memory (each MLX
+    process otherwise assumes the whole unified memory is its own)."""
+    return {**os.environ, "WANDB_RUN_GROUP": os.environ.get("WANDB_RUN_GROUP", spec.name),
+            MEMORY_SHARE_ENV: str(max(1, parallel))}
 
 
 @dataclass
@@ -368,7 +372,7 @@ def run_sweep(spec: SweepSpec, parallel: int = 1, say: Callable[[str], None] = p
         queue.append((trial, state == "resumable"))
 
     running: list[tuple[Trial, subprocess.Popen, float, Any]] = []
-    env = trial_env(spec)
+    env = trial_env(spec, parallel)
     previous = _stop_on_sigterm()
     try:
         while queue or running:

@@ -101,3 +101,24 @@ def test_presets_have_the_published_sizes_and_build_through_mlx_lm():
 
     assert model(mx.array([[1, 2, 3]])).shape == (1, 3, 151936)
     assert ModelShape.from_config(preset_config("qwen3-0.6b", layers=1)).layers == 1
+
+
+def test_parallel_sweep_trials_each_plan_for_their_share_of_the_machine(monkeypatch):
+    import mlx.core as mx
+
+    from mlx_grpo import machine
+    from mlx_grpo.plan import this_machine_budget
+    from mlx_grpo.sweep import trial_env
+
+    whole, _ = this_machine_budget()
+    assert trial_env(type("Spec", (), {"name": "s"})(), parallel=3)["MLX_GRPO_MEMORY_SHARE"] == "3"
+    monkeypatch.setenv("MLX_GRPO_MEMORY_SHARE", "2")
+    half, source = this_machine_budget()
+    assert half == pytest.approx(whole / 2) and source.startswith("1/2 of")
+    limits = []
+    monkeypatch.setattr(mx.metal, "is_available", lambda: True)
+    monkeypatch.setattr(machine, "device_info", lambda: {"max_recommended_working_set_size": 16 * 2**30})
+    monkeypatch.setattr(mx, "set_wired_limit", lambda n: limits.append(("wired", n)))
+    monkeypatch.setattr(mx, "set_memory_limit", lambda n: limits.append(("memory", n)))
+    machine.wire_memory(2**30)
+    assert limits == [("wired", 8 * 2**30), ("memory", 8 * 2**30)]

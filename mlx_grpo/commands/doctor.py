@@ -43,8 +43,12 @@ def diagnose(config_path: str | None) -> tuple[list[tuple[str, str]], list[str]]
     rows.append(("device", f"{kind}: {cpu_model()}, {psutil.cpu_count(logical=False)} cores"))
 
     info = blas_in_use()
-    gflops = matmul_gflops()
-    rows.append(("BLAS", f"{info.name}, fp32 matmul {gflops:.0f} GFLOP/s"))
+    gflops = matmul_gflops()  # on the default device: the GPU when MLX has one, where no BLAS is involved
+    if on_cpu:
+        rows.append(("BLAS", f"{info.name}, fp32 matmul {gflops:.0f} GFLOP/s"))
+    else:
+        rows.append(("matmul", f"Metal GPU, fp32 {gflops:.0f} GFLOP/s"))
+        rows.append(("BLAS", f"{info.name} (MLX's CPU operations)"))
     if info.library:
         rows.append(("", info.library))
     if sys.platform.startswith("linux") and info.name != "OpenBLAS":
