@@ -20,7 +20,6 @@ checkpoint.py and run_state.py; this module decides whether and how a run direct
 from __future__ import annotations
 
 import dataclasses
-import json
 import shlex
 import shutil
 from pathlib import Path
@@ -31,6 +30,7 @@ import psutil
 from .checkpoint import STEP_DIR, latest_checkpoint
 from .config import TrainConfig, load_config, top_level_fields
 from .errors import UserError
+from .telemetry.rundir import loads_object, read_json_object
 
 
 def resume_command(run_dir: Path) -> str:
@@ -38,11 +38,10 @@ def resume_command(run_dir: Path) -> str:
 
 
 def read_run_info(run_dir: Path) -> dict[str, Any]:
-    try:
-        info = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        raise UserError(f"{run_dir}: not a run directory (no readable run.json)") from None
-    if not isinstance(info, dict) or not isinstance(info.get("config"), dict):
+    info = read_json_object(run_dir / "run.json")
+    if info is None:
+        raise UserError(f"{run_dir}: not a run directory (no readable run.json)")
+    if not isinstance(info.get("config"), dict):
         raise UserError(f"{run_dir}/run.json: no 'config' mapping; is this a run directory?")
     return info
 
@@ -151,11 +150,8 @@ def _end_of_step(path: Path, step: int) -> int:
     offset = 0
     with open(path, "rb") as fh:
         for line in fh:
-            try:
-                record = json.loads(line) if line.endswith(b"\n") else None
-                record_step = record.get("step") if isinstance(record, dict) else None
-            except ValueError:
-                record_step = None
+            record = loads_object(line) if line.endswith(b"\n") else None
+            record_step = record.get("step") if record is not None else None
             if not isinstance(record_step, int) or record_step > step:
                 break
             offset += len(line)
@@ -172,8 +168,4 @@ def last_record(run_dir: Path) -> dict[str, Any]:
         for line in fh:
             if line.endswith(b"\n"):
                 last = line
-    try:
-        record = json.loads(last) if last else {}
-    except ValueError:
-        return {}
-    return record if isinstance(record, dict) else {}
+    return (loads_object(last) if last else None) or {}

@@ -415,3 +415,24 @@ async def test_config_view_lists_what_differs_between_overlaid_runs(tmp_path):
         assert not any("model" in line and "tiny-llama" in line and "0.0" in line for line in lines)
         await pilot.press("slash", *"num_steps", "enter")  # the filter narrows the differences too
         await wait_for(pilot, lambda: "none: the runs have the same config" in screen_text(app))
+
+
+async def test_every_view_renders_a_run_full_of_bad_records(run):
+    """Deep nesting, wrong types, non-UTF-8 bytes and non-objects in every file: every view still draws,
+    and the header counts the bad lines instead of the dashboard dying (reliability review D7)."""
+    with open(run.run_dir / "metrics.jsonl", "ab") as fh:
+        fh.write(b"[" * 100_000 + b"]" * 100_000 + b'\n{"step": "x", "rewards/total/mean": "y"}\n\xff\xfe\n[1]\n')
+    with open(run.run_dir / "alerts.jsonl", "ab") as fh:
+        fh.write(b'{"step": "x", "level": 3, "message": ["a"], "metric": null}\n')
+    with open(run.run_dir / "samples.jsonl", "ab") as fh:
+        fh.write(b'{"step": 5, "total": "y", "rewards": 3, "advantage": [1], "prompt": {"a": 1}}\n')
+    info = json.loads((run.run_dir / "run.json").read_text())
+    (run.run_dir / "run.json").write_text(json.dumps({**info, "config": {"alerts_file": 5}, "total_steps": "z"}))
+    app = make_app(run)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: "step 5" in header(app))
+        for view in "1234567":
+            await pilot.press(view)
+            await pilot.pause(0.1)
+            assert screen_text(app).strip()
+        assert app.is_running

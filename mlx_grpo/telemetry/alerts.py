@@ -64,8 +64,11 @@ class Alert:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "Alert":
         """Read back one alerts.jsonl object (the dashboard and the report do)."""
-        value = data.get("value")
-        return cls(step=int(data.get("step") or 0), time=data.get("time"), level=str(data.get("level", "info")),
+        value, step, time = data.get("value"), data.get("step"), data.get("time")
+        finite = isinstance(step, (int, float)) and not isinstance(step, bool) and math.isfinite(step)
+        return cls(step=int(step) if finite else 0,
+                   time=float(time) if isinstance(time, (int, float)) and math.isfinite(time) else None,
+                   level=str(data.get("level", "info")),
                    rule=str(data.get("rule", "")), metric=str(data.get("metric", "")),
                    value=float(value) if isinstance(value, (int, float)) else None,
                    message=str(data.get("message", "")),

@@ -32,6 +32,8 @@ from rich.console import Console
 from rich.table import Table
 
 from ..errors import UserError
+from .jsonl_tail import JsonlTail
+from .rundir import read_json_object
 
 # Keys that name or place a run; they always differ and say nothing about training.
 NOT_CONFIG = ("run_name", "monitoring_dir", "base_dir", "wandb_run_name", "tensorboard_dir")
@@ -93,25 +95,22 @@ def _finite(value: Any) -> float | None:
 
 
 def load_summary(run_dir: Path) -> RunSummary:
-    try:
-        info = json.loads((run_dir / "run.json").read_text())
-    except (OSError, json.JSONDecodeError):
-        raise UserError(f"{run_dir}: run.json is missing or unreadable") from None
-    summary = RunSummary(run_dir, info.get("name") or run_dir.name, info.get("status", "unknown"), 0,
-                         info.get("total_steps"), run_config(info))
+    info = read_json_object(run_dir / "run.json")
+    if info is None:
+        raise UserError(f"{run_dir}: run.json is missing or unreadable")
+    total = info.get("total_steps")
+    summary = RunSummary(run_dir, str(info.get("name") or run_dir.name), str(info.get("status", "unknown")), 0,
+                         total if isinstance(total, int) and not isinstance(total, bool) else None, run_config(info))
     tokens = seconds = 0.0
     last: dict[str, float] = {}
     wanted = ("rewards/total/mean", "rewards/total/recent_mean", "accuracy/train", "eval/accuracy",
               "timing/elapsed_s")
     metrics = run_dir / "metrics.jsonl"
     if metrics.is_file():
-        with metrics.open(encoding="utf-8") as fh:
-            for line in fh:
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError:
-                    continue  # a line the trainer is still writing
-                summary.steps = max(summary.steps, int(record.get("step", 0)))
+        for record in JsonlTail(metrics).poll(final=True).records:  # bad lines are skipped and counted
+            step = _finite(record.get("step"))
+            if step is not None:
+                summary.steps = max(summary.steps, int(step))
                 for name in wanted:
                     value = _finite(record.get(name))
                     if value is not None:
@@ -120,10 +119,7 @@ def load_summary(run_dir: Path) -> RunSummary:
                 if step_tokens is not None and step_s:
                     tokens += step_tokens
                     seconds += step_s
-    try:
-        final = json.loads((run_dir / "final_metrics.json").read_text())
-    except (OSError, json.JSONDecodeError):
-        final = {}
+    final = read_json_object(run_dir / "final_metrics.json") or {}
     summary.final_reward = last.get("rewards/total/mean")
     summary.recent_reward = last.get("rewards/total/recent_mean")
     summary.train_accuracy = last.get("accuracy/train")

@@ -52,7 +52,7 @@ def parse_range(path: str, start: int, end: int) -> ChunkResult:
             continue
         try:
             obj = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested too deep to parse
             garbage += 1
             continue
         if isinstance(obj, dict):

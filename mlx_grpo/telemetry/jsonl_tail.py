@@ -137,7 +137,7 @@ class JsonlTail:
             self.lines_read += 1
             try:
                 obj = loads(line)
-            except ValueError:  # JSONDecodeError and UnicodeDecodeError both are
+            except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested too deep to parse
                 self.garbage_lines += 1
                 continue
             if isinstance(obj, dict):

@@ -22,6 +22,7 @@ from .alert_console import format_alert
 from .alerts import Alert
 from .analysis import RewardReport, analyze_run
 from .jsonl_tail import JsonlTail
+from .rundir import read_json_object
 
 MAX_LISTED_ALERTS = 20
 
@@ -45,11 +46,8 @@ def load_run(run_dir: str | Path) -> tuple[dict, list[dict], list[dict], list[Al
     run_info: dict = {}
     run_json = run_dir / "run.json"
     if run_json.is_file():
-        try:
-            loaded = json.loads(run_json.read_text(encoding="utf-8"))
-            run_info = loaded if isinstance(loaded, dict) else {}
-        except (OSError, ValueError):
-            run_info = {}  # run.json is rewritten atomically; unreadable means foreign: report without it
+        # run.json is rewritten atomically; unreadable means foreign: report without it
+        run_info = read_json_object(run_json) or {}
     samples = _read_jsonl(run_dir / "samples.jsonl")
     alerts_path = run_dir / "alerts.jsonl"
     alerts = [Alert.from_dict(a) for a in _read_jsonl(alerts_path)] if alerts_path.is_file() else None

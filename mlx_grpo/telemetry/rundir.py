@@ -95,6 +95,25 @@ def _is_secret_value(value: Any, env: set[str]) -> bool:
     return isinstance(value, str) and (value in env or bool(_SECRET_VALUE.search(value)))
 
 
+def loads_object(data: bytes | str) -> dict | None:
+    """A JSON object from untrusted bytes, or None for anything else: not JSON, not UTF-8, nested too
+    deep for the parser (a RecursionError, not a ValueError), or not an object. Every reader of a run
+    directory parses through this, so no file content can crash one."""
+    try:
+        obj = json.loads(data)
+    except (ValueError, RecursionError):
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+def read_json_object(path: Path) -> dict | None:
+    """`loads_object` of a file's bytes; None when it cannot be read."""
+    try:
+        return loads_object(path.read_bytes())
+    except OSError:
+        return None
+
+
 def json_safe(obj: Any) -> Any:
     if isinstance(obj, float):
         return obj if math.isfinite(obj) else None

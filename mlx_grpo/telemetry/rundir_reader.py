@@ -41,6 +41,7 @@ from .alerts import Alert, AlertEngine
 from .history_loader import HistoryLoader
 from .catalogue import canonical_record
 from .jsonl_tail import JsonlTail
+from .rundir import read_json_object
 from .metric_table import MetricTable, table_from_records
 
 RUN_JSON = "run.json"
@@ -277,7 +278,7 @@ class RunReader:
             return False
         try:
             info = json.loads(path.read_bytes())
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):
             # Written non-atomically and caught mid-write: keep the last good copy, retry next poll.
             return False
         self._run_json_key = key
@@ -339,10 +340,14 @@ class RunReader:
         if self._engine_checked:
             return self._engine
         self._engine_checked = True
-        config = (self.state.info or {}).get("config") or {}
+        config = (self.state.info or {}).get("config")
+        config = config if isinstance(config, dict) else {}
         if config.get("enable_alerts") is False:
             return None
         rules_file = config.get("alerts_file")
+        if rules_file is not None and not isinstance(rules_file, str):
+            self.state.notes.append(f"alert rules not evaluated here: alerts_file is {rules_file!r}")
+            return None
         try:
             rules = load_alert_rules(rules_file) if rules_file else default_rules()
         except UserError as err:
@@ -409,12 +414,9 @@ def is_run_dir(path: Path) -> bool:
 
 
 def _started(path: Path) -> float:
-    try:
-        start = json.loads((path / RUN_JSON).read_bytes()).get("start_time")
-        if isinstance(start, (int, float)) and math.isfinite(start):
-            return float(start)
-    except (OSError, ValueError, AttributeError):
-        pass
+    start = (read_json_object(path / RUN_JSON) or {}).get("start_time")
+    if isinstance(start, (int, float)) and math.isfinite(start):
+        return float(start)
     return path.stat().st_mtime
 
 
