@@ -156,10 +156,11 @@ def load_checkpoint(path: Path, model: nn.Module, optimizer: optim.Optimizer) ->
         _check_weights_fit(path, weights, model)
         model.load_weights(list(weights.items()), strict=False)
         optimizer.state = tree_unflatten(list(mx.load(str(path / "optimizer.safetensors")).items()))
-    except (OSError, ValueError, RuntimeError) as err:  # RuntimeError: mlx reading a damaged file
+        restore_rng(state["rng"])
+    except (OSError, ValueError, RuntimeError, KeyError, TypeError) as err:  # RuntimeError: a damaged file;
+        # KeyError/TypeError: a state.json that parses but is not ours (no rng, a list...)
         detail = (str(err).splitlines() or [""])[0]
         raise UserError(f"{path}: checkpoint cannot be read ({type(err).__name__}: {detail}); move it aside to "
                         "resume from the one before") from err
-    restore_rng(state["rng"])
     mx.eval(model.parameters(), optimizer.state)
     return state

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -167,6 +168,9 @@ class TrainConfig:
         """Refuse impossible values, naming the key and where it came from."""
         checks: list[tuple[str, bool, str]] = [
             ("num_steps", self.num_steps >= 1, "at least 1"),
+            ("seed", 0 <= self.seed < 2**31, "an integer in [0, 2^31)"),
+            ("run_name", self.run_name is None or _plain_name(self.run_name),
+             "one plain directory name (no '/', no '..', at most 200 characters)"),
             ("batch_size", self.batch_size >= 1, "at least 1"),
             ("num_generations", self.num_generations >= 2, "at least 2 (group advantages need a group)"),
             ("num_iterations", self.num_iterations >= 1, "at least 1"),
@@ -245,6 +249,12 @@ class TrainConfig:
                 raise UserError(f"{source}: key 'rewards[{i}].name' is empty")
 
 
+def _plain_name(name: str) -> bool:
+    """A run name is one directory under monitoring_dir, never a path out of it."""
+    return (0 < len(name) <= 200 and name not in (".", "..") and "/" not in name and "\\" not in name
+            and "\x00" not in name)
+
+
 def _get_dotted(obj: Any, dotted: str) -> Any:
     for part in dotted.split("."):
         obj = getattr(obj, part)
@@ -303,15 +313,20 @@ def _coerce(value: Any, tp: Any, key: str, source: str) -> Any:
             return value
         raise _type_error(value, tp, key, source)
     if tp is float:
+        number = None
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):
+            number = float(value)
+        elif isinstance(value, str):
             # YAML 1.1 reads "1e-5" (no dot) as a string; people write learning rates that way.
             try:
-                return float(value)
+                number = float(value)
             except ValueError:
                 pass
-        raise _type_error(value, tp, key, source)
+        if number is None:
+            raise _type_error(value, tp, key, source)
+        if not math.isfinite(number):  # .inf/.nan pass `> 0` checks, then break the run or its resume
+            raise UserError(f"{source}: key '{key}' is {value!r}; expected a finite number")
+        return number
     if tp is str:
         if isinstance(value, str):
             return value
@@ -359,7 +374,10 @@ def read_yaml_mapping(path: Path) -> dict:
     if not path.is_file():
         raise UserError(f"{path}: config file not found")
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.safe_load(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as err:
+        line = path.read_bytes()[: err.start].count(b"\n") + 1
+        raise UserError(f"{path}:{line}: not UTF-8 text (byte {err.object[err.start]:#04x})") from None
     except yaml.YAMLError as err:
         raise yaml_error(path, err) from None
     if data is None:

@@ -32,15 +32,21 @@ def read_jsonl_dataset(path: Path, fmt: str, prompt_field: str, answer_field: st
     if not path.is_file():
         raise UserError(f"{path}: dataset file not found")
     rows: list[dict] = []
-    with path.open(encoding="utf-8") as fh:
-        for line_no, line in enumerate(fh, 1):
+    with path.open("rb") as fh:
+        for line_no, raw in enumerate(fh, 1):
+            where = f"{path}:{line_no}"
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise UserError(f"{where}: not UTF-8 text (byte {err.object[err.start]:#04x})") from None
             if not line.strip():
                 continue
-            where = f"{path}:{line_no}"
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as err:
                 raise UserError(f"{where}: malformed JSON ({err.msg})") from None
+            except RecursionError:
+                raise UserError(f"{where}: JSON nested too deeply") from None
             if not isinstance(record, dict):
                 raise UserError(f"{where}: expected a JSON object per line")
             row_format = fmt
@@ -58,6 +64,10 @@ def read_jsonl_dataset(path: Path, fmt: str, prompt_field: str, answer_field: st
                         raise UserError(f"{where}: missing field '{key}'")
                 if not isinstance(record[prompt_field], str):
                     raise UserError(f"{where}: field '{prompt_field}' must be a string")
+                answer = record[answer_field]
+                if isinstance(answer, bool) or not isinstance(answer, (str, int, float)):
+                    raise UserError(f"{where}: field '{answer_field}' must be a string or a number, got "
+                                    f"{'null' if answer is None else type(answer).__name__}")
                 row = {k: v for k, v in record.items() if k not in (prompt_field, answer_field)}
                 row.update(prompt=record[prompt_field], answer=str(record[answer_field]))
             rows.append(row)

@@ -130,6 +130,9 @@ def apply_adapters(model: nn.Module, config: TrainConfig) -> None:
         linear_to_lora_layers(model, num_layers, lora_config, use_dora=config.use_dora)
     except ValueError as err:
         raise UserError(f"key 'lora_keys': {err}") from None
+    if not lora_modules(model):
+        raise UserError(f"key 'lora_keys': {config.lora_keys} matches no layer of model '{config.model_id}', so "
+                        "nothing would be trained; name module paths inside a block, e.g. self_attn.q_proj")
 
 
 def lora_modules(model: nn.Module) -> list[nn.Module]:

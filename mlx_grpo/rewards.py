@@ -362,7 +362,7 @@ def score_completions(
             raw = reward.fn(list(prompts), list(completions), list(answers), **columns)
         except UserError:
             raise  # a configuration mistake inside the function (e.g. a rubric criterion): stop the run
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:  # sys.exit() in a reward function must not end the run
             if not reward.error_reported:
                 reward.error_reported = True
                 new_errors.append(

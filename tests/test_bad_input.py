@@ -198,3 +198,55 @@ def test_the_command_prints_one_line_and_debug_prints_the_traceback(tmp_path):
     debug = run_cli("--debug", "train", str(config))
     assert debug.returncode != 0
     assert "Traceback (most recent call last)" in debug.stderr and "UserError" in debug.stderr
+
+
+# ----------------------------------------------------------------------------- every value checked (review D9-D19)
+
+
+@pytest.mark.parametrize("flag,value,says", [
+    ("--temperature", ".inf", "key 'temperature' is inf; expected a finite number"),
+    ("--weight-decay", ".nan", "expected a finite number"),
+    ("--seed", "-1", "key 'seed' is -1"),
+    ("--seed", str(10**20), "key 'seed'"),
+    ("--run-name", "../../escaped", "key 'run_name'"),
+    ("--run-name", "x" * 300, "key 'run_name'"),
+])
+def test_values_that_would_break_a_run_later_are_refused_at_once(tmp_path, capsys, flag, value, says):
+    code = main(["train", flag, value, "--monitoring-dir", str(tmp_path / "runs")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and says in err[0], err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_non_utf8_config_and_dataset_files_are_one_line_with_the_place(tmp_path, capsys):
+    config = tmp_path / "b.yaml"
+    config.write_bytes(b"num_steps: 1\nsystem_prompt: caf\xe9\n")
+    assert main(["train", str(config)]) == 2
+    assert capsys.readouterr().err.strip() == f"mlx-grpo train: error: {config}:2: not UTF-8 text (byte 0xe9)"
+    data = tmp_path / "d.jsonl"
+    data.write_bytes(b'{"prompt": "1+1=", "answer": "2"}\n{"prompt": "caf\xe9", "answer": "3"}\n')
+    assert main(["train", "--dataset", str(data), "--monitoring-dir", str(tmp_path / "runs")]) == 2
+    assert f"{data}:2: not UTF-8 text" in capsys.readouterr().err
+
+
+def test_a_null_or_structured_answer_is_refused_with_its_line(tmp_path, capsys):
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"prompt": "1+1=", "answer": "2"}\n{"prompt": "2+2=", "answer": null}\n')
+    assert main(["train", "--dataset", str(data), "--monitoring-dir", str(tmp_path / "runs")]) == 2
+    assert f"{data}:2: field 'answer' must be a string or a number, got null" in capsys.readouterr().err
+
+
+def test_a_reward_function_calling_sys_exit_is_a_reward_error_not_the_end_of_the_run():
+    from mlx_grpo.rewards import RewardFunction, score_completions
+
+    def leaves(prompts, completions, answers, **columns):
+        raise SystemExit(0)
+
+    scores = score_completions([RewardFunction("leaves", leaves, 1.0)], ["p"], ["c"], ["a"])
+    assert "reward function 'leaves' raised SystemExit" in scores.new_errors[0]
+
+
+def test_a_generation_budget_that_cannot_fit_is_refused_by_the_memory_plan(tmp_path, capsys):
+    code = main(["train", "--max-generation-steps", "100000000", "--monitoring-dir", str(tmp_path / "runs")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "this run needs ~" in err[0]  # not a segfault in the KV cache

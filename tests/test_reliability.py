@@ -365,3 +365,21 @@ def test_resume_cuts_only_the_trainers_logs_and_only_where_it_knows(tmp_path, mo
     assert [r["step"] for r in lines(run_dir / "metrics.jsonl")] == [1, 2, 3, 4]  # 3 and 4 once each
     assert [s["step"] for s in lines(run_dir / "samples.jsonl")] == samples_before
     assert mine.read_text() == '{"note": "kept"}\n'
+
+
+def test_a_checkpoint_state_that_is_not_ours_is_one_line(tmp_path, model, capsys):
+    assert main(flags(tmp_path, model, num_steps=2, checkpoint_every=1)) == 0
+    run_dir = tmp_path / "runs" / "r"
+    state = run_dir / "checkpoints" / "step_2" / "state.json"
+    fields = json.loads(state.read_text())
+    del fields["rng"]
+    state.write_text(json.dumps(fields))
+    code = main(["train", "--resume", str(run_dir), "--num-steps", "3"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "checkpoint cannot be read (KeyError" in err[0]
+
+
+def test_lora_keys_that_match_nothing_are_refused_before_training(tmp_path, model, capsys):
+    code = main(flags(tmp_path, model, use_lora=True, lora_keys=["no_such.module"]))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "matches no layer" in err[0]
