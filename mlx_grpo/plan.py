@@ -49,6 +49,8 @@ HEAD_UPDATE = 4.3
 HEAD_UPDATE_CHUNKED = 10.5
 HEAD_REFERENCE = 2.5
 HEAD_REFERENCE_CHUNKED = 7.0
+# A half-precision head first writes its logits in bf16, then casts them to float32: one more buffer.
+HEAD_HALF_PRECISION = 1.0
 
 
 def activation_bytes(dtype: str, use_lora: bool) -> float:
@@ -210,14 +212,15 @@ def predict(shape: ModelShape, shapes: Shapes, config: TrainConfig, settings: Me
     chunked = 0 < settings.logits_chunk_size < t
     positions = settings.logits_chunk_size if chunked else t
     logits = m * positions * shape.vocab * 4
-    reference = resident + max(logits * (HEAD_REFERENCE_CHUNKED if chunked else HEAD_REFERENCE),
+    half = HEAD_HALF_PRECISION if d == 2 else 0.0
+    reference = resident + max(logits * ((HEAD_REFERENCE_CHUNKED if chunked else HEAD_REFERENCE) + half),
                                m * s * width * act * A_FORWARD + attention(m, s, A_ATTENTION_FORWARD))
     one_block = m * s * width * act * A_KEPT
     if settings.grad_checkpoint:  # block inputs are kept; each block is recomputed in its backward
         kept, recomputed = shape.layers * m * s * shape.hidden * d * A_CHECKPOINTED, one_block
     else:
         kept, recomputed = shape.layers * one_block, 0.0
-    update = resident + gradients + kept + max(logits * (HEAD_UPDATE_CHUNKED if chunked else HEAD_UPDATE),
+    update = resident + gradients + kept + max(logits * ((HEAD_UPDATE_CHUNKED if chunked else HEAD_UPDATE) + half),
                                                attention(m, s, A_ATTENTION_BACKWARD) + recomputed)
     return PhasePeaks(weights, resident, rollout, reference if config.beta > 0 else resident, update)
 
