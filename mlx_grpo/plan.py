@@ -434,8 +434,10 @@ def fit_run(config: TrainConfig, base_dir: Path) -> tuple[TrainConfig, str]:
         return replace(config, micro_batch_size=fallback), f"memory plan: skipped ({err})"
     peaks, settings = verdict.configured, verdict.settings
     config = replace(config, micro_batch_size=settings.micro_batch_size)
-    line = (f"memory plan: peak ~{peaks.peak / GB:.1f} GB of {verdict.budget / GB:.1f} GB "
-            f"(rollout {peaks.rollout / GB:.1f}, reference {peaks.reference / GB:.1f}, update {peaks.update / GB:.1f}) "
+    # an upper bound: every prompt and completion is taken at its longest
+    line = (f"memory plan: peak at most ~{peaks.peak / GB:.1f} GB of {verdict.budget / GB:.1f} GB "
+            f"(rollout {peaks.rollout / GB:.1f}, reference {peaks.reference / GB:.1f}, update {peaks.update / GB:.1f}; "
+            f"prompts <= {facts['prompt_length']}, completions <= {facts['completion_length']} tokens) "
             f"with {settings.describe()}")
     if verdict.fits or not config.memory_check:
         return config, line
