@@ -17,11 +17,13 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -53,15 +55,31 @@ class PendingCheckpoint:
     def commit(self, extra_state: dict[str, Any]) -> Path:
         """Add `extra_state` to its state.json and move it into place; prune old checkpoints."""
         state_path = self.tmp / "state.json"
-        state = {**json.loads(state_path.read_text()), **extra_state}
-        _write_synced(state_path, json.dumps(state))
-        _fsync_dir(self.tmp)
+        with _written_or_removed(self.tmp, self.final):
+            state = {**json.loads(state_path.read_text()), **extra_state}
+            _write_synced(state_path, json.dumps(state))
+            _fsync_dir(self.tmp)
         shutil.rmtree(self.final, ignore_errors=True)
         os.replace(self.tmp, self.final)
         _fsync_dir(self.final.parent)
         for old in list_checkpoints(self.final.parent)[:-self.keep]:
             shutil.rmtree(old, ignore_errors=True)
         return self.final
+
+
+@contextmanager
+def _written_or_removed(tmp: Path, final: Path) -> Iterator[None]:
+    """A checkpoint that cannot be written (a full or read-only disk) is removed whole, and the run stops
+    with one line: the last complete checkpoint is untouched and the run resumes from it."""
+    try:
+        yield
+    except (OSError, RuntimeError) as err:  # RuntimeError: mlx's safetensors writer
+        shutil.rmtree(tmp, ignore_errors=True)
+        detail = (str(err).splitlines() or [""])[0]
+        run_dir = final.parent.parent
+        raise UserError(f"writing checkpoint {final.name} failed ({detail}); the last complete checkpoint is "
+                        f"untouched: free some space, then continue with mlx-grpo train --resume "
+                        f"{shlex.quote(str(run_dir))}") from None
 
 
 def _write_synced(path: Path, text: str) -> None:
@@ -86,21 +104,22 @@ def prepare_checkpoint(
     lengths after that record: a crash before the commit leaves only the previous checkpoint.
     """
     start = time.perf_counter()
-    checkpoints_dir.mkdir(parents=True, exist_ok=True)
     tmp = checkpoints_dir / f".step_{step}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    if adapter_config is not None:
-        mx.save_safetensors(str(tmp / "adapters.safetensors"), dict(tree_flatten(model.trainable_parameters())))
-        (tmp / "adapter_config.json").write_text(json.dumps(adapter_config, indent=2))
-    else:
-        mx.save_safetensors(str(tmp / "model.safetensors"), dict(tree_flatten(model.parameters())))
-    mx.save_safetensors(str(tmp / "optimizer.safetensors"), dict(tree_flatten(optimizer.state)))
-    full_state = {**state, "step": step, "rng": [int(x) for x in mx.random.state[0].tolist()]}
-    (tmp / "state.json").write_text(json.dumps(full_state))
-    for name in os.listdir(tmp):
-        with open(tmp / name, "rb") as fh:
-            os.fsync(fh.fileno())
+    with _written_or_removed(tmp, checkpoints_dir / f"step_{step}"):
+        checkpoints_dir.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        if adapter_config is not None:
+            mx.save_safetensors(str(tmp / "adapters.safetensors"), dict(tree_flatten(model.trainable_parameters())))
+            (tmp / "adapter_config.json").write_text(json.dumps(adapter_config, indent=2))
+        else:
+            mx.save_safetensors(str(tmp / "model.safetensors"), dict(tree_flatten(model.parameters())))
+        mx.save_safetensors(str(tmp / "optimizer.safetensors"), dict(tree_flatten(optimizer.state)))
+        full_state = {**state, "step": step, "rng": [int(x) for x in mx.random.state[0].tolist()]}
+        (tmp / "state.json").write_text(json.dumps(full_state))
+        for name in os.listdir(tmp):
+            with open(tmp / name, "rb") as fh:
+                os.fsync(fh.fileno())
     return PendingCheckpoint(tmp, checkpoints_dir / f"step_{step}", keep, time.perf_counter() - start)
 
 

@@ -383,3 +383,29 @@ def test_lora_keys_that_match_nothing_are_refused_before_training(tmp_path, mode
     code = main(flags(tmp_path, model, use_lora=True, lora_keys=["no_such.module"]))
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "matches no layer" in err[0]
+
+
+def test_a_checkpoint_that_cannot_be_written_stops_the_run_in_one_line_and_leaves_no_partial_copy(
+        tmp_path, model, capsys, monkeypatch):
+    import mlx_grpo.checkpoint as checkpoint_module
+
+    writes = {"n": 0}
+    real_save = checkpoint_module.mx.save_safetensors
+
+    def disk_fills_up(path, arrays, *args, **kwargs):
+        writes["n"] += 1
+        if ".step_4.tmp" in str(path):
+            raise RuntimeError("[save_safetensors] Failed to write: No space left on device")
+        return real_save(path, arrays, *args, **kwargs)
+
+    monkeypatch.setattr(checkpoint_module.mx, "save_safetensors", disk_fills_up)
+    code = main(flags(tmp_path, model, num_steps=5, checkpoint_every=2))
+    run_dir = tmp_path / "runs" / "r"
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1
+    assert "writing checkpoint step_4 failed (" in err[0] and f"mlx-grpo train --resume {run_dir}" in err[0]
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_2"]  # no .step_4.tmp left
+    assert json.loads((run_dir / "run.json").read_text())["status"] == "failed"
+    monkeypatch.undo()
+    assert main(["train", "--resume", str(run_dir)]) == 0
+    assert [r["step"] for r in lines(run_dir / "metrics.jsonl")] == [1, 2, 3, 4, 5]
