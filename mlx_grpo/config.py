@@ -268,6 +268,8 @@ def _type_name(tp: Any) -> str:
     if origin in (typing.Union, types.UnionType):
         return " or ".join("null" if a is type(None) else _type_name(a) for a in typing.get_args(tp))
     if origin is list:
+        if typing.get_args(tp)[0] is RewardSpec:
+            return "a list of reward names (or mappings with name and weight)"
         return f"a list of {_type_name(typing.get_args(tp)[0])}"
     if dataclasses.is_dataclass(tp):
         return "a mapping"

@@ -118,6 +118,10 @@ def apply_adapters(model: nn.Module, config: TrainConfig) -> None:
     from mlx_lm.tuner.utils import linear_to_lora_layers
 
     model.freeze()
+    hidden = getattr(getattr(model, "args", None), "hidden_size", None)
+    if isinstance(hidden, int) and config.lora_rank > hidden:
+        raise UserError(f"key 'lora_rank' is {config.lora_rank}; expected at most the model's hidden size "
+                        f"({hidden}): a larger rank adds parameters without adding capacity")
     num_layers = len(model.layers) if config.lora_layers < 0 else config.lora_layers
     lora_config = {
         "rank": config.lora_rank,

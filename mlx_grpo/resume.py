@@ -73,6 +73,8 @@ def config_for_resume(run_dir: Path, overrides: dict[str, Any]) -> tuple[TrainCo
     info = read_run_info(run_dir)
     saved = dict(info["config"])
     for key, value in overrides.items():
+        if key in ("run_name", "monitoring_dir") and saved.get(key) != value:
+            raise UserError(f"--resume {run_dir}: '{key}' cannot change on resume: the run stays in {run_dir}")
         if _changes_the_model(key) and saved.get(key) != value:
             raise UserError(f"--resume {run_dir}: '{key}' cannot change on resume ({saved.get(key)!r} -> {value!r}): "
                             f"the checkpoints hold that model's weights. To start a new run from them: mlx-grpo "

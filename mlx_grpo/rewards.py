@@ -372,7 +372,15 @@ def score_completions(
             continue
         matrix[i] = _validated(reward.name, raw, n)
     weights = np.array([r.weight for r in functions], dtype=float).reshape(-1, 1)
-    total = np.nansum(weights * matrix, axis=0)
+    with np.errstate(over="ignore", invalid="ignore"):
+        total = np.nansum(weights * matrix, axis=0)
+    if not np.isfinite(total).all():
+        # Each score is finite but their weighted sum overflows: every advantage would be NaN and every
+        # update skipped, so the run would train on nothing while looking healthy.
+        largest = max(functions, key=lambda f: np.nanmax(np.abs(matrix[functions.index(f)]), initial=0.0))
+        raise UserError(f"reward scores too large: the weighted total of a completion is not a finite number "
+                        f"(reward function '{largest.name}' scores up to "
+                        f"{np.nanmax(np.abs(matrix[functions.index(largest)])):.3g}); rescale them")
     return RewardScores([r.name for r in functions], matrix, total, new_errors)
 
 

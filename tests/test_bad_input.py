@@ -250,3 +250,26 @@ def test_a_generation_budget_that_cannot_fit_is_refused_by_the_memory_plan(tmp_p
     code = main(["train", "--max-generation-steps", "100000000", "--monitoring-dir", str(tmp_path / "runs")])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "this run needs ~" in err[0]  # not a segfault in the KV cache
+
+
+def test_reward_totals_that_overflow_stop_the_run_instead_of_skipping_every_update():
+    from mlx_grpo.errors import UserError
+    from mlx_grpo.rewards import RewardFunction, score_completions
+
+    def huge(prompts, completions, answers, **columns):
+        return [1e308] * len(completions)
+
+    functions = [RewardFunction("huge", huge, 1.0), RewardFunction("also_huge", huge, 1.0)]
+    with pytest.raises(UserError, match="reward function 'huge' scores up to 1e\\+308"):
+        score_completions(functions, ["p"], ["c"], ["a"])
+
+
+def test_an_oversized_lora_rank_and_a_list_key_given_a_scalar_are_one_clear_line(tmp_path, capsys):
+    code = main(["train", "--use-lora", "--lora-rank", "100000", "--no-memory-check", "--monitoring-dir",
+                 str(tmp_path / "runs")])
+    assert code == 2 and "key 'lora_rank' is 100000; expected at most the model's hidden size" in \
+        capsys.readouterr().err
+    config = tmp_path / "c.yaml"
+    config.write_text("rewards: answer_check\n")
+    assert main(["train", str(config)]) == 2
+    assert "expected a list of reward names (or mappings with name and weight)" in capsys.readouterr().err

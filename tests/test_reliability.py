@@ -409,3 +409,11 @@ def test_a_checkpoint_that_cannot_be_written_stops_the_run_in_one_line_and_leave
     monkeypatch.undo()
     assert main(["train", "--resume", str(run_dir)]) == 0
     assert [r["step"] for r in lines(run_dir / "metrics.jsonl")] == [1, 2, 3, 4, 5]
+
+
+def test_a_resume_cannot_move_the_run(tmp_path, model, capsys):
+    assert main(flags(tmp_path, model, num_steps=2, checkpoint_every=1)) == 0
+    run_dir = tmp_path / "runs" / "r"
+    code = main(["train", "--resume", str(run_dir), "--num-steps", "3", "--run-name", "elsewhere"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "'run_name' cannot change on resume" in err[0]
