@@ -27,6 +27,10 @@ def _gsm8k_answer(text: str, where: str) -> str:
     return match.group(1).replace(",", "").strip()
 
 
+# Reward functions get these as arguments; a dataset column of the same name would collide with them.
+REWARD_ARGUMENTS = frozenset({"prompts", "completions", "answers"})
+
+
 def read_jsonl_dataset(path: Path, fmt: str, prompt_field: str, answer_field: str) -> list[dict]:
     """Rows from a JSONL file; every problem is reported with its line number."""
     if not path.is_file():
@@ -70,6 +74,10 @@ def read_jsonl_dataset(path: Path, fmt: str, prompt_field: str, answer_field: st
                                     f"{'null' if answer is None else type(answer).__name__}")
                 row = {k: v for k, v in record.items() if k not in (prompt_field, answer_field)}
                 row.update(prompt=record[prompt_field], answer=str(record[answer_field]))
+            shadowing = sorted(REWARD_ARGUMENTS & set(row))
+            if shadowing:
+                raise UserError(f"{where}: column '{shadowing[0]}' has the name of a reward function's own argument "
+                                "(prompts, completions, answers): rename it")
             rows.append(row)
     if not rows:
         raise UserError(f"{path}: dataset is empty")

@@ -273,3 +273,11 @@ def test_an_oversized_lora_rank_and_a_list_key_given_a_scalar_are_one_clear_line
     config.write_text("rewards: answer_check\n")
     assert main(["train", str(config)]) == 2
     assert "expected a list of reward names (or mappings with name and weight)" in capsys.readouterr().err
+
+
+def test_a_dataset_column_named_like_a_reward_argument_is_refused_with_its_line(tmp_path, capsys):
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"prompt": "1+1=", "answer": "2", "completions": 3}\n')
+    assert main(["train", "--dataset", str(data), "--monitoring-dir", str(tmp_path / "runs")]) == 2
+    assert f"{data}:1: column 'completions' has the name of a reward function's own argument" in \
+        capsys.readouterr().err
