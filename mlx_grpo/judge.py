@@ -197,9 +197,9 @@ class Judge:
             with self._opener.open(request, timeout=self.config.timeout_s) as response:
                 raw = response.read()
         except urllib.error.HTTPError as err:
-            detail = _snippet(err.read().decode("utf-8", "replace")) if err.fp else ""
+            detail = _error_detail(err.read().decode("utf-8", "replace")) if err.fp else ""
             retryable = err.code == 429 or err.code >= 500
-            raise _Failure(f"HTTP {err.code} from {self.url} {detail}".rstrip(), retryable) from err
+            raise _Failure(f"HTTP {err.code} from {self.url}" + (f": {detail}" if detail else ""), retryable) from err
         except (TimeoutError, socket.timeout) as err:
             raise _Failure(f"no reply from {self.url} within {self.config.timeout_s:g} s", True) from err
         except urllib.error.URLError as err:
@@ -217,6 +217,22 @@ class Judge:
         if not isinstance(body, dict):
             raise _Failure(f"reply from {self.url} is not a JSON object", False)
         return body
+
+
+def _error_detail(text: str) -> str:
+    """An error reply as a sentence: the message of an OpenAI-style {"error": {"message": ...}} body (or
+    {"message"}, {"detail"}), else the start of the text."""
+    try:
+        body = json.loads(text)
+    except (ValueError, RecursionError):
+        return _snippet(text)
+    if isinstance(body, dict):
+        error = body.get("error")
+        for message in ((error.get("message") if isinstance(error, dict) else error), body.get("message"),
+                        body.get("detail")):
+            if isinstance(message, str) and message.strip():
+                return _snippet(message)
+    return _snippet(text)
 
 
 class _Failure(Exception):

@@ -232,3 +232,11 @@ def test_api_key_comes_from_the_named_env_var_and_is_never_shown(tmp_path, monke
     monkeypatch.delenv("JUDGE_TEST_KEY")
     with pytest.raises(UserError, match=r"rubric.yaml:\d+: judge: api_key_env: environment variable JUDGE_TEST_KEY"):
         load_rubric(write_judge_rubric(tmp_path, "http://127.0.0.1:9/v1", "  api_key_env: JUDGE_TEST_KEY"))
+
+
+def test_an_error_reply_reads_as_a_sentence_not_a_dict():
+    with JudgeServer(lambda body: (401, {"error": {"message": "Invalid API key", "type": "auth", "code": 401}})) as server:
+        batch = score(make_judge(server.url, retries=0), ["x"])
+    message = batch.errors[0].message
+    assert message.startswith(f"HTTP 401 from {server.url}") and "Invalid API key" in message
+    assert "{" not in message  # not the reply's JSON
