@@ -415,13 +415,19 @@ def nest(dotted: dict[str, Any]) -> dict:
 
 def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> TrainConfig:
     """Defaults, then the YAML file, then command-line overrides; validated."""
-    config = TrainConfig()
-    if path is not None:
-        path = Path(path)
-        config = _build_dataclass(TrainConfig, read_yaml_mapping(path), "", str(path), base=config)
+    if path is None:
+        return config_from_mapping({}, "config", overrides)
+    path = Path(path)
+    return config_from_mapping(read_yaml_mapping(path), str(path), overrides)
+
+
+def config_from_mapping(mapping: dict, source: str, overrides: dict[str, Any] | None = None) -> TrainConfig:
+    """Defaults, then `mapping` (errors name `source`: a file, a run's run.json), then command-line
+    overrides; validated."""
+    config = _build_dataclass(TrainConfig, mapping, "", source, base=TrainConfig()) if mapping else TrainConfig()
     if overrides:
         config = _build_dataclass(TrainConfig, nest(overrides), "", "command line", base=config)
-    config.validate(str(path) if path is not None else "config")
+    config.validate(source)
     return config
 
 

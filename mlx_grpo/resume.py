@@ -28,7 +28,7 @@ from typing import Any
 import psutil
 
 from .checkpoint import STEP_DIR, latest_checkpoint
-from .config import TrainConfig, load_config, top_level_fields
+from .config import TrainConfig, config_from_mapping, nest, top_level_fields
 from .errors import UserError
 from .telemetry.rundir import loads_object, read_json_object
 
@@ -81,7 +81,7 @@ def config_for_resume(run_dir: Path, overrides: dict[str, Any]) -> tuple[TrainCo
                             f"export {run_dir} --out DIR, then train with model_id: DIR")
     # The trainer stores where relative paths (model, dataset, reward files) were resolved from.
     base_dir = Path(saved.pop("base_dir", None) or Path.cwd())
-    return load_config(None, {**_flatten(saved), **overrides}), base_dir
+    return config_from_mapping(nest(_flatten(saved)), str(run_dir / "run.json"), overrides), base_dir
 
 
 def _still_running(info: dict[str, Any]) -> int | None:

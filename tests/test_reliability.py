@@ -417,3 +417,13 @@ def test_a_resume_cannot_move_the_run(tmp_path, model, capsys):
     code = main(["train", "--resume", str(run_dir), "--num-steps", "3", "--run-name", "elsewhere"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "'run_name' cannot change on resume" in err[0]
+
+
+def test_a_bad_value_in_a_runs_saved_config_names_its_run_json(tmp_path, model, capsys):
+    assert main(flags(tmp_path, model, num_steps=2, checkpoint_every=1)) == 0
+    run_dir = tmp_path / "runs" / "r"
+    info = json.loads((run_dir / "run.json").read_text())
+    info["config"]["temperature"] = "hot"
+    (run_dir / "run.json").write_text(json.dumps(info))
+    assert main(["train", "--resume", str(run_dir), "--num-steps", "3"]) == 2
+    assert f"{run_dir / 'run.json'}: key 'temperature' is 'hot'" in capsys.readouterr().err
