@@ -246,18 +246,24 @@ class RewardHooks:
 NO_HOOKS = RewardHooks()
 
 
+# A reward function that raises on this many batches in a row stops the run with its error.
+MAX_FAILED_BATCHES = 3
+
+
 @dataclass
 class RewardFunction:
     """One configured reward: its metric name, the callable and its weight.
 
     ``error_reported`` is set the first time ``fn`` raises, so a function that
-    fails every step is reported once per run.
+    fails every step is reported once per run; ``failures_in_a_row`` counts the
+    batches it failed on since it last worked.
     """
 
     name: str
     fn: Callable[..., Sequence[float | None]]
     weight: float
     error_reported: bool = False
+    failures_in_a_row: int = 0
 
     @property
     def hooks(self) -> RewardHooks:
@@ -363,6 +369,11 @@ def score_completions(
         except UserError:
             raise  # a configuration mistake inside the function (e.g. a rubric criterion): stop the run
         except (Exception, SystemExit) as exc:  # sys.exit() in a reward function must not end the run
+            reward.failures_in_a_row += 1
+            if reward.failures_in_a_row >= MAX_FAILED_BATCHES:
+                # failing on every batch: training on its missing scores would teach nothing
+                raise UserError(f"reward function '{reward.name}' failed on {reward.failures_in_a_row} batches in a "
+                                f"row: {_one_line(exc)}{_where(exc)}") from None
             if not reward.error_reported:
                 reward.error_reported = True
                 new_errors.append(
@@ -370,6 +381,7 @@ def score_completions(
                     "its scores are missing for this batch (further failures are not reported)"
                 )
             continue
+        reward.failures_in_a_row = 0
         matrix[i] = _validated(reward.name, raw, n)
     weights = np.array([r.weight for r in functions], dtype=float).reshape(-1, 1)
     with np.errstate(over="ignore", invalid="ignore"):

@@ -291,3 +291,22 @@ def test_example_file_receives_extra_columns():
     assert scores.per_function[1, 0] == 0.5 and math.isnan(scores.per_function[1, 2])
     without = score_completions(funcs, ["p"], [PERFECT], ["120"])
     assert np.isnan(without.per_function[0]).all()
+
+
+def test_a_reward_function_failing_on_every_batch_stops_the_run_with_its_error():
+    from mlx_grpo.rewards import MAX_FAILED_BATCHES, RewardFunction, score_completions
+
+    calls = {"n": 0}
+
+    def flaky(prompts, completions, answers, **columns):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            return [1.0] * len(completions)  # one good batch resets the count
+        raise KeyError("score")
+
+    reward = RewardFunction("flaky", flaky, 1.0)
+    assert MAX_FAILED_BATCHES == 3
+    for _ in range(4):
+        score_completions([reward], ["p"], ["c"], ["a"])  # fail, work, fail, fail: not yet
+    with pytest.raises(UserError, match=r"reward function 'flaky' failed on 3 batches in a row: KeyError"):
+        score_completions([reward], ["p"], ["c"], ["a"])
