@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import sys
 import types
 import typing
 from dataclasses import dataclass, field
@@ -421,11 +422,62 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
     return config_from_mapping(read_yaml_mapping(path), str(path), overrides)
 
 
+# TRL's names for our keys: accepted, with a note saying which key they set.
+TRL_NAMES = {"max_completion_length": "max_generation_steps", "max_steps": "num_steps",
+             "warmup_ratio": "warmup_fraction", "reward_funcs": "rewards"}
+
+
+def _from_trl_names(mapping: dict, source: str) -> dict:
+    """`mapping` with TRL's key names turned into ours (one note on stderr per key), including TRL's
+    report_to, reward_weights and per_device_train_batch_size (which counts completions, not prompts)."""
+    out = dict(mapping)
+
+    def note(trl: str, ours: str) -> None:
+        print(f"mlx-grpo: note: {source}: '{trl}' is TRL's name; read as {ours}", file=sys.stderr)
+
+    for trl, ours in TRL_NAMES.items():
+        if trl in out:
+            if ours in out:
+                raise UserError(f"{source}: both '{trl}' (TRL's name) and '{ours}' are set; keep one")
+            out[ours] = out.pop(trl)
+            note(trl, f"'{ours}'")
+    if "reward_weights" in out:
+        weights = out.pop("reward_weights")
+        rewards = out.get("rewards")
+        if not isinstance(weights, list) or not isinstance(rewards, list) or len(weights) != len(rewards):
+            raise UserError(f"{source}: key 'reward_weights' needs one weight per reward function "
+                            f"(reward_funcs / rewards), got {weights!r}")
+        out["rewards"] = [{"name": name if isinstance(name, str) else name.get("name"), "weight": weight}
+                          for name, weight in zip(rewards, weights)]
+        note("reward_weights", "the weights of 'rewards'")
+    if "report_to" in out:
+        targets = out.pop("report_to")
+        targets = [targets] if isinstance(targets, str) else targets
+        if not isinstance(targets, list) or not set(targets) <= {"tensorboard", "wandb", "all", "none"}:
+            raise UserError(f"{source}: key 'report_to' is {targets!r}; expected tensorboard, wandb, all or none "
+                            "(the run directory is always written)")
+        out["tensorboard"] = bool({"tensorboard", "all"} & set(targets))
+        out["wandb"] = bool({"wandb", "all"} & set(targets))
+        note("report_to", "'tensorboard' and 'wandb'")
+    if "per_device_train_batch_size" in out:
+        completions = out.pop("per_device_train_batch_size")
+        group = out.get("num_generations", TrainConfig.num_generations)
+        if not isinstance(completions, int) or not isinstance(group, int) or completions % group:
+            raise UserError(f"{source}: key 'per_device_train_batch_size' ({completions!r} completions) must be a "
+                            f"multiple of num_generations ({group!r})")
+        out["batch_size"] = completions // group
+        note("per_device_train_batch_size", f"'batch_size: {completions // group}' (prompts per step: "
+                                            f"{completions} completions / {group} per prompt)")
+    return out
+
+
 def config_from_mapping(mapping: dict, source: str, overrides: dict[str, Any] | None = None) -> TrainConfig:
     """Defaults, then `mapping` (errors name `source`: a file, a run's run.json), then command-line
-    overrides; validated."""
+    overrides; validated. TRL's key names are read as ours."""
+    mapping = _from_trl_names(mapping, source)
     config = _build_dataclass(TrainConfig, mapping, "", source, base=TrainConfig()) if mapping else TrainConfig()
     if overrides:
+        overrides = _from_trl_names(overrides, "command line")
         config = _build_dataclass(TrainConfig, nest(overrides), "", "command line", base=config)
     config.validate(source)
     return config

@@ -155,3 +155,20 @@ def _parsed(argv):
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     return parser.parse_args(argv)
+
+
+def test_a_trl_config_is_read_with_a_note_per_renamed_key(tmp_path, capsys):
+    path = tmp_path / "trl.yaml"
+    path.write_text("max_steps: 50\nmax_completion_length: 64\nwarmup_ratio: 0.1\nnum_generations: 4\n"
+                    "per_device_train_batch_size: 16\nreward_funcs: [format_exact, answer_check]\n"
+                    "reward_weights: [0.5, 2.0]\nreport_to: none\n")
+    config = load_config(path)
+    assert (config.num_steps, config.max_generation_steps, config.warmup_fraction) == (50, 64, 0.1)
+    assert config.batch_size == 4  # 16 completions / 4 per prompt: our batch_size counts prompts
+    assert [(r.name, r.weight) for r in config.rewards] == [("format_exact", 0.5), ("answer_check", 2.0)]
+    assert config.tensorboard is False and config.wandb is False
+    notes = capsys.readouterr().err
+    assert f"{path}: 'max_steps' is TRL's name; read as 'num_steps'" in notes
+    assert "read as 'batch_size: 4' (prompts per step: 16 completions / 4 per prompt)" in notes
+    with pytest.raises(UserError, match="both 'max_steps' .* and 'num_steps' are set"):
+        load_config(None, {"max_steps": 3, "num_steps": 4})
