@@ -24,6 +24,7 @@ This module imports no mlx.
 
 from __future__ import annotations
 
+import inspect
 import hashlib
 import importlib.util
 import math
@@ -246,6 +247,30 @@ class RewardHooks:
 NO_HOOKS = RewardHooks()
 
 
+def call_reward(fn: Callable, prompts: list, completions: list, answers: list, columns: Mapping[str, list]):
+    """Call a reward function by keyword, as TRL does: `prompts`, `completions`, `answers` (and `answer`,
+    TRL's usual column name, for a function that does not take `answers`) and every other dataset column.
+    A function whose parameters do not bind that way is called in the positional form
+    `f(prompts, completions, answers, **columns)`, so both styles work."""
+    offered = {"prompts": prompts, "completions": completions, "answers": answers, **columns}
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # a callable whose signature cannot be read
+        return fn(prompts, completions, answers, **columns)
+    params = signature.parameters
+    if "answers" not in params:
+        offered.setdefault("answer", answers)
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        kwargs = offered
+    else:
+        kwargs = {name: value for name, value in offered.items() if name in params}
+    try:
+        signature.bind(**kwargs)
+    except TypeError:
+        return fn(prompts, completions, answers, **columns)
+    return fn(**kwargs)
+
+
 # A reward function that raises on this many batches in a row stops the run with its error.
 MAX_FAILED_BATCHES = 3
 
@@ -365,7 +390,7 @@ def score_completions(
     new_errors: list[str] = []
     for i, reward in enumerate(functions):
         try:
-            raw = reward.fn(list(prompts), list(completions), list(answers), **columns)
+            raw = call_reward(reward.fn, list(prompts), list(completions), list(answers), columns)
         except UserError:
             raise  # a configuration mistake inside the function (e.g. a rubric criterion): stop the run
         except (Exception, SystemExit) as exc:  # sys.exit() in a reward function must not end the run

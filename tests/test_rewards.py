@@ -310,3 +310,22 @@ def test_a_reward_function_failing_on_every_batch_stops_the_run_with_its_error()
         score_completions([reward], ["p"], ["c"], ["a"])  # fail, work, fail, fail: not yet
     with pytest.raises(UserError, match=r"reward function 'flaky' failed on 3 batches in a row: KeyError"):
         score_completions([reward], ["p"], ["c"], ["a"])
+
+
+def test_reward_functions_are_called_by_keyword_as_trl_does_and_the_positional_form_still_works():
+    from mlx_grpo.rewards import RewardFunction, score_completions
+
+    def trl_style(completions, solution, **kwargs):  # TRL: dataset columns arrive as keywords
+        assert kwargs["prompts"] == ["p1", "p2"] and kwargs["answer"] == ["3", "4"]
+        return [float(c == s) for c, s in zip(completions, solution)]
+
+    def named_only(completions, answers):
+        return [float(c == a) for c, a in zip(completions, answers)]
+
+    def ours(p, c, a, **columns):  # positional, any parameter names
+        return [float(x == y) for x, y in zip(c, a)]
+
+    functions = [RewardFunction(f.__name__, f, 1.0) for f in (trl_style, named_only, ours)]
+    scores = score_completions(functions, ["p1", "p2"], ["3", "5"], ["3", "4"], {"solution": ["3", "5"]})
+    assert scores.per_function.tolist() == [[1.0, 1.0], [1.0, 0.0], [1.0, 0.0]]
+    assert scores.new_errors == []
