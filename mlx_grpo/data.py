@@ -27,6 +27,20 @@ def _gsm8k_answer(text: str, where: str) -> str:
     return match.group(1).replace(",", "").strip()
 
 
+def _messages(value: list, where: str, field: str) -> list[dict]:
+    """A conversational prompt: chat messages with string roles and contents, ending with the user's turn."""
+    if not value or not all(isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+                            for m in value):
+        raise UserError(f"{where}: field '{field}' is a list, so it must hold messages "
+                        '{"role": "...", "content": "..."}')
+    return [{"role": m["role"], "content": m["content"]} for m in value]
+
+
+def _transcript(messages: list[dict]) -> str:
+    """A conversation as text, for reward functions, samples and logs."""
+    return "\n".join(f"{m['role']}: {m['content']}" for m in messages)
+
+
 # Reward functions get these as arguments; a dataset column of the same name would collide with them.
 REWARD_ARGUMENTS = frozenset({"prompts", "completions", "answers"})
 
@@ -66,14 +80,20 @@ def read_jsonl_dataset(path: Path, fmt: str, prompt_field: str, answer_field: st
                 for key in (prompt_field, answer_field):
                     if key not in record:
                         raise UserError(f"{where}: missing field '{key}'")
-                if not isinstance(record[prompt_field], str):
-                    raise UserError(f"{where}: field '{prompt_field}' must be a string")
+                prompt = record[prompt_field]
+                messages = _messages(prompt, where, prompt_field) if isinstance(prompt, list) else None
+                if messages is None and not isinstance(prompt, str):
+                    raise UserError(f"{where}: field '{prompt_field}' must be a string or a list of messages "
+                                    "({\"role\": ..., \"content\": ...})")
                 answer = record[answer_field]
                 if isinstance(answer, bool) or not isinstance(answer, (str, int, float)):
                     raise UserError(f"{where}: field '{answer_field}' must be a string or a number, got "
                                     f"{'null' if answer is None else type(answer).__name__}")
                 row = {k: v for k, v in record.items() if k not in (prompt_field, answer_field)}
-                row.update(prompt=record[prompt_field], answer=str(record[answer_field]))
+                row.update(prompt=record[prompt_field] if messages is None else _transcript(messages),
+                           answer=str(record[answer_field]))
+                if messages is not None:
+                    row["messages"] = messages
             shadowing = sorted(REWARD_ARGUMENTS & set(row))
             if shadowing:
                 raise UserError(f"{where}: column '{shadowing[0]}' has the name of a reward function's own argument "
@@ -157,18 +177,22 @@ class EncodedPrompt:
     truncated: bool
 
 
-def render_prompt(tokenizer: Any, text: str, system_prompt: str | None, use_chat_template: bool) -> str | list[int]:
-    """The prompt as the model sees it: through the chat template when the tokenizer has one."""
+def render_prompt(tokenizer: Any, text: str, system_prompt: str | None, use_chat_template: bool,
+                  messages: list[dict] | None = None) -> str | list[int]:
+    """The prompt as the model sees it: through the chat template when the tokenizer has one. A
+    conversational row's `messages` are the conversation itself (the system prompt goes first unless
+    the conversation has its own)."""
+    conversation = list(messages) if messages else [{"role": "user", "content": text}]
+    if system_prompt and conversation[0]["role"] != "system":
+        conversation.insert(0, {"role": "system", "content": system_prompt})
     if use_chat_template and getattr(tokenizer, "chat_template", None):
-        messages = ([{"role": "system", "content": system_prompt}] if system_prompt else [])
-        messages.append({"role": "user", "content": text})
-        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-    return (system_prompt + "\n" + text) if system_prompt else text
+        return tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=True)
+    return "\n".join(m["content"] for m in conversation)
 
 
-def encode_prompt(tokenizer: Any, text: str, config: Any) -> EncodedPrompt:
-    """Token ids of one prompt, cut from the left to max_prompt_length."""
-    rendered = render_prompt(tokenizer, text, config.system_prompt, config.use_chat_template)
+def encode_prompt(tokenizer: Any, text: str, config: Any, messages: list[dict] | None = None) -> EncodedPrompt:
+    """Token ids of one prompt (or conversation), cut from the left to max_prompt_length."""
+    rendered = render_prompt(tokenizer, text, config.system_prompt, config.use_chat_template, messages)
     tokens = list(rendered) if not isinstance(rendered, str) else tokenizer.encode(rendered)
     if hasattr(tokens, "get"):  # some tokenizers return a BatchEncoding
         tokens = list(tokens["input_ids"])

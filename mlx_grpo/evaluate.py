@@ -33,7 +33,7 @@ def evaluate(model: Any, tokenizer: Any, rows: list[dict], config: Any, eos_ids:
     texts: list[str] = []
     for start in range(0, len(rows), batch_size):
         chunk = rows[start:start + batch_size]
-        prompts = [encode_prompt(tokenizer, row["prompt"], config).tokens for row in chunk]
+        prompts = [encode_prompt(tokenizer, row["prompt"], config, row.get("messages")).tokens for row in chunk]
         rollout = generate(model, prompts, 1, config.max_generation_steps, eos_ids, pad_id, GREEDY,
                            mx.random.key(0))
         for row, ids in zip(chunk, rollout.completions):

@@ -236,7 +236,8 @@ class Trainer:
 
     def draw_prompts(self, count: int | None = None) -> Prompts:
         rows = [self.train_rows[i] for i in self.order.next_indices(count or self.config.batch_size)]
-        encoded = [encode_prompt(self.policy.tokenizer, row["prompt"], self.config) for row in rows]
+        encoded = [encode_prompt(self.policy.tokenizer, row["prompt"], self.config, row.get("messages"))
+                   for row in rows]
         return Prompts(rows, encoded, self.config.num_generations)
 
     def rollout(self, prompts: Prompts, key: mx.array, max_tokens: int) -> Rollout:

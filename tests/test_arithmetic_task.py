@@ -80,3 +80,30 @@ def test_bad_arguments_are_refused_with_one_line():
     with pytest.raises(UserError, match=">= 0"):
         arithmetic.make_split("train", -1, seed=0)
     assert arithmetic.make_split("train", 0, seed=0) == []
+
+
+def test_conversational_prompts_are_rendered_with_the_chat_template(tmp_path):
+    from mlx_grpo.data import read_jsonl_dataset, render_prompt
+
+    data = tmp_path / "chat.jsonl"
+    data.write_text('{"prompt": [{"role": "system", "content": "Add."}, {"role": "user", "content": "1+1="}], '
+                    '"answer": 2}\n')
+    (row,) = read_jsonl_dataset(data, "auto", "prompt", "answer")
+    assert row["messages"][1] == {"role": "user", "content": "1+1="} and row["prompt"] == "system: Add.\nuser: 1+1="
+
+    class ChatTokenizer:
+        chat_template = "{{ messages }}"
+
+        def apply_chat_template(self, messages, add_generation_prompt, tokenize):
+            self.seen = messages
+            return [1, 2, 3]
+
+    tokenizer = ChatTokenizer()
+    assert render_prompt(tokenizer, row["prompt"], "ignored: the conversation has its own", True,
+                         row["messages"]) == [1, 2, 3]
+    assert tokenizer.seen == row["messages"]  # the conversation's own system message stays first
+    assert render_prompt(object(), row["prompt"], None, True, row["messages"]) == "Add.\n1+1="
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": [{"role": "user"}], "answer": 1}\n')
+    with pytest.raises(UserError, match=r"bad.jsonl:1: field 'prompt' is a list, so it must hold messages"):
+        read_jsonl_dataset(bad, "auto", "prompt", "answer")

@@ -123,3 +123,16 @@ def test_runs_go_where_the_user_stands_and_config_paths_stay_next_to_the_config(
     assert main(["train", "cfg/my.yaml"]) == 0
     assert (tmp_path / "runs" / "r" / "run.json").is_file()  # not cfg/runs: where watch and tensorboard look
     assert not (tmp_path / "cfg" / "runs").exists()
+
+
+def test_a_conversational_dataset_trains(tmp_path):
+    from mlx_grpo.cli import main
+
+    data = tmp_path / "chat.jsonl"
+    data.write_text("".join(f'{{"prompt": [{{"role": "user", "content": "{a}+{b}="}}], "answer": {a + b}}}\n'
+                            for a in range(4) for b in range(2)))
+    assert main(["train", "--dataset", str(data), "--eval-dataset", str(data), "--num-steps", "1",
+                 "--batch-size", "2", "--num-generations", "2", "--max-generation-steps", "4",
+                 "--monitoring-dir", str(tmp_path / "runs"), "--run-name", "chat"]) == 0
+    sample = json.loads((tmp_path / "runs" / "chat" / "samples.jsonl").read_text().splitlines()[0])
+    assert sample["prompt"].startswith("user: ")
