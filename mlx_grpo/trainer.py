@@ -475,7 +475,8 @@ def open_run(config: TrainConfig, base_dir: Path, resume_dir: Path | None) -> Ru
         recorder.load_state_dict(saved["run_state"])
     total_params, trainable_params = count_parameters(trainer.policy.model)
     console.message(f"run {run_dir}  model {config.model_id}: {total_params:,} parameters, "
-                    f"{trainable_params:,} trainable")
+                    f"{trainable_params:,} trainable; {config.batch_size} prompts x {config.num_generations} "
+                    f"completions per step (batch_size counts prompts)")
     console.message(memory_plan)
     if memory_warning is not None:
         console.message(memory_warning, style="yellow")
