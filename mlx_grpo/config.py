@@ -68,94 +68,94 @@ class SGRPOConfig:
 @dataclass
 class TrainConfig:
     # --- model ---
-    model_id: str = DEFAULT_MODEL
+    model_id: str = DEFAULT_MODEL  # 'default' (the shipped model), a local Hugging Face-format directory, or a hub id
     dtype: str = "auto"  # auto: bfloat16 for LoRA on a GPU, float32 otherwise (the CPU backend, full fine-tuning)
-    use_lora: bool = False
-    lora_rank: int = 8
-    lora_alpha: float = 16.0
-    lora_dropout: float = 0.0
+    use_lora: bool = False  # train LoRA adapters on a frozen base (else every weight)
+    lora_rank: int = 8  # rank of each adapter
+    lora_alpha: float = 16.0  # adapter scale is lora_alpha / lora_rank
+    lora_dropout: float = 0.0  # dropout on the adapters' input
     lora_layers: int = -1  # how many of the last transformer blocks get adapters; -1 = all
     lora_keys: list[str] | None = None  # module paths inside a block, e.g. ["self_attn.q_proj"]; None = every linear
-    use_dora: bool = False
+    use_dora: bool = False  # DoRA adapters instead of LoRA
 
     # --- data ---
     dataset: str = "arithmetic"  # "arithmetic" (built in) or a .jsonl path
     dataset_format: str = "auto"  # auto | prompt_answer | gsm8k
     eval_dataset: str | None = None  # None: the built-in held-out split, or 5% of a file dataset
-    prompt_field: str = "prompt"
-    answer_field: str = "answer"
-    system_prompt: str | None = None
+    prompt_field: str = "prompt"  # the JSONL field holding the prompt (a string or a list of chat messages)
+    answer_field: str = "answer"  # the JSONL field holding the reference answer
+    system_prompt: str | None = None  # a system message put before every prompt
     use_chat_template: bool = True  # applied only when the tokenizer has one
     train_size: int = 20000  # examples drawn for the built-in task
-    eval_size: int = 200
+    eval_size: int = 200  # held-out examples of the built-in task
 
     # --- GRPO ---
-    num_steps: int = 200
+    num_steps: int = 200  # GRPO steps to train
     batch_size: int = 16  # prompts per step
     num_generations: int = 8  # completions per prompt (G)
     num_iterations: int = 1  # optimisation passes over one rollout
-    learning_rate: float = 3e-5
+    learning_rate: float = 3e-5  # AdamW's peak learning rate
     lr_schedule: str = "cosine"  # cosine | constant
-    warmup_fraction: float = 0.05
-    weight_decay: float = 0.0
-    max_grad_norm: float = 1.0
+    warmup_fraction: float = 0.05  # share of the steps the learning rate warms up over
+    weight_decay: float = 0.0  # AdamW's decoupled weight decay
+    max_grad_norm: float = 1.0  # clip the gradient's global norm to this; 0 = no clipping
     # Memory of the update and the reference pass (the same gradient whatever they are; docs/SCALE.md):
     # completions per forward/backward pass, gradients summed; 0 = all at once; auto = the most that fit
-    micro_batch_size: int | str = "auto"
+    micro_batch_size: int | str = "auto"  # completions per forward/backward pass; 0 = all; auto = the most that fit
     logits_chunk_size: int = 0  # completion positions per LM-head pass (152k-vocab logits are big); 0 = all
     grad_checkpoint: bool = False  # recompute each transformer block in the backward pass instead of keeping it
     memory_check: bool = True  # refuse a run `mlx-grpo plan` predicts will not fit in memory
     beta: float = 0.04  # KL coefficient; 0 computes no reference policy at all
-    epsilon: float = 0.2
+    epsilon: float = 0.2  # the ratio is clipped to [1 - epsilon, 1 + epsilon_high]
     epsilon_high: float | None = None  # None: same as epsilon
-    delta: float | None = None  # two-sided clipping (TRL): where the advantage is negative, the ratio counts at most delta
+    delta: float | None = None  # two-sided clipping (TRL): with a negative advantage the ratio counts at most delta
     loss_type: str = "grpo"  # grpo | bnpo | dr_grpo | dapo
     importance_sampling_level: str = "token"  # token | sequence (GSPO)
     scale_rewards: str = "group"  # group | batch | none
     mask_truncated_completions: bool = False  # completions cut off by the budget take no part in the loss (DAPO)
     dynamic_sampling: bool = False  # drop groups whose rewards are all equal; draw more prompts to refill (DAPO)
     dynamic_sampling_max_rounds: int = 3  # extra draws per step at most; then the batch is filled with what there is
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    min_p: float = 0.0
-    max_prompt_length: int = 256
-    max_generation_steps: int = 24
-    seed: int = 0
+    temperature: float = 1.0  # sampling temperature of the rollouts (log-probs are taken at it too)
+    top_p: float = 1.0  # nucleus sampling: keep the smallest set of tokens holding this mass; 1 = off
+    top_k: int = 0  # sample among the k most likely tokens; 0 = off
+    min_p: float = 0.0  # drop tokens below min_p times the top token's probability; 0 = off
+    max_prompt_length: int = 256  # prompt tokens kept (cut from the left)
+    max_generation_steps: int = 24  # completion tokens at most (TRL: max_completion_length)
+    seed: int = 0  # data order, sampling and initialisation
 
     # --- rewards ---
-    rewards: list[RewardSpec] = field(default_factory=lambda: [
+    rewards: list[RewardSpec] = field(default_factory=lambda: [  # built-in names or file.py:function, weighted
         RewardSpec("format_exact"),
         RewardSpec("format_approx"),
         RewardSpec("answer_check"),
         RewardSpec("number_check"),
     ])
-    rubric_file: str | None = None
-    rubric_weight: float = 1.0
+    rubric_file: str | None = None  # a YAML rubric of weighted criteria scored as one more reward
+    rubric_weight: float = 1.0  # weight of the rubric's reward
 
     # --- evaluation, checkpoints, logging ---
-    eval_every: int = 25
-    checkpoint_every: int = 50
-    keep_checkpoints: int = 3
-    run_name: str | None = None
-    monitoring_dir: str = "runs"
-    tensorboard: bool = True
+    eval_every: int = 25  # held-out greedy accuracy every N steps and at the end; 0 = off
+    checkpoint_every: int = 50  # checkpoint every N steps (and at the end); 0 = only at the end
+    keep_checkpoints: int = 3  # newest checkpoints kept
+    run_name: str | None = None  # the run directory's name under monitoring_dir (default: grpo-<date>-<time>)
+    monitoring_dir: str = "runs"  # where run directories go, relative to where you run the command
+    tensorboard: bool = True  # write TensorBoard event files
     tensorboard_dir: str | None = None  # None: <run dir>/tensorboard
-    log_every: int = 1
-    histogram_every: int = 10
-    samples_per_step: int = 4
-    max_consecutive_nonfinite: int = 5
-    enable_alerts: bool = True
-    alerts_file: str | None = None
+    log_every: int = 1  # write a metrics record every N steps
+    histogram_every: int = 10  # histograms every N logged steps
+    samples_per_step: int = 4  # completions written to samples.jsonl per step
+    max_consecutive_nonfinite: int = 5  # stop after this many NaN/Inf updates in a row (each is skipped)
+    enable_alerts: bool = True  # the built-in alert rules
+    alerts_file: str | None = None  # a YAML file of alert rules added to the built-in ones
 
     # --- Weights & Biases (optional) ---
     wandb: bool | None = None  # None: on when WANDB_API_KEY is set
-    wandb_project: str = "mlx-grpo"
-    wandb_entity: str | None = None
-    wandb_run_name: str | None = None
-    wandb_tags: list[str] = field(default_factory=list)
-    wandb_notes: str | None = None
-    wandb_log_checkpoints: bool = False
+    wandb_project: str = "mlx-grpo"  # W&B project
+    wandb_entity: str | None = None  # W&B entity (team or user)
+    wandb_run_name: str | None = None  # W&B run name (default: the run directory's name)
+    wandb_tags: list[str] = field(default_factory=list)  # W&B tags
+    wandb_notes: str | None = None  # W&B notes (secrets are scrubbed)
+    wandb_log_checkpoints: bool = False  # upload checkpoints to W&B as artifacts
     wandb_chart_every: int = 0  # redraw the 3D charts and the criteria heatmap every N steps; 0: ~10 times a run
     wandb_log_dataset: bool = True  # the run's train and held-out rows as a W&B dataset artifact
     wandb_log_model: bool = False  # at the end, the final model (adapters fused) as a W&B model artifact
@@ -485,6 +485,22 @@ def config_from_mapping(mapping: dict, source: str, overrides: dict[str, Any] | 
 
 def config_to_dict(config: TrainConfig) -> dict:
     return dataclasses.asdict(config)
+
+
+def key_help() -> dict[str, str]:
+    """Each config key's help: the comment beside it in the dataclasses above (the one place it is
+    written), read back from this file's source."""
+    import inspect
+    import re
+
+    helps: dict[str, str] = {}
+    for cls, prefix in ((TrainConfig, ""), (AdaptiveWindowConfig, "adaptive_window."),
+                        (EntropyLoggingConfig, "entropy_logging."), (SGRPOConfig, "sgrpo.")):
+        for line in inspect.getsource(cls).splitlines():
+            found = re.match(r"\s{4}(\w+): .*?\s#\s*(.+)$", line)
+            if found:
+                helps[prefix + found.group(1)] = found.group(2).strip()
+    return helps
 
 
 def top_level_fields() -> dict[str, Any]:

@@ -172,3 +172,14 @@ def test_a_trl_config_is_read_with_a_note_per_renamed_key(tmp_path, capsys):
     assert "read as 'batch_size: 4' (prompts per step: 16 completions / 4 per prompt)" in notes
     with pytest.raises(UserError, match="both 'max_steps' .* and 'num_steps' are set"):
         load_config(None, {"max_steps": 3, "num_steps": 4})
+
+
+def test_every_config_key_has_help_and_is_in_the_readme():
+    from pathlib import Path
+
+    from mlx_grpo.config import key_help, top_level_fields
+
+    helps = key_help()
+    assert [k for k in top_level_fields() if not helps.get(k)] == []  # shown by `mlx-grpo train --help`
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert [k for k in top_level_fields() if f"`{k}`" not in readme] == []

@@ -6,7 +6,7 @@ import argparse
 import types
 import typing
 
-from ..config import parse_override, top_level_fields
+from ..config import key_help, parse_override, top_level_fields
 
 USES_MLX = True
 
@@ -32,16 +32,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-alerts", dest="enable_alerts", action="store_false", default=argparse.SUPPRESS,
                         help="turn the built-in alert rules off")
     group = parser.add_argument_group("config keys (each overrides the YAML file)")
+    helps = key_help()
     for name, tp in top_level_fields().items():
         flag = "--" + name.replace("_", "-")
         kind = _flag_kind(tp)
+        text = helps.get(name, "").replace("%", "%%") or None  # argparse formats help with %
         if kind == "bool":
-            group.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS)
+            group.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS,
+                               help=text)
         elif kind == "list":
-            group.add_argument(flag, dest=name, nargs="*", default=argparse.SUPPRESS, metavar="VALUE")
+            group.add_argument(flag, dest=name, nargs="*", default=argparse.SUPPRESS, metavar="VALUE", help=text)
         else:
             # Read as YAML so types are checked by the config loader, not argparse.
-            group.add_argument(flag, dest=name, default=argparse.SUPPRESS, metavar="VALUE")
+            group.add_argument(flag, dest=name, default=argparse.SUPPRESS, metavar="VALUE", help=text)
 
 
 def collect_overrides(args: argparse.Namespace) -> dict[str, typing.Any]:
