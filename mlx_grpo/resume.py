@@ -30,7 +30,7 @@ import psutil
 from .checkpoint import STEP_DIR, latest_checkpoint
 from .config import TrainConfig, config_from_mapping, nest, top_level_fields
 from .errors import UserError
-from .telemetry.rundir import loads_object, read_json_object
+from .telemetry.rundir import ALERTS, METRICS, RUN_JSON, SAMPLES, loads_object, read_json_object
 
 
 def resume_command(run_dir: Path) -> str:
@@ -38,7 +38,7 @@ def resume_command(run_dir: Path) -> str:
 
 
 def read_run_info(run_dir: Path) -> dict[str, Any]:
-    info = read_json_object(run_dir / "run.json")
+    info = read_json_object(run_dir / RUN_JSON)
     if info is None:
         raise UserError(f"{run_dir}: not a run directory (no readable run.json)")
     if not isinstance(info.get("config"), dict):
@@ -81,7 +81,7 @@ def config_for_resume(run_dir: Path, overrides: dict[str, Any]) -> tuple[TrainCo
                             f"export {run_dir} --out DIR, then train with model_id: DIR")
     # The trainer stores where relative paths (model, dataset, reward files) were resolved from.
     base_dir = Path(saved.pop("base_dir", None) or Path.cwd())
-    return config_from_mapping(nest(_flatten(saved)), str(run_dir / "run.json"), overrides), base_dir
+    return config_from_mapping(nest(_flatten(saved)), str(run_dir / RUN_JSON), overrides), base_dir
 
 
 def _still_running(info: dict[str, Any]) -> int | None:
@@ -125,7 +125,7 @@ def resumable_checkpoint(run_dir: Path, num_steps: int) -> Path | None:
 
 
 # The run-directory logs the trainer appends to: a resume cuts these back, and never any other file.
-TRAINER_LOGS = ("metrics.jsonl", "samples.jsonl", "alerts.jsonl")
+TRAINER_LOGS = (METRICS, SAMPLES, ALERTS)
 
 
 def log_positions(run_dir: Path) -> dict[str, int]:
@@ -162,7 +162,7 @@ def _end_of_step(path: Path, step: int) -> int:
 
 def last_record(run_dir: Path) -> dict[str, Any]:
     """The last whole line of metrics.jsonl as a dict ({} when there is none)."""
-    path = run_dir / "metrics.jsonl"
+    path = run_dir / METRICS
     if not path.is_file():
         return {}
     last = b""

@@ -101,9 +101,10 @@ def load_target(args: argparse.Namespace):
     from ..config import load_config
     from ..export import ADAPTER_FILES, load_trained
     from ..models import load_policy
+    from ..telemetry.rundir import RUN_JSON
 
     target = Path(args.target)
-    if (target / "run.json").is_file():
+    if (target / RUN_JSON).is_file():
         if args.config is not None:
             raise UserError(f"--config {args.config}: a run directory keeps its own config")
         trained = load_trained(target, args.step)

@@ -23,9 +23,10 @@ def run(args: argparse.Namespace) -> int:
 
     from ..errors import UserError
     from ..export import export_model
+    from ..telemetry.rundir import RUN_JSON
 
     run_dir = Path(args.run_dir)
-    if not (run_dir / "run.json").is_file():
+    if not (run_dir / RUN_JSON).is_file():
         raise UserError(f"{run_dir}: not a run directory (no run.json)")
     summary = export_model(run_dir, Path(args.out), args.step, args.fuse)
     what = ("adapters fused into the weights" if summary["fused"] else

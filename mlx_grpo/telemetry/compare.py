@@ -33,7 +33,7 @@ from rich.table import Table
 
 from ..errors import UserError
 from .jsonl_tail import JsonlTail
-from .rundir import read_json_object
+from .rundir import FINAL_METRICS, METRICS, RUN_JSON, read_json_object
 
 # Keys that name or place a run; they always differ and say nothing about training.
 NOT_CONFIG = ("run_name", "monitoring_dir", "base_dir", "wandb_run_name", "tensorboard_dir")
@@ -70,10 +70,10 @@ def expand_run_dirs(paths: Iterable[str | Path]) -> list[Path]:
     out: list[Path] = []
     for raw in paths:
         path = Path(raw)
-        if (path / "run.json").is_file():
+        if (path / RUN_JSON).is_file():
             out.append(path)
             continue
-        children = sorted(p for p in path.iterdir() if (p / "run.json").is_file()) if path.is_dir() else []
+        children = sorted(p for p in path.iterdir() if (p / RUN_JSON).is_file()) if path.is_dir() else []
         if not children:
             raise UserError(f"{path}: not a run directory (no run.json), nor a directory of runs")
         out.extend(children)
@@ -95,7 +95,7 @@ def _finite(value: Any) -> float | None:
 
 
 def load_summary(run_dir: Path) -> RunSummary:
-    info = read_json_object(run_dir / "run.json")
+    info = read_json_object(run_dir / RUN_JSON)
     if info is None:
         raise UserError(f"{run_dir}: run.json is missing or unreadable")
     total = info.get("total_steps")
@@ -105,7 +105,7 @@ def load_summary(run_dir: Path) -> RunSummary:
     last: dict[str, float] = {}
     wanted = ("rewards/total/mean", "rewards/total/recent_mean", "accuracy/train", "eval/accuracy",
               "timing/elapsed_s")
-    metrics = run_dir / "metrics.jsonl"
+    metrics = run_dir / METRICS
     if metrics.is_file():
         for record in JsonlTail(metrics).poll(final=True).records:  # bad lines are skipped and counted
             step = _finite(record.get("step"))
@@ -119,7 +119,7 @@ def load_summary(run_dir: Path) -> RunSummary:
                 if step_tokens is not None and step_s:
                     tokens += step_tokens
                     seconds += step_s
-    final = read_json_object(run_dir / "final_metrics.json") or {}
+    final = read_json_object(run_dir / FINAL_METRICS) or {}
     summary.final_reward = last.get("rewards/total/mean")
     summary.recent_reward = last.get("rewards/total/recent_mean")
     summary.train_accuracy = last.get("accuracy/train")

@@ -22,7 +22,7 @@ from .alert_console import format_alert
 from .alerts import Alert
 from .analysis import RewardReport, analyze_run
 from .jsonl_tail import JsonlTail
-from .rundir import read_json_object
+from .rundir import ALERTS, METRICS, RUN_JSON, SAMPLES, read_json_object
 
 MAX_LISTED_ALERTS = 20
 
@@ -37,19 +37,19 @@ def load_run(run_dir: str | Path) -> tuple[dict, list[dict], list[dict], list[Al
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise UserError(f"run directory not found: {run_dir}")
-    metrics_path = run_dir / "metrics.jsonl"
+    metrics_path = run_dir / METRICS
     if not metrics_path.is_file():
         raise UserError(f"{metrics_path}: not found; is {run_dir} a run directory?")
     metrics = _read_jsonl(metrics_path)
     if not metrics:
         raise UserError(f"{metrics_path}: no metric records yet")
     run_info: dict = {}
-    run_json = run_dir / "run.json"
+    run_json = run_dir / RUN_JSON
     if run_json.is_file():
         # run.json is rewritten atomically; unreadable means foreign: report without it
         run_info = read_json_object(run_json) or {}
-    samples = _read_jsonl(run_dir / "samples.jsonl")
-    alerts_path = run_dir / "alerts.jsonl"
+    samples = _read_jsonl(run_dir / SAMPLES)
+    alerts_path = run_dir / ALERTS
     alerts = [Alert.from_dict(a) for a in _read_jsonl(alerts_path)] if alerts_path.is_file() else None
     return run_info, metrics, samples, alerts
 

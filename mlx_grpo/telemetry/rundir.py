@@ -42,6 +42,12 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 
 SCHEMA_VERSION = 1
+# The run directory's files (docs/RUN_DIRECTORY.md): every reader and writer names them through these.
+RUN_JSON = "run.json"
+METRICS = "metrics.jsonl"
+SAMPLES = "samples.jsonl"
+ALERTS = "alerts.jsonl"
+FINAL_METRICS = "final_metrics.json"
 STATUSES = ("running", "finished", "interrupted", "failed")
 
 # A key that names a secret. Anchored at the end so `max_tokens`, `eos_token`, `api_key_env` stay.
@@ -181,13 +187,13 @@ class RunDirWriter:
         if resume_step is not None:
             self.info["resumes"] = [*previous.get("resumes", []),
                                     {"time": now, "step": resume_step, "previous_status": previous.get("status")}]
-        atomic_write_json(self.path / "run.json", self.info)
+        atomic_write_json(self.path / RUN_JSON, self.info)
         return self.info
 
     def _previous_info(self) -> dict[str, Any]:
         """run.json as the interrupted session left it; {} when it is missing or unreadable."""
         try:
-            info = json.loads((self.path / "run.json").read_text(encoding="utf-8"))
+            info = json.loads((self.path / RUN_JSON).read_text(encoding="utf-8"))
         except (OSError, ValueError):
             return {}
         return info if isinstance(info, dict) else {}
@@ -204,21 +210,21 @@ class RunDirWriter:
 
     def write_metrics(self, step: int, metrics: Mapping[str, float], time: float | None = None) -> None:
         record = {"step": int(step), "time": _time.time() if time is None else time, **metrics}
-        self._append("metrics.jsonl", [_dumps(record)])
+        self._append(METRICS, [_dumps(record)])
 
     def write_samples(self, step: int, samples: Iterable[Mapping[str, Any]], time: float | None = None) -> None:
         now = _time.time() if time is None else time
         lines = [_dumps({"step": int(step), "time": now, **sample}) for sample in samples]
         if lines:
-            self._append("samples.jsonl", lines)
+            self._append(SAMPLES, lines)
 
     def write_alert(self, alert: Any) -> None:
         record = alert.to_dict() if hasattr(alert, "to_dict") else dict(alert)
         record.setdefault("time", _time.time())
-        self._append("alerts.jsonl", [_dumps(record)])
+        self._append(ALERTS, [_dumps(record)])
 
     def write_final_metrics(self, metrics: Mapping[str, Any]) -> None:
-        atomic_write_json(self.path / "final_metrics.json", metrics)
+        atomic_write_json(self.path / FINAL_METRICS, metrics)
 
     def finish(self, status: str = "finished") -> None:
         if status not in STATUSES[1:]:
@@ -226,7 +232,7 @@ class RunDirWriter:
         self.close()
         if self.info:
             self.info.update(status=status, end_time=_time.time())
-            atomic_write_json(self.path / "run.json", self.info)
+            atomic_write_json(self.path / RUN_JSON, self.info)
 
     def close(self) -> None:
         for f in self._files.values():

@@ -41,13 +41,9 @@ from .alerts import Alert, AlertEngine
 from .history_loader import HistoryLoader
 from .catalogue import canonical_record
 from .jsonl_tail import JsonlTail
-from .rundir import read_json_object
+from .rundir import ALERTS, METRICS, RUN_JSON, SAMPLES, read_json_object
 from .metric_table import MetricTable, table_from_records
 
-RUN_JSON = "run.json"
-METRICS = "metrics.jsonl"
-SAMPLES = "samples.jsonl"
-ALERTS = "alerts.jsonl"
 
 STALL_FLOOR_S = 60.0
 STALL_FACTOR = 10.0
