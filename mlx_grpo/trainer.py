@@ -48,6 +48,7 @@ from .telemetry.rundir import scrub_secrets
 from .telemetry.sinks import WandbOptions, make_sinks, wandb_enabled
 from .telemetry.step_data import StepData, UpdateStats, eval_record
 from .telemetry.system import SystemSampler
+from .telemetry.names import REDRAWN_PROMPTS
 from .plan import fit_run
 from .run_lock import RunLock, create_run_dir
 from .update import (TrainBatch, UpdateResult, build_train_batch, checkpoint_blocks, make_loss_fn, reference_logprobs,
@@ -316,7 +317,7 @@ class Trainer:
             if config.dynamic_sampling:
                 drawn, redrawn = self.refill(Drawn(prompts, rollout, scored), key, rollout_budget, meter)
                 prompts, rollout, scored = drawn.prompts, drawn.rollout, drawn.scored
-                component_metrics["sampling/redrawn_prompts"] = float(redrawn)
+                component_metrics[REDRAWN_PROMPTS] = float(redrawn)
             with meter.phase("advantage"):
                 advantages = group_advantages = self.advantages(scored)
                 trained = rollout

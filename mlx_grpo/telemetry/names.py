@@ -21,3 +21,4 @@ GEN_TOKENS_PER_S = "throughput/gen_tokens_per_s"
 BACKPROP_TOKENS_PER_S = "throughput/backprop_tokens_per_s"
 STEP_TOKENS_PER_S = "throughput/step_tokens_per_s"
 STEP_SECONDS = "timing/step_s"
+REDRAWN_PROMPTS = "sampling/redrawn_prompts"  # dynamic sampling, made in the trainer
