@@ -274,3 +274,16 @@ def test_threaded_sink_drops_records_instead_of_blocking_when_far_behind(tmp_pat
     sinks.close()
     assert 1 <= len(inner.steps) < 20
     assert len(warnings) == 1 and "dropped" in warnings[0]
+
+
+def test_tensorboard_hparams_list_the_keys_that_differ_between_runs_first(tmp_path):
+    from mlx_grpo.telemetry.sinks import differing_first
+
+    for name, lr in (("a", 1e-4), ("b", 3e-4)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "run.json").write_text(json.dumps({"config": {"beta": 0.04, "learning_rate": lr,
+                                                                         "seed": 0}}))
+    (tmp_path / "c").mkdir()
+    values = {"beta": 0.04, "seed": 0, "learning_rate": 3e-4}
+    assert list(differing_first(values, tmp_path / "c")) == ["learning_rate", "beta", "seed"]
+    assert differing_first(values, None) == values  # no siblings to compare with: as given

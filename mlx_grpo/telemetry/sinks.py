@@ -71,7 +71,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from .catalogue import tensorboard_layout
-from .rundir import RunDirWriter, json_safe, scrub_secrets, scrub_text
+from .rundir import RUN_JSON, RunDirWriter, json_safe, read_json_object, scrub_secrets, scrub_text
 from .wandb_charts import CATEGORY_COLOURS, category_cloud, chart_interval, heatmap_svg, value_cloud
 
 # Sample columns shown in text and tables; long texts are cut so a step's table stays readable.
@@ -223,6 +223,28 @@ def _guard_writer_thread(writer: Any) -> _GuardedEvents | None:
     return guard
 
 
+def differing_first(values: dict[str, Any], run_dir: str | Path | None, limit: int = 50) -> dict[str, Any]:
+    """`values` with the keys whose value differs from some sibling run's (the runs beside this one in
+    its monitoring directory, newest `limit`) first: TensorBoard's HParams table then opens on what
+    the runs being compared actually vary."""
+    from .compare import differing_keys
+
+    if run_dir is None:
+        return values
+    here = Path(run_dir)
+    try:
+        siblings = sorted((p for p in here.parent.iterdir() if p != here and (p / RUN_JSON).is_file()),
+                          key=lambda p: p.stat().st_mtime, reverse=True)[:limit]
+    except OSError:
+        return values
+    configs = [flatten_config(c) for c in ((read_json_object(p / RUN_JSON) or {}).get("config") for p in siblings)
+               if isinstance(c, dict)]
+    if not configs:
+        return values
+    first = [k for k in differing_keys([values, *configs]) if k in values]
+    return {**{k: values[k] for k in first}, **values}
+
+
 class TensorBoardSink(Sink):
     name = "tensorboard"
 
@@ -245,7 +267,7 @@ class TensorBoardSink(Sink):
         from tensorboardX.summary import hparams
 
         self.writer.add_custom_scalars(tensorboard_layout())
-        hparam_values = flatten_config(info.get("config") or {})
+        hparam_values = differing_first(flatten_config(info.get("config") or {}), info.get("run_dir"))
         experiment, session_start, _ = hparams(hparam_values, {name: 0.0 for name in HPARAM_METRICS})
         file_writer = self.writer._get_file_writer()
         file_writer.add_summary(experiment)
