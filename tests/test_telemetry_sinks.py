@@ -287,3 +287,13 @@ def test_tensorboard_hparams_list_the_keys_that_differ_between_runs_first(tmp_pa
     values = {"beta": 0.04, "seed": 0, "learning_rate": 3e-4}
     assert list(differing_first(values, tmp_path / "c")) == ["learning_rate", "beta", "seed"]
     assert differing_first(values, None) == values  # no siblings to compare with: as given
+
+
+def test_a_huge_prompt_is_stored_clipped_in_samples(tmp_path):
+    writer = RunDirWriter(tmp_path / "run")
+    writer.start(name="r", config={}, versions={}, device={}, total_steps=1)
+    writer.write_samples(1, [{**SAMPLE, "prompt": "x" * 10_000_000}])
+    writer.finish()
+    (record,) = read_jsonl(tmp_path / "run" / "samples.jsonl")
+    assert len(record["prompt"]) < 20_100 and record["prompt"].endswith("9980000 more characters]")
+    assert record["completion"] == SAMPLE["completion"]

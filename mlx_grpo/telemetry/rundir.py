@@ -101,6 +101,17 @@ def _is_secret_value(value: Any, env: set[str]) -> bool:
     return isinstance(value, str) and (value in env or bool(_SECRET_VALUE.search(value)))
 
 
+SAMPLE_TEXT_LIMIT = 20_000  # characters of a prompt or completion kept in samples.jsonl
+
+
+def _clipped(value: Any) -> Any:
+    """Sample text cut to SAMPLE_TEXT_LIMIT: a 10 MB prompt would otherwise be stored in every line it
+    appears in, and slow every reader of samples.jsonl."""
+    if isinstance(value, str) and len(value) > SAMPLE_TEXT_LIMIT:
+        return value[:SAMPLE_TEXT_LIMIT] + f" [... {len(value) - SAMPLE_TEXT_LIMIT} more characters]"
+    return value
+
+
 def loads_object(data: bytes | str) -> dict | None:
     """A JSON object from untrusted bytes, or None for anything else: not JSON, not UTF-8, nested too
     deep for the parser (a RecursionError, not a ValueError), or not an object. Every reader of a run
@@ -214,7 +225,8 @@ class RunDirWriter:
 
     def write_samples(self, step: int, samples: Iterable[Mapping[str, Any]], time: float | None = None) -> None:
         now = _time.time() if time is None else time
-        lines = [_dumps({"step": int(step), "time": now, **sample}) for sample in samples]
+        lines = [_dumps({"step": int(step), "time": now, **{k: _clipped(v) for k, v in sample.items()}})
+                 for sample in samples]
         if lines:
             self._append(SAMPLES, lines)
 
