@@ -190,8 +190,18 @@ def render_prompt(tokenizer: Any, text: str, system_prompt: str | None, use_chat
     return "\n".join(m["content"] for m in conversation)
 
 
+# No token spans more characters than this: text further left than max_prompt_length tokens of this size
+# cannot survive the cut, so it is dropped before tokenizing (a 10 MB prompt would otherwise be tokenized
+# whole every time it is drawn).
+MAX_CHARS_PER_TOKEN = 64
+
+
 def encode_prompt(tokenizer: Any, text: str, config: Any, messages: list[dict] | None = None) -> EncodedPrompt:
     """Token ids of one prompt (or conversation), cut from the left to max_prompt_length."""
+    keep_chars = config.max_prompt_length * MAX_CHARS_PER_TOKEN
+    cut = messages is None and len(text) > keep_chars
+    if cut:
+        text = text[-keep_chars:]
     rendered = render_prompt(tokenizer, text, config.system_prompt, config.use_chat_template, messages)
     tokens = list(rendered) if not isinstance(rendered, str) else tokenizer.encode(rendered)
     if hasattr(tokens, "get"):  # some tokenizers return a BatchEncoding
@@ -199,4 +209,4 @@ def encode_prompt(tokenizer: Any, text: str, config: Any, messages: list[dict] |
     limit = config.max_prompt_length
     if len(tokens) > limit:
         return EncodedPrompt(tokens[-limit:], True)
-    return EncodedPrompt(tokens, False)
+    return EncodedPrompt(tokens, cut)

@@ -107,3 +107,25 @@ def test_conversational_prompts_are_rendered_with_the_chat_template(tmp_path):
     bad.write_text('{"prompt": [{"role": "user"}], "answer": 1}\n')
     with pytest.raises(UserError, match=r"bad.jsonl:1: field 'prompt' is a list, so it must hold messages"):
         read_jsonl_dataset(bad, "auto", "prompt", "answer")
+
+
+def test_a_huge_prompt_is_cut_before_it_is_tokenized_with_the_same_tokens_kept():
+    from mlx_grpo.config import load_config
+    from mlx_grpo.data import MAX_CHARS_PER_TOKEN, encode_prompt
+    from mlx_grpo.tools.build_default_model import build_tokenizer
+
+    class Wrapped:  # the shipped character-level tokenizer, as mlx-lm hands it over; remembers its input
+        chat_template = None
+
+        def __init__(self):
+            self.inner, self.longest = build_tokenizer(), 0
+
+        def encode(self, text):
+            self.longest = max(self.longest, len(text))
+            return self.inner.encode(text).ids
+
+    tokenizer, config = Wrapped(), load_config(None, {"max_prompt_length": 32})
+    text = "12+34=" * 2_000_000  # 12 MB
+    encoded = encode_prompt(tokenizer, text, config)
+    assert tokenizer.longest <= 32 * MAX_CHARS_PER_TOKEN  # not the 12 MB
+    assert encoded.truncated and encoded.tokens == Wrapped().encode(text[-10_000:])[-32:]
