@@ -130,22 +130,41 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
         return None
 
 
+# Batches not sent to a judge after one in which every request failed (see Judge.score).
+SKIP_AFTER_OUTAGE = 4
+
+
 class Judge:
     """Client for one configured endpoint; safe to share between criteria and threads."""
 
     def __init__(self, config: JudgeConfig):
         self.config = config
         self.url = chat_completions_url(config.url)
+        self._skip_batches = 0  # the circuit breaker: batches left to skip after one where every request failed
+        self._last_failure = ""
         # An empty ProxyHandler ignores http_proxy & co: the judge URL is the only host contacted.
         self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}), _NoRedirect())
 
     def score(self, criterion: str, template: str, low: float, high: float,
               prompts: list[str], completions: list[str], answers: list[str]) -> JudgeBatch:
-        """Score every completion; identical rendered prompts in the batch are asked only once."""
+        """Score every completion; identical rendered prompts in the batch are asked only once.
+
+        A circuit breaker keeps a judge that is down from costing every step its timeouts and retries:
+        after a batch in which every request failed, the next SKIP_AFTER_OUTAGE batches are not sent
+        (their scores are missing, with the reason); then the judge is tried again."""
         messages = [render(template, p, c, a) for p, c, a in zip(prompts, completions, answers)]
         unique = list(dict.fromkeys(messages))
-        with ThreadPoolExecutor(max_workers=max(1, min(self.config.concurrency, len(unique) or 1))) as pool:
-            replies = dict(zip(unique, pool.map(self.ask, unique)))
+        if self._skip_batches > 0:
+            self._skip_batches -= 1
+            skipped = _Reply(None, 0, 0, f"not asked: every request of an earlier batch failed ({self._last_failure}); "
+                                         f"the judge is tried again in {self._skip_batches + 1} batch(es)")
+            replies = {message: skipped for message in unique}
+        else:
+            with ThreadPoolExecutor(max_workers=max(1, min(self.config.concurrency, len(unique) or 1))) as pool:
+                replies = dict(zip(unique, pool.map(self.ask, unique)))
+            if replies and all(reply.error is not None for reply in replies.values()):
+                self._skip_batches = SKIP_AFTER_OUTAGE
+                self._last_failure = next(iter(replies.values())).error or ""
 
         batch = JudgeBatch(scores=[], raw=[], errors=[], api_tokens=0, requests=0)
         for reply in replies.values():

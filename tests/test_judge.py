@@ -240,3 +240,20 @@ def test_an_error_reply_reads_as_a_sentence_not_a_dict():
     message = batch.errors[0].message
     assert message.startswith(f"HTTP 401 from {server.url}") and "Invalid API key" in message
     assert "{" not in message  # not the reply's JSON
+
+
+def test_a_judge_that_is_down_is_not_asked_again_for_a_few_batches():
+    from mlx_grpo.judge import SKIP_AFTER_OUTAGE
+
+    with JudgeServer(lambda body: (500, {"error": "down"})) as server:
+        judge = make_judge(server.url, retries=1, backoff_s=0.01)
+        first = score(judge, ["a", "b"])
+        asked = len(server.requests)
+        assert first.scores == [None, None] and asked == 4  # two completions, one retry each
+        for _ in range(SKIP_AFTER_OUTAGE):
+            skipped = score(judge, ["a", "b"])
+            assert skipped.scores == [None, None] and skipped.requests == 0
+            assert "not asked: every request of an earlier batch failed (HTTP 500" in skipped.errors[0].message
+        assert len(server.requests) == asked
+        score(judge, ["a", "b"])  # tried again
+        assert len(server.requests) > asked
