@@ -17,6 +17,7 @@ restored on exit, so `train()` called from a notebook or another thread behaves 
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import threading
@@ -34,11 +35,20 @@ class StopRequest:
     def __init__(self) -> None:
         self.requested: str | None = None
         self._previous: dict[int, Any] = {}
+        # CPython runs a Python handler once for signals that arrive together while native code (MLX)
+        # runs, so two quick Ctrl-C would look like one; the wakeup pipe gets one byte per signal.
+        self._wakeup: tuple[int, int] | None = None
+        self._previous_wakeup = -1
 
     def __enter__(self) -> "StopRequest":
         if threading.current_thread() is threading.main_thread():
             for sig in SIGNALS:
                 self._previous[sig] = signal.signal(sig, self._handle)
+            read, write = os.pipe()
+            os.set_blocking(read, False)
+            os.set_blocking(write, False)
+            self._wakeup = (read, write)
+            self._previous_wakeup = signal.set_wakeup_fd(write, warn_on_full_buffer=False)
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -49,9 +59,24 @@ class StopRequest:
             # None: the handler was set outside Python; the default is the closest we can restore.
             signal.signal(sig, signal.SIG_DFL if handler is None else handler)
         self._previous.clear()
+        if self._wakeup is not None:
+            signal.set_wakeup_fd(self._previous_wakeup)
+            for fd in self._wakeup:
+                os.close(fd)
+            self._wakeup = None
+
+    def _arrived(self) -> int:
+        """How many of our signals arrived since the last look (at least the one being handled)."""
+        if self._wakeup is None:
+            return 1
+        try:
+            data = os.read(self._wakeup[0], 4096)
+        except BlockingIOError:
+            data = b""
+        return max(1, sum(1 for byte in data if byte in SIGNALS))
 
     def _handle(self, signum: int, frame: Any) -> None:
-        if self.requested is None:
+        if self.requested is None and self._arrived() < 2:
             self.requested = signal.Signals(signum).name
             try:
                 print(f"mlx-grpo: {self.requested}: finishing this step and writing a checkpoint "
@@ -59,6 +84,7 @@ class StopRequest:
             except OSError:  # the terminal is gone (SIGHUP): the run still checkpoints and closes
                 pass
             return
+        self.requested = self.requested or signal.Signals(signum).name
         self._restore()
         raise KeyboardInterrupt
 

@@ -427,3 +427,22 @@ def test_a_bad_value_in_a_runs_saved_config_names_its_run_json(tmp_path, model, 
     (run_dir / "run.json").write_text(json.dumps(info))
     assert main(["train", "--resume", str(run_dir), "--num-steps", "3"]) == 2
     assert f"{run_dir / 'run.json'}: key 'temperature' is 'hot'" in capsys.readouterr().err
+
+
+def test_two_ctrl_c_that_arrive_together_stop_at_once():
+    """CPython runs the handler once for signals that arrive while MLX runs native code; the wakeup
+    pipe still holds one byte per signal, so two presses are two (reliability review D21)."""
+    from mlx_grpo.signals import StopRequest
+
+    stop = StopRequest()
+    with stop:
+        os.write(stop._wakeup[1], bytes([signal.SIGINT, signal.SIGINT]))  # what two merged SIGINTs leave
+        with pytest.raises(KeyboardInterrupt):
+            stop._handle(signal.SIGINT, None)
+    assert stop.requested == "SIGINT"
+    single = StopRequest()
+    with single:
+        os.write(single._wakeup[1], bytes([signal.SIGINT]))
+        single._handle(signal.SIGINT, None)  # one press: finish the step
+        assert single.requested == "SIGINT"
+    assert signal.getsignal(signal.SIGINT) is not single._handle  # handlers and wakeup fd restored
