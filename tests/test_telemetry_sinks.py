@@ -143,6 +143,24 @@ def test_tensorboard_flush_puts_every_written_step_on_disk_before_it_returns(tmp
     sink.close("finished")
 
 
+def test_sessions_opened_in_the_same_second_keep_each_others_events(tmp_path):
+    # A resume can start within the second its killed predecessor started: tensorboardX would give both
+    # sessions one file name and the second would erase the first's steps (seen in CI: steps 1-3 lost).
+    first = TensorBoardSink(tmp_path / "tb", flush_secs=3600)
+    for step in (1, 2, 3):
+        first.write(step, {"rewards/total/mean": float(step)}, {}, None)
+    first.flush()  # a checkpoint at step 3, then the process is killed (no close)
+    second = TensorBoardSink(tmp_path / "tb", flush_secs=3600, purge_step=4)
+    for step in (4, 5):
+        second.write(step, {"rewards/total/mean": float(step)}, {}, None)
+    second.close("finished")
+    acc = event_accumulator.EventAccumulator(str(tmp_path / "tb"), size_guidance={"scalars": 0},
+                                             purge_orphaned_data=True)
+    acc.Reload()
+    assert [e.step for e in acc.Scalars("rewards/total/mean")] == [1, 2, 3, 4, 5]
+    first.close("finished")
+
+
 class Exploding(Sink):
     name = "exploding"
 

@@ -254,7 +254,13 @@ class TensorBoardSink(Sink):
 
         self._summary = Summary
         self.logdir = Path(logdir)
-        self.writer = SummaryWriter(logdir=str(self.logdir), flush_secs=flush_secs, purge_step=purge_step)
+        # tensorboardX names an event file by the second it was opened and opens it with "wb": a resumed
+        # session starting in the same second as the one before it would erase that session's events.
+        # The suffix keeps every session's file, and sorts same-second files in the order they were opened
+        # (TensorBoard reads them in name order, which its purge-on-resume relies on).
+        suffix = f".{_time.time_ns() % 1_000_000_000:09d}.{os.getpid()}"
+        self.writer = SummaryWriter(logdir=str(self.logdir), flush_secs=flush_secs, purge_step=purge_step,
+                                    filename_suffix=suffix)
         self._guard = _guard_writer_thread(self.writer)
         self._last_step = 0
 
