@@ -16,6 +16,8 @@ import sys
 import time
 from pathlib import Path
 
+import yaml
+
 if __name__ == "__main__":
     from mlx_grpo.blas import reexec_with_openblas
 
@@ -47,12 +49,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--eval-prompts", type=int, default=1000)
     parser.add_argument("--out", default="runs/bench_learning", help="where the runs go")
     parser.add_argument("--json", action="store_true", help="print only JSON")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a config key (YAML value), e.g. --set beta=0 --set model_id=/path")
     args = parser.parse_args(argv)
+    extra = {}
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep:
+            parser.error(f"--set expects KEY=VALUE, got {item!r}")
+        extra[key.strip()] = yaml.safe_load(value)
 
     results = []
     for seed in args.seeds:
         overrides = {"seed": seed, "monitoring_dir": args.out, "tensorboard": False,
-                     "run_name": f"learning-seed{seed}"}
+                     "run_name": f"learning-seed{seed}", **extra}
         if args.steps:
             overrides["num_steps"] = args.steps
         config = load_config(args.config, overrides)

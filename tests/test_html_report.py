@@ -21,7 +21,8 @@ def test_html_report_draws_every_chart_for_several_runs_and_fetches_nothing(tmp_
     assert main(["report", str(healthy), str(hacked), "--html", str(out), "--no-write"]) == 0
     text = out.read_text()
     charts = re.findall(r"<figure class='chart' title='([^']+)'>\s*<svg", text)
-    assert charts == ["Total reward", "Reward per function", "Accuracy", "KL to the reference", "Entropy",
+    assert charts == ["Total reward", "Reward per function", "Accuracy", "Held-out accuracy", "KL to the reference",
+                      "Entropy",
                       "Completion length", "Truncated completions", "Throughput", "Memory", "Alerts"]
     assert "healthy: rewards/total/mean" in text and "hacked: rewards/total/mean" in text  # overlaid
     assert "What happened:" in text and "Reward functions' quality" in text and "Sample completions" in text
@@ -35,3 +36,16 @@ def test_html_report_goes_into_the_run_directory_by_default(tmp_path):
     healthy, _ = _runs(tmp_path)
     assert main(["report", str(healthy), "--html"]) == 0
     assert (healthy / "report.html").is_file() and (healthy / "report.json").is_file()
+
+
+def test_svg_writes_each_chart_as_its_own_file_with_runs_overlaid(tmp_path, capsys):
+    healthy, hacked = _runs(tmp_path)
+    out = tmp_path / "charts"
+    assert main(["report", str(healthy), str(hacked), "--svg", str(out), "--no-write"]) == 0
+    files = sorted(p.name for p in out.iterdir())
+    assert "accuracy.svg" in files and "total-reward.svg" in files and "alerts.svg" in files
+    assert not any(name.endswith(".tmp") for name in files)
+    text = (out / "total-reward.svg").read_text()
+    assert text.startswith("<svg") and text.rstrip().endswith("</svg>")
+    assert "healthy: rewards/total/mean" in text and "hacked: rewards/total/mean" in text
+    assert f"to {out}" in capsys.readouterr().out

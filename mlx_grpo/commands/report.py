@@ -1,5 +1,6 @@
 """`mlx-grpo report RUN_DIR [...]`: the reward report of a run, printed and written into the run directory;
-`--html` draws the run (several runs overlaid) into one self-contained HTML file."""
+`--html` draws the run (several runs overlaid) into one self-contained HTML file, `--svg DIR` each chart
+into a file of its own."""
 
 from __future__ import annotations
 
@@ -14,6 +15,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--html", nargs="?", const="", metavar="FILE",
                         help="also write one self-contained HTML file of charts, samples and the report, runs "
                              "overlaid (default: report.html in the first run directory; needs mlx-grpo[report])")
+    parser.add_argument("--svg", metavar="DIR",
+                        help="also write each chart, runs overlaid, as its own SVG file in DIR "
+                             "(e.g. DIR/held-out-accuracy.svg; needs mlx-grpo[report])")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -35,4 +39,10 @@ def run(args: argparse.Namespace) -> int:
         path = write_html_report(args.run_dirs, args.html or None)
         if not args.json:
             print(f"wrote {path}")
+    if args.svg is not None:
+        from ..telemetry.html_report import write_chart_files
+
+        paths = write_chart_files(args.run_dirs, args.svg)
+        if not args.json:
+            print(f"wrote {len(paths)} charts to {args.svg}: {', '.join(p.name for p in paths)}")
     return 0

@@ -27,6 +27,7 @@ CHARTS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("Total reward", "reward", ("rewards/total/mean",)),
     ("Reward per function", "mean reward", ("rewards/*/mean",)),
     ("Accuracy", "fraction correct", ("accuracy/train", "eval/accuracy")),
+    ("Held-out accuracy", "fraction correct", ("eval/accuracy",)),
     ("KL to the reference", "KL", ("policy/kl",)),
     ("Entropy", "nats", ("policy/entropy",)),
     ("Completion length", "tokens", ("completions/length/mean",)),
@@ -186,13 +187,19 @@ pre { margin: 0; white-space: pre-wrap; font-size: 12px; max-width: 460px; }
 """
 
 
-def render_html(runs: Sequence[LoadedRun]) -> str:
+def draw_charts(runs: Sequence[LoadedRun]) -> list[tuple[str, str]]:
+    """(title, SVG) of every chart some run has data for, the alert timeline last."""
     plt = _pyplot()
     charts = [(title, svg) for title, ylabel, metrics in CHARTS
               if (svg := chart_svg(plt, title, ylabel, metrics, runs))]
     timeline = alert_timeline_svg(plt, runs)
     if timeline is not None:
         charts.append(("Alerts", timeline))
+    return charts
+
+
+def render_html(runs: Sequence[LoadedRun]) -> str:
+    charts = draw_charts(runs)
     names = ", ".join(run.title for run in runs)
     body = [f"<h1>mlx-grpo run report: {_e(names)}</h1>",
             "<div class='charts'>" + "".join(f"<figure class='chart' title='{_e(title)}'>{svg}</figure>"
@@ -202,6 +209,25 @@ def render_html(runs: Sequence[LoadedRun]) -> str:
     return ("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
             f"<title>mlx-grpo report: {_e(names)}</title><style>{STYLE}</style></head><body>"
             + "\n".join(body) + "</body></html>\n")
+
+
+def chart_file_name(title: str) -> str:
+    """'Held-out accuracy' -> 'held-out-accuracy.svg'."""
+    return re.sub(r"[^a-z0-9]+", "-", title.lower()).strip("-") + ".svg"
+
+
+def write_chart_files(run_dirs: Sequence[str | Path], out_dir: str | Path) -> list[Path]:
+    """Each chart of the runs (overlaid) as its own SVG file in `out_dir`, for a README or a slide."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for title, svg in draw_charts(load_runs(run_dirs)):
+        path = out / chart_file_name(title)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(svg, encoding="utf-8")
+        os.replace(tmp, path)
+        paths.append(path)
+    return paths
 
 
 def write_html_report(run_dirs: Sequence[str | Path], out: str | Path | None = None) -> Path:
