@@ -500,7 +500,7 @@ def train(config: TrainConfig, base_dir: Path, resume_dir: Path | None = None) -
                 # rollout, rewards, advantages, reference, update: the global batch's data
                 epoch, last = trainer.order.epoch, step == config.num_steps
                 data = trainer.step(step)
-                evaluation = trainer.evaluate() if due(step, config.eval_every, config.num_steps) else None
+                evaluation = trainer.evaluate() if eval_due(step, config) else None
                 # the step's record, trackers and alerts
                 report = recorder.record_step(data, evaluation, epoch_ended=trainer.order.epoch != epoch, last=last)
                 if data.entropy_dump is not None and world.is_main:
@@ -587,6 +587,12 @@ def log_final_model(run: Run, step: int) -> None:
 def due(step: int, every: int, num_steps: int) -> bool:
     """Every `every` steps (0: never) and at the last step."""
     return bool(every) and (step % every == 0 or step == num_steps)
+
+
+def eval_due(step: int, config: TrainConfig) -> bool:
+    """Every eval_every steps, at the end, and at step 1, so a run's held-out curve starts where the model
+    started (one update in, at the first warm-up learning rate)."""
+    return due(step, config.eval_every, config.num_steps) or (config.eval_every > 0 and step == 1)
 
 
 def prepare(trainer: Trainer, recorder: RunRecorder, run: Run, step: int) -> PendingCheckpoint:

@@ -43,6 +43,8 @@ def test_trains_any_hf_directory(tmp_path, models, kind, lora):
     assert [r["step"] for r in records] == [1, 2, 3]
     assert all(r["policy/grad_norm"] > 0 for r in records)
     assert "eval/accuracy" in records[-1] and "policy/kl" in records[-1]
+    # held-out accuracy at step 1 too, so the curve starts where the model started
+    assert ["eval/accuracy" in r for r in records] == [True, False, True]
     info = json.loads((run_dir / "run.json").read_text())
     assert info["status"] == "finished" and info["config"]["model_id"] == str(models[kind])
     checkpoint = run_dir / "checkpoints" / "step_3"
