@@ -79,11 +79,11 @@ class TrainConfig:
     use_dora: bool = False  # DoRA adapters instead of LoRA
 
     # --- data ---
-    dataset: str = "arithmetic"  # "arithmetic" (built in) or a .jsonl path
+    dataset: str = "arithmetic"  # "arithmetic" (built in), a .jsonl/.parquet/.csv file, or a hub owner/name[:config]
     dataset_format: str = "auto"  # auto | prompt_answer | gsm8k
-    eval_dataset: str | None = None  # None: the built-in held-out split, or 5% of a file dataset
-    prompt_field: str = "prompt"  # the JSONL field holding the prompt (a string or a list of chat messages)
-    answer_field: str = "answer"  # the JSONL field holding the reference answer
+    eval_dataset: str | None = None  # None: the built-in held-out split or 5% of the dataset; hub names: the test split
+    prompt_field: str = "prompt"  # the field (column) holding the prompt: a string or a list of chat messages
+    answer_field: str = "answer"  # the field (column) holding the reference answer
     system_prompt: str | None = None  # a system message put before every prompt
     use_chat_template: bool = True  # applied only when the tokenizer has one
     train_size: int = 20000  # examples drawn for the built-in task
