@@ -160,6 +160,10 @@ class TrainConfig:
     wandb_log_dataset: bool = True  # the run's train and held-out rows as a W&B dataset artifact
     wandb_log_model: bool = False  # at the end, the final model (adapters fused) as a W&B model artifact
 
+    # --- Trackio (optional) ---
+    trackio: bool = False  # log to Trackio too: its local store, offline (pip install 'mlx-grpo[trackio]')
+    trackio_project: str = "mlx-grpo"  # Trackio project; the run is named like its run directory
+
     # --- feature sections ---
     adaptive_window: AdaptiveWindowConfig = field(default_factory=AdaptiveWindowConfig)
     entropy_logging: EntropyLoggingConfig = field(default_factory=EntropyLoggingConfig)
@@ -453,12 +457,12 @@ def _from_trl_names(mapping: dict, source: str) -> dict:
     if "report_to" in out:
         targets = out.pop("report_to")
         targets = [targets] if isinstance(targets, str) else targets
-        if not isinstance(targets, list) or not set(targets) <= {"tensorboard", "wandb", "all", "none"}:
-            raise UserError(f"{source}: key 'report_to' is {targets!r}; expected tensorboard, wandb, all or none "
-                            "(the run directory is always written)")
-        out["tensorboard"] = bool({"tensorboard", "all"} & set(targets))
-        out["wandb"] = bool({"wandb", "all"} & set(targets))
-        note("report_to", "'tensorboard' and 'wandb'")
+        if not isinstance(targets, list) or not set(targets) <= {"tensorboard", "wandb", "trackio", "all", "none"}:
+            raise UserError(f"{source}: key 'report_to' is {targets!r}; expected tensorboard, wandb, trackio, all "
+                            "or none (the run directory is always written)")
+        for sink in ("tensorboard", "wandb", "trackio"):
+            out[sink] = bool({sink, "all"} & set(targets))
+        note("report_to", "'tensorboard', 'wandb' and 'trackio'")
     if "per_device_train_batch_size" in out:
         completions = out.pop("per_device_train_batch_size")
         group = out.get("num_generations", TrainConfig.num_generations)
