@@ -79,11 +79,11 @@ class TrainConfig:
     use_dora: bool = False  # DoRA adapters instead of LoRA
 
     # --- data ---
-    dataset: str = "arithmetic"  # "arithmetic" (built in) or a .jsonl path
+    dataset: str = "arithmetic"  # "arithmetic" (built in), a .jsonl/.parquet/.csv file, or a hub owner/name[:config]
     dataset_format: str = "auto"  # auto | prompt_answer | gsm8k
-    eval_dataset: str | None = None  # None: the built-in held-out split, or 5% of a file dataset
-    prompt_field: str = "prompt"  # the JSONL field holding the prompt (a string or a list of chat messages)
-    answer_field: str = "answer"  # the JSONL field holding the reference answer
+    eval_dataset: str | None = None  # None: the built-in held-out split or 5% of the dataset; hub names: the test split
+    prompt_field: str = "prompt"  # the field (column) holding the prompt: a string or a list of chat messages
+    answer_field: str = "answer"  # the field (column) holding the reference answer
     system_prompt: str | None = None  # a system message put before every prompt
     use_chat_template: bool = True  # applied only when the tokenizer has one
     train_size: int = 20000  # examples drawn for the built-in task
@@ -159,6 +159,10 @@ class TrainConfig:
     wandb_chart_every: int = 0  # redraw the 3D charts and the criteria heatmap every N steps; 0: ~10 times a run
     wandb_log_dataset: bool = True  # the run's train and held-out rows as a W&B dataset artifact
     wandb_log_model: bool = False  # at the end, the final model (adapters fused) as a W&B model artifact
+
+    # --- Trackio (optional) ---
+    trackio: bool = False  # log to Trackio too: its local store, offline (pip install 'mlx-grpo[trackio]')
+    trackio_project: str = "mlx-grpo"  # Trackio project; the run is named like its run directory
 
     # --- feature sections ---
     adaptive_window: AdaptiveWindowConfig = field(default_factory=AdaptiveWindowConfig)
@@ -453,12 +457,12 @@ def _from_trl_names(mapping: dict, source: str) -> dict:
     if "report_to" in out:
         targets = out.pop("report_to")
         targets = [targets] if isinstance(targets, str) else targets
-        if not isinstance(targets, list) or not set(targets) <= {"tensorboard", "wandb", "all", "none"}:
-            raise UserError(f"{source}: key 'report_to' is {targets!r}; expected tensorboard, wandb, all or none "
-                            "(the run directory is always written)")
-        out["tensorboard"] = bool({"tensorboard", "all"} & set(targets))
-        out["wandb"] = bool({"wandb", "all"} & set(targets))
-        note("report_to", "'tensorboard' and 'wandb'")
+        if not isinstance(targets, list) or not set(targets) <= {"tensorboard", "wandb", "trackio", "all", "none"}:
+            raise UserError(f"{source}: key 'report_to' is {targets!r}; expected tensorboard, wandb, trackio, all "
+                            "or none (the run directory is always written)")
+        for sink in ("tensorboard", "wandb", "trackio"):
+            out[sink] = bool({sink, "all"} & set(targets))
+        note("report_to", "'tensorboard', 'wandb' and 'trackio'")
     if "per_device_train_batch_size" in out:
         completions = out.pop("per_device_train_batch_size")
         group = out.get("num_generations", TrainConfig.num_generations)

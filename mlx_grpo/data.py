@@ -1,4 +1,5 @@
-"""Datasets and prompts: the built-in arithmetic task, JSONL prompt/answer files, GSM8K rows.
+"""Datasets and prompts: the built-in arithmetic task, JSONL prompt/answer files, GSM8K rows, and Parquet,
+CSV and Hugging Face Hub datasets through Hugging Face `datasets` (an optional extra).
 
 A row is a dict with "prompt" and "answer" strings plus any extra columns (for
 example "difficulty"), which reach reward functions as keyword lists. This module
@@ -7,9 +8,12 @@ imports no mlx.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import random
 import re
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,6 +49,40 @@ def _transcript(messages: list[dict]) -> str:
 REWARD_ARGUMENTS = frozenset({"prompts", "completions", "answers"})
 
 
+def _row(record: dict, where: str, fmt: str, prompt_field: str, answer_field: str) -> dict:
+    """One dataset record (a JSONL object or a table row) as a row; problems are reported at `where`."""
+    if fmt == "auto":
+        fmt = "gsm8k" if "question" in record and prompt_field not in record else "prompt_answer"
+    if fmt == "gsm8k":
+        for key in ("question", "answer"):
+            if not isinstance(record.get(key), str):
+                raise UserError(f"{where}: GSM8K row needs a string '{key}' field")
+        row = {k: v for k, v in record.items() if k not in ("question", "answer")}
+        row.update(prompt=record["question"], answer=_gsm8k_answer(record["answer"], where))
+    else:
+        for key in (prompt_field, answer_field):
+            if key not in record:
+                raise UserError(f"{where}: missing field '{key}'")
+        prompt = record[prompt_field]
+        messages = _messages(prompt, where, prompt_field) if isinstance(prompt, list) else None
+        if messages is None and not isinstance(prompt, str):
+            raise UserError(f"{where}: field '{prompt_field}' must be a string or a list of messages "
+                            "({\"role\": ..., \"content\": ...})")
+        answer = record[answer_field]
+        if isinstance(answer, bool) or not isinstance(answer, (str, int, float)):
+            raise UserError(f"{where}: field '{answer_field}' must be a string or a number, got "
+                            f"{'null' if answer is None else type(answer).__name__}")
+        row = {k: v for k, v in record.items() if k not in (prompt_field, answer_field)}
+        row.update(prompt=prompt if messages is None else _transcript(messages), answer=str(answer))
+        if messages is not None:
+            row["messages"] = messages
+    shadowing = sorted(REWARD_ARGUMENTS & set(row))
+    if shadowing:
+        raise UserError(f"{where}: column '{shadowing[0]}' has the name of a reward function's own argument "
+                        "(prompts, completions, answers): rename it")
+    return row
+
+
 def read_jsonl_dataset(path: Path, fmt: str, prompt_field: str, answer_field: str) -> list[dict]:
     """Rows from a JSONL file; every problem is reported with its line number."""
     if not path.is_file():
@@ -67,41 +105,112 @@ def read_jsonl_dataset(path: Path, fmt: str, prompt_field: str, answer_field: st
                 raise UserError(f"{where}: JSON nested too deeply") from None
             if not isinstance(record, dict):
                 raise UserError(f"{where}: expected a JSON object per line")
-            row_format = fmt
-            if row_format == "auto":
-                row_format = "gsm8k" if "question" in record and prompt_field not in record else "prompt_answer"
-            if row_format == "gsm8k":
-                for key in ("question", "answer"):
-                    if not isinstance(record.get(key), str):
-                        raise UserError(f"{where}: GSM8K row needs a string '{key}' field")
-                row = {k: v for k, v in record.items() if k not in ("question", "answer")}
-                row.update(prompt=record["question"], answer=_gsm8k_answer(record["answer"], where))
-            else:
-                for key in (prompt_field, answer_field):
-                    if key not in record:
-                        raise UserError(f"{where}: missing field '{key}'")
-                prompt = record[prompt_field]
-                messages = _messages(prompt, where, prompt_field) if isinstance(prompt, list) else None
-                if messages is None and not isinstance(prompt, str):
-                    raise UserError(f"{where}: field '{prompt_field}' must be a string or a list of messages "
-                                    "({\"role\": ..., \"content\": ...})")
-                answer = record[answer_field]
-                if isinstance(answer, bool) or not isinstance(answer, (str, int, float)):
-                    raise UserError(f"{where}: field '{answer_field}' must be a string or a number, got "
-                                    f"{'null' if answer is None else type(answer).__name__}")
-                row = {k: v for k, v in record.items() if k not in (prompt_field, answer_field)}
-                row.update(prompt=record[prompt_field] if messages is None else _transcript(messages),
-                           answer=str(record[answer_field]))
-                if messages is not None:
-                    row["messages"] = messages
-            shadowing = sorted(REWARD_ARGUMENTS & set(row))
-            if shadowing:
-                raise UserError(f"{where}: column '{shadowing[0]}' has the name of a reward function's own argument "
-                                "(prompts, completions, answers): rename it")
-            rows.append(row)
+            rows.append(_row(record, where, fmt, prompt_field, answer_field))
     if not rows:
         raise UserError(f"{path}: dataset is empty")
     return rows
+
+
+# Local files read through Hugging Face `datasets` (the `data` extra), by their suffix; anything else is JSONL.
+TABLE_FORMATS = {".parquet": "parquet", ".csv": "csv"}
+FILE_SUFFIXES = {".jsonl", ".json", *TABLE_FORMATS}
+# owner/name, optionally :config (a dataset's subset, such as openai/gsm8k:main)
+HUB_NAME = re.compile(r"[\w.-]+/[\w.-]+(:[\w.-]+)?")
+INSTALL_DATA = "pip install 'mlx-grpo[data]'"
+
+
+@contextlib.contextmanager
+def _quiet_datasets(datasets: Any):
+    """Hugging Face datasets and hub print progress bars, retries and read errors of their own on stderr;
+    here the error that matters reaches the user as one line instead."""
+    loggers = [logging.getLogger(name) for name in ("datasets", "huggingface_hub")]
+    levels = [logger.level for logger in loggers]
+    bars_were_off = datasets.are_progress_bars_disabled()
+    for logger in loggers:
+        logger.setLevel(logging.CRITICAL + 1)
+    datasets.disable_progress_bars()
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
+        if not bars_were_off:
+            datasets.enable_progress_bars()
+
+
+def _import_datasets(what: str) -> Any:
+    try:
+        import datasets
+    except ImportError:
+        raise UserError(f"{what} needs Hugging Face datasets, which is not installed: {INSTALL_DATA}") from None
+    return datasets
+
+
+def _table_rows(table: Any, where: str, fmt: str, prompt_field: str, answer_field: str) -> list[dict]:
+    """Rows of a `datasets.Dataset`: a missing column is named once, other problems with their row number."""
+    columns = table.column_names
+    if fmt == "auto":
+        fmt = "gsm8k" if "question" in columns and prompt_field not in columns else "prompt_answer"
+    for key in ("question", "answer") if fmt == "gsm8k" else (prompt_field, answer_field):
+        if key not in columns:
+            raise UserError(f"{where}: no column '{key}' (columns: {', '.join(columns) or 'none'})")
+    rows = [_row(record, f"{where}: row {n}", fmt, prompt_field, answer_field)
+            for n, record in enumerate(table.to_list(), 1)]
+    if not rows:
+        raise UserError(f"{where}: dataset is empty")
+    return rows
+
+
+def read_table_dataset(path: Path, fmt: str, prompt_field: str, answer_field: str) -> list[dict]:
+    """Rows from a local .parquet or .csv file, through Hugging Face datasets. A CSV's answers are kept as
+    written (read as numbers, "2" would become "2.0")."""
+    kind = TABLE_FORMATS[path.suffix.lower()]
+    if not path.is_file():
+        raise UserError(f"{path}: dataset file not found")
+    datasets = _import_datasets(f"{path}: reading a .{kind} dataset")
+    options = {"converters": {answer_field: str}} if kind == "csv" else {}
+    # A throwaway cache: datasets would otherwise keep an Arrow copy of every file it reads under ~/.cache.
+    with tempfile.TemporaryDirectory(prefix="mlx-grpo-data-") as cache, _quiet_datasets(datasets):
+        try:
+            table = datasets.load_dataset(kind, data_files=str(path), split="train", cache_dir=cache,
+                                          keep_in_memory=True, **options)
+        except Exception as err:  # whatever the reader makes of a broken file, said in one line
+            cause = err.__cause__ or err
+            detail = " ".join(str(cause).split())[:300]
+            raise UserError(f"{path}: not a readable {kind} file ({type(cause).__name__}: {detail})") from None
+    return _table_rows(table, str(path), fmt, prompt_field, answer_field)
+
+
+def read_hub_dataset(name: str, split: str, fmt: str, prompt_field: str, answer_field: str) -> list[dict]:
+    """Rows of one split of a Hugging Face Hub dataset (`owner/name` or `owner/name:config`)."""
+    datasets = _import_datasets(f"{name}: not a local file; loading it from the Hugging Face Hub")
+    repo, _, subset = name.partition(":")
+    with _quiet_datasets(datasets):
+        try:
+            table = datasets.load_dataset(repo, subset or None, split=split)
+        except Exception as err:  # unreachable hub, unknown name, config or split: one line
+            detail = " ".join(str(err).split())[:300]
+            raise UserError(f"{name}: no such file, and loading its '{split}' split from the Hugging Face Hub "
+                            f"failed ({type(err).__name__}: {detail})") from None
+    return _table_rows(table, f"{name} ({split} split)", fmt, prompt_field, answer_field)
+
+
+def read_dataset_file(path: Path, fmt: str, prompt_field: str, answer_field: str) -> list[dict]:
+    """Rows from a local file: .parquet and .csv through Hugging Face datasets, anything else as JSONL."""
+    if path.suffix.lower() in TABLE_FORMATS:
+        return read_table_dataset(path, fmt, prompt_field, answer_field)
+    return read_jsonl_dataset(path, fmt, prompt_field, answer_field)
+
+
+def read_dataset(source: str, base_dir: Path, split: str, config: Any) -> list[dict]:
+    """A config's dataset: a local file (relative to `base_dir`), or else, when `source` reads as
+    `owner/name[:config]`, the `split` of that Hugging Face Hub dataset."""
+    path = Path(source).expanduser()
+    path = path if path.is_absolute() else base_dir / path
+    fields = (config.dataset_format, config.prompt_field, config.answer_field)
+    if path.exists() or path.suffix.lower() in FILE_SUFFIXES or not HUB_NAME.fullmatch(source):
+        return read_dataset_file(path, *fields)
+    return read_hub_dataset(source, split, *fields)
 
 
 def load_datasets(config: Any, base_dir: Path) -> tuple[list[dict], list[dict]]:
@@ -110,13 +219,9 @@ def load_datasets(config: Any, base_dir: Path) -> tuple[list[dict], list[dict]]:
         train = arithmetic.make_split("train", config.train_size, config.seed)
         heldout = arithmetic.make_split("heldout", config.eval_size, config.seed)
     else:
-        path = Path(config.dataset)
-        path = path if path.is_absolute() else base_dir / path
-        train = read_jsonl_dataset(path, config.dataset_format, config.prompt_field, config.answer_field)
+        train = read_dataset(config.dataset, base_dir, "train", config)
         if config.eval_dataset is not None:
-            eval_path = Path(config.eval_dataset)
-            eval_path = eval_path if eval_path.is_absolute() else base_dir / eval_path
-            heldout = read_jsonl_dataset(eval_path, config.dataset_format, config.prompt_field, config.answer_field)
+            heldout = read_dataset(config.eval_dataset, base_dir, "test", config)
         else:
             # Hold out a fixed slice so evaluation never sees training prompts.
             shuffled = train[:]

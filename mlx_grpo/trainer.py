@@ -45,7 +45,7 @@ from .signals import StopRequest, report_stop
 from .telemetry.alert_config import load_alert_rules, rules_from_config
 from .telemetry.recorder import RunRecorder, StepReport
 from .telemetry.rundir import scrub_secrets
-from .telemetry.sinks import WandbOptions, make_sinks, wandb_enabled
+from .telemetry.sinks import TrackioOptions, WandbOptions, make_sinks, trackio_store, wandb_enabled
 from .telemetry.step_data import StepData, UpdateStats, eval_record
 from .telemetry.system import SystemSampler
 from .telemetry.names import REDRAWN_PROMPTS
@@ -457,9 +457,10 @@ def open_run(config: TrainConfig, base_dir: Path, resume_dir: Path | None) -> Ru
                              name=config.wandb_run_name or run_dir.name, tags=config.wandb_tags,
                              notes=config.wandb_notes, log_checkpoints=config.wandb_log_checkpoints,
                              chart_every=config.wandb_chart_every)
+    trackio = TrackioOptions(project=config.trackio_project, name=run_dir.name) if config.trackio else None
     sinks = world.sinks(lambda: make_sinks(
         run_dir, tensorboard=config.tensorboard, tensorboard_dir=config.tensorboard_dir, wandb=wandb,
-        warn=lambda m: console.message(m, style="yellow"),
+        trackio=trackio, warn=lambda m: console.message(m, style="yellow"),
         purge_step=start_step + 1 if resume_dir is not None else None), run_dir)
     sinks.start(run_dir.name, {**config_to_dict(config), "base_dir": str(base_dir)}, versions(),
                 {**describe_device(resolve_dtype(config)), **world.describe()}, config.num_steps,
@@ -479,6 +480,9 @@ def open_run(config: TrainConfig, base_dir: Path, resume_dir: Path | None) -> Ru
                     f"{trainable_params:,} trainable; {config.batch_size} prompts x {config.num_generations} "
                     f"completions per step (batch_size counts prompts)")
     console.message(memory_plan)
+    if trackio is not None and "trackio" in sinks.active:
+        console.message(f"trackio: run {trackio.name} of project {trackio.project}, stored offline in "
+                        f"{trackio_store()} (trackio show --project {trackio.project})")
     if memory_warning is not None:
         console.message(memory_warning, style="yellow")
     for fn in trainer.reward_fns:

@@ -19,8 +19,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a run directory (its latest checkpoint, its config's prompt format and reward "
                              "functions) or a model: a local directory (an `mlx-grpo export` one too) or a hub id")
     parser.add_argument("--dataset", metavar="FILE",
-                        help="JSONL rows to evaluate (the run's dataset format and fields); default: the run's "
-                             "own held-out split")
+                        help=".jsonl, .parquet or .csv rows to evaluate (the run's dataset format and fields); "
+                             "default: the run's own held-out split")
     parser.add_argument("--step", type=int, default=None, metavar="N", help="RUN_DIR: the checkpoint of step N")
     parser.add_argument("--config", metavar="FILE",
                         help="MODEL: the run config whose prompt format and reward functions to use "
@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-    from ..data import extra_columns, load_datasets, read_jsonl_dataset
+    from ..data import extra_columns, load_datasets, read_dataset_file
     from ..evaluate import evaluate
     from ..rewards import score_completions
     from ..telemetry.step_data import eval_record
@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
         path = Path(args.dataset)
         if not path.is_file():
             raise UserError(f"--dataset {path}: file not found")
-        rows = read_jsonl_dataset(path, config.dataset_format, config.prompt_field, config.answer_field)
+        rows = read_dataset_file(path, config.dataset_format, config.prompt_field, config.answer_field)
     else:
         rows = load_datasets(config, base_dir)[1]
     rows = rows[: args.limit] if args.limit is not None else rows

@@ -1,4 +1,4 @@
-"""Where metric records go: the run directory always, TensorBoard unless turned off, W&B when asked.
+"""Where metric records go: the run directory always, TensorBoard unless turned off, W&B and Trackio when asked.
 
 Public API:
 
@@ -33,6 +33,15 @@ Public API:
   dataset's rows as a `dataset` artifact (`log_dataset`) and the final model as a `model` artifact
   (`log_model`); final metrics in the run summary. WANDB_MODE=offline (or `mode="offline"`) works
   without a network.
+- `TrackioOptions` and `TrackioSink(options)`: Trackio (imported only here, at construction; a missing
+  `trackio` raises ImportError), local and offline: its SQLite store (TRACKIO_DIR, by default
+  ~/.cache/huggingface/trackio, where `trackio show` looks), never a Space or server, even when
+  TRACKIO_SPACE_ID / TRACKIO_SERVER_URL are set. `trackio.init` with the project, the run directory's name
+  (the same trackio run again when the run is resumed) and the run config; the same scalars at every
+  logged step, the final metrics at the last step; `trackio.finish` on close. It runs on the training
+  thread: trackio's `log` only queues for trackio's own writer thread (~0.3 ms for a step's 130 scalars), and
+  init and finish print trackio's own lines, which are held back there. `trackio_store()` is where the
+  store is, for the start-up line.
 - `ThreadedSink(inner, max_pending=10000, close_timeout=120)`: runs a sink on a worker thread (make_sinks
   wraps W&B in one): the training thread only queues; errors surface on the next call; a full queue drops
   records instead of blocking, and `close` reports the count.
@@ -46,9 +55,9 @@ Public API:
   `write(step, scalars, histograms=None, rewards=None, time=None)`, `write_samples`, `write_alert`,
   `write_final`, `log_checkpoint`, `log_dataset`, `log_model`, `close(status)` fan out; `active` names the
   sinks still on.
-- `make_sinks(run_dir, tensorboard=True, tensorboard_dir=None, flush_secs=2, wandb=None, warn=None,
-  fsync=False, purge_step=None) -> SinkSet`: the usual set; a sink whose library is not installed is left
-  out with a warning.
+- `make_sinks(run_dir, tensorboard=True, tensorboard_dir=None, flush_secs=2, wandb=None, trackio=None,
+  warn=None, fsync=False, purge_step=None) -> SinkSet`: the usual set; a sink whose library is not installed
+  is left out with a warning.
 - `wandb_enabled(flag, environ=os.environ) -> bool`: `--wandb` / `--no-wandb` / neither (on when
   WANDB_API_KEY is set).
 - `samples_markdown(samples) -> str`, `flatten_config(config) -> dict`: the formatting the sinks share.
@@ -56,6 +65,8 @@ Public API:
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import math
 import os
@@ -554,6 +565,73 @@ def _artifact_name(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-.") or "dataset"
 
 
+# ----------------------------------------------------------------------------- Trackio
+
+
+@dataclass
+class TrackioOptions:
+    project: str = "mlx-grpo"
+    name: str | None = None  # None: the run directory's name
+
+
+# Trackio's own switches to a Hugging Face Space or a self-hosted server; this sink stays local.
+TRACKIO_REMOTE_ENV = ("TRACKIO_SPACE_ID", "TRACKIO_SERVER_URL")
+
+
+@contextlib.contextmanager
+def _local_and_quiet():
+    """Trackio as this sink uses it: no remote switch from the environment, and its own console lines
+    (where it logs, how to open its dashboard) held back. Only for the training thread's calls made
+    while nothing else prints: redirecting stdout is process-wide."""
+    remote = {key: os.environ.pop(key) for key in TRACKIO_REMOTE_ENV if key in os.environ}
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            yield
+    finally:
+        os.environ.update(remote)
+
+
+def trackio_store() -> Path:
+    """Where Trackio keeps its projects (it reads TRACKIO_DIR once, when imported)."""
+    from trackio.utils import TRACKIO_DIR
+
+    return Path(TRACKIO_DIR)
+
+
+class TrackioSink(Sink):
+    name = "trackio"
+
+    def __init__(self, options: TrackioOptions):
+        import trackio
+
+        self.trackio = trackio
+        self.options = options
+        self.run = None
+        self._last_step = 0
+
+    def start(self, info: Mapping[str, Any]) -> None:
+        opts = self.options
+        config = {**(info.get("config") or {}), "run_id": info.get("run_id"), "versions": info.get("versions"),
+                  "device": info.get("device")}
+        with _local_and_quiet():
+            # Its system monitors are off: the run's own system metrics are among the scalars.
+            self.run = self.trackio.init(project=opts.project, name=opts.name or info.get("name"),
+                                         config=json_safe(scrub_secrets(config)),
+                                         resume="allow" if info.get("resumes") else "never",
+                                         auto_log_cpu=False, auto_log_gpu=False, embed=False)
+
+    def write(self, step, scalars, histograms, rewards) -> None:
+        self.run.log({k: float(v) for k, v in scalars.items() if v is not None}, step=step)
+        self._last_step = max(self._last_step, step)
+
+    def write_final(self, metrics) -> None:
+        self.run.log({k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}, step=self._last_step)
+
+    def close(self, status: str) -> None:
+        with _local_and_quiet():
+            self.trackio.finish()
+
+
 # ----------------------------------------------------------------------------- background worker
 
 
@@ -742,11 +820,13 @@ class SinkSet:
 
 
 def make_sinks(run_dir: str | Path, tensorboard: bool = True, tensorboard_dir: str | Path | None = None,
-               flush_secs: int = 2, wandb: WandbOptions | None = None, warn: Callable[[str], None] | None = None,
-               fsync: bool = False, purge_step: int | None = None) -> SinkSet:
+               flush_secs: int = 2, wandb: WandbOptions | None = None, trackio: TrackioOptions | None = None,
+               warn: Callable[[str], None] | None = None, fsync: bool = False,
+               purge_step: int | None = None) -> SinkSet:
     """The usual SinkSet: the run directory, TensorBoard (in `run_dir/tensorboard` unless `tensorboard_dir`),
-    and W&B on a worker thread when `wandb` options are given. A sink whose library is missing is left out
-    with a warning. `purge_step`: a resumed run's first step (TensorBoard hides what came at or after it)."""
+    W&B on a worker thread when `wandb` options are given, and Trackio when `trackio` options are. A sink
+    whose library is missing is left out with a warning. `purge_step`: a resumed run's first step
+    (TensorBoard hides what came at or after it)."""
     warn = warn or _stderr
     sinks: list[Sink] = []
     if tensorboard:
@@ -760,5 +840,10 @@ def make_sinks(run_dir: str | Path, tensorboard: bool = True, tensorboard_dir: s
             sinks.append(ThreadedSink(WandbSink(wandb)))
         except ImportError as exc:
             warn(f"mlx-grpo: warning: W&B logging is off: {exc} (pip install 'mlx-grpo[wandb]')")
+    if trackio is not None:
+        try:
+            sinks.append(TrackioSink(trackio))
+        except ImportError as exc:
+            warn(f"mlx-grpo: warning: Trackio logging is off: {exc} (pip install 'mlx-grpo[trackio]')")
     return SinkSet(RunDirWriter(run_dir, fsync=fsync), sinks, warn=warn)
 
