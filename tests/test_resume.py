@@ -118,6 +118,7 @@ def assert_same_run(run_dir, reference):
         np.testing.assert_allclose(np.array(got_w[name]), np.array(want_w[name]), rtol=0, atol=1e-6, err_msg=name)
     info = read_run_info(run_dir)
     assert info.status == "finished" and info.end_time >= info.start_time
+    assert info.to_dict() == json.loads((run_dir / "run.json").read_text())  # resumes included
     assert not list((run_dir / "checkpoints").glob(".step_*.tmp"))
     return info
 

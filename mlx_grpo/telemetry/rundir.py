@@ -12,8 +12,8 @@ Public API:
   - `start(name, config, versions, device, total_steps, run_id=None, resume_step=None) -> RunInfo`:
     creates the directory, writes run.json (`status: running`, plus the writer's `pid` and `hostname` so
     a reader can tell a crash from a slow step) and returns what it wrote. `resume_step` (the checkpoint
-    step a resumed run continues from, 0 when it starts over) keeps the existing run.json's `run_id`
-    and `start_time` and appends a `Resume` to its `resumes` list.
+    step a resumed run continues from, 0 when it starts over) keeps the existing run.json's `run_id`,
+    `start_time` and the keys it does not know, and appends a `Resume` to its `resumes` list.
   - `write_metrics(step, metrics, time=None)`: one metrics.jsonl line `{"step", "time", ...metrics}`.
   - `write_samples(step, samples, time=None)`: one samples.jsonl line per sample dict.
   - `write_alert(alert)`: one alerts.jsonl line (a dict, or anything with `to_dict()`).
@@ -263,7 +263,7 @@ class RunInfo:
 
     def to_dict(self) -> dict[str, Any]:
         """The on-disk layout: every field in this order, `resumes` only once there is one, then `extra`."""
-        out: dict[str, Any] = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("resumes", "extra")}
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("resumes", "extra")}
         if self.resumes:
             out["resumes"] = [asdict(r) for r in self.resumes]
         return {**out, **{k: v for k, v in self.extra.items() if k not in _KNOWN_KEYS}}
@@ -327,6 +327,7 @@ class RunDirWriter:
             versions=dict(versions or {}),
             device=dict(device or {}),
             total_steps=total_steps,
+            extra=previous.extra,  # keys a later version wrote stay
         )
         if resume_step is not None:
             self.info.resumes = [*previous.resumes, Resume(now, resume_step, previous.status)]

@@ -6,9 +6,9 @@ Public API:
   `start(info, run_dir)`, `write(step, scalars, histograms, rewards)`, `write_samples(step, samples)`,
   `write_alert(alert)`, `write_final(metrics)`, `log_checkpoint(path, step)`,
   `log_dataset(name, splits, metadata)`, `log_model(path, step)`, `close(status)`.
-  `info` is the `RunInfo` written to run.json, `run_dir` the run directory; `scalars` maps canonical names to floats; `histograms`
-  maps names to arrays; `rewards` maps "total" and each reward function's name to the step's scores per
-  completion [N] (prompt-major), for the W&B 3D views.
+  `info` is the `RunInfo` written to run.json, `run_dir` the run directory; `scalars` maps canonical
+  names to floats; `histograms` maps names to arrays; `rewards` maps "total" and each reward function's
+  name to the step's scores per completion [N] (prompt-major), for the W&B 3D views.
 - `TensorBoardSink(logdir, flush_secs=2, purge_step=None)`: tensorboardX event files in `logdir` (the run's
   `tensorboard/`): all scalars of a step as one event, histograms, samples as a markdown table
   (`samples/completions`), alerts (`alerts`), the final metrics, a custom-scalars layout grouping
