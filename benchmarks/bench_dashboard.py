@@ -72,10 +72,10 @@ def write_run(run_dir: Path, steps: int, seed: int = 0) -> int:
     """A finished-looking but still 'running' run of `steps` records; returns metrics.jsonl bytes."""
     run_dir.mkdir(parents=True, exist_ok=True)
     start = time.time() - steps * 0.5 - 10
-    (run_dir / "run.json").write_text(json.dumps({
-        "schema_version": 1, "run_id": "bench", "name": "bench-100k", "start_time": start, "end_time": None,
-        "status": "running", "config": {"num_steps": steps * 2, "enable_alerts": False},
-        "versions": {}, "device": {}, "total_steps": steps * 2}))
+    from mlx_grpo.telemetry.rundir import RunInfo, write_run_info
+
+    write_run_info(run_dir, RunInfo(run_id="bench", name="bench-100k", start_time=start, status="running",
+                                    config={"num_steps": steps * 2, "enable_alerts": False}, total_steps=steps * 2))
     rng = np.random.default_rng(seed)
     names = metric_names()
     t = np.arange(1, steps + 1, dtype=np.float64)

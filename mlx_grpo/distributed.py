@@ -42,6 +42,7 @@ from mlx.utils import tree_map
 from . import grpo
 from .data import PromptOrder
 from .errors import UserError
+from .telemetry.rundir import RunInfo
 from .telemetry.sinks import SinkSet
 from .telemetry.step_data import StepData
 from .update import TrainBatch
@@ -65,10 +66,10 @@ class SilentRunDir:
 
     def __init__(self, path: Path):
         self.path = Path(path)
-        self.info: dict[str, Any] = {}
+        self.info: RunInfo | None = None
 
-    def start(self, name: str, *args: Any, run_id: str | None = None, **kwargs: Any) -> dict[str, Any]:
-        self.info = {"name": name, "run_id": run_id}
+    def start(self, name: str, *args: Any, run_id: str | None = None, **kwargs: Any) -> RunInfo:
+        self.info = RunInfo(name=name, run_id=run_id)
         return self.info
 
     def write_metrics(self, *args, **kwargs) -> None:

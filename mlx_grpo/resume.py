@@ -30,18 +30,19 @@ import psutil
 from .checkpoint import STEP_DIR, latest_checkpoint
 from .config import TrainConfig, config_from_mapping, nest, top_level_fields
 from .errors import UserError
-from .telemetry.rundir import ALERTS, METRICS, RUN_JSON, SAMPLES, loads_object, read_json_object
+from .telemetry.rundir import ALERTS, METRICS, RUN_JSON, SAMPLES, RunInfo, loads_object, read_run_info
 
 
 def resume_command(run_dir: Path) -> str:
     return f"mlx-grpo train --resume {shlex.quote(str(run_dir))}"
 
 
-def read_run_info(run_dir: Path) -> dict[str, Any]:
-    info = read_json_object(run_dir / RUN_JSON)
+def saved_run_info(run_dir: Path) -> RunInfo:
+    """run.json of a run to resume; UserError unless it is readable and has the run's config."""
+    info = read_run_info(run_dir)
     if info is None:
         raise UserError(f"{run_dir}: not a run directory (no readable run.json)")
-    if not isinstance(info.get("config"), dict):
+    if not info.config:
         raise UserError(f"{run_dir}/run.json: no 'config' mapping; is this a run directory?")
     return info
 
@@ -70,8 +71,7 @@ def _changes_the_model(key: str) -> bool:
 def config_for_resume(run_dir: Path, overrides: dict[str, Any]) -> tuple[TrainConfig, Path]:
     """(config, base_dir) of a run directory: run.json's config, then `overrides`. An override that would
     change the model the checkpoints belong to is refused."""
-    info = read_run_info(run_dir)
-    saved = dict(info["config"])
+    saved = dict(saved_run_info(run_dir).config)
     for key, value in overrides.items():
         if key in ("run_name", "monitoring_dir") and saved.get(key) != value:
             raise UserError(f"--resume {run_dir}: '{key}' cannot change on resume: the run stays in {run_dir}")
@@ -84,26 +84,25 @@ def config_for_resume(run_dir: Path, overrides: dict[str, Any]) -> tuple[TrainCo
     return config_from_mapping(nest(_flatten(saved)), str(run_dir / RUN_JSON), overrides), base_dir
 
 
-def _still_running(info: dict[str, Any]) -> int | None:
+def _still_running(info: RunInfo) -> int | None:
     """The pid of a live process that is still writing this run, else None.
 
     A pid alone can be reused after a crash; the process must also have started before the
     session that wrote run.json did.
     """
-    pid = info.get("pid")
-    if info.get("status") != "running" or not isinstance(pid, int) or pid == psutil.Process().pid:
+    pid = info.pid
+    if info.status != "running" or pid is None or pid == psutil.Process().pid:
         return None
     try:
         created = psutil.Process(pid).create_time()
     except psutil.Error:
         return None
-    sessions = [info.get("start_time")] + [r.get("time") for r in info.get("resumes", []) if isinstance(r, dict)]
-    started = max((t for t in sessions if isinstance(t, (int, float))), default=None)
+    started = info.last_session_start
     return pid if started is not None and created <= started + 1.0 else None
 
 
 def resumable_checkpoint(run_dir: Path, num_steps: int) -> Path | None:
-    info = read_run_info(run_dir)
+    info = saved_run_info(run_dir)
     pid = _still_running(info)
     if pid is not None:
         raise UserError(f"{run_dir}: this run is still being trained by process {pid}; stop it first")
@@ -118,7 +117,7 @@ def resumable_checkpoint(run_dir: Path, num_steps: int) -> Path | None:
     if step > num_steps:
         raise UserError(f"{run_dir}: its last checkpoint is at step {step}, beyond num_steps {num_steps}; "
                         f"resume with --num-steps {step} or more")
-    if step == num_steps and info.get("status") == "finished":
+    if step == num_steps and info.status == "finished":
         raise UserError(f"{run_dir}: the run already finished its {num_steps} steps; to train further, "
                         f"{resume_command(run_dir)} --num-steps <more than {num_steps}>")
     return latest

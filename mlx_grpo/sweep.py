@@ -46,7 +46,7 @@ from typing import Any, Callable
 from .config import TrainConfig, _build_dataclass, nest, read_yaml_mapping
 from .errors import UserError
 from .machine import MEMORY_SHARE_ENV
-from .telemetry.rundir import RUN_JSON, read_json_object
+from .telemetry.rundir import read_run_info
 
 TOP_KEYS = ("name", "base", "method", "trials", "seed", "output_dir", "fixed", "parameters")
 RANGE_KEYS = ("values", "min", "max", "step", "num", "distribution")
@@ -304,10 +304,10 @@ def check_manifest(spec: SweepSpec, plan: dict[str, Any]) -> None:
 
 def trial_state(run_dir: Path) -> str:
     """finished | resumable (a run.json exists) | new."""
-    info = read_json_object(run_dir / RUN_JSON)
+    info = read_run_info(run_dir)
     if info is None:
         return "new"
-    return "finished" if info.get("status") == "finished" else "resumable"
+    return "finished" if info.status == "finished" else "resumable"
 
 
 def trial_command(spec: SweepSpec, trial: Trial, resume: bool) -> list[str]:

@@ -462,7 +462,7 @@ def open_run(config: TrainConfig, base_dir: Path, resume_dir: Path | None) -> Ru
         run_dir, tensorboard=config.tensorboard, tensorboard_dir=config.tensorboard_dir, wandb=wandb,
         trackio=trackio, warn=lambda m: console.message(m, style="yellow"),
         purge_step=start_step + 1 if resume_dir is not None else None), run_dir)
-    sinks.start(run_dir.name, {**config_to_dict(config), "base_dir": str(base_dir)}, versions(),
+    run_info = sinks.start(run_dir.name, {**config_to_dict(config), "base_dir": str(base_dir)}, versions(),
                 {**describe_device(resolve_dtype(config)), **world.describe()}, config.num_steps,
                 run_id=saved.get("run_id"), resume_step=start_step if resume_dir is not None else None)
     if wandb is not None and config.wandb_log_dataset and resume_dir is None and world.is_main:
@@ -488,7 +488,7 @@ def open_run(config: TrainConfig, base_dir: Path, resume_dir: Path | None) -> Ru
     for fn in trainer.reward_fns:
         if (line := fn.hooks.describe()) is not None:
             console.message(line)
-    return Run(run_dir, trainer, recorder, start_step, sinks.rundir.info["run_id"],
+    return Run(run_dir, trainer, recorder, start_step, run_info.run_id,
                last_record(run_dir) if resume_dir is not None else {}, base_dir, lock)
 
 

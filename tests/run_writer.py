@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
+
+from mlx_grpo.telemetry.rundir import RunInfo, write_run_info
 
 REWARD_FUNCTIONS = ("format_exact", "answer_check")
 
@@ -88,20 +89,15 @@ class RunWriter:
         self.write_run_json("running", config=config)
 
     def write_run_json(self, status: str, end_time: float | None = None, config: dict | None = None) -> None:
-        info = {
-            "schema_version": 1, "run_id": f"{self.name}-id", "name": self.name,
-            "start_time": self.start_time, "end_time": end_time, "status": status,
-            "config": config if config is not None else {"model": "tiny-llama", "learning_rate": 1e-4,
-                                                         "num_steps": self.total_steps, "enable_alerts": False},
-            "versions": {"mlx_grpo": "0.1.0", "python": "3.11"},
-            "device": {"backend": "cpu", "dtype": "float32"},
-            "total_steps": self.total_steps,
-        }
-        if self.pid is not None:
-            info["pid"] = self.pid
-        tmp = self.run_dir / "run.json.tmp"
-        tmp.write_text(json.dumps(info))
-        os.replace(tmp, self.run_dir / "run.json")  # atomic, as the contract says
+        write_run_info(self.run_dir, RunInfo(
+            run_id=f"{self.name}-id", name=self.name, start_time=self.start_time, end_time=end_time, status=status,
+            pid=self.pid,
+            config=config if config is not None else {"model": "tiny-llama", "learning_rate": 1e-4,
+                                                      "num_steps": self.total_steps, "enable_alerts": False},
+            versions={"mlx_grpo": "0.1.0", "python": "3.11"},
+            device={"backend": "cpu", "dtype": "float32"},
+            total_steps=self.total_steps,
+        ))
 
     def time_of(self, step: int) -> float:
         return self.start_time + 5.0 + step * self.step_seconds

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from mlx_grpo.telemetry.reward_stats import RewardTracker, reward_metrics
+from mlx_grpo.telemetry.rundir import RunInfo, write_run_info
 
 PROMPTS, GROUP = 16, 8
 MAX_TOKENS = 24
@@ -171,8 +172,7 @@ def simulate(steps: int = 200, seed: int = 0, faults: Faults | None = None, eval
 def write_run_dir(path: Path, metrics: list[dict], samples: list[dict], name: str = "synthetic") -> Path:
     """A run directory as the trainer leaves it (NaN written as null, like the JSONL sink)."""
     path.mkdir(parents=True, exist_ok=True)
-    (path / "run.json").write_text(json.dumps({"schema_version": 1, "run_id": name, "name": name,
-                                               "status": "finished", "total_steps": len(metrics)}))
+    write_run_info(path, RunInfo(run_id=name, name=name, status="finished", total_steps=len(metrics)))
     with open(path / "metrics.jsonl", "w") as f:
         for record in metrics:
             clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}

@@ -12,6 +12,7 @@ import pytest
 import mlx_grpo.trainer as trainer_module
 from mlx_grpo.config import load_config
 from mlx_grpo.machine import accel_memory
+from mlx_grpo.telemetry.rundir import read_run_info
 from mlx_grpo.trainer import train
 
 SMALL = {"num_steps": 5, "batch_size": 4, "num_generations": 4, "eval_every": 0, "checkpoint_every": 0,
@@ -77,14 +78,14 @@ def test_a_rule_with_action_stop_checkpoints_closes_the_logs_and_exits_3_with_th
     assert [r["step"] for r in read_jsonl(run_dir / "metrics.jsonl")] == [1, 2, 3]
     assert [(a["step"], a["rule"], a["action"]) for a in read_jsonl(run_dir / "alerts.jsonl")] == [
         (3, "stop_at_three", "stop")]
-    assert json.loads((run_dir / "run.json").read_text())["status"] == "interrupted"
+    assert read_run_info(run_dir).status == "interrupted"
     assert (run_dir / "checkpoints" / "step_3").is_dir()
 
     # The command it printed continues the run; the rule remembers its condition already holds.
     resumed = mlx_grpo_cli(*stop_line[0].split("continue with: mlx-grpo ")[1].split(), cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr
     assert [r["step"] for r in read_jsonl(run_dir / "metrics.jsonl")] == [1, 2, 3, 4, 5, 6]
-    assert json.loads((run_dir / "run.json").read_text())["status"] == "finished"
+    assert read_run_info(run_dir).status == "finished"
 
 
 def test_an_injected_reward_collapse_is_caught_in_two_steps_and_its_stop_rule_ends_the_run(tmp_path):

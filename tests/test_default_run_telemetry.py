@@ -8,6 +8,7 @@ from tbparse import SummaryReader
 
 from mlx_grpo.config import load_config
 from mlx_grpo.telemetry.catalogue import CATALOGUE, find_entry
+from mlx_grpo.telemetry.rundir import RUN_JSON, read_run_info, write_run_info
 from mlx_grpo.trainer import train
 
 # Emitted only when the batch holds such completions (none of 128 truncated, say): not every step has them.
@@ -96,3 +97,14 @@ def test_a_run_ending_inside_an_epoch_reports_the_partial_epoch(tmp_path):
               if "epoch/index" in r]
     G = config.num_generations
     assert epochs == [(2, 1, 0, 2 * 4 * G), (3, 2, 1, 4 * G)]
+
+
+def test_run_json_round_trips_through_run_info(default_run, tmp_path):
+    """Old runs and new ones are one format: RunInfo knows every key the trainer writes, and writes them back
+    byte for byte."""
+    run_dir, _ = default_run
+    info = read_run_info(run_dir)
+    assert info.extra == {} and info.status == "finished" and info.world_size == 1
+    assert info.to_dict() == json.loads((run_dir / RUN_JSON).read_text())
+    write_run_info(tmp_path, info)
+    assert (tmp_path / RUN_JSON).read_bytes() == (run_dir / RUN_JSON).read_bytes()

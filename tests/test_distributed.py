@@ -19,6 +19,7 @@ from mlx_grpo.blas import find_openblas
 from mlx_grpo.data import PromptOrder
 from mlx_grpo.distributed import ShardedOrder, World, combine_update_stats, init_world
 from mlx_grpo.errors import UserError
+from mlx_grpo.telemetry.rundir import read_run_info
 from mlx_grpo.telemetry.step_data import step_record
 from step_data_builder import make_step_data
 from tiny_models import make_model_dir
@@ -217,8 +218,8 @@ def test_two_rank_training_writes_one_run_directory_with_global_metrics(tmp_path
     assert records[-1]["eval/num_samples"] == 10  # 5 held-out rows on each rank
     samples = (run_dir / "samples.jsonl").read_text().splitlines()
     assert len(samples) == 3 * b  # rank 0's first groups, once per step
-    info = json.loads((run_dir / "run.json").read_text())
-    assert info["status"] == "finished" and info["device"]["world_size"] == 2
+    info = read_run_info(run_dir)
+    assert info.status == "finished" and info.world_size == 2
     final = json.loads((run_dir / "final_metrics.json").read_text())
     assert final["final/total/total_samples"] == 3 * sequences
     for step in (2, 3):
@@ -249,4 +250,4 @@ def test_two_rank_run_resumes_with_two_ranks(tmp_path, tiny_model):
     assert again.returncode == 0, again.stderr[-3000:]
     records = [json.loads(line) for line in (runs / "dp" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2, 3, 4]
-    assert json.loads((runs / "dp" / "run.json").read_text())["status"] == "finished"
+    assert read_run_info(runs / "dp").status == "finished"

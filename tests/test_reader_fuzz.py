@@ -1,7 +1,7 @@
 """Readers that cannot be crashed: random and adversarial content in every run-directory file.
 
 Every reader of a run directory (the dashboard's reader and its views' data, `report`, `compare`,
-`sweep`'s trial state, resume's last record) must survive anything a file can hold: wrong types, deep
+`sweep`'s trial state, resume's checks and last record, the run browser) must survive anything a file can hold: wrong types, deep
 nesting, non-UTF-8 bytes, partial and huge lines, non-objects. Bad lines are skipped and counted,
 never raised. Hypothesis generates the content; the examples are bounded so CI stays fast.
 """
@@ -9,6 +9,7 @@ never raised. Hypothesis generates the content; the examples are bounded so CI s
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -19,18 +20,21 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from mlx_grpo.errors import UserError  # noqa: E402
-from mlx_grpo.resume import last_record  # noqa: E402
+from mlx_grpo.resume import last_record, resumable_checkpoint  # noqa: E402
 from mlx_grpo.sweep import trial_state  # noqa: E402
 from mlx_grpo.telemetry.compare import load_summary  # noqa: E402
 from mlx_grpo.telemetry.report import build_report  # noqa: E402
+from mlx_grpo.telemetry.rundir import RunInfo  # noqa: E402
 from mlx_grpo.telemetry.rundir_reader import RunReader  # noqa: E402
+from mlx_grpo.tui.run_picker import read_entry  # noqa: E402
 from run_writer import RunWriter  # noqa: E402
 
 FILES = ("metrics.jsonl", "samples.jsonl", "alerts.jsonl")
 FIELDS = ("step", "time", "level", "rule", "metric", "value", "message", "total", "advantage", "length",
           "truncated", "correct", "prompt", "completion", "rewards", "rewards/total/mean", "policy/kl",
           "accuracy/train", "eval/accuracy", "timing/step_s", "tokens/total", "name", "status", "config",
-          "start_time", "alerts_file", "total_steps", "pid")
+          "start_time", "alerts_file", "total_steps", "pid", "end_time", "hostname", "resumes", "device",
+          "world_size", "versions", "run_id", "schema_version", "previous_status")
 
 scalars = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70), st.floats(allow_nan=True),
                     st.text(max_size=20))
@@ -77,7 +81,8 @@ def read_everything(run_dir: Path) -> None:
         str(value)
     last_record(run_dir)
     trial_state(run_dir)
-    for read in (load_summary, build_report):
+    read_entry(run_dir)
+    for read in (load_summary, build_report, lambda path: resumable_checkpoint(path, 6)):
         try:
             read(run_dir)
         except UserError:
@@ -92,6 +97,21 @@ def test_no_content_of_any_run_file_crashes_a_reader(good_run, tmp_path_factory,
     path = run_dir / target
     path.write_bytes((path.read_bytes() + b"\n" if append and path.exists() else b"") + content)
     read_everything(run_dir)
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(obj=st.one_of(records, values))
+def test_run_info_reads_anything_and_writes_it_back_the_same(obj):
+    info = RunInfo.from_dict(obj)
+    for value in (info.name, info.status, info.run_id, info.hostname):
+        assert value is None or isinstance(value, str)
+    for value in (info.pid, info.total_steps):
+        assert value is None or (isinstance(value, int) and value > 0)
+    assert info.start_time is None or math.isfinite(info.start_time)
+    assert isinstance(info.config, dict) and info.world_size >= 1 and isinstance(info.ended, bool)
+    str(info.last_session_start)
+    json.dumps(info.to_dict(), allow_nan=True)
+    assert RunInfo.from_dict(info.to_dict()) == info
 
 
 def test_bad_lines_are_skipped_and_counted_not_raised(good_run, tmp_path):

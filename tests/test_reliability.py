@@ -21,6 +21,7 @@ from mlx_grpo.cli import main
 from mlx_grpo.config import load_config
 from mlx_grpo.errors import UserError
 from mlx_grpo.telemetry import sinks as sinks_module
+from mlx_grpo.telemetry.rundir import read_run_info, write_run_info
 from mlx_grpo.telemetry.sinks import Sink
 from mlx_grpo.trainer import Trainer
 from mlx_grpo.rollout import Rollout
@@ -73,7 +74,7 @@ def test_ctrl_c_finishes_the_step_checkpoints_and_exits_130(tmp_path, model, mon
     assert f"interrupted after step 3, checkpoint saved; continue with: mlx-grpo train --resume {run_dir}" in err
     assert [r["step"] for r in lines(run_dir / "metrics.jsonl")] == [1, 2, 3]
     assert (run_dir / "checkpoints" / "step_3" / "state.json").is_file()
-    assert json.loads((run_dir / "run.json").read_text())["status"] == "interrupted"
+    assert read_run_info(run_dir).status == "interrupted"
     assert signal.getsignal(signal.SIGINT) is handler_before  # handlers are put back
 
     monkeypatch.undo()
@@ -95,7 +96,7 @@ def test_second_ctrl_c_stops_inside_the_step_without_a_new_checkpoint(tmp_path, 
            f"mlx-grpo train --resume {run_dir}" in err
     assert [r["step"] for r in lines(run_dir / "metrics.jsonl")] == [1, 2, 3]
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_2"]
-    assert json.loads((run_dir / "run.json").read_text())["status"] == "interrupted"
+    assert read_run_info(run_dir).status == "interrupted"
 
 
 # ----------------------------------------------------------------------------- non-finite updates
@@ -144,7 +145,7 @@ def test_nan_updates_in_a_row_stop_the_run_with_its_last_good_checkpoint(tmp_pat
     assert len(err) == 1 and "2 updates in a row had a NaN or Inf loss or gradient" in err[0]
     assert f"stopped at step 4. Continue from the last checkpoint with a lower learning rate: " \
            f"mlx-grpo train --resume {run_dir} --learning-rate 0.001" in err[0]
-    assert json.loads((run_dir / "run.json").read_text())["status"] == "failed"
+    assert read_run_info(run_dir).status == "failed"
     assert [r["step"] for r in lines(run_dir / "metrics.jsonl")] == [1, 2, 3, 4]
     latest = max((run_dir / "checkpoints").iterdir(), key=lambda p: int(p.name.split("_")[1]))
     assert latest.name == "step_3"
@@ -183,7 +184,7 @@ def assert_complete_run_despite(run_dir: Path, sink: str, detail: str):
     failed = [a for a in lines(run_dir / "alerts.jsonl") if a["rule"] == "sink_failed"]
     assert len(failed) == 1 and failed[0]["message"].startswith(f"{sink} logging failed") and detail in failed[0][
         "message"]
-    assert json.loads((run_dir / "run.json").read_text())["status"] == "finished"
+    assert read_run_info(run_dir).status == "finished"
 
 
 def test_full_disk_under_tensorboard_warns_and_training_continues(tmp_path, model, monkeypatch, capsys):
@@ -223,8 +224,8 @@ class FakeWandb(Sink):
         if method == self.fail_in:
             raise ConnectionError("wandb.init() timed out, check your network")
 
-    def start(self, info):
-        self._call("start", info)
+    def start(self, info, run_dir):
+        self._call("start", info.to_dict(), str(run_dir))
 
     def write(self, step, scalars, histograms, rewards):
         self._call("write", step, scalars)
@@ -262,7 +263,7 @@ def test_secrets_never_reach_the_run_directory_tensorboard_or_wandb(tmp_path, mo
             assert value.encode() not in data, f"{name} in {path.relative_to(run_dir)}"
     given_to_wandb = json.dumps(FakeWandb.seen, default=str)
     assert not any(value in given_to_wandb for value in secrets.values())
-    config = json.loads((run_dir / "run.json").read_text())["config"]
+    config = read_run_info(run_dir).config
     assert config["wandb_tags"] == ["baseline"] and "wandb_notes" not in config
 
 
@@ -405,7 +406,7 @@ def test_a_checkpoint_that_cannot_be_written_stops_the_run_in_one_line_and_leave
     assert code == 2 and len(err) == 1
     assert "writing checkpoint step_4 failed (" in err[0] and f"mlx-grpo train --resume {run_dir}" in err[0]
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_2"]  # no .step_4.tmp left
-    assert json.loads((run_dir / "run.json").read_text())["status"] == "failed"
+    assert read_run_info(run_dir).status == "failed"
     monkeypatch.undo()
     assert main(["train", "--resume", str(run_dir)]) == 0
     assert [r["step"] for r in lines(run_dir / "metrics.jsonl")] == [1, 2, 3, 4, 5]
@@ -422,9 +423,9 @@ def test_a_resume_cannot_move_the_run(tmp_path, model, capsys):
 def test_a_bad_value_in_a_runs_saved_config_names_its_run_json(tmp_path, model, capsys):
     assert main(flags(tmp_path, model, num_steps=2, checkpoint_every=1)) == 0
     run_dir = tmp_path / "runs" / "r"
-    info = json.loads((run_dir / "run.json").read_text())
-    info["config"]["temperature"] = "hot"
-    (run_dir / "run.json").write_text(json.dumps(info))
+    info = read_run_info(run_dir)
+    info.config["temperature"] = "hot"
+    write_run_info(run_dir, info)
     assert main(["train", "--resume", str(run_dir), "--num-steps", "3"]) == 2
     assert f"{run_dir / 'run.json'}: key 'temperature' is 'hot'" in capsys.readouterr().err
 

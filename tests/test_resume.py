@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +16,7 @@ import pytest
 import yaml
 
 from mlx_grpo.cli import main
+from mlx_grpo.telemetry.rundir import read_run_info, write_run_info
 from tiny_models import make_model_dir
 
 OPENBLAS = "/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0"
@@ -114,8 +116,9 @@ def assert_same_run(run_dir, reference):
     assert got_w.keys() == want_w.keys()
     for name in want_w:
         np.testing.assert_allclose(np.array(got_w[name]), np.array(want_w[name]), rtol=0, atol=1e-6, err_msg=name)
-    info = json.loads((run_dir / "run.json").read_text())
-    assert info["status"] == "finished" and info["end_time"] >= info["start_time"]
+    info = read_run_info(run_dir)
+    assert info.status == "finished" and info.end_time >= info.start_time
+    assert info.to_dict() == json.loads((run_dir / "run.json").read_text())  # resumes included
     assert not list((run_dir / "checkpoints").glob(".step_*.tmp"))
     return info
 
@@ -145,9 +148,9 @@ def test_sigkill_at_random_steps_then_resume_is_the_uninterrupted_run(setup, ref
             break  # a fast machine finished the run before this kill: nothing left to interrupt
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-        info = json.loads((run_dir / "run.json").read_text())
-        run_ids.add(info["run_id"])
-        if info["status"] == "finished":
+        info = read_run_info(run_dir)
+        run_ids.add(info.run_id)
+        if info.status == "finished":
             proc = None  # the run finished between the poll and the kill: nothing was interrupted
             break
         proc = resume(setup, name)
@@ -155,9 +158,9 @@ def test_sigkill_at_random_steps_then_resume_is_the_uninterrupted_run(setup, ref
         code, out, err = finish(proc)
         assert code == 0, err
     info = assert_same_run(run_dir, reference)
-    assert run_ids == {info["run_id"]}
-    assert [r["step"] for r in info["resumes"]] == sorted(r["step"] for r in info["resumes"])
-    assert 1 <= len(info["resumes"]) <= len(kill_steps)
+    assert run_ids == {info.run_id}
+    assert [r.step for r in info.resumes] == sorted(r.step for r in info.resumes)
+    assert 1 <= len(info.resumes) <= len(kill_steps)
     assert tensorboard_steps(run_dir) == list(range(1, NUM_STEPS + 1))
 
 
@@ -175,12 +178,12 @@ def test_sigterm_checkpoints_the_step_and_says_how_to_resume(setup, reference, s
     last = lines(run_dir / "metrics.jsonl")[-1]["step"]
     assert last < NUM_STEPS
     assert (run_dir / "checkpoints" / f"step_{last}" / "state.json").is_file()  # the step it was in
-    assert json.loads((run_dir / "run.json").read_text())["status"] == "interrupted"
+    assert read_run_info(run_dir).status == "interrupted"
 
     code, out, err = finish(resume(setup, name))
     assert code == 0, err
     info = assert_same_run(run_dir, reference)
-    assert info["resumes"][0] == {**info["resumes"][0], "step": last, "previous_status": "interrupted"}
+    assert (info.resumes[0].step, info.resumes[0].previous_status) == (last, "interrupted")
 
 
 def test_second_ctrl_c_stops_at_once_and_keeps_the_last_checkpoint(setup, reference):
@@ -199,7 +202,7 @@ def test_second_ctrl_c_stops_at_once_and_keeps_the_last_checkpoint(setup, refere
     # saying "running". Either way the last checkpoint must be intact and resumable.
     assert code in (130, -signal.SIGINT)
     assert "Traceback" not in err
-    assert json.loads((run_dir / "run.json").read_text())["status"] in ("interrupted", "running")
+    assert read_run_info(run_dir).status in ("interrupted", "running")
 
     code, out, err = finish(resume(setup, name))
     assert code == 0, err
@@ -217,8 +220,8 @@ def test_resume_refuses_a_finished_run_and_extends_it_with_more_steps(setup, ref
     records = lines(run_dir / "metrics.jsonl")
     assert [r["step"] for r in records] == list(range(1, NUM_STEPS + 3))
     assert comparable(records[NUM_STEPS - 1]) == comparable(lines(reference / "metrics.jsonl")[-1])
-    info = json.loads((run_dir / "run.json").read_text())
-    assert info["total_steps"] == NUM_STEPS + 2 and info["config"]["num_steps"] == NUM_STEPS + 2
+    info = read_run_info(run_dir)
+    assert info.total_steps == NUM_STEPS + 2 and info.config["num_steps"] == NUM_STEPS + 2
 
 
 # ----------------------------------------------------------------------------- in-process: crashes staged on disk
@@ -236,8 +239,7 @@ def staged_crash(run_dir, keep_checkpoints_up_to):
     for name in ("metrics.jsonl", "samples.jsonl", "alerts.jsonl"):
         with open(run_dir / name, "a") as fh:
             fh.write('{"step": 99, "policy/lo')
-    info = json.loads((run_dir / "run.json").read_text())
-    (run_dir / "run.json").write_text(json.dumps({**info, "status": "running", "pid": 2 ** 22 + 1}))
+    write_run_info(run_dir, replace(read_run_info(run_dir), status="running", pid=2 ** 22 + 1))
 
 
 @pytest.mark.parametrize("last_checkpoint", [0, 9, NUM_STEPS])
@@ -253,7 +255,7 @@ def test_torn_lines_and_missing_checkpoints_are_repaired_on_resume(setup, refere
     code, out, err = finish(resume(setup, run_dir))
     assert code == 0, err
     info = assert_same_run(run_dir, reference)
-    assert info["resumes"][-1]["step"] == last_checkpoint and info["resumes"][-1]["previous_status"] == "running"
+    assert (info.resumes[-1].step, info.resumes[-1].previous_status) == (last_checkpoint, "running")
     assert tensorboard_steps(run_dir) == list(range(1, NUM_STEPS + 1))
 
 
@@ -262,10 +264,8 @@ def test_resume_refuses_a_run_another_process_is_still_writing(reference, tmp_pa
 
     run_dir = tmp_path / "busy"
     shutil.copytree(reference, run_dir)
-    info = json.loads((run_dir / "run.json").read_text())
     parent = os.getppid()  # alive, and started before this run's session did
-    (run_dir / "run.json").write_text(json.dumps({**info, "status": "running", "pid": parent,
-                                                  "start_time": time.time()}))
+    write_run_info(run_dir, replace(read_run_info(run_dir), status="running", pid=parent, start_time=time.time()))
     assert main(["train", "--resume", str(run_dir)]) == 2
     assert f"still being trained by process {parent}" in capsys.readouterr().err
     assert main(["train", "--resume", str(tmp_path / "nothing-here")]) == 2
@@ -277,8 +277,7 @@ def test_a_damaged_checkpoint_is_one_line_naming_it(reference, tmp_path, capsys)
 
     run_dir = tmp_path / "damaged"
     shutil.copytree(reference, run_dir)
-    info = json.loads((run_dir / "run.json").read_text())
-    (run_dir / "run.json").write_text(json.dumps({**info, "status": "interrupted"}))
+    write_run_info(run_dir, replace(read_run_info(run_dir), status="interrupted"))
     latest = run_dir / "checkpoints" / f"step_{NUM_STEPS}"
     (latest / "model.safetensors").write_bytes(b"\x00" * 64)
     assert main(["train", "--resume", str(run_dir)]) == 2

@@ -5,6 +5,7 @@ import os
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ from mlx_grpo.config import parse_override
 from mlx_grpo.errors import UserError
 from mlx_grpo.sweep import load_sweep, plan_trials, trial_command, trial_config, trial_env
 from mlx_grpo.telemetry.compare import config_differences, expand_run_dirs, load_summary
-from mlx_grpo.telemetry.rundir import RunDirWriter
+from mlx_grpo.telemetry.rundir import RunDirWriter, read_run_info, write_run_info
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -195,11 +196,11 @@ parameters:
     trials = sorted(p for p in directory.iterdir() if p.name.startswith("trial-"))
     assert [p.name for p in trials] == ["trial-000", "trial-001", "trial-002", "trial-003"]
     for p in trials:
-        info = json.loads((p / "run.json").read_text())
-        assert info["status"] == "finished" and info["config"]["model_id"] == str(tiny_model)
+        info = read_run_info(p)
+        assert info.status == "finished" and info.config["model_id"] == str(tiny_model)
         assert len((p / "metrics.jsonl").read_text().splitlines()) == 2
-    assert json.loads((trials[3] / "run.json").read_text())["config"]["learning_rate"] == 3e-4
-    assert json.loads((trials[3] / "run.json").read_text())["config"]["beta"] == 0.04
+    assert read_run_info(trials[3]).config["learning_rate"] == 3e-4
+    assert read_run_info(trials[3]).config["beta"] == 0.04
     assert out.count("finished in") == 4
 
     stamps = [(p / "run.json").stat().st_mtime_ns for p in trials]
@@ -235,13 +236,12 @@ parameters:
     shutil.rmtree(run_dir / "checkpoints" / "step_2")
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     (run_dir / "metrics.jsonl").write_text(lines[0] + "\n")
-    info = json.loads((run_dir / "run.json").read_text())
-    (run_dir / "run.json").write_text(json.dumps({**info, "status": "interrupted"}))
+    write_run_info(run_dir, replace(read_run_info(run_dir), status="interrupted"))
     first = json.loads(lines[0])
 
     assert main(["sweep", str(path)]) == 0
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2]
     assert records[0] == first  # step 1 kept, not trained again
-    assert json.loads((run_dir / "run.json").read_text())["status"] == "finished"
+    assert read_run_info(run_dir).status == "finished"
     assert "trial-000: resumed" in capsys.readouterr().out

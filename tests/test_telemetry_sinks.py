@@ -12,7 +12,7 @@ from tbparse import SummaryReader
 from tensorboard.backend.event_processing import event_accumulator
 
 from mlx_grpo.telemetry.jsonl_tail import JsonlTail
-from mlx_grpo.telemetry.rundir import RunDirWriter, scrub_secrets
+from mlx_grpo.telemetry.rundir import RunDirWriter, read_run_info, scrub_secrets
 from mlx_grpo.telemetry.sinks import (Sink, SinkSet, TensorBoardSink, ThreadedSink, samples_markdown)
 
 SAMPLE = {"prompt": "What is 2+3?", "completion": "<reasoning>2+3=5</reasoning><answer>5</answer>", "answer": "5",
@@ -51,8 +51,8 @@ def test_run_directory_files_follow_the_contract(tmp_path):
     run = tmp_path / "run"
     writer = RunDirWriter(run)
     info = writer.start(name="demo", config={"lr": 0.1}, total_steps=2)
-    assert json.loads((run / "run.json").read_text())["status"] == "running"
-    assert info["schema_version"] == 1 and info["end_time"] is None and isinstance(info["pid"], int)
+    assert read_run_info(run).status == "running"
+    assert info.schema_version == 1 and info.end_time is None and isinstance(info.pid, int)
     writer.write_metrics(1, {"policy/loss": float("nan"), "policy/kl": float("inf"),
                              "rewards/total/mean": np.float32(0.5), "tokens/total": np.int64(7)}, time=10.0)
     writer.write_metrics(2, {"policy/loss": 0.25})
@@ -168,7 +168,7 @@ class Exploding(Sink):
         self.fail_in = fail_in
         self.calls = []
 
-    def start(self, info):
+    def start(self, info, run_dir):
         self._maybe("start")
 
     def write(self, step, scalars, histograms, rewards):
@@ -202,7 +202,7 @@ def test_a_failing_sink_is_turned_off_with_one_warning_and_the_rest_carry_on(tmp
     assert [(a["rule"], a["level"]) for a in alerts] == [("sink_failed", "warning")]
     scalars = SummaryReader(str(run / "tensorboard")).scalars
     assert sorted(scalars[scalars.tag == "policy/loss"].step) == [1, 2, 3, 4, 5]
-    assert json.loads((run / "run.json").read_text())["status"] == "finished"
+    assert read_run_info(run).status == "finished"
 
 
 @pytest.mark.parametrize("error, status", [(RuntimeError("boom"), "failed"), (KeyboardInterrupt(), "interrupted")])
@@ -212,7 +212,7 @@ def test_sinkset_context_manager_records_how_the_run_ended(tmp_path, error, stat
             sinks.start(name="ctx", config={})
             sinks.write(1, {"policy/loss": 1.0})
             raise error
-    assert json.loads((tmp_path / "run" / "run.json").read_text())["status"] == status
+    assert read_run_info(tmp_path / "run").status == status
 
 
 def test_samples_split_completions_with_the_scoring_extractor_and_escape_markdown():

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from mlx_grpo.telemetry.reward_stats import RewardTracker, reward_metrics
+from mlx_grpo.telemetry.rundir import read_run_info
 from mlx_grpo.telemetry.sinks import WandbOptions, make_sinks, wandb_enabled
 from mlx_grpo.telemetry.wandb_charts import chart_interval, heatmap_svg
 
@@ -93,7 +94,7 @@ def test_offline_wandb_run_completes_with_scalars_tables_charts_alerts_and_artif
     assert "shows_work" in heatmap and "final_answer" in heatmap and heatmap.count("<rect") >= 8
     criteria = json.loads(sorted((media / "table" / "charts").glob("criteria_over_time_*.table.json"))[-1].read_text())
     assert criteria["columns"] == ["step", "criterion", "mean"] and len(criteria["data"]) == 8
-    assert json.loads((offline / "run" / "run.json").read_text())["status"] == "finished"
+    assert read_run_info(offline / "run").status == "finished"
 
 
 def test_without_wandb_installed_training_logs_locally_with_one_warning(monkeypatch, tmp_path):

@@ -10,6 +10,7 @@ from mlx_lm.utils import save_config, save_model
 
 from mlx_grpo.cli import main
 from mlx_grpo.config import load_config
+from mlx_grpo.telemetry.rundir import read_run_info
 from mlx_grpo.trainer import train
 from tiny_models import make_model_dir
 
@@ -45,8 +46,8 @@ def test_trains_any_hf_directory(tmp_path, models, kind, lora):
     assert "eval/accuracy" in records[-1] and "policy/kl" in records[-1]
     # held-out accuracy at step 1 too, so the curve starts where the model started
     assert ["eval/accuracy" in r for r in records] == [True, False, True]
-    info = json.loads((run_dir / "run.json").read_text())
-    assert info["status"] == "finished" and info["config"]["model_id"] == str(models[kind])
+    info = read_run_info(run_dir)
+    assert info.status == "finished" and info.config["model_id"] == str(models[kind])
     checkpoint = run_dir / "checkpoints" / "step_3"
     assert (checkpoint / ("adapters.safetensors" if lora else "model.safetensors")).is_file()
 

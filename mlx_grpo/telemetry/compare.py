@@ -9,7 +9,7 @@ Public API:
   last 10 steps), held-out accuracy (final_metrics.json, else the last `eval/accuracy` logged), train
   accuracy (last `accuracy/train`), tokens/s over the whole run (sum of `tokens/total` / sum of
   `timing/step_s`) and wall time (last `timing/elapsed_s`). A torn last line is skipped.
-- `run_config(info) -> dict`: a run.json's config as dotted keys, plus `world_size`.
+- `run_config(info) -> dict`: a run's config (`RunInfo`) as dotted keys, plus `world_size`.
 - `differing_keys(configs) -> list[str]`: dotted keys whose values differ between configs like that,
   leaving out keys that name the run rather than configure it (the dashboard's Config view uses it too);
   `config_differences(summaries)` is the same for loaded summaries.
@@ -33,7 +33,7 @@ from rich.table import Table
 
 from ..errors import UserError
 from .jsonl_tail import JsonlTail
-from .rundir import FINAL_METRICS, METRICS, RUN_JSON, read_json_object
+from .rundir import FINAL_METRICS, METRICS, RUN_JSON, RunInfo, read_json_object, read_run_info
 
 # Keys that name or place a run; they always differ and say nothing about training.
 NOT_CONFIG = ("run_name", "monitoring_dir", "base_dir", "wandb_run_name", "tensorboard_dir")
@@ -95,12 +95,11 @@ def _finite(value: Any) -> float | None:
 
 
 def load_summary(run_dir: Path) -> RunSummary:
-    info = read_json_object(run_dir / RUN_JSON)
+    info = read_run_info(run_dir)
     if info is None:
         raise UserError(f"{run_dir}: run.json is missing or unreadable")
-    total = info.get("total_steps")
-    summary = RunSummary(run_dir, str(info.get("name") or run_dir.name), str(info.get("status", "unknown")), 0,
-                         total if isinstance(total, int) and not isinstance(total, bool) else None, run_config(info))
+    summary = RunSummary(run_dir, info.name or run_dir.name, info.status or "unknown", 0, info.total_steps,
+                         run_config(info))
     tokens = seconds = 0.0
     last: dict[str, float] = {}
     wanted = ("rewards/total/mean", "rewards/total/recent_mean", "accuracy/train", "eval/accuracy",
@@ -131,12 +130,8 @@ def load_summary(run_dir: Path) -> RunSummary:
     return summary
 
 
-def run_config(info: dict) -> dict[str, Any]:
-    config = info.get("config")
-    device = info.get("device")
-    flat = _flatten(config) if isinstance(config, dict) else {}
-    flat["world_size"] = device.get("world_size", 1) if isinstance(device, dict) else 1
-    return flat
+def run_config(info: RunInfo) -> dict[str, Any]:
+    return {**_flatten(info.config), "world_size": info.world_size}
 
 
 def differing_keys(configs: list[dict[str, Any]]) -> list[str]:

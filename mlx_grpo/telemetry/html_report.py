@@ -21,6 +21,7 @@ from typing import Any, Sequence
 from ..errors import UserError
 from .analysis import RewardReport, RunData, analyze_run
 from .report import load_run
+from .rundir import RunInfo
 
 # (title, y label, metrics): a metric with `*` stands for every reward function's.
 CHARTS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
@@ -44,7 +45,7 @@ SAMPLES_SHOWN = 8
 @dataclass
 class LoadedRun:
     title: str
-    info: dict
+    info: RunInfo
     data: RunData
     report: RewardReport
 
@@ -53,7 +54,7 @@ def load_runs(run_dirs: Sequence[str | Path]) -> list[LoadedRun]:
     runs = []
     for run_dir in run_dirs:
         info, metrics, samples, alerts = load_run(run_dir)
-        title = str(info.get("name") or Path(run_dir).resolve().name)
+        title = info.name or Path(run_dir).resolve().name
         runs.append(LoadedRun(title, info, RunData(metrics, samples), analyze_run(metrics, samples, alerts)))
     return runs
 

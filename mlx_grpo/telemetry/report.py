@@ -22,7 +22,7 @@ from .alert_console import format_alert
 from .alerts import Alert
 from .analysis import RewardReport, analyze_run
 from .jsonl_tail import JsonlTail
-from .rundir import ALERTS, METRICS, RUN_JSON, SAMPLES, read_json_object
+from .rundir import ALERTS, METRICS, SAMPLES, RunInfo, read_run_info
 
 MAX_LISTED_ALERTS = 20
 
@@ -32,7 +32,7 @@ def _read_jsonl(path: Path) -> list[dict]:
     return JsonlTail(path).poll(final=True).records
 
 
-def load_run(run_dir: str | Path) -> tuple[dict, list[dict], list[dict], list[Alert] | None]:
+def load_run(run_dir: str | Path) -> tuple[RunInfo, list[dict], list[dict], list[Alert] | None]:
     """(run.json, metric records, samples, alerts or None when the run wrote no alerts.jsonl)."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
@@ -43,11 +43,8 @@ def load_run(run_dir: str | Path) -> tuple[dict, list[dict], list[dict], list[Al
     metrics = _read_jsonl(metrics_path)
     if not metrics:
         raise UserError(f"{metrics_path}: no metric records yet")
-    run_info: dict = {}
-    run_json = run_dir / RUN_JSON
-    if run_json.is_file():
-        # run.json is rewritten atomically; unreadable means foreign: report without it
-        run_info = read_json_object(run_json) or {}
+    # run.json is rewritten atomically; missing or unreadable means foreign: report without it
+    run_info = read_run_info(run_dir) or RunInfo()
     samples = _read_jsonl(run_dir / SAMPLES)
     alerts_path = run_dir / ALERTS
     alerts = [Alert.from_dict(a) for a in _read_jsonl(alerts_path)] if alerts_path.is_file() else None
@@ -197,7 +194,7 @@ def print_report(report: RewardReport, title: str, console: Console | None = Non
 def build_report(run_dir: str | Path) -> tuple[str, RewardReport]:
     """(run title, report) of a run directory, writing nothing."""
     run_info, metrics, samples, alerts = load_run(run_dir)
-    title = str(run_info.get("name") or Path(run_dir).resolve().name)
+    title = run_info.name or Path(run_dir).resolve().name
     return title, analyze_run(metrics, samples, alerts)
 
 

@@ -2,12 +2,18 @@
 
 Public API:
 
+- `RunInfo`: run.json as a dataclass, the one place its keys are named. `RunInfo.from_dict(obj)` takes
+  anything (a partial file, wrong types, not a dict) and never raises: a value of the wrong type is
+  left at its default, keys it does not know are kept in `extra`; `to_dict()` is the on-disk layout.
+  `Resume` is one entry of its `resumes` list.
+- `read_run_info(run_dir) -> RunInfo | None` (None: no run.json, or not a JSON object) and
+  `write_run_info(run_dir, info)` (atomic): every reader and writer of run.json goes through these.
 - `RunDirWriter(path, fsync=False)`: owns one run directory.
-  - `start(name, config, versions, device, total_steps, run_id=None, resume_step=None) -> dict`: creates
-    the directory, writes run.json (`status: running`, plus the writer's `pid` and `hostname` so a
-    reader can tell a crash from a slow step) and returns what it wrote. `resume_step` (the checkpoint
-    step a resumed run continues from, 0 when it starts over) keeps the existing run.json's `run_id`
-    and `start_time` and appends `{"time", "step", "previous_status"}` to its `resumes` list.
+  - `start(name, config, versions, device, total_steps, run_id=None, resume_step=None) -> RunInfo`:
+    creates the directory, writes run.json (`status: running`, plus the writer's `pid` and `hostname` so
+    a reader can tell a crash from a slow step) and returns what it wrote. `resume_step` (the checkpoint
+    step a resumed run continues from, 0 when it starts over) keeps the existing run.json's `run_id`,
+    `start_time` and the keys it does not know, and appends a `Resume` to its `resumes` list.
   - `write_metrics(step, metrics, time=None)`: one metrics.jsonl line `{"step", "time", ...metrics}`.
   - `write_samples(step, samples, time=None)`: one samples.jsonl line per sample dict.
   - `write_alert(alert)`: one alerts.jsonl line (a dict, or anything with `to_dict()`).
@@ -36,6 +42,7 @@ import socket
 import tempfile
 import time as _time
 import uuid
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
@@ -49,6 +56,7 @@ SAMPLES = "samples.jsonl"
 ALERTS = "alerts.jsonl"
 FINAL_METRICS = "final_metrics.json"
 STATUSES = ("running", "finished", "interrupted", "failed")
+ENDED = STATUSES[1:]
 
 # A key that names a secret. Anchored at the end so `max_tokens`, `eos_token`, `api_key_env` stay.
 _SECRET_KEY = re.compile(
@@ -168,46 +176,163 @@ def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
         raise
 
 
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _str(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _timestamp(value: Any) -> float | None:
+    # json.loads accepts NaN, Infinity and ints too large for a float: none of them is a time.
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        return value if math.isfinite(value) else None
+    except OverflowError:
+        return None
+
+
+def _pid(value: Any) -> int | None:
+    # os.kill and psutil raise OverflowError, not OSError, on a number no process id can be.
+    pid = _int(value)
+    return pid if pid is not None and 0 < pid < 2**31 else None
+
+
+def _mapping(value: Any) -> dict[str, Any]:
+    return dict(value) if isinstance(value, dict) else {}
+
+
+@dataclass
+class Resume:
+    """One `mlx-grpo train --resume` of a run: when, from which checkpoint step, what run.json said before."""
+
+    time: float | None = None
+    step: int | None = None
+    previous_status: str | None = None
+
+    @classmethod
+    def from_dict(cls, obj: Any) -> "Resume":
+        obj = obj if isinstance(obj, dict) else {}
+        return cls(_timestamp(obj.get("time")), _int(obj.get("step")), _str(obj.get("previous_status")))
+
+
+@dataclass
+class RunInfo:
+    """run.json (docs/RUN_DIRECTORY.md). None (and {} for the mappings) means the file does not say."""
+
+    schema_version: int = SCHEMA_VERSION
+    run_id: str | None = None
+    name: str | None = None
+    start_time: float | None = None  # Unix seconds, of the first session
+    end_time: float | None = None  # None while running
+    status: str | None = None  # one of STATUSES when the trainer wrote it
+    pid: int | None = None  # the writing process, so a reader can tell a crash from a slow step
+    hostname: str | None = None
+    config: dict[str, Any] = field(default_factory=dict)  # the resolved config, free-form
+    versions: dict[str, Any] = field(default_factory=dict)  # package -> version
+    device: dict[str, Any] = field(default_factory=dict)  # backend, chip, memory, BLAS, dtype, world_size...
+    total_steps: int | None = None  # positive, or None
+    resumes: list[Resume] = field(default_factory=list)  # the file has the key only after a resume
+    extra: dict[str, Any] = field(default_factory=dict)  # keys this version does not know, kept as they are
+
+    @classmethod
+    def from_dict(cls, obj: Any) -> "RunInfo":
+        if not isinstance(obj, dict):
+            return cls()
+        total = _int(obj.get("total_steps"))
+        resumes = obj.get("resumes")
+        schema = _int(obj.get("schema_version"))
+        return cls(
+            schema_version=SCHEMA_VERSION if schema is None else schema,
+            run_id=_str(obj.get("run_id")),
+            name=_str(obj.get("name")),
+            start_time=_timestamp(obj.get("start_time")),
+            end_time=_timestamp(obj.get("end_time")),
+            status=_str(obj.get("status")),
+            pid=_pid(obj.get("pid")),
+            hostname=_str(obj.get("hostname")),
+            config=_mapping(obj.get("config")),
+            versions=_mapping(obj.get("versions")),
+            device=_mapping(obj.get("device")),
+            total_steps=total if total is not None and total > 0 else None,
+            resumes=[Resume.from_dict(r) for r in resumes if isinstance(r, dict)] if isinstance(resumes, list) else [],
+            extra={k: v for k, v in obj.items() if k not in _KNOWN_KEYS},
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The on-disk layout: every field in this order, `resumes` only once there is one, then `extra`."""
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("resumes", "extra")}
+        if self.resumes:
+            out["resumes"] = [asdict(r) for r in self.resumes]
+        return {**out, **{k: v for k, v in self.extra.items() if k not in _KNOWN_KEYS}}
+
+    def run_fields(self) -> dict[str, Any]:
+        """The top-level fields as on disk, without the config, versions and device mappings."""
+        return {k: v for k, v in self.to_dict().items() if k not in ("config", "versions", "device")}
+
+    @property
+    def ended(self) -> bool:
+        return self.status in ENDED
+
+    @property
+    def world_size(self) -> int:
+        """Data-parallel processes that trained the run (the device section's `world_size`, else 1)."""
+        size = _int(self.device.get("world_size"))
+        return size if size is not None and size >= 1 else 1
+
+    @property
+    def last_session_start(self) -> float | None:
+        """When the latest session began: the latest resume's time, else `start_time`."""
+        times = [t for t in (self.start_time, *(r.time for r in self.resumes)) if t is not None]
+        return max(times, default=None)
+
+
+_KNOWN_KEYS = frozenset(f.name for f in fields(RunInfo)) - {"extra"}
+
+
+def read_run_info(run_dir: str | os.PathLike) -> RunInfo | None:
+    """run.json of a run directory; None when it is missing, unreadable or not a JSON object."""
+    obj = read_json_object(Path(run_dir) / RUN_JSON)
+    return None if obj is None else RunInfo.from_dict(obj)
+
+
+def write_run_info(run_dir: str | os.PathLike, info: RunInfo) -> None:
+    atomic_write_json(Path(run_dir) / RUN_JSON, info.to_dict())
+
+
 class RunDirWriter:
     def __init__(self, path: str | os.PathLike, fsync: bool = False):
         self.path = Path(path)
         self.fsync = fsync
-        self.info: dict[str, Any] = {}
+        self.info: RunInfo | None = None
         self._files: dict[str, Any] = {}
 
     def start(self, name: str, config: Mapping[str, Any], versions: Mapping[str, Any] | None = None,
               device: Mapping[str, Any] | None = None, total_steps: int | None = None,
-              run_id: str | None = None, resume_step: int | None = None) -> dict[str, Any]:
+              run_id: str | None = None, resume_step: int | None = None) -> RunInfo:
         self.path.mkdir(parents=True, exist_ok=True)
         now = _time.time()
-        previous = self._previous_info() if resume_step is not None else {}
-        self.info = {
-            "schema_version": SCHEMA_VERSION,
-            "run_id": previous.get("run_id") or run_id or uuid.uuid4().hex[:12],
-            "name": name,
-            "start_time": previous.get("start_time", now),
-            "end_time": None,
-            "status": "running",
-            "pid": os.getpid(),
-            "hostname": socket.gethostname(),
-            "config": scrub_secrets(dict(config)),
-            "versions": dict(versions or {}),
-            "device": dict(device or {}),
-            "total_steps": total_steps,
-        }
+        # A resume continues the run.json the interrupted session left (none when it is missing or unreadable).
+        previous = (read_run_info(self.path) if resume_step is not None else None) or RunInfo()
+        self.info = RunInfo(
+            run_id=previous.run_id or run_id or uuid.uuid4().hex[:12],
+            name=name,
+            start_time=now if previous.start_time is None else previous.start_time,
+            status="running",
+            pid=os.getpid(),
+            hostname=socket.gethostname(),
+            config=scrub_secrets(dict(config)),
+            versions=dict(versions or {}),
+            device=dict(device or {}),
+            total_steps=total_steps,
+            extra=previous.extra,  # keys a later version wrote stay
+        )
         if resume_step is not None:
-            self.info["resumes"] = [*previous.get("resumes", []),
-                                    {"time": now, "step": resume_step, "previous_status": previous.get("status")}]
-        atomic_write_json(self.path / RUN_JSON, self.info)
+            self.info.resumes = [*previous.resumes, Resume(now, resume_step, previous.status)]
+        write_run_info(self.path, self.info)
         return self.info
-
-    def _previous_info(self) -> dict[str, Any]:
-        """run.json as the interrupted session left it; {} when it is missing or unreadable."""
-        try:
-            info = json.loads((self.path / RUN_JSON).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return {}
-        return info if isinstance(info, dict) else {}
 
     def _append(self, filename: str, lines: Iterable[str]) -> None:
         f = self._files.get(filename)
@@ -239,12 +364,12 @@ class RunDirWriter:
         atomic_write_json(self.path / FINAL_METRICS, metrics)
 
     def finish(self, status: str = "finished") -> None:
-        if status not in STATUSES[1:]:
-            raise ValueError(f"status must be one of {STATUSES[1:]}, got {status!r}")
+        if status not in ENDED:
+            raise ValueError(f"status must be one of {ENDED}, got {status!r}")
         self.close()
-        if self.info:
-            self.info.update(status=status, end_time=_time.time())
-            atomic_write_json(self.path / RUN_JSON, self.info)
+        if self.info is not None:
+            self.info.status, self.info.end_time = status, _time.time()
+            write_run_info(self.path, self.info)
 
     def close(self) -> None:
         for f in self._files.values():

@@ -41,7 +41,7 @@ from .alerts import Alert, AlertEngine
 from .history_loader import HistoryLoader
 from .catalogue import canonical_record
 from .jsonl_tail import JsonlTail
-from .rundir import ALERTS, METRICS, RUN_JSON, SAMPLES, read_json_object
+from .rundir import ALERTS, ENDED, METRICS, RUN_JSON, SAMPLES, RunInfo, read_run_info
 from .metric_table import MetricTable, table_from_records
 
 
@@ -53,7 +53,6 @@ PACE_WINDOW = 50
 # An alert stands (its metric is highlighted) until this many metric records
 # have been logged after the step it fired at.
 STANDING_RECORDS = 10
-ENDED = ("finished", "interrupted", "failed")
 
 # Bytes of metrics.jsonl parsed before the first screen; the rest is history.
 TAIL_BYTES = 4 << 20
@@ -87,7 +86,7 @@ class AlertEntry:
 @dataclass
 class RunView:
     run_dir: Path
-    info: dict | None = None
+    info: RunInfo | None = None  # None until a run.json was read
     table: MetricTable = field(default_factory=MetricTable)
     samples: deque = field(default_factory=lambda: deque(maxlen=MAX_SAMPLES))
     # Samples ever appended, and times samples.jsonl started over: lets a view
@@ -104,14 +103,11 @@ class RunView:
     # ------------------------------------------------------------------ identity
     @property
     def name(self) -> str:
-        if self.info and self.info.get("name"):
-            return str(self.info["name"])
-        return self.run_dir.name
+        return (self.info and self.info.name) or self.run_dir.name
 
     @property
     def total_steps(self) -> int | None:
-        total = (self.info or {}).get("total_steps")
-        return total if isinstance(total, int) and total > 0 else None
+        return self.info.total_steps if self.info else None
 
     @property
     def step(self) -> int | None:
@@ -120,9 +116,8 @@ class RunView:
 
     @property
     def start_time(self) -> float | None:
-        start = (self.info or {}).get("start_time")
-        if isinstance(start, (int, float)):
-            return float(start)
+        if self.info and self.info.start_time is not None:
+            return float(self.info.start_time)
         times = self.table.times
         return float(times[0]) if len(times) and times[0] == times[0] else None
 
@@ -151,12 +146,10 @@ class RunView:
     def status(self, now: float, alive: Callable[[int], bool] = pid_alive) -> str:
         if not self.exists or (self.info is None and not len(self.table)):
             return "waiting"
-        declared = (self.info or {}).get("status", "running")
-        if declared in ENDED:
-            return declared
-        pid = (self.info or {}).get("pid")
-        host = (self.info or {}).get("hostname")
-        if isinstance(pid, int) and host in (None, socket.gethostname()) and not alive(pid):
+        info = self.info or RunInfo()
+        if info.ended:
+            return info.status
+        if info.pid is not None and info.hostname in (None, socket.gethostname()) and not alive(info.pid):
             return "crashed"
         last = self.last_record_time()
         if last is None:
@@ -170,8 +163,8 @@ class RunView:
         start = self.start_time
         if start is None:
             return None
-        end = (self.info or {}).get("end_time")
-        if isinstance(end, (int, float)):
+        end = self.info.end_time if self.info else None
+        if end is not None:
             return max(0.0, float(end) - start)
         if status in ENDED or status == "crashed":
             last = self.last_record_time()
@@ -247,7 +240,7 @@ class RunReader:
         if not st.exists:
             return False
         changed = self._poll_run_json()
-        ended = (st.info or {}).get("status") in ENDED
+        ended = st.info is not None and st.info.ended
         changed |= self._poll_metrics(final=ended)
         changed |= self._poll_samples(final=ended)
         changed |= self._poll_alerts(final=ended)
@@ -281,7 +274,7 @@ class RunReader:
         if not isinstance(info, dict):
             self.state.notes.append(f"{path}: not a JSON object, ignored")
             return False
-        self.state.info = info
+        self.state.info = RunInfo.from_dict(info)
         return True
 
     def _poll_metrics(self, final: bool) -> bool:
@@ -336,8 +329,7 @@ class RunReader:
         if self._engine_checked:
             return self._engine
         self._engine_checked = True
-        config = (self.state.info or {}).get("config")
-        config = config if isinstance(config, dict) else {}
+        config = self.state.info.config if self.state.info else {}
         if config.get("enable_alerts") is False:
             return None
         rules_file = config.get("alerts_file")
@@ -410,9 +402,9 @@ def is_run_dir(path: Path) -> bool:
 
 
 def _started(path: Path) -> float:
-    start = (read_json_object(path / RUN_JSON) or {}).get("start_time")
-    if isinstance(start, (int, float)) and math.isfinite(start):
-        return float(start)
+    info = read_run_info(path)
+    if info is not None and info.start_time is not None:
+        return float(info.start_time)
     return path.stat().st_mtime
 
 

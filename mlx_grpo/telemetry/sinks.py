@@ -3,12 +3,12 @@
 Public API:
 
 - `Sink`: the interface every optional sink implements (each method defaults to doing nothing):
-  `start(info)`, `write(step, scalars, histograms, rewards)`, `write_samples(step, samples)`,
+  `start(info, run_dir)`, `write(step, scalars, histograms, rewards)`, `write_samples(step, samples)`,
   `write_alert(alert)`, `write_final(metrics)`, `log_checkpoint(path, step)`,
   `log_dataset(name, splits, metadata)`, `log_model(path, step)`, `close(status)`.
-  `info` is the run.json content plus `run_dir`; `scalars` maps canonical names to floats; `histograms`
-  maps names to arrays; `rewards` maps "total" and each reward function's name to the step's scores per
-  completion [N] (prompt-major), for the W&B 3D views.
+  `info` is the `RunInfo` written to run.json, `run_dir` the run directory; `scalars` maps canonical
+  names to floats; `histograms` maps names to arrays; `rewards` maps "total" and each reward function's
+  name to the step's scores per completion [N] (prompt-major), for the W&B 3D views.
 - `TensorBoardSink(logdir, flush_secs=2, purge_step=None)`: tensorboardX event files in `logdir` (the run's
   `tensorboard/`): all scalars of a step as one event, histograms, samples as a markdown table
   (`samples/completions`), alerts (`alerts`), the final metrics, a custom-scalars layout grouping
@@ -75,14 +75,14 @@ import re
 import sys
 import threading
 import time as _time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
 from .catalogue import tensorboard_layout
-from .rundir import RUN_JSON, RunDirWriter, json_safe, read_json_object, scrub_secrets, scrub_text
+from .rundir import RUN_JSON, RunDirWriter, RunInfo, json_safe, read_run_info, scrub_secrets, scrub_text
 from .wandb_charts import CATEGORY_COLOURS, category_cloud, chart_interval, heatmap_svg, value_cloud
 
 # Sample columns shown in text and tables; long texts are cut so a step's table stays readable.
@@ -95,7 +95,7 @@ HPARAM_METRICS = ("rewards/total/mean", "accuracy/train", "eval/accuracy", "poli
 class Sink:
     name = "sink"
 
-    def start(self, info: Mapping[str, Any]) -> None:
+    def start(self, info: RunInfo, run_dir: Path) -> None:
         pass
 
     def write(self, step: int, scalars: Mapping[str, float], histograms: Mapping[str, np.ndarray],
@@ -248,8 +248,7 @@ def differing_first(values: dict[str, Any], run_dir: str | Path | None, limit: i
                           key=lambda p: p.stat().st_mtime, reverse=True)[:limit]
     except OSError:
         return values
-    configs = [flatten_config(c) for c in ((read_json_object(p / RUN_JSON) or {}).get("config") for p in siblings)
-               if isinstance(c, dict)]
+    configs = [flatten_config(info.config) for info in map(read_run_info, siblings) if info is not None and info.config]
     if not configs:
         return values
     first = [k for k in differing_keys([values, *configs]) if k in values]
@@ -280,16 +279,17 @@ class TensorBoardSink(Sink):
             error = self._guard.error
             raise OSError(f"writing {self.logdir} failed: {error}") from error
 
-    def start(self, info: Mapping[str, Any]) -> None:
+    def start(self, info: RunInfo, run_dir: Path) -> None:
         from tensorboardX.summary import hparams
 
         self.writer.add_custom_scalars(tensorboard_layout())
-        hparam_values = differing_first(flatten_config(info.get("config") or {}), info.get("run_dir"))
+        hparam_values = differing_first(flatten_config(info.config), run_dir)
         experiment, session_start, _ = hparams(hparam_values, {name: 0.0 for name in HPARAM_METRICS})
         file_writer = self.writer._get_file_writer()
         file_writer.add_summary(experiment)
         file_writer.add_summary(session_start)
-        self.writer.add_text("run", "```\n" + json.dumps(json_safe(info), indent=2) + "\n```", 0)
+        shown = {**info.to_dict(), "run_dir": str(run_dir)}
+        self.writer.add_text("run", "```\n" + json.dumps(json_safe(shown), indent=2) + "\n```", 0)
 
     def write(self, step, scalars, histograms, rewards) -> None:
         self._raise_write_error()
@@ -376,20 +376,20 @@ class WandbSink(Sink):
         self._chart_every = options.chart_every
         self._total_steps: int | None = None
 
-    def start(self, info: Mapping[str, Any]) -> None:
+    def start(self, info: RunInfo, run_dir: Path) -> None:
         opts = self.options
         # An explicit dir wins, then the user's WANDB_DIR, then the run directory (keeps a run self-contained).
-        wandb_dir = opts.dir or (None if os.environ.get("WANDB_DIR") else info["run_dir"])
-        config = {**(info.get("config") or {}), "run_id": info.get("run_id"), "versions": info.get("versions"),
-                  "device": info.get("device"), **opts.extra_config}
+        wandb_dir = opts.dir or (None if os.environ.get("WANDB_DIR") else str(run_dir))
+        config = {**info.config, "run_id": info.run_id, "versions": info.versions, "device": info.device,
+                  **opts.extra_config}
         # Notes and tags are free text a user may paste a key into; W&B's own metadata would record the
         # command line, secrets typed as flags included, so it is not collected.
         tags = [scrub_text(str(tag)) for tag in opts.tags]
-        self.run = self.wandb.init(project=opts.project, entity=opts.entity, name=opts.name or info.get("name"),
+        self.run = self.wandb.init(project=opts.project, entity=opts.entity, name=opts.name or info.name,
                                    tags=tags or None, notes=scrub_text(opts.notes) if opts.notes else None,
                                    config=json_safe(scrub_secrets(config)), dir=wandb_dir, mode=opts.mode,
                                    settings=self.wandb.Settings(x_disable_meta=True))
-        self._total_steps = info.get("total_steps")
+        self._total_steps = info.total_steps
         self._chart_every = chart_interval(opts.chart_every, self._total_steps)
 
     def write(self, step, scalars, histograms, rewards) -> None:
@@ -609,15 +609,14 @@ class TrackioSink(Sink):
         self.run = None
         self._last_step = 0
 
-    def start(self, info: Mapping[str, Any]) -> None:
+    def start(self, info: RunInfo, run_dir: Path) -> None:
         opts = self.options
-        config = {**(info.get("config") or {}), "run_id": info.get("run_id"), "versions": info.get("versions"),
-                  "device": info.get("device")}
+        config = {**info.config, "run_id": info.run_id, "versions": info.versions, "device": info.device}
         with _local_and_quiet():
             # Its system monitors are off: the run's own system metrics are among the scalars.
-            self.run = self.trackio.init(project=opts.project, name=opts.name or info.get("name"),
+            self.run = self.trackio.init(project=opts.project, name=opts.name or info.name,
                                          config=json_safe(scrub_secrets(config)),
-                                         resume="allow" if info.get("resumes") else "never",
+                                         resume="allow" if info.resumes else "never",
                                          auto_log_cpu=False, auto_log_gpu=False, embed=False)
 
     def write(self, step, scalars, histograms, rewards) -> None:
@@ -676,8 +675,9 @@ class ThreadedSink(Sink):
         except queue.Full:
             self._dropped += 1
 
-    def start(self, info):
-        self._submit("start", dict(info))
+    def start(self, info, run_dir):
+        # A copy: the run directory's writer sets the status and end time on its own when the run ends.
+        self._submit("start", replace(info), run_dir)
 
     def write(self, step, scalars, histograms, rewards):
         # Copies: the trainer may reuse its dicts while the worker still holds them.
@@ -730,7 +730,7 @@ class SinkSet:
         self.rundir = rundir
         self.sinks = list(sinks)
         self.warn = warn or _stderr
-        self.info: dict[str, Any] = {}
+        self.info: RunInfo | None = None
         self._last_step = 0
         self._closed = False
 
@@ -760,13 +760,13 @@ class SinkSet:
 
     def start(self, name: str, config: Mapping[str, Any], versions: Mapping[str, Any] | None = None,
               device: Mapping[str, Any] | None = None, total_steps: int | None = None,
-              run_id: str | None = None, resume_step: int | None = None) -> dict[str, Any]:
+              run_id: str | None = None, resume_step: int | None = None) -> RunInfo:
         # resume_step only when resuming: stand-in writers (ranks > 0 of a distributed run) take the basic call.
         resume = {} if resume_step is None else {"resume_step": resume_step}
         self.info = self.rundir.start(name=name, config=config, versions=versions, device=device,
                                       total_steps=total_steps, run_id=run_id, **resume)
         # Sinks also learn where the run directory is (W&B keeps its files there by default).
-        self._each("start", {**self.info, "run_dir": str(self.rundir.path)})
+        self._each("start", self.info, self.rundir.path)
         return self.info
 
     def write(self, step: int, scalars: Mapping[str, float], histograms: Mapping[str, np.ndarray] | None = None,

@@ -20,10 +20,6 @@ from .board import Board
 from .board_widget import BoardView
 from .palette import ACCENT, LABEL, MUTED, TEXT_SOFT
 
-# run.json sections shown after its top-level fields (run id, status, times...).
-SECTIONS = ("config", "versions", "device")
-
-
 def readable_times(fields: dict) -> dict:
     """run.json's top-level fields with `*_time` Unix timestamps as local date, time and zone."""
     return {key: time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(value))
@@ -52,7 +48,7 @@ class ConfigView(BoardView, VerticalScroll):
     def _differences(self) -> Group:
         """The config keys whose values differ between the runs (that have a run.json), a column per run."""
         board = self.board
-        with_info = [(i, run) for i, run in enumerate(board.runs) if isinstance(run.info, dict)]
+        with_info = [(i, run) for i, run in enumerate(board.runs) if run.info is not None]
         configs = [run_config(run.info) for _, run in with_info]
         keys = [k for k in differing_keys(configs) if self.matches(k)] if len(configs) > 1 else []
         title = Text("differences between the runs", style=f"bold {ACCENT}")
@@ -75,13 +71,14 @@ class ConfigView(BoardView, VerticalScroll):
         for i, run in enumerate(board.runs):
             text.append(f"{run.name}  ", style=f"bold {board.color(i)}")
             text.append(str(run.run_dir) + "\n", style=MUTED)
-            if not isinstance(run.info, dict):
+            info = run.info
+            if info is None:
                 text.append("  run.json not written yet\n\n")
                 continue
-            top = readable_times({k: v for k, v in run.info.items() if k not in SECTIONS})
-            for section, body in (("run", top), *((name, run.info.get(name)) for name in SECTIONS)):
-                if body is None:
-                    continue
+            # Its top-level fields (run id, status, times...), then its sections.
+            sections = (("run", readable_times(info.run_fields())), ("config", info.config),
+                        ("versions", info.versions), ("device", info.device))
+            for section, body in sections:
                 dumped = yaml.safe_dump({section: body}, sort_keys=False, default_flow_style=False, width=100)
                 lines = [ln for ln in dumped.splitlines() if self.matches(ln) or not ln.startswith(" ")]
                 for line in lines:

@@ -8,7 +8,6 @@ trials). The list is newest first, with what run.json says of each run.
 from __future__ import annotations
 
 import json
-import math
 import os
 import time
 from dataclasses import dataclass
@@ -22,7 +21,8 @@ from textual.screen import ModalScreen
 from textual.widgets import SelectionList, Static
 from textual.widgets.selection_list import Selection
 
-from ..telemetry.rundir_reader import METRICS, RUN_JSON, is_run_dir
+from ..telemetry.rundir import RunInfo, read_run_info
+from ..telemetry.rundir_reader import METRICS, is_run_dir
 from .fmt import fmt_step
 from .palette import MUTED
 
@@ -38,14 +38,6 @@ class RunEntry:
     started: float | None
     step: int | None
     total_steps: int | None
-
-
-def _read_info(path: Path) -> dict:
-    try:
-        info = json.loads((path / RUN_JSON).read_bytes())
-    except (OSError, ValueError, RecursionError):
-        return {}
-    return info if isinstance(info, dict) else {}
 
 
 def _last_step(path: Path) -> int | None:
@@ -68,16 +60,14 @@ def _last_step(path: Path) -> int | None:
 
 
 def read_entry(path: Path) -> RunEntry:
-    info = _read_info(path)
-    start = info.get("start_time")
-    total = info.get("total_steps")
+    info = read_run_info(path) or RunInfo()
     return RunEntry(
         path=path,
-        name=str(info.get("name") or path.name),
-        status=str(info.get("status") or "unknown"),
-        started=float(start) if isinstance(start, (int, float)) and math.isfinite(start) else None,
+        name=info.name or path.name,
+        status=info.status or "unknown",
+        started=None if info.start_time is None else float(info.start_time),
         step=_last_step(path),
-        total_steps=total if isinstance(total, int) and total > 0 else None,
+        total_steps=info.total_steps,
     )
 
 
