@@ -6,6 +6,10 @@ estimate's noise is about +-1.5 points), and prints a table plus JSON.
 
     python benchmarks/bench_learning.py                # the default 200-step run
     python benchmarks/bench_learning.py --steps 100 --seeds 0 1
+    python benchmarks/bench_learning.py --seeds 0 1 2 --set beta=0   # any config key
+
+Each run's own metrics.jsonl holds its held-out curve (eval/accuracy at step 1, every eval_every
+steps and at the end); the command it prints at the end draws the runs' curves overlaid.
 """
 
 from __future__ import annotations
@@ -78,12 +82,19 @@ def main(argv: list[str] | None = None) -> int:
                         "run_dir": result["run_dir"]})
 
     summary = {"eval_prompts": args.eval_prompts, "runs": results,
-               "mean_gain_points": sum(r["gain_points"] for r in results) / len(results)}
+               "mean_gain_points": sum(r["gain_points"] for r in results) / len(results),
+               "min_gain_points": min(r["gain_points"] for r in results)}
     if not args.json:
         print(f"{'seed':>4} {'steps':>5} {'before':>7} {'after':>7} {'gain':>7} {'time':>7}")
         for r in results:
             print(f"{r['seed']:>4} {r['steps']:>5} {r['before']:>7.1%} {r['after']:>7.1%} "
                   f"{r['gain_points']:>+6.1f}p {r['train_seconds']:>6.0f}s")
+        if len(results) > 1:
+            mean = {k: sum(r[k] for r in results) / len(results) for k in ("before", "after", "train_seconds")}
+            print(f"{'mean':>4} {'':>5} {mean['before']:>7.1%} {mean['after']:>7.1%} "
+                  f"{summary['mean_gain_points']:>+6.1f}p {mean['train_seconds']:>6.0f}s "
+                  f"(lowest gain {summary['min_gain_points']:+.1f}p)")
+        print(f"held-out curves: mlx-grpo report {' '.join(r['run_dir'] for r in results)} --no-write --svg DIR")
     print(json.dumps(summary, indent=None if args.json else 2))
     return 0
 

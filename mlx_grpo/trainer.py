@@ -74,9 +74,12 @@ def load_policy_for_training(config: TrainConfig, base_dir: Path) -> Policy:
 
 
 def make_optimizer(config: TrainConfig) -> optim.Optimizer:
-    warmup = int(round(config.warmup_fraction * config.num_steps))
+    # The schedule advances once per optimiser update, and a step makes num_iterations of them: measured in
+    # steps, a cosine schedule with num_iterations 2 reached 0 halfway and the second half learnt nothing.
+    updates = config.num_steps * config.num_iterations
+    warmup = int(round(config.warmup_fraction * updates))
     if config.lr_schedule == "cosine":
-        main = optim.cosine_decay(config.learning_rate, max(1, config.num_steps - warmup))
+        main = optim.cosine_decay(config.learning_rate, max(1, updates - warmup))
     else:
         main = lambda step: mx.array(config.learning_rate)  # noqa: E731 - a constant schedule
     schedule = main

@@ -98,3 +98,27 @@ def test_a_batch_that_stays_uninformative_is_filled_after_the_last_round(tmp_pat
     # one-token completions never satisfy the format: every group scores 0, every round redraws all 6
     assert data.total.shape == (24,) and not data.total.any()
     assert data.component_metrics["sampling/redrawn_prompts"] == 12
+
+
+@pytest.mark.parametrize("iterations", [1, 2, 3])
+def test_the_learning_rate_schedule_spans_every_update_of_the_run(iterations):
+    """num_iterations updates per step: warm-up and cosine are measured in updates, so the last update
+    still learns and the schedule ends with the run (it used to reach 0 after num_steps updates)."""
+    import mlx.nn as nn
+
+    from mlx_grpo.trainer import make_optimizer
+
+    config = load_config(None, {"num_steps": 20, "num_iterations": iterations, "learning_rate": 1e-3,
+                                "warmup_fraction": 0.1, "lr_schedule": "cosine"})
+    model = nn.Linear(2, 2)
+    optimizer = make_optimizer(config)
+    grads = {k: mx.ones_like(v) for k, v in model.parameters().items()}
+    rates = []
+    for _ in range(config.num_steps * iterations):
+        rates.append(optimizer.learning_rate.item())
+        optimizer.update(model, grads)
+    peak = rates.index(max(rates))
+    assert abs(peak - round(0.1 * len(rates))) <= 1  # warm-up over 10% of the updates
+    assert max(rates) == pytest.approx(1e-3)
+    assert rates[-1] > 0 and rates[-1] < 0.05 * max(rates)  # still learning at the end, and near the end of cosine
+    assert all(a >= b for a, b in zip(rates[peak:], rates[peak + 1:]))
