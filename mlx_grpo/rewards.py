@@ -14,8 +14,8 @@ break your function. Return one score per completion; ``None`` (or NaN) means
 
 The built-ins read completions written as
 ``<reasoning>...</reasoning><answer>...</answer>``; they are chosen by name:
-``format_exact``, ``format_approx``, ``answer_check`` (alias ``check_answer``)
-and ``number_check`` (alias ``check_numbers``). A user function is named as
+``format_exact``, ``format_approx``, ``answer_check`` (alias ``check_answer``),
+``number_check`` (alias ``check_numbers``) and ``digit_match`` (partial credit per digit). A user function is named as
 ``path/to/file.py:function_name``, the path relative to the config's folder
 or absolute. See ``configs/rewards_example.py``.
 
@@ -152,6 +152,16 @@ def _number_check_one(completion: str, answer: str) -> float:
     return 1.5 if got_n is not None and got_n == want_n else 0.0
 
 
+def _digit_match_one(completion: str, answer: str) -> float:
+    got, want = extract_answer(completion), answer.strip()
+    if got is None or not got.isdigit() or not want.isdigit():
+        return 0.0
+    width = max(len(got), len(want))
+    # Right-aligned, so units meet units; a missing or extra leading digit counts as a miss.
+    matches = sum(g == w for g, w in zip(got.rjust(width, " "), want.rjust(width, "_")))
+    return 2.0 * matches / width
+
+
 # ------------------------------------------------------------------ built-ins
 
 
@@ -196,11 +206,20 @@ def number_check(prompts, completions, answers, **columns) -> list[float]:
     return [_number_check_one(c, a) for c, a in zip(completions, answers)]
 
 
+def digit_match(prompts, completions, answers, **columns) -> list[float]:
+    """Partial credit for whole-number answers, in [0, 2]: 2.0 x the share of digit positions (aligned
+    from the right, units with units) where the answer block agrees with the expected answer; 0 when
+    either is not a whole number. A near miss ("359" for "349") earns 1.33, so a group with no correct
+    sample still tells better attempts from worse ones."""
+    return [_digit_match_one(c, a) for c, a in zip(completions, answers)]
+
+
 BUILTINS: dict[str, Callable] = {
     "format_exact": format_exact,
     "format_approx": format_approx,
     "answer_check": answer_check,
     "number_check": number_check,
+    "digit_match": digit_match,
     # Names other GRPO recipes use for the same functions.
     "check_answer": answer_check,
     "check_numbers": number_check,

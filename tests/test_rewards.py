@@ -9,6 +9,7 @@ from mlx_grpo.errors import UserError
 from mlx_grpo.rewards import (
     BUILTINS,
     answer_check,
+    digit_match,
     extract_answer,
     format_approx,
     format_exact,
@@ -158,6 +159,34 @@ def test_answer_check_missing_answer_is_wrong():
 )
 def test_number_check(completion, expected, score):
     assert one(number_check, completion, expected) == score
+
+
+# ------------------------------------------------------------- digit_match
+
+
+@pytest.mark.parametrize(
+    "completion, expected, score",
+    [
+        (done("349"), "349", 2.0),
+        (done("359"), "349", pytest.approx(4 / 3)),  # tens wrong
+        (done("1349"), "349", 1.5),  # an extra leading digit: 3 of 4 positions
+        (done("49"), "349", pytest.approx(4 / 3)),  # a dropped leading digit is a miss, units still meet units
+        (done("943"), "349", pytest.approx(2 / 3)),  # reversed: only the middle digit is in place
+        (done(" 349 "), "349", 2.0),
+        (done("3.49"), "349", 0.0),  # not a whole number
+        (done("-349"), "349", 0.0),
+        (done(""), "349", 0.0),
+        ("<reasoning>349</reasoning>", "349", 0.0),  # no answer block
+        (done("12"), "twelve", 0.0),
+    ],
+)
+def test_digit_match_gives_partial_credit_per_digit_in_place(completion, expected, score):
+    assert one(digit_match, completion, expected) == score
+
+
+def test_digit_match_ranks_near_misses_above_far_misses():
+    scores = digit_match(["p"] * 4, [done(a) for a in ("1000", "1001", "1011", "1111")], ["1111"] * 4)
+    assert scores == sorted(scores) and scores[-1] == 2.0 and scores[0] == 0.5
 
 
 def test_aliases_are_the_seed_names():
