@@ -93,8 +93,8 @@ class TrainConfig:
     num_steps: int = 200  # GRPO steps to train
     batch_size: int = 16  # prompts per step
     num_generations: int = 8  # completions per prompt (G)
-    num_iterations: int = 1  # optimisation passes over one rollout
-    learning_rate: float = 3e-5  # AdamW's peak learning rate
+    num_iterations: int = 2  # optimiser updates per rollout (the second is PPO-clipped); 1 halves the update time
+    learning_rate: float = 5e-5  # AdamW's peak learning rate
     lr_schedule: str = "cosine"  # cosine | constant
     warmup_fraction: float = 0.05  # share of the steps the learning rate warms up over
     weight_decay: float = 0.0  # AdamW's decoupled weight decay
@@ -129,6 +129,7 @@ class TrainConfig:
         RewardSpec("format_approx"),
         RewardSpec("answer_check"),
         RewardSpec("number_check"),
+        RewardSpec("digit_match"),
     ])
     rubric_file: str | None = None  # a YAML rubric of weighted criteria scored as one more reward
     rubric_weight: float = 1.0  # weight of the rubric's reward

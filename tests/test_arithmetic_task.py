@@ -67,11 +67,24 @@ def test_difficulty_is_digits_of_larger_operand_and_all_levels_occur():
 def test_completion_format_and_answer_extraction():
     row = arithmetic.make_row(47, 302)
     completion = arithmetic.format_completion(row)
-    assert completion == "<reasoning></reasoning><answer>349</answer>"
+    assert completion == "<reasoning>000</reasoning><answer>349</answer>"
+    assert arithmetic.format_completion(arithmetic.make_row(58, 67)) == "<reasoning>110</reasoning><answer>125</answer>"
+    assert arithmetic.format_completion(arithmetic.make_row(999, 1)) == "<reasoning>111</reasoning><answer>1000</answer>"
     assert arithmetic.is_correct(completion, row)
-    assert not arithmetic.is_correct("<reasoning></reasoning><answer>348</answer>", row)
-    assert not arithmetic.is_correct("<reasoning></reasoning><answer>349", row)
+    assert arithmetic.is_correct("<reasoning>111</reasoning><answer>349</answer>", row)  # graded on the answer only
+    assert not arithmetic.is_correct("<reasoning>000</reasoning><answer>348</answer>", row)
+    assert not arithmetic.is_correct("<reasoning>000</reasoning><answer>349", row)
     assert not arithmetic.is_correct("no tags at all", row)
+
+
+def test_carries_are_the_carry_out_of_each_column_units_first():
+    for a in range(0, 1000, 37):
+        for b in range(0, 1000, 41):
+            c = arithmetic.carries(a, b)
+            sums = [(a // 10**i) % 10 + (b // 10**i) % 10 for i in range(3)]
+            carry_in = [0] + [int(x) for x in c[:2]]
+            assert c == "".join(str(int(s + ci >= 10)) for s, ci in zip(sums, carry_in))
+            assert int(c[2]) == (a + b >= 1000)
 
 
 def test_bad_arguments_are_refused_with_one_line():

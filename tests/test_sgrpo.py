@@ -32,7 +32,7 @@ def test_exits_follow_the_reasoning_when_it_is_long_enough():
     assert all(forced_tokens(p, TAGS) == [11, 12] for p in prefixes)  # close the reasoning, open the answer
 
 
-def test_default_task_shape_with_empty_reasoning_exits_on_the_tags():
+def test_an_empty_reasoning_block_exits_on_the_tags():
     path = [10, 11, 12, 5, 6, 13, 2]  # <reasoning></reasoning><answer>56</answer>
     span = reasoning_span(path, TAGS, EOS, num_exits=4)
     assert span == 2  # too little reasoning: the whole completion before <answer>

@@ -7,11 +7,10 @@ a llama with mlx_lm's own model code, train it with supervised next-token loss o
 the completion tokens of the arithmetic task, measure held-out greedy accuracy
 every few steps, and save the checkpoint whose accuracy is closest to a target
 (40% by default). The model is deliberately left imperfect so GRPO has something
-to improve, but it must be right often enough: from a 30% checkpoint the default
-GRPO run lost accuracy at lr 1e-4 and gained only 9-11 points in 200 steps at
-2e-5 to 3e-5, while from the 40% one lr 3e-5 gained over 15 points in 100 steps. Supervised
-training goes from ~0% to >90% within a few hundred steps, so the learning rate
-is small and evaluation frequent. The saved directory loads
+to improve, but it must be right often enough: with the same GRPO settings, the
+30% checkpoint gained 12 points of held-out accuracy in 200 steps and the 40% one
+27 (see WHY_40 below). Supervised training goes from ~0% to >90% within a few
+hundred steps, so the learning rate is small and evaluation frequent. The saved directory loads
 with `mlx_lm.load` like any Hugging Face-format model.
 
 For speed on Linux, preload OpenBLAS:
@@ -44,7 +43,7 @@ SPECIAL_TOKENS = [PAD, BOS, EOS, UNK]
 CHARACTERS = list("0123456789+=")
 TAG_TOKENS = ["<reasoning>", "</reasoning>", "<answer>", "</answer>"]
 MAX_SEQUENCE = 64  # longest sequence the model is meant for (prompt 9 + completion <= 9 here)
-MAX_NEW_TOKENS = 12  # the longest target completion is 9 tokens including EOS
+MAX_NEW_TOKENS = 16  # the longest target completion is 12 tokens including EOS
 
 # Seeds for the evaluation sets, apart from the training seed so that choosing
 # a checkpoint on one held-out sample and reporting on another are independent.
@@ -300,8 +299,8 @@ README = """# Embedded default model
 A {params:,}-parameter llama (hidden 128, 4 layers, 4 heads, intermediate 512, tied
 embeddings, fp32) with a {vocab}-token character-level tokenizer, pretrained on the
 arithmetic task of `mlx_grpo/tasks/arithmetic.py` (prompt `047+302=`, completion
-`<reasoning></reasoning><answer>349</answer>`). It is saved part-way through supervised
-training, on purpose: it is right on some held-out sums and wrong on others, so a GRPO
+`<reasoning>000</reasoning><answer>349</answer>`, the carry out of each column, units
+first, then the sum). It is saved part-way through supervised training, on purpose: it is right on some held-out sums and wrong on others, so a GRPO
 run has room to improve it. It loads with `mlx_lm.load` like any Hugging Face-format
 model.
 
@@ -320,6 +319,17 @@ checkpoint (step {step}):
 - greedy accuracy: {greedy:.1%} (selection set: {select:.1%})
 - sampled accuracy at temperature 1.0: {sampled:.1%}
 - prompts where at least one of {group} samples at temperature 1.0 is correct: {group_pass:.1%}
+""" + WHY_40
+
+# Measured with benchmarks/bench_learning.py (seed 0, 1,000 held-out sums) on checkpoints of this
+# recipe saved with --candidates-dir; kept in the README so a rebuild says why its target is 40%.
+WHY_40 = """
+Why 40%: GRPO learns from groups that hold at least one correct sample. With the same
+GRPO settings (digit_match among the rewards, learning rate 3e-5, one update per step), the
+default run gained 12.1 points of held-out accuracy in 200 steps from the 30% checkpoint
+(61% of prompts with a correct sample among 8), 26.7 from the 40% one (68%) and, at learning
+rate 5e-5, 22.3 from the 50% one, which has less left to learn. Figures of the default run
+itself are in the top-level README.
 """
 
 
