@@ -189,6 +189,7 @@ class WatchApp(App[None]):
         """Show the view `key` over whatever is open, and give it the keyboard in the same step (see _focus_view)."""
         self._back_to_views()
         self._tabs.active = key
+        self.update_views()  # the view's rows first: a table scrolled to its cursor before then keeps a stale scrollbar
         if not self._filter_box.has_focus:
             self._focus_view()
 
