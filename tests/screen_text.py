@@ -16,7 +16,7 @@ def screen_text(app) -> str:
     return console.export_text()
 
 
-async def settle(pilot, keys: list[str] = (), rounds: int = 3, timeout: float = 30.0) -> None:
+async def settle(pilot, keys: tuple[str, ...] | list[str] = (), rounds: int = 3, timeout: float = 30.0) -> None:
     """Press the keys, then wait until the screen is the same for `rounds` pauses in a row.
 
     Pilot's own waits judge "idle" by the process's CPU time, which a loaded machine fools (the process is idle
