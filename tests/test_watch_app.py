@@ -14,7 +14,7 @@ from textual.widgets import SelectionList
 
 from mlx_grpo.telemetry.catalogue import find_entry
 from mlx_grpo.telemetry.rundir_reader import STANDING_RECORDS
-from mlx_grpo.tui.app import WatchApp
+from mlx_grpo.tui.app import VIEW_KEYS, WatchApp
 from mlx_grpo.tui.chart import MetricChart
 from mlx_grpo.tui.chart_screen import ChartScreen
 from mlx_grpo.tui.run_picker import RunPicker
@@ -255,12 +255,12 @@ async def test_keys_smoothing_pause_refresh_filter_views_help(run):
         await pilot.press("shift+tab", "shift+tab")
         assert app.query_one("#views").active == "overview"
         await pilot.press("8")
-        assert "learning_rate" in screen_text(app)
+        await wait_for(pilot, lambda: "learning_rate" in screen_text(app))
 
-        await pilot.press("question_mark")
-        assert "STALLED" in screen_text(app) and "keys" in screen_text(app)
+        await pilot.press("question_mark")  # the help screen is drawn once it is mounted
+        await wait_for(pilot, lambda: "STALLED" in screen_text(app) and "keys" in screen_text(app))
         await pilot.press("escape")
-        assert "STALLED" not in screen_text(app)
+        await wait_for(pilot, lambda: "STALLED" not in screen_text(app))
         await pilot.press("q")
     assert app.return_code == 0
 
@@ -337,6 +337,11 @@ async def test_arrows_select_tiles_and_charts_and_enter_opens_them(run):
         # A number key goes back to the views.
         await pilot.press("2")
         await wait_for(pilot, lambda: chart_screen(app) is None and app.query_one("#views").active == "policy")
+        # And it stays there with the keyboard: the overview's focused chart, hidden by the switch, must not
+        # pass the focus to a sibling, which would take the tabs back to the overview.
+        assert app.query_one("#view-policy").has_focus_within
+        await pilot.pause(0.3)
+        assert app.query_one("#views").active == "policy"
 
 
 async def test_a_click_on_a_tile_opens_its_chart(run):
@@ -433,6 +438,6 @@ async def test_every_view_renders_a_run_full_of_bad_records(run):
         await wait_for(pilot, lambda: "step 5" in header(app))
         for view in "1234567":
             await pilot.press(view)
-            await pilot.pause(0.1)
-            assert screen_text(app).strip()
+            await wait_for(pilot, lambda: app.query_one("#views").active == VIEW_KEYS[int(view) - 1]
+                           and screen_text(app).strip())
         assert app.is_running

@@ -2,16 +2,19 @@
 
 The clock and the time zone are fixed and the run directories have fixed
 relative paths, so the screens are the same on every machine. After an intended change to the look:
-pytest tests/test_watch_snapshots.py --snapshot-update, and check the SVGs.
+pytest tests/test_watch_snapshots.py --snapshot-update, and check the SVGs. Each test presses its keys in
+run_before and waits there for the screen to settle (screen_text.settle), so a loaded machine takes the same picture.
 """
 
 from __future__ import annotations
 
 import time
+from functools import partial
 
 import pytest
 
 from run_writer import RunWriter
+from screen_text import settle
 from mlx_grpo.tui.app import WatchApp
 
 SIZE = (130, 42)
@@ -44,22 +47,24 @@ def app_for(*names: str, main: RunWriter) -> WatchApp:
 @pytest.mark.parametrize("keys", [[], ["2"], ["5"], ["6"], ["7"], ["8"], ["9"], ["question_mark"]],
                          ids=["overview", "policy", "system", "alerts", "samples", "config", "metrics", "help"])
 def test_view(snap_compare, fixed_runs, keys):
-    assert snap_compare(app_for("demo", main=fixed_runs), press=keys, terminal_size=SIZE)
+    assert snap_compare(app_for("demo", main=fixed_runs), run_before=partial(settle, keys=keys), terminal_size=SIZE)
 
 
 def test_two_runs_overlaid(snap_compare, fixed_runs):
-    assert snap_compare(app_for("demo", "other", main=fixed_runs), terminal_size=SIZE)
+    assert snap_compare(app_for("demo", "other", main=fixed_runs), run_before=settle, terminal_size=SIZE)
 
 
 def test_two_runs_config_differences(snap_compare, fixed_runs):
-    assert snap_compare(app_for("demo", "other", main=fixed_runs), press=["8"], terminal_size=SIZE)
+    assert snap_compare(app_for("demo", "other", main=fixed_runs), run_before=partial(settle, keys=["8"]),
+                        terminal_size=SIZE)
 
 
 @pytest.mark.parametrize("keys", [["9", "slash", *"entropy", "enter", "enter"], ["down", "right", "right", "enter"]],
                          ids=["from-metrics-table", "from-tile"])
 def test_metric_opened_as_chart(snap_compare, fixed_runs, keys):
-    assert snap_compare(app_for("demo", "other", main=fixed_runs), press=keys, terminal_size=SIZE)
+    assert snap_compare(app_for("demo", "other", main=fixed_runs), run_before=partial(settle, keys=keys),
+                        terminal_size=SIZE)
 
 
 def test_run_browser(snap_compare, fixed_runs):
-    assert snap_compare(app_for("demo", main=fixed_runs), press=["r"], terminal_size=SIZE)
+    assert snap_compare(app_for("demo", main=fixed_runs), run_before=partial(settle, keys=["r"]), terminal_size=SIZE)

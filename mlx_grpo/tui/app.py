@@ -171,14 +171,27 @@ class WatchApp(App[None]):
         self._filter_box.value = view.filter
         self.filter = view.filter
         self.update_views()
-        if not self._filter_box.has_focus:
+        # A view shown by a key has the focus already, perhaps moved on by the keys after it: keep that.
+        if not self._filter_box.has_focus and not view.has_focus_within:
             self._focus_view()
 
     def _focus_view(self) -> None:
-        """Give the visible view the keyboard, so arrows and j/k move in it."""
+        """Give the visible view the keyboard, so arrows and j/k move in it.
+
+        At once, not with focus(), which waits a turn: meanwhile the hidden view's focused widget hands the
+        focus to a sibling in its own pane, and TabbedContent follows the focus back to that pane.
+        """
         view = self.active_view()
         if view is not None:
-            view.focus_target.focus()
+            view.screen.set_focus(view.focus_target)
+
+    def _switch_view(self, key: str) -> None:
+        """Show the view `key` over whatever is open, and give it the keyboard in the same step (see _focus_view)."""
+        self._back_to_views()
+        self._tabs.active = key
+        self.update_views()  # the view's rows first: a table scrolled to its cursor before then keeps a stale scrollbar
+        if not self._filter_box.has_focus:
+            self._focus_view()
 
     # ------------------------------------------------------------------ watchers
     def watch_smoothing(self, value: float) -> None:
@@ -238,13 +251,11 @@ class WatchApp(App[None]):
 
     def action_show_view(self, index: int) -> None:
         if 1 <= index <= len(VIEW_KEYS):
-            self._back_to_views()
-            self._tabs.active = VIEW_KEYS[index - 1]
+            self._switch_view(VIEW_KEYS[index - 1])
 
     def action_next_view(self, direction: int) -> None:
-        self._back_to_views()
         current = VIEW_KEYS.index(self._tabs.active)
-        self._tabs.active = VIEW_KEYS[(current + direction) % len(VIEW_KEYS)]
+        self._switch_view(VIEW_KEYS[(current + direction) % len(VIEW_KEYS)])
 
     def action_move(self, direction: int) -> None:
         focused = self.focused
@@ -260,7 +271,7 @@ class WatchApp(App[None]):
     def action_open_filter(self) -> None:
         self._filter_box.value = self.filter
         self._filter_box.display = True
-        self._filter_box.focus()
+        self.set_focus(self._filter_box)  # at once: the next keys typed are the filter's
 
     def action_close_filter(self, clear: bool = False) -> None:
         box = self._filter_box
