@@ -77,7 +77,9 @@ def tiny_model(tmp_path_factory):
 
 
 def small_config(model_dir: Path, tmp_path: Path, **overrides):
+    # one update per step: policy/entropy is then the sampling policy's, as the dump's
     return load_config(None, {"model_id": str(model_dir), "num_steps": 4, "batch_size": 2, "num_generations": 3,
+                              "num_iterations": 1,
                               "max_generation_steps": 8, "train_size": 40, "eval_every": 0, "checkpoint_every": 0,
                               "tensorboard": False, "monitoring_dir": str(tmp_path / "runs"), "run_name": "r",
                               "entropy_logging.enable": True, **overrides})

@@ -52,7 +52,8 @@ def test_eval_of_a_run_agrees_with_its_own_held_out_accuracy(runs, capsys):
         result = cli_json(capsys, "eval", str(run_dir), "--json")
         assert result["eval/accuracy"] == final_eval_accuracy(run_dir)
         assert result["rows"] == 40 and result["correct"] == round(40 * result["eval/accuracy"])
-        assert set(result["rewards"]) == {"format_exact", "format_approx", "answer_check", "number_check", "total"}
+        assert set(result["rewards"]) == {"format_exact", "format_approx", "answer_check", "number_check", "digit_match",
+                                         "total"}
         assert result["target"].endswith("(step_3)")
 
 

@@ -17,7 +17,7 @@ STEPS, BATCH, GROUP, EXITS = 4, 4, 4, 3
 
 
 def run(tmp_path: Path, name: str, **overrides) -> Path:
-    config = load_config(None, {"num_steps": STEPS, "batch_size": BATCH, "num_generations": GROUP,
+    config = load_config(None, {"num_steps": STEPS, "batch_size": BATCH, "num_generations": GROUP, "num_iterations": 1,
                                 "train_size": 200, "eval_size": 40, "eval_every": STEPS, "checkpoint_every": 0,
                                 "monitoring_dir": str(tmp_path), "run_name": name, **overrides})
     result = train(config, tmp_path)
