@@ -49,6 +49,7 @@ class Probe:
     use_lora: bool = True
     lora_rank: int = 8
     beta: float = 0.04
+    num_iterations: int = 1  # optimiser updates per rollout (each evaluates and frees its own pass)
     dtype: str = "float32"
     rollout: bool = False
     train: bool = True  # measure the reference and update phases (off: the rollout alone)
@@ -76,7 +77,7 @@ def measure(probe: Probe) -> dict[str, float]:
     config = load_config(None, {"use_lora": probe.use_lora, "lora_rank": probe.lora_rank, "beta": probe.beta,
                                 "micro_batch_size": probe.micro_batch_size, "logits_chunk_size": probe.chunk,
                                 "grad_checkpoint": probe.grad_checkpoint, "max_generation_steps": probe.completion,
-                                "learning_rate": 1e-5})
+                                "num_iterations": probe.num_iterations, "learning_rate": 1e-5})
     mx.random.seed(0)
     model = build_model(probe)
     mx.clear_cache()

@@ -357,6 +357,11 @@ class WandbOptions:
     extra_config: Mapping[str, Any] = field(default_factory=dict)
 
 
+def tracker_config(info: RunInfo) -> dict[str, Any]:
+    """What an external tracker records as the run's config: the config, plus where and with what it ran."""
+    return {**info.config, "run_id": info.run_id, "versions": info.versions, "device": info.device}
+
+
 class WandbSink(Sink):
     name = "wandb"
 
@@ -380,8 +385,7 @@ class WandbSink(Sink):
         opts = self.options
         # An explicit dir wins, then the user's WANDB_DIR, then the run directory (keeps a run self-contained).
         wandb_dir = opts.dir or (None if os.environ.get("WANDB_DIR") else str(run_dir))
-        config = {**info.config, "run_id": info.run_id, "versions": info.versions, "device": info.device,
-                  **opts.extra_config}
+        config = {**tracker_config(info), **opts.extra_config}
         # Notes and tags are free text a user may paste a key into; W&B's own metadata would record the
         # command line, secrets typed as flags included, so it is not collected.
         tags = [scrub_text(str(tag)) for tag in opts.tags]
@@ -611,7 +615,7 @@ class TrackioSink(Sink):
 
     def start(self, info: RunInfo, run_dir: Path) -> None:
         opts = self.options
-        config = {**info.config, "run_id": info.run_id, "versions": info.versions, "device": info.device}
+        config = tracker_config(info)
         with _local_and_quiet():
             # Its system monitors are off: the run's own system metrics are among the scalars.
             self.run = self.trackio.init(project=opts.project, name=opts.name or info.name,
