@@ -26,6 +26,7 @@ from .judge import JudgeError
 from .rewards import RewardHooks
 from .rubric import Rubric, RubricScores
 from .telemetry.reward_stats import RunningStats
+from .telemetry.rundir import atomic_write_text
 
 REWARD_NAME = "rubric"
 SUMMARY_COLUMNS = ("criterion", "mean", "std", "min", "max", "samples")
@@ -256,7 +257,5 @@ def _cell(value: float | None) -> str:
 
 
 def _atomic_write(path: Path, text: str) -> Path:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    atomic_write_text(path, text)
     return path

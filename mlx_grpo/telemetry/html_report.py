@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import html
 import io
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +20,7 @@ from typing import Any, Sequence
 from ..errors import UserError
 from .analysis import RewardReport, RunData, analyze_run
 from .report import load_run
-from .rundir import RunInfo
+from .rundir import RunInfo, atomic_write_text
 
 # (title, y label, metrics): a metric with `*` stands for every reward function's.
 CHARTS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
@@ -224,9 +223,7 @@ def write_chart_files(run_dirs: Sequence[str | Path], out_dir: str | Path) -> li
     paths = []
     for title, svg in draw_charts(load_runs(run_dirs)):
         path = out / chart_file_name(title)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(svg, encoding="utf-8")
-        os.replace(tmp, path)
+        atomic_write_text(path, svg)
         paths.append(path)
     return paths
 
@@ -235,8 +232,5 @@ def write_html_report(run_dirs: Sequence[str | Path], out: str | Path | None = N
     """Write the report of one or more runs; the default place is report.html in the first run directory."""
     runs = load_runs(run_dirs)
     path = Path(out) if out is not None else Path(run_dirs[0]) / "report.html"
-    text = render_html(runs)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    atomic_write_text(path, render_html(runs))
     return path

@@ -7,7 +7,6 @@
 from __future__ import annotations
 
 import json
-import os
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ from .alert_console import format_alert
 from .alerts import Alert
 from .analysis import RewardReport, analyze_run
 from .jsonl_tail import JsonlTail
-from .rundir import ALERTS, METRICS, SAMPLES, RunInfo, read_run_info
+from .rundir import ALERTS, METRICS, SAMPLES, RunInfo, atomic_write_text, read_run_info
 
 MAX_LISTED_ALERTS = 20
 
@@ -54,11 +53,6 @@ def load_run(run_dir: str | Path) -> tuple[RunInfo, list[dict], list[dict], list
 def _fmt(value: Any, spec: str = ".3g") -> str:
     return "-" if value is None else format(value, spec)
 
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def render_markdown(report: RewardReport, title: str) -> str:
@@ -204,8 +198,8 @@ def report_json(title: str, report: RewardReport) -> str:
 
 def save_report(run_dir: str | Path, title: str, report: RewardReport) -> None:
     run_dir = Path(run_dir)
-    _write_atomic(run_dir / "report.json", report_json(title, report))
-    _write_atomic(run_dir / "report.md", render_markdown(report, title))
+    atomic_write_text(run_dir / "report.json", report_json(title, report))
+    atomic_write_text(run_dir / "report.md", render_markdown(report, title))
 
 
 def write_report(run_dir: str | Path) -> RewardReport:

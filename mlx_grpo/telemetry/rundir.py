@@ -26,7 +26,7 @@ Public API:
   string values that look like one (`sk-...`, `hf_...`, `ghp_...`, `Bearer ...`), and string values
   equal to a secret-named environment variable's value.
 - `json_safe(obj)`: a copy with NaN/Inf as None and numpy scalars/arrays as plain Python.
-- `atomic_write_json(path, obj)`: temp file in the same directory, then `os.replace`.
+- `atomic_write_text(path, text)`, `atomic_write_json(path, obj)`: temp file in the same directory, then `os.replace`.
 
 JSON stays valid: a non-finite number (or None) becomes null, "there was something to measure but no
 finite value"; a metric that does not apply is absent from the record.
@@ -161,19 +161,24 @@ def _dumps(obj: Any) -> str:
     return json.dumps(json_safe(obj), allow_nan=False, ensure_ascii=False)
 
 
-def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    """Write `text` to a temp file in the same directory, then `os.replace`: readers see the old file or the new."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         os.fchmod(fd, 0o644)  # mkstemp makes 0600; run files are read by other tools (and users)
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(json.dumps(json_safe(obj), allow_nan=False, ensure_ascii=False, indent=2) + "\n")
+            f.write(text)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
+    atomic_write_text(path, json.dumps(json_safe(obj), allow_nan=False, ensure_ascii=False, indent=2) + "\n")
 
 
 def _int(value: Any) -> int | None:
