@@ -113,9 +113,18 @@ def last_position_logits(model: nn.Module, inputs: mx.array, cache: list) -> mx.
     return model(inputs, cache=cache)[:, -1, :]
 
 
-def _prefill_plain(model: nn.Module, prompts: list[list[int]], pad_id: int, capacity: int,
-                   rows: mx.array) -> tuple[mx.array, list]:
-    """Every prompt in one left-padded forward pass, then each prompt's cache copied per group member."""
+def has_plain_kv_cache(model: nn.Module) -> bool:
+    """Every layer caches plain keys and values (no sliding window, no recurrent state): prompts can then
+    be prefilled together, left-padded, and a prompt's cache copied to many rows."""
+    return all(type(c) is KVCache for c in make_prompt_cache(model))
+
+
+def prefill_plain(model: nn.Module, prompts: list[list[int]], pad_id: int, capacity: int, rows: mx.array,
+                  hidden: bool = False) -> tuple[mx.array, list]:
+    """Every prompt in one left-padded forward pass, then each prompt's cache copied per row (row i
+    continues prompt rows[i]). Returns the last prompt position's logits per row ([R, V]; its hidden
+    state, [R, H], with `hidden` and a plain head) and the cache. Differentiable: the update runs its
+    completions on this cache, so a group's G completions share one pass over their prompt."""
     longest = max(len(p) for p in prompts)
     left_padding = [longest - len(p) for p in prompts]
     inputs = mx.array([[pad_id] * pad + p for pad, p in zip(left_padding, prompts)])
@@ -124,14 +133,17 @@ def _prefill_plain(model: nn.Module, prompts: list[list[int]], pad_id: int, capa
         # mlx-lm grows caches in blocks of 256 positions; one block of exactly the needed size
         # cuts rollout peak memory ~3.5x at the default shapes.
         layer_cache.step = max(1, capacity)
-    logits = last_position_logits(model, inputs, cache)
+    if hidden and has_plain_head(model):
+        last = model.model(inputs, cache=cache)[:, -1, :]
+    else:
+        last = last_position_logits(model, inputs, cache)
     for layer_cache in cache:
         if isinstance(layer_cache, BatchKVCache):
             layer_cache.filter(rows)
         else:
             layer_cache.keys = layer_cache.keys[rows]
             layer_cache.values = layer_cache.values[rows]
-    return logits[rows], cache
+    return last[rows], cache
 
 
 def _prefill_merged(model: nn.Module, prompts: list[list[int]], rows: mx.array) -> tuple[mx.array, list]:
@@ -163,8 +175,8 @@ def generate(
     """Sample `group_size` completions for each prompt, all in one batch."""
     start = time.perf_counter()
     rows = mx.array(np.repeat(np.arange(len(prompts)), group_size))
-    if all(type(c) is KVCache for c in make_prompt_cache(model)):
-        logits, cache = _prefill_plain(model, prompts, pad_id, max(len(p) for p in prompts) + max_tokens, rows)
+    if has_plain_kv_cache(model):
+        logits, cache = prefill_plain(model, prompts, pad_id, max(len(p) for p in prompts) + max_tokens, rows)
     else:
         logits, cache = _prefill_merged(model, prompts, rows)
 

@@ -13,6 +13,8 @@ positions at a time, recomputed in the backward pass (`mx.checkpoint`) instead o
 divides its loss by the sizes of the whole update (`grpo.LossTotals`), so the summed gradient is the
 whole batch's gradient for every loss type, and the statistics are computed once from the gathered
 log-probs. `grad_checkpoint` also recomputes each transformer block instead of keeping its activations.
+
+Speed. A group's G completions share one pass over their prompt (`completion_states`), as in the rollout.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from . import grpo
 from .config import TrainConfig
 from .extras import token_entropy
 from .models import has_plain_head, lm_head, project_to_vocab
-from .rollout import Rollout
+from .rollout import Rollout, has_plain_kv_cache, prefill_plain
 
 
 # ----------------------------------------------------------------------------- batches
@@ -48,6 +50,10 @@ class TrainBatch:
     mask: mx.array  # [N, T] 1 for real completion tokens
     num_tokens: int  # completion tokens in the batch
     sequence_lengths: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))  # prompt + completion
+    # Row i's prompt is prompt number prompt_groups[i] (runs of rows with one prompt: a GRPO group), of
+    # prompt_lengths[i] tokens. Empty: each row is scored on its own.
+    prompt_groups: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
+    prompt_lengths: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
 
     @property
     def num_sequences(self) -> int:
@@ -59,9 +65,12 @@ class TrainBatch:
         width = max(1, int(self.sequence_lengths[start:stop].max()) - 1) if self.sequence_lengths.size \
             else self.inputs.shape[1]
         completion = max(1, int(mask.sum(axis=1).max().item()))
+        groups = self.prompt_groups[start:stop]
         return replace(self, inputs=self.inputs[start:stop, :width], targets=self.targets[start:stop, :width],
                        positions=self.positions[start:stop, :completion], mask=mask[:, :completion],
-                       num_tokens=int(mask.sum().item()), sequence_lengths=self.sequence_lengths[start:stop])
+                       num_tokens=int(mask.sum().item()), sequence_lengths=self.sequence_lengths[start:stop],
+                       prompt_groups=groups - groups[0] if groups.size else groups,
+                       prompt_lengths=self.prompt_lengths[start:stop])
 
     def micro_batches(self, size: int | str) -> Iterator[tuple[slice, "TrainBatch"]]:
         """(rows, micro-batch) pairs of at most `size` sequences (0: the whole batch in one). `auto` is
@@ -88,8 +97,11 @@ def build_train_batch(rollout: Rollout, pad_id: int, mask_truncated: bool = Fals
         # the logit at position k predicts token k+1, so completion token t comes from len(p)-1+t
         positions[i, :n] = np.arange(len(p) - 1, len(p) - 1 + n)
         mask[i, :n] = 0.0 if mask_truncated and rollout.truncated[i] else 1.0
+    new_prompt = [i == 0 or rollout.prompts[i] != rollout.prompts[i - 1] for i in range(len(seqs))]
     return TrainBatch(mx.array(tokens[:, :-1]), mx.array(tokens[:, 1:]), mx.array(positions), mx.array(mask),
-                      int(mask.sum()), np.array([len(s) for s in seqs], dtype=np.int32))
+                      int(mask.sum()), np.array([len(s) for s in seqs], dtype=np.int32),
+                      np.cumsum(new_prompt, dtype=np.int32) - 1,
+                      np.array([len(p) for p in rollout.prompts], dtype=np.int32))
 
 
 # ----------------------------------------------------------------------------- scoring completions
@@ -188,6 +200,41 @@ def _chunked_head_scores(hidden: mx.array, targets: mx.array, head: nn.Module, t
     return dict(zip(keys, outputs))
 
 
+def shares_prompts(model: nn.Module, batch: TrainBatch) -> bool:
+    """Whether the batch's completions can share one pass per prompt: rows with a common prompt, every
+    prompt non-empty, plain key/value caches, and no per-block recompute (`mx.checkpoint` takes arrays,
+    not caches)."""
+    return (batch.prompt_groups.size > 0 and int(batch.prompt_groups[-1]) + 1 < batch.num_sequences
+            and int(batch.prompt_lengths.min()) > 0 and has_plain_kv_cache(model)
+            and not any(getattr(block, "grad_checkpointed", False) for block in getattr(model, "layers", [])))
+
+
+def completion_states(model: nn.Module, batch: TrainBatch, targets: mx.array, hidden: bool) -> mx.array:
+    """At the positions that predict the completion tokens: hidden states, [N, T, H] (`hidden`, a plain
+    head), else logits, [N, T, V].
+
+    The G completions of a group start from one prompt, so the prompt goes through the model once and
+    its keys and values are copied to the G rows, which then run only their completion tokens on that
+    cache (the rollout's own prefill, differentiated). At the default run's shape (9-token prompts,
+    ~11-token completions, G = 8) that is 40% fewer tokens and ~30% less time per pass; gradients equal
+    the whole-sequence pass's to float rounding (tests/test_shared_prompts.py)."""
+    if shares_prompts(model, batch):
+        groups = batch.prompt_groups
+        firsts = np.flatnonzero(np.diff(groups, prepend=-1))
+        rows = mx.array(firsts)
+        # token 0 from the inputs, the rest from the targets: right even for a row without completion
+        sequences = np.array(mx.concatenate([batch.inputs[rows, :1], batch.targets[rows]], axis=1))
+        prompts = [row[:length].tolist() for row, length in zip(sequences, batch.prompt_lengths[firsts])]
+        width = targets.shape[1]
+        last, cache = prefill_plain(model, prompts, 0, max(map(len, prompts)) + width, mx.array(groups), hidden)
+        if width == 1:
+            return last[:, None, :]
+        run = model.model if hidden else model
+        return mx.concatenate([last[:, None, :], run(targets[:, :-1], cache=cache)], axis=1)
+    states = model.model(batch.inputs) if hidden else model(batch.inputs)
+    return mx.take_along_axis(states, batch.positions[:, :, None], axis=1)
+
+
 def completion_scores(model: nn.Module, batch: TrainBatch, temperature: float, *, entropy: bool = False,
                       token_stats: bool = False, chunk_size: int = 0) -> CompletionScores:
     """Log-probs of the completion tokens under `model` at `temperature`, [N, T].
@@ -195,10 +242,10 @@ def completion_scores(model: nn.Module, batch: TrainBatch, temperature: float, *
     `chunk_size` > 0 runs the LM head over that many completion positions at a time, in the forward
     and the backward pass, so at most one chunk's [N, chunk, V] logits exist at once."""
     targets = mx.take_along_axis(batch.targets, batch.positions, axis=1)
-    if not has_plain_head(model):  # the full forward pass: [N, S-1, V] logits at once
-        logits = mx.take_along_axis(model(batch.inputs), batch.positions[:, :, None], axis=1)
+    if not has_plain_head(model):  # the model's own head: logits at every completion position at once
+        logits = completion_states(model, batch, targets, hidden=False)
         return _as_scores(_score_logits(logits, targets, temperature, entropy, token_stats))
-    hidden = mx.take_along_axis(model.model(batch.inputs), batch.positions[:, :, None], axis=1)
+    hidden = completion_states(model, batch, targets, hidden=True)
     head = lm_head(model)
     if 0 < chunk_size < targets.shape[1]:
         try:

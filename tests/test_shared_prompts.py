@@ -1,0 +1,108 @@
+"""The G completions of a prompt share one pass over it in the reference pass and the update: the log-probs
+and the weights' update are the whole-sequence pass's, for every head layout, with LoRA, and with micro-batches
+that cut a group in two."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import mlx.core as mx
+import mlx.nn as nn
+import mlx.optimizers as optim
+import numpy as np
+import pytest
+from mlx.utils import tree_flatten
+
+from mlx_grpo.config import load_config
+from mlx_grpo.models import apply_adapters
+from mlx_grpo.rollout import Rollout
+from mlx_grpo.update import (build_train_batch, checkpoint_blocks, completion_logprobs, make_loss_fn,
+                             shares_prompts, update_policy)
+from tiny_models import random_model
+
+VOCAB = 300
+
+
+def grouped_rollout(num_prompts: int = 3, group_size: int = 4, seed: int = 0) -> Rollout:
+    """Prompts of 2-9 tokens (so the shared pass left-pads them), each with `group_size` completions of
+    1-12 tokens; the first completion of the first group is empty."""
+    rng = np.random.default_rng(seed)
+    prompts, completions = [], []
+    for _ in range(num_prompts):
+        prompt = rng.integers(1, VOCAB, size=int(rng.integers(2, 10))).tolist()
+        for _ in range(group_size):
+            prompts.append(prompt)
+            completions.append(rng.integers(1, VOCAB, size=int(rng.integers(1, 13))).tolist())
+    completions[0] = []
+    n = len(prompts)
+    return Rollout(prompts, completions, [[0.0] * len(c) for c in completions], [False] * n, 0.0)
+
+
+def unshared(batch):
+    """The same batch scored row by row over whole sequences (what every batch did before)."""
+    return replace(batch, prompt_groups=np.zeros(0, np.int32))
+
+
+def test_a_batch_knows_which_rows_share_a_prompt():
+    batch = build_train_batch(grouped_rollout(), pad_id=0)
+    assert batch.prompt_groups.tolist() == [0] * 4 + [1] * 4 + [2] * 4
+    part = batch.rows(6, 11)
+    assert part.prompt_groups.tolist() == [0, 0, 1, 1, 1]
+    assert part.prompt_lengths.tolist() == batch.prompt_lengths[6:11].tolist()
+
+
+@pytest.mark.parametrize("model_type", ["llama", "qwen2"])  # its own LM head; the head is the embedding
+def test_shared_prompt_log_probs_equal_whole_sequence_ones(model_type):
+    model = random_model(model_type, VOCAB)
+    batch = build_train_batch(grouped_rollout(), pad_id=0)
+    assert shares_prompts(model, batch) and not shares_prompts(model, unshared(batch))
+    mask = np.array(batch.mask)
+    shared = np.array(completion_logprobs(model, batch, 0.9)) * mask
+    whole = np.array(completion_logprobs(model, unshared(batch), 0.9)) * mask
+    np.testing.assert_allclose(shared, whole, rtol=1e-5, atol=1e-5)
+    chunked = np.array(completion_logprobs(model, batch, 0.9, chunk_size=5)) * mask
+    np.testing.assert_allclose(chunked, whole, rtol=1e-5, atol=1e-5)
+
+
+def weight_moves(model_type: str, batch, overrides: dict, use_lora: bool = False) -> dict[str, np.ndarray]:
+    """How far one two-iteration update moves each trainable weight (plain SGD: -lr x gradient)."""
+    config = load_config(None, {"beta": 0.04, "num_iterations": 2, "max_grad_norm": 0.0, "temperature": 0.9,
+                                "use_lora": use_lora, "lora_rank": 4, "loss_type": "dapo", **overrides})
+    model = random_model(model_type, VOCAB)
+    if use_lora:
+        model.freeze()
+        apply_adapters(model, config)
+    if config.grad_checkpoint:
+        checkpoint_blocks(model)
+    reference = random_model(model_type, VOCAB, seed=1)
+    ref_logp = mx.stop_gradient(completion_logprobs(reference, unshared(batch), config.temperature))
+    advantages = mx.array(np.random.default_rng(3).normal(size=batch.num_sequences), dtype=mx.float32)
+    before = {k: np.array(v) for k, v in tree_flatten(model.trainable_parameters())}
+    update_policy(model, optim.SGD(learning_rate=0.5), nn.value_and_grad(model, make_loss_fn(config)), batch,
+                  advantages, ref_logp, config)
+    return {k: np.array(v) - before[k] for k, v in tree_flatten(model.trainable_parameters())}
+
+
+@pytest.mark.parametrize("model_type,use_lora,overrides", [
+    ("llama", False, {}),
+    ("qwen2", False, {"micro_batch_size": 3, "logits_chunk_size": 5}),  # micro-batches cut groups in two
+    ("llama", True, {"micro_batch_size": 5}),
+])
+def test_a_shared_prompt_update_equals_the_whole_sequence_update(model_type, use_lora, overrides):
+    batch = build_train_batch(grouped_rollout(), pad_id=0)
+    whole = weight_moves(model_type, unshared(batch), {}, use_lora)
+    shared = weight_moves(model_type, batch, overrides, use_lora)
+    scale = max(np.abs(v).max() for v in whole.values())
+    assert scale > 1e-4  # the update really moved the weights
+    for name, delta in whole.items():
+        np.testing.assert_allclose(shared[name], delta, rtol=1e-4, atol=1e-5 * scale, err_msg=name)
+
+
+def test_models_and_batches_that_cannot_share_a_prompt_pass_use_whole_sequences():
+    batch = build_train_batch(grouped_rollout(), pad_id=0)
+    assert not shares_prompts(random_model("gemma3_text", VOCAB), batch)  # sliding-window caches
+    checkpointed = random_model("llama", VOCAB)
+    checkpoint_blocks(checkpointed)
+    assert not shares_prompts(checkpointed, batch)  # mx.checkpoint takes arrays, not caches
+    distinct = build_train_batch(grouped_rollout(num_prompts=6, group_size=1), pad_id=0)
+    assert not shares_prompts(random_model("llama", VOCAB), distinct)  # nothing to share
