@@ -48,4 +48,6 @@ def test_svg_writes_each_chart_as_its_own_file_with_runs_overlaid(tmp_path, caps
     text = (out / "total-reward.svg").read_text()
     assert text.startswith("<svg") and text.rstrip().endswith("</svg>")
     assert "healthy: rewards/total/mean" in text and "hacked: rewards/total/mean" in text
+    # one metric, two runs: a colour per run (matplotlib's first two), not one colour for both
+    assert "stroke: #1f77b4" in text and "stroke: #ff7f0e" in text
     assert f"to {out}" in capsys.readouterr().out

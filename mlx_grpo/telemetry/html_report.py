@@ -90,7 +90,8 @@ def _svg(fig) -> str:
 
 def chart_svg(plt, title: str, ylabel: str, patterns: Sequence[str], runs: Sequence[LoadedRun]) -> str | None:
     """One chart, every run and every matching metric as a line; None when no run has any of them."""
-    # A colour per metric, a line style per run: overlaid runs of one metric read as one family.
+    # A colour per metric, a line style per run: overlaid runs of one metric read as one family. With
+    # one metric, each run gets a colour of its own as well (three seeds in one colour were hard to follow).
     lines = []
     names = [name for pattern in patterns for name in _metric_names(pattern, runs)]
     for k, name in enumerate(names):
@@ -98,7 +99,8 @@ def chart_svg(plt, title: str, ylabel: str, patterns: Sequence[str], runs: Seque
             steps, values = run.data.series(name)
             if len(values):
                 label = name if len(runs) == 1 else f"{run.title}: {name}"
-                lines.append((steps, values, label, f"C{k % 10}", RUN_STYLES[r % len(RUN_STYLES)]))
+                colour = f"C{(r if len(names) == 1 else k) % 10}"
+                lines.append((steps, values, label, colour, RUN_STYLES[r % len(RUN_STYLES)]))
     if not lines:
         return None
     fig, ax = plt.subplots(figsize=(6.2, 2.8))
