@@ -7,6 +7,10 @@ within the same repetition. float32 (bf16 matmuls bypass BLAS on a CPU).
 
     python benchmarks/micro_batch_speed.py --hidden 896 --intermediate 4864 --heads 14 --vocab 151936 \\
         --layers 2 --sequences 8 --prompt 64 --completion 256
+
+With `--group-size G` the sequences come in groups of G sharing a prompt, as in a GRPO step, and one
+more setting, "whole batch, each row its prompt", scores every row over its whole sequence: what the
+update did before a group shared one pass over its prompt.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import argparse
 import json
 import statistics
 import time
+from dataclasses import replace
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -35,6 +40,7 @@ SETTINGS = {
     "micro 2, chunk 64": {"micro_batch_size": 2, "logits_chunk_size": 64},
     "micro 2, chunk 64, checkpoint": {"micro_batch_size": 2, "logits_chunk_size": 64, "grad_checkpoint": True},
 }
+UNSHARED = "whole batch, each row its prompt"
 
 
 def main() -> None:
@@ -48,20 +54,29 @@ def main() -> None:
     parser.add_argument("--sequences", type=int, default=8)
     parser.add_argument("--prompt", type=int, default=64)
     parser.add_argument("--completion", type=int, default=256)
+    parser.add_argument("--group-size", type=int, default=1, help="completions per prompt")
     parser.add_argument("--repetitions", type=int, default=3)
+    parser.add_argument("--only", nargs="+", metavar="SETTING", help="time only these settings (and the whole batch)")
     args = parser.parse_args()
     probe = Probe(hidden=args.hidden, intermediate=args.intermediate, heads=args.heads, kv_heads=args.kv_heads,
                   vocab=args.vocab, layers=args.layers)
     rng = np.random.default_rng(0)
-    prompts = [rng.integers(1, args.vocab, args.prompt).tolist() for _ in range(args.sequences)]
+    prompts = [prompt for _ in range(args.sequences // args.group_size)
+               for prompt in [rng.integers(1, args.vocab, args.prompt).tolist()] * args.group_size]
+    args.sequences = len(prompts)
     completions = [rng.integers(1, args.vocab, args.completion).tolist() for _ in range(args.sequences)]
     batch = build_train_batch(Rollout(prompts, completions, [[0.0] * args.completion] * args.sequences,
                                       [False] * args.sequences, 0.0), pad_id=0)
     advantages = mx.array(rng.normal(size=args.sequences), dtype=mx.float32)
     tokens = args.sequences * args.completion
 
+    settings = dict(SETTINGS)
+    if args.group_size > 1:
+        settings[UNSHARED] = {}
+    if args.only:
+        settings = {name: value for name, value in settings.items() if name == "whole batch" or name in args.only}
     runners = {}
-    for name, overrides in SETTINGS.items():
+    for name, overrides in settings.items():
         config = load_config(None, {"use_lora": True, "beta": 0.0, "learning_rate": 1e-5,
                                     "max_generation_steps": args.completion, **overrides})
         mx.random.seed(0)
@@ -72,9 +87,11 @@ def main() -> None:
         optimizer = make_optimizer(config)
         loss_and_grad = nn.value_and_grad(model, make_loss_fn(config))
 
-        def run(model=model, optimizer=optimizer, loss_and_grad=loss_and_grad, config=config) -> float:
+        rows = replace(batch, prompt_groups=np.zeros(0, np.int32)) if name == UNSHARED else batch
+
+        def run(model=model, optimizer=optimizer, loss_and_grad=loss_and_grad, config=config, rows=rows) -> float:
             start = time.perf_counter()
-            update_policy(model, optimizer, loss_and_grad, batch, advantages, None, config)
+            update_policy(model, optimizer, loss_and_grad, rows, advantages, None, config)
             return time.perf_counter() - start
 
         run()  # warm-up
