@@ -99,3 +99,12 @@ def test_a_hub_dataset_that_cannot_be_reached_is_one_line(tmp_path):
     assert len(lines) == 1 and lines[0].startswith(
         "mlx-grpo train: error: someone/sums:main: no such file, and loading its 'train' split from the Hugging "
         "Face Hub failed (ConnectionError: "), result.stderr
+
+
+def test_a_mistyped_path_inside_a_local_directory_is_no_such_file_at_once(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data").mkdir()
+    # shaped like a hub name (owner/name), but data/ is a directory here: the user meant a file
+    assert main(["train", "--dataset", "data/trian", "--monitoring-dir", str(tmp_path / "runs"), *SHORT]) == 2
+    line = one_line(capsys)
+    assert line.endswith("data/trian: dataset file not found") and "Hub" not in line, line
