@@ -223,6 +223,8 @@ def _floats(values: list) -> np.ndarray:
     try:
         arr = np.array(values, dtype=np.float64)
     except (TypeError, ValueError, OverflowError):
+        arr = None
+    if arr is None or arr.shape != (len(values),):  # lists of one shape convert without error: [[]] is (1, 0)
         arr = np.array([_number_or_nan(v) for v in values], dtype=np.float64)
     arr[~np.isfinite(arr)] = np.nan
     return arr
