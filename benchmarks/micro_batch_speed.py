@@ -87,7 +87,7 @@ def main() -> None:
         optimizer = make_optimizer(config)
         loss_and_grad = nn.value_and_grad(model, make_loss_fn(config))
 
-        rows = replace(batch, prompt_groups=np.zeros(0, np.int32)) if name == UNSHARED else batch
+        rows = replace(batch, prompts=[]) if name == UNSHARED else batch
 
         def run(model=model, optimizer=optimizer, loss_and_grad=loss_and_grad, config=config, rows=rows) -> float:
             start = time.perf_counter()

@@ -122,8 +122,8 @@ def has_plain_kv_cache(model: nn.Module) -> bool:
 def prefill_plain(model: nn.Module, prompts: list[list[int]], pad_id: int, capacity: int, rows: mx.array,
                   hidden: bool = False) -> tuple[mx.array, list]:
     """Every prompt in one left-padded forward pass, then each prompt's cache copied per row (row i
-    continues prompt rows[i]). Returns the last prompt position's logits per row ([R, V]; its hidden
-    state, [R, H], with `hidden` and a plain head) and the cache. Differentiable: the update runs its
+    continues prompt rows[i]). Returns the last prompt position's logits per row ([R, V]; with `hidden`,
+    for a plain-head model, its hidden state, [R, H]) and the cache. Differentiable: the update runs its
     completions on this cache, so a group's G completions share one pass over their prompt."""
     longest = max(len(p) for p in prompts)
     left_padding = [longest - len(p) for p in prompts]
@@ -133,10 +133,7 @@ def prefill_plain(model: nn.Module, prompts: list[list[int]], pad_id: int, capac
         # mlx-lm grows caches in blocks of 256 positions; one block of exactly the needed size
         # cuts rollout peak memory ~3.5x at the default shapes.
         layer_cache.step = max(1, capacity)
-    if hidden and has_plain_head(model):
-        last = model.model(inputs, cache=cache)[:, -1, :]
-    else:
-        last = last_position_logits(model, inputs, cache)
+    last = model.model(inputs, cache=cache)[:, -1, :] if hidden else last_position_logits(model, inputs, cache)
     for layer_cache in cache:
         if isinstance(layer_cache, BatchKVCache):
             layer_cache.filter(rows)

@@ -50,10 +50,10 @@ class TrainBatch:
     mask: mx.array  # [N, T] 1 for real completion tokens
     num_tokens: int  # completion tokens in the batch
     sequence_lengths: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))  # prompt + completion
-    # Row i's prompt is prompt number prompt_groups[i] (runs of rows with one prompt: a GRPO group), of
-    # prompt_lengths[i] tokens. Empty: each row is scored on its own.
-    prompt_groups: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
-    prompt_lengths: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
+    # The distinct prompts, in row order (a GRPO group's rows are one run), and row i's index into them.
+    # Empty: each row is scored over its whole sequence.
+    prompts: list[list[int]] = field(default_factory=list)
+    prompt_of_row: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
 
     @property
     def num_sequences(self) -> int:
@@ -65,12 +65,12 @@ class TrainBatch:
         width = max(1, int(self.sequence_lengths[start:stop].max()) - 1) if self.sequence_lengths.size \
             else self.inputs.shape[1]
         completion = max(1, int(mask.sum(axis=1).max().item()))
-        groups = self.prompt_groups[start:stop]
+        of_row = self.prompt_of_row[start:stop]
+        first, last = (int(of_row[0]), int(of_row[-1]) + 1) if of_row.size else (0, 0)
         return replace(self, inputs=self.inputs[start:stop, :width], targets=self.targets[start:stop, :width],
                        positions=self.positions[start:stop, :completion], mask=mask[:, :completion],
                        num_tokens=int(mask.sum().item()), sequence_lengths=self.sequence_lengths[start:stop],
-                       prompt_groups=groups - groups[0] if groups.size else groups,
-                       prompt_lengths=self.prompt_lengths[start:stop])
+                       prompts=self.prompts[first:last], prompt_of_row=of_row - first)
 
     def micro_batches(self, size: int | str) -> Iterator[tuple[slice, "TrainBatch"]]:
         """(rows, micro-batch) pairs of at most `size` sequences (0: the whole batch in one). `auto` is
@@ -100,8 +100,8 @@ def build_train_batch(rollout: Rollout, pad_id: int, mask_truncated: bool = Fals
     new_prompt = [i == 0 or rollout.prompts[i] != rollout.prompts[i - 1] for i in range(len(seqs))]
     return TrainBatch(mx.array(tokens[:, :-1]), mx.array(tokens[:, 1:]), mx.array(positions), mx.array(mask),
                       int(mask.sum()), np.array([len(s) for s in seqs], dtype=np.int32),
-                      np.cumsum(new_prompt, dtype=np.int32) - 1,
-                      np.array([len(p) for p in rollout.prompts], dtype=np.int32))
+                      [list(p) for p, new in zip(rollout.prompts, new_prompt) if new],
+                      np.cumsum(new_prompt, dtype=np.int32) - 1)
 
 
 # ----------------------------------------------------------------------------- scoring completions
@@ -204,8 +204,7 @@ def shares_prompts(model: nn.Module, batch: TrainBatch) -> bool:
     """Whether the batch's completions can share one pass per prompt: rows with a common prompt, every
     prompt non-empty, plain key/value caches, and no per-block recompute (`mx.checkpoint` takes arrays,
     not caches)."""
-    return (batch.prompt_groups.size > 0 and int(batch.prompt_groups[-1]) + 1 < batch.num_sequences
-            and int(batch.prompt_lengths.min()) > 0 and has_plain_kv_cache(model)
+    return (0 < len(batch.prompts) < batch.num_sequences and all(batch.prompts) and has_plain_kv_cache(model)
             and not any(getattr(block, "grad_checkpointed", False) for block in getattr(model, "layers", [])))
 
 
@@ -219,14 +218,9 @@ def completion_states(model: nn.Module, batch: TrainBatch, targets: mx.array, hi
     ~11-token completions, G = 8) that is 40% fewer tokens and ~30% less time per pass; gradients equal
     the whole-sequence pass's to float rounding (tests/test_shared_prompts.py)."""
     if shares_prompts(model, batch):
-        groups = batch.prompt_groups
-        firsts = np.flatnonzero(np.diff(groups, prepend=-1))
-        rows = mx.array(firsts)
-        # token 0 from the inputs, the rest from the targets: right even for a row without completion
-        sequences = np.array(mx.concatenate([batch.inputs[rows, :1], batch.targets[rows]], axis=1))
-        prompts = [row[:length].tolist() for row, length in zip(sequences, batch.prompt_lengths[firsts])]
         width = targets.shape[1]
-        last, cache = prefill_plain(model, prompts, 0, max(map(len, prompts)) + width, mx.array(groups), hidden)
+        last, cache = prefill_plain(model, batch.prompts, 0, max(map(len, batch.prompts)) + width,
+                                    mx.array(batch.prompt_of_row), hidden)
         if width == 1:
             return last[:, None, :]
         run = model.model if hidden else model

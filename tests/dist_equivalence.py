@@ -32,6 +32,7 @@ from mlx_grpo.config import load_config
 from mlx_grpo.distributed import init_world
 from mlx_grpo.rollout import Rollout
 from mlx_grpo.trainer import load_policy_for_training, make_optimizer
+from tiny_models import grouped_rollout
 from mlx_grpo.update import LocalReduce, build_train_batch, completion_logprobs, make_loss_fn, update_policy
 
 B, G = 2, 4  # prompts per rank, completions per prompt
@@ -59,15 +60,9 @@ class NaiveReduce(LocalReduce):
 
 def fixed_rollout(num_prompts: int, vocab: int) -> tuple[Rollout, np.ndarray]:
     rng = np.random.default_rng(1234)
-    prompts, completions = [], []
-    for _ in range(num_prompts):
-        prompt = rng.integers(4, vocab, size=int(rng.integers(3, 7))).tolist()
-        for _ in range(G):
-            prompts.append(prompt)
-            # very different lengths, so the ranks hold different token counts (bnpo/dapo care)
-            completions.append(rng.integers(4, vocab, size=int(rng.integers(1, 12))).tolist())
-    rewards = rng.integers(0, 3, size=len(completions)).astype(np.float32)
-    rollout = Rollout(prompts, completions, [[0.0] * len(c) for c in completions], [False] * len(completions), 0.0)
+    # completions of very different lengths, so the ranks hold different token counts (bnpo/dapo care)
+    rollout = grouped_rollout(rng, num_prompts, G, ids=(4, vocab), prompt_lengths=(3, 7), completion_lengths=(1, 12))
+    rewards = rng.integers(0, 3, size=len(rollout.completions)).astype(np.float32)
     return rollout, rewards
 
 

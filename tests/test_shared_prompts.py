@@ -18,43 +18,36 @@ from mlx_grpo.models import apply_adapters
 from mlx_grpo.rollout import Rollout
 from mlx_grpo.update import (build_train_batch, checkpoint_blocks, completion_logprobs, make_loss_fn,
                              shares_prompts, update_policy)
-from tiny_models import random_model
+from tiny_models import grouped_rollout, random_model
 
 VOCAB = 300
 
 
-def grouped_rollout(num_prompts: int = 3, group_size: int = 4, seed: int = 0) -> Rollout:
+def prompts_in_groups(num_prompts: int = 3, group_size: int = 4, seed: int = 0) -> Rollout:
     """Prompts of 2-9 tokens (so the shared pass left-pads them), each with `group_size` completions of
     1-12 tokens; the first completion of the first group is empty."""
-    rng = np.random.default_rng(seed)
-    prompts, completions = [], []
-    for _ in range(num_prompts):
-        prompt = rng.integers(1, VOCAB, size=int(rng.integers(2, 10))).tolist()
-        for _ in range(group_size):
-            prompts.append(prompt)
-            completions.append(rng.integers(1, VOCAB, size=int(rng.integers(1, 13))).tolist())
-    completions[0] = []
-    n = len(prompts)
-    return Rollout(prompts, completions, [[0.0] * len(c) for c in completions], [False] * n, 0.0)
+    rollout = grouped_rollout(np.random.default_rng(seed), num_prompts, group_size, ids=(1, VOCAB),
+                              prompt_lengths=(2, 10), completion_lengths=(1, 13))
+    rollout.completions[0], rollout.logprobs[0] = [], []
+    return rollout
 
 
 def unshared(batch):
     """The same batch scored row by row over whole sequences (what every batch did before)."""
-    return replace(batch, prompt_groups=np.zeros(0, np.int32))
+    return replace(batch, prompts=[])
 
 
 def test_a_batch_knows_which_rows_share_a_prompt():
-    batch = build_train_batch(grouped_rollout(), pad_id=0)
-    assert batch.prompt_groups.tolist() == [0] * 4 + [1] * 4 + [2] * 4
+    batch = build_train_batch(prompts_in_groups(), pad_id=0)
+    assert batch.prompt_of_row.tolist() == [0] * 4 + [1] * 4 + [2] * 4 and len(batch.prompts) == 3
     part = batch.rows(6, 11)
-    assert part.prompt_groups.tolist() == [0, 0, 1, 1, 1]
-    assert part.prompt_lengths.tolist() == batch.prompt_lengths[6:11].tolist()
+    assert part.prompt_of_row.tolist() == [0, 0, 1, 1, 1] and part.prompts == batch.prompts[1:3]
 
 
 @pytest.mark.parametrize("model_type", ["llama", "qwen2"])  # its own LM head; the head is the embedding
 def test_shared_prompt_log_probs_equal_whole_sequence_ones(model_type):
     model = random_model(model_type, VOCAB)
-    batch = build_train_batch(grouped_rollout(), pad_id=0)
+    batch = build_train_batch(prompts_in_groups(), pad_id=0)
     assert shares_prompts(model, batch) and not shares_prompts(model, unshared(batch))
     mask = np.array(batch.mask)
     shared = np.array(completion_logprobs(model, batch, 0.9)) * mask
@@ -89,7 +82,7 @@ def weight_moves(model_type: str, batch, overrides: dict, use_lora: bool = False
     ("llama", True, {"micro_batch_size": 5}),
 ])
 def test_a_shared_prompt_update_equals_the_whole_sequence_update(model_type, use_lora, overrides):
-    batch = build_train_batch(grouped_rollout(), pad_id=0)
+    batch = build_train_batch(prompts_in_groups(), pad_id=0)
     whole = weight_moves(model_type, unshared(batch), {}, use_lora)
     shared = weight_moves(model_type, batch, overrides, use_lora)
     scale = max(np.abs(v).max() for v in whole.values())
@@ -99,10 +92,10 @@ def test_a_shared_prompt_update_equals_the_whole_sequence_update(model_type, use
 
 
 def test_models_and_batches_that_cannot_share_a_prompt_pass_use_whole_sequences():
-    batch = build_train_batch(grouped_rollout(), pad_id=0)
+    batch = build_train_batch(prompts_in_groups(), pad_id=0)
     assert not shares_prompts(random_model("gemma3_text", VOCAB), batch)  # sliding-window caches
     checkpointed = random_model("llama", VOCAB)
     checkpoint_blocks(checkpointed)
     assert not shares_prompts(checkpointed, batch)  # mx.checkpoint takes arrays, not caches
-    distinct = build_train_batch(grouped_rollout(num_prompts=6, group_size=1), pad_id=0)
+    distinct = build_train_batch(prompts_in_groups(num_prompts=6, group_size=1), pad_id=0)
     assert not shares_prompts(random_model("llama", VOCAB), distinct)  # nothing to share

@@ -10,8 +10,10 @@ import importlib
 from pathlib import Path
 
 import mlx.core as mx
+import numpy as np
 from mlx_lm.utils import save_config, save_model
 
+from mlx_grpo.rollout import Rollout
 from mlx_grpo.tools.build_default_model import BOS, EOS, PAD, build_tokenizer, save_tokenizer
 
 ARCHITECTURES = {
@@ -73,3 +75,16 @@ def random_model(model_type: str, vocab: int = 300, hidden: int = 64, layers: in
     model = module.Model(module.ModelArgs.from_dict(args))
     mx.eval(model.parameters())
     return model
+
+
+def grouped_rollout(rng: np.random.Generator, num_prompts: int, group_size: int, ids: tuple[int, int],
+                    prompt_lengths: tuple[int, int], completion_lengths: tuple[int, int]) -> Rollout:
+    """Random token ids in [ids), `group_size` completions per prompt as a GRPO step lays them out;
+    lengths drawn from the half-open ranges given."""
+    prompts, completions = [], []
+    for _ in range(num_prompts):
+        prompt = rng.integers(*ids, size=int(rng.integers(*prompt_lengths))).tolist()
+        for _ in range(group_size):
+            prompts.append(prompt)
+            completions.append(rng.integers(*ids, size=int(rng.integers(*completion_lengths))).tolist())
+    return Rollout(prompts, completions, [[0.0] * len(c) for c in completions], [False] * len(completions), 0.0)
