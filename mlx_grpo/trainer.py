@@ -466,8 +466,8 @@ def open_run(config: TrainConfig, base_dir: Path, resume_dir: Path | None) -> Ru
         trackio=trackio, warn=lambda m: console.message(m, style="yellow"),
         purge_step=start_step + 1 if resume_dir is not None else None), run_dir)
     run_info = sinks.start(run_dir.name, {**config_to_dict(config), "base_dir": str(base_dir)}, versions(),
-                {**describe_device(resolve_dtype(config)), **world.describe()}, config.num_steps,
-                run_id=saved.get("run_id"), resume_step=start_step if resume_dir is not None else None)
+                           {**describe_device(resolve_dtype(config)), **world.describe()}, config.num_steps,
+                           run_id=saved.get("run_id"), resume_step=start_step if resume_dir is not None else None)
     if wandb is not None and config.wandb_log_dataset and resume_dir is None and world.is_main:
         log_dataset(sinks, config, base_dir)
     recorder = RunRecorder(
