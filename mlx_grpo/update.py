@@ -215,7 +215,7 @@ def completion_states(model: nn.Module, batch: TrainBatch, targets: mx.array, hi
     The G completions of a group start from one prompt, so the prompt goes through the model once and
     its keys and values are copied to the G rows, which then run only their completion tokens on that
     cache (the rollout's own prefill, differentiated). At the default run's shape (9-token prompts,
-    ~11-token completions, G = 8) that is 40% fewer tokens and ~30% less time per pass; gradients equal
+    ~11-token completions, G = 8) that is 40% fewer tokens and ~40% less time per pass; gradients equal
     the whole-sequence pass's to float rounding (tests/test_shared_prompts.py)."""
     if shares_prompts(model, batch):
         width = targets.shape[1]
