@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
+
+from ..errors import UserError
 
 USES_MLX = True
 
@@ -20,11 +23,18 @@ CONFIG_FLAGS = {
     "seed": "seed",
 }
 
+# --preset's defaults for the flags not given: LoRA on 2 prompts x 4 completions (issue 28's shape)
+PRESET_DEFAULTS = {"use_lora": True, "batch_size": 2, "num_generations": 4}
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", metavar="FILE",
                         help="take model, shapes, LoRA, dtype, beta and loss settings from a run config")
     parser.add_argument("--model", help="model directory (default: the shipped model)")
+    parser.add_argument("--preset", metavar="NAME",
+                        help="a random-weight model of a published shape (mlx-grpo plan's presets: qwen2.5-0.5b, "
+                             "qwen2.5-1.5b, llama-3.2-1b...), written once under ~/.cache/mlx-grpo/presets")
+    parser.add_argument("--layers", type=int, help="with --preset: keep only the first LAYERS blocks")
     parser.add_argument("--batch-size", type=int, help="prompts per step (default 16)")
     parser.add_argument("--group-size", type=int, help="completions per prompt (default 8)")
     parser.add_argument("--prompt-length", type=int, default=9, help="tokens per prompt (default 9)")
@@ -47,11 +57,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output", metavar="FILE", help="also write the JSON report to FILE")
 
 
+def preset_directory(args: argparse.Namespace) -> Path:
+    """The model directory of --preset cut to --layers blocks, written on first use."""
+    from ..presets import preset_config, write_preset_model
+
+    if args.model:
+        raise UserError("bench: give --model or --preset, not both")
+    preset_config(args.preset, args.layers)  # an unknown name or depth: one line, before any work
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "mlx-grpo" / "presets"
+    return write_preset_model(args.preset, args.layers, cache / f"{args.preset}-L{args.layers or 'all'}")
+
+
 def options_from_args(args: argparse.Namespace):
     from ..benchmark import PATHS, BenchOptions
     from ..config import load_config
 
     overrides = {key: getattr(args, flag) for flag, key in CONFIG_FLAGS.items() if getattr(args, flag) is not None}
+    if args.preset:
+        overrides["model_id"] = str(preset_directory(args))
+        # a real model's shape: what its users train (LoRA, a few prompts per step), unless told otherwise
+        for key, value in PRESET_DEFAULTS.items():
+            overrides.setdefault(key, value)
+    elif args.layers is not None:
+        raise UserError("bench: --layers needs --preset")
     config = load_config(args.config, overrides)
     base_dir = Path(args.config).resolve().parent if args.config else Path.cwd()
     paths = tuple(p.strip() for p in args.only.split(",") if p.strip()) if args.only else PATHS
