@@ -26,8 +26,8 @@ from pathlib import Path
 
 from .config import TrainConfig
 from .errors import UserError
+from .units import GB, GIB
 
-GB = 1e9
 
 # ----------------------------------------------------------------------------- measured constants
 # Fitted to benchmarks/memory_probe.py measurements (LoRA, CPU backend; docs/SCALE.md).
@@ -329,9 +329,10 @@ def bigger_changes(shape: ModelShape, shapes: Shapes, config: TrainConfig, dtype
 # ----------------------------------------------------------------------------- budgets
 
 def mac_working_set(memory_gb: float) -> float:
-    """Metal's recommended working set of an Apple-silicon Mac with `memory_gb` of unified memory:
-    about two thirds of it up to 32 GB, three quarters above (what `mx.device_info()` reports)."""
-    return memory_gb * GB * (2 / 3 if memory_gb <= 32 else 3 / 4)
+    """Metal's recommended working set, in bytes, of an Apple-silicon Mac sold as `memory_gb` of unified
+    memory (Apple's "16 GB" is 16 GiB): about two thirds of it up to 32, three quarters above (what
+    `mx.device_info()` reports)."""
+    return memory_gb * GIB * (2 / 3 if memory_gb <= 32 else 3 / 4)
 
 
 def parse_memory(text: str) -> float:

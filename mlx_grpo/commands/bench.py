@@ -104,8 +104,9 @@ def run(args: argparse.Namespace) -> int:
 
 # ----------------------------------------------------------------------------- the table
 
-def _gib(n: float) -> str:
-    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+def _gb(n: float) -> str:
+    """Bytes in GB (1e9, mlx_grpo/units.py), as everywhere else."""
+    return f"{n / 1e9:.2f} GB"
 
 
 def print_report(report: dict, console=None) -> None:
@@ -122,7 +123,7 @@ def print_report(report: dict, console=None) -> None:
                   f"{s['prompt_length']} prompt + {s['completion_length']} new tokens; "
                   f"{s['repetitions']} repetitions after {s['warmup']} warm-up")
     load = f", load average {m['load_average']:.1f}" if m["load_average"] is not None else ""
-    console.print(f"machine: {m['cpu']}, {m['physical_cores']} cores, {_gib(m['ram_bytes'])} RAM, {m['os']}{load}")
+    console.print(f"machine: {m['cpu']}, {m['physical_cores']} cores, {_gb(m['ram_bytes'])} RAM, {m['os']}{load}")
     console.print(f"MLX {m['mlx']} on {m['device']}, BLAS {m['blas']} "
                   f"(fp32 matmul {m['matmul_fp32_gflops']:.0f} GFLOP/s), mlx-lm {m['mlx_lm']}")
 
@@ -155,14 +156,14 @@ def print_report(report: dict, console=None) -> None:
 
     peaks = report["paths"].get("step", {}).get("peak_memory_bytes")
     if peaks:
-        listed = ", ".join(f"{name} {_gib(value)}" for name, value in peaks.items())
+        listed = ", ".join(f"{name} {_gb(value)}" for name, value in peaks.items())
         console.print(f"peak memory per phase of the trainer step (weights included): {listed}")
     mem = report["memory"]
     if mem:
-        console.print(f"peak memory, one LoRA step: beta {mem['beta']:g} {_gib(mem['lora_beta_peak_bytes'])}, "
-                      f"beta 0 {_gib(mem['lora_beta0_peak_bytes'])} (ratio {mem['ratio']:.3f}); "
-                      f"reference + update phase alone {_gib(mem['lora_beta_train_peak_bytes'])} vs "
-                      f"{_gib(mem['lora_beta0_train_peak_bytes'])} (ratio {mem['train_ratio']:.3f})")
+        console.print(f"peak memory, one LoRA step: beta {mem['beta']:g} {_gb(mem['lora_beta_peak_bytes'])}, "
+                      f"beta 0 {_gb(mem['lora_beta0_peak_bytes'])} (ratio {mem['ratio']:.3f}); "
+                      f"reference + update phase alone {_gb(mem['lora_beta_train_peak_bytes'])} vs "
+                      f"{_gb(mem['lora_beta0_train_peak_bytes'])} (ratio {mem['train_ratio']:.3f})")
     bw = report["bandwidth"]
     if bw:
         console.print(f"{bw['chip']}: rollout at {bw['percent_of_ceiling']:.0f}% of the memory-bandwidth ceiling "

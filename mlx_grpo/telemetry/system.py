@@ -32,7 +32,8 @@ from typing import Callable, Mapping
 
 import psutil
 
-GB = 1024 ** 3
+from ..units import GB
+
 _UTILIZATION = re.compile(r'"Device Utilization %"\s*=\s*(\d+(?:\.\d+)?)')
 
 
