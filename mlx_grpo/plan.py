@@ -257,12 +257,39 @@ class Verdict:
 MARGIN = 0.85
 
 
+# A forward + backward pass of at least this many floating-point operations runs the update at full speed:
+# per-pass overheads are then lost in the noise. Measured at Qwen2.5-0.5B width cut to 2 layers (issue 28):
+# micro-batches of 1, 2, 4 and 8 completions of 277 positions (~0.3 TFLOP a pass each) took the same time
+# within +-6%, while the update's peak halved with each halving; the shipped model's whole batch (128 x 33
+# positions) is ~25 GFLOP, and splitting it slows it down.
+FULL_SPEED_FLOPS = 5e10
+
+
+def pass_flops(shape: ModelShape, sequences: int, length: int) -> float:
+    """Forward + backward floating-point operations of one update pass over `sequences` x `length` positions:
+    2 per weight and position forward, twice that backward; the LM head counts with the blocks."""
+    return 6.0 * sequences * length * (shape.layers * shape.block_parameters() + shape.vocab * shape.hidden)
+
+
+def fast_micro_batch(shape: ModelShape, shapes: Shapes) -> int:
+    """The smallest micro-batch whose passes run at full speed (FULL_SPEED_FLOPS); 0 (the whole batch)
+    when even that is smaller."""
+    for m in sorted(m for m in candidate_micro_batches(shapes.sequences) if m):
+        if pass_flops(shape, m, shapes.length) >= FULL_SPEED_FLOPS:
+            return m
+    return 0
+
+
 def configured_settings(config: TrainConfig, shape: ModelShape, shapes: Shapes, dtype: str,
                         budget: float) -> MemorySettings:
-    """The config's memory keys, with `micro_batch_size: auto` as the most completions per pass that fit."""
+    """The config's memory keys, with `micro_batch_size: auto` resolved to speed, not memory: the smallest
+    micro-batch that runs at full speed (`fast_micro_batch`; a larger one would only spend memory), or the
+    largest smaller one whose predicted peak fits MARGIN of the budget (on a Mac the budget is already the
+    recommended working set, so the rest of the machine keeps its share)."""
     if config.micro_batch_size != "auto":
         return MemorySettings(config.micro_batch_size, config.logits_chunk_size, config.grad_checkpoint)
-    sizes = [m for m in candidate_micro_batches(shapes.sequences)]
+    fast = fast_micro_batch(shape, shapes)
+    sizes = [m for m in candidate_micro_batches(shapes.sequences) if fast == 0 or 0 < m <= fast]
     for m in sizes:
         settings = MemorySettings(m, config.logits_chunk_size, config.grad_checkpoint)
         if predict(shape, shapes, config, settings, dtype).peak <= MARGIN * budget:
