@@ -163,7 +163,11 @@ def _policy_entries() -> list[MetricSpec]:
         MetricSpec("policy/kl_penalty", "The KL term as added to the loss: beta * policy/kl.", "", p, EVERY_STEP),
         MetricSpec("policy/kl_coef", "beta, the coefficient of the KL term.", "", p, EVERY_STEP),
         MetricSpec("policy/entropy", "Mean per-token entropy of the policy's next-token distribution over "
-                   "completion tokens.", "nats", p, EVERY_STEP),
+                   "completion tokens, on a sample of positions: every k-th completion position, k = "
+                   "ceil(max_generation_steps / 32), so at most 32 per completion (every position up to 32-token "
+                   "completions). Monitoring only: over a 152k vocabulary at every position it cost as much as "
+                   "the update's log-probs (issue 28). entropy_logging's dumps keep every position.", "nats", p,
+                   EVERY_STEP),
         MetricSpec("policy/clip_frac_low", "Fraction of completion tokens where the lower clip bound was active "
                    "(ratio < 1 - epsilon with a negative advantage).", "fraction", p, EVERY_STEP),
         MetricSpec("policy/clip_frac_high", "Fraction of completion tokens where the upper clip bound was active "
@@ -597,6 +601,9 @@ def render_markdown() -> str:
         "",
         "Kinds: scalar (metrics.jsonl, TensorBoard, W&B), histogram (TensorBoard and W&B), summary",
         "(final_metrics.json and sink summaries), table / chart / text (TensorBoard or W&B media).",
+        "",
+        "Units: GB is 10^9 bytes in every `*_gb` metric, as in `mlx-grpo plan` and `mlx-grpo bench`",
+        "(mlx_grpo/units.py; runs recorded before issue 28 wrote GiB, 2^30 bytes, under the same names).",
         "",
     ]
     for group in groups():
