@@ -108,3 +108,11 @@ def test_bandwidth_ceiling_counts_weights_and_kv_cache(tmp_path):
     assert report["ceiling_tokens_per_s"] == pytest.approx(8 * 100e9 / expected_bytes)
     assert report["percent_of_ceiling"] == pytest.approx(100 * 1000.0 / report["ceiling_tokens_per_s"])
     assert bandwidth_report(1000.0, model, 8, 9, 24, chip=None) is None  # not Apple Silicon
+
+
+def test_bench_preset_flags_refuse_bad_input_in_one_line():
+    for flags, words in ((["--layers", "2"], "--layers needs --preset"),
+                         (["--preset", "qwen9-1t"], "preset 'qwen9-1t': unknown"),
+                         (["--preset", "qwen2.5-0.5b", "--layers", "99"], "expected 1..24")):
+        result = mlx_grpo("bench", *flags, "--json")
+        assert result.returncode == 2 and words in result.stderr and "Traceback" not in result.stderr, flags
