@@ -230,10 +230,11 @@ def predict(shape: ModelShape, shapes: Shapes, config: TrainConfig, settings: Me
 CHUNKS = (0, 256, 128, 64, 32)
 
 
-def candidate_settings(sequences: int) -> list[MemorySettings]:
+def candidate_settings(shape: "ModelShape", shapes: "Shapes") -> list[MemorySettings]:
     """Every setting worth trying, fastest first: no block recompute before recompute (about a third
-    more compute), whole micro-batches before small ones, large head chunks before small."""
-    return [MemorySettings(m, c, ckpt) for ckpt in (False, True) for m in candidate_micro_batches(sequences)
+    more compute), micro-batches from the smallest that runs at full speed down (a larger one is no
+    faster, `fast_micro_batch`), large head chunks before small."""
+    return [MemorySettings(m, c, ckpt) for ckpt in (False, True) for m in micro_batches_by_speed(shape, shapes)
             for c in CHUNKS]
 
 
@@ -280,6 +281,13 @@ def fast_micro_batch(shape: ModelShape, shapes: Shapes) -> int:
     return 0
 
 
+def micro_batches_by_speed(shape: ModelShape, shapes: Shapes) -> list[int]:
+    """The smallest full-speed micro-batch, then ever smaller ones (0: the whole batch, first when even
+    one pass over all of it is short)."""
+    fast = fast_micro_batch(shape, shapes)
+    return [m for m in candidate_micro_batches(shapes.sequences) if fast == 0 or 0 < m <= fast]
+
+
 def configured_settings(config: TrainConfig, shape: ModelShape, shapes: Shapes, dtype: str,
                         budget: float) -> MemorySettings:
     """The config's memory keys, with `micro_batch_size: auto` resolved to speed, not memory: the smallest
@@ -288,8 +296,7 @@ def configured_settings(config: TrainConfig, shape: ModelShape, shapes: Shapes, 
     recommended working set, so the rest of the machine keeps its share)."""
     if config.micro_batch_size != "auto":
         return MemorySettings(config.micro_batch_size, config.logits_chunk_size, config.grad_checkpoint)
-    fast = fast_micro_batch(shape, shapes)
-    sizes = [m for m in candidate_micro_batches(shapes.sequences) if fast == 0 or 0 < m <= fast]
+    sizes = micro_batches_by_speed(shape, shapes)
     for m in sizes:
         settings = MemorySettings(m, config.logits_chunk_size, config.grad_checkpoint)
         if predict(shape, shapes, config, settings, dtype).peak <= MARGIN * budget:
@@ -308,7 +315,7 @@ def plan(shape: ModelShape, shapes: Shapes, config: TrainConfig, dtype: str, bud
     settings = configured_settings(config, shape, shapes, dtype, budget)
     configured = predict(shape, shapes, config, settings, dtype)
     fitting = fitting_peaks = None
-    for candidate in candidate_settings(shapes.sequences):
+    for candidate in candidate_settings(shape, shapes):
         peaks = predict(shape, shapes, config, candidate, dtype)
         if peaks.peak <= MARGIN * budget:
             fitting, fitting_peaks = candidate, peaks
