@@ -264,6 +264,10 @@ MARGIN = 0.85
 # within +-6%, while the update's peak halved with each halving; the shipped model's whole batch (128 x 33
 # positions) is ~25 GFLOP, and splitting it slows it down.
 FULL_SPEED_FLOPS = 5e10
+# ... and covers at least this many completion positions: every pass reads the whole [V, H] LM head (545 MB
+# at Qwen2.5-0.5B in fp32) for its rows, so a pass of a few rows is bound by that read. Micro-batches of 2
+# completions of 16 tokens ran the update at 0.45x the whole batch's throughput at that width.
+FULL_SPEED_POSITIONS = 256
 
 
 def pass_flops(shape: ModelShape, sequences: int, length: int) -> float:
@@ -273,10 +277,11 @@ def pass_flops(shape: ModelShape, sequences: int, length: int) -> float:
 
 
 def fast_micro_batch(shape: ModelShape, shapes: Shapes) -> int:
-    """The smallest micro-batch whose passes run at full speed (FULL_SPEED_FLOPS); 0 (the whole batch)
-    when even that is smaller."""
+    """The smallest micro-batch whose passes run at full speed (FULL_SPEED_FLOPS and FULL_SPEED_POSITIONS);
+    0 (the whole batch) when no smaller one does."""
     for m in sorted(m for m in candidate_micro_batches(shapes.sequences) if m):
-        if pass_flops(shape, m, shapes.length) >= FULL_SPEED_FLOPS:
+        if pass_flops(shape, m, shapes.length) >= FULL_SPEED_FLOPS and \
+                m * shapes.completion_length >= FULL_SPEED_POSITIONS:
             return m
     return 0
 

@@ -136,3 +136,13 @@ def test_parallel_sweep_trials_each_plan_for_their_share_of_the_machine(monkeypa
     monkeypatch.setattr(mx, "set_memory_limit", lambda n: limits.append(("memory", n)))
     machine.wire_memory(2**30)
     assert limits == [("wired", 8 * 2**30), ("memory", 8 * 2**30)]
+
+
+def test_auto_keeps_passes_long_enough_to_read_the_head_once_for_many_rows():
+    from mlx_grpo.presets import preset_config
+
+    q05 = ModelShape.from_config(preset_config("qwen2.5-0.5b", 2))
+    short = load_config(None, {"use_lora": True, "batch_size": 2, "num_generations": 4, "max_generation_steps": 16})
+    assert configured_settings(short, q05, Shapes(2, 4, 21, 16), "float32", 20 * GB).micro_batch_size == 0
+    middle = load_config(None, {"use_lora": True, "batch_size": 4, "num_generations": 8, "max_generation_steps": 64})
+    assert configured_settings(middle, q05, Shapes(4, 8, 21, 64), "float32", 20 * GB).micro_batch_size == 4
