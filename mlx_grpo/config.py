@@ -100,8 +100,9 @@ class TrainConfig:
     weight_decay: float = 0.0  # AdamW's decoupled weight decay
     max_grad_norm: float = 1.0  # clip the gradient's global norm to this; 0 = no clipping
     # Memory of the update and the reference pass (the same gradient whatever they are; docs/SCALE.md):
-    # completions per forward/backward pass, gradients summed; 0 = all at once; auto = the most that fit
-    micro_batch_size: int | str = "auto"  # completions per forward/backward pass; 0 = all; auto = the most that fit
+    # completions per forward/backward pass, gradients summed; 0 = all at once; auto = the smallest that runs
+    # at full speed and fits (plan.configured_settings)
+    micro_batch_size: int | str = "auto"
     logits_chunk_size: int = 0  # completion positions per LM-head pass (152k-vocab logits are big); 0 = all
     grad_checkpoint: bool = False  # recompute each transformer block in the backward pass instead of keeping it
     memory_check: bool = True  # refuse a run `mlx-grpo plan` predicts will not fit in memory
