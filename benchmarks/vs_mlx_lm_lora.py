@@ -65,7 +65,8 @@ def timed(command: list[str], cwd: Path) -> tuple[str, float, float]:
     done = subprocess.run(["/usr/bin/time", "-v", *command], cwd=cwd, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - start
     if done.returncode != 0:
-        raise SystemExit(f"failed ({done.returncode}): {' '.join(command)}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+        raise SystemExit(f"failed ({done.returncode}): {' '.join(command)}\n"
+                         f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
     rss = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", done.stderr).group(1)) * 1024 / 1e9
     return done.stdout + done.stderr, wall, rss
 

@@ -102,7 +102,7 @@ class TrainConfig:
     # Memory of the update and the reference pass (the same gradient whatever they are; docs/SCALE.md):
     # completions per forward/backward pass, gradients summed; 0 = all at once; auto = the smallest that runs
     # at full speed and fits (plan.configured_settings)
-    micro_batch_size: int | str = "auto"
+    micro_batch_size: int | str = "auto"  # completions per forward/backward pass; 0 = all; auto = fastest, leanest
     logits_chunk_size: int = 0  # completion positions per LM-head pass (152k-vocab logits are big); 0 = all
     grad_checkpoint: bool = False  # recompute each transformer block in the backward pass instead of keeping it
     memory_check: bool = True  # refuse a run `mlx-grpo plan` predicts will not fit in memory
