@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import mlx.core as mx
 import numpy as np
-import pytest
 
 from mlx_grpo import grpo
 from mlx_grpo.rollout import Rollout
-from mlx_grpo.update import (build_train_batch, completion_scores, entropy_stride, target_logprobs)
+from mlx_grpo.update import build_train_batch, completion_scores, entropy_stride, target_logprobs
 from tiny_models import random_model
 
 
