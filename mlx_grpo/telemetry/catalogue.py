@@ -154,7 +154,9 @@ def _rubric_entries() -> list[MetricSpec]:
 def _policy_entries() -> list[MetricSpec]:
     p = "policy"
     return [
-        MetricSpec("policy/loss", "The loss that was minimised: policy-gradient loss plus the KL penalty.", "",
+        MetricSpec("policy/loss", "The loss that was minimised: policy-gradient loss plus the KL penalty; with "
+                   "num_iterations > 1, the mean over the step's update passes, like every policy/ statistic "
+                   "(with the token-level loss types bnpo and dapo it is policy/pg_loss + policy/kl_penalty).", "",
                    p, EVERY_STEP),
         MetricSpec("policy/pg_loss", "Clipped policy-gradient (surrogate) loss alone.", "", p, EVERY_STEP),
         MetricSpec("policy/kl", "Mean per-token KL divergence of the policy from the reference model (k3 "
@@ -183,7 +185,8 @@ def _policy_entries() -> list[MetricSpec]:
         MetricSpec("policy/log_ratio/mean", "Mean log importance ratio.", "nats", p, EVERY_STEP),
         MetricSpec("policy/log_ratio/std", "Standard deviation of the log importance ratio.", "nats", p,
                    EVERY_STEP),
-        MetricSpec("policy/grad_norm", "Global L2 norm of the gradient before clipping.", "", p, EVERY_STEP),
+        MetricSpec("policy/grad_norm", "Global L2 norm of the gradient before clipping; with num_iterations > 1, "
+                   "the mean over the step's update passes.", "", p, EVERY_STEP),
         MetricSpec("policy/lr", "Learning rate used by this step's update.", "", p, EVERY_STEP),
         MetricSpec("policy/skipped_updates", "Optimizer updates of this step skipped because the loss or "
                    "gradient was not finite (at most num_iterations).", "count", p, EVERY_STEP),
