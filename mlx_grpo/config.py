@@ -133,9 +133,10 @@ class TrainConfig:
     ])
     rubric_file: str | None = None  # a YAML rubric of weighted criteria scored as one more reward
     rubric_weight: float = 1.0  # weight of the rubric's reward
+    correctness: str = "auto"  # what counts as correct (accuracy, held-out eval): auto | answer | none | file.py:function
 
     # --- evaluation, checkpoints, logging ---
-    eval_every: int = 25  # held-out greedy accuracy at step 1, every N steps and at the end; 0 = off
+    eval_every: int = 25  # held-out greedy accuracy before the first update (step 0), every N steps and at the end; 0 = off
     checkpoint_every: int = 50  # checkpoint every N steps (and at the end); 0 = only at the end
     keep_checkpoints: int = 3  # newest checkpoints kept
     run_name: str | None = None  # the run directory's name under monitoring_dir (default: grpo-<date>-<time>)

@@ -27,6 +27,7 @@ import numpy as np
 
 from .checkpoint import PendingCheckpoint, load_checkpoint, prepare_checkpoint
 from .config import TrainConfig, config_to_dict
+from .correctness import Check, load_correctness
 from .console import TrainingConsole
 from .data import EncodedPrompt, PromptOrder, encode_prompt, extra_columns, load_datasets
 from .distributed import World, init_world
@@ -38,8 +39,8 @@ from .extras.sgrpo import run_exits
 from .machine import accel_memory, describe_device, versions, wire_memory
 from .models import ReferencePolicy, apply_adapters, count_parameters, load_policy, make_reference, resolve_dtype
 from .resume import last_record, log_positions, resumable_checkpoint, resume_command, truncate_logs
-from .rewards import (RewardFunction, RewardScores, extract_answer, extract_reasoning, is_correct,
-                      load_reward_functions, score_completions)
+from .rewards import (RewardFunction, RewardScores, extract_answer, extract_reasoning, load_reward_functions,
+                      score_completions)
 from .rollout import Rollout, SamplingSettings, decode_completion, generate
 from .signals import StopRequest, report_stop
 from .telemetry.alert_config import load_alert_rules, rules_from_config
@@ -143,11 +144,11 @@ class Prompts:
 
 @dataclass
 class Scored:
-    """A rollout's completions as text, their reward scores and correctness."""
+    """A rollout's completions as text, their reward scores and correctness (None: the run has no check)."""
 
     texts: list[str]
     scores: RewardScores
-    correct: list[bool]
+    correct: list[bool] | None
 
 
 @dataclass
@@ -174,7 +175,7 @@ class Drawn:
                      Scored([sc.texts[i] for i in rows],
                             dataclasses.replace(sc.scores, per_function=sc.scores.per_function[:, rows],
                                                 total=sc.scores.total[rows]),
-                            [sc.correct[i] for i in rows]))
+                            None if sc.correct is None else [sc.correct[i] for i in rows]))
 
     @staticmethod
     def join(parts: list["Drawn"]) -> "Drawn":
@@ -190,7 +191,7 @@ class Drawn:
                                        per_function=np.concatenate([p.scored.scores.per_function for p in parts], 1),
                                        total=np.concatenate([p.scored.scores.total for p in parts]),
                                        new_errors=[e for p in parts for e in p.scored.scores.new_errors]),
-                   [x for p in parts for x in p.scored.correct]))
+                   None if first.scored.correct is None else [x for p in parts for x in p.scored.correct]))
 
 
 @dataclass
@@ -209,6 +210,7 @@ class Trainer:
     settings: SamplingSettings = field(default_factory=SamplingSettings)
     world: World = field(default_factory=World)  # data-parallel ranks (size 1: one process)
     window: WindowController | None = None  # adaptive generation window, when enabled
+    correctness: Check | None = None  # which completions are correct; None: accuracy cannot be measured
 
     @classmethod
     def build(cls, config: TrainConfig, base_dir: Path, rows: tuple[list[dict], list[dict]] | None = None,
@@ -226,6 +228,10 @@ class Trainer:
         if config.grad_checkpoint:
             checkpoint_blocks(policy.model)
         reward_fns = load_rewards(config, base_dir)
+        correctness = load_correctness(config.correctness, config.dataset, [r.name for r in config.rewards], base_dir)
+        if correctness is None and config.adaptive_window.enable:
+            raise UserError("adaptive_window sizes the window on correct completions, and this run has no "
+                            "correctness check: set 'correctness' (answer, or file.py:function)")
         train_rows, eval_rows = rows if rows is not None else load_datasets(config, base_dir)
         window = (WindowController(config.adaptive_window, config.max_generation_steps, config.seed)
                   if config.adaptive_window.enable else None)
@@ -234,7 +240,7 @@ class Trainer:
                    make_optimizer(config),
                    loss_and_grad=nn.value_and_grad(policy.model, make_loss_fn(config)),
                    settings=SamplingSettings(config.temperature, config.top_p, config.top_k, config.min_p),
-                   world=world, window=window)
+                   world=world, window=window, correctness=correctness)
 
     # ------------------------------------------------------------------ phases
 
@@ -255,9 +261,10 @@ class Trainer:
         texts = [decode_completion(policy.tokenizer, c, policy.eos_ids) for c in rollout.completions]
         rows = prompts.per_completion
         answers = [row["answer"] for row in rows]
-        scores = score_completions(self.reward_fns, [row["prompt"] for row in rows], texts, answers,
-                                   extra_columns(rows))
-        return Scored(texts, scores, [is_correct(t, a) for t, a in zip(texts, answers)])
+        prompt_texts, columns = [row["prompt"] for row in rows], extra_columns(rows)
+        scores = score_completions(self.reward_fns, prompt_texts, texts, answers, columns)
+        correct = None if self.correctness is None else self.correctness(prompt_texts, texts, answers, **columns)
+        return Scored(texts, scores, correct)
 
     def refill(self, drawn: Drawn, key: mx.array, max_tokens: int, meter: PhaseMeter) -> tuple[Drawn, int]:
         """Dynamic sampling (DAPO): keep the groups whose rewards differ and draw new prompts for the
@@ -350,7 +357,7 @@ class Trainer:
             prompt_lengths=np.array([len(e.tokens) for e in prompts.encoded for _ in range(prompts.group_size)]),
             prompt_truncated=np.array([e.truncated for e in prompts.encoded for _ in range(prompts.group_size)]),
             lengths=lengths, truncated=np.array(rollout.truncated, dtype=bool),
-            correct=np.array(scored.correct, dtype=bool),
+            correct=None if scored.correct is None else np.array(scored.correct, dtype=bool),
             difficulty=[row.get("difficulty") for row in prompts.per_completion],
             trained_tokens=batch.num_tokens,
             update=UpdateStats(update.loss, update.grad_norm, update.stats, update.skipped,
@@ -379,14 +386,17 @@ class Trainer:
                         "predicted": extract_answer(scored.texts[i]), "answer": rows[i]["answer"],
                         "rewards": per_fn, "total": float(scores.total[i]), "advantage": float(adv[i]),
                         "length": int(lengths[i]), "truncated": bool(truncated[i]),
-                        "correct": bool(scored.correct[i])})
+                        "correct": None if scored.correct is None else bool(scored.correct[i])})
         return out
 
-    def evaluate(self) -> dict[str, float]:
-        """Greedy held-out accuracy over every rank's share of the held-out rows."""
+    def evaluate(self) -> dict[str, float] | None:
+        """Greedy held-out accuracy over every rank's share of the held-out rows (None without a correctness
+        check: there is nothing to measure)."""
+        if self.correctness is None:
+            return None
         start = time.perf_counter()
         result = evaluate(self.policy.model, self.policy.tokenizer, self.eval_rows, self.config,
-                          self.policy.eos_ids, self.policy.pad_id)
+                          self.policy.eos_ids, self.policy.pad_id, check=self.correctness)
         correct, levels = self.world.gather_lists(result.correct, result.levels)
         return eval_record(correct, levels, self.world.slowest(time.perf_counter() - start))
 
@@ -503,6 +513,9 @@ def train(config: TrainConfig, base_dir: Path, resume_dir: Path | None = None) -
     stop = StopRequest()
     try:
         with recorder.console, stop:
+            if run.start_step == 0 and config.eval_every > 0 and trainer.correctness is not None:
+                # held-out accuracy before the first update: where the policy started (step 0's record)
+                recorder.write(recorder.record_evaluation(0, trainer.evaluate()))
             for step in range(run.start_step + 1, config.num_steps + 1):
                 # rollout, rewards, advantages, reference, update: the global batch's data
                 epoch, last = trainer.order.epoch, step == config.num_steps
@@ -597,9 +610,9 @@ def due(step: int, every: int, num_steps: int) -> bool:
 
 
 def eval_due(step: int, config: TrainConfig) -> bool:
-    """Every eval_every steps, at the end, and at step 1, so a run's held-out curve starts where the model
-    started (one update in, at the first warm-up learning rate)."""
-    return due(step, config.eval_every, config.num_steps) or (config.eval_every > 0 and step == 1)
+    """Every eval_every steps and at the end; the run's first evaluation is made before step 1's update
+    (step 0's record), so the held-out curve starts where the model started."""
+    return due(step, config.eval_every, config.num_steps)
 
 
 def prepare(trainer: Trainer, recorder: RunRecorder, run: Run, step: int) -> PendingCheckpoint:
@@ -627,10 +640,8 @@ def finish(run: Run, step: int, status: str, last_step: StepReport | None) -> di
         from .telemetry.report import write_report
 
         reward_report = write_report(run.run_dir)
-        quality = reward_report.quality.score
         recorder.message(f"finished {step} steps in {recorder.elapsed():.0f} s: {reward_report.outcome.headline()}"
-                         + (f"; reward functions' quality {quality:.0f}/100" if quality is not None else "")
-                         + f" — run directory: {run.run_dir}")
+                         f"; reward functions' {reward_report.quality.headline()} — run directory: {run.run_dir}")
     return final
 
 

@@ -372,7 +372,11 @@ class DropRule(Rule):
     down: median - value >= `fall`; up: value - median >= `fall`. With `relative`, the difference is
     divided by max(|median|, min_scale), so 1.0 means "lost its whole level". The median, not the mean,
     so the first collapsed values do not drag the reference down and `for_steps` > 1 still compares
-    with the level before the collapse. Evaluated once `min_points` previous values are known.
+    with the level before the collapse. Evaluated once `min_points` previous values are known; with
+    `baseline` (a metric name), from the first value on, the reference being the first value of the
+    baseline metric until then: the held-out evaluation made before the first update is a steady
+    measure of where the policy started, so a policy broken by its first updates is caught at once
+    (the median of a run that collapsed at step 2 is the collapse itself).
     """
 
     kind: ClassVar[str] = "drop"
@@ -382,6 +386,7 @@ class DropRule(Rule):
     relative: bool = False
     min_scale: float = 1e-9
     min_points: int = 0  # 0: the whole window
+    baseline: str = ""  # before min_points values, compare with this metric's first value
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -394,6 +399,15 @@ class DropRule(Rule):
             raise ValueError(f"key 'direction' must be one of {', '.join(_DROP_DIRECTIONS)}, got {self.direction!r}")
         if self.min_scale <= 0:
             raise ValueError("key 'min_scale' must be positive")
+        if metric_pattern(self.baseline) is not None:
+            raise ValueError("key 'baseline' takes a plain metric name, not a pattern")
+
+    def plan(self, keys: tuple[str, ...]) -> tuple[str, ...] | None:
+        # The baseline may arrive in a record of its own (the evaluation before the first update): keep it.
+        names = self.metrics_in(keys)
+        if names or (self.baseline and self.baseline in keys):
+            return names
+        return None
 
     def make_state(self) -> "_RuleState":
         return _DropState(self)
@@ -805,9 +819,12 @@ class _DropState(_RuleState):
     def __init__(self, rule: Rule) -> None:
         super().__init__(rule)
         self.previous: dict[str, deque] = {}
+        self.baseline: tuple[float, int] | None = None  # the baseline metric's first (value, step)
 
     def update(self, step, time, record, names, out):
         rule: DropRule = self.rule  # type: ignore[assignment]
+        if rule.baseline and self.baseline is None and (first := _num(record.get(rule.baseline))) is not None:
+            self.baseline = (first, step)
         for name in names:
             value = _num(record[name])
             if value is None:
@@ -815,8 +832,13 @@ class _DropState(_RuleState):
             previous = self.previous.get(name)
             if previous is None:
                 previous = self.previous[name] = deque(maxlen=rule.window)
+            level, reference, span = None, "its recent median", f", last {len(previous)} logged steps"
             if len(previous) >= rule.min_points:
                 level = median(previous)
+            elif self.baseline is not None:
+                level, reference = self.baseline[0], f"the start's {rule.baseline}"
+                span = f", step {self.baseline[1]}"
+            if level is not None:
                 moved = level - value if rule.direction == "down" else value - level
                 scale = max(abs(level), rule.min_scale) if rule.relative else 1.0
                 if self.fire(moved / scale >= rule.fall, name, step):
@@ -824,8 +846,8 @@ class _DropState(_RuleState):
                     # signed like the move itself: a fall reads -45%, a jump +45%
                     amount = (f"{(value - level) / scale * 100:+.0f}%" if rule.relative else f"{value - level:+.4g}")
                     out.append(self.alert(step, time, name, value,
-                                          f"{name} {verb} to {_fmt(value)} from its recent median {_fmt(level)} "
-                                          f"({amount}, last {len(previous)} logged steps){_in_a_row(rule.for_steps)}"))
+                                          f"{name} {verb} to {_fmt(value)} from {reference} {_fmt(level)} "
+                                          f"({amount}{span}){_in_a_row(rule.for_steps)}"))
             previous.append(value)
 
 

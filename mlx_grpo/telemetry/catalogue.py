@@ -59,7 +59,7 @@ FINAL = "end of run (final_metrics.json and each sink's summary)"
 RUBRIC = "every logged step, when a rubric is configured"
 ADAPTIVE = "every logged step, when adaptive window scheduling is enabled"
 SGRPO = "every logged step, when S-GRPO is enabled"
-EVAL = "at step 1, every eval_every steps and at the end"
+EVAL = "before the first update (step 0), every eval_every steps and at the end"
 CRITERIA = "first logged step and every criteria_every steps, when a rubric is configured"
 JUDGE = "every logged step, when a rubric has a judge criterion"
 DYNAMIC = "every logged step, when dynamic_sampling is on"
@@ -235,10 +235,13 @@ def _length_entries() -> list[MetricSpec]:
 
 def _outcome_entries() -> list[MetricSpec]:
     return [
-        MetricSpec("accuracy/train", "Fraction of this step's sampled completions with the right answer.",
+        MetricSpec("accuracy/train", "Fraction of this step's sampled completions with the right answer (the "
+                   "config's `correctness` check). Left out, with every other accuracy figure and the held-out "
+                   "evaluation, when the run has no correctness check: n/a, never 0%.",
                    "fraction", "accuracy", EVERY_STEP),
         MetricSpec("eval/accuracy", "Held-out accuracy: greedy completions of the evaluation prompts with the "
-                   "right answer.", "fraction", "eval", EVAL),
+                   "right answer; the first is measured before the first update (step 0).", "fraction", "eval",
+                   EVAL),
         MetricSpec("eval/num_samples", "Held-out prompts evaluated (each one greedy completion).", "count", "eval",
                    EVAL),
         MetricSpec("eval/difficulty/<level>/accuracy", "eval/accuracy restricted to prompts labelled <level>.",

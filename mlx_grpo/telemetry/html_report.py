@@ -148,14 +148,13 @@ def _e(value: Any) -> str:
 def _report_section(run: LoadedRun) -> str:
     q = run.report.quality
     parts = "".join(f"<tr><td>{_e(p.name)}</td><td>{p.weight:.0%}</td>"
-                    f"<td>{'-' if p.score is None else f'{p.score:.0f}'}</td><td>{_e(p.explanation)}</td></tr>"
+                    f"<td>{'n/a' if p.score is None else f'{p.score:.0f}'}</td><td>{_e(p.explanation)}</td></tr>"
                     for p in q.parts)
     issues = "".join(f"<li>{_e(i)}</li>" for i in q.issues) or "<li>none found</li>"
     recs = "".join(f"<li>{_e(r)}</li>" for r in q.recommendations)
-    score = "-" if q.score is None else f"{q.score:.0f}"
     return (f"<section><h2>{_e(run.title)}</h2>"
             f"<p class='outcome'><b>What happened:</b> {_e(run.report.outcome.headline())}.</p>"
-            f"<h3>Reward functions' quality: {score}/100</h3>"
+            f"<h3>Reward functions' {_e(q.headline())}</h3>"
             f"<table><tr><th>part</th><th>weight</th><th>score</th><th>why</th></tr>{parts}</table>"
             f"<h4>Issues</h4><ul>{issues}</ul>" + (f"<h4>Recommendations</h4><ul>{recs}</ul>" if recs else "")
             + f"<p><b>Reward hacking:</b> {_e(run.report.hacking.verdict)}</p></section>")

@@ -103,6 +103,13 @@ class RunRecorder:
         scores = {"total": data.total, **{name: data.scores[i] for i, name in enumerate(data.reward_names)}}
         return StepReport(step, record, alerts, self.rewards.histograms(step), scores, data.samples)
 
+    def record_evaluation(self, step: int, evaluation: Mapping[str, float]) -> StepReport:
+        """A record of an evaluation alone: the one before the first update is step 0's, the policy as it
+        started (the baseline of the rules that compare with the start)."""
+        record: dict[str, Any] = {**evaluation, "timing/elapsed_s": self.elapsed()}
+        alerts = self.engine.check({"step": step, "time": time.time(), **record})
+        return StepReport(step, record, alerts)
+
     def end_epoch(self, partial: bool = False) -> dict[str, float]:
         out = self.rewards.end_epoch(partial=partial)
         for hooks in self.hooks.values():

@@ -51,7 +51,7 @@ def load_run(run_dir: str | Path) -> tuple[RunInfo, list[dict], list[dict], list
 
 
 def _fmt(value: Any, spec: str = ".3g") -> str:
-    return "-" if value is None else format(value, spec)
+    return "n/a" if value is None else format(value, spec)
 
 
 
@@ -109,8 +109,8 @@ def render_markdown(report: RewardReport, title: str) -> str:
 
 
 def _parts_note(report: RewardReport) -> str:
-    scored = sum(part.score is not None for part in report.quality.parts)
-    return "" if scored == len(report.quality.parts) else f" (from {scored} of {len(report.quality.parts)} parts)"
+    q = report.quality
+    return "" if q.parts_scored == len(q.parts) else f" (from {q.parts_scored} of {len(q.parts)} parts)"
 
 
 def _score_style(score: float | None) -> str:

@@ -52,7 +52,7 @@ class StepData:
     prompt_truncated: np.ndarray  # [N] bool: prompt cut to max_prompt_length
     lengths: np.ndarray  # [N] completion tokens
     truncated: np.ndarray  # [N] bool: reached the generation budget without EOS
-    correct: np.ndarray  # [N] bool
+    correct: np.ndarray | None  # [N] bool; None: the run has no correctness check (accuracy n/a)
     difficulty: list  # [N] the dataset's difficulty level of each prompt, None when it has none
     trained_tokens: int  # completion tokens the update trained on (S-GRPO trains on its own exits)
     update: UpdateStats
@@ -78,24 +78,25 @@ def outcome_metrics(data: StepData) -> dict[str, float]:
     lengths = np.asarray(data.lengths, dtype=float)
     truncated = np.asarray(data.truncated, dtype=bool)
     finished = ~truncated
-    correct = np.asarray(data.correct, dtype=bool)
     prompt_lengths = np.asarray(data.prompt_lengths, dtype=float)
     out = {f"completions/{k}": v for k, v in _stats("length", lengths).items()}
     out["completions/truncated_frac"] = float(truncated.mean())
     out["completions/finished_frac"] = float(finished.mean())
-    if truncated.any():
-        out["completions/truncated_correct_frac"] = float(correct[truncated].mean())
-    if finished.any():
-        out["completions/finished_correct_frac"] = float(correct[finished].mean())
-    if correct.any():
-        out["completions/correct_length/mean"] = float(lengths[correct].mean())
+    if data.correct is not None:  # without a correctness check, accuracy is left out (n/a), never 0%
+        correct = np.asarray(data.correct, dtype=bool)
+        if truncated.any():
+            out["completions/truncated_correct_frac"] = float(correct[truncated].mean())
+        if finished.any():
+            out["completions/finished_correct_frac"] = float(correct[finished].mean())
+        if correct.any():
+            out["completions/correct_length/mean"] = float(lengths[correct].mean())
+        out["accuracy/train"] = float(correct.mean())
+        out.update(difficulty_metrics(data.difficulty, correct))
     out.update({f"prompts/{k}": v for k, v in _stats("length", prompt_lengths).items()})
     out["prompts/truncated_frac"] = float(np.asarray(data.prompt_truncated, dtype=bool).mean())
     out["tokens/prompt_total"] = float(prompt_lengths.sum())
     out["tokens/completion_total"] = float(lengths.sum())
     out["tokens/total"] = out["tokens/prompt_total"] + out["tokens/completion_total"]
-    out["accuracy/train"] = float(correct.mean())
-    out.update(difficulty_metrics(data.difficulty, correct))
     return out
 
 
