@@ -146,6 +146,8 @@ class TrainConfig:
     log_every: int = 1  # write a metrics record every N steps
     histogram_every: int = 10  # histograms every N logged steps
     samples_per_step: int = 4  # completions written to samples.jsonl per step
+    keep_completions: bool = True  # every completion of every step in completions/ (replay, the Samples view)
+    completions_max_mb: float = 200.0  # stop keeping completions once completions/ holds this many MB; 0: no cap
     max_consecutive_nonfinite: int = 5  # stop after this many NaN/Inf updates in a row (each is skipped)
     enable_alerts: bool = True  # the built-in alert rules
     alerts_file: str | None = None  # a YAML file of alert rules added to the built-in ones
@@ -215,6 +217,7 @@ class TrainConfig:
             ("log_every", self.log_every >= 1, "at least 1"),
             ("histogram_every", self.histogram_every >= 1, "at least 1"),
             ("samples_per_step", self.samples_per_step >= 0, "non-negative"),
+            ("completions_max_mb", self.completions_max_mb >= 0, "non-negative (0: no cap)"),
             ("max_consecutive_nonfinite", self.max_consecutive_nonfinite >= 1, "at least 1"),
             ("wandb_chart_every", self.wandb_chart_every >= 0, "non-negative (0: about ten times per run)"),
             ("rubric_weight", self.rubric_weight >= 0, "non-negative"),

@@ -44,6 +44,7 @@ from .rewards import (RewardFunction, RewardScores, extract_answer, extract_reas
 from .rollout import Rollout, SamplingSettings, decode_completion, generate
 from .signals import StopRequest, report_stop
 from .telemetry.alert_config import load_alert_rules, rules_from_config
+from .telemetry.completions import CompletionsWriter, truncate_completions
 from .telemetry.recorder import RunRecorder, StepReport
 from .telemetry.rundir import scrub_secrets
 from .telemetry.sinks import TrackioOptions, WandbOptions, make_sinks, trackio_store, wandb_enabled
@@ -366,6 +367,8 @@ class Trainer:
             component_metrics=component_metrics,
             samples=self._samples(prompts, scored, np.array(group_advantages), lengths, rollout.truncated),
             new_errors=scored.scores.new_errors,
+            texts=scored.texts, prompt_texts=[row["prompt"] for row in prompts.rows],
+            answers=[row["answer"] for row in prompts.rows],
             entropy_dump=(entropy_dump.build_dump(step, update.token_stats["token_entropy"],
                                                   update.token_stats["token_varentropy"], trained.prompts,
                                                   trained.completions)
@@ -381,7 +384,7 @@ class Trainer:
         for i in [g * G for g in range(min(self.config.samples_per_step, len(prompts.rows)))]:
             per_fn = {name: (None if np.isnan(scores.per_function[j, i]) else float(scores.per_function[j, i]))
                       for j, name in enumerate(scores.names)}
-            out.append({"prompt": rows[i]["prompt"], "completion": scored.texts[i],
+            out.append({"prompt_index": i // G, "prompt": rows[i]["prompt"], "completion": scored.texts[i],
                         "reasoning": extract_reasoning(scored.texts[i]),
                         "predicted": extract_answer(scored.texts[i]), "answer": rows[i]["answer"],
                         "rewards": per_fn, "total": float(scores.total[i]), "advantage": float(adv[i]),
@@ -460,6 +463,7 @@ def open_run(config: TrainConfig, base_dir: Path, resume_dir: Path | None) -> Ru
         trainer.order.load_state(saved["order"])
     if resume_dir is not None and world.is_main:
         truncate_logs(run_dir, saved.get("log_positions"), saved.get("step", 0))
+        truncate_completions(run_dir, saved.get("step", 0))
     start_step = saved.get("step", 0)
 
     console = TrainingConsole(config.num_steps, start_step)
@@ -485,7 +489,9 @@ def open_run(config: TrainConfig, base_dir: Path, resume_dir: Path | None) -> Ru
         sampler=SystemSampler(accel_memory=accel_memory).start(), reward_fns=trainer.reward_fns,
         components={"adaptive_window": trainer.window} if trainer.window is not None else {},
         hist_every=config.histogram_every, log_every=config.log_every, num_steps=config.num_steps,
-        num_iterations=config.num_iterations)
+        num_iterations=config.num_iterations,
+        completions=CompletionsWriter(run_dir, config.completions_max_mb)
+        if config.keep_completions and world.is_main else None)
     if "run_state" in saved:
         recorder.load_state_dict(saved["run_state"])
     total_params, trainable_params = count_parameters(trainer.policy.model)
@@ -513,7 +519,8 @@ def train(config: TrainConfig, base_dir: Path, resume_dir: Path | None = None) -
     stop = StopRequest()
     try:
         with recorder.console, stop:
-            if run.start_step == 0 and config.eval_every > 0 and trainer.correctness is not None:
+            if (run.start_step == 0 and config.eval_every > 0 and trainer.correctness is not None
+                    and run.last_record.get("step") != 0):  # a run restarted from scratch has it already
                 # held-out accuracy before the first update: where the policy started (step 0's record)
                 recorder.write(recorder.record_evaluation(0, trainer.evaluate()))
             for step in range(run.start_step + 1, config.num_steps + 1):

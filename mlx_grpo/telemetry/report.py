@@ -19,6 +19,7 @@ from rich.text import Text
 from ..errors import UserError
 from .alert_console import format_alert
 from .alerts import Alert
+from .completions import read_all
 from .analysis import RewardReport, analyze_run
 from .jsonl_tail import JsonlTail
 from .rundir import ALERTS, METRICS, SAMPLES, RunInfo, atomic_write_text, read_run_info
@@ -32,7 +33,8 @@ def _read_jsonl(path: Path) -> list[dict]:
 
 
 def load_run(run_dir: str | Path) -> tuple[RunInfo, list[dict], list[dict], list[Alert] | None]:
-    """(run.json, metric records, samples, alerts or None when the run wrote no alerts.jsonl)."""
+    """(run.json, metric records, completions (all kept ones, else samples.jsonl's), alerts or None when the
+    run wrote no alerts.jsonl)."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise UserError(f"run directory not found: {run_dir}")
@@ -44,7 +46,8 @@ def load_run(run_dir: str | Path) -> tuple[RunInfo, list[dict], list[dict], list
         raise UserError(f"{metrics_path}: no metric records yet")
     # run.json is rewritten atomically; missing or unreadable means foreign: report without it
     run_info = read_run_info(run_dir) or RunInfo()
-    samples = _read_jsonl(run_dir / SAMPLES)
+    # every completion when the run kept them (completions/), else the few of samples.jsonl
+    samples = read_all(run_dir) or _read_jsonl(run_dir / SAMPLES)
     alerts_path = run_dir / ALERTS
     alerts = [Alert.from_dict(a) for a in _read_jsonl(alerts_path)] if alerts_path.is_file() else None
     return run_info, metrics, samples, alerts
