@@ -151,6 +151,8 @@ class TrainConfig:
     max_consecutive_nonfinite: int = 5  # stop after this many NaN/Inf updates in a row (each is skipped)
     enable_alerts: bool = True  # the built-in alert rules
     alerts_file: str | None = None  # a YAML file of alert rules added to the built-in ones
+    on_alert: str = "default"  # built-in rules' actions: default (collapse, memory: stop) | warn (report only) | rollback
+    max_rollbacks: int = 2  # rollbacks a run may make; one more alert that would roll back stops it instead
 
     # --- Weights & Biases (optional) ---
     wandb: bool | None = None  # None: on when WANDB_API_KEY is set
@@ -219,6 +221,7 @@ class TrainConfig:
             ("samples_per_step", self.samples_per_step >= 0, "non-negative"),
             ("completions_max_mb", self.completions_max_mb >= 0, "non-negative (0: no cap)"),
             ("max_consecutive_nonfinite", self.max_consecutive_nonfinite >= 1, "at least 1"),
+            ("max_rollbacks", self.max_rollbacks >= 0, "non-negative"),
             ("wandb_chart_every", self.wandb_chart_every >= 0, "non-negative (0: about ten times per run)"),
             ("rubric_weight", self.rubric_weight >= 0, "non-negative"),
             ("adaptive_window.min_window", self.adaptive_window.min_window >= 1, "at least 1"),
@@ -243,6 +246,7 @@ class TrainConfig:
             "scale_rewards": ("group", "batch", "none"),
             "lr_schedule": ("cosine", "constant"),
             "dataset_format": ("auto", "prompt_answer", "gsm8k"),
+            "on_alert": ("default", "warn", "rollback"),
         }
         for key, ok, expected in checks:
             if not ok:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import sys
 import time
 from dataclasses import dataclass, field
@@ -25,7 +26,7 @@ import mlx.nn as nn
 import mlx.optimizers as optim
 import numpy as np
 
-from .checkpoint import PendingCheckpoint, load_checkpoint, prepare_checkpoint
+from .checkpoint import PendingCheckpoint, list_checkpoints, load_checkpoint, prepare_checkpoint
 from .config import TrainConfig, config_to_dict
 from .correctness import Check, load_correctness
 from .console import TrainingConsole
@@ -43,8 +44,10 @@ from .rewards import (RewardFunction, RewardScores, extract_answer, extract_reas
                       score_completions)
 from .rollout import Rollout, SamplingSettings, decode_completion, generate
 from .signals import StopRequest, report_stop
-from .telemetry.alert_config import load_alert_rules, rules_from_config
+from .telemetry.alert_config import load_alert_rules, rules_from_config, with_on_alert
+from .telemetry.alerts import Alert
 from .telemetry.completions import CompletionsWriter, truncate_completions
+from .telemetry.alert_console import format_alert
 from .telemetry.recorder import RunRecorder, StepReport
 from .telemetry.rundir import scrub_secrets
 from .telemetry.sinks import TrackioOptions, WandbOptions, make_sinks, trackio_store, wandb_enabled
@@ -403,6 +406,14 @@ class Trainer:
         correct, levels = self.world.gather_lists(result.correct, result.levels)
         return eval_record(correct, levels, self.world.slowest(time.perf_counter() - start))
 
+    def roll_back(self, checkpoint: Path, factors: dict[str, float]) -> None:
+        """Restore `checkpoint`'s weights and optimiser state and go on with the learning rate and beta
+        multiplied by `factors` (the optimiser and the loss are rebuilt around the new values)."""
+        self.config = remedied(self.config, factors)
+        self.optimizer = make_optimizer(self.config)
+        self.loss_and_grad = nn.value_and_grad(self.policy.model, make_loss_fn(self.config))
+        load_checkpoint(checkpoint, self.policy.model, self.optimizer)
+
     def adapter_config(self) -> dict | None:
         c = self.config
         if not c.use_lora:
@@ -427,13 +438,23 @@ class Run:
     last_record: dict[str, Any]
     base_dir: Path  # where the config's relative paths resolve from
     lock: RunLock | None = None  # rank 0's lock on the run directory, released when the run closes
+    rollbacks: int = 0  # rollbacks made so far (alert rules with action rollback)
+    remedy: dict[str, float] = field(default_factory=dict)  # their factors, multiplied: {"learning_rate": 0.25}
 
 
 def alert_rules(config: TrainConfig, base_dir: Path) -> list:
     if config.alerts_file is not None:
         path = Path(config.alerts_file)
-        return load_alert_rules(path if path.is_absolute() else base_dir / path, defaults=config.enable_alerts)
-    return rules_from_config({}, defaults=config.enable_alerts)
+        rules = load_alert_rules(path if path.is_absolute() else base_dir / path, defaults=config.enable_alerts)
+    else:
+        rules = rules_from_config({}, defaults=config.enable_alerts)
+    return with_on_alert(rules, config.on_alert)
+
+
+def remedied(config: TrainConfig, factors: dict[str, float]) -> TrainConfig:
+    """The config with its learning rate and beta multiplied by a rollback's (or several's) factors."""
+    return dataclasses.replace(config, learning_rate=config.learning_rate * factors.get("learning_rate", 1.0),
+                               beta=config.beta * factors.get("beta", 1.0))
 
 
 def new_run_dir(config: TrainConfig) -> Path:
@@ -450,6 +471,10 @@ def open_run(config: TrainConfig, base_dir: Path, resume_dir: Path | None) -> Ru
     checkpoint = resumable_checkpoint(resume_dir, config.num_steps) if resume_dir is not None else None
     rules = alert_rules(config, base_dir)  # before the model loads: a mistake in the file shows at once
     config, memory_plan = fit_run(config, base_dir)  # refuses a run that cannot fit, before anything loads
+    remedy: dict[str, float] = {}
+    if checkpoint is not None:  # rollbacks before the checkpoint changed the learning rate and beta: keep them
+        remedy = json.loads((checkpoint / "state.json").read_text()).get("remedy", {})
+        config = remedied(config, remedy)
     trainer = Trainer.build(config, base_dir)
     world = trainer.world
     # rank 0 owns the run directory: it creates it (or takes the resumed one) and locks it for the run
@@ -508,7 +533,8 @@ def open_run(config: TrainConfig, base_dir: Path, resume_dir: Path | None) -> Ru
         if (line := fn.hooks.describe()) is not None:
             console.message(line)
     return Run(run_dir, trainer, recorder, start_step, run_info.run_id,
-               last_record(run_dir) if resume_dir is not None else {}, base_dir, lock)
+               last_record(run_dir) if resume_dir is not None else {}, base_dir, lock,
+               rollbacks=int(saved.get("rollbacks", 0)), remedy=remedy)
 
 
 def train(config: TrainConfig, base_dir: Path, resume_dir: Path | None = None) -> dict[str, Any]:
@@ -523,6 +549,9 @@ def train(config: TrainConfig, base_dir: Path, resume_dir: Path | None = None) -
                     and run.last_record.get("step") != 0):  # a run restarted from scratch has it already
                 # held-out accuracy before the first update: where the policy started (step 0's record)
                 recorder.write(recorder.record_evaluation(0, trainer.evaluate()))
+            if run.start_step == 0 and world.is_main and any(r.action == "rollback" for r in recorder.engine.rules):
+                # a rollback in the first steps needs somewhere to go back to: the starting weights
+                prepare(trainer, recorder, run, 0).commit({"log_positions": log_positions(run_dir)})
             for step in range(run.start_step + 1, config.num_steps + 1):
                 # rollout, rewards, advantages, reference, update: the global batch's data
                 epoch, last = trainer.order.epoch, step == config.num_steps
@@ -537,9 +566,17 @@ def train(config: TrainConfig, base_dir: Path, resume_dir: Path | None = None) -
                     recorder.write(report)
                     raise UserError(nonfinite_stop_message(recorder.nonfinite_in_a_row, step, run_dir, config),
                                     exit_code=EXIT_GUARD_STOP)
+                # an alert rule with `action: rollback`: back to the last checkpoint from before it, remedied
+                can_roll_back = run.rollbacks < config.max_rollbacks
+                rollback = rollback_alert(report) if can_roll_back and not last else None
+                if rollback is not None and not stop.requested:
+                    recorder.write(report)
+                    roll_back(run, rollback, step)
+                    config = trainer.config
+                    continue
                 # checkpoint when due (timed in this step's record), then write the record;
-                # a stop is a signal's name or an alert rule with `action: stop`
-                stopping = world.agree(stop.requested or alert_stop_request(report))
+                # a stop is a signal's name or an alert rule with `action: stop` (or `rollback`, none left)
+                stopping = world.agree(stop.requested or alert_stop_request(report, can_roll_back))
                 pending = None
                 if world.is_main and (due(step, config.checkpoint_every, config.num_steps) or last or stopping):
                     pending = prepare(trainer, recorder, run, step)
@@ -573,9 +610,45 @@ ALERT_STOP = "alert:"  # a stop request from an alert rule: this prefix and the 
 EXIT_GUARD_STOP = 3  # the exit code of a run a guard stopped: repeated non-finite updates, an alert's `action: stop`
 
 
-def alert_stop_request(report: StepReport) -> str | None:
-    """The stop request of the first alert of the step whose rule has `action: stop`, if any."""
-    return next((ALERT_STOP + alert.rule for alert in report.alerts if alert.action == "stop"), None)
+def alert_stop_request(report: StepReport, can_roll_back: bool = True) -> str | None:
+    """The stop request of the first alert of the step whose rule has `action: stop` (or `rollback` when the
+    run has no rollback left), if any."""
+    stops = ("stop",) if can_roll_back else ("stop", "rollback")
+    return next((ALERT_STOP + alert.rule for alert in report.alerts if alert.action in stops), None)
+
+
+def rollback_alert(report: StepReport) -> Alert | None:
+    return next((alert for alert in report.alerts if alert.action == "rollback"), None)
+
+
+def roll_back(run: Run, alert: Alert, step: int) -> None:
+    """Restore the last checkpoint saved before the alert's condition began to hold, apply its rule's remedy,
+    and record the rollback as an event: an alert of rule 'rollback' (alerts.jsonl, TensorBoard's alerts
+    text, W&B, the dashboard's Alerts view, the report) and the checkpoint state's count and factors."""
+    trainer, recorder = run.trainer, run.recorder
+    rule = next(r for r in recorder.engine.rules if r.name == alert.rule)
+    began = step - rule.for_steps + 1
+    candidates = [p for p in list_checkpoints(run.run_dir / "checkpoints") if int(p.name.split("_")[1]) < began]
+    if not candidates:
+        raise UserError(f"alert rule '{rule.name}' (action: rollback) fired at step {step} and no checkpoint "
+                        f"from before step {began} is left to go back to", exit_code=EXIT_GUARD_STOP)
+    checkpoint = candidates[-1]
+    factors = dict(rule.remedy)
+    before = (trainer.config.learning_rate, trainer.config.beta)
+    trainer.roll_back(checkpoint, factors)
+    run.rollbacks += 1
+    for key, factor in factors.items():
+        run.remedy[key] = run.remedy.get(key, 1.0) * factor
+    changes = ", ".join([f"learning rate {before[0]:g} -> {trainer.config.learning_rate:g}"] * ("learning_rate" in factors)
+                        + [f"beta {before[1]:g} -> {trainer.config.beta:g}"] * ("beta" in factors)) or "no remedy"
+    event = Alert(step=step, time=time.time(), level="warning", rule="rollback", metric=alert.metric,
+                  value=alert.value, action="rollback",
+                  message=f"rolled back to {checkpoint.name} after '{rule.name}' at step {step} "
+                          f"(rollback {run.rollbacks} of {trainer.config.max_rollbacks}); {changes}; "
+                          f"training goes on at step {step + 1}")
+    if recorder.sinks is not None:
+        recorder.sinks.write_alert(event)
+    recorder.message(format_alert(event))
 
 
 def alert_stop_message(rule: str, step: int, run_dir: Path) -> str:
@@ -627,7 +700,7 @@ def prepare(trainer: Trainer, recorder: RunRecorder, run: Run, step: int) -> Pen
     is written, with the logs' lengths at that moment (a crash in between leaves the previous one)."""
     state = {"order": trainer.order.state(), "run_id": run.run_id,
              "config": scrub_secrets(dataclasses.asdict(trainer.config)), "run_state": recorder.state_dict(),
-             **trainer.world.checkpoint_state()}
+             "rollbacks": run.rollbacks, "remedy": run.remedy, **trainer.world.checkpoint_state()}
     return prepare_checkpoint(run.run_dir / "checkpoints", step, trainer.policy.model, trainer.optimizer, state,
                               trainer.adapter_config(), trainer.config.keep_checkpoints)
 

@@ -28,8 +28,11 @@ from ..errors import UserError
 from .rundir import scrub_text
 
 LEVELS = ("info", "warning", "error")
-# What the trainer does when a rule fires: "none" (report it) or "stop" (checkpoint, close the logs, exit 3).
-ACTIONS = ("none", "stop")
+# What the trainer does when a rule fires: "none" (report it), "stop" (checkpoint, close the logs, exit 3) or
+# "rollback" (restore the last checkpoint from before the condition began, apply the rule's remedy, go on).
+ACTIONS = ("none", "stop", "rollback")
+# What a remedy may change, each by a factor: the learning rate and beta (the KL coefficient).
+REMEDY_KEYS = ("learning_rate", "beta")
 # Keys of a record that are coordinates, not metrics: never matched by a rule.
 _NOT_METRICS = frozenset({"step", "time"})
 
@@ -45,7 +48,7 @@ class Alert:
     metric: str
     value: float | None
     message: str
-    action: str = "none"  # "stop": the rule stops the run (written to alerts.jsonl only then)
+    action: str = "none"  # "stop" / "rollback": what the rule makes the trainer do (written only then)
 
     def __post_init__(self) -> None:
         # Messages carry text from outside (a judge's error body, a reward function's exception): every
@@ -72,7 +75,7 @@ class Alert:
                    rule=str(data.get("rule", "")), metric=str(data.get("metric", "")),
                    value=float(value) if isinstance(value, (int, float)) else None,
                    message=str(data.get("message", "")),
-                   action="stop" if data.get("action") == "stop" else "none")
+                   action=data["action"] if data.get("action") in ACTIONS else "none")
 
 
 # --------------------------------------------------------------------------- patterns
@@ -126,12 +129,20 @@ class Rule:
     for_steps: int = 1
     cooldown: int = 50
     hint: str = ""
-    # Left out of repr, which matches saved rule state on resume: stopping does not change what a rule measures.
+    # Left out of repr, which matches saved rule state on resume: what the trainer does when a rule fires does
+    # not change what the rule measures.
     action: str = field(default="none", repr=False)
+    # With action rollback: factors applied on each rollback, e.g. (("learning_rate", 0.5), ("beta", 2.0)).
+    remedy: tuple[tuple[str, float], ...] = field(default=(), repr=False)
 
     def __post_init__(self) -> None:
         if self.action not in ACTIONS:
             raise ValueError(f"key 'action' must be one of {', '.join(ACTIONS)}, got {self.action!r}")
+        for key, factor in self.remedy:
+            if key not in REMEDY_KEYS:
+                raise ValueError(f"key 'remedy' may change {' and '.join(REMEDY_KEYS)}, not {key!r}")
+            if not (factor > 0 and math.isfinite(factor)):
+                raise ValueError(f"key 'remedy': the factor of {key} must be a positive number, got {factor!r}")
         if not self.name:
             raise ValueError("key 'name' must not be empty")
         if not self.metric:
@@ -951,6 +962,10 @@ class AlertEngine:
         for rule in rules:
             self.add_rule(rule)
 
+    @property
+    def rules(self) -> list[Rule]:
+        return [state.rule for state in self._states]
+
     def add_rule(self, rule: Rule) -> None:
         if any(state.rule.name == rule.name for state in self._states):
             raise UserError(f"alert rule '{rule.name}' is defined twice")
@@ -1074,5 +1089,5 @@ def _decode_object(name: str, fields: Mapping[str, Any]) -> Any:
 
 __all__ = [
     "LEVELS", "Alert", "AlertEngine", "Rule", "ThresholdRule", "TrendRule", "SpikeRule", "BaselineRule",
-    "HackingRule", "DropRule", "PlateauRule", "NonFiniteRule", "RULE_KINDS", "ACTIONS", "metric_pattern",
+    "HackingRule", "DropRule", "PlateauRule", "NonFiniteRule", "RULE_KINDS", "ACTIONS", "REMEDY_KEYS", "metric_pattern",
 ]
