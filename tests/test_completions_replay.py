@@ -135,3 +135,21 @@ def test_replay_command_prints_rankings_and_quality(run_dir):
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode != 0 and "--without nope: not in the reward set" in bad.stderr
     assert "Traceback" not in bad.stderr
+
+
+@pytest.mark.anyio
+async def test_the_samples_view_shows_the_group_and_the_reward_heatmap_of_a_run_that_kept_completions(run_dir):
+    import time
+
+    from mlx_grpo.tui.app import WatchApp
+    from screen_text import screen_text
+
+    app = WatchApp([run_dir], refresh=0.1)
+    async with app.run_test(size=(160, 60)) as pilot:
+        await pilot.press("7")
+        deadline = time.monotonic() + 20
+        while "its group: 4 completions" not in screen_text(app) and time.monotonic() < deadline:
+            await pilot.pause(0.05)
+        text = screen_text(app)
+        assert "its group: 4 completions of this prompt" in text
+        assert "reward heatmap: steps 1-3 x examples" in text

@@ -416,6 +416,10 @@ def _media_entries() -> list[MetricSpec]:
                    charts, "chart"),
         MetricSpec("charts/policy_evolution_3d", "W&B 3D point cloud of (policy/kl, rewards/total/mean, step) "
                    "over the run.", "", "charts", charts, "chart"),
+        MetricSpec("charts/reward_heatmap", "W&B HTML heatmap of every completion's total reward, step (columns, "
+                   "the last 200) x example (rows: the step's groups by mean reward, each group's completions best "
+                   "first; a group that taught nothing is one colour). Also in `report --html` and the dashboard's "
+                   "Samples view, from completions/.", "reward", "charts", charts, "chart"),
         MetricSpec("charts/criteria_heatmap", "W&B HTML heatmap of each rubric criterion's mean score (rows) per "
                    "logged step (columns), the last 200 steps.", "score", "charts", f"{charts}, with a rubric",
                    "chart"),

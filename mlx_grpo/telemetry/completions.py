@@ -144,6 +144,41 @@ def groups(rows: Sequence[dict]) -> dict[int, list[dict]]:
     return dict(sorted(out.items()))
 
 
+def ordered_totals(rows: Sequence[dict]) -> np.ndarray:
+    """One step's total rewards in the heatmap's order (`order_groups`)."""
+    return order_groups([np.array([_total(r) for r in group]) for group in groups(rows).values()])
+
+
+def order_groups(by_group: list[np.ndarray]) -> np.ndarray:
+    """Groups' total rewards in the heatmap's order: groups by mean reward, best first, and each group's
+    completions best first (a group that taught nothing is a band of one colour)."""
+    by_group = list(by_group)
+    by_group.sort(key=lambda totals: -np.nanmean(totals) if np.isfinite(totals).any() else np.inf)
+    return np.concatenate([np.sort(t)[::-1] for t in by_group]) if by_group else np.empty(0)
+
+
+def _total(row: dict) -> float:
+    value = row.get("total")
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else math.nan
+
+
+def reward_heatmap(rows: Sequence[dict], last: int | None = None) -> tuple[list[int], np.ndarray]:
+    """(steps, matrix[example, step]) of the total reward of every kept completion, examples in
+    `ordered_totals` order; NaN where a step had fewer. Rows without a prompt index (samples.jsonl's) are
+    left out: a column needs the whole step. `last`: only the last so many steps."""
+    by_step: dict[int, list[dict]] = {}
+    for row in rows:
+        if isinstance(row.get("prompt_index"), int) and isinstance(row.get("step"), int):
+            by_step.setdefault(row["step"], []).append(row)
+    steps = sorted(by_step)[-last:] if last else sorted(by_step)
+    columns = [ordered_totals(by_step[s]) for s in steps]
+    height = max((len(c) for c in columns), default=0)
+    matrix = np.full((height, len(steps)), np.nan)
+    for j, column in enumerate(columns):
+        matrix[:len(column), j] = column
+    return steps, matrix
+
+
 def truncate_completions(run_dir: str | Path, step: int) -> None:
     """Remove the files of steps after `step` (a resume from its checkpoint writes them again)."""
     for later in completion_steps(run_dir):

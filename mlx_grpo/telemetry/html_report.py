@@ -16,9 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+import numpy as np
 
 from ..errors import UserError
 from .analysis import RewardReport, RunData, analyze_run
+from .completions import reward_heatmap
 from .report import load_run
 from .rundir import RunInfo, atomic_write_text
 
@@ -188,11 +190,32 @@ pre { margin: 0; white-space: pre-wrap; font-size: 12px; max-width: 460px; }
 """
 
 
+def reward_heatmap_svg(plt, run: LoadedRun) -> str | None:
+    """Every kept completion's total reward, step x example (completions/), or None without them."""
+    steps, matrix = reward_heatmap(run.data.samples)
+    if len(steps) < 2:
+        return None
+    fig, ax = plt.subplots(figsize=(6.2, 2.8))
+    image = ax.imshow(np.ma.masked_invalid(matrix), aspect="auto", interpolation="nearest", cmap="viridis",
+                      extent=(steps[0] - 0.5, steps[-1] + 0.5, matrix.shape[0], 0))
+    fig.colorbar(image, ax=ax, label="total reward")
+    ax.set_title(f"Reward of every completion: {run.title}", loc="left", fontweight="bold")
+    ax.set_xlabel("step")
+    ax.set_ylabel("example (groups by mean, best first)")
+    svg = _svg(fig)
+    plt.close(fig)
+    return svg
+
+
 def draw_charts(runs: Sequence[LoadedRun]) -> list[tuple[str, str]]:
-    """(title, SVG) of every chart some run has data for, the alert timeline last."""
+    """(title, SVG) of every chart some run has data for, then each run's reward heatmap, the alert
+    timeline last."""
     plt = _pyplot()
     charts = [(title, svg) for title, ylabel, metrics in CHARTS
               if (svg := chart_svg(plt, title, ylabel, metrics, runs))]
+    for run in runs:
+        if (heatmap := reward_heatmap_svg(plt, run)) is not None:
+            charts.append((f"Reward heatmap {run.title}" if len(runs) > 1 else "Reward heatmap", heatmap))
     timeline = alert_timeline_svg(plt, runs)
     if timeline is not None:
         charts.append(("Alerts", timeline))

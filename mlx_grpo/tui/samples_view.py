@@ -1,5 +1,6 @@
 """Recent completions: a list (newest at the bottom, like a log) and the selected one with its reward breakdown,
-then its group: the G completions of the same prompt at that step side by side, from the run's completions/."""
+then its group (the G completions of the same prompt at that step side by side) and the run's reward heatmap
+(step x example, the last steps), both from the run's completions/."""
 
 from __future__ import annotations
 
@@ -12,7 +13,13 @@ from textual.widgets import DataTable, Static
 
 from textual.widget import Widget
 
-from ..telemetry.completions import groups, read_step
+import math
+import warnings
+
+import numpy as np
+
+from ..telemetry.completions import completion_steps, groups, ordered_totals, read_step
+from ..telemetry.wandb_charts import scale_colour
 from .board import Board
 from .board_widget import BoardView
 from .fmt import fmt_count, fmt_value
@@ -106,6 +113,48 @@ def sample_group(run_dir, s: dict, cache: dict) -> list[dict]:
     return next((g for g in by_prompt.values() if g and g[0].get("prompt") == s.get("prompt")), [])
 
 
+HEATMAP_STEPS, HEATMAP_LINES = 40, 8  # columns (the last steps) and text lines (two cells each)
+
+
+def heatmap_text(matrix: np.ndarray, lines: int = HEATMAP_LINES) -> Text:
+    """matrix[example, step] as coloured half-blocks: a column per step, the examples averaged into
+    2 x `lines` bands (best first at the top); grey where a step has no value."""
+    finite = matrix[np.isfinite(matrix)]
+    lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
+    span = hi - lo if hi > lo else 1.0
+    bands = np.array_split(np.arange(matrix.shape[0]), 2 * lines)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a band of NaN (mean of nothing): drawn grey
+        rows = np.array([np.nanmean(matrix[band], axis=0) if len(band) else np.full(matrix.shape[1], np.nan)
+                         for band in bands])
+    text = Text()
+    for line in range(lines):
+        for top, bottom in zip(rows[2 * line], rows[2 * line + 1]):
+            text.append("▀", style=f"{scale_colour((top - lo) / span if math.isfinite(top) else math.nan)} on "
+                                   f"{scale_colour((bottom - lo) / span if math.isfinite(bottom) else math.nan)}")
+        text.append("\n")
+    text.append(f"total reward {lo:.3g} ", style=MUTED)
+    for k in range(10):
+        text.append("█", style=scale_colour(k / 9))
+    text.append(f" {hi:.3g}", style=MUTED)
+    return text
+
+
+def run_heatmap(run_dir, cache: dict) -> tuple[list[int], np.ndarray]:
+    """The last HEATMAP_STEPS kept steps of a run, step x example; a step's file is read once (written whole,
+    it never changes)."""
+    steps = completion_steps(run_dir)[-HEATMAP_STEPS:]
+    for step in steps:
+        if (str(run_dir), step) not in cache:
+            cache[(str(run_dir), step)] = ordered_totals(read_step(run_dir, step))
+    columns = [cache[(str(run_dir), step)] for step in steps]
+    height = max((len(c) for c in columns), default=0)
+    matrix = np.full((height, len(steps)), np.nan)
+    for j, column in enumerate(columns):
+        matrix[:len(column), j] = column
+    return steps, matrix
+
+
 class SamplesView(BoardView, Horizontal):
     def __init__(self, board: Board, *, id: str | None = None):
         super().__init__(board, id=id)
@@ -116,6 +165,7 @@ class SamplesView(BoardView, Horizontal):
         self._order: list[str] = []
         self._next_key = 0
         self._groups: dict = {}  # (run dir, step) -> that step's completions by prompt
+        self._columns: dict = {}  # (run dir, step) -> that step's totals in the heatmap's order
 
     @property
     def focus_target(self) -> Widget:
@@ -188,4 +238,8 @@ class SamplesView(BoardView, Horizontal):
             detail: list = [_sample_text(run.name, self.board.color(i), s)]
             if group := sample_group(run.run_dir, s, self._groups):
                 detail += [Text(""), group_table(group, s)]
+            steps, matrix = run_heatmap(run.run_dir, self._columns)
+            if len(steps) >= 2 and matrix.size:
+                detail += [Text(""), Text(f"reward heatmap: steps {steps[0]}-{steps[-1]} x examples (groups by "
+                                          "mean, best first)", style=f"bold {MUTED}"), heatmap_text(matrix)]
             self.query_one("#sample-detail", Static).update(Group(*detail))
