@@ -359,8 +359,19 @@ def _field_types(cls: type) -> dict[str, Any]:
     return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
 
 
-# Keys earlier versions had: accepted and ignored, so old configs and old runs' run.json still load.
-RETIRED_KEYS = {"log_distributions"}  # histograms are logged every histogram_every steps
+# The seed's `log_distributions` (the reward monitoring system's flag): an alias of histogram_every. True:
+# histograms at every logged step; a number: every that many; false: as histogram_every says (histograms
+# cost little and are always on here), so old configs and runs' run.json still load.
+ALIASES = {"log_distributions": "histogram_every"}
+
+
+def _alias_value(key: str, value: Any) -> Any:
+    """The value an alias gives its key, or None when it leaves the key alone."""
+    if value is True:
+        return 1
+    if value is False or value is None:
+        return None
+    return value
 
 
 def _build_dataclass(cls: type, mapping: dict, prefix: str, source: str, base: Any = None) -> Any:
@@ -369,8 +380,11 @@ def _build_dataclass(cls: type, mapping: dict, prefix: str, source: str, base: A
     values = {} if base is None else {n: getattr(base, n) for n in types_by_name}
     for key, value in mapping.items():
         dotted = f"{prefix}.{key}" if prefix else str(key)
-        if dotted in RETIRED_KEYS:
-            continue
+        if dotted in ALIASES:
+            value = _alias_value(dotted, value)
+            if value is None:
+                continue
+            key = dotted = ALIASES[dotted]
         if key not in types_by_name:
             close = difflib.get_close_matches(str(key), types_by_name, n=1)
             hint = f" (did you mean '{close[0]}'?)" if close else ""
