@@ -30,6 +30,9 @@ from .telemetry.reward_stats import reward_metrics
 from .telemetry.rundir import read_run_info
 
 
+SIGN_TOLERANCE = 1e-4  # advantages closer to 0 than this have no sign
+
+
 @dataclass
 class StepRows:
     """One step's kept completions as arrays, prompt-major (groups of G consecutive rows)."""
@@ -174,13 +177,18 @@ def replay(run_dir: str | Path, functions: list[RewardFunction], group_size: int
             cut = slice(g * group_size, (g + 1) * group_size)
             old_t, new_t = part.total[cut], total[cut]
             result.groups += 1
-            result.zero_std_before += bool(np.nanmax(old_t) == np.nanmin(old_t))
-            result.zero_std_after += bool(new_t.max() == new_t.min())
+            flat_before, flat_after = bool(np.nanmax(old_t) == np.nanmin(old_t)), bool(new_t.max() == new_t.min())
+            result.zero_std_before += flat_before
+            result.zero_std_after += flat_after
             if not np.array_equal(_ranks(old_t), _ranks(new_t)):
                 result.reranked.append(GroupChange(part.step, g, str(rows[g * group_size].get("prompt", "")),
                                                    _order(old_t), _order(new_t), old_t.tolist(), new_t.tolist()))
             for j, (old_a, new_a) in enumerate(zip(part.advantages[cut], advantages[cut])):
-                if np.sign(old_a) * np.sign(new_a) < 0:
+                # a group without spread has advantages of float rounding only (float32 mean, divided by
+                # the std + 1e-4: about 0.005), and their sign means nothing
+                if flat_before or flat_after:
+                    break
+                if old_a * new_a < 0 and min(abs(old_a), abs(new_a)) > SIGN_TOLERANCE:
                     row = rows[g * group_size + j]
                     result.flips.append(SignFlip(part.step, g, j, str(row.get("completion", "")), float(old_a),
                                                  float(new_a)))
