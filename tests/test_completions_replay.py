@@ -153,3 +153,22 @@ async def test_the_samples_view_shows_the_group_and_the_reward_heatmap_of_a_run_
         text = screen_text(app)
         assert "its group: 4 completions of this prompt" in text
         assert "reward heatmap: steps 1-3 x examples" in text
+
+
+def test_replay_finds_no_sign_flips_in_a_group_without_spread(tmp_path):
+    # A group whose completions all scored alike trains on float rounding (float32 mean / (0 + 1e-4)),
+    # about -0.005 each: no sign to flip, whatever the replayed rewards say.
+    from mlx_grpo.replay import replay
+    from mlx_grpo.rewards import RewardFunction
+
+    rows = [{"step": 1, "prompt_index": 0, "completion_index": j, "prompt": "1+1=", "answer": "2",
+             "completion": f"c{j}", "rewards": {"same": 1.0}, "total": 1.0, "advantage": -0.0047} for j in range(4)]
+    rows += [{"step": 1, "prompt_index": 1, "completion_index": j, "prompt": "2+2=", "answer": "4",
+              "completion": f"d{j}", "rewards": {"same": float(j)}, "total": float(j),
+              "advantage": [-1.34, -0.45, 0.45, 1.34][j]} for j in range(4)]
+    CompletionsWriter(tmp_path, max_mb=0).write(1, rows)
+    reversed_order = RewardFunction("reversed", lambda p, c, a, **k: [-float(t[1]) for t in c], 1.0)
+    result = replay(tmp_path, [reversed_order], 4, "group")
+    assert result.zero_std_before == 1 and result.zero_std_after == 0
+    assert [(f.prompt_index, f.completion_index) for f in result.flips] == [(1, 0), (1, 1), (1, 2), (1, 3)]
+    assert [c.prompt_index for c in result.reranked] == [0, 1]  # the flat group now has an order
