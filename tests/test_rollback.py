@@ -48,9 +48,16 @@ def run(tmp_path, **overrides) -> tuple[dict, Path]:
     return result, Path(result["run_dir"])
 
 
-def test_a_kl_spike_rolls_back_once_applies_the_remedy_and_the_run_finishes(tmp_path, monkeypatch):
-    inject_kl(monkeypatch, {4})
-    result, run_dir = run(tmp_path)
+@pytest.fixture(scope="module")
+def rolled_back(tmp_path_factory):
+    """A run whose step 4 reports a KL spike, under a rule that rolls back."""
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        inject_kl(monkeypatch, {4})
+        return run(tmp_path_factory.mktemp("rollback"))
+
+
+def test_a_kl_spike_rolls_back_once_applies_the_remedy_and_the_run_finishes(rolled_back):
+    result, run_dir = rolled_back
     assert result["status"] == "finished"
     records = {r["step"]: r for r in read_jsonl(run_dir / "metrics.jsonl")}
     assert sorted(records) == list(range(1, 9))  # the steps go on: none is repeated
@@ -76,6 +83,22 @@ def test_a_kl_spike_rolls_back_once_applies_the_remedy_and_the_run_finishes(tmp_
     # a resume keeps the remedied learning rate: the checkpoint carries the rollbacks' factors
     state = json.loads((run_dir / "checkpoints" / "step_8" / "state.json").read_text())
     assert state["rollbacks"] == 1 and state["remedy"] == {"learning_rate": 0.5, "beta": 2.0}
+
+
+@pytest.mark.anyio
+async def test_the_rollback_shows_in_the_dashboards_alerts_view(rolled_back):
+    import time
+
+    from mlx_grpo.tui.app import WatchApp
+    from screen_text import screen_text
+
+    app = WatchApp([rolled_back[1]], refresh=0.1)
+    async with app.run_test(size=(200, 40)) as pilot:
+        await pilot.press("6")
+        deadline = time.monotonic() + 20
+        while "rolled back to step_0" not in screen_text(app) and time.monotonic() < deadline:
+            await pilot.pause(0.05)
+        assert "rolled back to step_0 after 'kl_spike' at step 4" in screen_text(app)
 
 
 def test_rollbacks_are_capped_then_the_rule_stops_the_run(tmp_path, monkeypatch):
