@@ -545,13 +545,8 @@ def train(config: TrainConfig, base_dir: Path, resume_dir: Path | None = None) -
     stop = StopRequest()
     try:
         with recorder.console, stop:
-            if (run.start_step == 0 and config.eval_every > 0 and trainer.correctness is not None
-                    and run.last_record.get("step") != 0):  # a run restarted from scratch has it already
-                # held-out accuracy before the first update: where the policy started (step 0's record)
-                recorder.write(recorder.record_evaluation(0, trainer.evaluate()))
-            if run.start_step == 0 and world.is_main and any(r.action == "rollback" for r in recorder.engine.rules):
-                # a rollback in the first steps needs somewhere to go back to: the starting weights
-                prepare(trainer, recorder, run, 0).commit({"log_positions": log_positions(run_dir)})
+            if run.start_step == 0:
+                before_first_update(run)
             for step in range(run.start_step + 1, config.num_steps + 1):
                 # rollout, rewards, advantages, reference, update: the global batch's data
                 epoch, last = trainer.order.epoch, step == config.num_steps
@@ -572,7 +567,6 @@ def train(config: TrainConfig, base_dir: Path, resume_dir: Path | None = None) -
                 if rollback is not None and not stop.requested:
                     recorder.write(report)
                     roll_back(run, rollback, step)
-                    config = trainer.config
                     continue
                 # checkpoint when due (timed in this step's record), then write the record;
                 # a stop is a signal's name or an alert rule with `action: stop` (or `rollback`, none left)
@@ -604,6 +598,17 @@ def train(config: TrainConfig, base_dir: Path, resume_dir: Path | None = None) -
         final = finish(run, step, status, report)
     return {**final, "status": status, "run_dir": str(run_dir),
             **({"stopped_by_alert": stopped_by} if stopped_by is not None else {})}
+
+
+def before_first_update(run: Run) -> None:
+    """Step 0 of a new run: the held-out accuracy before the first update, where the policy started (a run
+    restarted from scratch has it already), and, when a rule can roll back, a checkpoint of the starting
+    weights for a rollback in the first steps to go back to."""
+    trainer, recorder = run.trainer, run.recorder
+    if trainer.config.eval_every > 0 and trainer.correctness is not None and run.last_record.get("step") != 0:
+        recorder.write(recorder.record_evaluation(0, trainer.evaluate()))
+    if trainer.world.is_main and any(rule.action == "rollback" for rule in recorder.engine.rules):
+        prepare(trainer, recorder, run, 0).commit({"log_positions": log_positions(run.run_dir)})
 
 
 ALERT_STOP = "alert:"  # a stop request from an alert rule: this prefix and the rule's name
@@ -639,8 +644,10 @@ def roll_back(run: Run, alert: Alert, step: int) -> None:
     run.rollbacks += 1
     for key, factor in factors.items():
         run.remedy[key] = run.remedy.get(key, 1.0) * factor
-    changes = ", ".join([f"learning rate {before[0]:g} -> {trainer.config.learning_rate:g}"] * ("learning_rate" in factors)
-                        + [f"beta {before[1]:g} -> {trainer.config.beta:g}"] * ("beta" in factors)) or "no remedy"
+    after = (trainer.config.learning_rate, trainer.config.beta)
+    changes = ", ".join(f"{label} {old:g} -> {new:g}" for label, key, old, new in
+                        (("learning rate", "learning_rate", before[0], after[0]), ("beta", "beta", before[1], after[1]))
+                        if key in factors) or "no remedy"
     event = Alert(step=step, time=time.time(), level="warning", rule="rollback", metric=alert.metric,
                   value=alert.value, action="rollback",
                   message=f"rolled back to {checkpoint.name} after '{rule.name}' at step {step} "

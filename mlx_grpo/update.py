@@ -389,7 +389,8 @@ def update_policy(model: nn.Module, optimizer: optim.Optimizer, loss_and_grad, b
             totals_by_stat[name] = totals_by_stat.get(name, 0.0) + value.item() / config.num_iterations
     model.eval()
     passes = config.num_iterations
-    return UpdateResult(loss_sum / passes, norm_sum / passes, totals_by_stat, skipped, time.perf_counter() - start, token_stats)
+    return UpdateResult(loss_sum / passes, norm_sum / passes, totals_by_stat, skipped, time.perf_counter() - start,
+                        token_stats)
 
 
 def reference_logprobs(reference, batch: TrainBatch, config: TrainConfig) -> mx.array | None:

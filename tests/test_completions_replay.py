@@ -39,7 +39,8 @@ def test_every_completion_of_every_step_is_kept_with_its_scores(run_dir):
     for step in (1, 2, 3):
         rows = read_step(run_dir, step)
         assert len(rows) == 16  # B x G, not one per group
-        assert [(r["prompt_index"], r["completion_index"]) for r in rows] == [(g, j) for g in range(4) for j in range(4)]
+        indices = [(r["prompt_index"], r["completion_index"]) for r in rows]
+        assert indices == [(g, j) for g in range(4) for j in range(4)]
         assert set(rows[0]) >= {"prompt", "answer", "completion", "rewards", "total", "advantage", "length",
                                 "truncated", "correct"}
         assert set(rows[0]["rewards"]) == {"format_exact", "format_approx", "answer_check", "number_check",

@@ -87,7 +87,8 @@ def group_table(group: list[dict], selected: dict) -> Table:
         advantage = row.get("advantage")
         correct = row.get("correct")
         table.add_row(
-            Text(f"{'▶' if mine else ''}{row.get('completion_index', '')}", style=f"bold {TEXT_BRIGHT}" if mine else ""),
+            Text(f"{'▶' if mine else ''}{row.get('completion_index', '')}",
+                 style=f"bold {TEXT_BRIGHT}" if mine else ""),
             *(fmt_value(rewards.get(fn)) for fn in names),
             fmt_value(row.get("total")),
             Text(fmt_value(advantage), style=GOOD if isinstance(advantage, (int, float)) and advantage > 0 else BAD),
