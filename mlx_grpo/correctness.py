@@ -42,7 +42,10 @@ def load_correctness(setting: str, dataset: str, reward_names: list[str], base_d
         return answer_check if fits else None
     if ":" not in setting:
         raise UserError(f"key 'correctness' is {setting!r}; expected auto, answer, none or file.py:function")
-    fn = load_reward_functions([(setting, 1.0)], base_dir)[0].fn
+    try:
+        fn = load_reward_functions([(setting, 1.0)], base_dir)[0].fn
+    except UserError as err:
+        raise UserError(f"key 'correctness': {err}") from None
     return user_check(setting, fn)
 
 

@@ -122,3 +122,15 @@ def test_a_policy_broken_by_its_first_updates_raises_the_collapse_error_at_once(
     # a healthy start (greedy held-out above sampled accuracy, as it always is) stays quiet
     healthy = [records[0], *({"step": s, "accuracy/train": 0.2 + 0.1 * (s % 3)} for s in range(1, 30))]
     assert not [a for a in AlertEngine(default_rules()).check_all(healthy) if a.rule == "accuracy_collapse"]
+
+
+def test_a_mistyped_correctness_setting_names_the_key(tmp_path):
+    from mlx_grpo.correctness import load_correctness
+    from mlx_grpo.errors import UserError
+
+    with pytest.raises(UserError, match="key 'correctness' is 'bogus'; expected auto, answer, none or file.py"):
+        load_correctness("bogus", "arithmetic", [], tmp_path)
+    with pytest.raises(UserError, match="key 'correctness': reward file not found"):
+        load_correctness("missing.py:check", "arithmetic", [], tmp_path)
+    assert load_correctness("auto", "data.jsonl", ["my.py:reward"], tmp_path) is None  # nothing to measure with
+    assert load_correctness("auto", "data.jsonl", ["answer_check"], tmp_path) is not None
