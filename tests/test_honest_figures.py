@@ -134,3 +134,17 @@ def test_a_mistyped_correctness_setting_names_the_key(tmp_path):
         load_correctness("missing.py:check", "arithmetic", [], tmp_path)
     assert load_correctness("auto", "data.jsonl", ["my.py:reward"], tmp_path) is None  # nothing to measure with
     assert load_correctness("auto", "data.jsonl", ["answer_check"], tmp_path) is not None
+
+
+def test_a_run_stopped_after_its_first_evaluation_claims_no_held_out_change():
+    # The learning-rate 1e-3 run stopped at step 3: one evaluation (before the first update) says where it
+    # started, not how it moved; the sampled accuracy says what happened.
+    from mlx_grpo.telemetry.analysis import analyze_run
+
+    records = [{"step": 0, "eval/accuracy": 0.32}]
+    records += [{"step": s, "accuracy/train": a, "rewards/total/mean": r}
+                for s, a, r in ((1, 0.27, 8.1), (2, 0.0, 2.7), (3, 0.0, -2.7))]
+    headline = analyze_run(records).outcome.headline()
+    assert "held-out accuracy 32.0% at step 0 (its only evaluation)" in headline
+    assert "training accuracy 27% at step 1 -> 0% at step 3" in headline
+    assert "points" not in headline

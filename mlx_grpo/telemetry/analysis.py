@@ -491,16 +491,26 @@ class RunOutcome:
     reward: Trend | None  # rewards/total/mean, likewise
     alerts: dict[str, int]  # fired alerts by level
     accuracy_measured: bool = True  # False: the run logged no accuracy at all (its task has no correctness check)
+    evaluations: int = 0  # held-out evaluations logged
+    eval_first_step: int | None = None
+    # accuracy/train at its first and last logged step, (step, value) each, for a run too short for a trend
+    train_ends: tuple[tuple[int, float], tuple[int, float]] | None = None
 
     def headline(self) -> str:
         """One line: held-out accuracy from -> to, the reward's trend, the alerts raised."""
         parts = []
-        if self.eval_first is not None and self.eval_last is not None:
+        if self.evaluations >= 2 and self.eval_first is not None and self.eval_last is not None:
             change = 100 * (self.eval_last - self.eval_first)
             parts.append(f"held-out accuracy {self.eval_first:.1%} -> {self.eval_last:.1%} ({change:+.1f} points)")
-        elif self.train_accuracy is not None:
+        elif self.evaluations == 1 and self.eval_first is not None:
+            # one evaluation says where the run was, not how it moved
+            parts.append(f"held-out accuracy {self.eval_first:.1%} at step {self.eval_first_step} (its only evaluation)")
+        if self.evaluations < 2 and self.train_accuracy is not None:
             t = self.train_accuracy
             parts.append(f"training accuracy {t.start:.0%} -> {t.end:.0%} ({t.direction})")
+        elif self.evaluations < 2 and self.train_ends is not None:
+            (s0, a0), (s1, a1) = self.train_ends
+            parts.append(f"training accuracy {a0:.0%} at step {s0} -> {a1:.0%} at step {s1}")
         elif not self.accuracy_measured:
             parts.append("accuracy n/a (no correctness check)")
         if self.reward is not None:
@@ -512,13 +522,17 @@ class RunOutcome:
 
 
 def run_outcome(data: RunData, alerts: Sequence[Alert]) -> RunOutcome:
-    _, accuracy = data.series("eval/accuracy")
+    eval_steps, accuracy = data.series("eval/accuracy")
+    train_steps, train = data.series("accuracy/train")
     counts: dict[str, int] = {}
     for alert in alerts:
         counts[alert.level] = counts.get(alert.level, 0) + 1
     return RunOutcome(float(accuracy[0]) if len(accuracy) else None, float(accuracy[-1]) if len(accuracy) else None,
                       trend_of(data, "accuracy/train"), trend_of(data, "rewards/total/mean"), counts,
-                      accuracy_measured=any(data.table.column(name) is not None for name in ACCURACY_METRICS))
+                      accuracy_measured=any(data.table.column(name) is not None for name in ACCURACY_METRICS),
+                      evaluations=len(accuracy), eval_first_step=int(eval_steps[0]) if len(eval_steps) else None,
+                      train_ends=(((int(train_steps[0]), float(train[0])), (int(train_steps[-1]), float(train[-1])))
+                                  if len(train) >= 2 else None))
 
 
 @dataclass
