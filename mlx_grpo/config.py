@@ -150,7 +150,7 @@ class TrainConfig:
     alerts_file: str | None = None  # a YAML file of alert rules added to the built-in ones
 
     # --- Weights & Biases (optional) ---
-    wandb: bool | None = None  # None: on when WANDB_API_KEY is set
+    wandb: bool | None = False  # log to W&B too (opt-in: WANDB_API_KEY alone never turns it on); null = false
     wandb_project: str = "mlx-grpo"  # W&B project
     wandb_entity: str | None = None  # W&B entity (team or user)
     wandb_run_name: str | None = None  # W&B run name (default: the run directory's name)

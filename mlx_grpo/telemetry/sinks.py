@@ -58,8 +58,6 @@ Public API:
 - `make_sinks(run_dir, tensorboard=True, tensorboard_dir=None, flush_secs=2, wandb=None, trackio=None,
   warn=None, fsync=False, purge_step=None) -> SinkSet`: the usual set; a sink whose library is not installed
   is left out with a warning.
-- `wandb_enabled(flag, environ=os.environ) -> bool`: `--wandb` / `--no-wandb` / neither (on when
-  WANDB_API_KEY is set).
 - `samples_markdown(samples) -> str`, `flatten_config(config) -> dict`: the formatting the sinks share.
 """
 
@@ -718,11 +716,6 @@ class ThreadedSink(Sink):
 
 
 # ----------------------------------------------------------------------------- fan-out
-
-
-def wandb_enabled(flag: bool | None, environ: Mapping[str, str] = os.environ) -> bool:
-    """`--wandb` (True) turns W&B on, `--no-wandb` (False) off; no flag (None): on when WANDB_API_KEY is set."""
-    return bool(environ.get("WANDB_API_KEY")) if flag is None else flag
 
 
 def _stderr(message: str) -> None:
