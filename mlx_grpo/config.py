@@ -9,9 +9,7 @@ line naming the key and the file. This module imports no mlx.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
-import sys
 import types
 import typing
 from dataclasses import dataclass, field
@@ -20,6 +18,8 @@ from typing import Any
 
 import yaml
 
+from .config_aliases import translate, unknown_key_hint
+from .config_paths import resolve_input_paths
 from .errors import UserError, yaml_error
 
 DEFAULT_MODEL = "default"  # the small arithmetic model shipped inside the package
@@ -364,9 +364,7 @@ def _build_dataclass(cls: type, mapping: dict, prefix: str, source: str, base: A
         if dotted in RETIRED_KEYS:
             continue
         if key not in types_by_name:
-            close = difflib.get_close_matches(str(key), types_by_name, n=1)
-            hint = f" (did you mean '{close[0]}'?)" if close else ""
-            raise UserError(f"{source}: unknown key '{dotted}'{hint}")
+            raise UserError(f"{source}: unknown key '{dotted}'{unknown_key_hint(str(key), types_by_name)}")
         tp = types_by_name[key]
         if dataclasses.is_dataclass(tp) and isinstance(value, dict):
             values[key] = _build_dataclass(tp, value, dotted, source, base=values.get(key))
@@ -420,69 +418,26 @@ def nest(dotted: dict[str, Any]) -> dict:
 
 
 def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> TrainConfig:
-    """Defaults, then the YAML file, then command-line overrides; validated."""
+    """Defaults, then the YAML file, then command-line overrides; validated. Input paths in the file are
+    relative to its folder, those given as overrides to the current directory (config_paths.py)."""
     if path is None:
         return config_from_mapping({}, "config", overrides)
     path = Path(path)
-    return config_from_mapping(read_yaml_mapping(path), str(path), overrides)
+    return config_from_mapping(read_yaml_mapping(path), str(path), overrides, base=path.resolve().parent)
 
 
-# TRL's names for our keys: accepted, with a note saying which key they set.
-TRL_NAMES = {"max_completion_length": "max_generation_steps", "max_steps": "num_steps",
-             "warmup_ratio": "warmup_fraction", "reward_funcs": "rewards"}
-
-
-def _from_trl_names(mapping: dict, source: str) -> dict:
-    """`mapping` with TRL's key names turned into ours (one note on stderr per key), including TRL's
-    report_to, reward_weights and per_device_train_batch_size (which counts completions, not prompts)."""
-    out = dict(mapping)
-
-    def note(trl: str, ours: str) -> None:
-        print(f"mlx-grpo: note: {source}: '{trl}' is TRL's name; read as {ours}", file=sys.stderr)
-
-    for trl, ours in TRL_NAMES.items():
-        if trl in out:
-            if ours in out:
-                raise UserError(f"{source}: both '{trl}' (TRL's name) and '{ours}' are set; keep one")
-            out[ours] = out.pop(trl)
-            note(trl, f"'{ours}'")
-    if "reward_weights" in out:
-        weights = out.pop("reward_weights")
-        rewards = out.get("rewards")
-        if not isinstance(weights, list) or not isinstance(rewards, list) or len(weights) != len(rewards):
-            raise UserError(f"{source}: key 'reward_weights' needs one weight per reward function "
-                            f"(reward_funcs / rewards), got {weights!r}")
-        out["rewards"] = [{"name": name if isinstance(name, str) else name.get("name"), "weight": weight}
-                          for name, weight in zip(rewards, weights)]
-        note("reward_weights", "the weights of 'rewards'")
-    if "report_to" in out:
-        targets = out.pop("report_to")
-        targets = [targets] if isinstance(targets, str) else targets
-        if not isinstance(targets, list) or not set(targets) <= {"tensorboard", "wandb", "trackio", "all", "none"}:
-            raise UserError(f"{source}: key 'report_to' is {targets!r}; expected tensorboard, wandb, trackio, all "
-                            "or none (the run directory is always written)")
-        for sink in ("tensorboard", "wandb", "trackio"):
-            out[sink] = bool({sink, "all"} & set(targets))
-        note("report_to", "'tensorboard', 'wandb' and 'trackio'")
-    if "per_device_train_batch_size" in out:
-        completions = out.pop("per_device_train_batch_size")
-        group = out.get("num_generations", TrainConfig.num_generations)
-        if not isinstance(completions, int) or not isinstance(group, int) or completions % group:
-            raise UserError(f"{source}: key 'per_device_train_batch_size' ({completions!r} completions) must be a "
-                            f"multiple of num_generations ({group!r})")
-        out["batch_size"] = completions // group
-        note("per_device_train_batch_size", f"'batch_size: {completions // group}' (prompts per step: "
-                                            f"{completions} completions / {group} per prompt)")
-    return out
-
-
-def config_from_mapping(mapping: dict, source: str, overrides: dict[str, Any] | None = None) -> TrainConfig:
+def config_from_mapping(mapping: dict, source: str, overrides: dict[str, Any] | None = None,
+                        base: Path | None = None) -> TrainConfig:
     """Defaults, then `mapping` (errors name `source`: a file, a run's run.json), then command-line
-    overrides; validated. TRL's key names are read as ours."""
-    mapping = _from_trl_names(mapping, source)
+    overrides; validated. Other tools' key names are read as ours (config_aliases.py). `base`: the folder
+    the mapping's relative input paths are resolved against (None: kept as written, as in an old
+    run.json whose paths the trainer resolves against its saved base_dir)."""
+    mapping = translate(mapping, source)
+    if base is not None:
+        mapping = resolve_input_paths(mapping, base)
     config = _build_dataclass(TrainConfig, mapping, "", source, base=TrainConfig()) if mapping else TrainConfig()
     if overrides:
-        overrides = _from_trl_names(overrides, "command line")
+        overrides = resolve_input_paths(translate(overrides, "command line"), Path.cwd())
         config = _build_dataclass(TrainConfig, nest(overrides), "", "command line", base=config)
     config.validate(source)
     return config
