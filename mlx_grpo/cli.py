@@ -15,6 +15,7 @@ import sys
 from .blas import reexec_with_openblas
 from .config_aliases import NO_EQUIVALENT
 from .errors import UserError
+from .name_clash import clash_message, clashing_packages
 
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -74,6 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 0
+    for package in clashing_packages():
+        print(f"mlx-grpo: warning: {clash_message(package)}", file=sys.stderr)
     module = importlib.import_module(args._module)
     # Only a real command line re-executes; in-process calls (tests, scripts) keep their process.
     if argv is None and getattr(module, "USES_MLX", False):

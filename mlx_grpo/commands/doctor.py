@@ -85,6 +85,12 @@ def diagnose(config_path: str | None) -> tuple[list[tuple[str, str]], list[str]]
     rows.append(("versions", ", ".join(versions)))
     rows.append(("os", platform.platform()))
 
+    from ..name_clash import clash_message, clashing_packages
+
+    for package in clashing_packages():
+        rows.append(("name clash", package))
+        fixes.append(clash_message(package))
+
     if (DEFAULT_MODEL_DIR / "config.json").is_file():
         rows.append(("default model", str(DEFAULT_MODEL_DIR)))
     else:
