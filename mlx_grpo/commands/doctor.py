@@ -100,11 +100,11 @@ def diagnose(config_path: str | None) -> tuple[list[tuple[str, str]], list[str]]
 
 
 def run(args: argparse.Namespace) -> int:
-    from rich.console import Console
+    from ..output import output_console
     from rich.table import Table
 
     rows, fixes = diagnose(args.config)
-    console = Console()
+    console = output_console()
     table = Table(show_header=False, box=None, title="mlx-grpo doctor", title_justify="left", title_style="bold")
     table.add_column(style="bold")
     table.add_column()
