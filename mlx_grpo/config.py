@@ -162,7 +162,7 @@ class TrainConfig:
     wandb_log_model: bool = False  # at the end, the final model (adapters fused) as a W&B model artifact
 
     # --- Trackio (optional) ---
-    trackio: bool = False  # log to Trackio too: its local store, offline (pip install 'mlx-grpo[trackio]')
+    trackio: bool = False  # log to Trackio too: its local store, offline (pip install -e '.[trackio]')
     trackio_project: str = "mlx-grpo"  # Trackio project; the run is named like its run directory
 
     # --- feature sections ---

@@ -78,6 +78,7 @@ def test_names_that_are_not_paths_stay_as_written(two_places):
     assert (config.dataset, config.model_id, config.rewards[0].name) == ("openai/gsm8k:main", "Qwen/Qwen2.5-0.5B",
                                                                          "answer_check")
     assert load_config(cfg / "run.yaml").dataset == "arithmetic" and load_config().model_id == "default"
+    assert load_config(None, {"model_id": "preset:qwen2.5-1.5b"}).model_id == "preset:qwen2.5-1.5b"
 
 
 def test_the_readme_example_trains_on_a_dataset_next_to_where_it_is_typed(two_places):

@@ -4,7 +4,7 @@ The charts a user would otherwise open TensorBoard for — reward per function, 
 entropy, lengths, throughput, memory, the alert timeline — drawn by matplotlib as inline SVG with
 text as paths (no fonts to fetch), plus sample completions and the reward report. Several runs
 overlay in every chart. The file makes no network request: no scripts, no CDN, no web fonts.
-matplotlib is an optional extra (`pip install 'mlx-grpo[report]'`). Imports no mlx.
+matplotlib is an optional extra (`pip install -e '.[report]'` in the checkout). Imports no mlx.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 
-from ..errors import UserError
+from ..errors import UserError, install_hint
 from .analysis import RewardReport, RunData, analyze_run
 from .report import load_run
 from .rundir import RunInfo, atomic_write_text
@@ -62,7 +62,7 @@ def _pyplot():
     try:
         import matplotlib
     except ImportError:
-        raise UserError("report --html draws its charts with matplotlib: pip install 'mlx-grpo[report]'") from None
+        raise UserError(f"report --html draws its charts with matplotlib: {install_hint('report')}") from None
     matplotlib.use("Agg")
     matplotlib.rcParams.update({"svg.fonttype": "path", "font.size": 9, "axes.spines.top": False,
                                 "axes.spines.right": False, "svg.hashsalt": "mlx-grpo"})

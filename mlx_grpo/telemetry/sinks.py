@@ -79,6 +79,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from ..errors import install_hint
 from .catalogue import tensorboard_layout
 from .rundir import RUN_JSON, RunDirWriter, RunInfo, json_safe, read_run_info, scrub_secrets, scrub_text
 from .wandb_charts import CATEGORY_COLOURS, category_cloud, chart_interval, heatmap_svg, value_cloud
@@ -836,11 +837,11 @@ def make_sinks(run_dir: str | Path, tensorboard: bool = True, tensorboard_dir: s
         try:
             sinks.append(ThreadedSink(WandbSink(wandb)))
         except ImportError as exc:
-            warn(f"mlx-grpo: warning: W&B logging is off: {exc} (pip install 'mlx-grpo[wandb]')")
+            warn(f"mlx-grpo: warning: W&B logging is off: {exc} ({install_hint('wandb')})")
     if trackio is not None:
         try:
             sinks.append(TrackioSink(trackio))
         except ImportError as exc:
-            warn(f"mlx-grpo: warning: Trackio logging is off: {exc} (pip install 'mlx-grpo[trackio]')")
+            warn(f"mlx-grpo: warning: Trackio logging is off: {exc} ({install_hint('trackio')})")
     return SinkSet(RunDirWriter(run_dir, fsync=fsync), sinks, warn=warn)
 
