@@ -19,7 +19,17 @@ class AlertsView(BoardView, DataTable):
         self._key: tuple | None = None
 
     def on_mount(self) -> None:
-        self.add_columns("", "run", "step", "level", "metric", "value", "message")
+        self.add_columns("", "run", "step", "level", "metric", "value")
+        self.add_column("message", key="message")
+
+    def on_resize(self) -> None:
+        self._key = None  # messages wrap to the new width
+        self.update_data()
+
+    def _message_width(self) -> int:
+        """What is left of the view's width for the message column (the other columns are narrow)."""
+        others = sum(c.get_render_width(self) for key, c in self.columns.items() if key != "message")
+        return max(20, self.size.width - others - 2 * self.cell_padding - 2)
 
     def update_data(self) -> None:
         board = self.board
@@ -37,6 +47,8 @@ class AlertsView(BoardView, DataTable):
             return
         self._key = key
         self.clear()
+        message = self.columns["message"]
+        message.auto_width, message.width = False, self._message_width()
         for step, _, i, entry, stands in rows:
             a = entry.alert
             color = level_color(a.level)
@@ -49,4 +61,5 @@ class AlertsView(BoardView, DataTable):
                 Text(a.metric, style=color if stands else ""),
                 Text(fmt_value(a.value), justify="right"),
                 Text(a.message + source, style="" if stands else FADED),
+                height=None,  # as many lines as the message needs at the column's width: never cut
             )

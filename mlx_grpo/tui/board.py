@@ -60,6 +60,7 @@ class Board:
     clock: Callable[[], float] = time.time
     alive: Callable[[int], bool] = pid_alive
     smoothing: float = 0.6
+    log_scale: bool = False  # charts' y axes in log10 where every value is positive
     # metric -> (level, indices of the runs where an alert on it stands)
     standing: dict[str, tuple[str, set[int]]] = field(default_factory=dict)
     # Bumped whenever any run's data changed; views skip work when it did not.

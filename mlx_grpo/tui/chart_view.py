@@ -55,12 +55,14 @@ class ChartsView(BoardView, VerticalScroll):
     def chart_plan(self, board: Board) -> list[tuple[str, tuple[str, ...]]]:
         """(title, metrics) of each chart for the metrics the runs have."""
         available = board.available_metrics()
-        plan = []
+        plan, families = [], []
         for spec in self.spec.charts:
             metrics = resolve(spec, available)
-            if metrics:
-                plan.extend(split_for_runs(spec.title, metrics, len(board.runs)))
-        return plan
+            charts = split_for_runs(spec.title, metrics, len(board.runs)) if metrics else []
+            # Several runs split a family of metrics (one chart per reward function) into many charts:
+            # they follow the view's other charts, so accuracy stays on the first screen.
+            (families if len(charts) > 2 else plan).extend(charts)
+        return plan + families
 
     def update_data(self) -> None:
         board = self.board
