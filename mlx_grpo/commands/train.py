@@ -48,6 +48,11 @@ def _add_flag(parser: typing.Any, name: str, kind: str, text: str | None) -> Non
         parser.add_argument(flag, dest=name, default=argparse.SUPPRESS, metavar="VALUE", help=text)
 
 
+# The flags are generated from the config dataclass here rather than by tyro, jsonargparse or TRL's
+# HfArgumentParser: those parse the command line well, but not our YAML (checked key by key with one line
+# naming the file and key, TRL/mlx-lm names read with a note, paths resolved per source), so a second
+# parser would have to agree with config.py on every key. argparse with allow_abbrev=False (cli.py) and
+# the dataclass's own types give the same flags without a dependency.
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter  # keeps the alias table's lines
     parser.epilog = help_text()
