@@ -27,7 +27,8 @@ def test_a_non_negative_metric_never_gets_a_negative_axis():
 
 def test_ticks_are_round_values_inside_the_range():
     assert nice_ticks(0.0, 1.0, 6) == [0.0, 0.2, 0.4, 0.6, 0.8, 1.0]
-    assert nice_ticks(0.013, 0.87, 5) == [0.25, 0.5, 0.75]
+    assert nice_ticks(0.013, 0.87, 5) == [0.2, 0.4, 0.6, 0.8]
+    assert nice_ticks(0.192, 16.608, 4) == [5.0, 10.0, 15.0]  # three labels, not the single 10
     assert nice_ticks(-0.029, 0.4, 6) == [0.0, 0.1, 0.2, 0.3, 0.4]
     assert log_ticks(-2.1, 1.7, 6) == [-2.0, -1.0, 0.0, 1.0]
 

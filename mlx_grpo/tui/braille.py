@@ -124,9 +124,16 @@ def nice_ticks(lo: float, hi: float, most: int) -> list[float]:
         return []
     raw = (hi - lo) / (most - 1)
     power = 10.0 ** np.floor(np.log10(raw))
-    step = next(m * power for m in (1, 2, 2.5, 5, 10) if m * power >= raw)
-    first, last = int(np.ceil(lo / step - 1e-9)), int(np.floor(hi / step + 1e-9))
-    return [float(f"{k * step:.12g}") for k in range(first, last + 1)]  # 0.6, not 0.6000000000000001
+
+    def ticks(step: float) -> list[float]:
+        first, last = int(np.ceil(lo / step - 1e-9)), int(np.floor(hi / step + 1e-9))
+        return [float(f"{k * step:.12g}") for k in range(first, last + 1)]  # 0.6, not 0.6000000000000001
+
+    # The smallest round step that gives at most `most` ticks, and at least two (a range such as 0.2..16.6
+    # with room for 4 labels gets 5, 10, 15, not the single 10 that the first step above 5.5 would give).
+    steps = sorted(m * p for p in (power / 10, power, power * 10) for m in (1, 2, 2.5, 5))
+    fitting = [t for t in (ticks(step) for step in steps) if 2 <= len(t) <= most]
+    return max(fitting, key=len) if fitting else []
 
 
 def log_ticks(lo: float, hi: float, most: int) -> list[float]:
