@@ -31,6 +31,7 @@ def test_ticks_are_round_values_inside_the_range():
     assert nice_ticks(0.192, 16.608, 4) == [5.0, 10.0, 15.0]  # three labels, not the single 10
     assert nice_ticks(-0.029, 0.4, 6) == [0.0, 0.1, 0.2, 0.3, 0.4]
     assert log_ticks(-2.1, 1.7, 6) == [-2.0, -1.0, 0.0, 1.0]
+    assert [round(10 ** t, 9) for t in log_ticks(np.log10(0.29), np.log10(4.5), 5)] == [1.0, 2.0, 3.0, 4.0]
 
 
 def test_the_legend_wraps_and_keeps_every_name():

@@ -89,9 +89,9 @@ def _metric_names(pattern: str, runs: Sequence[LoadedRun]) -> list[str]:
     return sorted(names - {"rewards/total/mean"})
 
 
-def _svg(fig) -> str:
+def _svg(fig, tight: bool = True) -> str:
     buffer = io.StringIO()
-    fig.savefig(buffer, format="svg", bbox_inches="tight")
+    fig.savefig(buffer, format="svg", bbox_inches="tight" if tight else None)
     text = buffer.getvalue()
     text = re.sub(r"<metadata>.*?</metadata>", "", text, flags=re.S)  # RDF boilerplate naming web addresses
     return text[text.index("<svg"):]  # drop the XML prolog and DOCTYPE: the SVG sits inside HTML
@@ -103,7 +103,7 @@ def chart_svg(plt, title: str, ylabel: str, patterns: Sequence[str], runs: Seque
     fig = chart_figure(plt, title, ylabel, patterns, runs, smoothing)
     if fig is None:
         return None
-    svg = _svg(fig)
+    svg = _svg(fig, tight=False)  # laid out by chart_figure: every chart's plot the same width on the page
     plt.close(fig)
     return svg
 
@@ -129,7 +129,11 @@ def chart_figure(plt, title: str, ylabel: str, patterns: Sequence[str], runs: Se
         return None
     columns = 1 if len(lines) < 2 else 2 if max(len(label) for *_, label, _, _ in lines) > 28 else 3
     legend_rows = -(-len(lines) // columns) if len(lines) > 1 else 0
-    fig, ax = plt.subplots(figsize=(6.2, 2.8 + 0.2 * legend_rows))
+    # Fixed margins in inches, the legend's rows added below: the plots line up from chart to chart.
+    height = 2.9 + (0.3 + 0.19 * legend_rows if legend_rows else 0.0)
+    fig = plt.figure(figsize=(6.2, height))
+    bottom = 0.55 + (0.3 + 0.19 * legend_rows if legend_rows else 0.0)
+    ax = fig.add_axes((0.8 / 6.2, bottom / height, 5.2 / 6.2, (height - bottom - 0.35) / height))
     for steps, values, label, colour, style in lines:
         if smoothing > 0 and len(values) > 1:
             ax.plot(steps, values, linewidth=1.0, color=colour, linestyle=style, alpha=0.25)
@@ -142,8 +146,8 @@ def chart_figure(plt, title: str, ylabel: str, patterns: Sequence[str], runs: Se
     ax.grid(alpha=0.3)
     if len(lines) > 1:
         # Under the axes, not beside them: every chart keeps the same plot width, and names are not cut.
-        ax.legend(fontsize=8, frameon=False, loc="upper left", bbox_to_anchor=(0.0, -0.2), ncol=columns,
-                  handlelength=2.6, columnspacing=1.2)
+        ax.legend(fontsize=8, frameon=False, loc="upper left", ncol=columns, handlelength=2.6, columnspacing=1.2,
+                  bbox_to_anchor=(-0.02, (bottom - 0.5) / height), bbox_transform=fig.transFigure)
     return fig
 
 

@@ -137,9 +137,12 @@ def nice_ticks(lo: float, hi: float, most: int) -> list[float]:
 
 
 def log_ticks(lo: float, hi: float, most: int) -> list[float]:
-    """Ticks of a log10 axis, given in log10 units: whole powers of ten, thinned to at most `most`."""
+    """Ticks of a log10 axis, given in log10 units: whole powers of ten, thinned to at most `most`; a range
+    within about one decade gets round values instead (1, 2, 3, 4 between 0.3 and 4.5)."""
     if most < 2 or hi <= lo:
         return []
     powers = list(range(int(np.ceil(lo - 1e-9)), int(np.floor(hi + 1e-9)) + 1))
     every = max(1, -(-len(powers) // most))
-    return [float(p) for p in powers[::every]] or nice_ticks(lo, hi, most)
+    if len(powers[::every]) >= 2:
+        return [float(p) for p in powers[::every]]
+    return [float(np.log10(v)) for v in nice_ticks(10.0 ** lo, 10.0 ** hi, most) if v > 0]

@@ -29,12 +29,6 @@ _AXIS_STYLE = Style(color=MUTED)
 _LEGEND_STYLE = Style(color=TEXT)
 
 
-def short_name(metric: str) -> str:
-    """`rewards/answer_check/mean` -> `answer_check/mean`: enough to tell lines apart."""
-    parts = metric.split("/")
-    return "/".join(parts[1:]) if len(parts) > 1 else metric
-
-
 class MetricChart(BoardWidget, Widget, can_focus=True):
     """Chart of `metrics` for every run on the board. Enter or a click opens it on a screen of its own."""
 
@@ -136,13 +130,7 @@ class MetricChart(BoardWidget, Widget, can_focus=True):
         y_lo, y_hi = nice_range(y_lo, y_hi) if not self.log_scale else _log_range(y_lo, y_hi)
         chars, owners = render_cells(layers, plot_w, plot_h, y_lo, y_hi)
         styles = [_style(layer.color) for layer in layers]
-        # A label (and a gridline) every other row where there is room, at round values.
-        ticks = (log_ticks if self.log_scale else nice_ticks)(y_lo, y_hi, max(2, (plot_h + 1) // 2))
-        labels: dict[int, str] = {}
-        for tick in ticks:
-            row = int(round((y_hi - tick) / (y_hi - y_lo) * (plot_h - 1))) if y_hi > y_lo else 0
-            if 0 <= row < plot_h and row not in labels:
-                labels[row] = fmt_value(10.0 ** tick if self.log_scale else tick)
+        labels = self._tick_labels(y_lo, y_hi, plot_h)
         if len(labels) < 2:  # too short for round values: the ends
             top, bottom = (10.0 ** y_hi, 10.0 ** y_lo) if self.log_scale else (y_hi, y_lo)
             labels = {0: fmt_value(top), plot_h - 1: fmt_value(bottom)}
@@ -156,6 +144,20 @@ class MetricChart(BoardWidget, Widget, can_focus=True):
         strips += [Strip([Segment(" " * (AXIS_WIDTH + 1)), *row]).crop(0, width).extend_cell_length(width)
                    for row in legend_rows[1:]]
         return strips
+
+    def _tick_labels(self, y_lo: float, y_hi: float, plot_h: int) -> dict[int, str]:
+        """Row -> label of round values (with a gridline): as many as fit with an empty row between two."""
+        make = log_ticks if self.log_scale else nice_ticks
+        for most in range(max(2, (plot_h + 1) // 2), 1, -1):
+            rows = {}
+            for tick in make(y_lo, y_hi, most):
+                row = int(round((y_hi - tick) / (y_hi - y_lo) * (plot_h - 1))) if y_hi > y_lo else 0
+                if 0 <= row < plot_h:
+                    rows[row] = fmt_value(10.0 ** tick if self.log_scale else tick)
+            ordered = sorted(rows)
+            if len(ordered) >= 2 and all(b - a >= 2 for a, b in zip(ordered, ordered[1:])):
+                return rows
+        return {}
 
     @staticmethod
     def _axis_line(x0: float, x1: float, width: int, plot_w: int, legend: list[Segment], log: bool) -> Strip:

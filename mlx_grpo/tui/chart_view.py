@@ -13,7 +13,8 @@ from textual.widget import Widget
 
 from .board import Board
 from .board_widget import BoardView
-from .chart import MetricChart, short_name
+from ..telemetry.names import legend_names
+from .chart import MetricChart
 from .tile import MetricTile
 from .views import ViewSpec, resolve
 
@@ -25,7 +26,7 @@ def split_for_runs(title: str, metrics: list[str], runs: int) -> list[tuple[str,
     is split into one chart per metric.
     """
     if runs > 1 and len(metrics) > 1:
-        return [(f"{title}: {short_name(m)}", (m,)) for m in metrics]
+        return [(f"{title}: {name}", (m,)) for m, name in zip(metrics, legend_names(metrics))]
     return [(title, tuple(metrics))]
 
 
