@@ -41,7 +41,7 @@ def test_report_and_compare_piped_keep_their_rows_whole(tmp_path, capsys):
 
 
 def test_a_terminal_still_gets_tables_at_its_own_width():
-    from mlx_grpo.output import output_console
+    from mlx_grpo.telemetry.output import output_console
 
     console = output_console(file=io.StringIO(), force_terminal=True, width=90)
     assert not console.fitted and console.width == 90

@@ -84,7 +84,7 @@ def print_report(report: dict, console=None) -> None:
     from rich import box
     from rich.table import Table
 
-    from ..output import output_console
+    from ..telemetry.output import output_console
 
     console = console or output_console()
     s, m = report["settings"], report["machine"]

@@ -100,7 +100,7 @@ def diagnose(config_path: str | None) -> tuple[list[tuple[str, str]], list[str]]
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..output import output_console
+    from ..telemetry.output import output_console
     from rich.table import Table
 
     rows, fixes = diagnose(args.config)

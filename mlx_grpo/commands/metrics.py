@@ -39,7 +39,7 @@ def _lookup(name: str) -> list[dict]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..output import output_console
+    from ..telemetry.output import output_console
     from rich.table import Table
 
     from ..telemetry import catalogue, other_names

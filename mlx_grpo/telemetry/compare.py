@@ -205,6 +205,6 @@ def comparison_json(summaries: list[RunSummary], sort: str | None = None) -> lis
 
 
 def table_console() -> Console:
-    from ..output import output_console
+    from .output import output_console
 
     return output_console()

@@ -20,8 +20,8 @@ from typing import Any, Sequence
 from ..errors import UserError, install_hint
 from .analysis import RewardReport, RunData, analyze_run
 from .report import load_run
-from ..tui.downsample import ema  # numpy only: the dashboard's TensorBoard-style smoothing
 from .names import legend_names
+from .smoothing import ema
 from .rundir import RunInfo, atomic_write_text
 
 # (title, y label, metrics): a metric with `*` stands for every reward function's.

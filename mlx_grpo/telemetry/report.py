@@ -121,7 +121,7 @@ def _score_style(score: float | None) -> str:
 
 def print_report(report: RewardReport, title: str, console: Console | None = None) -> None:
     if console is None:
-        from ..output import output_console
+        from .output import output_console
 
         console = output_console()
     q = report.quality

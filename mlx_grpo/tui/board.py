@@ -13,7 +13,8 @@ import numpy as np
 
 from ..telemetry.alerts import LEVELS
 from ..telemetry.rundir_reader import RunReader, RunView, pid_alive
-from .downsample import ema, finite_points
+from ..telemetry.smoothing import ema
+from .downsample import finite_points
 from .palette import run_color
 
 
