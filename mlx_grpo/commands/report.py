@@ -14,7 +14,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="do not write report.json and report.md into the run directory")
     parser.add_argument("--html", nargs="?", const="", metavar="FILE",
                         help="also write one self-contained HTML file of charts, samples and the report, runs "
-                             "overlaid (default: report.html in the first run directory; needs the report extra: pip install -e '.[report]')")
+                             "overlaid (default: report.html in the first run directory; needs the report extra: "
+                             "pip install -e '.[report]')")
     parser.add_argument("--svg", metavar="DIR",
                         help="also write each chart, runs overlaid, as its own SVG file in DIR "
                              "(e.g. DIR/held-out-accuracy.svg; needs the report extra)")
