@@ -23,8 +23,7 @@ class AlertsView(BoardView, DataTable):
         self.add_column("message", key="message")
 
     def on_resize(self) -> None:
-        self._key = None  # messages wrap to the new width
-        self.update_data()
+        self.update_data()  # messages wrap to the new width (it is part of the key)
 
     def _message_width(self) -> int:
         """What is left of the view's width for the message column (the other columns are narrow)."""
@@ -42,13 +41,14 @@ class AlertsView(BoardView, DataTable):
         rows.sort(key=lambda r: (r[0], r[1]), reverse=True)
         rows = rows[:MAX_ROWS]
         # Alerts are few and change rarely: rebuild only when the list or a standing mark changed.
-        key = tuple((i, id(entry), stands) for _, _, i, entry, stands in rows)
+        width = self._message_width()
+        key = (width, tuple((i, id(entry), stands) for _, _, i, entry, stands in rows))
         if key == self._key:
             return
         self._key = key
         self.clear()
         message = self.columns["message"]
-        message.auto_width, message.width = False, self._message_width()
+        message.auto_width, message.width = False, width
         for step, _, i, entry, stands in rows:
             a = entry.alert
             color = level_color(a.level)

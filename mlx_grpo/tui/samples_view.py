@@ -16,9 +16,9 @@ from .fmt import fmt_count, fmt_value
 from .palette import BAD, GOOD, MUTED, TEXT_BRIGHT
 
 MAX_ROWS = 300
-PREVIEW = 48
-PROMPT_PREVIEW = 28
-ANSWER_PREVIEW = 12
+PREVIEW = 24  # the list fits beside the detail pane (which shows every text in full)
+PROMPT_PREVIEW = 20
+ANSWER_PREVIEW = 8
 
 
 def _preview(text: str, width: int, keep_end: bool = False) -> str:
