@@ -50,7 +50,7 @@ from .telemetry.completions import CompletionsWriter, truncate_completions
 from .telemetry.alert_console import format_alert
 from .telemetry.recorder import RunRecorder, StepReport
 from .telemetry.rundir import scrub_secrets
-from .telemetry.sinks import TrackioOptions, WandbOptions, make_sinks, trackio_store, wandb_enabled
+from .telemetry.sinks import TrackioOptions, WandbOptions, make_sinks, trackio_store
 from .telemetry.step_data import StepData, UpdateStats, eval_record
 from .telemetry.system import SystemSampler
 from .telemetry.names import REDRAWN_PROMPTS
@@ -494,7 +494,7 @@ def open_run(config: TrainConfig, base_dir: Path, resume_dir: Path | None) -> Ru
     console = TrainingConsole(config.num_steps, start_step)
     console.console.quiet = not world.is_main  # rank 0 speaks for the run
     wandb = None
-    if wandb_enabled(config.wandb):
+    if config.wandb:  # opt-in only: an API key in the environment is not a request to log
         wandb = WandbOptions(project=config.wandb_project, entity=config.wandb_entity,
                              name=config.wandb_run_name or run_dir.name, tags=config.wandb_tags,
                              notes=config.wandb_notes, log_checkpoints=config.wandb_log_checkpoints,
