@@ -62,6 +62,10 @@ IN_MEMORY = {  # random_model's architectures: one of each head layout
     "qwen2": {"rope_theta": 1000000.0, "tie_word_embeddings": True},  # the head is the embedding
     "gemma3_text": {"head_dim": 16, "query_pre_attn_scalar": 16, "sliding_window": 6,  # full-logits path
                     "sliding_window_pattern": 2},
+    # mixture of experts, its own LM head (a plain head since mlx-grpo reads it as one)
+    "qwen3_moe": {"rope_theta": 1000000.0, "tie_word_embeddings": False, "head_dim": 16, "num_experts": 4,
+                  "num_experts_per_tok": 2, "moe_intermediate_size": 32, "decoder_sparse_step": 1,
+                  "mlp_only_layers": [], "norm_topk_prob": True},
 }
 
 
