@@ -194,6 +194,17 @@ def share_memory_with(trainers_here: int) -> None:
         os.environ[MEMORY_SHARE_ENV] = str(trainers_here)
 
 
+def wired_limit() -> int | None:
+    """What `wire_memory` wires: this trainer's share of the GPU's recommended working set (None without
+    Metal). MLX accepts a limit up to the working set; before macOS 15 setting it does nothing."""
+    import mlx.core as mx
+
+    if not mx.metal.is_available():
+        return None
+    working_set = device_info().get("max_recommended_working_set_size")
+    return int(working_set / memory_share()) if working_set else None
+
+
 def wire_memory(resident_bytes: float) -> str | None:
     """On Metal, let MLX keep up to the recommended working set wired, as mlx-lm's trainer does, so the
     model's buffers are not paged out between steps; a trainer sharing the Mac with others (a parallel
@@ -201,13 +212,10 @@ def wire_memory(resident_bytes: float) -> str | None:
     (weights, optimiser state) already takes more than 90% of that."""
     import mlx.core as mx
 
-    if not mx.metal.is_available():
+    working_set = wired_limit()
+    if working_set is None:
         return None
-    working_set = device_info().get("max_recommended_working_set_size")
-    if not working_set:
-        return None
-    working_set = working_set / memory_share()
-    mx.set_wired_limit(int(working_set))
+    mx.set_wired_limit(working_set)
     if memory_share() > 1:
         mx.set_memory_limit(int(working_set))
     if resident_bytes > 0.9 * working_set:
