@@ -163,8 +163,8 @@ def describe() -> Machine:
 
 def device_info() -> dict:
     """The GPU's facts (name, architecture, memory size, recommended working set), {} without a GPU.
-    `mx.device_info()` exists from MLX 0.30.4; 0.30.3, which our floor allows, has only
-    `mx.metal.device_info()` (the same keys on Metal). Asked of the GPU, not the default device."""
+    `mx.device_info()` exists from MLX 0.30.4 (our floor); before it only `mx.metal.device_info()` (the
+    same keys on Metal), kept for an install below the floor. Asked of the GPU, not the default device."""
     import mlx.core as mx
 
     if hasattr(mx, "device_info"):
