@@ -89,9 +89,10 @@ def load_policy(config: TrainConfig, base_dir: Path) -> tuple[nn.Module, Any]:
         detail = (str(err).splitlines() or [""])[0]
         raise UserError(f"model '{config.model_id}': could not be loaded: {type(err).__name__}: {detail}") from err
     refuse_unbatchable(model, config.model_id)
-    dtype = DTYPES[resolve_dtype(config)]
-    if not _is_quantized(model):
-        model.set_dtype(dtype)
+    # Quantized models too: their packed weights are integers and stay, while the scales, biases and
+    # norms follow, so a 4-bit model stored with float16 scales computes in the dtype the run reports
+    # (float16 has no loss scaling here).
+    model.set_dtype(DTYPES[resolve_dtype(config)])
     return model, tokenizer
 
 

@@ -91,3 +91,31 @@ def test_a_mixture_of_experts_head_is_chunked_and_scores_as_one_pass():
     whole = np.array(completion_logprobs(model, batch, 1.0)) * np.array(batch.mask)
     chunked = np.array(completion_logprobs(model, batch, 1.0, chunk_size=3)) * np.array(batch.mask)
     np.testing.assert_allclose(chunked, whole, rtol=1e-5, atol=1e-5)
+
+
+def test_a_quantized_model_computes_in_the_dtype_the_run_reports(tmp_path):
+    """A 4-bit model stored with float16 scales kept computing in float16 while run.json said otherwise."""
+    import mlx.nn as nn
+    from mlx_lm import load
+    from mlx_lm.utils import save_config, save_model
+
+    from mlx_grpo.models import load_policy, resolve_dtype
+    from tiny_models import make_model_dir
+
+    source = make_model_dir(tmp_path / "plain", "llama")
+    model, _ = load(str(source))
+    nn.quantize(model, group_size=64, bits=4)
+    model.set_dtype(mx.float16)
+    quantized = tmp_path / "q4"
+    quantized.mkdir()
+    save_model(quantized, model)
+    config_json = __import__("json").loads((source / "config.json").read_text())
+    save_config({**config_json, "quantization": {"group_size": 64, "bits": 4}}, quantized / "config.json")
+    for name in source.iterdir():
+        if "token" in name.name:
+            (quantized / name.name).write_bytes(name.read_bytes())
+    config = load_config(None, {"model_id": str(quantized), "use_lora": True})
+    loaded, _ = load_policy(config, tmp_path)
+    floating = {v.dtype for _, v in tree_flatten(loaded.parameters()) if mx.issubdtype(v.dtype, mx.floating)}
+    assert floating == {getattr(mx, resolve_dtype(config))}
+    assert any(v.dtype == mx.uint32 for _, v in tree_flatten(loaded.parameters()))  # still packed 4-bit
