@@ -29,7 +29,7 @@ PERTURB_ENV = "MLX_GRPO_SELFTEST_PERTURB"
 # over `LEARNING_STEPS` steps of the default config (eval at step 1 and at the end). A Mac computes other
 # roundings and samples other completions, so the check asks for at least half of it.
 LEARNING_STEPS = 60
-REFERENCE_GAIN = 0.20  # set from the measurement in docs/PLATFORMS.md, "selftest"
+REFERENCE_GAIN = 0.11  # 37% -> 48% (seed 0, 200 held-out rows; docs/PLATFORMS.md, "selftest")
 LEARNING_SHARE = 0.5
 
 PRESET = "qwen2.5-0.5b"  # a published shape (152k vocabulary), cut to PRESET_LAYERS blocks, random weights
