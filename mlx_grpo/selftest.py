@@ -80,6 +80,7 @@ def gpu_cores() -> int | None:
 
 def environment() -> dict[str, Any]:
     import mlx.core as mx
+    import psutil
 
     from . import chips
     from .machine import cpu_model, device_info, memory_share, versions, wire_memory, wired_limit
@@ -92,7 +93,7 @@ def environment() -> dict[str, Any]:
         "cpu": cpu_model(),
         "gpu_cores": gpu_cores(),
         "bandwidth_gb_s": chip.bandwidth_gb_s if chip else None,
-        "memory_bytes": info.get("memory_size") or __import__("psutil").virtual_memory().total,
+        "memory_bytes": info.get("memory_size") or psutil.virtual_memory().total,
         "working_set_bytes": info.get("max_recommended_working_set_size"),
         "wired_limit_bytes": wired_limit(),
         "memory_share": memory_share(),
