@@ -58,7 +58,8 @@ def test_what_stays_resident_counts_the_optimiser_state_before_it_exists(trainer
 
 
 def test_ranks_of_one_launch_on_one_host_share_its_memory(monkeypatch):
-    monkeypatch.delenv(machine.MEMORY_SHARE_ENV, raising=False)
+    monkeypatch.setenv(machine.MEMORY_SHARE_ENV, "1")  # so monkeypatch restores it, whatever share_memory_with sets
+    monkeypatch.delenv(machine.MEMORY_SHARE_ENV)
     world = World(group=None, rank=0, size=3)
     monkeypatch.setattr(World, "gather_json", lambda self, obj: [obj, obj, "another-mac"])
     assert world.ranks_on_this_host() == 2
