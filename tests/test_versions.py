@@ -21,6 +21,9 @@ FEATURES = [
     # 0.30.4 and 0.30.5 pin transformers 5.0.0rc1/rc3, whose decode drops the shipped tokenizer's answer
     # tags (tests/test_default_model.py fails at them): the format reward would never pay
     ("mlx-lm", "0.30.6", "a released transformers 5"),
+    # 0.30.6-0.30.7: BatchRotatingKVCache.merge fails once a prompt is longer than the sliding window
+    # (gemma3's rollout raises); 0.31.0 is yanked (batched KV cache cross contamination)
+    ("mlx-lm", "0.31.2", "sliding-window caches that merge"),
     ("mlx", "0.30.4", "mx.device_info; mlx-lm 0.30.6's own requirement"),
 ]
 
