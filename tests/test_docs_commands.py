@@ -49,7 +49,6 @@ SKIPPED: dict[str, str] = {
     'mlx-grpo train --model-id ~/models/Llama-3.2-1B-Instruct-4bit --use-lora --dataset data.jsonl':
         "needs a model you downloaded to ~/models",
     'mlx-grpo plan configs/lora_qwen_gsm8k.yaml --memory 16GB': NETWORK + " (the model's config.json)",
-    'mlx-grpo train configs/lora_qwen_gsm8k.yaml --num-steps 5': NETWORK + "; " + MAC,
     'mlx.launch --hostfile hosts.json --backend ring -- ~/grpo-venv/bin/mlx-grpo train ~/grpo/my_run.yaml '
     '--batch-size 8': MAC,
     'mlx.launch --hostfile hosts.json --backend ring -- ~/venv/bin/mlx-grpo train my_run.yaml': MAC,
@@ -75,6 +74,11 @@ SKIPPED: dict[str, str] = {
         "runs sweeps end to end",
     'mlx-grpo compare sweeps/lr-beta --sort eval_accuracy': "reads the sweep above",
     'mlx-grpo watch sweeps/lr-beta/trial-*': SCREEN,
+    'mlx-grpo selftest': "trains, resumes and benchmarks (~5 min idle); tests/test_selftest.py runs its checks",
+    'scripts/test_at_floor.sh': NETWORK + " (installs the floor versions of mlx and mlx-lm in a fresh venv)",
+    'pip install -e .': NETWORK,
+    'mlx-grpo doctor --config configs/lora_qwen_gsm8k.yaml': NETWORK + " (the Qwen model's config.json)",
+    'mlx-grpo train configs/lora_qwen_gsm8k.yaml --dataset openai/gsm8k:main --num-steps 5': NETWORK,
 }
 
 # Commands run here as written: command -> exit codes that mean it worked.
@@ -95,6 +99,9 @@ COMPARED = {PLAN_EXAMPLE: "test_the_plan_example_in_scale_md_is_what_plan_prints
 SLOW: dict[str, tuple[int, ...]] = {
     'mlx-grpo train': (0,),
     'mlx-grpo bench': (0,),
+    'mlx-grpo bench --json': (0,),
+    'mlx-grpo bench --only step --completion-length 24': (0,),
+    'mlx.launch -n 2 --backend ring -- mlx-grpo train --num-steps 3': (0,),
 }
 
 
