@@ -25,6 +25,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import mlx.optimizers as optim
 import numpy as np
+from mlx.utils import tree_flatten
 
 from .checkpoint import PendingCheckpoint, list_checkpoints, load_checkpoint, prepare_checkpoint
 from .config import TrainConfig, config_to_dict
@@ -37,8 +38,9 @@ from .evaluate import evaluate
 from .extras import entropy_dump
 from .extras.adaptive_window import WindowController
 from .extras.sgrpo import run_exits
-from .machine import accel_memory, describe_device, versions, wire_memory
-from .models import ReferencePolicy, apply_adapters, count_parameters, load_policy, make_reference, resolve_dtype
+from .machine import accel_memory, describe_device, share_memory_with, versions, wire_memory
+from .models import (ReferencePolicy, apply_adapters, chunk_ignored, count_parameters, load_policy, make_reference,
+                     resolve_dtype)
 from .resume import last_record, log_positions, resumable_checkpoint, resume_command, truncate_logs
 from .rewards import (RewardFunction, RewardScores, extract_answer, extract_reasoning, load_reward_functions,
                       score_completions)
@@ -50,7 +52,7 @@ from .telemetry.completions import CompletionsWriter, truncate_completions
 from .telemetry.alert_console import format_alert
 from .telemetry.recorder import RunRecorder, StepReport
 from .telemetry.rundir import scrub_secrets
-from .telemetry.sinks import TrackioOptions, WandbOptions, make_sinks, trackio_store, wandb_enabled
+from .telemetry.sinks import TrackioOptions, WandbOptions, make_sinks, trackio_store
 from .telemetry.step_data import StepData, UpdateStats, eval_record
 from .telemetry.system import SystemSampler
 from .telemetry.names import REDRAWN_PROMPTS
@@ -395,14 +397,23 @@ class Trainer:
                         "correct": None if scored.correct is None else bool(scored.correct[i])})
         return out
 
-    def evaluate(self) -> dict[str, float] | None:
+    def evaluate(self, peaks: dict[str, float] | None = None) -> dict[str, float] | None:
         """Greedy held-out accuracy over every rank's share of the held-out rows (None without a correctness
-        check: there is nothing to measure)."""
+        check: there is nothing to measure). They are decoded in batches of the step's B x G rows, the
+        rollout size the memory plan checked, and the phase's peak memory goes into `peaks` ("eval") beside
+        the step's phases. The buffers MLX cached for the evaluation are released after it: on a Mac they
+        would otherwise stay wired until the run ends."""
         if self.correctness is None:
             return None
         start = time.perf_counter()
-        result = evaluate(self.policy.model, self.policy.tokenizer, self.eval_rows, self.config,
-                          self.policy.eos_ids, self.policy.pad_id, check=self.correctness)
+        meter = PhaseMeter()
+        with meter.phase("eval", memory=True):
+            result = evaluate(self.policy.model, self.policy.tokenizer, self.eval_rows, self.config,
+                              self.policy.eos_ids, self.policy.pad_id, check=self.correctness,
+                              batch_size=self.config.batch_size * self.config.num_generations)
+        mx.clear_cache()
+        if peaks is not None:
+            peaks.update(meter.peaks)
         correct, levels = self.world.gather_lists(result.correct, result.levels)
         return eval_record(correct, levels, self.world.slowest(time.perf_counter() - start))
 
@@ -470,6 +481,7 @@ def open_run(config: TrainConfig, base_dir: Path, resume_dir: Path | None) -> Ru
     """Build the trainer, restore a checkpoint when resuming, and assemble the recorder and its sinks."""
     checkpoint = resumable_checkpoint(resume_dir, config.num_steps) if resume_dir is not None else None
     rules = alert_rules(config, base_dir)  # before the model loads: a mistake in the file shows at once
+    share_memory_with(init_world().ranks_on_this_host())  # before the plan: ranks on one Mac share it
     config, memory_plan = fit_run(config, base_dir)  # refuses a run that cannot fit, before anything loads
     remedy: dict[str, float] = {}
     if checkpoint is not None:  # rollbacks before the checkpoint changed the learning rate and beta: keep them
@@ -480,7 +492,7 @@ def open_run(config: TrainConfig, base_dir: Path, resume_dir: Path | None) -> Ru
     # rank 0 owns the run directory: it creates it (or takes the resumed one) and locks it for the run
     run_dir = Path(world.from_main(str(resume_dir or new_run_dir(config)) if world.is_main else ""))
     lock = RunLock(run_dir).acquire() if world.is_main else None
-    memory_warning = wire_memory(mx.get_active_memory())  # weights and optimiser state are loaded by now
+    memory_warning = wire_memory(resident_bytes(trainer))
     saved: dict[str, Any] = {}
     if checkpoint is not None:
         saved = load_checkpoint(checkpoint, trainer.policy.model, trainer.optimizer)
@@ -494,7 +506,7 @@ def open_run(config: TrainConfig, base_dir: Path, resume_dir: Path | None) -> Ru
     console = TrainingConsole(config.num_steps, start_step)
     console.console.quiet = not world.is_main  # rank 0 speaks for the run
     wandb = None
-    if wandb_enabled(config.wandb):
+    if config.wandb:  # opt-in only: an API key in the environment is not a request to log
         wandb = WandbOptions(project=config.wandb_project, entity=config.wandb_entity,
                              name=config.wandb_run_name or run_dir.name, tags=config.wandb_tags,
                              notes=config.wandb_notes, log_checkpoints=config.wandb_log_checkpoints,
@@ -527,14 +539,27 @@ def open_run(config: TrainConfig, base_dir: Path, resume_dir: Path | None) -> Ru
     if trackio is not None and "trackio" in sinks.active:
         console.message(f"trackio: run {trackio.name} of project {trackio.project}, stored offline in "
                         f"{trackio_store()} (trackio show --project {trackio.project})")
-    if memory_warning is not None:
-        console.message(memory_warning, style="yellow")
+    for warning in (memory_warning, chunk_ignored(trainer.policy.model, config)):
+        if warning is not None:
+            console.message(warning, style="yellow")
     for fn in trainer.reward_fns:
         if (line := fn.hooks.describe()) is not None:
             console.message(line)
     return Run(run_dir, trainer, recorder, start_step, run_info.run_id,
                last_record(run_dir) if resume_dir is not None else {}, base_dir, lock,
                rollbacks=int(saved.get("rollbacks", 0)), remedy=remedy)
+
+
+def resident_bytes(trainer: Trainer) -> int:
+    """What stays in memory all run: the weights in the run's dtype, a frozen reference copy, and AdamW's
+    two moments per trainable value. Counted from the arrays' shapes: the moments are built at the first
+    update and a dtype cast is still lazy here, so the allocator's counter would read low."""
+    def nbytes(tree: Any) -> int:
+        return sum(v.nbytes for _, v in tree_flatten(tree))
+
+    model, reference = trainer.policy.model, trainer.reference
+    copy = nbytes(reference.model.parameters()) if reference is not None and not reference.uses_adapters_off else 0
+    return nbytes(model.parameters()) + copy + 2 * nbytes(model.trainable_parameters())
 
 
 def train(config: TrainConfig, base_dir: Path, resume_dir: Path | None = None) -> dict[str, Any]:
@@ -551,7 +576,7 @@ def train(config: TrainConfig, base_dir: Path, resume_dir: Path | None = None) -
                 # rollout, rewards, advantages, reference, update: the global batch's data
                 epoch, last = trainer.order.epoch, step == config.num_steps
                 data = trainer.step(step)
-                evaluation = trainer.evaluate() if eval_due(step, config) else None
+                evaluation = trainer.evaluate(data.peak_memory) if eval_due(step, config) else None
                 # the step's record, trackers and alerts
                 report = recorder.record_step(data, evaluation, epoch_ended=trainer.order.epoch != epoch, last=last)
                 if data.entropy_dump is not None and world.is_main:
@@ -578,6 +603,7 @@ def train(config: TrainConfig, base_dir: Path, resume_dir: Path | None = None) -
                 if pending is not None:
                     recorder.sinks.flush()  # the step's TensorBoard events are on disk before the checkpoint is
                     recorder.sinks.log_checkpoint(pending.commit({"log_positions": log_positions(run_dir)}), step)
+                    mx.clear_cache()  # the checkpoint's host copies: not kept (and wired) until the run ends
                 # stop when asked (Ctrl-C, SIGTERM), every rank at the same step
                 if stopping:
                     # Said now, while nothing can go wrong: a second Ctrl-C during the cleanup ends it at once.

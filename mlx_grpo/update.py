@@ -262,7 +262,7 @@ def completion_states(model: nn.Module, batch: TrainBatch, targets: mx.array, hi
     if shares_prompts(model, batch):
         width = targets.shape[1]
         last, cache = prefill_plain(model, batch.prompts, 0, max(map(len, batch.prompts)) + width,
-                                    mx.array(batch.prompt_of_row), hidden)
+                                    batch.prompt_of_row, hidden)
         if width == 1:
             return last[:, None, :]
         run = model.model if hidden else model

@@ -311,18 +311,21 @@ def _system_entries() -> list[MetricSpec]:
         MetricSpec("system/process_rss_gb", "Resident set size of the training process.", "GB", s, EVERY_STEP),
         MetricSpec("system/accel_active_gb", "MLX memory held by live arrays (mx.get_active_memory).", "GB", s,
                    accel),
-        MetricSpec("system/accel_peak_gb", "Peak MLX memory since the start (mx.get_peak_memory).", "GB", s,
+        MetricSpec("system/accel_peak_gb", "Peak MLX memory since the last phase began (mx.get_peak_memory; the counter is "
+                   "reset per phase, see memory/*_peak_gb).", "GB", s,
                    accel),
         MetricSpec("system/accel_cache_gb", "MLX buffer cache: freed memory kept for reuse (mx.get_cache_memory).",
                    "GB", s, accel),
-        MetricSpec("system/accel_limit_gb", "The device's recommended working-set size (Metal); left out where "
-                   "the backend reports none.", "GB", s, accel),
+        MetricSpec("system/accel_limit_gb", "The device's recommended working-set size (Metal), divided by the "
+                   "number of trainers sharing the machine (a parallel sweep, mlx.launch ranks on one host); left "
+                   "out where the backend reports none.", "GB", s, accel),
         MetricSpec("system/accel_memory_percent", "accel_active_gb as a percentage of accel_limit_gb.", "%", s,
                    accel),
         *(MetricSpec(f"memory/{phase}_peak_gb", f"Peak MLX memory during this step's {words} (the counter is "
                      "reset before the phase): what the phase needs, KV cache and activations included.", "GB",
                      "memory", EVERY_STEP)
-          for phase, words in (("rollout", "rollout"), ("ref", "reference pass"), ("update", "update"))),
+          for phase, words in (("rollout", "rollout"), ("ref", "reference pass"), ("update", "update"),
+                               ("eval", "held-out evaluation (steps that evaluate)"))),
         MetricSpec("memory/peak_percent", "This step's highest phase peak (memory/*_peak_gb) as a percentage of "
                    "the device's recommended working set (system/accel_limit_gb): the memory-pressure alert "
                    "watches it, since memory read after the step misses the KV cache and activations.", "%",

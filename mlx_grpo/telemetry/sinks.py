@@ -59,8 +59,6 @@ Public API:
 - `make_sinks(run_dir, tensorboard=True, tensorboard_dir=None, flush_secs=2, wandb=None, trackio=None,
   warn=None, fsync=False, purge_step=None) -> SinkSet`: the usual set; a sink whose library is not installed
   is left out with a warning.
-- `wandb_enabled(flag, environ=os.environ) -> bool`: `--wandb` / `--no-wandb` / neither (on when
-  WANDB_API_KEY is set).
 - `samples_markdown(samples) -> str`, `flatten_config(config) -> dict`: the formatting the sinks share.
 """
 
@@ -82,6 +80,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from ..errors import install_hint
 from .catalogue import tensorboard_layout
 from .rundir import RUN_JSON, RunDirWriter, RunInfo, json_safe, read_run_info, scrub_secrets, scrub_text
 from .completions import order_groups
@@ -287,6 +286,9 @@ class TensorBoardSink(Sink):
         self.writer.add_custom_scalars(tensorboard_layout())
         hparam_values = differing_first(flatten_config(info.config), run_dir)
         experiment, session_start, _ = hparams(hparam_values, {name: 0.0 for name in HPARAM_METRICS})
+        # tensorboardX's public add_hparams writes these into a new timestamped sub-run (TensorBoard then shows
+        # two runs per run); tensorboard's summary_v2.hparams_pb would need the tensorboard package. So its
+        # public summary builder, written through the run's own file writer (tensorboardX pinned below 3).
         file_writer = self.writer._get_file_writer()
         file_writer.add_summary(experiment)
         file_writer.add_summary(session_start)
@@ -747,11 +749,6 @@ class ThreadedSink(Sink):
 # ----------------------------------------------------------------------------- fan-out
 
 
-def wandb_enabled(flag: bool | None, environ: Mapping[str, str] = os.environ) -> bool:
-    """`--wandb` (True) turns W&B on, `--no-wandb` (False) off; no flag (None): on when WANDB_API_KEY is set."""
-    return bool(environ.get("WANDB_API_KEY")) if flag is None else flag
-
-
 def _stderr(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
@@ -870,11 +867,11 @@ def make_sinks(run_dir: str | Path, tensorboard: bool = True, tensorboard_dir: s
         try:
             sinks.append(ThreadedSink(WandbSink(wandb)))
         except ImportError as exc:
-            warn(f"mlx-grpo: warning: W&B logging is off: {exc} (pip install 'mlx-grpo[wandb]')")
+            warn(f"mlx-grpo: warning: W&B logging is off: {exc} ({install_hint('wandb')})")
     if trackio is not None:
         try:
             sinks.append(TrackioSink(trackio))
         except ImportError as exc:
-            warn(f"mlx-grpo: warning: Trackio logging is off: {exc} (pip install 'mlx-grpo[trackio]')")
+            warn(f"mlx-grpo: warning: Trackio logging is off: {exc} ({install_hint('trackio')})")
     return SinkSet(RunDirWriter(run_dir, fsync=fsync), sinks, warn=warn)
 
