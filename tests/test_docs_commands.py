@@ -89,6 +89,7 @@ RUN: dict[str, tuple[int, ...]] = {
     'mlx-grpo plan --memory 16GB': (0, 1),  # 1: the plan says the run does not fit
     'mlx-grpo sweep configs/sweep_example.yaml --dry-run': (0,),
     'mlx-grpo report runs/a runs/b runs/c --no-write --svg charts': (0,),
+    'python benchmarks/scale_doc_example.py': (0,),  # rewrites SCALE.md's plan example in the copy
 }
 # Commands whose printed output the docs show: run, and compared with the docs (tests below).
 PLAN_EXAMPLE = ('mlx-grpo plan --set model_id=preset:qwen2.5-1.5b --set use_lora=true --set lora_rank=16 '
