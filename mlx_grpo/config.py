@@ -20,7 +20,8 @@ from typing import Any
 
 import yaml
 
-from .errors import UserError, yaml_error
+from .errors import UserError
+from .user_files import load_yaml, read_yaml_file
 
 DEFAULT_MODEL = "default"  # the small arithmetic model shipped inside the package
 
@@ -379,15 +380,7 @@ def _build_dataclass(cls: type, mapping: dict, prefix: str, source: str, base: A
 
 def read_yaml_mapping(path: Path) -> dict:
     """Safe-load a YAML file that must hold a mapping; errors name the file and line."""
-    if not path.is_file():
-        raise UserError(f"{path}: config file not found")
-    try:
-        data = yaml.safe_load(path.read_bytes().decode("utf-8"))
-    except UnicodeDecodeError as err:
-        line = path.read_bytes()[: err.start].count(b"\n") + 1
-        raise UserError(f"{path}:{line}: not UTF-8 text (byte {err.object[err.start]:#04x})") from None
-    except yaml.YAMLError as err:
-        raise yaml_error(path, err) from None
+    data = read_yaml_file(path, "config file")
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -401,7 +394,7 @@ def parse_override(text: str) -> tuple[str, Any]:
         raise UserError(f"--set {text!r}: expected KEY=VALUE")
     key, raw = text.split("=", 1)
     try:
-        value = yaml.safe_load(raw) if raw != "" else ""
+        value = load_yaml(raw, f"--set {key.strip()}") if raw != "" else ""
     except yaml.YAMLError:
         value = raw
     return key.strip(), value

@@ -15,9 +15,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from ..errors import UserError, yaml_error
+from ..errors import UserError
+from ..user_files import parse_yaml, read_user_text
 from .alerts import RULE_KINDS, Rule
 
 
@@ -130,16 +129,9 @@ def rules_from_config(data: Any, source: str = "alerts", *, defaults: bool = Tru
 
 
 def _load_yaml(path: Path, source: str) -> Any:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise UserError(f"alert rules file not found: {source}") from None
-    except OSError as err:
-        raise UserError(f"cannot read alert rules file {source}: {err.strerror}") from None
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        raise yaml_error(source, err) from None
+    if not path.exists():
+        raise UserError(f"alert rules file not found: {source}")
+    return parse_yaml(read_user_text(path, "alert rules file"), source)
 
 
 def load_alert_rules(path: str | Path, *, defaults: bool = True) -> list[Rule]:
@@ -152,10 +144,7 @@ def load_alert_rules(path: str | Path, *, defaults: bool = True) -> list[Rule]:
 def _default_rules() -> tuple[Rule, ...]:
     ref = resources.files("mlx_grpo.telemetry").joinpath("default_alerts.yaml")
     source = "default_alerts.yaml"
-    try:
-        data = yaml.safe_load(ref.read_text(encoding="utf-8"))
-    except yaml.YAMLError as err:
-        raise yaml_error(source, err) from None
+    data = parse_yaml(ref.read_text(encoding="utf-8"), source)
     if not isinstance(data, dict) or set(data) != {"rules"}:
         raise UserError(f"{source}: expected a mapping with the single key 'rules'")
     return tuple(_parse_rule_list(data["rules"], source))
