@@ -5,9 +5,11 @@ from __future__ import annotations
 import sys
 
 from rich.console import Console
+from rich.text import Text
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from .telemetry import names
+from .terminal import terminal_safe
 
 
 class TrainingConsole:
@@ -58,5 +60,6 @@ class TrainingConsole:
         if self.plain and (step % every == 0 or held_out is not None):
             self.console.print(f"step {step}/{self.progress.tasks[0].total}  {summary}")
 
-    def message(self, text: str, style: str | None = None) -> None:
-        self.console.print(text, style=style)
+    def message(self, text: str | Text, style: str | None = None) -> None:
+        # Text from rewards, datasets, judges and alert rules: escape sequences shown, not acted on.
+        self.console.print(terminal_safe(text) if isinstance(text, str) else text, style=style)

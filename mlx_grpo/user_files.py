@@ -31,19 +31,19 @@ MAX_BYTES = 16 << 20  # a config of 16 MB is a mistake (a dataset or a model fil
 def read_regular_bytes(path: Path, limit: int) -> bytes:
     """At most `limit` bytes of a regular file. OSError for anything else: a FIFO or a device is opened
     non-blocking and refused before a byte is read (reading one would hang or never end)."""
+    with open_regular(path) as f:
+        return f.read(limit)
+
+
+def open_regular(path: str | os.PathLike):
+    """A regular file opened for binary reading; OSError (FileNotFoundError when missing) for anything
+    else, decided without blocking: a FIFO opened plainly would wait for a writer forever."""
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-    try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            kind = "a directory" if stat.S_ISDIR(mode) else "not a regular file"
-            raise OSError(21 if stat.S_ISDIR(mode) else 22, kind)
-        chunks, size = [], 0
-        while size < limit and (chunk := os.read(fd, min(1 << 20, limit - size))):
-            chunks.append(chunk)
-            size += len(chunk)
-        return b"".join(chunks)
-    finally:
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
         os.close(fd)
+        raise OSError(21, "is a directory") if stat.S_ISDIR(mode) else OSError(22, "not a regular file")
+    return os.fdopen(fd, "rb")
 
 
 def read_user_text(path: str | os.PathLike, what: str, limit: int = MAX_BYTES) -> str:

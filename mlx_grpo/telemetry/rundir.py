@@ -48,6 +48,9 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
+from ..terminal import terminal_safe_obj
+from ..user_files import read_regular_bytes
+
 SCHEMA_VERSION = 1
 # The run directory's files (docs/RUN_DIRECTORY.md): every reader and writer names them through these.
 RUN_JSON = "run.json"
@@ -120,23 +123,31 @@ def _clipped(value: Any) -> Any:
     return value
 
 
-def loads_object(data: bytes | str) -> dict | None:
+def loads_object(data: bytes | str, display: bool = False) -> dict | None:
     """A JSON object from untrusted bytes, or None for anything else: not JSON, not UTF-8, nested too
     deep for the parser (a RecursionError, not a ValueError), or not an object. Every reader of a run
-    directory parses through this, so no file content can crash one."""
+    directory parses through this, so no file content can crash one. `display`: for a reader that
+    prints what it read, control characters in strings are made visible (terminal.py)."""
     try:
         obj = json.loads(data)
     except (ValueError, RecursionError):
         return None
-    return obj if isinstance(obj, dict) else None
+    if not isinstance(obj, dict):
+        return None
+    return terminal_safe_obj(obj) if display else obj
 
 
-def read_json_object(path: Path) -> dict | None:
-    """`loads_object` of a file's bytes; None when it cannot be read."""
+MAX_JSON_FILE_BYTES = 64 << 20  # run.json, final_metrics.json, state.json: ours are a few KB
+
+
+def read_json_object(path: Path, display: bool = False) -> dict | None:
+    """`loads_object` of a file's bytes; None when it cannot be read, is not a regular file (a FIFO,
+    /dev/zero, a directory, a symlink loop) or is larger than MAX_JSON_FILE_BYTES."""
     try:
-        return loads_object(path.read_bytes())
+        data = read_regular_bytes(path, MAX_JSON_FILE_BYTES + 1)
     except OSError:
         return None
+    return loads_object(data, display) if len(data) <= MAX_JSON_FILE_BYTES else None
 
 
 def json_safe(obj: Any) -> Any:
@@ -297,9 +308,10 @@ class RunInfo:
 _KNOWN_KEYS = frozenset(f.name for f in fields(RunInfo)) - {"extra"}
 
 
-def read_run_info(run_dir: str | os.PathLike) -> RunInfo | None:
-    """run.json of a run directory; None when it is missing, unreadable or not a JSON object."""
-    obj = read_json_object(Path(run_dir) / RUN_JSON)
+def read_run_info(run_dir: str | os.PathLike, display: bool = False) -> RunInfo | None:
+    """run.json of a run directory; None when it is missing, unreadable or not a JSON object.
+    `display`: for printing (control characters made visible); a resume reads it as written."""
+    obj = read_json_object(Path(run_dir) / RUN_JSON, display)
     return None if obj is None else RunInfo.from_dict(obj)
 
 

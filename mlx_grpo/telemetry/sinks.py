@@ -81,6 +81,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from ..terminal import terminal_safe
 from .catalogue import tensorboard_layout
 from .rundir import RUN_JSON, RunDirWriter, RunInfo, json_safe, read_run_info, scrub_secrets, scrub_text
 from .wandb_charts import CATEGORY_COLOURS, category_cloud, chart_interval, heatmap_svg, value_cloud
@@ -726,7 +727,7 @@ def wandb_enabled(flag: bool | None, environ: Mapping[str, str] = os.environ) ->
 
 
 def _stderr(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
+    print(terminal_safe(message), file=sys.stderr, flush=True)
 
 
 class SinkSet:
