@@ -44,7 +44,7 @@ from .rollout import Rollout, SamplingSettings, decode_completion, generate
 from .signals import StopRequest, report_stop
 from .telemetry.alert_config import load_alert_rules, rules_from_config
 from .telemetry.recorder import RunRecorder, StepReport
-from .telemetry.rundir import scrub_secrets
+from .telemetry.rundir import RunDirWriteError, scrub_secrets
 from .telemetry.sinks import TrackioOptions, WandbOptions, make_sinks, trackio_store, wandb_enabled
 from .telemetry.step_data import StepData, UpdateStats, eval_record
 from .telemetry.system import SystemSampler
@@ -524,9 +524,18 @@ def train(config: TrainConfig, base_dir: Path, resume_dir: Path | None = None) -
                 if world.is_main and (due(step, config.checkpoint_every, config.num_steps) or last or stopping):
                     pending = prepare(trainer, recorder, run, step)
                 recorder.write(report, checkpoint_s=pending.seconds if pending is not None else None)
+                out_of_space = world.is_main and getattr(recorder.sinks, "out_of_space", None)
+                if out_of_space and pending is None:
+                    # the step's records went into the space set aside: checkpoint now (a checkpoint that does
+                    # not fit is refused in one line, as at any step) and stop, every step written
+                    pending = prepare(trainer, recorder, run, step)
                 if pending is not None:
                     recorder.sinks.flush()  # the step's TensorBoard events are on disk before the checkpoint is
                     recorder.sinks.log_checkpoint(pending.commit({"log_positions": log_positions(run_dir)}), step)
+                if out_of_space:
+                    raise UserError(f"the disk of the run directory is full ({out_of_space}); stopped after step "
+                                    f"{step}, checkpoint saved, every step written. Free some space, then continue "
+                                    f"with: {resume_command(run_dir)}")
                 # stop when asked (Ctrl-C, SIGTERM), every rank at the same step
                 if stopping:
                     # Said now, while nothing can go wrong: a second Ctrl-C during the cleanup ends it at once.
@@ -543,6 +552,9 @@ def train(config: TrainConfig, base_dir: Path, resume_dir: Path | None = None) -
         status = "interrupted"
         report_stop(run_dir, step, checkpoint_saved=False)
         raise
+    except RunDirWriteError as err:
+        raise UserError(f"{err}; stopped at step {step}. The last complete checkpoint is untouched: free some "
+                        f"space, then continue with: {resume_command(run_dir)}") from None
     finally:
         final = finish(run, step, status, report)
     return {**final, "status": status, "run_dir": str(run_dir),

@@ -83,7 +83,7 @@ import numpy as np
 
 from ..terminal import terminal_safe
 from .catalogue import tensorboard_layout
-from .rundir import RUN_JSON, RunDirWriter, RunInfo, json_safe, read_run_info, scrub_secrets, scrub_text
+from .rundir import RUN_JSON, RunDirWriteError, RunDirWriter, RunInfo, json_safe, read_run_info, scrub_secrets, scrub_text
 from .wandb_charts import CATEGORY_COLOURS, category_cloud, chart_interval, heatmap_svg, value_cloud
 
 # Sample columns shown in text and tables; long texts are cut so a step's table stays readable.
@@ -791,8 +791,16 @@ class SinkSet:
         self._each("write_alert", record)
 
     def write_final(self, metrics: Mapping[str, float]) -> None:
-        self.rundir.write_final_metrics(metrics)
+        try:
+            self.rundir.write_final_metrics(metrics)
+        except RunDirWriteError as err:  # a full disk: run.json's final status matters more
+            self.warn(f"mlx-grpo: warning: {err}")
         self._each("write_final", metrics)
+
+    @property
+    def out_of_space(self) -> str | None:
+        """Set once a run-directory write needed the space set aside for the end (see RunDirWriter)."""
+        return self.rundir.out_of_space
 
     def log_checkpoint(self, path: str | Path, step: int) -> None:
         self._each("log_checkpoint", path, step)
