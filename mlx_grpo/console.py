@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 from rich.console import Console
@@ -12,13 +13,27 @@ from .telemetry import names
 from .terminal import terminal_safe
 
 
+class _PipeSafeConsole(Console):
+    """A console whose stdout may go away (`| head`, a pager quit early, a dead log collector): rich's own
+    answer is SystemExit(1) from inside print, which ended training at once with no message and no
+    checkpoint. Here the output goes to /dev/null from then on, and stderr says so once; training goes on."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        print("mlx-grpo: warning: standard output was closed (broken pipe); training goes on without printing "
+              "progress, the run directory keeps every record", file=sys.stderr, flush=True)
+
+
 class TrainingConsole:
     """A rich progress bar with step, reward, accuracy and tokens/s; messages print above it."""
 
     def __init__(self, total_steps: int, start_step: int = 0, enabled: bool = True):
         # Without a terminal (a log file, CI, a pipe) lines are never wrapped at rich's default 80 columns:
         # a run directory path or an alert stays one line that grep and copy-paste can use.
-        self.console = Console(stderr=False, highlight=False, soft_wrap=not sys.stdout.isatty())
+        self.console = _PipeSafeConsole(stderr=False, highlight=False, soft_wrap=not sys.stdout.isatty())
         self.progress = Progress(
             TextColumn("[bold]step"),
             MofNCompleteColumn(),
