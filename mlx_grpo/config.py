@@ -174,7 +174,8 @@ class TrainConfig:
     def validate(self, source: str) -> None:
         """Refuse impossible values, naming the key and where it came from."""
         checks: list[tuple[str, bool, str]] = [
-            ("num_steps", self.num_steps >= 1, "at least 1"),
+            # above 2^53 a step count is no longer exact as a float (the schedules computed with it broke)
+            ("num_steps", 1 <= self.num_steps <= 2**53, "between 1 and 2^53"),
             ("seed", 0 <= self.seed < 2**31, "an integer in [0, 2^31)"),
             ("run_name", self.run_name is None or _plain_name(self.run_name),
              "one plain directory name (no '/', no '..', at most 200 characters)"),
@@ -205,6 +206,8 @@ class TrainConfig:
             ("max_prompt_length", self.max_prompt_length >= 1, "at least 1"),
             ("max_generation_steps", self.max_generation_steps >= 1, "at least 1"),
             ("lora_rank", self.lora_rank >= 1, "at least 1"),
+            # 0 meant every layer (mlx-lm's layers[-0:]): refused, -1 says 'all'
+            ("lora_layers", self.lora_layers == -1 or self.lora_layers >= 1, "-1 (every layer) or at least 1"),
             ("lora_alpha", self.lora_alpha > 0, "positive"),
             ("lora_dropout", 0 <= self.lora_dropout < 1, "in [0, 1)"),
             ("eval_every", self.eval_every >= 0, "non-negative (0 turns evaluation off)"),
