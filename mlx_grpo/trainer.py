@@ -423,7 +423,7 @@ def alert_rules(config: TrainConfig, base_dir: Path) -> list:
     return rules_from_config({}, defaults=config.enable_alerts)
 
 
-def new_run_dir(config: TrainConfig) -> Path:
+def new_run_dir(config: TrainConfig) -> tuple[Path, RunLock]:
     """A new run directory, created by this process alone (two runs named alike get two directories).
     Outputs go where the user stands, as with every other trainer: `mlx-grpo train cfg/my.yaml` writes
     to ./runs, where `mlx-grpo watch` and `tensorboard --logdir runs` look. (Inputs named inside a
@@ -440,8 +440,10 @@ def open_run(config: TrainConfig, base_dir: Path, resume_dir: Path | None) -> Ru
     trainer = Trainer.build(config, base_dir)
     world = trainer.world
     # rank 0 owns the run directory: it creates it (or takes the resumed one) and locks it for the run
-    run_dir = Path(world.from_main(str(resume_dir or new_run_dir(config)) if world.is_main else ""))
-    lock = RunLock(run_dir).acquire() if world.is_main else None
+    main_dir, lock = None, None
+    if world.is_main:
+        main_dir, lock = (resume_dir, RunLock(resume_dir).acquire()) if resume_dir else new_run_dir(config)
+    run_dir = Path(world.from_main(str(main_dir) if world.is_main else ""))
     memory_warning = wire_memory(mx.get_active_memory())  # weights and optimiser state are loaded by now
     saved: dict[str, Any] = {}
     if checkpoint is not None:
