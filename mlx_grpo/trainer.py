@@ -25,7 +25,7 @@ import mlx.nn as nn
 import mlx.optimizers as optim
 import numpy as np
 
-from .checkpoint import PendingCheckpoint, load_checkpoint, prepare_checkpoint
+from .checkpoint import PendingCheckpoint, latest_checkpoint, load_checkpoint, prepare_checkpoint
 from .config import TrainConfig, config_to_dict
 from .console import TrainingConsole
 from .data import EncodedPrompt, PromptOrder, encode_prompt, extra_columns, load_datasets
@@ -546,14 +546,19 @@ def train(config: TrainConfig, base_dir: Path, resume_dir: Path | None = None) -
                         # Plain stderr, one line, like report_stop: the command must paste as is.
                         print(f"mlx-grpo: {alert_stop_message(stopped_by, step, run_dir)}", file=sys.stderr,
                               flush=True)
-                    else:
+                    elif world.is_main:
                         report_stop(run_dir, step, checkpoint_saved=True)
                     break
         status = "interrupted" if stopping else "finished"
     except KeyboardInterrupt:
         status = "interrupted"
-        report_stop(run_dir, step, checkpoint_saved=False)
+        if world.is_main:  # rank 0 speaks for the run
+            report_stop(run_dir, step, checkpoint_saved=False)
         raise
+    except RuntimeError as err:
+        if not world.lost_peer(err):
+            raise
+        raise UserError(peer_lost_message(world.rank, step, run_dir), exit_code=EXIT_PEER_LOST) from None
     except RunDirWriteError as err:
         raise UserError(f"{err}; stopped at step {step}. The last complete checkpoint is untouched: free some "
                         f"space, then continue with: {resume_command(run_dir)}") from None
@@ -561,6 +566,17 @@ def train(config: TrainConfig, base_dir: Path, resume_dir: Path | None = None) -
         final = finish(run, step, status, report)
     return {**final, "status": status, "run_dir": str(run_dir),
             **({"stopped_by_alert": stopped_by} if stopped_by is not None else {})}
+
+
+EXIT_PEER_LOST = 4  # a data-parallel rank lost another (killed, crashed): mlx.launch itself still exits 0
+
+
+def peer_lost_message(rank: int, step: int, run_dir: Path) -> str:
+    last = latest_checkpoint(run_dir / "checkpoints")
+    saved = f"the last checkpoint is {last.name}" if last is not None else "there is no checkpoint yet"
+    return (f"rank {rank} lost another process of the run during step {step} (it was stopped or died); "
+            f"{saved}, the run directory has every record up to it. Continue with the same mlx.launch command "
+            f"and: {resume_command(run_dir)}")
 
 
 ALERT_STOP = "alert:"  # a stop request from an alert rule: this prefix and the rule's name
