@@ -42,7 +42,7 @@ from .rewards import (RewardFunction, RewardScores, extract_answer, extract_reas
                       load_reward_functions, score_completions)
 from .rollout import Rollout, SamplingSettings, decode_completion, generate
 from .signals import StopRequest, report_stop
-from .telemetry.alert_config import load_alert_rules, rules_from_config
+from .telemetry.alert_config import check_rule_metrics, load_alert_rules, rules_from_config
 from .telemetry.recorder import RunRecorder, StepReport
 from .telemetry.rundir import RunDirWriteError, scrub_secrets
 from .telemetry.sinks import TrackioOptions, WandbOptions, make_sinks, trackio_store, wandb_enabled
@@ -51,6 +51,7 @@ from .telemetry.system import SystemSampler
 from .telemetry.names import REDRAWN_PROMPTS
 from .plan import fit_run
 from .run_lock import RunLock, create_run_dir
+from .terminal import terminal_safe
 from .update import (TrainBatch, UpdateResult, build_train_batch, checkpoint_blocks, make_loss_fn, reference_logprobs,
                      update_policy)
 
@@ -417,10 +418,14 @@ class Run:
 
 
 def alert_rules(config: TrainConfig, base_dir: Path) -> list:
-    if config.alerts_file is not None:
-        path = Path(config.alerts_file)
-        return load_alert_rules(path if path.is_absolute() else base_dir / path, defaults=config.enable_alerts)
-    return rules_from_config({}, defaults=config.enable_alerts)
+    if config.alerts_file is None:
+        return rules_from_config({}, defaults=config.enable_alerts)
+    path = Path(config.alerts_file)
+    path = path if path.is_absolute() else base_dir / path
+    rules = load_alert_rules(path, defaults=config.enable_alerts)
+    for warning in check_rule_metrics(rules, str(path)):  # a rule on a metric no run logs never fires
+        print(f"mlx-grpo: warning: {terminal_safe(warning)}", file=sys.stderr, flush=True)
+    return rules
 
 
 def new_run_dir(config: TrainConfig) -> tuple[Path, RunLock]:

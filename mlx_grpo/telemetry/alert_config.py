@@ -8,6 +8,7 @@ module imports no mlx.
 
 from __future__ import annotations
 
+import difflib
 import math
 from dataclasses import MISSING, fields
 from functools import lru_cache
@@ -17,7 +18,8 @@ from typing import Any
 
 from ..errors import UserError
 from ..user_files import parse_yaml, read_user_text
-from .alerts import RULE_KINDS, Rule
+from .alerts import RULE_KINDS, Rule, metric_pattern
+from .catalogue import CATALOGUE, find_entry
 
 
 def _convert(key: str, type_name: str, value: Any) -> Any:
@@ -154,3 +156,30 @@ def default_rules() -> list[Rule]:
     """The built-in GRPO rules of default_alerts.yaml (documented in docs/ALERTS.md)."""
     return list(_default_rules())
 
+
+
+def check_rule_metrics(rules: list[Rule], source: str) -> list[str]:
+    """Rules watching a plain metric name the metric catalogue does not know (a typo never fires): a rule
+    with `action: stop` is refused, since it could never stop the run; the others get one warning each.
+    Patterns are checked against the first record (`pattern_warnings`)."""
+    warnings = []
+    builtin = {rule.name for rule in default_rules()}
+    for rule in rules:
+        if rule.name in builtin:
+            continue
+        for name in (rule.metric, *getattr(rule, "together", ())):
+            if metric_pattern(name) is not None or find_entry(name) is not None:
+                continue
+            close = difflib.get_close_matches(name, [spec.name for spec in CATALOGUE], n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            problem = f"rule '{rule.name}' watches '{name}', which no run logs{hint}"
+            if rule.action == "stop":
+                raise UserError(f"{source}: {problem}, so its action: stop could never stop the run")
+            warnings.append(f"{source}: {problem}; it will never fire (mlx-grpo metrics lists every metric)")
+    return warnings
+
+
+def pattern_warnings(rules: list[Rule], record: dict) -> list[str]:
+    """Rules whose metric pattern matches no key of a run's first record."""
+    return [f"alert rule '{rule.name}': the pattern '{rule.metric}' matches no metric this run logs"
+            for rule in rules if metric_pattern(rule.metric) is not None and not rule.metrics_in(record)]

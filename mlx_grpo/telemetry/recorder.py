@@ -20,6 +20,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from .alert_config import pattern_warnings
 from .alert_console import format_alert
 from .alerts import Alert, AlertEngine, Rule
 from .reward_stats import RewardTracker, ThroughputTracker
@@ -56,6 +57,7 @@ class RunRecorder:
         self.gen_throughput = ThroughputTracker("throughput/gen_tokens_per_s")
         self.backprop_throughput = ThroughputTracker("throughput/backprop_tokens_per_s")
         self.engine = AlertEngine(rules)
+        self._unchecked_rules = list(rules)  # patterns matching nothing are said once, at the first record
         self.sinks, self.console, self.sampler = sinks, console, sampler
         self.reward_fns = list(reward_fns)
         self.hooks = {fn.name: fn.hooks for fn in self.reward_fns}
@@ -100,6 +102,9 @@ class RunRecorder:
             record.update(self.end_epoch(partial=not epoch_ended))
         for message in data.new_errors:
             self.message(f"warning: {message}", style="yellow")
+        for message in pattern_warnings(self._unchecked_rules, record):
+            self.message(f"warning: {message}", style="yellow")
+        self._unchecked_rules = []
         scores = {"total": data.total, **{name: data.scores[i] for i, name in enumerate(data.reward_names)}}
         return StepReport(step, record, alerts, self.rewards.histograms(step), scores, data.samples)
 
