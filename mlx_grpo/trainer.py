@@ -661,7 +661,12 @@ def finish(run: Run, step: int, status: str, last_step: StepReport | None) -> di
     if status == "finished" and world.is_main:
         from .telemetry.report import write_report
 
-        reward_report = write_report(run.run_dir)
+        try:
+            reward_report = write_report(run.run_dir)
+        except OSError as err:  # a disk that filled at the very end: the run itself is complete
+            recorder.message(f"finished {step} steps; report.json could not be written ({err.strerror or err}): "
+                             f"mlx-grpo report {run.run_dir} prints it", style="yellow")
+            return final
         quality = reward_report.quality.score
         recorder.message(f"finished {step} steps in {recorder.elapsed():.0f} s: {reward_report.outcome.headline()}"
                          + (f"; reward functions' quality {quality:.0f}/100" if quality is not None else "")

@@ -886,6 +886,9 @@ def make_sinks(run_dir: str | Path, tensorboard: bool = True, tensorboard_dir: s
                                          purge_step=purge_step))
         except ImportError as exc:
             warn(f"mlx-grpo: warning: TensorBoard logging is off: {exc} (pip install tensorboardX)")
+        except OSError as exc:  # a tensorboard_dir that cannot be created: the run directory is the record
+            warn(f"mlx-grpo: warning: TensorBoard logging is off: cannot write {exc.filename or tensorboard_dir} "
+                 f"({exc.strerror or exc}); set tensorboard_dir to a writable directory")
     if wandb is not None:
         try:
             sinks.append(ThreadedSink(WandbSink(wandb)))
