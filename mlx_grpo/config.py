@@ -288,6 +288,12 @@ def _type_name(tp: Any) -> str:
 
 def _coerce(value: Any, tp: Any, key: str, source: str) -> Any:
     """Check `value` against the annotated type `tp`; return it converted."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:  # YAML's "\ud83d" escapes give lone surrogates: no file or name takes them
+            raise UserError(f"{source}: key '{key}' is not valid text (a lone surrogate); write the character "
+                            f"itself") from None
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
         args = typing.get_args(tp)
