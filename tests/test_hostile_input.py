@@ -58,7 +58,7 @@ def yaml_surfaces(tmp_path: Path, text: str) -> list[list[str]]:
 @pytest.mark.parametrize("text, words", [
     ("a: " + "[" * 5000 + "]" * 5000 + "\n", ("nested more than 64 levels",)),  # R4: was a RecursionError
     ("num_steps: 2\nnum_steps: 3\n", (":2:", "'num_steps' is given twice", "lines 1 and 2")),  # R14: last won
-])
+], ids=["deep", "duplicate_key"])
 def test_every_yaml_reader_refuses_deep_nesting_and_duplicate_keys_in_one_line(tmp_path, capsys, text, words):
     for argv in yaml_surfaces(tmp_path, text):
         one_line_error(capsys, main(argv), *words)
