@@ -12,6 +12,7 @@ time cap (TIME_CAP_S), so CI stays fast and a hang fails instead of blocking.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -214,18 +215,25 @@ def test_no_yaml_file_a_user_names_crashes_its_reader(tmp_path_factory, text, ra
             pass
 
 
-@settings(FUZZ, max_examples=150)
-@given(data=st.data())
-def test_no_flag_value_crashes_the_config_it_builds(data):
-    """Every `mlx-grpo train` flag with random text: a config or one UserError (argparse's usage exit aside)."""
+@functools.lru_cache(maxsize=1)
+def train_parser():
     from mlx_grpo.cli import build_parser
-    from mlx_grpo.commands.train import collect_overrides
-    from mlx_grpo.config import load_config
 
     parser = build_parser()
     train = next(a for a in parser._subparsers._group_actions[0].choices.items() if a[0] == "train")[1]
     flags = sorted(s for action in train._actions for s in action.option_strings
                    if s.startswith("--") and s not in ("--help", "--debug", "--resume"))
+    return parser, flags
+
+
+@settings(FUZZ, max_examples=150)
+@given(data=st.data())
+def test_no_flag_value_crashes_the_config_it_builds(data, capsys):
+    """Every `mlx-grpo train` flag with random text: a config or one UserError (argparse's usage exit aside)."""
+    from mlx_grpo.commands.train import collect_overrides
+    from mlx_grpo.config import load_config
+
+    parser, flags = train_parser()
     argv = ["train"]
     for flag in data.draw(st.lists(st.sampled_from(flags), min_size=1, max_size=3)):
         argv += [flag, data.draw(st.one_of(st.text(max_size=30), st.sampled_from(

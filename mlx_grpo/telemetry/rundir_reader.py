@@ -435,8 +435,8 @@ def resolve_run_dirs(paths: list[str], default_root: str = "runs") -> list[Path]
     out = []
     for raw in paths:
         path = Path(raw)
-        if path.exists() and not path.is_dir():
-            raise UserError(f"{raw}: is a file; pass a run directory (the one holding run.json)")
+        if os.path.lexists(path) and not path.is_dir():  # a file, a FIFO, a device, a broken or looping link
+            raise UserError(f"{raw}: is not a directory; pass a run directory (the one holding run.json)")
         if path.is_dir() and not is_run_dir(path):
             newest = newest_run(path)
             if newest is not None:
