@@ -270,3 +270,17 @@ def test_no_path_a_user_points_a_command_at_crashes_it(tmp_path_factory, command
     if command == "report":
         argv = ["report", "--no-write", str(path)]
     assert main(argv) == 2
+
+
+def test_history_lines_parse_the_same_with_orjson_and_without(monkeypatch):
+    import json as _json
+
+    from mlx_grpo.telemetry import history_loader
+
+    lines = [b'{"step": 1, "x": NaN, "y": -Infinity}', b'{"step": 2, "big": 12345678901234567890}',
+             '{"step": 3, "name": "r\u00e9ward \u2603"}'.encode(), b'{"step": 4, "x": 1e400}']
+    expected = [_json.loads(line) for line in lines]
+    with_orjson = [history_loader._loads(line) for line in lines]
+    monkeypatch.setattr(history_loader, "orjson", None)
+    without = [history_loader._loads(line) for line in lines]
+    assert repr(with_orjson) == repr(expected) == repr(without)

@@ -31,7 +31,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--completion-length", type=int, help="new tokens per completion (default 24)")
     parser.add_argument("--lora", action=argparse.BooleanOptionalAction, default=None,
                         help="train LoRA adapters instead of every weight (default: full)")
-    parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), help="default float32")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"),
+                        help="default: the config's, auto (bfloat16 for LoRA on a Mac's GPU, float32 otherwise)")
     parser.add_argument("--beta", type=float, help="KL weight; 0 skips the reference pass (default 0.04)")
     parser.add_argument("--seed", type=int, help="seed for prompts and sampling (default 0)")
     parser.add_argument("--repetitions", type=int, default=5, help="measured repetitions (default 5)")
@@ -76,16 +77,25 @@ def run(args: argparse.Namespace) -> int:
 
 # ----------------------------------------------------------------------------- the table
 
+def matmul_line(machine: dict) -> str:
+    """Where the fp32 matmul ran: on a Mac's GPU it is Metal's, not the BLAS (Accelerate serves MLX's CPU ops)."""
+    speed = f"fp32 matmul {machine['matmul_fp32_gflops']:.0f} GFLOP/s"
+    if machine["device"] == "gpu":
+        return f"matmul on the Metal GPU ({speed}); BLAS {machine['blas']} for CPU operations"
+    return f"matmul on the CPU, BLAS {machine['blas']} ({speed})"
+
+
 def _gib(n: float) -> str:
     return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
 
 
 def print_report(report: dict, console=None) -> None:
     from rich import box
-    from rich.console import Console
     from rich.table import Table
 
-    console = console or Console()
+    from ..telemetry.output import output_console
+
+    console = console or output_console()
     s, m = report["settings"], report["machine"]
     mode = "LoRA" if s["use_lora"] else "full fine-tuning"
     console.print(f"[bold]mlx-grpo bench[/bold]  model {s['model']} ({s['parameters']:,} parameters, "
@@ -95,8 +105,9 @@ def print_report(report: dict, console=None) -> None:
                   f"{s['repetitions']} repetitions after {s['warmup']} warm-up")
     load = f", load average {m['load_average']:.1f}" if m["load_average"] is not None else ""
     console.print(f"machine: {m['cpu']}, {m['physical_cores']} cores, {_gib(m['ram_bytes'])} RAM, {m['os']}{load}")
-    console.print(f"MLX {m['mlx']} on {m['device']}, BLAS {m['blas']} "
-                  f"(fp32 matmul {m['matmul_fp32_gflops']:.0f} GFLOP/s), mlx-lm {m['mlx_lm']}")
+    console.print(f"MLX {m['mlx']}, mlx-lm {m['mlx_lm']}: {matmul_line(m)}")
+    if s.get("wired_limit_bytes"):
+        console.print(f"wired limit {_gib(s['wired_limit_bytes'])} (as `mlx-grpo train` sets it)")
 
     table = Table(title="throughput, median of repetitions", title_justify="left", box=box.SIMPLE_HEAD)
     for header in ("path", "tokens", "seconds", "tokens/s", "min - max"):
