@@ -11,11 +11,13 @@ trainer's final model for W&B).
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import mlx.nn as nn
 from mlx.utils import tree_unflatten
@@ -101,11 +103,32 @@ def _check_out(out: Path) -> None:
         raise UserError(f"--out {out}: exists and is not an empty directory; choose a new one (nothing is overwritten)")
 
 
+@contextlib.contextmanager
+def _whole_or_nothing(out: Path) -> Iterator[Path]:
+    """A directory to write into that appears at `out` only once complete: it is built as a hidden sibling
+    (`.NAME.partial-PID`) and renamed into place, so a full disk, an error or Ctrl-C never leaves a
+    half-written model where eval, mlx-lm or a second export would take it for a whole one."""
+    _check_out(out)
+    tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
+    try:
+        tmp.mkdir(parents=True)
+        yield tmp
+        if out.is_dir():
+            out.rmdir()  # an empty directory given as --out
+        os.rename(tmp, out)
+    except BaseException as err:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(err, OSError) or (isinstance(err, RuntimeError) and "[write]" in str(err)):
+            reason = getattr(err, "strerror", None) or " ".join(str(err).split())[:200]
+            raise UserError(f"--out {out}: cannot write the model there ({reason}); nothing was left behind") from None
+        raise
+
+
 def write_fused(out: Path, model: nn.Module, tokenizer: Any, model_id: str, base_dir: Path) -> Path:
     """Write an in-memory policy as a complete model directory, adapters fused (the model is changed in place)."""
-    _check_out(out)
     fuse_adapters(model)
-    _write(out, model, tokenizer, _source_dir(model_id, base_dir))
+    with _whole_or_nothing(out) as tmp:
+        _write(tmp, model, tokenizer, _source_dir(model_id, base_dir))
     return out
 
 
@@ -121,12 +144,13 @@ def export_model(run_dir: Path, out: Path, step: int | None = None, fuse: bool =
         apply_adapters(model, config)
         _load_weights(model, checkpoint)
         fuse_adapters(model)
-    _write(out, model, tokenizer, source)  # an unfused LoRA export writes the base weights
-    if unfused_lora:
-        for name in ADAPTER_FILES:
-            shutil.copy2(checkpoint / name, out / name)
     summary = {"run_dir": str(run_dir), "checkpoint": checkpoint.name,
                "step": int(STEP_DIR.match(checkpoint.name).group(1)), "model_id": config.model_id,
                "use_lora": config.use_lora, "fused": config.use_lora and fuse, "out": str(out)}
-    (out / "export.json").write_text(json.dumps(summary, indent=2) + "\n")
+    with _whole_or_nothing(out) as tmp:
+        _write(tmp, model, tokenizer, source)  # an unfused LoRA export writes the base weights
+        if unfused_lora:
+            for name in ADAPTER_FILES:
+                shutil.copy2(checkpoint / name, tmp / name)
+        (tmp / "export.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary

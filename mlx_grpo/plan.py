@@ -23,6 +23,7 @@ import json
 import math
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from .config import TrainConfig
 from .errors import UserError
@@ -85,9 +86,18 @@ class ModelShape:
     plain_head: bool = True
 
     @classmethod
-    def from_config(cls, config: dict, source: str = "config.json") -> "ModelShape":
-        text = config.get("text_config") or {}
+    def from_config(cls, config: Any, source: str = "config.json") -> "ModelShape":
+        if not isinstance(config, dict):
+            raise UserError(f"{source}: expected a JSON object, got {type(config).__name__}")
+        text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
         merged = {**text, **{k: v for k, v in config.items() if k != "text_config"}}
+        if not isinstance(merged.get("quantization") or {}, dict):
+            raise UserError(f"{source}: 'quantization' must be an object")
+        for key in ("hidden_size", "num_attention_heads", "vocab_size", "num_hidden_layers", "intermediate_size",
+                    "num_key_value_heads", "head_dim"):
+            value = merged.get(key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 1):
+                raise UserError(f"{source}: '{key}' is {value!r}; expected a positive whole number")
         try:
             hidden = int(merged["hidden_size"])
             heads = int(merged["num_attention_heads"])

@@ -45,7 +45,7 @@ def load_run(run_dir: str | Path) -> tuple[RunInfo, list[dict], list[dict], list
     if not metrics:
         raise UserError(f"{metrics_path}: no metric records yet")
     # run.json is rewritten atomically; missing or unreadable means foreign: report without it
-    run_info = read_run_info(run_dir) or RunInfo()
+    run_info = read_run_info(run_dir, display=True) or RunInfo()
     # every completion when the run kept them (completions/), else the few of samples.jsonl
     samples = read_all(run_dir) or _read_jsonl(run_dir / SAMPLES)
     alerts_path = run_dir / ALERTS
