@@ -1,7 +1,8 @@
 """Loading a policy through mlx-lm, adapters, and the reference policy.
 
 Any Hugging Face-format MLX model directory (or hub id, where a hub is reachable)
-goes through `mlx_lm.load`, the shipped default model included.
+goes through `mlx_lm.load`, the shipped default model included; a llama-family GGUF file (or a directory
+holding one) through gguf.py, and `smollm2` names SmolLM2-135M-Instruct's GGUF (tools/smollm2.py).
 """
 
 from __future__ import annotations
@@ -43,10 +44,15 @@ def project_to_vocab(head: nn.Module, hidden: mx.array) -> mx.array:
 
 
 def resolve_model_path(model_id: str, base_dir: Path, need_weights: bool = True) -> str:
-    """A local directory (checked to be a model; `need_weights` False: a config.json is enough) or,
-    failing that, a hub id."""
+    """A local model directory (checked to be a model; `need_weights` False: a config.json is enough), a
+    GGUF file, or, failing those, a hub id."""
+    from .gguf import find_gguf
+    from .tools.smollm2 import MODEL_ID as SMOLLM2, smollm2_path
+
     if model_id == DEFAULT_MODEL:
         return str(DEFAULT_MODEL_DIR)
+    if model_id == SMOLLM2:
+        return str(smollm2_path(download=True))
     candidate = Path(model_id).expanduser()
     if not candidate.is_absolute():
         local = base_dir / candidate
@@ -54,21 +60,45 @@ def resolve_model_path(model_id: str, base_dir: Path, need_weights: bool = True)
     looks_local = candidate.exists() or model_id.startswith((".", "/", "~")) or model_id.count("/") != 1
     if not looks_local:
         return model_id  # hub id like "org/name"
+    gguf = find_gguf(candidate)
+    if gguf is not None:
+        return str(gguf)
+    if candidate.suffix.lower() == ".gguf":
+        raise UserError(f"model '{model_id}': file not found")
     if not candidate.is_dir():
         raise UserError(f"model '{model_id}': directory not found")
     if not (candidate / "config.json").is_file():
-        raise UserError(f"model '{model_id}': not a model directory (no config.json)")
+        raise UserError(f"model '{model_id}': not a model directory (no config.json, no .gguf file)")
     if need_weights and not any(candidate.glob("*.safetensors")):
         raise UserError(f"model '{model_id}': not a model directory (no *.safetensors weights)")
     return str(candidate)
 
 
+def is_gguf(path: str) -> bool:
+    return path.lower().endswith(".gguf")
+
+
+def model_config(path: str) -> dict:
+    """The Hugging Face config (config.json) of a resolved model path: a directory's, or a GGUF file's."""
+    if is_gguf(path):
+        from .gguf import read_config
+
+        return read_config(Path(path))
+    from mlx_lm.utils import load_config
+
+    return load_config(Path(path))
+
+
 def load_policy(config: TrainConfig, base_dir: Path) -> tuple[nn.Module, Any]:
     from mlx_lm import load
 
+    from .gguf import load_gguf
+
     path = resolve_model_path(config.model_id, base_dir)
     try:
-        model, tokenizer = load(path)
+        model, tokenizer = load_gguf(Path(path))[:2] if is_gguf(path) else load(path)
+    except UserError:
+        raise
     except Exception as err:  # noqa: BLE001 - whatever a user's directory makes mlx-lm raise: config keys
         # missing (TypeError), unknown architecture (ValueError), unreadable weights (RuntimeError)...
         # one line here; --debug shows the cause's traceback.

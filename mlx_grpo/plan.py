@@ -368,13 +368,17 @@ def this_machine_budget() -> tuple[float, str]:
 # ----------------------------------------------------------------------------- the model's shape
 
 def read_model_shape(model_id: str, base_dir: Path) -> ModelShape:
-    """The shape of `model_id` from its config.json (or a `preset:NAME`), without loading any weights."""
-    from .models import resolve_model_path
+    """The shape of `model_id` from its config.json (a GGUF file's metadata, or a `preset:NAME`), without
+    loading any weights (a GGUF file's are read, not built into a model)."""
+    from .models import is_gguf, model_config, resolve_model_path
     from .presets import preset_config
 
     if model_id.startswith("preset:"):
         return ModelShape.from_config(preset_config(model_id.removeprefix("preset:")), model_id)
-    path = Path(resolve_model_path(model_id, base_dir, need_weights=False))
+    resolved = resolve_model_path(model_id, base_dir, need_weights=False)
+    if is_gguf(resolved):
+        return ModelShape.from_config(model_config(resolved), resolved)
+    path = Path(resolved)
     config_file = path / "config.json"
     if not config_file.is_file():
         config_file = _hub_config(model_id)
