@@ -15,6 +15,7 @@ vocabulary, merges, special tokens, bos/eos) with the file's chat template.
 from __future__ import annotations
 
 from collections import Counter
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +58,14 @@ def find_gguf(path: Path) -> Path | None:
 
 
 def read_gguf(path: Path) -> tuple[dict[str, mx.array], dict[str, Any]]:
-    """The file's tensors and metadata (mx.array scalars made Python values)."""
+    """The file's tensors and metadata (mx.array scalars made Python values). Kept for the next call (the
+    plan reads the shape and tokenizer, then the run loads the model) until `load_gguf` has built the model."""
+    stat = path.stat()
+    return _read(path, stat.st_mtime_ns, stat.st_size)
+
+
+@lru_cache(maxsize=1)
+def _read(path: Path, mtime_ns: int, size: int) -> tuple[dict[str, mx.array], dict[str, Any]]:
     try:
         weights, metadata = mx.load(str(path), return_metadata=True)
     except (RuntimeError, ValueError, OSError) as err:
@@ -77,6 +85,8 @@ def _plain(value: Any) -> Any:
 def gguf_config(path: Path, metadata: dict[str, Any], weights: dict[str, mx.array]) -> dict[str, Any]:
     """The Hugging Face config.json (mlx-lm's llama) describing the file's model."""
     arch = metadata.get("general.architecture")
+    if arch is None:
+        raise UserError(f"{path}: no 'general.architecture' in its metadata: not a model's GGUF file")
     if arch != "llama":
         raise UserError(f"{path}: architecture '{arch}': only llama-family GGUF files load (Llama, Mistral, "
                         "SmolLM, TinyLlama...); for other models use an MLX model directory")
@@ -227,9 +237,14 @@ def read_config(path: Path) -> dict[str, Any]:
     return gguf_config(path, metadata, weights)
 
 
+def read_tokenizer(path: Path) -> Any:
+    return build_tokenizer(path, read_gguf(path)[1])
+
+
 def load_gguf(path: Path) -> tuple[nn.Module, Any, dict[str, Any]]:
     """A llama-family GGUF file as (mlx-lm model, tokenizer, its Hugging Face config)."""
     weights, metadata = read_gguf(path)
+    _read.cache_clear()  # the model holds what it needs; nothing else keeps the file's arrays alive
     config = gguf_config(path, metadata, weights)
     tokenizer = build_tokenizer(path, metadata)
     return build_model(config, mlx_weights(weights, config)), tokenizer, config
