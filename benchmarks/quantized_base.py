@@ -5,7 +5,7 @@ completion runs its whole budget) and their steps are interleaved, so a busy mom
 both alike. Reports seconds per step and per phase, each phase's peak memory, and the ratio within each
 repetition. The default model is SmolLM2-135M-Instruct's Q4_1 GGUF (`smollm2`).
 
-    python benchmarks/quantized_base.py --batch-size 2 --group-size 4 --completion-length 32
+    python benchmarks/quantized_base.py --batch-size 2 --group-size 4 --completion-length 32 --prompt-length 40
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("--batch-size", type=int, default=2)
     parser.add_argument("--group-size", type=int, default=4)
-    parser.add_argument("--prompt-length", type=int, default=32)
+    parser.add_argument("--prompt-length", type=int, default=40, help="more than the chat template's own tokens (30 for SmolLM2)")
     parser.add_argument("--completion-length", type=int, default=32)
     parser.add_argument("--repetitions", type=int, default=3)
     parser.add_argument("--output", help="also write the JSON report here")

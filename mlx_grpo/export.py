@@ -23,7 +23,7 @@ from mlx.utils import tree_unflatten
 from .checkpoint import STEP_DIR, list_checkpoints
 from .config import TrainConfig
 from .errors import UserError
-from .models import apply_adapters, load_policy, model_config, resolve_model_path
+from .models import apply_adapters, is_quantized, load_policy, model_config, resolve_model_path
 from .resume import config_for_resume
 
 ADAPTER_FILES = ("adapters.safetensors", "adapter_config.json")
@@ -94,8 +94,12 @@ def _write(out: Path, model: nn.Module, tokenizer: Any, source: Path) -> None:
     too), the tokenizer files, and a source directory's generation_config.json and model code."""
     from mlx_lm.utils import save_config, save_model
 
+    config = model_config(str(source))
+    if not is_quantized(model):  # a base dequantized at load (quantized_base) is written plain
+        config.pop("quantization", None)
+        config.pop("quantization_config", None)
     save_model(out, model, donate_model=False)
-    save_config(model_config(str(source)), out / "config.json")
+    save_config(config, out / "config.json")
     tokenizer.save_pretrained(out)
     if source.is_dir():
         for name in [*source.glob("*.py"), source / "generation_config.json"]:

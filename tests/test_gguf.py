@@ -156,6 +156,16 @@ def test_quantized_base_auto_dequantizes_on_the_cpu_and_keep_leaves_it(tmp_path)
         assert is_quantized == stays and (notes[setting] is None) == stays
         assert np.allclose(np.array(model(ids)), before, atol=1e-4)  # the same function, plain weights
     assert "dequantized to float32 at load" in notes["auto"] and "quantized_base: keep" in notes["auto"]
+    # a dequantized policy is written plain (the final model of a run): its config says no quantization
+    from mlx_grpo.export import write_fused
+
+    config = load_config(None, {"model_id": str(quantized), "use_lora": True})
+    model, tokenizer = load_policy(config, tmp_path)
+    dequantize_base(model, config)
+    final = write_fused(tmp_path / "final", model, tokenizer, str(quantized), tmp_path)
+    assert "quantization" not in json.loads((final / "config.json").read_text())
+    written, _ = load(str(final))
+    assert np.allclose(np.array(written(ids)), np.array(model(ids)), atol=1e-4)
     # the plan predicts what the run will hold: plain float32 weights under auto on this CPU backend
     facts = make_plan(load_config(None, {"model_id": str(quantized), "use_lora": True}), tmp_path)[1]
     assert facts["dequantized"] is True and facts["bits"] is None
@@ -177,11 +187,10 @@ def test_a_run_keeps_the_4bit_base_as_it_is_when_asked(tmp_path, capsys):
 
 # ----------------------------------------------------------------------------- SmolLM2-135M-Instruct
 
-# Greedy answers through the model's chat template, and what each must contain (checked by hand on the
-# reference conversion: "The capital of France is Paris.", "2 + 3 = 5", "... is blue ...").
-ANSWERS = {"What is the capital of France?": "Paris", "What is 2 + 3?": "5", "What color is the sky on a clear day?":
-           "blue"}
-COMPARED = [*ANSWERS, "Name a fruit that is yellow.", "Write the number after 41."]
+# Greedy answers through the model's chat template, and what each must contain (the reference conversion
+# answers "The capital of France is Paris.", "2 + 3 = 5", "The opposite of hot is cold.").
+ANSWERS = {"What is the capital of France?": "Paris", "What is 2 + 3?": "5", "What is the opposite of hot?": "cold"}
+MORE_ANSWERS = {"How many legs does a dog have?": "4", "What color is the sky on a clear day?": "blue"}
 
 
 @pytest.fixture(scope="module")
@@ -195,7 +204,7 @@ def smollm2():
         pytest.skip(str(err))
 
 
-def greedy(model, tokenizer, question: str, tokens: int = 16) -> str:
+def greedy(model, tokenizer, question: str, tokens: int) -> str:
     prompt = tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True)
     return generate(model, tokenizer, prompt=prompt, max_tokens=tokens)
 
@@ -213,6 +222,13 @@ def test_smollm2_loads_with_its_shape_parameters_and_tokenizer(smollm2):
         [{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=False)
 
 
+def reference_and_ours(path: Path):
+    model, tokenizer, _ = load_gguf(path)
+    config = load_config(None, {"model_id": str(path), "use_lora": True, "quantized_base": "dequantize"})
+    dequantize_base(model, config)  # fp32: fast on the CPU backend
+    return model, tokenizer, reference_llama(path)
+
+
 def test_smollm2_weights_and_greedy_answers_match_an_independent_conversion(smollm2):
     """The loader against a reference built from the file's bytes with numpy (its own GGUF parser and block
     dequantization, llama.cpp's row order with interleaved RoPE): the same weights, the same greedy text."""
@@ -225,15 +241,15 @@ def test_smollm2_weights_and_greedy_answers_match_an_independent_conversion(smol
                                         module.biases.astype(mx.float32), module.group_size, module.bits))
         ours = llama_cpp_permute(weight, heads) if heads else weight
         assert np.array_equal(ours, tensors[f"blk.{index}.{name}.weight"]), name
-    reference = reference_llama(smollm2)
-    del tensors
-    config = load_config(None, {"model_id": str(smollm2), "use_lora": True})
-    dequantize_base(model, replace(config, quantized_base="dequantize"))  # fp32 for speed on the CPU
-    for question in COMPARED:
-        ours, theirs = greedy(model, tokenizer, question), greedy(reference, tokenizer, question)
-        assert ours == theirs, (question, ours, theirs)
-        if question in ANSWERS:
-            assert ANSWERS[question] in ours, (question, ours)
+    embedding = model.model.embed_tokens  # Q8_0: 8-bit, beside the 4-bit blocks
+    assert np.array_equal(np.array(mx.dequantize(embedding.weight, embedding.scales.astype(mx.float32),
+                                                 embedding.biases.astype(mx.float32), 32, 8)),
+                          tensors["token_embd.weight"])
+    del tensors, model
+    model, tokenizer, reference = reference_and_ours(smollm2)
+    for question, expected in ANSWERS.items():
+        ours, theirs = greedy(model, tokenizer, question, 12), greedy(reference, tokenizer, question, 12)
+        assert ours == theirs and expected in ours, (question, ours, theirs)
 
 
 def test_smollm2_takes_a_training_step(smollm2, tmp_path):
@@ -257,6 +273,17 @@ def test_smollm2_takes_a_training_step(smollm2, tmp_path):
 
 
 @pytest.mark.slow
+def test_smollm2_longer_answers_match_the_reference_and_the_4bit_model_answers_alike(smollm2):
+    model, tokenizer, reference = reference_and_ours(smollm2)
+    for question, expected in MORE_ANSWERS.items():
+        ours, theirs = greedy(model, tokenizer, question, 24), greedy(reference, tokenizer, question, 24)
+        assert ours == theirs and expected in ours, (question, ours, theirs)
+    quantized = load_gguf(smollm2)[0]  # as it is: MLX's quantized matmul on the file's Q4_1/Q8_0 blocks
+    for question, expected in ANSWERS.items():
+        assert expected in greedy(quantized, tokenizer, question, 12), question
+
+
+@pytest.mark.slow
 def test_smollm2_trains_and_exports_with_the_4bit_base_as_it_is(smollm2, tmp_path, capsys):
     runs = tmp_path / "runs"
     assert main(["train", "--model-id", "smollm2", *FAST, "--set", "quantized_base=keep", "--use-chat-template",
@@ -268,4 +295,4 @@ def test_smollm2_trains_and_exports_with_the_4bit_base_as_it_is(smollm2, tmp_pat
     export = tmp_path / "export"
     assert main(["export", str(runs / "q4"), "--out", str(export), "--fuse"]) == 0
     model, tokenizer = load(str(export))
-    assert "Paris" in greedy(model, tokenizer, "What is the capital of France?")
+    assert "Paris" in greedy(model, tokenizer, "What is the capital of France?", 12)
