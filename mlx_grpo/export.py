@@ -23,7 +23,7 @@ from mlx.utils import tree_unflatten
 from .checkpoint import STEP_DIR, list_checkpoints
 from .config import TrainConfig
 from .errors import UserError
-from .models import apply_adapters, is_quantized, load_policy, model_config, resolve_model_path
+from .models import apply_adapters, dequantize_base, is_quantized, load_policy, model_config, resolve_model_path
 from .resume import config_for_resume
 
 ADAPTER_FILES = ("adapters.safetensors", "adapter_config.json")
@@ -68,6 +68,7 @@ def load_trained(run_dir: Path, step: int | None = None) -> Trained:
     config, base_dir = config_for_resume(run_dir, {})
     checkpoint = find_checkpoint(run_dir, step)
     model, tokenizer = load_policy(config, base_dir)
+    dequantize_base(model, config)  # the policy as the run trained it
     apply_adapters(model, config)
     _load_weights(model, checkpoint)
     model.eval()
@@ -127,6 +128,7 @@ def export_model(run_dir: Path, out: Path, step: int | None = None, fuse: bool =
     checkpoint = find_checkpoint(run_dir, step)
     source = _source(config.model_id, base_dir)
     model, tokenizer = load_policy(config, base_dir)
+    dequantize_base(model, config)  # written as the run trained it: plain if the run dequantized its base
     unfused_lora = config.use_lora and not fuse
     if not unfused_lora:
         apply_adapters(model, config)

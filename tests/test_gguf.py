@@ -183,6 +183,15 @@ def test_a_run_keeps_the_4bit_base_as_it_is_when_asked(tmp_path, capsys):
                      "--monitoring-dir", str(tmp_path / "runs"), "--run-name", setting]) == 0
         out = capsys.readouterr().out
         assert ("dequantized to float32 at load" in out) == (setting == "auto"), out
+        # the export is the policy as the run trained it: 4-bit kept, or plain
+        export = tmp_path / f"export-{setting}"
+        assert main(["export", str(tmp_path / "runs" / setting), "--out", str(export), "--fuse"]) == 0
+        assert ("quantization" in json.loads((export / "config.json").read_text())) == (setting == "keep")
+        load(str(export))
+    # full fine-tuning needs plain weights: a dequantized base trains every weight, and exports
+    assert main(["train", "--model-id", str(quantized), *FAST[:-3], "--monitoring-dir", str(tmp_path / "runs"),
+                 "--run-name", "full"]) == 0
+    assert main(["export", str(tmp_path / "runs" / "full"), "--out", str(tmp_path / "export-full")]) == 0
 
 
 # ----------------------------------------------------------------------------- SmolLM2-135M-Instruct
