@@ -234,6 +234,8 @@ def test_smollm2_path_says_how_to_get_the_file_when_it_is_not_here(tmp_path, mon
     cached.parent.mkdir(parents=True)
     cached.write_bytes(b"x")
     assert smollm2.main(["--no-download"]) == 0 and capsys.readouterr().out.strip() == str(cached)
+    # a name, not a path: kept as written on the command line and in a config
+    assert load_config(None, {"model_id": "smollm2"}).model_id == "smollm2"
 
 
 def greedy(model, tokenizer, question: str, tokens: int) -> str:
@@ -295,7 +297,7 @@ def test_smollm2_takes_a_training_step(smollm2, tmp_path):
     config = load_config(None, {"model_id": "smollm2", "use_lora": True, "lora_rank": 2, "lora_layers": 2,
                                 "batch_size": 1, "num_generations": 2, "max_generation_steps": 6,
                                 "num_iterations": 1, "train_size": 8, "eval_size": 2, "learning_rate": 1e-3,
-                                "rewards": [{"name": "length.py:length"}]})
+                                "rewards": [{"name": f"{tmp_path / 'length.py'}:length"}]})
     trainer = Trainer.build(config, tmp_path)
     assert "dequantized to float32 at load" in trainer.policy.load_note  # on this CPU backend
     before = {k: np.array(v) for k, v in tree_flatten(trainer.policy.model.trainable_parameters())}
