@@ -71,6 +71,8 @@ class TrainConfig:
     # --- model ---
     model_id: str = DEFAULT_MODEL  # 'default' (the shipped model), a local Hugging Face-format directory, or a hub id
     dtype: str = "auto"  # auto: bfloat16 for LoRA on a GPU, float32 otherwise (the CPU backend, full fine-tuning)
+    # MLX's quantized matmul is fast on a GPU, slow on the CPU backend:
+    quantized_base: str = "auto"  # auto: a quantized base made plain at load on the CPU if it fits | keep | dequantize
     use_lora: bool = False  # train LoRA adapters on a frozen base (else every weight)
     lora_rank: int = 8  # rank of each adapter
     lora_alpha: float = 16.0  # adapter scale is lora_alpha / lora_rank
@@ -246,6 +248,7 @@ class TrainConfig:
         ]
         choices = {
             "dtype": ("auto", "float32", "bfloat16", "float16"),
+            "quantized_base": ("auto", "keep", "dequantize"),
             "loss_type": ("grpo", "bnpo", "dr_grpo", "dapo"),
             "importance_sampling_level": ("token", "sequence"),
             "scale_rewards": ("group", "batch", "none"),
