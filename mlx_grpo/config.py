@@ -84,6 +84,7 @@ class TrainConfig:
     eval_dataset: str | None = None  # None: the built-in held-out split or 5% of the dataset; hub names: the test split
     prompt_field: str = "prompt"  # the field (column) holding the prompt: a string or a list of chat messages
     answer_field: str = "answer"  # the field (column) holding the reference answer
+    answer_from: str = "answer_tag"  # accuracy reads: answer_tag (the <answer> block) | last_number (the reply's)
     system_prompt: str | None = None  # a system message put before every prompt
     use_chat_template: bool = True  # applied only when the tokenizer has one
     train_size: int = 20000  # examples drawn for the built-in task
@@ -231,6 +232,8 @@ class TrainConfig:
             ("sgrpo.num_exits", self.sgrpo.num_exits >= 2, "at least 2 (a serial group of one has no advantage)"),
             ("sgrpo.decay", 0 < self.sgrpo.decay <= 1, "in (0, 1]"),
             ("sgrpo.max_answer_tokens", self.sgrpo.max_answer_tokens >= 1, "at least 1"),
+            ("answer_from", not self.sgrpo.enable or self.answer_from == "answer_tag",
+             "answer_tag when sgrpo is on (its exits force an answer block)"),
         ]
         choices = {
             "dtype": ("auto", "float32", "bfloat16", "float16"),
@@ -239,6 +242,7 @@ class TrainConfig:
             "scale_rewards": ("group", "batch", "none"),
             "lr_schedule": ("cosine", "constant"),
             "dataset_format": ("auto", "prompt_answer", "gsm8k"),
+            "answer_from": ("answer_tag", "last_number"),
         }
         for key, ok, expected in checks:
             if not ok:

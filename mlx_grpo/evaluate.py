@@ -38,7 +38,7 @@ def evaluate(model: Any, tokenizer: Any, rows: list[dict], config: Any, eos_ids:
                            mx.random.key(0))
         for row, ids in zip(chunk, rollout.completions):
             texts.append(decode_completion(tokenizer, ids, eos_ids))
-            correct.append(is_correct(texts[-1], row["answer"]))
+            correct.append(is_correct(texts[-1], row["answer"], config.answer_from))
         if progress is not None:
             progress(len(chunk))
     return EvalResult(correct, [row.get("difficulty") for row in rows], texts)

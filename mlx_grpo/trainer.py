@@ -257,7 +257,7 @@ class Trainer:
         answers = [row["answer"] for row in rows]
         scores = score_completions(self.reward_fns, [row["prompt"] for row in rows], texts, answers,
                                    extra_columns(rows))
-        return Scored(texts, scores, [is_correct(t, a) for t, a in zip(texts, answers)])
+        return Scored(texts, scores, [is_correct(t, a, self.config.answer_from) for t, a in zip(texts, answers)])
 
     def refill(self, drawn: Drawn, key: mx.array, max_tokens: int, meter: PhaseMeter) -> tuple[Drawn, int]:
         """Dynamic sampling (DAPO): keep the groups whose rewards differ and draw new prompts for the

@@ -43,6 +43,8 @@ def test_overrides_beat_the_file(tmp_path):
     ("num_steps: 0\n", "key 'num_steps' is 0; expected at least 1"),
     ("loss_type: ppo\n", "key 'loss_type' is 'ppo'; expected one of grpo, bnpo, dr_grpo, dapo"),
     ("adaptive_window:\n  enabel: true\n", "unknown key 'adaptive_window.enabel'"),
+    ("answer_from: tags\n", "key 'answer_from' is 'tags'; expected one of answer_tag, last_number"),
+    ("answer_from: last_number\nsgrpo:\n  enable: true\n", "key 'answer_from' is 'last_number'; expected answer_tag"),
     ("rewards: [answer_check, {name: format_exact, weight: high}]\n", "key 'rewards[1].weight'"),
     ("num_steps: [1\n", "not valid YAML"),
     ("- a\n- b\n", "expected a mapping"),
