@@ -32,7 +32,7 @@ def row(a: int, b: int) -> dict:
     return {"prompt": f"What is {a} + {b}?", "answer": str(a + b), "difficulty": 1 + (a >= 10) + (b >= 10)}
 
 
-def main() -> None:
+def main(out_dir: Path = Path(__file__).parent) -> None:
     rng = random.Random("smollm2-sums")
     heldout: dict[tuple[int, int], dict] = {}
     while len(heldout) < HELDOUT_ROWS:
@@ -44,9 +44,8 @@ def main() -> None:
         pair = draw(rng)
         if not is_heldout(*pair):
             train.append(row(*pair))
-    here = Path(__file__).parent
     for name, rows in (("sums_train.jsonl", train), ("sums_heldout.jsonl", list(heldout.values()))):
-        (here / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
+        (out_dir / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
 if __name__ == "__main__":
