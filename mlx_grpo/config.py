@@ -70,6 +70,9 @@ class TrainConfig:
     # --- model ---
     model_id: str = DEFAULT_MODEL  # 'default' (the shipped model), a local Hugging Face-format directory, or a hub id
     dtype: str = "auto"  # auto: bfloat16 for LoRA on a GPU, float32 otherwise (the CPU backend, full fine-tuning)
+    # auto: a quantized base is dequantized once at load on the CPU backend when the plain copy fits (MLX's CPU
+    # quantized matmul is slow) and kept quantized on a GPU; keep: always as it is; dequantize: always plain
+    quantized_base: str = "auto"
     use_lora: bool = False  # train LoRA adapters on a frozen base (else every weight)
     lora_rank: int = 8  # rank of each adapter
     lora_alpha: float = 16.0  # adapter scale is lora_alpha / lora_rank
@@ -237,6 +240,7 @@ class TrainConfig:
         ]
         choices = {
             "dtype": ("auto", "float32", "bfloat16", "float16"),
+            "quantized_base": ("auto", "keep", "dequantize"),
             "loss_type": ("grpo", "bnpo", "dr_grpo", "dapo"),
             "importance_sampling_level": ("token", "sequence"),
             "scale_rewards": ("group", "batch", "none"),

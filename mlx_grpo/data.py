@@ -318,3 +318,15 @@ def encode_prompt(tokenizer: Any, text: str, config: Any, messages: list[dict] |
     if len(tokens) > limit:
         return EncodedPrompt(tokens[-limit:], True)
     return EncodedPrompt(tokens, cut)
+
+
+def longest_prompt(tokenizer: Any, rows: list[dict], config: Any, exact: int = 64) -> int:
+    """Tokens of the longest prompt among `rows`, encoded as the trainer encodes it (chat template, system
+    prompt, cut to max_prompt_length). Every prompt's text is counted in one batch call of the tokenizer;
+    the `exact` longest by that count are then encoded exactly."""
+    keep_chars = config.max_prompt_length * MAX_CHARS_PER_TOKEN
+    texts = [_transcript(row["messages"]) if row.get("messages") else row["prompt"][-keep_chars:] for row in rows]
+    counts = [len(ids) for ids in getattr(tokenizer, "_tokenizer", tokenizer)(texts, add_special_tokens=False)["input_ids"]]
+    longest = sorted(range(len(rows)), key=counts.__getitem__, reverse=True)[:exact]
+    return max((len(encode_prompt(tokenizer, rows[i]["prompt"], config, rows[i].get("messages")).tokens)
+                for i in longest), default=0)

@@ -23,7 +23,7 @@ from mlx.utils import tree_unflatten
 from .checkpoint import STEP_DIR, list_checkpoints
 from .config import TrainConfig
 from .errors import UserError
-from .models import apply_adapters, load_policy, resolve_model_path
+from .models import apply_adapters, load_policy, model_config, resolve_model_path
 from .resume import config_for_resume
 
 ADAPTER_FILES = ("adapters.safetensors", "adapter_config.json")
@@ -74,11 +74,12 @@ def load_trained(run_dir: Path, step: int | None = None) -> Trained:
     return Trained(model, tokenizer, config, base_dir, checkpoint)
 
 
-def _source_dir(model_id: str, base_dir: Path) -> Path:
+def _source(model_id: str, base_dir: Path) -> Path:
+    """The base model's directory (a hub model's local copy) or GGUF file."""
     from mlx_lm.utils import hf_repo_to_path
 
     source = resolve_model_path(model_id, base_dir)
-    return Path(source) if Path(source).is_dir() else hf_repo_to_path(source)
+    return Path(source) if Path(source).exists() else hf_repo_to_path(source)
 
 
 def fuse_adapters(model: nn.Module) -> None:
@@ -89,11 +90,17 @@ def fuse_adapters(model: nn.Module) -> None:
 
 
 def _write(out: Path, model: nn.Module, tokenizer: Any, source: Path) -> None:
-    from mlx_lm.utils import load_config, save
+    """Weights, the base model's config (architecture, vocabulary, rope... describe the written weights
+    too), the tokenizer files, and a source directory's generation_config.json and model code."""
+    from mlx_lm.utils import save_config, save_model
 
-    # The base model's config (architecture, vocabulary, rope...) describes the written weights too;
-    # mlx-lm's save adds the tokenizer files and the source's generation_config.json.
-    save(out, source, model, tokenizer, load_config(source), donate_model=False)
+    save_model(out, model, donate_model=False)
+    save_config(model_config(str(source)), out / "config.json")
+    tokenizer.save_pretrained(out)
+    if source.is_dir():
+        for name in [*source.glob("*.py"), source / "generation_config.json"]:
+            if name.is_file():
+                shutil.copy2(name, out / name.name)
 
 
 def _check_out(out: Path) -> None:
@@ -105,7 +112,7 @@ def write_fused(out: Path, model: nn.Module, tokenizer: Any, model_id: str, base
     """Write an in-memory policy as a complete model directory, adapters fused (the model is changed in place)."""
     _check_out(out)
     fuse_adapters(model)
-    _write(out, model, tokenizer, _source_dir(model_id, base_dir))
+    _write(out, model, tokenizer, _source(model_id, base_dir))
     return out
 
 
@@ -114,7 +121,7 @@ def export_model(run_dir: Path, out: Path, step: int | None = None, fuse: bool =
     _check_out(out)
     config, base_dir = config_for_resume(run_dir, {})
     checkpoint = find_checkpoint(run_dir, step)
-    source = _source_dir(config.model_id, base_dir)
+    source = _source(config.model_id, base_dir)
     model, tokenizer = load_policy(config, base_dir)
     unfused_lora = config.use_lora and not fuse
     if not unfused_lora:
