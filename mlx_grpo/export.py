@@ -23,7 +23,7 @@ from mlx.utils import tree_unflatten
 from .checkpoint import STEP_DIR, list_checkpoints
 from .config import TrainConfig
 from .errors import UserError
-from .models import apply_adapters, load_policy, model_config, resolve_model_path
+from .models import apply_adapters, dequantize_base, load_policy, model_config, resolve_model_path
 from .resume import config_for_resume
 
 ADAPTER_FILES = ("adapters.safetensors", "adapter_config.json")
@@ -64,10 +64,12 @@ def _load_weights(model: nn.Module, checkpoint: Path) -> None:
 
 
 def load_trained(run_dir: Path, step: int | None = None) -> Trained:
-    """The policy of a run's checkpoint: base model, the run's adapters, the checkpoint's weights."""
+    """The policy of a run's checkpoint as it trained: base model (dequantized at load when the run's was),
+    the run's adapters, the checkpoint's weights."""
     config, base_dir = config_for_resume(run_dir, {})
     checkpoint = find_checkpoint(run_dir, step)
     model, tokenizer = load_policy(config, base_dir)
+    dequantize_base(model, config)
     apply_adapters(model, config)
     _load_weights(model, checkpoint)
     model.eval()

@@ -100,7 +100,7 @@ def load_target(args: argparse.Namespace):
 
     from ..config import load_config
     from ..export import ADAPTER_FILES, load_trained
-    from ..models import load_policy
+    from ..models import dequantize_base, load_policy
     from ..telemetry.rundir import RUN_JSON
 
     target = Path(args.target)
@@ -115,6 +115,7 @@ def load_target(args: argparse.Namespace):
     config = load_config(args.config, {"model_id": args.target})
     base_dir = Path(args.config).resolve().parent if args.config else Path.cwd()
     model, tokenizer = load_policy(config, base_dir)
+    dequantize_base(model, config)  # as a run of this config would train it
     if all((target / name).is_file() for name in ADAPTER_FILES):  # an unfused `mlx-grpo export`
         from mlx_lm.tuner.utils import load_adapters
 
