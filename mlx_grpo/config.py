@@ -70,9 +70,8 @@ class TrainConfig:
     # --- model ---
     model_id: str = DEFAULT_MODEL  # 'default' (the shipped model), a local Hugging Face-format directory, or a hub id
     dtype: str = "auto"  # auto: bfloat16 for LoRA on a GPU, float32 otherwise (the CPU backend, full fine-tuning)
-    # auto: a quantized base is dequantized once at load on the CPU backend when the plain copy fits (MLX's CPU
-    # quantized matmul is slow) and kept quantized on a GPU; keep: always as it is; dequantize: always plain
-    quantized_base: str = "auto"
+    # MLX's quantized matmul is fast on a GPU, slow on the CPU backend:
+    quantized_base: str = "auto"  # auto: a quantized base made plain at load on the CPU if it fits | keep | dequantize
     use_lora: bool = False  # train LoRA adapters on a frozen base (else every weight)
     lora_rank: int = 8  # rank of each adapter
     lora_alpha: float = 16.0  # adapter scale is lora_alpha / lora_rank

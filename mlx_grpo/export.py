@@ -23,7 +23,7 @@ from mlx.utils import tree_unflatten
 from .checkpoint import STEP_DIR, list_checkpoints
 from .config import TrainConfig
 from .errors import UserError
-from .models import apply_adapters, dequantize_base, load_policy, model_config, resolve_model_path
+from .models import apply_adapters, dequantize_base, is_quantized, load_policy, model_config, resolve_model_path
 from .resume import config_for_resume
 
 ADAPTER_FILES = ("adapters.safetensors", "adapter_config.json")
@@ -64,12 +64,11 @@ def _load_weights(model: nn.Module, checkpoint: Path) -> None:
 
 
 def load_trained(run_dir: Path, step: int | None = None) -> Trained:
-    """The policy of a run's checkpoint as it trained: base model (dequantized at load when the run's was),
-    the run's adapters, the checkpoint's weights."""
+    """The policy of a run's checkpoint: base model, the run's adapters, the checkpoint's weights."""
     config, base_dir = config_for_resume(run_dir, {})
     checkpoint = find_checkpoint(run_dir, step)
     model, tokenizer = load_policy(config, base_dir)
-    dequantize_base(model, config)
+    dequantize_base(model, config)  # the policy as the run trained it
     apply_adapters(model, config)
     _load_weights(model, checkpoint)
     model.eval()
@@ -96,8 +95,12 @@ def _write(out: Path, model: nn.Module, tokenizer: Any, source: Path) -> None:
     too), the tokenizer files, and a source directory's generation_config.json and model code."""
     from mlx_lm.utils import save_config, save_model
 
+    config = model_config(str(source))
+    if not is_quantized(model):  # a base dequantized at load (quantized_base) is written plain
+        config.pop("quantization", None)
+        config.pop("quantization_config", None)
     save_model(out, model, donate_model=False)
-    save_config(model_config(str(source)), out / "config.json")
+    save_config(config, out / "config.json")
     tokenizer.save_pretrained(out)
     if source.is_dir():
         for name in [*source.glob("*.py"), source / "generation_config.json"]:
@@ -125,6 +128,7 @@ def export_model(run_dir: Path, out: Path, step: int | None = None, fuse: bool =
     checkpoint = find_checkpoint(run_dir, step)
     source = _source(config.model_id, base_dir)
     model, tokenizer = load_policy(config, base_dir)
+    dequantize_base(model, config)  # written as the run trained it: plain if the run dequantized its base
     unfused_lora = config.use_lora and not fuse
     if not unfused_lora:
         apply_adapters(model, config)

@@ -217,19 +217,23 @@ def build_tokenizer(path: Path, metadata: dict[str, Any]) -> Any:
                for t, kind_ in zip(tokens, types) if kind_ in (CONTROL, USER_DEFINED)]
     tokenizer.add_tokens(special)
 
-    def token(key: str) -> str | None:
+    def token_id(key: str) -> int | None:
         index = metadata.get(f"tokenizer.ggml.{key}_token_id")
-        return tokens[index] if index is not None and 0 <= index < len(tokens) else None
+        return index if index is not None and 0 <= index < len(tokens) else None
+
+    def token(key: str) -> str | None:
+        return None if token_id(key) is None else tokens[token_id(key)]
 
     bos = token("bos")
     if metadata.get("tokenizer.ggml.add_bos_token") and bos is not None:
         tokenizer.post_processor = processors.TemplateProcessing(
-            single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, tokens.index(bos))])
+            single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, token_id("bos"))])
     hf = PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token=bos, eos_token=token("eos"),
                                  unk_token=token("unknown"), pad_token=token("padding"),
                                  chat_template=metadata.get("tokenizer.chat_template"),
                                  clean_up_tokenization_spaces=False)
-    return TokenizerWrapper(hf)
+    # a chat model's end of turn (Llama 3's <|eot_id|>) ends a completion like its end of text
+    return TokenizerWrapper(hf, eos_token_ids=[i for i in (token_id("eos"), token_id("eot")) if i is not None])
 
 
 def read_config(path: Path) -> dict[str, Any]:

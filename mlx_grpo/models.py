@@ -89,6 +89,9 @@ def model_config(path: str) -> dict:
     return load_config(Path(path))
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
+
+
 def load_tokenizer(model_id: str, base_dir: Path) -> Any | None:
     """The model's tokenizer without its weights; None when it is not on this machine (a hub model not
     downloaded, a `preset:`) or its directory has none."""
@@ -99,8 +102,8 @@ def load_tokenizer(model_id: str, base_dir: Path) -> Any | None:
         from .gguf import read_tokenizer
 
         return read_tokenizer(Path(path))
-    if not Path(path).is_dir():
-        return None
+    if not any((Path(path) / name).is_file() for name in TOKENIZER_FILES):
+        return None  # a hub id, or a config-only directory (transformers would make an empty tokenizer)
     from mlx_lm.utils import load_tokenizer as mlx_lm_tokenizer
 
     try:
@@ -126,7 +129,7 @@ def load_policy(config: TrainConfig, base_dir: Path) -> tuple[nn.Module, Any]:
         raise UserError(f"model '{config.model_id}': could not be loaded: {type(err).__name__}: {detail}") from err
     refuse_unbatchable(model, config.model_id)
     dtype = DTYPES[resolve_dtype(config)]
-    if not _is_quantized(model):
+    if not is_quantized(model):
         model.set_dtype(dtype)
     return model, tokenizer
 
@@ -134,7 +137,7 @@ def load_policy(config: TrainConfig, base_dir: Path) -> tuple[nn.Module, Any]:
 def dequantize_base(model: nn.Module, config: TrainConfig) -> str | None:
     """A quantized base made plain (in the run's dtype) when `quantized_base` says so; the line that says
     what it cost, or None when the model is left as it is."""
-    if not _is_quantized(model):
+    if not is_quantized(model):
         return None
     dtype = resolve_dtype(config)
     plain_bytes = count_parameters(model)[0] * DTYPES[dtype].size
@@ -197,14 +200,14 @@ def refuse_unbatchable(model: nn.Module, model_id: str) -> None:
                         "run it")
 
 
-def _is_quantized(model: nn.Module) -> bool:
+def is_quantized(model: nn.Module) -> bool:
     return any(isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding)) for _, m in model.named_modules())
 
 
 def apply_adapters(model: nn.Module, config: TrainConfig) -> None:
     """Freeze the base and add LoRA/DoRA layers, or leave every weight trainable."""
     if not config.use_lora:
-        if _is_quantized(model):
+        if is_quantized(model):
             raise UserError(f"model '{config.model_id}' is quantized: full fine-tuning needs use_lora: true")
         model.unfreeze()
         return

