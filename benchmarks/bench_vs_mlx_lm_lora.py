@@ -6,7 +6,10 @@ each in its own process, one after the other; then each trained model is scored 
 held-out check (`mlx_grpo.evaluate`, what `mlx-grpo eval` runs). mlx-lm-lora is not a dependency:
 
     pip install "mlx-lm-lora>=5.10,<5.11"
-    python benchmarks/bench_vs_mlx_lm_lora.py --steps 10 --model-id /path/to/hf-dir
+    python benchmarks/bench_vs_mlx_lm_lora.py --steps 5 --model-id /path/to/hf-dir
+
+--model-id is a Hugging Face-format directory of SmolLM2-135M-Instruct that both tools load (mlx-lm-lora
+reads no GGUF; the figures in docs/PERFORMANCE.md used an fp32 conversion of the recipe's GGUF).
 
 Prints a table and one JSON object (--out FILE writes it too). Seconds per step are the median of the
 steps after the first (the first pays for compilation and warm-up); peak memory is MLX's peak counter
