@@ -9,9 +9,7 @@ line naming the key and the file. This module imports no mlx.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
-import sys
 import types
 import typing
 from dataclasses import dataclass, field
@@ -20,6 +18,8 @@ from typing import Any
 
 import yaml
 
+from .config_aliases import translate, unknown_key_hint
+from .config_paths import resolve_input_paths
 from .errors import UserError, yaml_error
 
 DEFAULT_MODEL = "default"  # the small arithmetic model shipped inside the package
@@ -86,7 +86,6 @@ class TrainConfig:
     eval_dataset: str | None = None  # None: the built-in held-out split or 5% of the dataset; hub names: the test split
     prompt_field: str = "prompt"  # the field (column) holding the prompt: a string or a list of chat messages
     answer_field: str = "answer"  # the field (column) holding the reference answer
-    answer_from: str = "answer_tag"  # accuracy reads: answer_tag (the <answer> block) | last_number (the reply's)
     system_prompt: str | None = None  # a system message put before every prompt
     use_chat_template: bool = True  # applied only when the tokenizer has one
     train_size: int = 20000  # examples drawn for the built-in task
@@ -136,9 +135,10 @@ class TrainConfig:
     ])
     rubric_file: str | None = None  # a YAML rubric of weighted criteria scored as one more reward
     rubric_weight: float = 1.0  # weight of the rubric's reward
+    correctness: str = "auto"  # what counts as correct (accuracy, held-out eval): auto | answer | last_number | none | file.py:function
 
     # --- evaluation, checkpoints, logging ---
-    eval_every: int = 25  # held-out greedy accuracy at step 1, every N steps and at the end; 0 = off
+    eval_every: int = 25  # held-out greedy accuracy before the first update (step 0), every N steps and at the end; 0 = off
     checkpoint_every: int = 50  # checkpoint every N steps (and at the end); 0 = only at the end
     keep_checkpoints: int = 3  # newest checkpoints kept
     run_name: str | None = None  # the run directory's name under monitoring_dir (default: grpo-<date>-<time>)
@@ -148,12 +148,16 @@ class TrainConfig:
     log_every: int = 1  # write a metrics record every N steps
     histogram_every: int = 10  # histograms every N logged steps
     samples_per_step: int = 4  # completions written to samples.jsonl per step
+    keep_completions: bool = True  # every completion of every step in completions/ (replay, the Samples view)
+    completions_max_mb: float = 200.0  # stop keeping completions once completions/ holds this many MB; 0: no cap
     max_consecutive_nonfinite: int = 5  # stop after this many NaN/Inf updates in a row (each is skipped)
     enable_alerts: bool = True  # the built-in alert rules
     alerts_file: str | None = None  # a YAML file of alert rules added to the built-in ones
+    on_alert: str = "default"  # built-in rules' actions: default (collapse, memory: stop) | warn (report only) | rollback
+    max_rollbacks: int = 2  # rollbacks a run may make; one more alert that would roll back stops it instead
 
     # --- Weights & Biases (optional) ---
-    wandb: bool | None = None  # None: on when WANDB_API_KEY is set
+    wandb: bool | None = False  # log to W&B too (opt-in: WANDB_API_KEY alone never turns it on); null = false
     wandb_project: str = "mlx-grpo"  # W&B project
     wandb_entity: str | None = None  # W&B entity (team or user)
     wandb_run_name: str | None = None  # W&B run name (default: the run directory's name)
@@ -165,7 +169,7 @@ class TrainConfig:
     wandb_log_model: bool = False  # at the end, the final model (adapters fused) as a W&B model artifact
 
     # --- Trackio (optional) ---
-    trackio: bool = False  # log to Trackio too: its local store, offline (pip install 'mlx-grpo[trackio]')
+    trackio: bool = False  # log to Trackio too: its local store, offline (pip install -e '.[trackio]')
     trackio_project: str = "mlx-grpo"  # Trackio project; the run is named like its run directory
 
     # --- feature sections ---
@@ -217,7 +221,9 @@ class TrainConfig:
             ("log_every", self.log_every >= 1, "at least 1"),
             ("histogram_every", self.histogram_every >= 1, "at least 1"),
             ("samples_per_step", self.samples_per_step >= 0, "non-negative"),
+            ("completions_max_mb", self.completions_max_mb >= 0, "non-negative (0: no cap)"),
             ("max_consecutive_nonfinite", self.max_consecutive_nonfinite >= 1, "at least 1"),
+            ("max_rollbacks", self.max_rollbacks >= 0, "non-negative"),
             ("wandb_chart_every", self.wandb_chart_every >= 0, "non-negative (0: about ten times per run)"),
             ("rubric_weight", self.rubric_weight >= 0, "non-negative"),
             ("adaptive_window.min_window", self.adaptive_window.min_window >= 1, "at least 1"),
@@ -234,8 +240,6 @@ class TrainConfig:
             ("sgrpo.num_exits", self.sgrpo.num_exits >= 2, "at least 2 (a serial group of one has no advantage)"),
             ("sgrpo.decay", 0 < self.sgrpo.decay <= 1, "in (0, 1]"),
             ("sgrpo.max_answer_tokens", self.sgrpo.max_answer_tokens >= 1, "at least 1"),
-            ("answer_from", not self.sgrpo.enable or self.answer_from == "answer_tag",
-             "answer_tag when sgrpo is on (its exits force an answer block)"),
         ]
         choices = {
             "dtype": ("auto", "float32", "bfloat16", "float16"),
@@ -245,7 +249,7 @@ class TrainConfig:
             "scale_rewards": ("group", "batch", "none"),
             "lr_schedule": ("cosine", "constant"),
             "dataset_format": ("auto", "prompt_answer", "gsm8k"),
-            "answer_from": ("answer_tag", "last_number"),
+            "on_alert": ("default", "warn", "rollback"),
         }
         for key, ok, expected in checks:
             if not ok:
@@ -358,22 +362,14 @@ def _field_types(cls: type) -> dict[str, Any]:
     return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
 
 
-# Keys earlier versions had: accepted and ignored, so old configs and old runs' run.json still load.
-RETIRED_KEYS = {"log_distributions"}  # histograms are logged every histogram_every steps
-
-
 def _build_dataclass(cls: type, mapping: dict, prefix: str, source: str, base: Any = None) -> Any:
     """Make `cls` from a mapping, starting from `base` (or the defaults)."""
     types_by_name = _field_types(cls)
     values = {} if base is None else {n: getattr(base, n) for n in types_by_name}
     for key, value in mapping.items():
         dotted = f"{prefix}.{key}" if prefix else str(key)
-        if dotted in RETIRED_KEYS:
-            continue
         if key not in types_by_name:
-            close = difflib.get_close_matches(str(key), types_by_name, n=1)
-            hint = f" (did you mean '{close[0]}'?)" if close else ""
-            raise UserError(f"{source}: unknown key '{dotted}'{hint}")
+            raise UserError(f"{source}: unknown key '{dotted}'{unknown_key_hint(str(key), types_by_name)}")
         tp = types_by_name[key]
         if dataclasses.is_dataclass(tp) and isinstance(value, dict):
             values[key] = _build_dataclass(tp, value, dotted, source, base=values.get(key))
@@ -427,69 +423,26 @@ def nest(dotted: dict[str, Any]) -> dict:
 
 
 def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> TrainConfig:
-    """Defaults, then the YAML file, then command-line overrides; validated."""
+    """Defaults, then the YAML file, then command-line overrides; validated. Input paths in the file are
+    relative to its folder, those given as overrides to the current directory (config_paths.py)."""
     if path is None:
         return config_from_mapping({}, "config", overrides)
     path = Path(path)
-    return config_from_mapping(read_yaml_mapping(path), str(path), overrides)
+    return config_from_mapping(read_yaml_mapping(path), str(path), overrides, base=path.resolve().parent)
 
 
-# TRL's names for our keys: accepted, with a note saying which key they set.
-TRL_NAMES = {"max_completion_length": "max_generation_steps", "max_steps": "num_steps",
-             "warmup_ratio": "warmup_fraction", "reward_funcs": "rewards"}
-
-
-def _from_trl_names(mapping: dict, source: str) -> dict:
-    """`mapping` with TRL's key names turned into ours (one note on stderr per key), including TRL's
-    report_to, reward_weights and per_device_train_batch_size (which counts completions, not prompts)."""
-    out = dict(mapping)
-
-    def note(trl: str, ours: str) -> None:
-        print(f"mlx-grpo: note: {source}: '{trl}' is TRL's name; read as {ours}", file=sys.stderr)
-
-    for trl, ours in TRL_NAMES.items():
-        if trl in out:
-            if ours in out:
-                raise UserError(f"{source}: both '{trl}' (TRL's name) and '{ours}' are set; keep one")
-            out[ours] = out.pop(trl)
-            note(trl, f"'{ours}'")
-    if "reward_weights" in out:
-        weights = out.pop("reward_weights")
-        rewards = out.get("rewards")
-        if not isinstance(weights, list) or not isinstance(rewards, list) or len(weights) != len(rewards):
-            raise UserError(f"{source}: key 'reward_weights' needs one weight per reward function "
-                            f"(reward_funcs / rewards), got {weights!r}")
-        out["rewards"] = [{"name": name if isinstance(name, str) else name.get("name"), "weight": weight}
-                          for name, weight in zip(rewards, weights)]
-        note("reward_weights", "the weights of 'rewards'")
-    if "report_to" in out:
-        targets = out.pop("report_to")
-        targets = [targets] if isinstance(targets, str) else targets
-        if not isinstance(targets, list) or not set(targets) <= {"tensorboard", "wandb", "trackio", "all", "none"}:
-            raise UserError(f"{source}: key 'report_to' is {targets!r}; expected tensorboard, wandb, trackio, all "
-                            "or none (the run directory is always written)")
-        for sink in ("tensorboard", "wandb", "trackio"):
-            out[sink] = bool({sink, "all"} & set(targets))
-        note("report_to", "'tensorboard', 'wandb' and 'trackio'")
-    if "per_device_train_batch_size" in out:
-        completions = out.pop("per_device_train_batch_size")
-        group = out.get("num_generations", TrainConfig.num_generations)
-        if not isinstance(completions, int) or not isinstance(group, int) or completions % group:
-            raise UserError(f"{source}: key 'per_device_train_batch_size' ({completions!r} completions) must be a "
-                            f"multiple of num_generations ({group!r})")
-        out["batch_size"] = completions // group
-        note("per_device_train_batch_size", f"'batch_size: {completions // group}' (prompts per step: "
-                                            f"{completions} completions / {group} per prompt)")
-    return out
-
-
-def config_from_mapping(mapping: dict, source: str, overrides: dict[str, Any] | None = None) -> TrainConfig:
+def config_from_mapping(mapping: dict, source: str, overrides: dict[str, Any] | None = None,
+                        base: Path | None = None) -> TrainConfig:
     """Defaults, then `mapping` (errors name `source`: a file, a run's run.json), then command-line
-    overrides; validated. TRL's key names are read as ours."""
-    mapping = _from_trl_names(mapping, source)
+    overrides; validated. Other tools' key names are read as ours (config_aliases.py). `base`: the folder
+    the mapping's relative input paths are resolved against (None: kept as written, as in an old
+    run.json whose paths the trainer resolves against its saved base_dir)."""
+    mapping = translate(mapping, source)
+    if base is not None:
+        mapping = resolve_input_paths(mapping, base)
     config = _build_dataclass(TrainConfig, mapping, "", source, base=TrainConfig()) if mapping else TrainConfig()
     if overrides:
-        overrides = _from_trl_names(overrides, "command line")
+        overrides = resolve_input_paths(translate(overrides, "command line"), Path.cwd())
         config = _build_dataclass(TrainConfig, nest(overrides), "", "command line", base=config)
     config.validate(source)
     return config

@@ -47,7 +47,12 @@ class Rollout:
 
 
 def filter_logits(logits: mx.array, settings: SamplingSettings) -> mx.array:
-    """Apply top-k, top-p and min-p by setting excluded logits to -inf."""
+    """Apply top-k, top-p and min-p by setting excluded logits to -inf.
+
+    Not mlx_lm.sample_utils' apply_top_k/top_p/min_p: its top-p sorts the whole vocabulary every decode step
+    (152k logits per row cost more than the step's matmul), where top_p_keep sorts 1,024 candidates. The
+    masks are the same token for token (tests/test_rollout.py checks each against mlx-lm's), so the sampled
+    ids and the log-probs taken under them are what mlx-lm's sampler would give."""
     neg_inf = mx.array(-float("inf"), dtype=logits.dtype)
     if settings.top_k > 0 and settings.top_k < logits.shape[-1]:
         # a partition finds the k-th largest without sorting the whole vocabulary

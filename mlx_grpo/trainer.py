@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import sys
 import time
 from dataclasses import dataclass, field
@@ -25,8 +26,9 @@ import mlx.nn as nn
 import mlx.optimizers as optim
 import numpy as np
 
-from .checkpoint import PendingCheckpoint, load_checkpoint, prepare_checkpoint
+from .checkpoint import PendingCheckpoint, list_checkpoints, load_checkpoint, prepare_checkpoint
 from .config import TrainConfig, config_to_dict
+from .correctness import Check, load_correctness
 from .console import TrainingConsole
 from .data import EncodedPrompt, PromptOrder, encode_prompt, extra_columns, load_datasets
 from .distributed import World, init_world
@@ -36,17 +38,19 @@ from .extras import entropy_dump
 from .extras.adaptive_window import WindowController
 from .extras.sgrpo import run_exits
 from .machine import accel_memory, describe_device, versions, wire_memory
-from .models import (ReferencePolicy, apply_adapters, count_parameters, dequantize_base, load_policy, make_reference,
-                     resolve_dtype)
+from .models import ReferencePolicy, apply_adapters, count_parameters, load_policy, make_reference, resolve_dtype
 from .resume import last_record, log_positions, resumable_checkpoint, resume_command, truncate_logs
-from .rewards import (RewardFunction, RewardScores, extract_answer, extract_reasoning, is_correct,
-                      load_reward_functions, score_completions)
+from .rewards import (RewardFunction, RewardScores, extract_answer, extract_reasoning, load_reward_functions,
+                      score_completions)
 from .rollout import Rollout, SamplingSettings, decode_completion, generate
 from .signals import StopRequest, report_stop
-from .telemetry.alert_config import load_alert_rules, rules_from_config
+from .telemetry.alert_config import load_alert_rules, rules_from_config, with_on_alert
+from .telemetry.alerts import Alert
+from .telemetry.completions import CompletionsWriter, truncate_completions
+from .telemetry.alert_console import format_alert
 from .telemetry.recorder import RunRecorder, StepReport
 from .telemetry.rundir import scrub_secrets
-from .telemetry.sinks import TrackioOptions, WandbOptions, make_sinks, trackio_store, wandb_enabled
+from .telemetry.sinks import TrackioOptions, WandbOptions, make_sinks, trackio_store
 from .telemetry.step_data import StepData, UpdateStats, eval_record
 from .telemetry.system import SystemSampler
 from .telemetry.names import REDRAWN_PROMPTS
@@ -64,16 +68,14 @@ class Policy:
     tokenizer: Any
     eos_ids: set[int]
     pad_id: int
-    load_note: str | None = None  # what loading changed (a dequantized base), said at start
 
 
 def load_policy_for_training(config: TrainConfig, base_dir: Path) -> Policy:
     model, tokenizer = load_policy(config, base_dir)
-    note = dequantize_base(model, config)
     apply_adapters(model, config)
     eos_ids = set(getattr(tokenizer, "eos_token_ids", None) or [tokenizer.eos_token_id])
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos_ids)
-    return Policy(model, tokenizer, eos_ids, pad_id, note)
+    return Policy(model, tokenizer, eos_ids, pad_id)
 
 
 def make_optimizer(config: TrainConfig) -> optim.Optimizer:
@@ -146,11 +148,11 @@ class Prompts:
 
 @dataclass
 class Scored:
-    """A rollout's completions as text, their reward scores and correctness."""
+    """A rollout's completions as text, their reward scores and correctness (None: the run has no check)."""
 
     texts: list[str]
     scores: RewardScores
-    correct: list[bool]
+    correct: list[bool] | None
 
 
 @dataclass
@@ -177,7 +179,7 @@ class Drawn:
                      Scored([sc.texts[i] for i in rows],
                             dataclasses.replace(sc.scores, per_function=sc.scores.per_function[:, rows],
                                                 total=sc.scores.total[rows]),
-                            [sc.correct[i] for i in rows]))
+                            None if sc.correct is None else [sc.correct[i] for i in rows]))
 
     @staticmethod
     def join(parts: list["Drawn"]) -> "Drawn":
@@ -193,7 +195,7 @@ class Drawn:
                                        per_function=np.concatenate([p.scored.scores.per_function for p in parts], 1),
                                        total=np.concatenate([p.scored.scores.total for p in parts]),
                                        new_errors=[e for p in parts for e in p.scored.scores.new_errors]),
-                   [x for p in parts for x in p.scored.correct]))
+                   None if first.scored.correct is None else [x for p in parts for x in p.scored.correct]))
 
 
 @dataclass
@@ -212,6 +214,7 @@ class Trainer:
     settings: SamplingSettings = field(default_factory=SamplingSettings)
     world: World = field(default_factory=World)  # data-parallel ranks (size 1: one process)
     window: WindowController | None = None  # adaptive generation window, when enabled
+    correctness: Check | None = None  # which completions are correct; None: accuracy cannot be measured
 
     @classmethod
     def build(cls, config: TrainConfig, base_dir: Path, rows: tuple[list[dict], list[dict]] | None = None,
@@ -229,6 +232,10 @@ class Trainer:
         if config.grad_checkpoint:
             checkpoint_blocks(policy.model)
         reward_fns = load_rewards(config, base_dir)
+        correctness = load_correctness(config.correctness, config.dataset, [r.name for r in config.rewards], base_dir)
+        if correctness is None and config.adaptive_window.enable:
+            raise UserError("adaptive_window sizes the window on correct completions, and this run has no "
+                            "correctness check: set 'correctness' (answer, or file.py:function)")
         train_rows, eval_rows = rows if rows is not None else load_datasets(config, base_dir)
         window = (WindowController(config.adaptive_window, config.max_generation_steps, config.seed)
                   if config.adaptive_window.enable else None)
@@ -237,7 +244,7 @@ class Trainer:
                    make_optimizer(config),
                    loss_and_grad=nn.value_and_grad(policy.model, make_loss_fn(config)),
                    settings=SamplingSettings(config.temperature, config.top_p, config.top_k, config.min_p),
-                   world=world, window=window)
+                   world=world, window=window, correctness=correctness)
 
     # ------------------------------------------------------------------ phases
 
@@ -258,9 +265,10 @@ class Trainer:
         texts = [decode_completion(policy.tokenizer, c, policy.eos_ids) for c in rollout.completions]
         rows = prompts.per_completion
         answers = [row["answer"] for row in rows]
-        scores = score_completions(self.reward_fns, [row["prompt"] for row in rows], texts, answers,
-                                   extra_columns(rows))
-        return Scored(texts, scores, [is_correct(t, a, self.config.answer_from) for t, a in zip(texts, answers)])
+        prompt_texts, columns = [row["prompt"] for row in rows], extra_columns(rows)
+        scores = score_completions(self.reward_fns, prompt_texts, texts, answers, columns)
+        correct = None if self.correctness is None else self.correctness(prompt_texts, texts, answers, **columns)
+        return Scored(texts, scores, correct)
 
     def refill(self, drawn: Drawn, key: mx.array, max_tokens: int, meter: PhaseMeter) -> tuple[Drawn, int]:
         """Dynamic sampling (DAPO): keep the groups whose rewards differ and draw new prompts for the
@@ -353,7 +361,7 @@ class Trainer:
             prompt_lengths=np.array([len(e.tokens) for e in prompts.encoded for _ in range(prompts.group_size)]),
             prompt_truncated=np.array([e.truncated for e in prompts.encoded for _ in range(prompts.group_size)]),
             lengths=lengths, truncated=np.array(rollout.truncated, dtype=bool),
-            correct=np.array(scored.correct, dtype=bool),
+            correct=None if scored.correct is None else np.array(scored.correct, dtype=bool),
             difficulty=[row.get("difficulty") for row in prompts.per_completion],
             trained_tokens=batch.num_tokens,
             update=UpdateStats(update.loss, update.grad_norm, update.stats, update.skipped,
@@ -362,6 +370,8 @@ class Trainer:
             component_metrics=component_metrics,
             samples=self._samples(prompts, scored, np.array(group_advantages), lengths, rollout.truncated),
             new_errors=scored.scores.new_errors,
+            texts=scored.texts, prompt_texts=[row["prompt"] for row in prompts.rows],
+            answers=[row["answer"] for row in prompts.rows],
             entropy_dump=(entropy_dump.build_dump(step, update.token_stats["token_entropy"],
                                                   update.token_stats["token_varentropy"], trained.prompts,
                                                   trained.completions)
@@ -377,21 +387,32 @@ class Trainer:
         for i in [g * G for g in range(min(self.config.samples_per_step, len(prompts.rows)))]:
             per_fn = {name: (None if np.isnan(scores.per_function[j, i]) else float(scores.per_function[j, i]))
                       for j, name in enumerate(scores.names)}
-            out.append({"prompt": rows[i]["prompt"], "completion": scored.texts[i],
+            out.append({"prompt_index": i // G, "prompt": rows[i]["prompt"], "completion": scored.texts[i],
                         "reasoning": extract_reasoning(scored.texts[i]),
                         "predicted": extract_answer(scored.texts[i]), "answer": rows[i]["answer"],
                         "rewards": per_fn, "total": float(scores.total[i]), "advantage": float(adv[i]),
                         "length": int(lengths[i]), "truncated": bool(truncated[i]),
-                        "correct": bool(scored.correct[i])})
+                        "correct": None if scored.correct is None else bool(scored.correct[i])})
         return out
 
-    def evaluate(self) -> dict[str, float]:
-        """Greedy held-out accuracy over every rank's share of the held-out rows."""
+    def evaluate(self) -> dict[str, float] | None:
+        """Greedy held-out accuracy over every rank's share of the held-out rows (None without a correctness
+        check: there is nothing to measure)."""
+        if self.correctness is None:
+            return None
         start = time.perf_counter()
         result = evaluate(self.policy.model, self.policy.tokenizer, self.eval_rows, self.config,
-                          self.policy.eos_ids, self.policy.pad_id)
+                          self.policy.eos_ids, self.policy.pad_id, check=self.correctness)
         correct, levels = self.world.gather_lists(result.correct, result.levels)
         return eval_record(correct, levels, self.world.slowest(time.perf_counter() - start))
+
+    def roll_back(self, checkpoint: Path, factors: dict[str, float]) -> None:
+        """Restore `checkpoint`'s weights and optimiser state and go on with the learning rate and beta
+        multiplied by `factors` (the optimiser and the loss are rebuilt around the new values)."""
+        self.config = remedied(self.config, factors)
+        self.optimizer = make_optimizer(self.config)
+        self.loss_and_grad = nn.value_and_grad(self.policy.model, make_loss_fn(self.config))
+        load_checkpoint(checkpoint, self.policy.model, self.optimizer)
 
     def adapter_config(self) -> dict | None:
         c = self.config
@@ -417,13 +438,23 @@ class Run:
     last_record: dict[str, Any]
     base_dir: Path  # where the config's relative paths resolve from
     lock: RunLock | None = None  # rank 0's lock on the run directory, released when the run closes
+    rollbacks: int = 0  # rollbacks made so far (alert rules with action rollback)
+    remedy: dict[str, float] = field(default_factory=dict)  # their factors, multiplied: {"learning_rate": 0.25}
 
 
 def alert_rules(config: TrainConfig, base_dir: Path) -> list:
     if config.alerts_file is not None:
         path = Path(config.alerts_file)
-        return load_alert_rules(path if path.is_absolute() else base_dir / path, defaults=config.enable_alerts)
-    return rules_from_config({}, defaults=config.enable_alerts)
+        rules = load_alert_rules(path if path.is_absolute() else base_dir / path, defaults=config.enable_alerts)
+    else:
+        rules = rules_from_config({}, defaults=config.enable_alerts)
+    return with_on_alert(rules, config.on_alert)
+
+
+def remedied(config: TrainConfig, factors: dict[str, float]) -> TrainConfig:
+    """The config with its learning rate and beta multiplied by a rollback's (or several's) factors."""
+    return dataclasses.replace(config, learning_rate=config.learning_rate * factors.get("learning_rate", 1.0),
+                               beta=config.beta * factors.get("beta", 1.0))
 
 
 def new_run_dir(config: TrainConfig) -> Path:
@@ -440,6 +471,10 @@ def open_run(config: TrainConfig, base_dir: Path, resume_dir: Path | None) -> Ru
     checkpoint = resumable_checkpoint(resume_dir, config.num_steps) if resume_dir is not None else None
     rules = alert_rules(config, base_dir)  # before the model loads: a mistake in the file shows at once
     config, memory_plan = fit_run(config, base_dir)  # refuses a run that cannot fit, before anything loads
+    remedy: dict[str, float] = {}
+    if checkpoint is not None:  # rollbacks before the checkpoint changed the learning rate and beta: keep them
+        remedy = json.loads((checkpoint / "state.json").read_text()).get("remedy", {})
+        config = remedied(config, remedy)
     trainer = Trainer.build(config, base_dir)
     world = trainer.world
     # rank 0 owns the run directory: it creates it (or takes the resumed one) and locks it for the run
@@ -453,12 +488,13 @@ def open_run(config: TrainConfig, base_dir: Path, resume_dir: Path | None) -> Ru
         trainer.order.load_state(saved["order"])
     if resume_dir is not None and world.is_main:
         truncate_logs(run_dir, saved.get("log_positions"), saved.get("step", 0))
+        truncate_completions(run_dir, saved.get("step", 0))
     start_step = saved.get("step", 0)
 
     console = TrainingConsole(config.num_steps, start_step)
     console.console.quiet = not world.is_main  # rank 0 speaks for the run
     wandb = None
-    if wandb_enabled(config.wandb):
+    if config.wandb:  # opt-in only: an API key in the environment is not a request to log
         wandb = WandbOptions(project=config.wandb_project, entity=config.wandb_entity,
                              name=config.wandb_run_name or run_dir.name, tags=config.wandb_tags,
                              notes=config.wandb_notes, log_checkpoints=config.wandb_log_checkpoints,
@@ -478,7 +514,9 @@ def open_run(config: TrainConfig, base_dir: Path, resume_dir: Path | None) -> Ru
         sampler=SystemSampler(accel_memory=accel_memory).start(), reward_fns=trainer.reward_fns,
         components={"adaptive_window": trainer.window} if trainer.window is not None else {},
         hist_every=config.histogram_every, log_every=config.log_every, num_steps=config.num_steps,
-        num_iterations=config.num_iterations)
+        num_iterations=config.num_iterations,
+        completions=CompletionsWriter(run_dir, config.completions_max_mb)
+        if config.keep_completions and world.is_main else None)
     if "run_state" in saved:
         recorder.load_state_dict(saved["run_state"])
     total_params, trainable_params = count_parameters(trainer.policy.model)
@@ -486,8 +524,6 @@ def open_run(config: TrainConfig, base_dir: Path, resume_dir: Path | None) -> Ru
                     f"{trainable_params:,} trainable; {config.batch_size} prompts x {config.num_generations} "
                     f"completions per step (batch_size counts prompts)")
     console.message(memory_plan)
-    if trainer.policy.load_note is not None:
-        console.message(trainer.policy.load_note)
     if trackio is not None and "trackio" in sinks.active:
         console.message(f"trackio: run {trackio.name} of project {trackio.project}, stored offline in "
                         f"{trackio_store()} (trackio show --project {trackio.project})")
@@ -497,7 +533,8 @@ def open_run(config: TrainConfig, base_dir: Path, resume_dir: Path | None) -> Ru
         if (line := fn.hooks.describe()) is not None:
             console.message(line)
     return Run(run_dir, trainer, recorder, start_step, run_info.run_id,
-               last_record(run_dir) if resume_dir is not None else {}, base_dir, lock)
+               last_record(run_dir) if resume_dir is not None else {}, base_dir, lock,
+               rollbacks=int(saved.get("rollbacks", 0)), remedy=remedy)
 
 
 def train(config: TrainConfig, base_dir: Path, resume_dir: Path | None = None) -> dict[str, Any]:
@@ -508,6 +545,8 @@ def train(config: TrainConfig, base_dir: Path, resume_dir: Path | None = None) -
     stop = StopRequest()
     try:
         with recorder.console, stop:
+            if run.start_step == 0:
+                before_first_update(run)
             for step in range(run.start_step + 1, config.num_steps + 1):
                 # rollout, rewards, advantages, reference, update: the global batch's data
                 epoch, last = trainer.order.epoch, step == config.num_steps
@@ -522,9 +561,16 @@ def train(config: TrainConfig, base_dir: Path, resume_dir: Path | None = None) -
                     recorder.write(report)
                     raise UserError(nonfinite_stop_message(recorder.nonfinite_in_a_row, step, run_dir, config),
                                     exit_code=EXIT_GUARD_STOP)
+                # an alert rule with `action: rollback`: back to the last checkpoint from before it, remedied
+                can_roll_back = run.rollbacks < config.max_rollbacks
+                rollback = rollback_alert(report) if can_roll_back and not last else None
+                if rollback is not None and not stop.requested:
+                    recorder.write(report)
+                    roll_back(run, rollback, step)
+                    continue
                 # checkpoint when due (timed in this step's record), then write the record;
-                # a stop is a signal's name or an alert rule with `action: stop`
-                stopping = world.agree(stop.requested or alert_stop_request(report))
+                # a stop is a signal's name or an alert rule with `action: stop` (or `rollback`, none left)
+                stopping = world.agree(stop.requested or alert_stop_request(report, can_roll_back))
                 pending = None
                 if world.is_main and (due(step, config.checkpoint_every, config.num_steps) or last or stopping):
                     pending = prepare(trainer, recorder, run, step)
@@ -554,13 +600,62 @@ def train(config: TrainConfig, base_dir: Path, resume_dir: Path | None = None) -
             **({"stopped_by_alert": stopped_by} if stopped_by is not None else {})}
 
 
+def before_first_update(run: Run) -> None:
+    """Step 0 of a new run: the held-out accuracy before the first update, where the policy started (a run
+    restarted from scratch has it already), and, when a rule can roll back, a checkpoint of the starting
+    weights for a rollback in the first steps to go back to."""
+    trainer, recorder = run.trainer, run.recorder
+    if trainer.config.eval_every > 0 and trainer.correctness is not None and run.last_record.get("step") != 0:
+        recorder.write(recorder.record_evaluation(0, trainer.evaluate()))
+    if trainer.world.is_main and any(rule.action == "rollback" for rule in recorder.engine.rules):
+        prepare(trainer, recorder, run, 0).commit({"log_positions": log_positions(run.run_dir)})
+
+
 ALERT_STOP = "alert:"  # a stop request from an alert rule: this prefix and the rule's name
 EXIT_GUARD_STOP = 3  # the exit code of a run a guard stopped: repeated non-finite updates, an alert's `action: stop`
 
 
-def alert_stop_request(report: StepReport) -> str | None:
-    """The stop request of the first alert of the step whose rule has `action: stop`, if any."""
-    return next((ALERT_STOP + alert.rule for alert in report.alerts if alert.action == "stop"), None)
+def alert_stop_request(report: StepReport, can_roll_back: bool = True) -> str | None:
+    """The stop request of the first alert of the step whose rule has `action: stop` (or `rollback` when the
+    run has no rollback left), if any."""
+    stops = ("stop",) if can_roll_back else ("stop", "rollback")
+    return next((ALERT_STOP + alert.rule for alert in report.alerts if alert.action in stops), None)
+
+
+def rollback_alert(report: StepReport) -> Alert | None:
+    return next((alert for alert in report.alerts if alert.action == "rollback"), None)
+
+
+def roll_back(run: Run, alert: Alert, step: int) -> None:
+    """Restore the last checkpoint saved before the alert's condition began to hold, apply its rule's remedy,
+    and record the rollback as an event: an alert of rule 'rollback' (alerts.jsonl, TensorBoard's alerts
+    text, W&B, the dashboard's Alerts view, the report) and the checkpoint state's count and factors."""
+    trainer, recorder = run.trainer, run.recorder
+    rule = next(r for r in recorder.engine.rules if r.name == alert.rule)
+    began = step - rule.for_steps + 1
+    candidates = [p for p in list_checkpoints(run.run_dir / "checkpoints") if int(p.name.split("_")[1]) < began]
+    if not candidates:
+        raise UserError(f"alert rule '{rule.name}' (action: rollback) fired at step {step} and no checkpoint "
+                        f"from before step {began} is left to go back to", exit_code=EXIT_GUARD_STOP)
+    checkpoint = candidates[-1]
+    factors = dict(rule.remedy)
+    before = (trainer.config.learning_rate, trainer.config.beta)
+    trainer.roll_back(checkpoint, factors)
+    run.rollbacks += 1
+    for key, factor in factors.items():
+        run.remedy[key] = run.remedy.get(key, 1.0) * factor
+    after = (trainer.config.learning_rate, trainer.config.beta)
+    changes = ", ".join(f"{label} {old:g} -> {new:g}" for label, key, old, new in
+                        (("learning rate", "learning_rate", before[0], after[0]), ("beta", "beta", before[1], after[1]))
+                        if key in factors) or "no remedy"
+    event = Alert(step=step, time=time.time(), level="warning", rule="rollback", metric=alert.metric,
+                  value=alert.value, action="rollback",
+                  message=f"rolled back to {checkpoint.name} after '{rule.name}' at step {step} "
+                          f"(rollback {run.rollbacks} of {trainer.config.max_rollbacks}); {changes}; "
+                          f"training goes on at step {step + 1}")
+    if recorder.sinks is not None:
+        recorder.sinks.write_alert(event)
+    recorder.message(format_alert(event))
 
 
 def alert_stop_message(rule: str, step: int, run_dir: Path) -> str:
@@ -602,9 +697,9 @@ def due(step: int, every: int, num_steps: int) -> bool:
 
 
 def eval_due(step: int, config: TrainConfig) -> bool:
-    """Every eval_every steps, at the end, and at step 1, so a run's held-out curve starts where the model
-    started (one update in, at the first warm-up learning rate)."""
-    return due(step, config.eval_every, config.num_steps) or (config.eval_every > 0 and step == 1)
+    """Every eval_every steps and at the end; the run's first evaluation is made before step 1's update
+    (step 0's record), so the held-out curve starts where the model started."""
+    return due(step, config.eval_every, config.num_steps)
 
 
 def prepare(trainer: Trainer, recorder: RunRecorder, run: Run, step: int) -> PendingCheckpoint:
@@ -612,7 +707,7 @@ def prepare(trainer: Trainer, recorder: RunRecorder, run: Run, step: int) -> Pen
     is written, with the logs' lengths at that moment (a crash in between leaves the previous one)."""
     state = {"order": trainer.order.state(), "run_id": run.run_id,
              "config": scrub_secrets(dataclasses.asdict(trainer.config)), "run_state": recorder.state_dict(),
-             **trainer.world.checkpoint_state()}
+             "rollbacks": run.rollbacks, "remedy": run.remedy, **trainer.world.checkpoint_state()}
     return prepare_checkpoint(run.run_dir / "checkpoints", step, trainer.policy.model, trainer.optimizer, state,
                               trainer.adapter_config(), trainer.config.keep_checkpoints)
 
@@ -632,10 +727,8 @@ def finish(run: Run, step: int, status: str, last_step: StepReport | None) -> di
         from .telemetry.report import write_report
 
         reward_report = write_report(run.run_dir)
-        quality = reward_report.quality.score
         recorder.message(f"finished {step} steps in {recorder.elapsed():.0f} s: {reward_report.outcome.headline()}"
-                         + (f"; reward functions' quality {quality:.0f}/100" if quality is not None else "")
-                         + f" — run directory: {run.run_dir}")
+                         f"; reward functions' {reward_report.quality.headline()} — run directory: {run.run_dir}")
     return final
 
 

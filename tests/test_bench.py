@@ -108,3 +108,12 @@ def test_bandwidth_ceiling_counts_weights_and_kv_cache(tmp_path):
     assert report["ceiling_tokens_per_s"] == pytest.approx(8 * 100e9 / expected_bytes)
     assert report["percent_of_ceiling"] == pytest.approx(100 * 1000.0 / report["ceiling_tokens_per_s"])
     assert bandwidth_report(1000.0, model, 8, 9, 24, chip=None) is None  # not Apple Silicon
+
+
+def test_bench_report_piped_keeps_each_line_whole(report, capsys):
+    from mlx_grpo.commands.bench import print_report
+
+    print_report(report)  # capsys is not a terminal, like `mlx-grpo bench | tee bench.txt`
+    lines = capsys.readouterr().out.splitlines()
+    assert any(line.startswith("machine: ") and line.endswith(f"load average {report['machine']['load_average']:.1f}")
+               for line in lines)

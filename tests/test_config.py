@@ -43,8 +43,6 @@ def test_overrides_beat_the_file(tmp_path):
     ("num_steps: 0\n", "key 'num_steps' is 0; expected at least 1"),
     ("loss_type: ppo\n", "key 'loss_type' is 'ppo'; expected one of grpo, bnpo, dr_grpo, dapo"),
     ("adaptive_window:\n  enabel: true\n", "unknown key 'adaptive_window.enabel'"),
-    ("answer_from: tags\n", "key 'answer_from' is 'tags'; expected one of answer_tag, last_number"),
-    ("answer_from: last_number\nsgrpo:\n  enable: true\n", "key 'answer_from' is 'last_number'; expected answer_tag"),
     ("rewards: [answer_check, {name: format_exact, weight: high}]\n", "key 'rewards[1].weight'"),
     ("num_steps: [1\n", "not valid YAML"),
     ("- a\n- b\n", "expected a mapping"),
@@ -112,8 +110,21 @@ def test_a_half_precision_full_fine_tune_is_refused_because_adamw_steps_vanish_i
     assert moved[mx.float32] > 0.99 and moved[mx.bfloat16] < 0.5  # measured: 100% and 24%
 
 
-def test_a_retired_key_from_an_older_config_or_run_is_ignored():
-    assert not hasattr(load_config(None, {"log_distributions": True}), "log_distributions")
+def test_log_distributions_is_an_alias_of_histogram_every():
+    # the seed's flag: a file key and a command-line flag, True meaning every logged step
+    assert load_config(None, {"log_distributions": True}).histogram_every == 1
+    assert load_config(None, {"log_distributions": 5}).histogram_every == 5
+    assert load_config(None, {"log_distributions": False}).histogram_every == 10  # an old run.json's value
+    with pytest.raises(UserError, match="histogram_every"):
+        load_config(None, {"log_distributions": 0})
+    import argparse
+
+    from mlx_grpo.commands.train import add_arguments, collect_overrides
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert collect_overrides(parser.parse_args(["--log-distributions"]))["histogram_every"] == 1
+    assert collect_overrides(parser.parse_args(["--log-distributions", "3"]))["histogram_every"] == 3
 
 
 def test_every_config_key_works_as_a_flag():
@@ -170,7 +181,7 @@ def test_a_trl_config_is_read_with_a_note_per_renamed_key(tmp_path, capsys):
     assert [(r.name, r.weight) for r in config.rewards] == [("format_exact", 0.5), ("answer_check", 2.0)]
     assert config.tensorboard is False and config.wandb is False
     notes = capsys.readouterr().err
-    assert f"{path}: 'max_steps' is TRL's name; read as 'num_steps'" in notes
+    assert f"{path}: 'max_steps' (TRL) is read as 'num_steps'" in notes
     assert "read as 'batch_size: 4' (prompts per step: 16 completions / 4 per prompt)" in notes
     with pytest.raises(UserError, match="both 'max_steps' .* and 'num_steps' are set"):
         load_config(None, {"max_steps": 3, "num_steps": 4})

@@ -125,7 +125,7 @@ def test_mistakes_end_in_one_line(runs, tmp_path, capsys, argv, expected):
     assert code == 2 and err.count("\n") == 1 and expected.format(**fill) in err, err
 
 
-def test_eval_of_a_model_names_the_configs_eval_dataset_and_reads_its_answer_from(tmp_path, capsys):
+def test_eval_of_a_model_names_the_configs_eval_dataset_and_reads_the_last_number(tmp_path, capsys):
     from mlx_grpo.tasks import arithmetic
 
     rows = arithmetic.make_split("heldout", 12, seed=0)
@@ -135,10 +135,26 @@ def test_eval_of_a_model_names_the_configs_eval_dataset_and_reads_its_answer_fro
     config = tmp_path / "run.yaml"
     config.write_text("dataset: train.jsonl\neval_dataset: heldout.jsonl\n")
     tags = cli_json(capsys, "eval", "default", "--config", str(config), "--json")
-    config.write_text("dataset: train.jsonl\neval_dataset: heldout.jsonl\nanswer_from: last_number\n"
+    config.write_text("dataset: train.jsonl\neval_dataset: heldout.jsonl\ncorrectness: last_number\n"
                       "rewards: [last_number_check]\n")
     last = cli_json(capsys, "eval", "default", "--config", str(config), "--json")
     assert tags["dataset"] == last["dataset"] == "heldout.jsonl" and last["rows"] == 12
     # The shipped model ends every reply with its answer block, so its last number is the answer it wrote.
     assert last["correct"] == tags["correct"] > 0
     assert last["rewards"]["last_number_check"] == 2.0 * last["correct"] / 12
+
+
+def test_export_suggests_a_prompt_in_the_form_the_run_trained_on(tmp_path):
+    import json as _json
+
+    from mlx_grpo.commands.export import example_prompt
+    from mlx_grpo.tasks.arithmetic import make_split
+    from mlx_grpo.telemetry.rundir import RunInfo, write_run_info
+
+    write_run_info(tmp_path, RunInfo(run_id="r", name="r", status="finished", config={"dataset": "arithmetic"}))
+    prompt = example_prompt(tmp_path)
+    assert prompt == "012+007=" and all(row["prompt"][-1] == "=" and len(row["prompt"]) == len(prompt)
+                                        for row in make_split("train", 5, 0))  # was '12+7=', answered wrongly
+    write_run_info(tmp_path, RunInfo(run_id="r", name="r", status="finished", config={"dataset": "/d/qa.jsonl"}))
+    (tmp_path / "samples.jsonl").write_text(_json.dumps({"prompt": "What is 2+2?"}) + "\n")
+    assert example_prompt(tmp_path) == "What is 2+2?"

@@ -29,6 +29,6 @@ def test_recipe_holds_out_200_distinct_sums_never_trained_in_either_order():
     assert len(heldout) == 200 and len({row["prompt"] for row in heldout}) == 200
     assert not {frozenset(operands(r)) for r in heldout} & {frozenset(operands(r)) for r in train}
     assert all(str(sum(operands(row))) == row["answer"] for row in train + heldout)
-    assert config.answer_from == "last_number"
+    assert config.correctness == "last_number"
     assert [f.name for f in load_reward_functions([(s.name, s.weight) for s in config.rewards], CONFIGS)] == [
         "last_number_check", "last_number_digits"]

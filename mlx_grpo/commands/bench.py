@@ -82,10 +82,11 @@ def _gib(n: float) -> str:
 
 def print_report(report: dict, console=None) -> None:
     from rich import box
-    from rich.console import Console
     from rich.table import Table
 
-    console = console or Console()
+    from ..telemetry.output import output_console
+
+    console = console or output_console()
     s, m = report["settings"], report["machine"]
     mode = "LoRA" if s["use_lora"] else "full fine-tuning"
     console.print(f"[bold]mlx-grpo bench[/bold]  model {s['model']} ({s['parameters']:,} parameters, "

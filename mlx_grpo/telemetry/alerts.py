@@ -28,8 +28,11 @@ from ..errors import UserError
 from .rundir import scrub_text
 
 LEVELS = ("info", "warning", "error")
-# What the trainer does when a rule fires: "none" (report it) or "stop" (checkpoint, close the logs, exit 3).
-ACTIONS = ("none", "stop")
+# What the trainer does when a rule fires: "none" (report it), "stop" (checkpoint, close the logs, exit 3) or
+# "rollback" (restore the last checkpoint from before the condition began, apply the rule's remedy, go on).
+ACTIONS = ("none", "stop", "rollback")
+# What a remedy may change, each by a factor: the learning rate and beta (the KL coefficient).
+REMEDY_KEYS = ("learning_rate", "beta")
 # Keys of a record that are coordinates, not metrics: never matched by a rule.
 _NOT_METRICS = frozenset({"step", "time"})
 
@@ -45,7 +48,7 @@ class Alert:
     metric: str
     value: float | None
     message: str
-    action: str = "none"  # "stop": the rule stops the run (written to alerts.jsonl only then)
+    action: str = "none"  # "stop" / "rollback": what the rule makes the trainer do (written only then)
 
     def __post_init__(self) -> None:
         # Messages carry text from outside (a judge's error body, a reward function's exception): every
@@ -72,7 +75,7 @@ class Alert:
                    rule=str(data.get("rule", "")), metric=str(data.get("metric", "")),
                    value=float(value) if isinstance(value, (int, float)) else None,
                    message=str(data.get("message", "")),
-                   action="stop" if data.get("action") == "stop" else "none")
+                   action=data["action"] if data.get("action") in ACTIONS else "none")
 
 
 # --------------------------------------------------------------------------- patterns
@@ -126,12 +129,20 @@ class Rule:
     for_steps: int = 1
     cooldown: int = 50
     hint: str = ""
-    # Left out of repr, which matches saved rule state on resume: stopping does not change what a rule measures.
+    # Left out of repr, which matches saved rule state on resume: what the trainer does when a rule fires does
+    # not change what the rule measures.
     action: str = field(default="none", repr=False)
+    # With action rollback: factors applied on each rollback, e.g. (("learning_rate", 0.5), ("beta", 2.0)).
+    remedy: tuple[tuple[str, float], ...] = field(default=(), repr=False)
 
     def __post_init__(self) -> None:
         if self.action not in ACTIONS:
             raise ValueError(f"key 'action' must be one of {', '.join(ACTIONS)}, got {self.action!r}")
+        for key, factor in self.remedy:
+            if key not in REMEDY_KEYS:
+                raise ValueError(f"key 'remedy' may change {' and '.join(REMEDY_KEYS)}, not {key!r}")
+            if not (factor > 0 and math.isfinite(factor)):
+                raise ValueError(f"key 'remedy': the factor of {key} must be a positive number, got {factor!r}")
         if not self.name:
             raise ValueError("key 'name' must not be empty")
         if not self.metric:
@@ -372,7 +383,11 @@ class DropRule(Rule):
     down: median - value >= `fall`; up: value - median >= `fall`. With `relative`, the difference is
     divided by max(|median|, min_scale), so 1.0 means "lost its whole level". The median, not the mean,
     so the first collapsed values do not drag the reference down and `for_steps` > 1 still compares
-    with the level before the collapse. Evaluated once `min_points` previous values are known.
+    with the level before the collapse. Evaluated once `min_points` previous values are known; with
+    `baseline` (a metric name), from the first value on, the reference being the first value of the
+    baseline metric until then: the held-out evaluation made before the first update is a steady
+    measure of where the policy started, so a policy broken by its first updates is caught at once
+    (the median of a run that collapsed at step 2 is the collapse itself).
     """
 
     kind: ClassVar[str] = "drop"
@@ -382,6 +397,7 @@ class DropRule(Rule):
     relative: bool = False
     min_scale: float = 1e-9
     min_points: int = 0  # 0: the whole window
+    baseline: str = ""  # before min_points values, compare with this metric's first value
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -394,6 +410,15 @@ class DropRule(Rule):
             raise ValueError(f"key 'direction' must be one of {', '.join(_DROP_DIRECTIONS)}, got {self.direction!r}")
         if self.min_scale <= 0:
             raise ValueError("key 'min_scale' must be positive")
+        if metric_pattern(self.baseline) is not None:
+            raise ValueError("key 'baseline' takes a plain metric name, not a pattern")
+
+    def plan(self, keys: tuple[str, ...]) -> tuple[str, ...] | None:
+        # The baseline may arrive in a record of its own (the evaluation before the first update): keep it.
+        names = self.metrics_in(keys)
+        if names or (self.baseline and self.baseline in keys):
+            return names
+        return None
 
     def make_state(self) -> "_RuleState":
         return _DropState(self)
@@ -805,9 +830,12 @@ class _DropState(_RuleState):
     def __init__(self, rule: Rule) -> None:
         super().__init__(rule)
         self.previous: dict[str, deque] = {}
+        self.baseline: tuple[float, int] | None = None  # the baseline metric's first (value, step)
 
     def update(self, step, time, record, names, out):
         rule: DropRule = self.rule  # type: ignore[assignment]
+        if rule.baseline and self.baseline is None and (first := _num(record.get(rule.baseline))) is not None:
+            self.baseline = (first, step)
         for name in names:
             value = _num(record[name])
             if value is None:
@@ -815,8 +843,13 @@ class _DropState(_RuleState):
             previous = self.previous.get(name)
             if previous is None:
                 previous = self.previous[name] = deque(maxlen=rule.window)
+            level, reference, span = None, "its recent median", f", last {len(previous)} logged steps"
             if len(previous) >= rule.min_points:
                 level = median(previous)
+            elif self.baseline is not None:
+                level, reference = self.baseline[0], f"the start's {rule.baseline}"
+                span = f", step {self.baseline[1]}"
+            if level is not None:
                 moved = level - value if rule.direction == "down" else value - level
                 scale = max(abs(level), rule.min_scale) if rule.relative else 1.0
                 if self.fire(moved / scale >= rule.fall, name, step):
@@ -824,8 +857,8 @@ class _DropState(_RuleState):
                     # signed like the move itself: a fall reads -45%, a jump +45%
                     amount = (f"{(value - level) / scale * 100:+.0f}%" if rule.relative else f"{value - level:+.4g}")
                     out.append(self.alert(step, time, name, value,
-                                          f"{name} {verb} to {_fmt(value)} from its recent median {_fmt(level)} "
-                                          f"({amount}, last {len(previous)} logged steps){_in_a_row(rule.for_steps)}"))
+                                          f"{name} {verb} to {_fmt(value)} from {reference} {_fmt(level)} "
+                                          f"({amount}{span}){_in_a_row(rule.for_steps)}"))
             previous.append(value)
 
 
@@ -928,6 +961,10 @@ class AlertEngine:
         self._records = 0
         for rule in rules:
             self.add_rule(rule)
+
+    @property
+    def rules(self) -> list[Rule]:
+        return [state.rule for state in self._states]
 
     def add_rule(self, rule: Rule) -> None:
         if any(state.rule.name == rule.name for state in self._states):
@@ -1052,5 +1089,5 @@ def _decode_object(name: str, fields: Mapping[str, Any]) -> Any:
 
 __all__ = [
     "LEVELS", "Alert", "AlertEngine", "Rule", "ThresholdRule", "TrendRule", "SpikeRule", "BaselineRule",
-    "HackingRule", "DropRule", "PlateauRule", "NonFiniteRule", "RULE_KINDS", "ACTIONS", "metric_pattern",
+    "HackingRule", "DropRule", "PlateauRule", "NonFiniteRule", "RULE_KINDS", "ACTIONS", "REMEDY_KEYS", "metric_pattern",
 ]

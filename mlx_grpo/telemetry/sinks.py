@@ -26,7 +26,8 @@ Public API:
   to render it); `charts/reward_breakdown` (bar chart of the per-function means), three 3D point
   clouds (`wandb.Object3D`, which work offline): `charts/reward_landscape_3d` (step, example, total
   reward), `charts/reward_components_3d` (step, reward function, score; a colour per function) and
-  `charts/policy_evolution_3d` (KL, mean reward, step), and with a rubric `charts/criteria_heatmap`
+  `charts/policy_evolution_3d` (KL, mean reward, step), `charts/reward_heatmap` (every completion's
+  total reward, step x example, as HTML), and with a rubric `charts/criteria_heatmap`
   (criterion x step, as HTML) with its data as the table `charts/criteria_over_time`, all redrawn every
   `chart_every` steps (0: about ten times per run, wandb_charts.chart_interval) and at the last step;
   alerts through `run.alert`; checkpoints as model artifacts when `log_checkpoints` is set; the
@@ -58,8 +59,6 @@ Public API:
 - `make_sinks(run_dir, tensorboard=True, tensorboard_dir=None, flush_secs=2, wandb=None, trackio=None,
   warn=None, fsync=False, purge_step=None) -> SinkSet`: the usual set; a sink whose library is not installed
   is left out with a warning.
-- `wandb_enabled(flag, environ=os.environ) -> bool`: `--wandb` / `--no-wandb` / neither (on when
-  WANDB_API_KEY is set).
 - `samples_markdown(samples) -> str`, `flatten_config(config) -> dict`: the formatting the sinks share.
 """
 
@@ -81,8 +80,10 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from ..errors import install_hint
 from .catalogue import tensorboard_layout
 from .rundir import RUN_JSON, RunDirWriter, RunInfo, json_safe, read_run_info, scrub_secrets, scrub_text
+from .completions import order_groups
 from .wandb_charts import CATEGORY_COLOURS, category_cloud, chart_interval, heatmap_svg, value_cloud
 
 # Sample columns shown in text and tables; long texts are cut so a step's table stays readable.
@@ -285,6 +286,9 @@ class TensorBoardSink(Sink):
         self.writer.add_custom_scalars(tensorboard_layout())
         hparam_values = differing_first(flatten_config(info.config), run_dir)
         experiment, session_start, _ = hparams(hparam_values, {name: 0.0 for name in HPARAM_METRICS})
+        # tensorboardX's public add_hparams writes these into a new timestamped sub-run (TensorBoard then shows
+        # two runs per run); tensorboard's summary_v2.hparams_pb would need the tensorboard package. So its
+        # public summary builder, written through the run's own file writer (tensorboardX pinned below 3).
         file_writer = self.writer._get_file_writer()
         file_writer.add_summary(experiment)
         file_writer.add_summary(session_start)
@@ -378,6 +382,8 @@ class WandbSink(Sink):
         self._component_names: list[str] = []
         self._evolution: list[tuple[float, float, float]] = []
         self._criteria: dict[str, dict[int, float]] = {}  # criterion -> step -> mean score
+        self._examples: dict[int, np.ndarray] = {}  # step -> its total rewards in the heatmap's order
+        self._group_size = 0
         self._chart_every = options.chart_every
         self._total_steps: int | None = None
 
@@ -395,6 +401,8 @@ class WandbSink(Sink):
                                    settings=self.wandb.Settings(x_disable_meta=True))
         self._total_steps = info.total_steps
         self._chart_every = chart_interval(opts.chart_every, self._total_steps)
+        generations = (info.config or {}).get("num_generations")
+        self._group_size = generations if isinstance(generations, int) and generations > 0 else 0
 
     def write(self, step, scalars, histograms, rewards) -> None:
         data: dict[str, Any] = {k: v for k, v in scalars.items() if v is not None}
@@ -413,6 +421,10 @@ class WandbSink(Sink):
 
     def _add_rewards(self, step: int, rewards: Mapping[str, np.ndarray]) -> None:
         total = np.asarray(rewards["total"], dtype=np.float64)
+        if self._group_size and total.size % self._group_size == 0:
+            self._examples[step] = order_groups(list(total.reshape(-1, self._group_size)))
+            if len(self._examples) > CRITERIA_COLUMNS:
+                del self._examples[min(self._examples)]
         points = np.stack([np.full(total.size, float(step)), np.arange(total.size, dtype=np.float64), total], axis=1)
         self._landscape.add(points[np.isfinite(total)])
         for name in rewards:
@@ -445,7 +457,24 @@ class WandbSink(Sink):
             points = np.asarray(self._evolution, dtype=np.float64)
             charts["charts/policy_evolution_3d"] = self.wandb.Object3D(value_cloud(points, points[:, 1]))
         charts.update(self._criteria_charts())
+        charts.update(self._example_heatmap())
         return charts
+
+    def _example_heatmap(self) -> dict[str, Any]:
+        """Every completion's total reward, step x example (seed 001's reward surface), as an HTML heatmap:
+        each column a step's completions, groups by mean reward and each group's completions best first."""
+        if len(self._examples) < 2:
+            return {}
+        steps = sorted(self._examples)
+        height = max(len(self._examples[s]) for s in steps)
+        matrix = np.full((height, len(steps)), np.nan)
+        for j, s in enumerate(steps):
+            matrix[:len(self._examples[s]), j] = self._examples[s]
+        labels = [f"group {i // self._group_size + 1}" if i % (self._group_size * 4) == 0 else ""
+                  for i in range(height)]
+        svg = heatmap_svg(labels, steps, matrix, cell_h=3, value_label="total reward",
+                          title="Total reward of every completion: step x example (groups by mean, best first)")
+        return {"charts/reward_heatmap": self.wandb.Html(svg, data_is_not_path=True)}
 
     def _components_caption(self) -> str:
         colours = [CATEGORY_COLOURS[i % len(CATEGORY_COLOURS)] for i in range(len(self._component_names))]
@@ -720,11 +749,6 @@ class ThreadedSink(Sink):
 # ----------------------------------------------------------------------------- fan-out
 
 
-def wandb_enabled(flag: bool | None, environ: Mapping[str, str] = os.environ) -> bool:
-    """`--wandb` (True) turns W&B on, `--no-wandb` (False) off; no flag (None): on when WANDB_API_KEY is set."""
-    return bool(environ.get("WANDB_API_KEY")) if flag is None else flag
-
-
 def _stderr(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
@@ -843,11 +867,11 @@ def make_sinks(run_dir: str | Path, tensorboard: bool = True, tensorboard_dir: s
         try:
             sinks.append(ThreadedSink(WandbSink(wandb)))
         except ImportError as exc:
-            warn(f"mlx-grpo: warning: W&B logging is off: {exc} (pip install 'mlx-grpo[wandb]')")
+            warn(f"mlx-grpo: warning: W&B logging is off: {exc} ({install_hint('wandb')})")
     if trackio is not None:
         try:
             sinks.append(TrackioSink(trackio))
         except ImportError as exc:
-            warn(f"mlx-grpo: warning: Trackio logging is off: {exc} (pip install 'mlx-grpo[trackio]')")
+            warn(f"mlx-grpo: warning: Trackio logging is off: {exc} ({install_hint('trackio')})")
     return SinkSet(RunDirWriter(run_dir, fsync=fsync), sinks, warn=warn)
 
