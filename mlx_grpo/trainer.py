@@ -38,7 +38,8 @@ from .extras import entropy_dump
 from .extras.adaptive_window import WindowController
 from .extras.sgrpo import run_exits
 from .machine import accel_memory, describe_device, versions, wire_memory
-from .models import ReferencePolicy, apply_adapters, count_parameters, load_policy, make_reference, resolve_dtype
+from .models import (ReferencePolicy, apply_adapters, count_parameters, dequantize_base, load_policy, make_reference,
+                     resolve_dtype)
 from .resume import last_record, log_positions, resumable_checkpoint, resume_command, truncate_logs
 from .rewards import (RewardFunction, RewardScores, extract_answer, extract_reasoning, load_reward_functions,
                       score_completions)
@@ -68,14 +69,16 @@ class Policy:
     tokenizer: Any
     eos_ids: set[int]
     pad_id: int
+    load_note: str | None = None  # what loading changed (a dequantized base), said at start
 
 
 def load_policy_for_training(config: TrainConfig, base_dir: Path) -> Policy:
     model, tokenizer = load_policy(config, base_dir)
+    note = dequantize_base(model, config)
     apply_adapters(model, config)
     eos_ids = set(getattr(tokenizer, "eos_token_ids", None) or [tokenizer.eos_token_id])
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos_ids)
-    return Policy(model, tokenizer, eos_ids, pad_id)
+    return Policy(model, tokenizer, eos_ids, pad_id, note)
 
 
 def make_optimizer(config: TrainConfig) -> optim.Optimizer:
@@ -524,6 +527,8 @@ def open_run(config: TrainConfig, base_dir: Path, resume_dir: Path | None) -> Ru
                     f"{trainable_params:,} trainable; {config.batch_size} prompts x {config.num_generations} "
                     f"completions per step (batch_size counts prompts)")
     console.message(memory_plan)
+    if trainer.policy.load_note is not None:
+        console.message(trainer.policy.load_note)
     if trackio is not None and "trackio" in sinks.active:
         console.message(f"trackio: run {trackio.name} of project {trackio.project}, stored offline in "
                         f"{trackio_store()} (trackio show --project {trackio.project})")

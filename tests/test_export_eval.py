@@ -138,7 +138,7 @@ def test_eval_of_a_model_names_the_configs_eval_dataset_and_reads_the_last_numbe
     config.write_text("dataset: train.jsonl\neval_dataset: heldout.jsonl\ncorrectness: last_number\n"
                       "rewards: [last_number_check]\n")
     last = cli_json(capsys, "eval", "default", "--config", str(config), "--json")
-    assert tags["dataset"] == last["dataset"] == "heldout.jsonl" and last["rows"] == 12
+    assert tags["dataset"] == last["dataset"] and last["dataset"].endswith("heldout.jsonl") and last["rows"] == 12
     # The shipped model ends every reply with its answer block, so its last number is the answer it wrote.
     assert last["correct"] == tags["correct"] > 0
     assert last["rewards"]["last_number_check"] == 2.0 * last["correct"] / 12

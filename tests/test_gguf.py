@@ -300,7 +300,7 @@ def test_smollm2_takes_a_training_step(smollm2, tmp_path):
     config = load_config(None, {"model_id": "smollm2", "use_lora": True, "lora_rank": 2, "lora_layers": 2,
                                 "batch_size": 1, "num_generations": 2, "max_generation_steps": 6,
                                 "num_iterations": 1, "train_size": 8, "eval_size": 2, "learning_rate": 1e-3,
-                                "rewards": [{"name": "length.py:length"}]})
+                                "rewards": [{"name": f"{tmp_path / 'length.py'}:length"}]})
     trainer = Trainer.build(config, tmp_path)
     assert "dequantized to float32 at load" in trainer.policy.load_note  # on this CPU backend
     before = {k: np.array(v) for k, v in tree_flatten(trainer.policy.model.trainable_parameters())}
