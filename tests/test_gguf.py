@@ -239,6 +239,8 @@ def test_smollm2_path_says_how_to_get_the_file_when_it_is_not_here(tmp_path, mon
     cached.parent.mkdir(parents=True)
     cached.write_bytes(b"x")
     assert smollm2.main(["--no-download"]) == 0 and capsys.readouterr().out.strip() == str(cached)
+    # a name, not a path: kept as written on the command line and in a config
+    assert load_config(None, {"model_id": "smollm2"}).model_id == "smollm2"
 
 
 def greedy(model, tokenizer, question: str, tokens: int) -> str:
