@@ -137,7 +137,7 @@ class TrainConfig:
     ])
     rubric_file: str | None = None  # a YAML rubric of weighted criteria scored as one more reward
     rubric_weight: float = 1.0  # weight of the rubric's reward
-    correctness: str = "auto"  # what counts as correct (accuracy, held-out eval): auto | answer | none | file.py:function
+    correctness: str = "auto"  # what counts as correct (accuracy, held-out eval): auto | answer | last_number | none | file.py:function
 
     # --- evaluation, checkpoints, logging ---
     eval_every: int = 25  # held-out greedy accuracy before the first update (step 0), every N steps and at the end; 0 = off

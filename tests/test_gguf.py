@@ -183,6 +183,8 @@ def test_quantized_base_auto_dequantizes_on_the_cpu_and_keep_leaves_it(tmp_path)
 def test_a_run_keeps_the_4bit_base_as_it_is_when_asked(tmp_path, capsys):
     from mlx_lm import convert
 
+    from mlx_grpo.export import load_trained
+
     from tiny_models import make_model_dir
 
     quantized = tmp_path / "q4"
@@ -192,6 +194,9 @@ def test_a_run_keeps_the_4bit_base_as_it_is_when_asked(tmp_path, capsys):
                      "--monitoring-dir", str(tmp_path / "runs"), "--run-name", setting]) == 0
         out = capsys.readouterr().out
         assert ("dequantized to float32 at load" in out) == (setting == "auto"), out
+        # `mlx-grpo eval RUN_DIR` scores the policy as it trained: on the plain base when the run's was plain
+        trained = load_trained(tmp_path / "runs" / setting).model
+        assert any(isinstance(m, nn.QuantizedLinear) for _, m in trained.named_modules()) == (setting == "keep")
         # the export is the policy as the run trained it: 4-bit kept, or plain
         export = tmp_path / f"export-{setting}"
         assert main(["export", str(tmp_path / "runs" / setting), "--out", str(export), "--fuse"]) == 0

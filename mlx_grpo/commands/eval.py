@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
                                [r["answer"] for r in rows], extra_columns(rows))
     rewards = {name: float(np.nanmean(scores.per_function[i])) for i, name in enumerate(scores.names)}
     rewards["total"] = float(np.mean(scores.total))
-    out = {"target": source, "dataset": args.dataset or f"{config.dataset} (held-out split)",
+    out = {"target": source, "dataset": args.dataset or config.eval_dataset or f"{config.dataset} (held-out split)",
            "rows": len(rows), "correct": int(sum(result.correct)), **eval_record(result.correct, result.levels,
                                                                                 seconds),
            "rewards": rewards}
