@@ -384,10 +384,11 @@ class DropRule(Rule):
     divided by max(|median|, min_scale), so 1.0 means "lost its whole level". The median, not the mean,
     so the first collapsed values do not drag the reference down and `for_steps` > 1 still compares
     with the level before the collapse. Evaluated once `min_points` previous values are known; with
-    `baseline` (a metric name), from the first value on, the reference being the first value of the
-    baseline metric until then: the held-out evaluation made before the first update is a steady
-    measure of where the policy started, so a policy broken by its first updates is caught at once
-    (the median of a run that collapsed at step 2 is the collapse itself).
+    `baseline` (a metric name), from the first value on, the reference being the start until then: the
+    baseline metric's first value (the held-out evaluation made before the first update), or the metric's
+    own first value when that is the more modest (lower for down, higher for up): a greedy held-out
+    accuracy can sit far above accuracy sampled at temperature 1. A policy broken by its first updates is
+    caught at once (the median of a run that collapsed at step 2 is the collapse itself).
     """
 
     kind: ClassVar[str] = "drop"
@@ -831,6 +832,7 @@ class _DropState(_RuleState):
         super().__init__(rule)
         self.previous: dict[str, deque] = {}
         self.baseline: tuple[float, int] | None = None  # the baseline metric's first (value, step)
+        self.first: dict[str, tuple[float, int]] = {}  # each metric's own first (value, step)
 
     def update(self, step, time, record, names, out):
         rule: DropRule = self.rule  # type: ignore[assignment]
@@ -849,6 +851,9 @@ class _DropState(_RuleState):
             elif self.baseline is not None:
                 level, reference = self.baseline[0], f"the start's {rule.baseline}"
                 span = f", step {self.baseline[1]}"
+                own, own_step = self.first.setdefault(name, (value, step))
+                if (own < level) if rule.direction == "down" else (own > level):
+                    level, reference, span = own, "its first value", f", step {own_step}"
             if level is not None:
                 moved = level - value if rule.direction == "down" else value - level
                 scale = max(abs(level), rule.min_scale) if rule.relative else 1.0
