@@ -15,7 +15,8 @@ break your function. Return one score per completion; ``None`` (or NaN) means
 The built-ins read completions written as
 ``<reasoning>...</reasoning><answer>...</answer>``; they are chosen by name:
 ``format_exact``, ``format_approx``, ``answer_check`` (alias ``check_answer``),
-``number_check`` (alias ``check_numbers``) and ``digit_match`` (partial credit per digit). A user function is named as
+``number_check`` (alias ``check_numbers``) and ``digit_match`` (partial credit per digit); for replies in
+prose without tags, ``last_number_check`` and ``last_number_digits`` read the reply's last number. A user function is named as
 ``path/to/file.py:function_name``, the path relative to the config's folder
 or absolute. See ``configs/rewards_example.py``. On a chat dataset (prompts given
 as lists of messages) a user function gets TRL's conversational form: each prompt
@@ -94,14 +95,25 @@ def _same_value(got: str, want: str) -> bool:
     return got_n is not None and got_n == want_n
 
 
-def is_correct(completion: str, answer: str) -> bool:
+def last_number(text: str) -> str | None:
+    """The last number in free text, thousands commas dropped ("7 + 5 = 12." -> "12"), or None."""
+    found = _NUMBER.findall(text)
+    return found[-1].replace(",", "") if found else None
+
+
+# Where a completion's answer is read: the answer block, or the reply's
+# last number, for models that answer in prose and never write tags ("7 + 5 = 12.").
+ANSWER_SOURCES = {"answer_tag": extract_answer, "last_number": last_number}
+
+
+def is_correct(completion: str, answer: str, read_from: str = "answer_tag") -> bool:
     """Accuracy and evaluation criterion: the extracted answer is the expected one.
 
     Exact text after stripping outer whitespace, or, when both are numbers,
     the same value ("1,000", "$1000" and "1000.0" all equal "1000"). Text is
     case-sensitive here; only ``answer_check`` gives partial credit.
     """
-    got = extract_answer(completion)
+    got = ANSWER_SOURCES[read_from](completion)
     if got is None:
         return False
     if got == answer.strip():
@@ -154,14 +166,19 @@ def _number_check_one(completion: str, answer: str) -> float:
     return 1.5 if got_n is not None and got_n == want_n else 0.0
 
 
-def _digit_match_one(completion: str, answer: str) -> float:
-    got, want = extract_answer(completion), answer.strip()
+def _digit_share(got: str | None, want: str) -> float:
+    """The share of digit positions where two whole numbers agree, in [0, 1]; 0 unless both are whole numbers."""
+    want = want.strip()
     if got is None or not got.isdigit() or not want.isdigit():
         return 0.0
     width = max(len(got), len(want))
     # Right-aligned, so units meet units; a missing or extra leading digit counts as a miss.
     matches = sum(g == w for g, w in zip(got.rjust(width, " "), want.rjust(width, "_")))
-    return 2.0 * matches / width
+    return matches / width
+
+
+def _digit_match_one(completion: str, answer: str) -> float:
+    return 2.0 * _digit_share(extract_answer(completion), answer)
 
 
 # ------------------------------------------------------------------ built-ins
@@ -216,12 +233,27 @@ def digit_match(prompts, completions, answers, **columns) -> list[float]:
     return [_digit_match_one(c, a) for c, a in zip(completions, answers)]
 
 
+def last_number_check(prompts, completions, answers, **columns) -> list[float]:
+    """2.0 when the completion's last number is the expected answer (by value, thousands commas ignored),
+    else 0: correctness for a model that answers in prose ("7 + 5 = 12.") instead of an answer block."""
+    return [2.0 if is_correct(c, a, "last_number") else 0.0 for c, a in zip(completions, answers)]
+
+
+def last_number_digits(prompts, completions, answers, **columns) -> list[float]:
+    """Partial credit in [0, 1]: the share of digit positions (aligned from the right) where the
+    completion's last number agrees with the expected whole-number answer. A near miss ("13" for "12")
+    earns 0.5, so a group with no correct reply still tells better attempts from worse ones."""
+    return [_digit_share(last_number(c), a) for c, a in zip(completions, answers)]
+
+
 BUILTINS: dict[str, Callable] = {
     "format_exact": format_exact,
     "format_approx": format_approx,
     "answer_check": answer_check,
     "number_check": number_check,
     "digit_match": digit_match,
+    "last_number_check": last_number_check,
+    "last_number_digits": last_number_digits,
     # Names other GRPO recipes use for the same functions.
     "check_answer": answer_check,
     "check_numbers": number_check,

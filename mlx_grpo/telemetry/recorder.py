@@ -20,6 +20,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from .alert_config import pattern_warnings
 from .alert_console import format_alert
 from .alerts import Alert, AlertEngine, Rule
 from .completions import CompletionsWriter, completion_rows
@@ -59,6 +60,7 @@ class RunRecorder:
         self.gen_throughput = ThroughputTracker("throughput/gen_tokens_per_s")
         self.backprop_throughput = ThroughputTracker("throughput/backprop_tokens_per_s")
         self.engine = AlertEngine(rules)
+        self._unchecked_rules = list(rules)  # patterns matching nothing are said once, at the first record
         self.sinks, self.console, self.sampler = sinks, console, sampler
         self.reward_fns = list(reward_fns)
         self.hooks = {fn.name: fn.hooks for fn in self.reward_fns}
@@ -104,6 +106,9 @@ class RunRecorder:
             record.update(self.end_epoch(partial=not epoch_ended))
         for message in data.new_errors:
             self.message(f"warning: {message}", style="yellow")
+        for message in pattern_warnings(self._unchecked_rules, record):
+            self.message(f"warning: {message}", style="yellow")
+        self._unchecked_rules = []
         scores = {"total": data.total, **{name: data.scores[i] for i, name in enumerate(data.reward_names)}}
         rows = (completion_rows(step, data.prompt_texts, data.answers, data.texts, data.group_size, data.reward_names,
                                 data.scores, data.total, data.advantages, data.lengths, data.truncated, data.correct)

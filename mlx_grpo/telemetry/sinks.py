@@ -72,8 +72,10 @@ import os
 import queue
 import re
 import sys
+import tempfile
 import threading
 import time as _time
+import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -81,8 +83,9 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from ..errors import install_hint
+from ..terminal import terminal_safe
 from .catalogue import tensorboard_layout
-from .rundir import RUN_JSON, RunDirWriter, RunInfo, json_safe, read_run_info, scrub_secrets, scrub_text
+from .rundir import RUN_JSON, RunDirWriteError, RunDirWriter, RunInfo, json_safe, read_run_info, scrub_secrets, scrub_text
 from .completions import order_groups
 from .wandb_charts import CATEGORY_COLOURS, category_cloud, chart_interval, heatmap_svg, value_cloud
 
@@ -395,7 +398,13 @@ class WandbSink(Sink):
         # Notes and tags are free text a user may paste a key into; W&B's own metadata would record the
         # command line, secrets typed as flags included, so it is not collected.
         tags = [scrub_text(str(tag)) for tag in opts.tags]
-        self.run = self.wandb.init(project=opts.project, entity=opts.entity, name=opts.name or info.name,
+        # The entity and project form the run's path, so a secret there cannot be replaced: refused (the
+        # sink turns off with a warning that does not repeat it). The display name is free text: scrubbed.
+        for key, value in (("wandb_entity", opts.entity), ("wandb_project", opts.project)):
+            if value and scrub_text(value) != value:
+                raise ValueError(f"{key} looks like an API key or token; set it to your W&B user or team name")
+        self.run = self.wandb.init(project=opts.project, entity=opts.entity,
+                                   name=scrub_text(opts.name or info.name or "") or None,
                                    tags=tags or None, notes=scrub_text(opts.notes) if opts.notes else None,
                                    config=json_safe(scrub_secrets(config)), dir=wandb_dir, mode=opts.mode,
                                    settings=self.wandb.Settings(x_disable_meta=True))
@@ -641,10 +650,35 @@ class TrackioSink(Sink):
         self.options = options
         self.run = None
         self._last_step = 0
+        self._failure: str | None = None  # what trackio's writer thread warned about, raised by the next call
+
+    def _catch_flush_failures(self) -> None:
+        """Trackio writes from its own thread and reports a failed write (a full or read-only store) only as a
+        UserWarning there; this keeps it, so the next call raises it and SinkSet turns the sink off with the
+        usual warning and sink_failed alert, instead of the run saying 'no warnings or errors'."""
+        shown = self._shown = warnings.showwarning
+
+        def show(message, category, filename, lineno, file=None, line=None):
+            if "trackio failed to" in str(message):
+                self._failure = self._failure or " ".join(str(message).split())[:300]
+                return
+            shown(message, category, filename, lineno, file, line)
+
+        warnings.showwarning = show
+
+    def _raise_failure(self) -> None:
+        if self._failure is not None:
+            raise OSError(self._failure)
 
     def start(self, info: RunInfo, run_dir: Path) -> None:
         opts = self.options
         config = tracker_config(info)
+        # The store must be writable before anything is queued for it (trackio would only warn later).
+        store = trackio_store()
+        store.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=store, prefix=".mlx-grpo-write-check-"):
+            pass
+        self._catch_flush_failures()
         with _local_and_quiet():
             # Its system monitors are off: the run's own system metrics are among the scalars.
             self.run = self.trackio.init(project=opts.project, name=opts.name or info.name,
@@ -653,15 +687,20 @@ class TrackioSink(Sink):
                                          auto_log_cpu=False, auto_log_gpu=False, embed=False)
 
     def write(self, step, scalars, histograms, rewards) -> None:
+        self._raise_failure()
         self.run.log({k: float(v) for k, v in scalars.items() if v is not None}, step=step)
         self._last_step = max(self._last_step, step)
 
     def write_final(self, metrics) -> None:
+        self._raise_failure()
         self.run.log({k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}, step=self._last_step)
 
     def close(self, status: str) -> None:
         with _local_and_quiet():
             self.trackio.finish()
+        if getattr(self, "_shown", None) is not None:
+            warnings.showwarning, self._shown = self._shown, None
+        self._raise_failure()
 
 
 # ----------------------------------------------------------------------------- background worker
@@ -750,7 +789,7 @@ class ThreadedSink(Sink):
 
 
 def _stderr(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
+    print(terminal_safe(message), file=sys.stderr, flush=True)
 
 
 class SinkSet:
@@ -814,8 +853,16 @@ class SinkSet:
         self._each("write_alert", record)
 
     def write_final(self, metrics: Mapping[str, float]) -> None:
-        self.rundir.write_final_metrics(metrics)
+        try:
+            self.rundir.write_final_metrics(metrics)
+        except RunDirWriteError as err:  # a full disk: run.json's final status matters more
+            self.warn(f"mlx-grpo: warning: {err}")
         self._each("write_final", metrics)
+
+    @property
+    def out_of_space(self) -> str | None:
+        """Set once a run-directory write needed the space set aside for the end (see RunDirWriter)."""
+        return self.rundir.out_of_space
 
     def log_checkpoint(self, path: str | Path, step: int) -> None:
         self._each("log_checkpoint", path, step)
@@ -863,6 +910,9 @@ def make_sinks(run_dir: str | Path, tensorboard: bool = True, tensorboard_dir: s
                                          purge_step=purge_step))
         except ImportError as exc:
             warn(f"mlx-grpo: warning: TensorBoard logging is off: {exc} (pip install tensorboardX)")
+        except OSError as exc:  # a tensorboard_dir that cannot be created: the run directory is the record
+            warn(f"mlx-grpo: warning: TensorBoard logging is off: cannot write {exc.filename or tensorboard_dir} "
+                 f"({exc.strerror or exc}); set tensorboard_dir to a writable directory")
     if wandb is not None:
         try:
             sinks.append(ThreadedSink(WandbSink(wandb)))

@@ -22,6 +22,7 @@ from textual.widgets import SelectionList, Static
 from textual.widgets.selection_list import Selection
 
 from ..telemetry.rundir import RunInfo, read_run_info
+from ..user_files import open_regular
 from ..telemetry.rundir_reader import METRICS, is_run_dir
 from .fmt import fmt_step
 from .palette import MUTED
@@ -43,7 +44,7 @@ class RunEntry:
 def _last_step(path: Path) -> int | None:
     """The step of the last complete record in metrics.jsonl, read from its end."""
     try:
-        with open(path / METRICS, "rb") as f:
+        with open_regular(path / METRICS) as f:
             start = max(0, f.seek(0, os.SEEK_END) - LAST_LINE_BYTES)
             f.seek(start)
             lines = f.read().split(b"\n")
@@ -60,7 +61,7 @@ def _last_step(path: Path) -> int | None:
 
 
 def read_entry(path: Path) -> RunEntry:
-    info = read_run_info(path) or RunInfo()
+    info = read_run_info(path, display=True) or RunInfo()
     return RunEntry(
         path=path,
         name=info.name or path.name,
