@@ -48,6 +48,7 @@ class Probe:
     grad_checkpoint: bool = False
     use_lora: bool = True
     lora_rank: int = 8
+    lora_layers: int = -1  # adapters on the last this many blocks (-1: every block)
     beta: float = 0.04
     num_iterations: int = 1  # optimiser updates per rollout (each evaluates and frees its own pass)
     dtype: str = "float32"
@@ -74,7 +75,8 @@ def build_model(probe: Probe) -> nn.Module:
 
 def measure(probe: Probe) -> dict[str, float]:
     """Bytes: weights, and the peak above what was resident before each phase (rollout, ref, update)."""
-    config = load_config(None, {"use_lora": probe.use_lora, "lora_rank": probe.lora_rank, "beta": probe.beta,
+    config = load_config(None, {"use_lora": probe.use_lora, "lora_rank": probe.lora_rank,
+                                "lora_layers": probe.lora_layers, "beta": probe.beta,
                                 "micro_batch_size": probe.micro_batch_size, "logits_chunk_size": probe.chunk,
                                 "grad_checkpoint": probe.grad_checkpoint, "max_generation_steps": probe.completion,
                                 "num_iterations": probe.num_iterations, "learning_rate": 1e-5})

@@ -122,3 +122,13 @@ def write_preset_model(name: str, layers: int | None, out: Path, seed: int = 0) 
         shutil.copyfile(DEFAULT_MODEL_DIR / file, out / file)
     config_file.write_text(json.dumps(config, indent=2) + "\n")  # last: its presence marks a whole directory
     return out
+
+
+def cached_preset_model(name: str, layers: int | None) -> Path:
+    """The model directory of preset `name` cut to `layers` blocks, written once under ~/.cache/mlx-grpo/presets
+    (`mlx-grpo bench --preset`, benchmarks/plan_check.py --preset)."""
+    import os
+
+    preset_config(name, layers)  # an unknown name or depth: one line, before any work
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "mlx-grpo" / "presets"
+    return write_preset_model(name, layers, cache / f"{name}-L{layers or 'all'}")

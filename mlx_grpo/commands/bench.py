@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from pathlib import Path
 
 from ..errors import UserError
@@ -60,13 +59,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def preset_directory(args: argparse.Namespace) -> Path:
     """The model directory of --preset cut to --layers blocks, written on first use."""
-    from ..presets import preset_config, write_preset_model
+    from ..presets import cached_preset_model
 
     if args.model:
         raise UserError("bench: give --model or --preset, not both")
-    preset_config(args.preset, args.layers)  # an unknown name or depth: one line, before any work
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "mlx-grpo" / "presets"
-    return write_preset_model(args.preset, args.layers, cache / f"{args.preset}-L{args.layers or 'all'}")
+    return cached_preset_model(args.preset, args.layers)
 
 
 def options_from_args(args: argparse.Namespace):
