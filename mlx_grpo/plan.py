@@ -38,20 +38,35 @@ A_KEPT = 5.6
 # With grad_checkpoint, what each block keeps per token, in hidden-size units (its input and the
 # residual stream around it).
 A_CHECKPOINTED = 2.8
-# Attention is recomputed, not kept: one block at a time holds [heads, S, S] score-sized buffers,
-# this many of them in the backward pass and in a forward pass.
+# One block at a time holds [heads, S, S] score-sized buffers, this many of them in the backward pass and in
+# a forward pass.
 A_ATTENTION_BACKWARD = 7.7
 A_ATTENTION_FORWARD = 3.8
-# A forward-only block (reference pass, prefill) holds about this many activation values per unit.
-A_FORWARD = 1.0
-# The LM head: peak bytes per fp32 logit of the part of the batch whose logits exist at once
-# (log-softmax, its gradient, entropy). A chunked head pays more per logit, on far fewer logits.
-HEAD_UPDATE = 4.3
+# ... and each block that is not recomputed keeps its attention probabilities for the backward pass (MLX's
+# attention on the CPU is composed of ops the gradient goes through): measured 1.07 score buffers per block
+# (hidden 128, 16 heads, 528 positions: 23.5 MB per adapted block, of which 4.5 MB the A_KEPT values).
+A_ATTENTION_KEPT = 4.5
+# A forward-only block (reference pass, prefill) holds about this many activation values per unit: the
+# MLP's gate and up projections and their product exist at once.
+A_FORWARD = 2.0
+# The LM head: peak bytes per fp32 logit of the part of the batch whose logits exist at once: the logits,
+# their shifted copy and exponentials (reused by the hand-written backward), the gradient. A chunked head
+# pays more per logit, on far fewer logits. Measured with the head alone (hidden 256, 152k vocabulary):
+# reference 3.03, update 3.06 when policy/entropy samples at most half the completion positions; at
+# Qwen2.5-1.5B width 3.31-3.35 for the reference pass (blocks' leftovers included).
+HEAD_UPDATE = 3.1
 HEAD_UPDATE_CHUNKED = 10.5
-HEAD_REFERENCE = 2.5
-HEAD_REFERENCE_CHUNKED = 7.0
+HEAD_REFERENCE = 3.6
+HEAD_REFERENCE_CHUNKED = 9.5
+# policy/entropy's logits at its sampled positions (update.entropy_stride: every position of completions up
+# to 32 tokens) add their own softmax: 4.3 per logit in all when it samples every position (measured 4.30-4.33).
+HEAD_ENTROPY = 1.25
 # A half-precision head first writes its logits in bf16, then casts them to float32: one more buffer.
 HEAD_HALF_PRECISION = 1.0
+# A decode step's sampling: bytes per fp32 logit of the step's [rows, vocabulary] logits (the logits, the
+# temperature's copy, the log-softmax, the categorical draw's noise; the next step's logits are queued while
+# this step's are used). Measured 4.8-6.0 (SmolLM2's 49k vocabulary, Qwen2.5-1.5B's 152k).
+SAMPLING = 6.0
 
 
 def activation_bytes(dtype: str, use_lora: bool) -> float:
@@ -84,6 +99,9 @@ class ModelShape:
     # The LM head can run at chosen positions and in chunks (models.PLAIN_HEAD_MODELS); else the model's
     # own head makes logits at every position of the sequence at once and logits_chunk_size does nothing
     plain_head: bool = True
+    # Every block caches plain keys and values (no sliding window): the G completions of a prompt then share
+    # one pass over it in the reference pass and the update (update.shares_prompts); else whole sequences
+    plain_cache: bool = True
 
     @classmethod
     def from_config(cls, config: Any, source: str = "config.json") -> "ModelShape":
@@ -115,7 +133,9 @@ class ModelShape:
                        bits=int(quant["bits"]) if quant.get("bits") else None,
                        group_size=int(quant.get("group_size", 64)), experts=experts,
                        expert_intermediate=expert_width, shared_intermediate=shared_width,
-                       plain_head=merged.get("model_type", "llama") in plain_head_models())
+                       plain_head=merged.get("model_type", "llama") in plain_head_models(),
+                       plain_cache=merged.get("model_type", "llama") in plain_head_models()
+                       and "sliding_attention" not in (merged.get("layer_types") or []))
         except KeyError as err:
             raise UserError(f"{source}: no '{err.args[0]}': mlx-grpo plan reads the model's shape from it") from None
 
@@ -211,11 +231,21 @@ class PhasePeaks:
                 for name in ("weights", "resident", "rollout", "reference", "update", "evaluation", "peak")}
 
 
+def micro_batches(shapes: Shapes, micro_batch_size: int) -> set[tuple[int, int]]:
+    """(rows, distinct prompts) of each micro-batch: `micro_batch_size` consecutive rows, a prompt's G
+    completions being one run of rows (a micro-batch can cut a group in two)."""
+    n, g = shapes.sequences, shapes.group_size
+    m = min(micro_batch_size or n, n)
+    return {(min(m, n - start), (min(start + m, n) - 1) // g - start // g + 1) for start in range(0, n, m)}
+
+
 def predict(shape: ModelShape, shapes: Shapes, config: TrainConfig, settings: MemorySettings,
             dtype: str) -> PhasePeaks:
     """Peak bytes of each phase of one step."""
+    from .update import entropy_stride
+
     d = dtype_bytes(dtype)
-    n, s, t = shapes.sequences, shapes.length, shapes.completion_length
+    n, s, t, p = shapes.sequences, shapes.length, shapes.completion_length, shapes.prompt_length
     weights = shape.weight_bytes(d)
     if config.use_lora:
         lora_layers = shape.layers if config.lora_layers < 0 else min(config.lora_layers, shape.layers)
@@ -223,52 +253,71 @@ def predict(shape: ModelShape, shapes: Shapes, config: TrainConfig, settings: Me
         # LoRA parameters are float32 whatever the base dtype: weights, AdamW's two moments
         resident = weights + trainable * 4 * 3
         gradients = trainable * 4 * 2  # the micro-batch's and the running sum
+        # No gradient flows into the frozen blocks before the first adapted one: only the adapted blocks
+        # keep activations for the backward pass (SmolLM2's recipe adapts 16 of 30)
+        trained_layers = lora_layers
     else:
         trainable = shape.parameters()
         reference_copy = weights if config.beta > 0 else 0
         resident = weights + trainable * d * 2 + reference_copy
         gradients = trainable * d * 2
+        trained_layers = shape.layers
 
-    m = min(settings.micro_batch_size or n, n)
     act = activation_bytes(dtype, config.use_lora)
     width = shape.hidden + shape.intermediate
 
-    def attention(rows: int, length: int, copies: float) -> float:
-        return copies * rows * shape.heads * length * length * d
-
     # rollout: KV cache of every sequence at full length, the prompts' prefill (one block at a time;
     # logits at the last position only, or at every prompt position for a model's own head), then one
-    # decode step's logits
+    # decode step's logits and its sampling arrays
     kv = n * s * shape.layers * 2 * shape.kv_heads * shape.head_dim * d
 
     def rollout_of(prompts: int) -> float:
-        prefill = prompts * shapes.prompt_length * width * act * A_FORWARD \
-            + attention(prompts, shapes.prompt_length, A_ATTENTION_FORWARD) \
-            + (0 if shape.plain_head else prompts * shapes.prompt_length * shape.vocab * 4)
-        return resident + kv + prefill + n * shape.vocab * 4
+        prefill = prompts * p * width * act * A_FORWARD + A_ATTENTION_FORWARD * prompts * shape.heads * p * p * d \
+            + (0 if shape.plain_head else prompts * p * shape.vocab * 4)
+        return resident + kv + prefill + SAMPLING * n * shape.vocab * 4
 
     rollout = rollout_of(shapes.prompts)
     # held-out evaluation decodes B x G rows at a time, one completion each: as many prompts prefilled
     evaluation = rollout_of(n) if config.eval_every > 0 else 0.0
 
-    # reference and update, per micro-batch of m sequences. The blocks run before the LM head in the
-    # forward pass and after it in the backward pass, so their transient buffers and the head's never
-    # coincide: a phase's peak is the larger of the two, on top of what the backward pass keeps.
+    # reference and update, per micro-batch. The blocks run before the LM head in the forward pass and
+    # after it in the backward pass, so their transient buffers and the head's never coincide: a phase's
+    # peak is the larger of the two, on top of what the backward pass keeps.
     chunked = shape.plain_head and 0 < settings.logits_chunk_size < t
     # a model's own head runs over every position of the sequence, prompt included
-    positions = settings.logits_chunk_size if chunked else t if shape.plain_head else s
-    logits = m * positions * shape.vocab * 4
+    head_positions = settings.logits_chunk_size if chunked else t if shape.plain_head else s
     half = HEAD_HALF_PRECISION if d == 2 else 0.0
-    reference = resident + max(logits * ((HEAD_REFERENCE_CHUNKED if chunked else HEAD_REFERENCE) + half),
-                               m * s * width * act * A_FORWARD + attention(m, s, A_ATTENTION_FORWARD))
-    one_block = m * s * width * act * A_KEPT
-    if settings.grad_checkpoint:  # block inputs are kept; each block is recomputed in its backward
-        kept, recomputed = shape.layers * m * s * shape.hidden * d * A_CHECKPOINTED, one_block
-    else:
-        kept, recomputed = shape.layers * one_block, 0.0
-    update = resident + gradients + kept + max(logits * ((HEAD_UPDATE_CHUNKED if chunked else HEAD_UPDATE) + half),
-                                               attention(m, s, A_ATTENTION_BACKWARD) + recomputed)
-    return PhasePeaks(weights, resident, rollout, reference if config.beta > 0 else resident, update, evaluation)
+    # rows that share a prompt run it once and their completions on its keys and values (update.shares_prompts:
+    # plain caches, blocks not recomputed); else every row runs its whole sequence
+    shared = shape.plain_cache and not settings.grad_checkpoint
+
+    def phases(rows: int, prompts: int) -> tuple[float, float]:
+        """What one micro-batch's reference pass and update add to what is resident."""
+        if shared and prompts < rows:
+            positions, scores = prompts * p + rows * t, prompts * p * p + rows * t * s
+        else:
+            positions, scores = rows * s, rows * s * s
+        attention = shape.heads * scores * d  # one [heads, queries, keys] score buffer
+        # the shared prompt's keys and values, copied to every row, exist for every block at once
+        prompt_cache = shape.layers * rows * s * 2 * shape.kv_heads * shape.head_dim * d \
+            if shared and prompts < rows else 0.0
+        logits = rows * head_positions * shape.vocab * 4
+        entropy_logits = rows * -(-t // entropy_stride(t)) * shape.vocab * 4
+        reference = max(logits * ((HEAD_REFERENCE_CHUNKED if chunked else HEAD_REFERENCE) + half),
+                        positions * width * act * A_FORWARD + A_ATTENTION_FORWARD * attention + prompt_cache)
+        one_block = positions * width * act * A_KEPT
+        if settings.grad_checkpoint:  # block inputs are kept; each block is recomputed in its backward
+            kept, recomputed = trained_layers * positions * shape.hidden * d * A_CHECKPOINTED, one_block
+        else:
+            kept, recomputed = trained_layers * (one_block + A_ATTENTION_KEPT * attention), 0.0
+        head = logits * ((HEAD_UPDATE_CHUNKED if chunked else HEAD_UPDATE) + half) + entropy_logits * HEAD_ENTROPY
+        update = gradients + kept + max(head, A_ATTENTION_BACKWARD * attention + recomputed + prompt_cache)
+        return reference, update
+
+    reference, update = (max(values) for values in zip(*(phases(rows, prompts) for rows, prompts
+                                                         in micro_batches(shapes, settings.micro_batch_size))))
+    return PhasePeaks(weights, resident, rollout, resident + reference if config.beta > 0 else resident,
+                      resident + update, evaluation)
 
 
 # ----------------------------------------------------------------------------- fitting a budget

@@ -226,3 +226,35 @@ def test_the_plan_takes_prompts_at_the_datasets_longest_as_the_run_encodes_them(
     shape_only = shape_only_model(tmp_path, QWEN25_15B)
     facts = make_plan(load_config(None, {"model_id": str(shape_only), "dataset": str(data)}), tmp_path)[1]
     assert facts["prompt_length"] == 256 and facts["prompt_length_from"] == "max_prompt_length"
+
+
+def test_the_plan_bounds_each_measured_phase_within_a_quarter(tmp_path):
+    """The trainer's own step, measured (MLX's peak counter is exact on every backend), against the plan:
+    each phase within +25% / -0% (issues 23 and 28). The shape has what SmolLM2's recipe has in small:
+    tiny completions on a tied-embedding head, LoRA on only the last blocks, micro-batches of 4 rows that
+    share their prompt's pass. The plan once counted every block's activations and whole sequences here
+    (update +90%) and one decode step's logits for the rollout's sampling (rollout below measured)."""
+    import mlx.core as mx
+
+    from mlx_grpo.benchmark import Workload
+    from mlx_grpo.plan import read_model_shape
+    from tiny_models import make_model_dir
+
+    model = make_model_dir(tmp_path / "model", "qwen2", hidden_size=64, intermediate_size=192, num_hidden_layers=8,
+                           vocab_size=4096, max_position_embeddings=256)
+    prompt_length = 40
+    config = load_config(None, {"model_id": str(model), "use_lora": True, "lora_rank": 8, "lora_layers": 3,
+                                "batch_size": 2, "num_generations": 8, "max_generation_steps": 12,
+                                "max_prompt_length": prompt_length, "micro_batch_size": 4, "beta": 0.04,
+                                "dtype": "float32", "eval_every": 0})
+    already_alive = mx.get_active_memory()  # the peak counter is process-wide: earlier tests' arrays are not ours
+    work = Workload(config, tmp_path, prompt_length)
+    measured: dict[str, float] = {}
+    for step in (1, 2):  # the second step has the optimiser's moments resident, as every later one does
+        for phase, peak in work.step(step)[1].items():
+            measured[phase] = max(measured.get(phase, 0.0), peak - already_alive)
+    planned = predict(read_model_shape(str(model), tmp_path), Shapes(2, 8, prompt_length, 12), config,
+                      MemorySettings(4, 0, False), "float32")
+    for phase, attribute in (("rollout", "rollout"), ("ref", "reference"), ("update", "update")):
+        ratio = getattr(planned, attribute) / measured[phase]
+        assert 1.0 <= ratio <= 1.25, (phase, ratio)

@@ -29,7 +29,9 @@ ARCHITECTURES = {
 }
 
 
-def make_model_dir(out: Path, model_type: str = "llama", seed: int = 0) -> Path:
+def make_model_dir(out: Path, model_type: str = "llama", seed: int = 0, **shape) -> Path:
+    """`shape`: config.json fields to change (a vocabulary larger than the tokenizer's is fine: ids it never
+    produces)."""
     tokenizer = build_tokenizer()
     config = {
         **ARCHITECTURES[model_type],
@@ -45,6 +47,7 @@ def make_model_dir(out: Path, model_type: str = "llama", seed: int = 0) -> Path:
         "bos_token_id": tokenizer.token_to_id(BOS),
         "eos_token_id": tokenizer.token_to_id(EOS),
         "pad_token_id": tokenizer.token_to_id(PAD),
+        **shape,
     }
     module = importlib.import_module(f"mlx_lm.models.{model_type}")
     mx.random.seed(seed)
