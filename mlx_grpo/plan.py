@@ -44,8 +44,12 @@ A_ATTENTION_BACKWARD = 7.7
 A_ATTENTION_FORWARD = 3.8
 # ... and each block that is not recomputed keeps its attention probabilities for the backward pass (MLX's
 # attention on the CPU is composed of ops the gradient goes through): measured 1.07 score buffers per block
-# (hidden 128, 16 heads, 528 positions: 23.5 MB per adapted block, of which 4.5 MB the A_KEPT values).
-A_ATTENTION_KEPT = 4.5
+# for whole sequences, 1.26 with a shared 512-token prompt (hidden 128, 16 heads).
+A_ATTENTION_KEPT = 1.3
+# Kept values per position and block that do not grow with the width: small models keep more per unit of
+# width than A_KEPT (hidden 128: 7.9 units; SmolLM2's 576: 5.2-7.5; Qwen2.5-1.5B's 1536: 3.9); fitted, the
+# cause not traced.
+A_KEPT_PER_POSITION = 2048
 # A forward-only block (reference pass, prefill) holds about this many activation values per unit: the
 # MLP's gate and up projections and their product exist at once.
 A_FORWARD = 2.0
@@ -53,10 +57,10 @@ A_FORWARD = 2.0
 # their shifted copy and exponentials (reused by the hand-written backward), the gradient. A chunked head
 # pays more per logit, on far fewer logits. Measured with the head alone (hidden 256, 152k vocabulary):
 # reference 3.03, update 3.06 when policy/entropy samples at most half the completion positions; at
-# Qwen2.5-1.5B width 3.31-3.35 for the reference pass (blocks' leftovers included).
+# Qwen2.5-1.5B width 3.31-3.35 for the reference pass, SmolLM2 3.25-3.8 (blocks' leftovers included).
 HEAD_UPDATE = 3.1
-HEAD_UPDATE_CHUNKED = 10.5
-HEAD_REFERENCE = 3.6
+HEAD_UPDATE_CHUNKED = 9.3
+HEAD_REFERENCE = 3.8
 HEAD_REFERENCE_CHUNKED = 9.5
 # policy/entropy's logits at its sampled positions (update.entropy_stride: every position of completions up
 # to 32 tokens) add their own softmax: 4.3 per logit in all when it samples every position (measured 4.30-4.33).
@@ -305,7 +309,7 @@ def predict(shape: ModelShape, shapes: Shapes, config: TrainConfig, settings: Me
         entropy_logits = rows * -(-t // entropy_stride(t)) * shape.vocab * 4
         reference = max(logits * ((HEAD_REFERENCE_CHUNKED if chunked else HEAD_REFERENCE) + half),
                         positions * width * act * A_FORWARD + A_ATTENTION_FORWARD * attention + prompt_cache)
-        one_block = positions * width * act * A_KEPT
+        one_block = positions * (width * A_KEPT + A_KEPT_PER_POSITION) * act
         if settings.grad_checkpoint:  # block inputs are kept; each block is recomputed in its backward
             kept, recomputed = trained_layers * positions * shape.hidden * d * A_CHECKPOINTED, one_block
         else:
