@@ -4,17 +4,22 @@ The model's shape comes from its config.json alone. Each phase's peak is what st
 (weights, trainable state: LoRA or full weights' gradients and AdamW moments, a frozen reference copy)
 plus what the phase builds on top:
 
-- rollout: the KV cache of every completion at full length, and the larger of the prompts' prefill
-  (block activations; logits at the last position only) and one decode step's sampling arrays;
+- rollout: the KV cache of every completion at full length, the prompts' prefill (block activations;
+  logits at the last position only) and one decode step's sampling arrays;
 - reference: one micro-batch's forward pass (transient, one block at a time), then its LM-head logits;
-- update: one micro-batch's activations kept for the backward pass in every block (only the block
-  inputs with `grad_checkpoint`), then the larger of the LM head's buffers (logits with their softmax
-  and gradient, whole or one chunk at a time) and one block's backward (its attention scores, and its
-  recomputed activations with `grad_checkpoint`).
+- update: one micro-batch's activations kept for the backward pass in every trained block (with LoRA,
+  the adapted ones only; only the block inputs with `grad_checkpoint`), then the larger of the LM head's
+  buffers (logits with their softmax and gradient, whole or one chunk at a time, and policy/entropy's
+  sampled logits) and one block's backward (its attention scores, and its recomputed activations with
+  `grad_checkpoint`).
+
+A micro-batch's rows that share a prompt run it once and only their completions on its keys and values
+(update.shares_prompts), so its positions are its prompts once plus every row's completion.
 
 The constants are measured, not guessed: `benchmarks/memory_probe.py` measures each phase's peak
 on random-weight models (MLX's peak counter is exact), and docs/SCALE.md compares this formula with
-those measurements on the published shapes of Qwen2.5, Qwen3 and Llama-3.2 models.
+those measurements on the published shapes of Qwen2.5, Qwen3 and Llama-3.2 models; benchmarks/plan_check.py
+compares it with the trainer's own step for a run config (SmolLM2's recipe, preset cuts).
 """
 
 from __future__ import annotations
@@ -58,8 +63,11 @@ A_FORWARD = 2.0
 # pays more per logit, on far fewer logits. Measured with the head alone (hidden 256, 152k vocabulary):
 # reference 3.03, update 3.06 when policy/entropy samples at most half the completion positions; at
 # Qwen2.5-1.5B width 3.31-3.35 for the reference pass, SmolLM2 3.25-3.8 (blocks' leftovers included).
+# Chunked, per logit of one chunk: reference 6.1 with 2 chunks, 9.0-9.05 with 4-8 (about three chunks'
+# buffers at once); update 6.5-9.6 with policy/entropy's part (more rows, fewer per logit), and a single
+# Qwen2.5-1.5B block in bf16 (4 rows, 128-position chunks) needed 10.2 + the half-precision buffer.
 HEAD_UPDATE = 3.1
-HEAD_UPDATE_CHUNKED = 9.3
+HEAD_UPDATE_CHUNKED = 10.2
 HEAD_REFERENCE = 3.8
 HEAD_REFERENCE_CHUNKED = 9.5
 # policy/entropy's logits at its sampled positions (update.entropy_stride: every position of completions up

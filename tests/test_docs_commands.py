@@ -56,6 +56,8 @@ SKIPPED: dict[str, str] = {
     'mlx.launch -n 2 --backend ring -- mlx-grpo train configs/default.yaml':
         "200 steps on two ranks (~5 min on 2 cores); tests/test_distributed.py launches the same way for 3 steps",
     'python benchmarks/bench_learning.py --seeds 0 1 2': "three 200-step runs per arm (~25 min); a benchmark",
+    'python benchmarks/plan_check.py configs/smollm2_sums.yaml':
+        "two steps of the SmolLM2 recipe (~2-8 min); tests/test_plan.py checks plan against measured at a small shape",
     'python -m pytest': "the test suite itself",
     'python -m pytest -m slow': "the test suite itself",
     'python -m pytest -m ""': "the test suite itself",
