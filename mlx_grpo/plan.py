@@ -75,10 +75,11 @@ HEAD_REFERENCE_CHUNKED = 9.5
 HEAD_ENTROPY = 1.25
 # A half-precision head first writes its logits in bf16, then casts them to float32: one more buffer.
 HEAD_HALF_PRECISION = 1.0
-# A decode step's sampling: bytes per fp32 logit of the step's [rows, vocabulary] logits (the logits, the
-# temperature's copy, the log-softmax, the categorical draw's noise; the next step's logits are queued while
-# this step's are used). Measured 4.8-6.0 (SmolLM2's 49k vocabulary, Qwen2.5-1.5B's 152k).
-SAMPLING = 6.0
+# A decode step's sampling: bytes per fp32 logit of the step's [rows, vocabulary] logits (the logits, their
+# shifted exponentials and cumulative sum, the comparisons that draw the id; the next step's logits are
+# queued while this step's are used). Measured 5.5-5.6 with the prefill's share (SmolLM2's 49k vocabulary,
+# a 152k one; 4.8-6.0 with the earlier Gumbel draw).
+SAMPLING = 6.5
 
 
 def activation_bytes(dtype: str, use_lora: bool) -> float:
