@@ -100,11 +100,6 @@ def sample_tokens(logits: mx.array, settings: SamplingSettings, key: mx.array) -
     return ids, mx.take_along_axis(logprobs, ids[:, None], axis=-1)[:, 0]
 
 
-def unbatchable_caches(model: nn.Module) -> list[str]:
-    """Kinds of the model's cache that mlx-lm cannot merge into a batch (empty: the rollout can batch it)."""
-    return sorted({type(c).__name__ for c in make_prompt_cache(model) if not hasattr(type(c), "merge")})
-
-
 def last_position_logits(model: nn.Module, inputs: mx.array, cache: list) -> mx.array:
     """[B, V] logits of the last position: a prompt's prefill needs no others (at a 152k vocabulary,
     B x prompt length x V logits would be most of the rollout's memory)."""

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from mlx_grpo.cli import main
+from mlx_grpo.commands.metrics import metrics_markdown
 from mlx_grpo.rubric import load_rubric
 from mlx_grpo.rubric_reward import RubricReward
 from mlx_grpo.telemetry import catalogue, other_names
@@ -155,9 +156,16 @@ def test_every_name_the_rubric_reward_emits_is_catalogued(tmp_path):
 
 
 def test_metrics_md_is_up_to_date():
-    expected = catalogue.render_markdown()
+    expected = metrics_markdown()
     actual = (REPO / "METRICS.md").read_text(encoding="utf-8")
-    assert actual == expected, "METRICS.md is stale: python -m mlx_grpo.telemetry.catalogue --write METRICS.md"
+    assert actual == expected, "METRICS.md is stale: mlx-grpo metrics --write METRICS.md"
+
+
+def test_metrics_write_regenerates_metrics_md(tmp_path):
+    assert main(["metrics", "--write", str(tmp_path / "METRICS.md")]) == 0
+    text = (tmp_path / "METRICS.md").read_text(encoding="utf-8")
+    assert text == metrics_markdown()
+    assert "| `rewards/total/mean` |" in text and "# Other tools' names" in text
 
 
 def test_metrics_command_prints_table_json_other_names_and_looks_names_up(capsys):
