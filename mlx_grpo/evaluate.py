@@ -8,8 +8,8 @@ from typing import Any, Callable
 import mlx.core as mx
 
 from .data import encode_prompt
-from .rewards import is_correct
 from .rollout import SamplingSettings, decode_completion, generate
+from .tasks.answer_format import is_correct
 
 GREEDY = SamplingSettings(temperature=0.0)
 

@@ -38,10 +38,10 @@ from .extras.sgrpo import run_exits
 from .machine import accel_memory, describe_device, versions, wire_memory
 from .models import ReferencePolicy, apply_adapters, count_parameters, load_policy, make_reference, resolve_dtype
 from .resume import last_record, log_positions, resumable_checkpoint, resume_command, truncate_logs
-from .rewards import (RewardFunction, RewardScores, extract_answer, extract_reasoning, is_correct,
-                      load_reward_functions, score_completions)
+from .rewards import RewardFunction, RewardScores, load_reward_functions, score_completions
 from .rollout import Rollout, SamplingSettings, decode_completion, generate
 from .signals import StopRequest, report_stop
+from .tasks.answer_format import extract_answer, extract_reasoning, is_correct
 from .telemetry.alert_config import load_alert_rules, rules_from_config
 from .telemetry.recorder import RunRecorder, StepReport
 from .telemetry.rundir import scrub_secrets

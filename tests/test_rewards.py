@@ -10,14 +10,13 @@ from mlx_grpo.rewards import (
     BUILTINS,
     answer_check,
     digit_match,
-    extract_answer,
     format_approx,
     format_exact,
-    is_correct,
     load_reward_functions,
     number_check,
     score_completions,
 )
+from mlx_grpo.tasks.answer_format import TAGS, extract_answer, is_correct
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
@@ -358,3 +357,23 @@ def test_reward_functions_are_called_by_keyword_as_trl_does_and_the_positional_f
     scores = score_completions(functions, ["p1", "p2"], ["3", "5"], ["3", "4"], {"solution": ["3", "5"]})
     assert scores.per_function.tolist() == [[1.0, 1.0], [1.0, 0.0], [1.0, 0.0]]
     assert scores.new_errors == []
+
+
+def test_the_answer_tags_are_spelled_only_in_the_tasks_answer_format():
+    """Rewards, accuracy, S-GRPO and the default model's tokenizer ask tasks/answer_format.py for the tags."""
+    import ast
+
+    package = Path(__file__).resolve().parents[1] / "mlx_grpo"
+    spelled = []
+    for path in sorted(package.rglob("*.py")):
+        if path.name == "answer_format.py":
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                      if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                      and node.body and isinstance(node.body[0], ast.Expr)}
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
+                    and any(tag in node.value for tag in TAGS)):
+                spelled.append(f"{path.relative_to(package)}:{node.lineno}")
+    assert spelled == []

@@ -216,7 +216,7 @@ def test_sinkset_context_manager_records_how_the_run_ended(tmp_path, error, stat
 
 
 def test_samples_split_completions_with_the_scoring_extractor_and_escape_markdown():
-    from mlx_grpo.rewards import extract_answer, extract_reasoning
+    from mlx_grpo.tasks.answer_format import extract_answer, extract_reasoning
 
     # One extractor for scoring and display: the last complete block wins, as when scoring.
     assert (extract_reasoning("<reasoning> think </reasoning><answer> 42 </answer>"),
