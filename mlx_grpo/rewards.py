@@ -342,6 +342,18 @@ class RewardScores:
     total: np.ndarray
     new_errors: list[str]
 
+    def take(self, samples: Sequence[int]) -> "RewardScores":
+        """The scores of `samples`, in that order; the batch's error lines stay with every part."""
+        samples = list(samples)
+        return RewardScores(self.names, self.per_function[:, samples], self.total[samples], self.new_errors)
+
+    @staticmethod
+    def concat(parts: Sequence["RewardScores"]) -> "RewardScores":
+        """The parts' samples one after another (same functions); each error line once."""
+        return RewardScores(parts[0].names, np.concatenate([p.per_function for p in parts], axis=1),
+                            np.concatenate([p.total for p in parts]),
+                            list(dict.fromkeys(e for p in parts for e in p.new_errors)))
+
 
 def score_completions(
     functions: Sequence[RewardFunction],

@@ -140,6 +140,13 @@ class Prompts:
     def per_completion(self) -> list[dict]:
         return [row for row in self.rows for _ in range(self.group_size)]
 
+    def take(self, groups: list[int]) -> "Prompts":
+        return Prompts([self.rows[g] for g in groups], [self.encoded[g] for g in groups], self.group_size)
+
+    @staticmethod
+    def concat(parts: list["Prompts"]) -> "Prompts":
+        return Prompts([r for p in parts for r in p.rows], [e for p in parts for e in p.encoded], parts[0].group_size)
+
 
 @dataclass
 class Scored:
@@ -148,6 +155,14 @@ class Scored:
     texts: list[str]
     scores: RewardScores
     correct: list[bool]
+
+    def take(self, samples: list[int]) -> "Scored":
+        return Scored([self.texts[i] for i in samples], self.scores.take(samples), [self.correct[i] for i in samples])
+
+    @staticmethod
+    def concat(parts: list["Scored"]) -> "Scored":
+        return Scored([t for p in parts for t in p.texts], RewardScores.concat([p.scores for p in parts]),
+                      [c for p in parts for c in p.correct])
 
 
 @dataclass
@@ -166,31 +181,13 @@ class Drawn:
 
     def take(self, groups: list[int]) -> "Drawn":
         G = self.prompts.group_size
-        rows = [g * G + j for g in groups for j in range(G)]
-        r, sc = self.rollout, self.scored
-        return Drawn(Prompts([self.prompts.rows[g] for g in groups], [self.prompts.encoded[g] for g in groups], G),
-                     Rollout([r.prompts[i] for i in rows], [r.completions[i] for i in rows],
-                             [r.logprobs[i] for i in rows], [r.truncated[i] for i in rows], r.seconds),
-                     Scored([sc.texts[i] for i in rows],
-                            dataclasses.replace(sc.scores, per_function=sc.scores.per_function[:, rows],
-                                                total=sc.scores.total[rows]),
-                            [sc.correct[i] for i in rows]))
+        samples = [g * G + j for g in groups for j in range(G)]
+        return Drawn(self.prompts.take(groups), self.rollout.take(samples), self.scored.take(samples))
 
     @staticmethod
-    def join(parts: list["Drawn"]) -> "Drawn":
-        first = parts[0]
-        return Drawn(
-            Prompts([row for p in parts for row in p.prompts.rows], [e for p in parts for e in p.prompts.encoded],
-                    first.prompts.group_size),
-            Rollout([x for p in parts for x in p.rollout.prompts], [x for p in parts for x in p.rollout.completions],
-                    [x for p in parts for x in p.rollout.logprobs], [x for p in parts for x in p.rollout.truncated],
-                    sum(p.rollout.seconds for p in parts)),
-            Scored([x for p in parts for x in p.scored.texts],
-                   dataclasses.replace(first.scored.scores,
-                                       per_function=np.concatenate([p.scored.scores.per_function for p in parts], 1),
-                                       total=np.concatenate([p.scored.scores.total for p in parts]),
-                                       new_errors=[e for p in parts for e in p.scored.scores.new_errors]),
-                   [x for p in parts for x in p.scored.correct]))
+    def concat(parts: list["Drawn"]) -> "Drawn":
+        return Drawn(Prompts.concat([p.prompts for p in parts]), Rollout.concat([p.rollout for p in parts]),
+                     Scored.concat([p.scored for p in parts]))
 
 
 @dataclass
@@ -282,9 +279,9 @@ class Trainer:
             spare.append(more.take([g for g in range(missing) if g not in informative]))
         missing = self.config.batch_size - sum(len(part.prompts.rows) for part in kept)
         if missing > 0:
-            spares = Drawn.join(spare)
+            spares = Drawn.concat(spare)
             kept.append(spares.take(list(range(missing))))
-        return Drawn.join(kept), redrawn
+        return Drawn.concat(kept), redrawn
 
     def advantages(self, scored: Scored) -> mx.array:
         advantages = self.world.group_advantages(mx.array(scored.scores.total, dtype=mx.float32),
