@@ -219,15 +219,54 @@ def test_tensorboard_layout_is_generated_from_the_chart_groups():
     assert not any(re.match(rx, "rewards/total/contribution_pct") for rx in regexes)
 
 
-def test_dashboard_views_use_catalogued_names_with_the_catalogue_labels():
-    from mlx_grpo.tui.views import LENGTHS, OVERVIEW, POLICY, SYSTEM, SYSTEM_SPARKLINES, THROUGHPUT
+def test_dashboard_views_draw_the_catalogues_chart_groups_with_its_labels():
+    from mlx_grpo.tui import views
 
-    for view in (OVERVIEW, POLICY, LENGTHS, THROUGHPUT, SYSTEM):
+    for view in (views.OVERVIEW, views.POLICY, views.LENGTHS, views.THROUGHPUT, views.SYSTEM):
         for tile_label, metric in view.tiles:
             assert find_entry(metric) is not None and tile_label == catalogue.label(metric), metric
-        for chart in view.charts:
-            assert [m for m in chart.metrics if find_entry(m.replace("*", "answer_check")) is None] == []
-    assert [m for _, m in SYSTEM_SPARKLINES if find_entry(m) is None] == []
+        for chart in view.charts:  # every chart is one of the catalogue's, members and title alike
+            assert any(catalogue.CHART_GROUPS[s].get(chart.title) == chart.metrics for s in catalogue.CHART_GROUPS)
+    assert [m for _, m in views.SYSTEM_SPARKLINES if find_entry(m) is None] == []
+    # placeholders resolve against a run's names; <fn> never takes the total
+    available = ["rewards/total/mean", "rewards/answer_check/mean", "rewards/format_exact/mean", "accuracy/train"]
+    per_function = next(c for c in views.OVERVIEW.charts if c.title == "reward per function")
+    assert views.resolve(per_function, available) == ["rewards/answer_check/mean", "rewards/format_exact/mean"]
+
+
+def metric_name_literals() -> dict[str, set[str]]:
+    """Each catalogued metric name spelled as a string literal in the package (docstrings aside), and the
+    modules that spell it."""
+    import ast
+
+    found: dict[str, set[str]] = {}
+    for path in sorted((REPO / "mlx_grpo").rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                      if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                      and node.body and isinstance(node.body[0], ast.Expr)}
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
+                    and "/" in node.value and " " not in node.value and find_entry(node.value) is not None):
+                found.setdefault(node.value, set()).add(str(path.relative_to(REPO)))
+    return found
+
+
+# The catalogue describes every name, other_names.py maps other tools' names to ours (both checked above).
+DESCRIBING = {"mlx_grpo/telemetry/catalogue.py", "mlx_grpo/telemetry/other_names.py"}
+
+
+def test_a_metric_name_is_spelled_in_one_module_and_cross_boundary_ones_only_in_names_py():
+    from mlx_grpo.telemetry import names
+
+    spelled = metric_name_literals()
+    # Beside the tables that describe names, a name is spelled where it is made; a name two
+    # modules need is a constant of names.py, which they import (the catalogue too).
+    making = {name: sorted(where - DESCRIBING) for name, where in spelled.items()}
+    assert {name: where for name, where in making.items() if len(where) > 1} == {}
+    constants = {v for k, v in vars(names).items() if k.isupper()}
+    assert {name: sorted(where) for name, where in spelled.items()
+            if name in constants and where != {"mlx_grpo/telemetry/names.py"}} == {}
 
 
 def test_old_metric_names_are_read_as_todays():

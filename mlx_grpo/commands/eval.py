@@ -44,6 +44,7 @@ def run(args: argparse.Namespace) -> int:
     from ..data import extra_columns, load_datasets, read_dataset_file
     from ..evaluate import evaluate
     from ..rewards import score_completions
+    from ..telemetry.names import EVAL_ACCURACY
     from ..telemetry.step_data import eval_record
     from ..trainer import load_rewards
 
@@ -84,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(out, indent=2))
         return 0
-    print(f"{source}: held-out accuracy {out['eval/accuracy']:.1%} ({out['correct']}/{len(rows)}) on "
+    print(f"{source}: held-out accuracy {out[EVAL_ACCURACY]:.1%} ({out['correct']}/{len(rows)}) on "
           f"{out['dataset']}, greedy, {seconds:.1f} s")
     for key, value in out.items():
         if key.startswith("eval/difficulty/") and key.endswith("/accuracy"):

@@ -26,6 +26,7 @@ from typing import Any, ClassVar, Iterable, Mapping, Sequence
 
 from ..errors import UserError
 from .rundir import scrub_text
+from .names import ACCURACY_TRAIN, EVAL_ACCURACY
 
 LEVELS = ("info", "warning", "error")
 # What the trainer does when a rule fires: "none" (report it) or "stop" (checkpoint, close the logs, exit 3).
@@ -330,7 +331,7 @@ class HackingRule(Rule):
     kind: ClassVar[str] = "hacking"
     window: int
     rise: float
-    accuracy: tuple[str, ...] = ("accuracy/train", "eval/accuracy")
+    accuracy: tuple[str, ...] = (ACCURACY_TRAIN, EVAL_ACCURACY)
     accuracy_change: float = 0.0
     relative: bool = False
     min_scale: float = 1e-9

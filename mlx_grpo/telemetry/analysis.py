@@ -33,10 +33,12 @@ from .alerts import Alert, AlertEngine, Rule
 from .catalogue import canonical_record
 from .rundir import json_safe
 from .metric_table import table_from_records
+from .names import (ACCURACY_TRAIN, EVAL_ACCURACY, LENGTH_MEAN, REWARD_MEAN, REWARD_STD, TRUNCATED_FRAC,
+                    ZERO_STD_GROUP_FRAC)
 
 QUALITY_WEIGHTS = {"consistency": 0.25, "discriminability": 0.35, "stability": 0.25, "coverage": 0.15}
 MIN_POINTS = 5  # fewer logged steps than this and a part is not scored
-ACCURACY_METRICS = ("eval/accuracy", "accuracy/train")
+ACCURACY_METRICS = (EVAL_ACCURACY, ACCURACY_TRAIN)
 
 
 # --------------------------------------------------------------------------- data access
@@ -175,8 +177,8 @@ class QualityReport:
 
 def _consistency(data: RunData) -> QualityPart:
     weight = QUALITY_WEIGHTS["consistency"]
-    _, mean = data.series("rewards/total/mean")
-    _, std = data.series("rewards/total/std")
+    _, mean = data.series(REWARD_MEAN)
+    _, std = data.series(REWARD_STD)
     if len(mean) < MIN_POINTS or len(std) == 0:
         return QualityPart("consistency", weight, None,
                            f"needs rewards/total/mean and /std over at least {MIN_POINTS} logged steps")
@@ -198,7 +200,7 @@ def _consistency(data: RunData) -> QualityPart:
 
 def _discriminability(data: RunData) -> tuple[QualityPart, float | None, float | None]:
     weight = QUALITY_WEIGHTS["discriminability"]
-    _, zero_std = data.series("rewards/zero_std_group_frac")
+    _, zero_std = data.series(ZERO_STD_GROUP_FRAC)
     nonzero = float(1.0 - zero_std.mean()) if len(zero_std) else None
     auc = None
     total, correct = data.cols["_total"], data.cols["_correct"]
@@ -223,7 +225,7 @@ def _discriminability(data: RunData) -> tuple[QualityPart, float | None, float |
 
 def _stability(data: RunData) -> QualityPart:
     weight = QUALITY_WEIGHTS["stability"]
-    _, std = data.series("rewards/total/std")
+    _, std = data.series(REWARD_STD)
     if len(std) < MIN_POINTS:
         return QualityPart("stability", weight, None, f"needs rewards/total/std over at least {MIN_POINTS} logged steps")
     mean_std = float(std.mean())
@@ -300,8 +302,8 @@ def trend_of(metrics: "Records | RunData", name: str) -> Trend | None:
 def reward_trends(metrics: "Records | RunData") -> dict[str, Trend]:
     """Trends of the total and each function's mean reward, accuracy, and completion length."""
     data = _data(metrics)
-    names = ["rewards/total/mean", *(f"rewards/{fn}/mean" for fn in data.functions), *ACCURACY_METRICS,
-             "completions/length/mean"]
+    names = [REWARD_MEAN, *(f"rewards/{fn}/mean" for fn in data.functions), *ACCURACY_METRICS,
+             LENGTH_MEAN]
     out = {}
     for name in names:
         trend = trend_of(data, name)
@@ -420,7 +422,7 @@ def detect_reward_hacking(metrics: "Records | RunData", samples: Records = (),
     acc_words = ", ".join(f"{name} {t.direction} {t.change:+.3f}" for name, t in accuracy.items())
     accuracy_not_rising = bool(accuracy) and all(t.direction != "rising" for t in accuracy.values())
 
-    for name in ["rewards/total/mean", *(f"rewards/{fn}/mean" for fn in fns)]:
+    for name in [REWARD_MEAN, *(f"rewards/{fn}/mean" for fn in fns)]:
         trend = trend_of(data, name)
         if trend is None or trend.direction != "rising" or not accuracy_not_rising:
             continue
@@ -432,7 +434,7 @@ def detect_reward_hacking(metrics: "Records | RunData", samples: Records = (),
             if share is not None and share.change >= 15:
                 findings.append(f"{fn}'s share of the reward grew from {share.start:.0f}% to {share.end:.0f}% "
                                 f"while accuracy did not improve ({acc_words})")
-    length = trend_of(data, "completions/length/mean")
+    length = trend_of(data, LENGTH_MEAN)
     length_grew = length is not None and length.direction == "rising" and (length.relative_change or 0) >= 0.2
     for fn, info in importance.items():
         mean_trend = trend_of(data, f"rewards/{fn}/mean")
@@ -487,12 +489,12 @@ class RunOutcome:
 
 
 def run_outcome(data: RunData, alerts: Sequence[Alert]) -> RunOutcome:
-    _, accuracy = data.series("eval/accuracy")
+    _, accuracy = data.series(EVAL_ACCURACY)
     counts: dict[str, int] = {}
     for alert in alerts:
         counts[alert.level] = counts.get(alert.level, 0) + 1
     return RunOutcome(float(accuracy[0]) if len(accuracy) else None, float(accuracy[-1]) if len(accuracy) else None,
-                      trend_of(data, "accuracy/train"), trend_of(data, "rewards/total/mean"), counts)
+                      trend_of(data, ACCURACY_TRAIN), trend_of(data, REWARD_MEAN), counts)
 
 
 @dataclass
@@ -566,7 +568,7 @@ def _issues(report: RewardReport, nonzero: float | None, auc: float | None,
         if corr.corr > 0.95:
             add(f"{corr.a} and {corr.b} are almost the same signal (correlation {corr.corr:.2f})",
                 f"keep one of {corr.a} and {corr.b}, or lower one weight")
-    _, clip = data.series("completions/truncated_frac")
+    _, clip = data.series(TRUNCATED_FRAC)
     if len(clip) and clip.mean() > 0.3:
         add(f"{clip.mean():.0%} of completions were cut off at the generation limit",
             "raise max_generation_steps, or penalise overly long completions")

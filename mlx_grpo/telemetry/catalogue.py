@@ -32,6 +32,14 @@ import re
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 
+from .names import (ACCEL_ACTIVE_GB, ACCEL_LIMIT_GB, ACCEL_MEMORY_PERCENT, ACCEL_PEAK_GB, ACCURACY_TRAIN,
+                    BACKPROP_TOKENS_PER_S, CHECKPOINT_SECONDS, CLIP_FRAC, CPU_PERCENT, ELAPSED_SECONDS, ENTROPY,
+                    EVAL_ACCURACY, EVAL_SECONDS, FINISHED_CORRECT_FRAC, FINISHED_FRAC, GEN_MS_PER_TOKEN,
+                    GEN_TOKENS_PER_S, GRAD_NORM, KL, LEARNING_RATE, LENGTH_MEAN, LOSS, MEMORY_PERCENT, MEMORY_USED_GB,
+                    PROCESS_RSS_GB, PROMPT_LENGTH_MEAN, PROMPT_TRUNCATED_FRAC, REDRAWN_PROMPTS, REWARD_MEAN,
+                    REWARD_RECENT_MEAN, ROLLOUT_SECONDS, SIGNAL_TO_NOISE, STEP_SECONDS, STEP_TOKENS_PER_S,
+                    TOKENS_TOTAL, TRUNCATED_CORRECT_FRAC, TRUNCATED_FRAC, UPDATE_SECONDS, ZERO_STD_GROUP_FRAC)
+
 # ----------------------------------------------------------------------------- entries
 
 
@@ -82,7 +90,7 @@ def _reward_entries() -> list[MetricSpec]:
     out += [
         MetricSpec("rewards/total/variance", "Batch variance of the weighted total reward (std squared).",
                    "reward^2", "rewards", EVERY_STEP),
-        MetricSpec("rewards/total/recent_mean", "Mean of rewards/total/mean over the last 10 logged steps "
+        MetricSpec(REWARD_RECENT_MEAN, "Mean of rewards/total/mean over the last 10 logged steps "
                    "(fewer at the start).", "reward", "rewards", EVERY_STEP),
         MetricSpec("rewards/total/hist", "Distribution of the total reward of every completion since the "
                    "previous histogram.", "reward", "rewards", HIST, "histogram"),
@@ -102,16 +110,16 @@ def _reward_entries() -> list[MetricSpec]:
                    "above 0 (its hit rate).", "fraction", "rewards", EVERY_STEP),
         MetricSpec("rewards/<fn>/hist", "Distribution of <fn>'s scores since the previous histogram.",
                    "reward", "rewards", HIST, "histogram"),
-        MetricSpec("rewards/signal_to_noise", "|rewards/total/mean| / rewards/total/std. Left out when the std "
+        MetricSpec(SIGNAL_TO_NOISE, "|rewards/total/mean| / rewards/total/std. Left out when the std "
                    "is 0.", "ratio", "rewards", EVERY_STEP),
         MetricSpec("rewards/entropy", "Shannon entropy (bits) of the batch's total rewards binned into 10 "
                    "equal-width bins spanning the batch's min..max; 0 when all totals are equal, at most "
                    "log2(10) = 3.32. Higher means rewards spread over more distinct values.", "bits", "rewards",
                    EVERY_STEP),
-        MetricSpec("rewards/zero_std_group_frac", "Fraction of prompt groups whose G completions all got the "
+        MetricSpec(ZERO_STD_GROUP_FRAC, "Fraction of prompt groups whose G completions all got the "
                    "same total reward: their advantages are 0 and they teach nothing.", "fraction", "rewards",
                    EVERY_STEP),
-        MetricSpec("sampling/redrawn_prompts", "Prompts drawn again this step by dynamic sampling to replace groups "
+        MetricSpec(REDRAWN_PROMPTS, "Prompts drawn again this step by dynamic sampling to replace groups "
                    "whose completions all got the same reward (0: the first draw was all informative).",
                    "prompts", "rewards", DYNAMIC),
         MetricSpec("rewards/cumulative", "Sum of rewards/total/mean over all steps so far.", "reward",
@@ -152,21 +160,21 @@ def _rubric_entries() -> list[MetricSpec]:
 def _policy_entries() -> list[MetricSpec]:
     p = "policy"
     return [
-        MetricSpec("policy/loss", "The loss that was minimised: policy-gradient loss plus the KL penalty.", "",
+        MetricSpec(LOSS, "The loss that was minimised: policy-gradient loss plus the KL penalty.", "",
                    p, EVERY_STEP),
         MetricSpec("policy/pg_loss", "Clipped policy-gradient (surrogate) loss alone.", "", p, EVERY_STEP),
-        MetricSpec("policy/kl", "Mean per-token KL divergence of the policy from the reference model (k3 "
+        MetricSpec(KL, "Mean per-token KL divergence of the policy from the reference model (k3 "
                    "estimator), over completion tokens. Left out when beta is 0 (no reference model is kept).",
                    "nats", p, EVERY_STEP),
         MetricSpec("policy/kl_penalty", "The KL term as added to the loss: beta * policy/kl.", "", p, EVERY_STEP),
         MetricSpec("policy/kl_coef", "beta, the coefficient of the KL term.", "", p, EVERY_STEP),
-        MetricSpec("policy/entropy", "Mean per-token entropy of the policy's next-token distribution over "
+        MetricSpec(ENTROPY, "Mean per-token entropy of the policy's next-token distribution over "
                    "completion tokens.", "nats", p, EVERY_STEP),
         MetricSpec("policy/clip_frac_low", "Fraction of completion tokens where the lower clip bound was active "
                    "(ratio < 1 - epsilon with a negative advantage).", "fraction", p, EVERY_STEP),
         MetricSpec("policy/clip_frac_high", "Fraction of completion tokens where the upper clip bound was active "
                    "(ratio > 1 + epsilon_high with a positive advantage).", "fraction", p, EVERY_STEP),
-        MetricSpec("policy/clip_frac", "Fraction of completion tokens where clipping was active on either side "
+        MetricSpec(CLIP_FRAC, "Fraction of completion tokens where clipping was active on either side "
                    "(clip_frac_low + clip_frac_high).", "fraction", p, EVERY_STEP),
         MetricSpec("policy/outside_frac", "Fraction of completion tokens whose importance ratio lies outside "
                    "[1 - epsilon, 1 + epsilon_high], whether or not clipping changed the loss.", "fraction", p,
@@ -181,8 +189,8 @@ def _policy_entries() -> list[MetricSpec]:
         MetricSpec("policy/log_ratio/mean", "Mean log importance ratio.", "nats", p, EVERY_STEP),
         MetricSpec("policy/log_ratio/std", "Standard deviation of the log importance ratio.", "nats", p,
                    EVERY_STEP),
-        MetricSpec("policy/grad_norm", "Global L2 norm of the gradient before clipping.", "", p, EVERY_STEP),
-        MetricSpec("policy/lr", "Learning rate used by this step's update.", "", p, EVERY_STEP),
+        MetricSpec(GRAD_NORM, "Global L2 norm of the gradient before clipping.", "", p, EVERY_STEP),
+        MetricSpec(LEARNING_RATE, "Learning rate used by this step's update.", "", p, EVERY_STEP),
         MetricSpec("policy/skipped_updates", "Optimizer updates of this step skipped because the loss or "
                    "gradient was not finite (at most num_iterations).", "count", p, EVERY_STEP),
     ]
@@ -200,39 +208,39 @@ def _advantage_entries() -> list[MetricSpec]:
 def _length_entries() -> list[MetricSpec]:
     c, pr, t = "completions", "prompts", "tokens"
     return [
-        MetricSpec("completions/length/mean", "Mean completion length.", "tokens", c, EVERY_STEP),
+        MetricSpec(LENGTH_MEAN, "Mean completion length.", "tokens", c, EVERY_STEP),
         MetricSpec("completions/length/min", "Shortest completion.", "tokens", c, EVERY_STEP),
         MetricSpec("completions/length/max", "Longest completion.", "tokens", c, EVERY_STEP),
-        MetricSpec("completions/truncated_frac", "Fraction of completions truncated: they reached the generation "
+        MetricSpec(TRUNCATED_FRAC, "Fraction of completions truncated: they reached the generation "
                    "budget without an end-of-sequence token.", "fraction", c, EVERY_STEP),
-        MetricSpec("completions/finished_frac", "Fraction of completions that ended with an end-of-sequence "
+        MetricSpec(FINISHED_FRAC, "Fraction of completions that ended with an end-of-sequence "
                    "token within the budget (1 - truncated_frac).", "fraction", c, EVERY_STEP),
-        MetricSpec("completions/truncated_correct_frac", "Among truncated completions, the fraction with the "
+        MetricSpec(TRUNCATED_CORRECT_FRAC, "Among truncated completions, the fraction with the "
                    "right answer. Left out when none was truncated.", "fraction", c, EVERY_STEP),
-        MetricSpec("completions/finished_correct_frac", "Among finished completions, the fraction with the right "
+        MetricSpec(FINISHED_CORRECT_FRAC, "Among finished completions, the fraction with the right "
                    "answer. Left out when none finished.", "fraction", c, EVERY_STEP),
         MetricSpec("completions/correct_length/mean", "Mean length of the completions with the right answer. "
                    "Left out when none was right.", "tokens", c, EVERY_STEP),
         MetricSpec("completions/length/hist", "Distribution of completion lengths since the previous "
                    "histogram.", "tokens", c, HIST, "histogram"),
-        MetricSpec("prompts/length/mean", "Mean prompt length (after truncation).", "tokens", pr, EVERY_STEP),
+        MetricSpec(PROMPT_LENGTH_MEAN, "Mean prompt length (after truncation).", "tokens", pr, EVERY_STEP),
         MetricSpec("prompts/length/min", "Shortest prompt.", "tokens", pr, EVERY_STEP),
         MetricSpec("prompts/length/max", "Longest prompt.", "tokens", pr, EVERY_STEP),
-        MetricSpec("prompts/truncated_frac", "Fraction of prompts cut to max_prompt_length.", "fraction", pr,
+        MetricSpec(PROMPT_TRUNCATED_FRAC, "Fraction of prompts cut to max_prompt_length.", "fraction", pr,
                    EVERY_STEP),
         MetricSpec("tokens/prompt_total", "Prompt tokens in the batch, counted once per completion.", "tokens", t,
                    EVERY_STEP),
         MetricSpec("tokens/completion_total", "Completion tokens generated in the batch.", "tokens", t,
                    EVERY_STEP),
-        MetricSpec("tokens/total", "tokens/prompt_total + tokens/completion_total.", "tokens", t, EVERY_STEP),
+        MetricSpec(TOKENS_TOTAL, "tokens/prompt_total + tokens/completion_total.", "tokens", t, EVERY_STEP),
     ]
 
 
 def _outcome_entries() -> list[MetricSpec]:
     return [
-        MetricSpec("accuracy/train", "Fraction of this step's sampled completions with the right answer.",
+        MetricSpec(ACCURACY_TRAIN, "Fraction of this step's sampled completions with the right answer.",
                    "fraction", "accuracy", EVERY_STEP),
-        MetricSpec("eval/accuracy", "Held-out accuracy: greedy completions of the evaluation prompts with the "
+        MetricSpec(EVAL_ACCURACY, "Held-out accuracy: greedy completions of the evaluation prompts with the "
                    "right answer.", "fraction", "eval", EVAL),
         MetricSpec("eval/num_samples", "Held-out prompts evaluated (each one greedy completion).", "count", "eval",
                    EVAL),
@@ -260,7 +268,7 @@ def _performance_entries() -> list[MetricSpec]:
             MetricSpec(f"throughput/{key}_tokens_per_s/p99", f"{words}: 99th percentile of the per-step values "
                        "so far.", "tokens/s", th, EVERY_STEP),
         ]
-    out.append(MetricSpec("throughput/step_tokens_per_s", "tokens/total / timing/step_s: end-to-end tokens per "
+    out.append(MetricSpec(STEP_TOKENS_PER_S, "tokens/total / timing/step_s: end-to-end tokens per "
                           "second of the whole step.", "tokens/s", th, EVERY_STEP))
     phases = {
         "rollout": "generating the completions",
@@ -269,15 +277,15 @@ def _performance_entries() -> list[MetricSpec]:
         "advantage": "computing group advantages",
         "update": "the policy update (all passes)",
     }
-    out.append(MetricSpec("timing/step_s", "Wall-clock seconds of the whole step.", "s", ti, EVERY_STEP))
+    out.append(MetricSpec(STEP_SECONDS, "Wall-clock seconds of the whole step.", "s", ti, EVERY_STEP))
     for phase, words in phases.items():
         out.append(MetricSpec(f"timing/{phase}_s", f"Seconds spent on {words}.", "s", ti, EVERY_STEP))
     out += [
-        MetricSpec("timing/checkpoint_s", "Seconds spent saving a checkpoint.", "s", ti,
+        MetricSpec(CHECKPOINT_SECONDS, "Seconds spent saving a checkpoint.", "s", ti,
                    "steps that save a checkpoint"),
-        MetricSpec("timing/eval_s", "Seconds spent on held-out evaluation.", "s", ti, "steps that evaluate"),
-        MetricSpec("timing/elapsed_s", "Wall-clock seconds since training started.", "s", ti, EVERY_STEP),
-        MetricSpec("timing/gen_ms_per_token", "timing/rollout_s in milliseconds per completion token.",
+        MetricSpec(EVAL_SECONDS, "Seconds spent on held-out evaluation.", "s", ti, "steps that evaluate"),
+        MetricSpec(ELAPSED_SECONDS, "Wall-clock seconds since training started.", "s", ti, EVERY_STEP),
+        MetricSpec(GEN_MS_PER_TOKEN, "timing/rollout_s in milliseconds per completion token.",
                    "ms/token", ti, EVERY_STEP),
     ]
     for phase in ("ref", "reward", "advantage", "update", "step"):
@@ -290,22 +298,22 @@ def _system_entries() -> list[MetricSpec]:
     s = "system"
     accel = "every logged step, when the trainer passes an accelerator-memory reader"
     return [
-        MetricSpec("system/cpu_percent", "Machine-wide CPU use over the last sampling interval (~1 s).", "%", s,
+        MetricSpec(CPU_PERCENT, "Machine-wide CPU use over the last sampling interval (~1 s).", "%", s,
                    EVERY_STEP),
-        MetricSpec("system/memory_percent", "Machine memory in use.", "%", s, EVERY_STEP),
-        MetricSpec("system/memory_used_gb", "Machine memory in use (total - available).", "GB", s, EVERY_STEP),
+        MetricSpec(MEMORY_PERCENT, "Machine memory in use.", "%", s, EVERY_STEP),
+        MetricSpec(MEMORY_USED_GB, "Machine memory in use (total - available).", "GB", s, EVERY_STEP),
         MetricSpec("system/memory_available_gb", "Machine memory available to new allocations.", "GB", s,
                    EVERY_STEP),
-        MetricSpec("system/process_rss_gb", "Resident set size of the training process.", "GB", s, EVERY_STEP),
-        MetricSpec("system/accel_active_gb", "MLX memory held by live arrays (mx.get_active_memory).", "GB", s,
+        MetricSpec(PROCESS_RSS_GB, "Resident set size of the training process.", "GB", s, EVERY_STEP),
+        MetricSpec(ACCEL_ACTIVE_GB, "MLX memory held by live arrays (mx.get_active_memory).", "GB", s,
                    accel),
-        MetricSpec("system/accel_peak_gb", "Peak MLX memory since the start (mx.get_peak_memory).", "GB", s,
+        MetricSpec(ACCEL_PEAK_GB, "Peak MLX memory since the start (mx.get_peak_memory).", "GB", s,
                    accel),
         MetricSpec("system/accel_cache_gb", "MLX buffer cache: freed memory kept for reuse (mx.get_cache_memory).",
                    "GB", s, accel),
-        MetricSpec("system/accel_limit_gb", "The device's recommended working-set size (Metal); left out where "
+        MetricSpec(ACCEL_LIMIT_GB, "The device's recommended working-set size (Metal); left out where "
                    "the backend reports none.", "GB", s, accel),
-        MetricSpec("system/accel_memory_percent", "accel_active_gb as a percentage of accel_limit_gb.", "%", s,
+        MetricSpec(ACCEL_MEMORY_PERCENT, "accel_active_gb as a percentage of accel_limit_gb.", "%", s,
                    accel),
         *(MetricSpec(f"memory/{phase}_peak_gb", f"Peak MLX memory during this step's {words} (the counter is "
                      "reset before the phase): what the phase needs, KV cache and activations included.", "GB",
@@ -435,7 +443,7 @@ _PLACEHOLDERS = {
 }
 
 
-def _pattern(name: str) -> re.Pattern:
+def name_pattern(name: str) -> re.Pattern:
     regex = re.escape(name)
     for placeholder, part in _PLACEHOLDERS.items():
         regex = regex.replace(re.escape(placeholder), part)
@@ -445,7 +453,7 @@ def _pattern(name: str) -> re.Pattern:
 @lru_cache(maxsize=1)
 def _index() -> tuple[dict[str, MetricSpec], list[tuple[re.Pattern, MetricSpec]]]:
     exact = {spec.name: spec for spec in CATALOGUE if not spec.is_pattern}
-    patterns = [(_pattern(spec.name), spec) for spec in CATALOGUE if spec.is_pattern]
+    patterns = [(name_pattern(spec.name), spec) for spec in CATALOGUE if spec.is_pattern]
     return exact, patterns
 
 
@@ -463,71 +471,78 @@ def find_entry(name: str) -> MetricSpec | None:
 # ----------------------------------------------------------------------------- charts, labels, old names
 
 # The chart groups of the namespace, by section: the TensorBoard custom layout is generated from
-# them (`tensorboard_layout`), and the dashboard's views and the HTML report draw these names.
+# them (`tensorboard_layout`), and the dashboard's views draw these charts (tui/views.py picks them).
 CHART_GROUPS: dict[str, dict[str, tuple[str, ...]]] = {
     "rewards": {
-        "total reward": ("rewards/total/mean", "rewards/total/median", "rewards/total/recent_mean",
-                         "rewards/total/min", "rewards/total/max"),
+        "total reward": (REWARD_MEAN,),
+        "total reward spread": ("rewards/total/median", REWARD_RECENT_MEAN, "rewards/total/min", "rewards/total/max"),
         "reward per function": ("rewards/<fn>/mean",),
         "contribution %": ("rewards/<fn>/contribution_pct",),
-        "signal quality": ("rewards/signal_to_noise", "rewards/entropy", "rewards/zero_std_group_frac"),
-        "accuracy": ("accuracy/train", "eval/accuracy", "difficulty/<level>/accuracy"),
+        "signal quality": (SIGNAL_TO_NOISE, "rewards/entropy", ZERO_STD_GROUP_FRAC),
+        "accuracy": (ACCURACY_TRAIN, EVAL_ACCURACY, "difficulty/<level>/accuracy"),
     },
     "policy": {
-        "loss": ("policy/loss", "policy/pg_loss", "policy/kl_penalty"),
-        "KL": ("policy/kl", "policy/ppo_kl"),
-        "entropy": ("policy/entropy",),
-        "PPO clipping": ("policy/clip_frac_low", "policy/clip_frac_high", "policy/clip_frac", "policy/outside_frac"),
+        "loss": (LOSS, "policy/pg_loss", "policy/kl_penalty"),
+        "KL": (KL, "policy/ppo_kl"),
+        "entropy": (ENTROPY,),
+        "PPO clipping": ("policy/clip_frac_low", "policy/clip_frac_high", CLIP_FRAC, "policy/outside_frac"),
         "importance ratio": ("policy/ratio/mean", "policy/ratio/std", "policy/ratio/p95", "policy/log_ratio/mean",
                              "policy/log_ratio/std"),
-        "gradient norm": ("policy/grad_norm",),
-        "learning rate": ("policy/lr",),
+        "gradient norm": (GRAD_NORM,),
+        "learning rate": (LEARNING_RATE,),
         "advantages": ("advantages/mean", "advantages/std", "advantages/min", "advantages/max"),
     },
-    "performance": {
-        "generation tokens/s": ("throughput/gen_tokens_per_s", "throughput/gen_tokens_per_s/avg",
+    "lengths": {
+        "completion length": (LENGTH_MEAN, "completions/length/min", "completions/length/max"),
+        "truncation": (TRUNCATED_FRAC, PROMPT_TRUNCATED_FRAC),
+        "finished / correct": (FINISHED_FRAC, FINISHED_CORRECT_FRAC,
+                               TRUNCATED_CORRECT_FRAC),
+        "prompt length": (PROMPT_LENGTH_MEAN,),
+    },
+    "throughput": {
+        "generation tokens/s": (GEN_TOKENS_PER_S, "throughput/gen_tokens_per_s/avg",
                                 "throughput/gen_tokens_per_s/p99"),
-        "backprop tokens/s": ("throughput/backprop_tokens_per_s", "throughput/backprop_tokens_per_s/avg",
+        "backprop tokens/s": (BACKPROP_TOKENS_PER_S, "throughput/backprop_tokens_per_s/avg",
                               "throughput/backprop_tokens_per_s/p99"),
-        "phase seconds": ("timing/step_s", "timing/rollout_s", "timing/reward_s", "timing/advantage_s",
-                          "timing/ref_s", "timing/update_s", "timing/checkpoint_s", "timing/eval_s"),
-        "ms per token": ("timing/gen_ms_per_token", "timing/update_ms_per_token", "timing/ref_ms_per_token"),
-        "completion length": ("completions/length/mean", "completions/length/min", "completions/length/max"),
-        "truncation": ("completions/truncated_frac", "prompts/truncated_frac"),
+        "step tokens/s": (STEP_TOKENS_PER_S,),
+        "phase seconds": (STEP_SECONDS, ROLLOUT_SECONDS, "timing/reward_s", "timing/advantage_s",
+                          "timing/ref_s", UPDATE_SECONDS, CHECKPOINT_SECONDS, EVAL_SECONDS),
+        "ms per token": (GEN_MS_PER_TOKEN, "timing/update_ms_per_token", "timing/ref_ms_per_token"),
     },
     "memory": {
         "peak per phase GB": ("memory/rollout_peak_gb", "memory/ref_peak_gb", "memory/update_peak_gb"),
-        "accelerator GB": ("system/accel_active_gb", "system/accel_peak_gb", "system/accel_limit_gb"),
+        "accelerator GB": (ACCEL_ACTIVE_GB, ACCEL_PEAK_GB, ACCEL_LIMIT_GB),
     },
     "system": {
-        "CPU and GPU %": ("system/cpu_percent", "system/gpu_utilization_percent"),
-        "memory %": ("system/memory_percent", "system/accel_memory_percent", "memory/peak_percent"),
-        "memory GB": ("system/memory_used_gb", "system/memory_available_gb", "system/process_rss_gb"),
+        "CPU and GPU %": (CPU_PERCENT, "system/gpu_utilization_percent"),
+        "memory %": (MEMORY_PERCENT, ACCEL_MEMORY_PERCENT, "memory/peak_percent"),
+        "memory GB": (MEMORY_USED_GB, "system/memory_available_gb", PROCESS_RSS_GB),
     },
 }
 
 # Short labels for tiles and tables; a name without one shows its last path segments.
 LABELS: dict[str, str] = {
-    "rewards/total/mean": "reward", "accuracy/train": "accuracy", "eval/accuracy": "eval acc",
-    "policy/kl": "KL", "policy/entropy": "entropy", "policy/clip_frac": "PPO clip frac", "policy/loss": "loss",
-    "policy/grad_norm": "grad norm", "policy/lr": "lr", "completions/length/mean": "length",
-    "completions/truncated_frac": "truncated", "completions/finished_frac": "finished",
-    "prompts/length/mean": "prompt len", "tokens/total": "tokens/step",
-    "throughput/gen_tokens_per_s": "gen tok/s", "throughput/backprop_tokens_per_s": "backprop tok/s",
-    "timing/step_s": "step s", "timing/rollout_s": "rollout s", "timing/update_s": "update s",
-    "timing/gen_ms_per_token": "gen ms/tok", "system/cpu_percent": "CPU %", "system/memory_percent": "memory %",
-    "system/process_rss_gb": "process GB", "system/accel_active_gb": "accel GB", "system/accel_peak_gb": "accel peak",
-    "system/accel_limit_gb": "accel limit", "memory/update_peak_gb": "update peak GB",
+    REWARD_MEAN: "reward", ACCURACY_TRAIN: "accuracy", EVAL_ACCURACY: "eval acc",
+    KL: "KL", ENTROPY: "entropy", CLIP_FRAC: "PPO clip frac", LOSS: "loss",
+    GRAD_NORM: "grad norm", LEARNING_RATE: "lr", LENGTH_MEAN: "length",
+    TRUNCATED_FRAC: "truncated", FINISHED_FRAC: "finished",
+    PROMPT_LENGTH_MEAN: "prompt len", TOKENS_TOTAL: "tokens/step",
+    GEN_TOKENS_PER_S: "gen tok/s", BACKPROP_TOKENS_PER_S: "backprop tok/s",
+    STEP_SECONDS: "step s", ROLLOUT_SECONDS: "rollout s", UPDATE_SECONDS: "update s",
+    GEN_MS_PER_TOKEN: "gen ms/tok", CPU_PERCENT: "CPU %", MEMORY_PERCENT: "memory %",
+    PROCESS_RSS_GB: "process GB", ACCEL_ACTIVE_GB: "accel GB", ACCEL_PEAK_GB: "accel peak",
+    ACCEL_LIMIT_GB: "accel limit", "memory/update_peak_gb": "update peak GB",
+    MEMORY_USED_GB: "memory used GB", ACCEL_MEMORY_PERCENT: "accel memory %",
 }
 
 # Names of older versions, read as today's (a run directory written before a rename still charts).
 ALIASES: dict[str, str] = {
-    "completions/length_mean": "completions/length/mean", "completions/length_min": "completions/length/min",
+    "completions/length_mean": LENGTH_MEAN, "completions/length_min": "completions/length/min",
     "completions/length_max": "completions/length/max", "completions/length_hist": "completions/length/hist",
     "completions/correct_length_mean": "completions/correct_length/mean",
-    "completions/clip_ratio": "completions/truncated_frac",  # truncation, not PPO clipping (policy/clip_frac)
-    "prompts/length_mean": "prompts/length/mean", "prompts/length_min": "prompts/length/min",
-    "prompts/length_max": "prompts/length/max", "prompts/clip_ratio": "prompts/truncated_frac",
+    "completions/clip_ratio": TRUNCATED_FRAC,  # truncation, not PPO clipping (policy/clip_frac)
+    "prompts/length_mean": PROMPT_LENGTH_MEAN, "prompts/length_min": "prompts/length/min",
+    "prompts/length_max": "prompts/length/max", "prompts/clip_ratio": PROMPT_TRUNCATED_FRAC,
     "throughput/gen_tokens_per_s_avg": "throughput/gen_tokens_per_s/avg",
     "throughput/gen_tokens_per_s_p99": "throughput/gen_tokens_per_s/p99",
     "throughput/backprop_tokens_per_s_avg": "throughput/backprop_tokens_per_s/avg",
@@ -556,10 +571,10 @@ def label(name: str) -> str:
 def tensorboard_layout() -> dict[str, dict[str, list]]:
     """TensorBoard's custom-scalars layout, from CHART_GROUPS (plus the reward's q25..q75 margin chart)."""
     layout: dict[str, dict[str, list]] = {
-        section: {title: ["Multiline", ["^" + _pattern(n).pattern.removesuffix(r"\Z") + "$" for n in names]]
+        section: {title: ["Multiline", ["^" + name_pattern(n).pattern.removesuffix(r"\Z") + "$" for n in names]]
                   for title, names in charts.items()}
         for section, charts in CHART_GROUPS.items()}
-    layout["rewards"] = {"total reward: mean with q25..q75": ["Margin", ["rewards/total/mean", "rewards/total/q25",
+    layout["rewards"] = {"total reward: mean with q25..q75": ["Margin", [REWARD_MEAN, "rewards/total/q25",
                                                                         "rewards/total/q75"]],
                          **layout["rewards"]}
     return layout

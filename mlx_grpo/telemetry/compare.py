@@ -34,6 +34,8 @@ from rich.table import Table
 from ..errors import UserError
 from .jsonl_tail import JsonlTail
 from .rundir import FINAL_METRICS, METRICS, RUN_JSON, RunInfo, read_json_object, read_run_info
+from .names import (ACCURACY_TRAIN, ELAPSED_SECONDS, EVAL_ACCURACY, REWARD_MEAN, REWARD_RECENT_MEAN, STEP_SECONDS,
+                    TOKENS_TOTAL)
 
 # Keys that name or place a run; they always differ and say nothing about training.
 NOT_CONFIG = ("run_name", "monitoring_dir", "base_dir", "wandb_run_name", "tensorboard_dir")
@@ -102,8 +104,8 @@ def load_summary(run_dir: Path) -> RunSummary:
                          run_config(info))
     tokens = seconds = 0.0
     last: dict[str, float] = {}
-    wanted = ("rewards/total/mean", "rewards/total/recent_mean", "accuracy/train", "eval/accuracy",
-              "timing/elapsed_s")
+    wanted = (REWARD_MEAN, REWARD_RECENT_MEAN, ACCURACY_TRAIN, EVAL_ACCURACY,
+              ELAPSED_SECONDS)
     metrics = run_dir / METRICS
     if metrics.is_file():
         for record in JsonlTail(metrics).poll(final=True).records:  # bad lines are skipped and counted
@@ -114,19 +116,19 @@ def load_summary(run_dir: Path) -> RunSummary:
                     value = _finite(record.get(name))
                     if value is not None:
                         last[name] = value
-                step_tokens, step_s = _finite(record.get("tokens/total")), _finite(record.get("timing/step_s"))
+                step_tokens, step_s = _finite(record.get(TOKENS_TOTAL)), _finite(record.get(STEP_SECONDS))
                 if step_tokens is not None and step_s:
                     tokens += step_tokens
                     seconds += step_s
     final = read_json_object(run_dir / FINAL_METRICS) or {}
-    summary.final_reward = last.get("rewards/total/mean")
-    summary.recent_reward = last.get("rewards/total/recent_mean")
-    summary.train_accuracy = last.get("accuracy/train")
-    summary.eval_accuracy = _finite(final.get("eval/accuracy"))
+    summary.final_reward = last.get(REWARD_MEAN)
+    summary.recent_reward = last.get(REWARD_RECENT_MEAN)
+    summary.train_accuracy = last.get(ACCURACY_TRAIN)
+    summary.eval_accuracy = _finite(final.get(EVAL_ACCURACY))
     if summary.eval_accuracy is None:
-        summary.eval_accuracy = last.get("eval/accuracy")
+        summary.eval_accuracy = last.get(EVAL_ACCURACY)
     summary.tokens_per_s = tokens / seconds if seconds > 0 else None
-    summary.elapsed_s = last.get("timing/elapsed_s")
+    summary.elapsed_s = last.get(ELAPSED_SECONDS)
     return summary
 
 

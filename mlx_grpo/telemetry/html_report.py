@@ -21,19 +21,21 @@ from ..errors import UserError
 from .analysis import RewardReport, RunData, analyze_run
 from .report import load_run
 from .rundir import RunInfo, atomic_write_text
+from .names import (ACCEL_PEAK_GB, ACCURACY_TRAIN, BACKPROP_TOKENS_PER_S, ENTROPY, EVAL_ACCURACY, GEN_TOKENS_PER_S, KL,
+                    LENGTH_MEAN, PROCESS_RSS_GB, REWARD_MEAN, TRUNCATED_FRAC)
 
 # (title, y label, metrics): a metric with `*` stands for every reward function's.
 CHARTS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
-    ("Total reward", "reward", ("rewards/total/mean",)),
+    ("Total reward", "reward", (REWARD_MEAN,)),
     ("Reward per function", "mean reward", ("rewards/*/mean",)),
-    ("Accuracy", "fraction correct", ("accuracy/train", "eval/accuracy")),
-    ("Held-out accuracy", "fraction correct", ("eval/accuracy",)),
-    ("KL to the reference", "KL", ("policy/kl",)),
-    ("Entropy", "nats", ("policy/entropy",)),
-    ("Completion length", "tokens", ("completions/length/mean",)),
-    ("Truncated completions", "fraction", ("completions/truncated_frac",)),
-    ("Throughput", "tokens/s", ("throughput/gen_tokens_per_s", "throughput/backprop_tokens_per_s")),
-    ("Memory", "GB", ("system/process_rss_gb", "system/accel_peak_gb", "memory/rollout_peak_gb",
+    ("Accuracy", "fraction correct", (ACCURACY_TRAIN, EVAL_ACCURACY)),
+    ("Held-out accuracy", "fraction correct", (EVAL_ACCURACY,)),
+    ("KL to the reference", "KL", (KL,)),
+    ("Entropy", "nats", (ENTROPY,)),
+    ("Completion length", "tokens", (LENGTH_MEAN,)),
+    ("Truncated completions", "fraction", (TRUNCATED_FRAC,)),
+    ("Throughput", "tokens/s", (GEN_TOKENS_PER_S, BACKPROP_TOKENS_PER_S)),
+    ("Memory", "GB", (PROCESS_RSS_GB, ACCEL_PEAK_GB, "memory/rollout_peak_gb",
                       "memory/update_peak_gb")),
 )
 RUN_STYLES = ("-", "--", ":", "-.")
@@ -77,7 +79,7 @@ def _metric_names(pattern: str, runs: Sequence[LoadedRun]) -> list[str]:
     prefix, suffix = pattern.split("*")
     names = {n for run in runs for n in run.data.table.names
              if n.startswith(prefix) and n.endswith(suffix) and "/" not in n[len(prefix):-len(suffix)]}
-    return sorted(names - {"rewards/total/mean"})
+    return sorted(names - {REWARD_MEAN})
 
 
 def _svg(fig) -> str:

@@ -26,6 +26,7 @@ from .analysis import (FunctionImportance, HackingReport, QualityReport, RewardR
                        detect_reward_hacking, function_importance, series, trend_of)
 from .recorder import RunRecorder
 from .reward_stats import reward_metrics
+from .names import ACCURACY_TRAIN, ENTROPY, KL, LENGTH_MEAN, REWARD_MEAN, SIGNAL_TO_NOISE, ZERO_STD_GROUP_FRAC
 
 _CONDITIONS = {"above": ">", "below": "<", "at_least": ">=", "at_most": "<="}
 
@@ -80,17 +81,17 @@ class RewardMonitor:
         record: dict[str, Any] = {"step": int(step), "time": time.time()}
         record.update(reward_metrics(scores, names, weights, total, group))
         if kl is not None:
-            record["policy/kl"] = float(kl)
+            record[KL] = float(kl)
         if entropy is not None:
-            record["policy/entropy"] = float(entropy)
+            record[ENTROPY] = float(entropy)
         if correct is not None:
             if len(correct) != n:
                 raise ValueError(f"correct has {len(correct)} entries for {n} completions")
-            record["accuracy/train"] = float(np.mean(np.asarray(correct, dtype=bool)))
+            record[ACCURACY_TRAIN] = float(np.mean(np.asarray(correct, dtype=bool)))
         if lengths is not None:
             if len(lengths) != n:
                 raise ValueError(f"lengths has {len(lengths)} entries for {n} completions")
-            record["completions/length/mean"] = float(np.mean(lengths))
+            record[LENGTH_MEAN] = float(np.mean(lengths))
         record.update(extra or {})
         self.records.append(record)
         for i in range(n):
@@ -164,9 +165,9 @@ class RewardMonitor:
         """Steps tracked, whole-run statistics per function and of the total, the latest step's means."""
         latest = self.records[-1] if self.records else {}
         means = {k: v for k, v in latest.items()
-                 if k.startswith("rewards/") and (k.endswith("/mean") or k in ("rewards/signal_to_noise",
-                                                                                 "rewards/zero_std_group_frac"))}
-        for key in ("policy/kl", "policy/entropy", "accuracy/train"):
+                 if k.startswith("rewards/") and (k.endswith("/mean") or k in (SIGNAL_TO_NOISE,
+                                                                                 ZERO_STD_GROUP_FRAC))}
+        for key in (KL, ENTROPY, ACCURACY_TRAIN):
             if key in latest:
                 means[key] = latest[key]
         return {"steps": len(self.records), "last_step": latest.get("step"),
@@ -176,8 +177,8 @@ class RewardMonitor:
     def recent_trends(self, num_steps: int = 50) -> dict[str, Trend]:
         """Trends over the last `num_steps` tracked steps (first quarter against last quarter)."""
         recent = self.records[-num_steps:]
-        names = ["rewards/total/mean", *(f"rewards/{fn}/mean" for fn in self.reward_names or ()),
-                 "rewards/signal_to_noise", "policy/kl", "policy/entropy", "accuracy/train"]
+        names = [REWARD_MEAN, *(f"rewards/{fn}/mean" for fn in self.reward_names or ()),
+                 SIGNAL_TO_NOISE, KL, ENTROPY, ACCURACY_TRAIN]
         return {name: t for name in names if (t := trend_of(recent, name)) is not None}
 
     def function_stats(self, name: str) -> dict[str, Any]:

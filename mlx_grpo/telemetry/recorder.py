@@ -24,6 +24,7 @@ from .alert_console import format_alert
 from .alerts import Alert, AlertEngine, Rule
 from .reward_stats import RewardTracker, ThroughputTracker
 from .step_data import StepData, peak_share_metrics, step_record
+from .names import ACCEL_LIMIT_GB, BACKPROP_TOKENS_PER_S, CHECKPOINT_SECONDS, ELAPSED_SECONDS, GEN_TOKENS_PER_S
 
 
 @dataclass
@@ -53,8 +54,8 @@ class RunRecorder:
                  num_steps: int | None = None, num_iterations: int = 1,
                  clock: Callable[[], float] = time.perf_counter):
         self.rewards = RewardTracker(reward_names, hist_every=hist_every)
-        self.gen_throughput = ThroughputTracker("throughput/gen_tokens_per_s")
-        self.backprop_throughput = ThroughputTracker("throughput/backprop_tokens_per_s")
+        self.gen_throughput = ThroughputTracker(GEN_TOKENS_PER_S)
+        self.backprop_throughput = ThroughputTracker(BACKPROP_TOKENS_PER_S)
         self.engine = AlertEngine(rules)
         self.sinks, self.console, self.sampler = sinks, console, sampler
         self.reward_fns = list(reward_fns)
@@ -91,8 +92,8 @@ class RunRecorder:
             record.update(evaluation)
         if self.sampler is not None:
             record.update(self.sampler.snapshot())
-        record.update(peak_share_metrics(data.peak_memory, record.get("system/accel_limit_gb")))
-        record["timing/elapsed_s"] = self.elapsed()
+        record.update(peak_share_metrics(data.peak_memory, record.get(ACCEL_LIMIT_GB)))
+        record[ELAPSED_SECONDS] = self.elapsed()
         self.nonfinite_in_a_row = self.nonfinite_in_a_row + 1 if data.update.skipped else 0
         alerts = self.observe(step, record, data.scores, data.total, loss=data.update.loss,
                               arrays={"advantages/hist": data.advantages, "completions/length/hist": data.lengths})
@@ -112,7 +113,7 @@ class RunRecorder:
     def write(self, report: StepReport, checkpoint_s: float | None = None) -> None:
         """Send the step to the sinks (every `log_every` steps and the last) and the console."""
         if checkpoint_s is not None:
-            report.record["timing/checkpoint_s"] = checkpoint_s
+            report.record[CHECKPOINT_SECONDS] = checkpoint_s
         step, last = report.step, report.step == self.num_steps
         if self.sinks is not None and (step % self.log_every == 0 or last):
             self.sinks.write(step, report.record, report.histograms, rewards=report.rewards)

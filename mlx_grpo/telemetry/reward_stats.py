@@ -43,6 +43,8 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from .names import REWARD_MEAN, REWARD_RECENT_MEAN, REWARD_STD, SIGNAL_TO_NOISE, ZERO_STD_GROUP_FRAC
+
 ENTROPY_BINS = 10
 # Totals closer than this count as equal when deciding that a group has zero spread.
 ZERO_STD_TOL = 1e-8
@@ -107,15 +109,15 @@ def reward_metrics(
             out[f"{prefix}/contribution_pct"] = 100.0 * float(weighted_abs[i]) / abs_sum
 
     out.update(_describe("rewards/total", total))
-    std = out["rewards/total/std"]
+    std = out[REWARD_STD]
     out["rewards/total/variance"] = std * std
     if std > 0:
-        out["rewards/signal_to_noise"] = abs(out["rewards/total/mean"]) / std
+        out[SIGNAL_TO_NOISE] = abs(out[REWARD_MEAN]) / std
     out["rewards/entropy"] = reward_entropy(total)
     groups = total.reshape(-1, group_size)
     spread = groups.max(axis=1) - groups.min(axis=1)
     scale = np.maximum(1.0, np.abs(groups).max(axis=1))
-    out["rewards/zero_std_group_frac"] = float((spread <= ZERO_STD_TOL * scale).mean())
+    out[ZERO_STD_GROUP_FRAC] = float((spread <= ZERO_STD_TOL * scale).mean())
     return out
 
 
@@ -207,7 +209,7 @@ class RewardTracker:
                 out[f"rewards/{name}/recent_mean"] = float(np.mean(self._recent[name]))
         step_mean = float(total.mean())
         self._recent["total"].append(step_mean)
-        out["rewards/total/recent_mean"] = float(np.mean(self._recent["total"]))
+        out[REWARD_RECENT_MEAN] = float(np.mean(self._recent["total"]))
         self._cumulative += step_mean
         out["rewards/cumulative"] = self._cumulative
         self._final["total"].add(total)

@@ -84,12 +84,13 @@ import numpy as np
 from .catalogue import tensorboard_layout
 from .rundir import RUN_JSON, RunDirWriter, RunInfo, json_safe, read_run_info, scrub_secrets, scrub_text
 from .wandb_charts import CATEGORY_COLOURS, category_cloud, chart_interval, heatmap_svg, value_cloud
+from .names import ACCURACY_TRAIN, EVAL_ACCURACY, KL, LOSS, REWARD_MEAN
 
 # Sample columns shown in text and tables; long texts are cut so a step's table stays readable.
 TEXT_LIMIT = 600
 # A fixed bin count: tensorboardX's default ("tensorflow" edges) costs ~2.5 ms per histogram, 30 bins ~0.2 ms.
 HIST_BINS = 30
-HPARAM_METRICS = ("rewards/total/mean", "accuracy/train", "eval/accuracy", "policy/loss")
+HPARAM_METRICS = (REWARD_MEAN, ACCURACY_TRAIN, EVAL_ACCURACY, LOSS)
 
 
 class Sink:
@@ -402,8 +403,8 @@ class WandbSink(Sink):
             data[name] = self.wandb.Histogram(np.asarray(array, dtype=np.float64))
         if rewards:
             self._add_rewards(step, rewards)
-        if "policy/kl" in scalars and "rewards/total/mean" in scalars:
-            self._evolution.append((float(scalars["policy/kl"]), float(scalars["rewards/total/mean"]), float(step)))
+        if KL in scalars and REWARD_MEAN in scalars:
+            self._evolution.append((float(scalars[KL]), float(scalars[REWARD_MEAN]), float(step)))
         for name, value in scalars.items():
             if name.startswith("criteria/") and name.endswith("/mean") and value is not None:
                 self._criteria.setdefault(name[len("criteria/"):-len("/mean")], {})[step] = float(value)
@@ -430,7 +431,7 @@ class WandbSink(Sink):
     def _charts(self, scalars: Mapping[str, float]) -> dict[str, Any]:
         charts: dict[str, Any] = {}
         means = {k.split("/")[1]: v for k, v in scalars.items()
-                 if re.fullmatch(r"rewards/[^/]+/mean", k) and k != "rewards/total/mean"}
+                 if re.fullmatch(r"rewards/[^/]+/mean", k) and k != REWARD_MEAN}
         if means:
             charts["charts/reward_breakdown"] = self._bar(means, "Reward breakdown (batch mean per function)")
         points = self._landscape.points()

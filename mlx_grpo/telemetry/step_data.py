@@ -15,6 +15,9 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from .reward_stats import reward_metrics
+from .names import (ACCURACY_TRAIN, EVAL_ACCURACY, EVAL_SECONDS, FINISHED_CORRECT_FRAC, FINISHED_FRAC,
+                    GEN_MS_PER_TOKEN, GRAD_NORM, KL, LEARNING_RATE, LOSS, PROMPT_TRUNCATED_FRAC, STEP_TOKENS_PER_S,
+                    TOKENS_TOTAL, TRUNCATED_CORRECT_FRAC, TRUNCATED_FRAC)
 
 # grpo.policy_stats' statistics whose record names put the statistic last (policy/ratio/mean, like rewards/<fn>/mean).
 UPDATE_STAT_NAMES = {"ratio_mean": "ratio/mean", "ratio_std": "ratio/std", "ratio_p95": "ratio/p95",
@@ -81,20 +84,20 @@ def outcome_metrics(data: StepData) -> dict[str, float]:
     correct = np.asarray(data.correct, dtype=bool)
     prompt_lengths = np.asarray(data.prompt_lengths, dtype=float)
     out = {f"completions/{k}": v for k, v in _stats("length", lengths).items()}
-    out["completions/truncated_frac"] = float(truncated.mean())
-    out["completions/finished_frac"] = float(finished.mean())
+    out[TRUNCATED_FRAC] = float(truncated.mean())
+    out[FINISHED_FRAC] = float(finished.mean())
     if truncated.any():
-        out["completions/truncated_correct_frac"] = float(correct[truncated].mean())
+        out[TRUNCATED_CORRECT_FRAC] = float(correct[truncated].mean())
     if finished.any():
-        out["completions/finished_correct_frac"] = float(correct[finished].mean())
+        out[FINISHED_CORRECT_FRAC] = float(correct[finished].mean())
     if correct.any():
         out["completions/correct_length/mean"] = float(lengths[correct].mean())
     out.update({f"prompts/{k}": v for k, v in _stats("length", prompt_lengths).items()})
-    out["prompts/truncated_frac"] = float(np.asarray(data.prompt_truncated, dtype=bool).mean())
+    out[PROMPT_TRUNCATED_FRAC] = float(np.asarray(data.prompt_truncated, dtype=bool).mean())
     out["tokens/prompt_total"] = float(prompt_lengths.sum())
     out["tokens/completion_total"] = float(lengths.sum())
-    out["tokens/total"] = out["tokens/prompt_total"] + out["tokens/completion_total"]
-    out["accuracy/train"] = float(correct.mean())
+    out[TOKENS_TOTAL] = out["tokens/prompt_total"] + out["tokens/completion_total"]
+    out[ACCURACY_TRAIN] = float(correct.mean())
     out.update(difficulty_metrics(data.difficulty, correct))
     return out
 
@@ -113,11 +116,11 @@ def difficulty_metrics(levels: Sequence, correct: Sequence[bool]) -> dict[str, f
 
 
 def update_metrics(update: UpdateStats) -> dict[str, float]:
-    out = {"policy/loss": update.loss, "policy/grad_norm": update.grad_norm, "policy/lr": update.learning_rate,
+    out = {LOSS: update.loss, GRAD_NORM: update.grad_norm, LEARNING_RATE: update.learning_rate,
            "policy/kl_coef": update.kl_coef, "policy/skipped_updates": float(update.skipped),
            **{f"policy/{UPDATE_STAT_NAMES.get(k, k)}": v for k, v in update.stats.items()}}
     if not update.has_reference:  # no reference policy: there is no KL to report
-        out.pop("policy/kl", None)
+        out.pop(KL, None)
         out.pop("policy/kl_penalty", None)
     return out
 
@@ -126,10 +129,10 @@ def timing_metrics(data: StepData) -> dict[str, float]:
     """Phase seconds, milliseconds per completion token, and the whole step's tokens per second."""
     trained = max(1, data.trained_tokens)
     out = {f"timing/{phase}_s": data.seconds[phase] for phase in (*PHASES, "step") if phase in data.seconds}
-    out["timing/gen_ms_per_token"] = 1000 * data.seconds["rollout"] / max(1, data.completion_tokens)
+    out[GEN_MS_PER_TOKEN] = 1000 * data.seconds["rollout"] / max(1, data.completion_tokens)
     for phase in ("update", "ref", "reward", "advantage", "step"):
         out[f"timing/{phase}_ms_per_token"] = 1000 * data.seconds[phase] / trained
-    out["throughput/step_tokens_per_s"] = (trained + float(np.sum(data.prompt_lengths))) / data.seconds["step"]
+    out[STEP_TOKENS_PER_S] = (trained + float(np.sum(data.prompt_lengths))) / data.seconds["step"]
     return out
 
 
@@ -164,8 +167,8 @@ def step_record(data: StepData) -> dict[str, float]:
 
 def eval_record(correct: Sequence[bool], levels: Sequence, seconds: float) -> dict[str, float]:
     """Held-out greedy accuracy (overall and per difficulty level) of every evaluated row."""
-    out = {"timing/eval_s": seconds, "eval/num_samples": float(len(correct))}
+    out = {EVAL_SECONDS: seconds, "eval/num_samples": float(len(correct))}
     if len(correct):  # an empty held-out set has no accuracy, not 0%
-        out["eval/accuracy"] = float(np.mean(np.asarray(correct, dtype=bool)))
+        out[EVAL_ACCURACY] = float(np.mean(np.asarray(correct, dtype=bool)))
     out.update({k.replace("difficulty/", "eval/difficulty/"): v for k, v in difficulty_metrics(levels, correct).items()})
     return out

@@ -32,6 +32,8 @@ from typing import Callable, Mapping
 
 import psutil
 
+from .names import ACCEL_MEMORY_PERCENT, CPU_PERCENT, MEMORY_PERCENT, MEMORY_USED_GB, PROCESS_RSS_GB
+
 GB = 1024 ** 3
 _UTILIZATION = re.compile(r'"Device Utilization %"\s*=\s*(\d+(?:\.\d+)?)')
 
@@ -65,7 +67,7 @@ def accel_metrics(reading: Mapping[str, float | None]) -> dict[str, float]:
             out[f"system/accel_{key}_gb"] = float(value) / GB
     active, limit = reading.get("active"), reading.get("limit")
     if active is not None and limit:
-        out["system/accel_memory_percent"] = 100.0 * float(active) / float(limit)
+        out[ACCEL_MEMORY_PERCENT] = 100.0 * float(active) / float(limit)
     return out
 
 
@@ -99,13 +101,13 @@ class SystemSampler:
     def _sample(self, include_cpu: bool) -> None:
         sample: dict[str, float] = {}
         if include_cpu:
-            sample["system/cpu_percent"] = float(psutil.cpu_percent(interval=None))
+            sample[CPU_PERCENT] = float(psutil.cpu_percent(interval=None))
         memory = psutil.virtual_memory()
-        sample["system/memory_percent"] = float(memory.percent)
-        sample["system/memory_used_gb"] = (memory.total - memory.available) / GB
+        sample[MEMORY_PERCENT] = float(memory.percent)
+        sample[MEMORY_USED_GB] = (memory.total - memory.available) / GB
         sample["system/memory_available_gb"] = memory.available / GB
         try:
-            sample["system/process_rss_gb"] = self._process.memory_info().rss / GB
+            sample[PROCESS_RSS_GB] = self._process.memory_info().rss / GB
         except psutil.Error:
             pass
         if self.gpu_utilization is not None:

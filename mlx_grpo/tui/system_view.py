@@ -18,6 +18,7 @@ from .chart_view import ChartsView
 from .fmt import fmt_spark, fmt_value
 from .palette import SPARK
 from .views import SYSTEM, SYSTEM_SPARKLINES
+from ..telemetry.names import ACCEL_ACTIVE_GB, ACCEL_LIMIT_GB
 
 _SPARK_STYLE = Style(color=SPARK)
 
@@ -92,7 +93,7 @@ class SystemView(ChartsView):
                 continue
             row.query_one(SparkLine).set_points(xs, ys)
             limit = ""
-            if row.metric == "system/accel_active_gb":
-                cap = run.table.last_value("system/accel_limit_gb")
+            if row.metric == ACCEL_ACTIVE_GB:
+                cap = run.table.last_value(ACCEL_LIMIT_GB)
                 limit = f" / {fmt_value(cap)}" if cap else ""
             row.query_one(".spark-value", Label).update(fmt_value(float(ys[-1])) + limit, layout=False)
