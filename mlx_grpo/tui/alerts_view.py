@@ -14,14 +14,18 @@ MAX_ROWS = 1000
 
 
 class AlertsView(BoardView, DataTable):
+    """Every run's alerts, newest first, one row each; a standing one is marked."""
+
     def __init__(self, board: Board, *, id: str | None = None):
         super().__init__(board, id=id, cursor_type="row", zebra_stripes=True)
         self._key: tuple | None = None
 
     def on_mount(self) -> None:
+        """Add the table's columns."""
         self.add_columns("", "run", "step", "level", "metric", "value", "message")
 
     def update_data(self) -> None:
+        """Rebuild the rows when the alerts or their standing marks changed."""
         board = self.board
         rows = []
         for i, run in enumerate(board.runs):

@@ -56,6 +56,8 @@ class _Smoothed:
 
 @dataclass
 class Board:
+    """The watched runs as the views see them: their tables, alerts, colours and smoothed series."""
+
     readers: list[RunReader]
     clock: Callable[[], float] = time.time
     alive: Callable[[int], bool] = pid_alive
@@ -72,9 +74,11 @@ class Board:
 
     @property
     def runs(self) -> list[RunView]:
+        """Each watched run's current state."""
         return [r.state for r in self.readers]
 
     def color(self, index: int) -> str:
+        """The colour of run number `index`."""
         return run_color(index)
 
     def poll(self) -> bool:
@@ -132,11 +136,13 @@ class Board:
         return cached.view()
 
     def available_metrics(self) -> list[str]:
+        """Every metric name any run has, in first-seen order."""
         names: dict[str, None] = {}
         for run in self.runs:
             names.update(dict.fromkeys(run.table.names))
         return list(names)
 
     def close(self) -> None:
+        """Close every run reader."""
         for reader in self.readers:
             reader.close()

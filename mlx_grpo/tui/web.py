@@ -38,6 +38,8 @@ def same_origin(origin: str, host: str) -> bool:
 
 
 class WatchServer(Server):
+    """The dashboard served to a browser on localhost, behind a token and a session limit."""
+
     def __init__(self, command: str, *, port: int, max_sessions: int, title: str = "mlx-grpo watch"):
         super().__init__(command, host="localhost", port=port, title=title)
         self.token = secrets.token_hex(24)
@@ -57,6 +59,7 @@ class WatchServer(Server):
         return app
 
     async def on_startup(self, app: web.Application) -> None:
+        """Print the address to open, token included."""
         self.console.print(f"mlx-grpo watch: open {self.url}", highlight=False, soft_wrap=True)
         self.console.print(f"(the token in it is this server's; at most {self.max_sessions} dashboards at once; "
                            "Ctrl+C stops)", highlight=False)
