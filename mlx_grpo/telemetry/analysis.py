@@ -161,6 +161,8 @@ def _clip01(x: float) -> float:
 
 @dataclass
 class QualityPart:
+    """One part of the reward-quality score: its weight, its 0-100 score and why."""
+
     name: str
     weight: float
     score: float | None  # 0-100; None when the run lacks the data
@@ -169,6 +171,8 @@ class QualityPart:
 
 @dataclass
 class QualityReport:
+    """The reward-quality score, its parts, and the issues and recommendations found."""
+
     score: float | None
     parts: list[QualityPart]
     issues: list[str] = field(default_factory=list)
@@ -272,6 +276,8 @@ def analyze_quality(metrics: "Records | RunData", samples: Records = ()) -> Qual
 
 @dataclass
 class Trend:
+    """How a metric moved over a run: first-quarter and last-quarter means, change and slope."""
+
     metric: str
     start: float  # mean over the first quarter of the run
     end: float  # mean over the last quarter
@@ -316,6 +322,8 @@ def reward_trends(metrics: "Records | RunData") -> dict[str, Trend]:
 
 @dataclass
 class FunctionImportance:
+    """What one reward function adds: its share of the reward, spread, and correlations."""
+
     name: str
     contribution_pct: float | None  # average share of the absolute weighted reward
     mean: float | None
@@ -327,6 +335,7 @@ class FunctionImportance:
 
 
 def function_importance(metrics: "Records | RunData", samples: Records = ()) -> dict[str, FunctionImportance]:
+    """Each reward function's importance, from the metrics and, where given, the samples."""
     data = _data(metrics, samples)
     cols = data.cols
     shares: dict[str, float | None] = {}
@@ -360,6 +369,8 @@ def function_importance(metrics: "Records | RunData", samples: Records = ()) -> 
 
 @dataclass
 class Correlation:
+    """The correlation of two quantities, over samples or over per-step means."""
+
     a: str
     b: str
     corr: float
@@ -392,6 +403,8 @@ def function_correlations(metrics: "Records | RunData", samples: Records = ()) -
 
 @dataclass
 class HackingReport:
+    """Whether reward rose while accuracy did not, with the trends and findings behind the verdict."""
+
     suspected: bool
     verdict: str
     accuracy: dict[str, Trend] = field(default_factory=dict)
@@ -489,6 +502,7 @@ class RunOutcome:
 
 
 def run_outcome(data: RunData, alerts: Sequence[Alert]) -> RunOutcome:
+    """First and last held-out accuracy, accuracy and reward trends, and alert counts by level."""
     _, accuracy = data.series(EVAL_ACCURACY)
     counts: dict[str, int] = {}
     for alert in alerts:
@@ -499,6 +513,8 @@ def run_outcome(data: RunData, alerts: Sequence[Alert]) -> RunOutcome:
 
 @dataclass
 class RewardReport:
+    """Everything `mlx-grpo report` says about a run's rewards."""
+
     steps: int
     first_step: int | None
     last_step: int | None
@@ -514,6 +530,7 @@ class RewardReport:
     outcome: RunOutcome  # what happened to the task (the quality score judges the reward functions only)
 
     def to_dict(self) -> dict[str, Any]:
+        """The report as JSON-safe data (report.json)."""
         data = asdict(self)
         data["hacking"]["alerts"] = [alert.to_dict() for alert in self.hacking.alerts]
         data["alerts"] = [alert.to_dict() for alert in self.alerts]

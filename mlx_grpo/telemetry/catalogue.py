@@ -45,6 +45,8 @@ from .names import (ACCEL_ACTIVE_GB, ACCEL_LIMIT_GB, ACCEL_MEMORY_PERCENT, ACCEL
 
 @dataclass(frozen=True)
 class MetricSpec:
+    """One catalogue entry: a name (or a pattern with placeholders), its meaning, unit, group, when and kind."""
+
     name: str
     description: str
     unit: str
@@ -54,6 +56,7 @@ class MetricSpec:
 
     @property
     def is_pattern(self) -> bool:
+        """True when the name holds a placeholder such as `<fn>`."""
         return "<" in self.name
 
 
@@ -444,6 +447,7 @@ _PLACEHOLDERS = {
 
 
 def name_pattern(name: str) -> re.Pattern:
+    """The regex a catalogue name stands for, its placeholders filled (`<fn>` never matches total)."""
     regex = re.escape(name)
     for placeholder, part in _PLACEHOLDERS.items():
         regex = regex.replace(re.escape(placeholder), part)
@@ -584,10 +588,12 @@ def tensorboard_layout() -> dict[str, dict[str, list]]:
 
 
 def catalogue_json() -> list[dict]:
+    """Every entry as plain data (`mlx-grpo metrics --json`)."""
     return [asdict(spec) for spec in CATALOGUE]
 
 
 def groups() -> list[str]:
+    """The catalogue's groups, in order of first appearance."""
     return list(dict.fromkeys(spec.group for spec in CATALOGUE))
 
 
@@ -596,6 +602,7 @@ def _cell(text: str) -> str:
 
 
 def render_markdown() -> list[str]:
+    """The catalogue's part of METRICS.md, a table per group."""
     lines = [
         "# Metric catalogue",
         "",

@@ -54,6 +54,8 @@ SORT_KEYS = ("name", *METRIC_COLUMNS)
 
 @dataclass
 class RunSummary:
+    """One run as `mlx-grpo compare` lists it: state, progress, flattened config and final numbers."""
+
     path: Path
     name: str
     status: str
@@ -69,6 +71,7 @@ class RunSummary:
 
 
 def expand_run_dirs(paths: Iterable[str | Path]) -> list[Path]:
+    """The run directories named, or found one level under the folders named."""
     out: list[Path] = []
     for raw in paths:
         path = Path(raw)
@@ -97,6 +100,7 @@ def _finite(value: Any) -> float | None:
 
 
 def load_summary(run_dir: Path) -> RunSummary:
+    """The summary of one run directory (UserError when it holds no run)."""
     info = read_run_info(run_dir)
     if info is None:
         raise UserError(f"{run_dir}: run.json is missing or unreadable")
@@ -133,10 +137,12 @@ def load_summary(run_dir: Path) -> RunSummary:
 
 
 def run_config(info: RunInfo) -> dict[str, Any]:
+    """A run's config flattened to dotted keys, with its world size."""
     return {**_flatten(info.config), "world_size": info.world_size}
 
 
 def differing_keys(configs: list[dict[str, Any]]) -> list[str]:
+    """The config keys whose values are not the same in every config (bookkeeping keys aside)."""
     keys: dict[str, None] = {}
     for config in configs:
         keys.update(dict.fromkeys(config))
@@ -146,10 +152,12 @@ def differing_keys(configs: list[dict[str, Any]]) -> list[str]:
 
 
 def config_differences(summaries: list[RunSummary]) -> list[str]:
+    """The config keys on which the summarised runs differ."""
     return differing_keys([s.config for s in summaries])
 
 
 def value_text(value: Any) -> str:
+    """A config value as a short table cell ("-" for none)."""
     if value is None:
         return "-"
     if isinstance(value, bool):
@@ -174,6 +182,7 @@ def _metric_cell(name: str, value: float | None) -> str:
 
 
 def sort_summaries(summaries: list[RunSummary], sort: str | None) -> list[RunSummary]:
+    """The summaries by name, or best first by a number column (runs without it last); None keeps the order."""
     if sort is None:
         return summaries
     if sort == "name":
@@ -183,6 +192,7 @@ def sort_summaries(summaries: list[RunSummary], sort: str | None) -> list[RunSum
 
 
 def comparison_table(summaries: list[RunSummary], sort: str | None = None) -> Table:
+    """The comparison as a rich table: a row per run, the differing config keys as columns."""
     differing = config_differences(summaries)
     table = Table(title=f"{len(summaries)} runs" + (f": {len(differing)} config keys differ" if differing else
                                                      ": same config"), title_justify="left")
@@ -201,6 +211,7 @@ def comparison_table(summaries: list[RunSummary], sort: str | None = None) -> Ta
 
 
 def comparison_json(summaries: list[RunSummary], sort: str | None = None) -> list[dict[str, Any]]:
+    """The comparison as JSON-safe data."""
     differing = config_differences(summaries)
     return [{"run_dir": str(s.path), "name": s.name, "status": s.status, "steps": s.steps,
              "total_steps": s.total_steps, "config": {k: s.config.get(k) for k in differing},
@@ -208,5 +219,6 @@ def comparison_json(summaries: list[RunSummary], sort: str | None = None) -> lis
 
 
 def table_console() -> Console:
+    """A rich console sized for tables, wide enough when output is not a terminal."""
     console = Console(highlight=False)
     return console if console.is_terminal else Console(highlight=False, width=PIPE_WIDTH)

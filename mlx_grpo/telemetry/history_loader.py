@@ -36,6 +36,8 @@ _PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
 
 @dataclass
 class ChunkResult:
+    """The records of one chunk of metrics.jsonl as a table, and how many lines were not records."""
+
     table: MetricTable
     garbage_lines: int
 
@@ -64,6 +66,7 @@ def parse_range(path: str, start: int, end: int) -> ChunkResult:
 
 
 def save_chunk(result: ChunkResult, out: str) -> None:
+    """Write a chunk's table where the parent process will find it (atomically)."""
     t = result.table
     names = t.names
     values = np.stack([t.column(n) for n in names]) if names else np.empty((0, len(t)))
@@ -74,6 +77,7 @@ def save_chunk(result: ChunkResult, out: str) -> None:
 
 
 def load_chunk(path: str) -> ChunkResult:
+    """Read back a chunk saved by save_chunk."""
     with np.load(path) as z:
         names = json.loads(str(z["names"]))
         table = MetricTable.from_columns(z["steps"], z["times"], dict(zip(names, z["values"])))
@@ -111,10 +115,12 @@ class HistoryLoader:
 
     @property
     def done(self) -> bool:
+        """True once every chunk has been read and merged."""
         return self._merged == len(self._jobs)
 
     @property
     def progress(self) -> float:
+        """Share of the file read so far, 0 to 1."""
         return self.bytes_done / self.end if self.end else 1.0
 
     def _launch(self) -> None:

@@ -45,6 +45,8 @@ SAMPLES_SHOWN = 8
 
 @dataclass
 class LoadedRun:
+    """A run read for the HTML report: its title, run.json, data and reward report."""
+
     title: str
     info: RunInfo
     data: RunData
@@ -52,6 +54,7 @@ class LoadedRun:
 
 
 def load_runs(run_dirs: Sequence[str | Path]) -> list[LoadedRun]:
+    """Read every named run directory (UserError for one that holds no run)."""
     runs = []
     for run_dir in run_dirs:
         info, metrics, samples, alerts = load_run(run_dir)
@@ -203,6 +206,7 @@ def draw_charts(runs: Sequence[LoadedRun]) -> list[tuple[str, str]]:
 
 
 def render_html(runs: Sequence[LoadedRun]) -> str:
+    """The report of one or several runs as one self-contained HTML page."""
     charts = draw_charts(runs)
     names = ", ".join(run.title for run in runs)
     body = [f"<h1>mlx-grpo run report: {_e(names)}</h1>",

@@ -30,6 +30,8 @@ _MARK_BYTES = 64
 
 @dataclass
 class TailResult:
+    """The records read since the last poll, and whether the file was replaced under the reader."""
+
     records: list[dict] = field(default_factory=list)
     # True when the file was truncated or replaced: everything read before is stale.
     reset: bool = False

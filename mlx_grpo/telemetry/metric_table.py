@@ -27,6 +27,8 @@ _MAX_STEP = 2**53
 
 
 class MetricTable:
+    """A run's metrics as columns: steps, times and one float array per name (NaN where missing)."""
+
     def __init__(self) -> None:
         self._n = 0
         self._cap = 0
@@ -56,21 +58,26 @@ class MetricTable:
 
     @property
     def steps(self) -> np.ndarray:
+        """The step of each row."""
         return self._steps[: self._n]
 
     @property
     def times(self) -> np.ndarray:
+        """The wall-clock time of each row."""
         return self._times[: self._n]
 
     @property
     def names(self) -> list[str]:
+        """The metric names, in first-seen order."""
         return list(self._cols)
 
     def column(self, name: str) -> np.ndarray | None:
+        """The values of one metric, a row each (None when no row has it)."""
         col = self._cols.get(name)
         return None if col is None else col[: self._n]
 
     def last_step(self) -> float | None:
+        """The step of the last row, or None for an empty table."""
         return float(self._steps[self._n - 1]) if self._n else None
 
     def last_value(self, name: str) -> float | None:
@@ -102,6 +109,7 @@ class MetricTable:
         return (lo, hi) if lo <= hi else None
 
     def clear(self) -> None:
+        """Drop every row (the file was replaced)."""
         # Counters keep counting up, so caches keyed on them see the change.
         version, epoch = self.version + 1, self.epoch + 1
         self.__init__()

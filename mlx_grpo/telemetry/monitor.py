@@ -120,6 +120,7 @@ class RewardMonitor:
     # ------------------------------------------------------------------ alerts
 
     def add_rule(self, rule: Rule) -> None:
+        """Watch one more alert rule."""
         self.engine.add_rule(rule)
 
     def add_threshold_alert(self, metric: str, threshold: float, condition: str = "above", *,
@@ -155,6 +156,7 @@ class RewardMonitor:
             print_alerts(fired, self.console)
 
     def alert_summary(self) -> dict[str, Any]:
+        """How many alerts fired, by level and by rule."""
         return {"total": len(self.alerts), "by_level": dict(Counter(a.level for a in self.alerts)),
                 "by_rule": dict(Counter(a.rule for a in self.alerts)),
                 "latest": [a.to_dict() for a in self.alerts[-5:]]}
@@ -205,7 +207,9 @@ class RewardMonitor:
         return self.report().quality
 
     def function_importance(self) -> dict[str, FunctionImportance]:
+        """Each reward function's importance over the steps observed so far."""
         return function_importance(self.records, list(self.samples))
 
     def detect_hacking(self) -> HackingReport:
+        """Whether reward rose while accuracy did not, over the steps observed so far."""
         return detect_reward_hacking(self.records, list(self.samples))

@@ -341,6 +341,7 @@ def lookup(name: str) -> list[OtherName]:
 
 
 def other_names_json() -> list[dict]:
+    """Every other tool's name and ours as plain data (`mlx-grpo metrics --other-names --json`)."""
     return [{"source": m.source, "tool": SOURCES[m.source], "name": m.name, "answers": list(m.answers),
              "note": m.note} for m in OTHER_NAMES]
 

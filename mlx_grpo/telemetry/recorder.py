@@ -105,6 +105,7 @@ class RunRecorder:
         return StepReport(step, record, alerts, self.rewards.histograms(step), scores, data.samples)
 
     def end_epoch(self, partial: bool = False) -> dict[str, float]:
+        """Close an epoch: the reward tracker's and the reward hooks' epoch metrics."""
         out = self.rewards.end_epoch(partial=partial)
         for hooks in self.hooks.values():
             out.update(hooks.end_epoch())
@@ -126,6 +127,7 @@ class RunRecorder:
             self.console.step(step, report.record, every=max(1, self.num_steps // 20))
 
     def message(self, text: Any, style: str | None = None) -> None:
+        """Print a line on the console, if there is one."""
         if self.console is not None:
             self.console.message(text, style=style)
 
@@ -146,6 +148,7 @@ class RunRecorder:
         return final
 
     def close(self, final: Mapping[str, Any], status: str) -> None:
+        """Stop the system sampler and close the sinks (once)."""
         if self.sampler is not None:
             self.sampler.stop()
         if self.sinks is not None:
@@ -155,6 +158,7 @@ class RunRecorder:
     # ------------------------------------------------------------------ checkpoints
 
     def state_dict(self) -> dict[str, Any]:
+        """Everything the recorder needs to resume exactly: trackers, alert engine, reward hooks."""
         return {
             "rewards": self.rewards.state_dict(),
             "throughput": {t.name: t.state_dict() for t in (self.gen_throughput, self.backprop_throughput)},
@@ -168,6 +172,7 @@ class RunRecorder:
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore what state_dict saved."""
         self.rewards.load_state_dict(state["rewards"])
         for tracker in (self.gen_throughput, self.backprop_throughput):
             if tracker.name in state["throughput"]:

@@ -56,6 +56,7 @@ def _fmt(value: Any, spec: str = ".3g") -> str:
 
 
 def render_markdown(report: RewardReport, title: str) -> str:
+    """The report as markdown (report.md)."""
     q = report.quality
     lines = [f"# Reward report: {title}", "",
              f"{report.steps} logged steps (steps {report.first_step} to {report.last_step}), "
@@ -120,6 +121,7 @@ def _score_style(score: float | None) -> str:
 
 
 def print_report(report: RewardReport, title: str, console: Console | None = None) -> None:
+    """Print the report on the terminal."""
     console = console or Console()
     q = report.quality
     parts = Table(show_header=True, header_style="bold", expand=True, box=None)
@@ -193,10 +195,12 @@ def build_report(run_dir: str | Path) -> tuple[str, RewardReport]:
 
 
 def report_json(title: str, report: RewardReport) -> str:
+    """The report as JSON text."""
     return json.dumps({"run": title, **report.to_dict()}, indent=2) + "\n"
 
 
 def save_report(run_dir: str | Path, title: str, report: RewardReport) -> None:
+    """Write report.json and report.md into the run directory."""
     run_dir = Path(run_dir)
     atomic_write_text(run_dir / "report.json", report_json(title, report))
     atomic_write_text(run_dir / "report.md", render_markdown(report, title))

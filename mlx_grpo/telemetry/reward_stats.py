@@ -64,6 +64,7 @@ def _describe(prefix: str, values: np.ndarray) -> dict[str, float]:
 
 
 def reward_entropy(total: np.ndarray) -> float:
+    """Entropy (bits) of the batch's total rewards over a fixed number of bins; 0 when all are equal."""
     lo, hi = float(total.min()), float(total.max())
     if hi - lo <= ZERO_STD_TOL * max(1.0, abs(lo), abs(hi)):
         return 0.0
@@ -85,6 +86,7 @@ def reward_metrics(
     total: np.ndarray,
     group_size: int,
 ) -> dict[str, float]:
+    """Every per-step reward metric of one batch: per function and total, group spread, signal."""
     scores = np.asarray(scores, dtype=np.float64)
     total = np.asarray(total, dtype=np.float64)
     weights = np.asarray(weights, dtype=np.float64)
@@ -132,6 +134,7 @@ class RunningStats:
         self.max = -math.inf
 
     def add(self, values) -> None:
+        """Count these values in."""
         arr = np.asarray(values, dtype=np.float64).ravel()
         arr = arr[~np.isnan(arr)]
         if arr.size == 0:
@@ -148,19 +151,23 @@ class RunningStats:
 
     @property
     def variance(self) -> float:
+        """The variance of the values added so far."""
         return self._m2 / self.count if self.count else math.nan
 
     def state_dict(self) -> dict:
+        """The running totals, for a checkpoint."""
         # min/max are infinite until a value arrives; JSON has no infinity, so an empty stream stores None.
         return {"count": self.count, "mean": self.mean, "m2": self._m2,
                 "min": self.min if self.count else None, "max": self.max if self.count else None}
 
     def load_state_dict(self, state: Mapping) -> None:
+        """Restore the running totals."""
         self.count, self.mean, self._m2 = int(state["count"]), float(state["mean"]), float(state["m2"])
         self.min = math.inf if state["min"] is None else float(state["min"])
         self.max = -math.inf if state["max"] is None else float(state["max"])
 
     def summary(self, prefix: str) -> dict[str, float]:
+        """Mean, std, min, max and count, named under `prefix`."""
         if not self.count:
             return {f"{prefix}/total_samples": 0.0}
         return {
@@ -262,12 +269,14 @@ class RewardTracker:
         return out
 
     def final_metrics(self) -> dict[str, float]:
+        """The whole run's statistics of each function and the total (final_metrics.json)."""
         out: dict[str, float] = {}
         for name, stats in self._final.items():
             out.update(stats.summary(f"final/{name}"))
         return out
 
     def state_dict(self) -> dict:
+        """The tracker's totals, for a checkpoint."""
         return {
             "names": self.names,
             "recent": {name: list(values) for name, values in self._recent.items()},
@@ -281,6 +290,7 @@ class RewardTracker:
         }
 
     def load_state_dict(self, state: Mapping) -> None:
+        """Restore the tracker's totals."""
         if list(state["names"]) != self.names:
             raise ValueError(f"reward functions {list(state['names'])} in the saved state, {self.names} now")
         for name, values in state["recent"].items():
@@ -307,6 +317,7 @@ class ThroughputTracker:
         self._sorted: list[float] = []
 
     def update(self, tokens: float, seconds: float) -> dict[str, float]:
+        """Count one step's tokens and seconds; returns its rate with the running average and p99."""
         if not seconds > 0 or not math.isfinite(seconds):
             return {}
         rate = tokens / seconds
@@ -317,9 +328,11 @@ class ThroughputTracker:
                 f"{self.name}/p99": self.percentile(99.0)}
 
     def state_dict(self) -> dict:
+        """The rates seen so far, for a checkpoint."""
         return {"tokens": self._tokens, "seconds": self._seconds, "rates": self._sorted}
 
     def load_state_dict(self, state: Mapping) -> None:
+        """Restore the rates seen so far."""
         self._tokens, self._seconds = float(state["tokens"]), float(state["seconds"])
         self._sorted = sorted(float(r) for r in state["rates"])
 

@@ -96,6 +96,7 @@ def scrub_text(text: str) -> str:
 
 
 def scrub_secrets(obj: Any, _env: set[str] | None = None) -> Any:
+    """A copy of `obj` with API keys, tokens and passwords replaced by a mark."""
     env = _env_secrets() if _env is None else _env
     if isinstance(obj, Mapping):
         return {k: scrub_secrets(v, env) for k, v in obj.items()
@@ -140,6 +141,7 @@ def read_json_object(path: Path) -> dict | None:
 
 
 def json_safe(obj: Any) -> Any:
+    """`obj` with non-finite floats as None and numpy values as plain Python ones."""
     if isinstance(obj, float):
         return obj if math.isfinite(obj) else None
     if isinstance(obj, (str, int, bool)) or obj is None:
@@ -178,6 +180,7 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
 
 
 def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
+    """Write `obj` as JSON so that a reader sees the old file or the new one, never a part."""
     atomic_write_text(path, json.dumps(json_safe(obj), allow_nan=False, ensure_ascii=False, indent=2) + "\n")
 
 
@@ -219,6 +222,7 @@ class Resume:
 
     @classmethod
     def from_dict(cls, obj: Any) -> "Resume":
+        """Read a resume entry of run.json, keeping what it can."""
         obj = obj if isinstance(obj, dict) else {}
         return cls(_timestamp(obj.get("time")), _int(obj.get("step")), _str(obj.get("previous_status")))
 
@@ -244,6 +248,7 @@ class RunInfo:
 
     @classmethod
     def from_dict(cls, obj: Any) -> "RunInfo":
+        """Read run.json's mapping, tolerant of missing and unknown keys (kept in `extra`)."""
         if not isinstance(obj, dict):
             return cls()
         total = _int(obj.get("total_steps"))
@@ -279,6 +284,7 @@ class RunInfo:
 
     @property
     def ended(self) -> bool:
+        """True once the run finished, stopped or failed."""
         return self.status in ENDED
 
     @property
@@ -304,10 +310,13 @@ def read_run_info(run_dir: str | os.PathLike) -> RunInfo | None:
 
 
 def write_run_info(run_dir: str | os.PathLike, info: RunInfo) -> None:
+    """Write run.json atomically."""
     atomic_write_json(Path(run_dir) / RUN_JSON, info.to_dict())
 
 
 class RunDirWriter:
+    """Writes the run directory: run.json, metrics.jsonl, samples.jsonl, alerts.jsonl, final metrics."""
+
     def __init__(self, path: str | os.PathLike, fsync: bool = False):
         self.path = Path(path)
         self.fsync = fsync
@@ -317,6 +326,7 @@ class RunDirWriter:
     def start(self, name: str, config: Mapping[str, Any], versions: Mapping[str, Any] | None = None,
               device: Mapping[str, Any] | None = None, total_steps: int | None = None,
               run_id: str | None = None, resume_step: int | None = None) -> RunInfo:
+        """Create the directory's files and write run.json."""
         self.path.mkdir(parents=True, exist_ok=True)
         now = _time.time()
         # A resume continues the run.json the interrupted session left (none when it is missing or unreadable).
@@ -350,10 +360,12 @@ class RunDirWriter:
             os.fsync(f.fileno())
 
     def write_metrics(self, step: int, metrics: Mapping[str, float], time: float | None = None) -> None:
+        """Append one metrics record."""
         record = {"step": int(step), "time": _time.time() if time is None else time, **metrics}
         self._append(METRICS, [_dumps(record)])
 
     def write_samples(self, step: int, samples: Iterable[Mapping[str, Any]], time: float | None = None) -> None:
+        """Append one step's samples."""
         now = _time.time() if time is None else time
         lines = [_dumps({"step": int(step), "time": now, **{k: _clipped(v) for k, v in sample.items()}})
                  for sample in samples]
@@ -361,14 +373,17 @@ class RunDirWriter:
             self._append(SAMPLES, lines)
 
     def write_alert(self, alert: Any) -> None:
+        """Append one alert."""
         record = alert.to_dict() if hasattr(alert, "to_dict") else dict(alert)
         record.setdefault("time", _time.time())
         self._append(ALERTS, [_dumps(record)])
 
     def write_final_metrics(self, metrics: Mapping[str, Any]) -> None:
+        """Write final_metrics.json."""
         atomic_write_json(self.path / FINAL_METRICS, metrics)
 
     def finish(self, status: str = "finished") -> None:
+        """Record how the run ended in run.json."""
         if status not in ENDED:
             raise ValueError(f"status must be one of {ENDED}, got {status!r}")
         self.close()
@@ -377,6 +392,7 @@ class RunDirWriter:
             write_run_info(self.path, self.info)
 
     def close(self) -> None:
+        """Close the open files."""
         for f in self._files.values():
             f.close()
         self._files.clear()

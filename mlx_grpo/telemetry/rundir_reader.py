@@ -66,6 +66,7 @@ MAX_ALERTS = 5000
 
 
 def pid_alive(pid: int) -> bool:
+    """True when a process with this id exists on this machine."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -77,6 +78,8 @@ def pid_alive(pid: int) -> bool:
 
 @dataclass
 class AlertEntry:
+    """An alert read back, and whether the trainer or the dashboard raised it."""
+
     alert: Alert
     # "run": from alerts.jsonl (the trainer); "dashboard": the same rules
     # evaluated here on the records read, shown only when the file lacks it.
@@ -85,6 +88,8 @@ class AlertEntry:
 
 @dataclass
 class RunView:
+    """What is known of one run directory so far: run.json, its metrics as a table, alerts, samples."""
+
     run_dir: Path
     info: RunInfo | None = None  # None until a run.json was read
     table: MetricTable = field(default_factory=MetricTable)
@@ -103,19 +108,23 @@ class RunView:
     # ------------------------------------------------------------------ identity
     @property
     def name(self) -> str:
+        """The run's name: run.json's, else the directory's."""
         return (self.info and self.info.name) or self.run_dir.name
 
     @property
     def total_steps(self) -> int | None:
+        """The steps the run means to train, when run.json says."""
         return self.info.total_steps if self.info else None
 
     @property
     def step(self) -> int | None:
+        """The last step with a record, or None."""
         last = self.table.last_step()
         return None if last is None else int(last)
 
     @property
     def start_time(self) -> float | None:
+        """When the run started: run.json's time, else its first record's."""
         if self.info and self.info.start_time is not None:
             return float(self.info.start_time)
         times = self.table.times
@@ -123,6 +132,7 @@ class RunView:
 
     # ------------------------------------------------------------------ pace
     def last_record_time(self) -> float | None:
+        """The time of the last record, or None."""
         times = self.table.times
         return float(times[-1]) if len(times) and times[-1] == times[-1] else None
 
@@ -134,6 +144,7 @@ class RunView:
         return float(np.median(gaps)) if len(gaps) else None
 
     def seconds_per_step(self) -> float | None:
+        """Recent seconds per step, from the records' times."""
         steps = self.table.steps[-PACE_WINDOW:]
         times = self.table.times[-PACE_WINDOW:]
         ok = np.isfinite(times)
@@ -144,6 +155,8 @@ class RunView:
 
     # ------------------------------------------------------------------ derived
     def status(self, now: float, alive: Callable[[int], bool] = pid_alive) -> str:
+        """waiting, starting, live, stalled, crashed, or how it ended: from run.json, the records and the
+        trainer's process."""
         if not self.exists or (self.info is None and not len(self.table)):
             return "waiting"
         info = self.info or RunInfo()
@@ -160,6 +173,7 @@ class RunView:
         return "stalled" if now - last > limit else "live"
 
     def elapsed(self, now: float, status: str) -> float | None:
+        """Seconds since the start: to now while running, to the end once ended."""
         start = self.start_time
         if start is None:
             return None
@@ -204,6 +218,7 @@ class RunView:
 
     @property
     def garbage_total(self) -> int:
+        """Lines of the run's files that could not be read as records."""
         return sum(self.garbage.values())
 
 
@@ -235,6 +250,7 @@ class RunReader:
 
     # ------------------------------------------------------------------ polling
     def poll(self) -> bool:
+        """Read what the run wrote since the last poll; True when anything changed."""
         st = self.state
         st.exists = self.run_dir.is_dir()
         if not st.exists:
@@ -252,6 +268,7 @@ class RunReader:
         return changed
 
     def close(self) -> None:
+        """Stop reading (a background history load included)."""
         if self._history is not None:
             self._history.cancel()
             self._history = None
@@ -398,6 +415,7 @@ class RunReader:
 # ---------------------------------------------------------------------- finding runs
 
 def is_run_dir(path: Path) -> bool:
+    """True when the folder holds a run.json or a metrics.jsonl."""
     return (path / RUN_JSON).exists() or (path / METRICS).exists()
 
 

@@ -94,39 +94,41 @@ HPARAM_METRICS = (REWARD_MEAN, ACCURACY_TRAIN, EVAL_ACCURACY, LOSS)
 
 
 class Sink:
+    """Where a run's records go besides the run directory; every method may be left as it is."""
+
     name = "sink"
 
     def start(self, info: RunInfo, run_dir: Path) -> None:
-        pass
+        """The run begins: open whatever the sink writes to."""
 
     def write(self, step: int, scalars: Mapping[str, float], histograms: Mapping[str, np.ndarray],
               rewards: Mapping[str, np.ndarray] | None) -> None:
-        pass
+        """One logged step: its scalars, histograms and the per-function reward arrays."""
 
     def write_samples(self, step: int, samples: Sequence[Mapping[str, Any]]) -> None:
-        pass
+        """One step's sample completions."""
 
     def write_alert(self, alert: Mapping[str, Any]) -> None:
-        pass
+        """An alert that fired."""
 
     def write_final(self, metrics: Mapping[str, float]) -> None:
-        pass
+        """The end-of-run summary metrics."""
 
     def log_checkpoint(self, path: str | Path, step: int) -> None:
-        pass
+        """A checkpoint was committed at `path`."""
 
     def log_dataset(self, name: str, splits: Mapping[str, Sequence[Mapping[str, Any]]],
                     metadata: Mapping[str, Any]) -> None:
-        pass
+        """The run's train and held-out rows."""
 
     def log_model(self, path: str | Path, step: int) -> None:
-        pass
+        """The final model's directory."""
 
     def flush(self) -> None:
         """Put what was written so far on disk (before a checkpoint records that it was)."""
 
     def close(self, status: str) -> None:
-        pass
+        """The run ended: flush and close."""
 
 
 # ----------------------------------------------------------------------------- shared helpers
@@ -148,6 +150,7 @@ def _md_cell(value: Any) -> str:
 
 
 def samples_markdown(samples: Sequence[Mapping[str, Any]]) -> str:
+    """Sample completions as a markdown table (TensorBoard's text view)."""
     fns = list(dict.fromkeys(k for s in samples for k in (s.get("rewards") or {})))
     header = ["prompt", "completion", "answer", *fns, "total", "advantage", "length", "truncated", "correct"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
@@ -257,6 +260,8 @@ def differing_first(values: dict[str, Any], run_dir: str | Path | None, limit: i
 
 
 class TensorBoardSink(Sink):
+    """TensorBoard event files: scalars, histograms, samples, alerts, hparams, the custom layout."""
+
     name = "tensorboard"
 
     def __init__(self, logdir: str | Path, flush_secs: int = 2, purge_step: int | None = None):
@@ -281,6 +286,7 @@ class TensorBoardSink(Sink):
             raise OSError(f"writing {self.logdir} failed: {error}") from error
 
     def start(self, info: RunInfo, run_dir: Path) -> None:
+        """Open the event writer and write the layout, the config and the hparams."""
         from tensorboardX.summary import hparams
 
         self.writer.add_custom_scalars(tensorboard_layout())
@@ -293,6 +299,7 @@ class TensorBoardSink(Sink):
         self.writer.add_text("run", "```\n" + json.dumps(json_safe(shown), indent=2) + "\n```", 0)
 
     def write(self, step, scalars, histograms, rewards) -> None:
+        """Scalars and histograms of one step."""
         self._raise_write_error()
         # One event holding every scalar: ~100 add_scalar calls would cost ~10x more per step.
         values = [self._summary.Value(tag=name, simple_value=float(value))
@@ -303,10 +310,12 @@ class TensorBoardSink(Sink):
         self._last_step = max(self._last_step, step)
 
     def write_samples(self, step, samples) -> None:
+        """The samples as a markdown table."""
         self._raise_write_error()
         self.writer.add_text("samples/completions", samples_markdown(samples), step)
 
     def flush(self) -> None:
+        """Write what is queued to disk now."""
         if self._guard is not None:
             self._guard.flush_queued()
         else:
@@ -314,17 +323,20 @@ class TensorBoardSink(Sink):
         self._raise_write_error()
 
     def write_alert(self, alert) -> None:
+        """The alert as text under `alerts`."""
         self._raise_write_error()
         text = f"**{alert.get('level', 'info')}** `{alert.get('rule', '')}` {_md_cell(alert.get('message'))}"
         self.writer.add_text("alerts", text, int(alert.get("step") or self._last_step))
 
     def write_final(self, metrics) -> None:
+        """The final metrics, and the hparams' results."""
         self._raise_write_error()
         self.write(self._last_step, {k: v for k, v in metrics.items() if isinstance(v, (int, float))}, {}, None)
         rows = "\n".join(f"| `{k}` | {_fmt(v)} |" for k, v in metrics.items())
         self.writer.add_text("final", "| metric | value |\n|---|---|\n" + rows, self._last_step)
 
     def close(self, status: str) -> None:
+        """Flush and close the event writer."""
         from tensorboardX.proto.api_pb2 import Status
         from tensorboardX.proto.plugin_hparams_pb2 import HParamsPluginData, SessionEndInfo
         from tensorboardX.proto.summary_pb2 import SummaryMetadata
@@ -345,6 +357,8 @@ class TensorBoardSink(Sink):
 
 @dataclass
 class WandbOptions:
+    """The W&B settings of a run (project, entity, name, tags, notes, what to upload)."""
+
     project: str = "mlx-grpo"
     entity: str | None = None
     name: str | None = None
@@ -364,6 +378,8 @@ def tracker_config(info: RunInfo) -> dict[str, Any]:
 
 
 class WandbSink(Sink):
+    """Weights & Biases: scalars, histograms, samples tables, charts, artifacts."""
+
     name = "wandb"
 
     def __init__(self, options: WandbOptions):
@@ -383,6 +399,7 @@ class WandbSink(Sink):
         self._total_steps: int | None = None
 
     def start(self, info: RunInfo, run_dir: Path) -> None:
+        """Start the W&B run with the scrubbed config (resuming the same W&B run on a resume)."""
         opts = self.options
         # An explicit dir wins, then the user's WANDB_DIR, then the run directory (keeps a run self-contained).
         wandb_dir = opts.dir or (None if os.environ.get("WANDB_DIR") else str(run_dir))
@@ -398,6 +415,7 @@ class WandbSink(Sink):
         self._chart_every = chart_interval(opts.chart_every, self._total_steps)
 
     def write(self, step, scalars, histograms, rewards) -> None:
+        """One step's scalars and histograms, and the charts when they are due."""
         data: dict[str, Any] = {k: v for k, v in scalars.items() if v is not None}
         for name, array in histograms.items():
             data[name] = self.wandb.Histogram(np.asarray(array, dtype=np.float64))
@@ -471,6 +489,7 @@ class WandbSink(Sink):
         return self.wandb.plot.bar(table, "reward_function", "mean", title=title)
 
     def write_samples(self, step, samples) -> None:
+        """The samples as a W&B table."""
         if not samples:
             return
         if self._table is None:
@@ -490,12 +509,14 @@ class WandbSink(Sink):
         self.run.log({"samples/completions": self._table}, step=step)
 
     def write_alert(self, alert) -> None:
+        """The alert as a W&B alert."""
         level = {"error": self.wandb.AlertLevel.ERROR, "warning": self.wandb.AlertLevel.WARN}.get(
             alert.get("level"), self.wandb.AlertLevel.INFO)
         self.run.alert(title=f"{alert.get('rule', 'alert')} (step {alert.get('step')})",
                        text=str(alert.get("message", "")), level=level)
 
     def write_final(self, metrics) -> None:
+        """The final metrics in the run's summary, and the last charts."""
         self.run.summary.update(json_safe(dict(metrics)))
         data: dict[str, Any] = {}
         means = {k.split("/")[1]: v for k, v in metrics.items()
@@ -512,6 +533,7 @@ class WandbSink(Sink):
             self.run.log(data)
 
     def log_checkpoint(self, path, step) -> None:
+        """Upload the checkpoint as an artifact, when asked to."""
         if not self.options.log_checkpoints:
             return
         artifact = self.wandb.Artifact(name=f"{self.run.id}-checkpoint", type="model", metadata={"step": step})
@@ -541,6 +563,7 @@ class WandbSink(Sink):
         self.run.log_artifact(artifact, aliases=["final", f"step_{step}"])
 
     def close(self, status: str) -> None:
+        """Finish the W&B run."""
         self.run.finish(exit_code=0 if status == "finished" else 1)
 
 
@@ -575,6 +598,8 @@ def _artifact_name(text: str) -> str:
 
 @dataclass
 class TrackioOptions:
+    """The Trackio settings of a run."""
+
     project: str = "mlx-grpo"
     name: str | None = None  # None: the run directory's name
 
@@ -604,6 +629,8 @@ def trackio_store() -> Path:
 
 
 class TrackioSink(Sink):
+    """Trackio, local and offline: scalars and the final summary."""
+
     name = "trackio"
 
     def __init__(self, options: TrackioOptions):
@@ -615,6 +642,7 @@ class TrackioSink(Sink):
         self._last_step = 0
 
     def start(self, info: RunInfo, run_dir: Path) -> None:
+        """Start the Trackio run in its local store."""
         opts = self.options
         config = tracker_config(info)
         with _local_and_quiet():
@@ -625,13 +653,16 @@ class TrackioSink(Sink):
                                          auto_log_cpu=False, auto_log_gpu=False, embed=False)
 
     def write(self, step, scalars, histograms, rewards) -> None:
+        """One step's scalars."""
         self.run.log({k: float(v) for k, v in scalars.items() if v is not None}, step=step)
         self._last_step = max(self._last_step, step)
 
     def write_final(self, metrics) -> None:
+        """The final metrics."""
         self.run.log({k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}, step=self._last_step)
 
     def close(self, status: str) -> None:
+        """Finish the Trackio run."""
         with _local_and_quiet():
             self.trackio.finish()
 
@@ -681,33 +712,42 @@ class ThreadedSink(Sink):
             self._dropped += 1
 
     def start(self, info, run_dir):
+        """Queue the call for the sink's thread."""
         # A copy: the run directory's writer sets the status and end time on its own when the run ends.
         self._submit("start", replace(info), run_dir)
 
     def write(self, step, scalars, histograms, rewards):
+        """Queue the call for the sink's thread."""
         # Copies: the trainer may reuse its dicts while the worker still holds them.
         self._submit("write", step, dict(scalars), dict(histograms), rewards)
 
     def write_samples(self, step, samples):
+        """Queue the call for the sink's thread."""
         self._submit("write_samples", step, list(samples))
 
     def write_alert(self, alert):
+        """Queue the call for the sink's thread."""
         self._submit("write_alert", dict(alert))
 
     def write_final(self, metrics):
+        """Queue the call for the sink's thread."""
         self._submit("write_final", dict(metrics))
 
     def log_checkpoint(self, path, step):
+        """Queue the call for the sink's thread."""
         self._submit("log_checkpoint", path, step)
 
     def log_dataset(self, name, splits, metadata):
+        """Queue the call for the sink's thread."""
         # The rows are not copied: the trainer only reads them.
         self._submit("log_dataset", name, splits, dict(metadata))
 
     def log_model(self, path, step):
+        """Queue the call for the sink's thread."""
         self._submit("log_model", path, step)
 
     def close(self, status):
+        """Let the thread finish what is queued, then close the sink."""
         self._queue.put(("close", (status,)))
         self._queue.put(None)
         self._thread.join(self.close_timeout)
@@ -731,6 +771,8 @@ def _stderr(message: str) -> None:
 
 
 class SinkSet:
+    """The run directory and every other sink, written together; a failing sink is turned off with one warning."""
+
     def __init__(self, rundir: RunDirWriter, sinks: Sequence[Sink] = (), warn: Callable[[str], None] | None = None):
         self.rundir = rundir
         self.sinks = list(sinks)
@@ -741,6 +783,7 @@ class SinkSet:
 
     @property
     def active(self) -> list[str]:
+        """The names of the sinks still on."""
         return [sink.name for sink in self.sinks]
 
     def _each(self, method: str, *args) -> None:
@@ -766,6 +809,7 @@ class SinkSet:
     def start(self, name: str, config: Mapping[str, Any], versions: Mapping[str, Any] | None = None,
               device: Mapping[str, Any] | None = None, total_steps: int | None = None,
               run_id: str | None = None, resume_step: int | None = None) -> RunInfo:
+        """Start the run directory, then each sink."""
         # resume_step only when resuming: stand-in writers (ranks > 0 of a distributed run) take the basic call.
         resume = {} if resume_step is None else {"resume_step": resume_step}
         self.info = self.rundir.start(name=name, config=config, versions=versions, device=device,
@@ -776,38 +820,47 @@ class SinkSet:
 
     def write(self, step: int, scalars: Mapping[str, float], histograms: Mapping[str, np.ndarray] | None = None,
               rewards: Mapping[str, np.ndarray] | None = None, time: float | None = None) -> None:
+        """One record: the run directory first, then each sink."""
         self._last_step = step
         self.rundir.write_metrics(step, scalars, time)
         self._each("write", step, scalars, histograms or {}, rewards)
 
     def write_samples(self, step: int, samples: Sequence[Mapping[str, Any]], time: float | None = None) -> None:
+        """The samples to the run directory and each sink."""
         samples = list(samples)
         self.rundir.write_samples(step, samples, time)
         self._each("write_samples", step, samples)
 
     def write_alert(self, alert: Any) -> None:
+        """The alert to the run directory and each sink."""
         record = json_safe(alert.to_dict() if hasattr(alert, "to_dict") else dict(alert))
         self.rundir.write_alert(record)
         self._each("write_alert", record)
 
     def write_final(self, metrics: Mapping[str, float]) -> None:
+        """The final metrics to the run directory and each sink."""
         self.rundir.write_final_metrics(metrics)
         self._each("write_final", metrics)
 
     def log_checkpoint(self, path: str | Path, step: int) -> None:
+        """Tell each sink a checkpoint was committed."""
         self._each("log_checkpoint", path, step)
 
     def log_dataset(self, name: str, splits: Mapping[str, Sequence[Mapping[str, Any]]],
                     metadata: Mapping[str, Any]) -> None:
+        """Give each sink the run's rows."""
         self._each("log_dataset", name, splits, metadata)
 
     def log_model(self, path: str | Path, step: int) -> None:
+        """Give each sink the final model."""
         self._each("log_model", path, step)
 
     def flush(self) -> None:
+        """Flush the sinks that can."""
         self._each("flush")
 
     def close(self, status: str = "finished") -> None:
+        """Close every sink, then the run directory (once)."""
         if self._closed:
             return
         self._closed = True

@@ -68,6 +68,7 @@ class StepData:
 
     @property
     def completion_tokens(self) -> int:
+        """Tokens generated in the step."""
         return int(self.lengths.sum())
 
 
@@ -116,6 +117,7 @@ def difficulty_metrics(levels: Sequence, correct: Sequence[bool]) -> dict[str, f
 
 
 def update_metrics(update: UpdateStats) -> dict[str, float]:
+    """The update's loss, gradient, learning rate, clipping and ratio statistics, by name."""
     out = {LOSS: update.loss, GRAD_NORM: update.grad_norm, LEARNING_RATE: update.learning_rate,
            "policy/kl_coef": update.kl_coef, "policy/skipped_updates": float(update.skipped),
            **{f"policy/{UPDATE_STAT_NAMES.get(k, k)}": v for k, v in update.stats.items()}}

@@ -45,6 +45,7 @@ def parse_ioreg_utilization(text: str) -> float | None:
 
 
 def ioreg_gpu_utilization() -> float | None:
+    """The GPU's utilisation in percent from macOS's ioreg, or None elsewhere."""
     try:
         result = subprocess.run(["ioreg", "-r", "-d", "1", "-w", "0", "-c", "IOAccelerator"],
                                 capture_output=True, text=True, timeout=5, check=False)
@@ -60,6 +61,7 @@ def _default_gpu_reader() -> Callable[[], float | None] | None:
 
 
 def accel_metrics(reading: Mapping[str, float | None]) -> dict[str, float]:
+    """An accelerator-memory reading (bytes) as system/accel_* metrics in GB and percent."""
     out: dict[str, float] = {}
     for key in ("active", "peak", "cache", "limit"):
         value = reading.get(key)
@@ -72,6 +74,8 @@ def accel_metrics(reading: Mapping[str, float | None]) -> dict[str, float]:
 
 
 class SystemSampler:
+    """Samples CPU, memory and accelerator use on a thread; each record takes the latest sample."""
+
     def __init__(self, interval: float = 1.0,
                  accel_memory: Callable[[], Mapping[str, float | None]] | None = None,
                  gpu_utilization: Callable[[], float | None] | None = None):
@@ -85,6 +89,7 @@ class SystemSampler:
         self._thread: threading.Thread | None = None
 
     def start(self) -> "SystemSampler":
+        """Start the sampling thread."""
         self._sample(include_cpu=False)
         self._stop.clear()
         self._thread = threading.Thread(target=self._run, name="mlx-grpo-system-sampler", daemon=True)
@@ -121,6 +126,7 @@ class SystemSampler:
             self._latest = sample
 
     def snapshot(self) -> dict[str, float]:
+        """The latest sample's metrics."""
         with self._lock:
             out = dict(self._latest)
         if self.accel_memory is not None:
@@ -128,6 +134,7 @@ class SystemSampler:
         return out
 
     def stop(self) -> None:
+        """Stop the sampling thread."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=self.interval + 5)
