@@ -3,7 +3,6 @@
 import json
 from pathlib import Path
 
-import pytest
 from tbparse import SummaryReader
 
 from mlx_grpo.config import load_config

@@ -9,7 +9,7 @@ import pytest
 
 from mlx_grpo.config import load_config
 from mlx_grpo.errors import UserError
-from mlx_grpo.grpo import grpo_loss
+from mlx_grpo.grpo import LossOptions, grpo_loss
 from mlx_grpo.rollout import Rollout
 from mlx_grpo.trainer import Trainer
 from mlx_grpo.update import build_train_batch
@@ -22,7 +22,7 @@ def one_token_loss(ratio: float, advantage: float, delta=None) -> tuple[float, f
     old = mx.array([[0.0]])
 
     def f(logp):
-        return grpo_loss(logp, old, None, mx.array([advantage]), mx.array([[1]]), epsilon=0.2, delta=delta)
+        return grpo_loss(logp, old, None, mx.array([advantage]), mx.array([[1]]), LossOptions(epsilon=0.2, delta=delta))
 
     logp = mx.array([[float(np.log(ratio))]])
     loss, grad = mx.value_and_grad(f)(logp)
