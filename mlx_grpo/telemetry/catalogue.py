@@ -37,8 +37,9 @@ from .names import (ACCEL_ACTIVE_GB, ACCEL_LIMIT_GB, ACCEL_MEMORY_PERCENT, ACCEL
                     EVAL_ACCURACY, EVAL_SECONDS, FINISHED_CORRECT_FRAC, FINISHED_FRAC, GEN_MS_PER_TOKEN,
                     GEN_TOKENS_PER_S, GRAD_NORM, KL, LEARNING_RATE, LENGTH_MEAN, LOSS, MEMORY_PERCENT, MEMORY_USED_GB,
                     PROCESS_RSS_GB, PROMPT_LENGTH_MEAN, PROMPT_TRUNCATED_FRAC, REDRAWN_PROMPTS, REWARD_MEAN,
-                    REWARD_RECENT_MEAN, ROLLOUT_SECONDS, SIGNAL_TO_NOISE, STEP_SECONDS, STEP_TOKENS_PER_S,
-                    TOKENS_TOTAL, TRUNCATED_CORRECT_FRAC, TRUNCATED_FRAC, UPDATE_SECONDS, ZERO_STD_GROUP_FRAC)
+                    REWARD_RECENT_MEAN, ROLLOUT_SECONDS, SAMPLES_TABLE, SIGNAL_TO_NOISE, STEP_SECONDS,
+                    STEP_TOKENS_PER_S, TOKENS_TOTAL, TRUNCATED_CORRECT_FRAC, TRUNCATED_FRAC, UPDATE_SECONDS,
+                    ZERO_STD_GROUP_FRAC)
 
 # ----------------------------------------------------------------------------- entries
 
@@ -403,7 +404,7 @@ def _media_entries() -> list[MetricSpec]:
     w = "logged steps that write samples"
     charts = "every wandb_chart_every logged steps (default: about ten times per run) and the last, W&B only"
     return [
-        MetricSpec("samples/completions", "Completions of the step: prompt, reasoning, answer, ground truth, "
+        MetricSpec(SAMPLES_TABLE, "Completions of the step: prompt, reasoning, answer, ground truth, "
                    "per-function rewards, total, advantage (W&B table whose rows accumulate over the run; "
                    "TensorBoard text as a markdown table; samples.jsonl).", "", "samples", w, "table"),
         MetricSpec("alerts", "Alert messages (TensorBoard text; W&B alerts).", "", "alerts", "when an alert fires",

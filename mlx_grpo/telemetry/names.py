@@ -55,5 +55,8 @@ ACCEL_PEAK_GB = "system/accel_peak_gb"
 ACCEL_LIMIT_GB = "system/accel_limit_gb"
 ACCEL_MEMORY_PERCENT = "system/accel_memory_percent"
 
+# the samples table (TensorBoard text, W&B table)
+SAMPLES_TABLE = "samples/completions"
+
 # dynamic sampling, made in the trainer
 REDRAWN_PROMPTS = "sampling/redrawn_prompts"

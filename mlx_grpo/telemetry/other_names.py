@@ -16,7 +16,7 @@ from .names import (ACCEL_ACTIVE_GB, ACCEL_LIMIT_GB, ACCEL_MEMORY_PERCENT, ACCUR
                     CHECKPOINT_SECONDS, CLIP_FRAC, CPU_PERCENT, ELAPSED_SECONDS, ENTROPY, EVAL_ACCURACY, EVAL_SECONDS,
                     FINISHED_CORRECT_FRAC, FINISHED_FRAC, GEN_MS_PER_TOKEN, GEN_TOKENS_PER_S, GRAD_NORM, KL,
                     LEARNING_RATE, LENGTH_MEAN, LOSS, MEMORY_PERCENT, MEMORY_USED_GB, PROCESS_RSS_GB,
-                    PROMPT_LENGTH_MEAN, PROMPT_TRUNCATED_FRAC, REWARD_MEAN, REWARD_STD, ROLLOUT_SECONDS,
+                    PROMPT_LENGTH_MEAN, PROMPT_TRUNCATED_FRAC, REWARD_MEAN, REWARD_STD, ROLLOUT_SECONDS, SAMPLES_TABLE,
                     SIGNAL_TO_NOISE, STEP_SECONDS, TOKENS_TOTAL, TRUNCATED_CORRECT_FRAC, TRUNCATED_FRAC,
                     UPDATE_SECONDS, ZERO_STD_GROUP_FRAC)
 
@@ -138,7 +138,7 @@ def _wandb_guide() -> list[OtherName]:
         _m(s, "custom/metric_a", note=example),
         _m(s, "custom/metric_b", note=example),
         _m(s, "custom/metric_c", note=example),
-        _m(s, "table", "samples/completions", note="the guide's incrementally grown table; ours is the "
+        _m(s, "table", SAMPLES_TABLE, note="the guide's incrementally grown table; ours is the "
                                                    "completions table, whose rows accumulate"),
         _m(s, "rewards/mean", REWARD_MEAN),
         _m(s, "rewards/std", REWARD_STD),
@@ -155,7 +155,7 @@ def _wandb_guide() -> list[OtherName]:
         _m(s, "rewards/correctness_rate", "rewards/<fn>/positive_frac", ACCURACY_TRAIN,
            note="fraction of completions with a positive score; accuracy/train counts right answers directly"),
         _m(s, "eval/{k}", EVAL_ACCURACY),
-        _m(s, "generations", "samples/completions",
+        _m(s, "generations", SAMPLES_TABLE,
            note="columns step, prompt, reasoning, answer, ground truth, per-function rewards, total, advantage"),
         _m(s, "generation/answer_length_dist", "completions/length/hist",
            note="lengths of whole completions in tokens; the length of the extracted answer alone is not measured"),

@@ -84,7 +84,7 @@ import numpy as np
 from .catalogue import tensorboard_layout
 from .rundir import RUN_JSON, RunDirWriter, RunInfo, json_safe, read_run_info, scrub_secrets, scrub_text
 from .wandb_charts import CATEGORY_COLOURS, category_cloud, chart_interval, heatmap_svg, value_cloud
-from .names import ACCURACY_TRAIN, EVAL_ACCURACY, KL, LOSS, REWARD_MEAN
+from .names import ACCURACY_TRAIN, EVAL_ACCURACY, KL, LOSS, REWARD_MEAN, SAMPLES_TABLE
 
 # Sample columns shown in text and tables; long texts are cut so a step's table stays readable.
 TEXT_LIMIT = 600
@@ -312,7 +312,7 @@ class TensorBoardSink(Sink):
     def write_samples(self, step, samples) -> None:
         """The samples as a markdown table."""
         self._raise_write_error()
-        self.writer.add_text("samples/completions", samples_markdown(samples), step)
+        self.writer.add_text(SAMPLES_TABLE, samples_markdown(samples), step)
 
     def flush(self) -> None:
         """Write what is queued to disk now."""
@@ -506,7 +506,7 @@ class WandbSink(Sink):
                    json_safe(s.get("advantage")), s.get("length"), s.get("truncated"), s.get("correct"),
                    _clip(s.get("completion"), 4 * TEXT_LIMIT)]
             self._table.add_data(*row)
-        self.run.log({"samples/completions": self._table}, step=step)
+        self.run.log({SAMPLES_TABLE: self._table}, step=step)
 
     def write_alert(self, alert) -> None:
         """The alert as a W&B alert."""
