@@ -28,7 +28,9 @@ if __name__ == "__main__":
 
 from mlx_grpo import trainer as trainer_module
 from mlx_grpo.config import load_config
-from mlx_grpo.telemetry import alerts, reward_stats, sinks, system
+from mlx_grpo.telemetry.alerts import rules as alerts
+from mlx_grpo.telemetry.metrics import reward_stats, system
+from mlx_grpo.telemetry import sinks
 
 SPENT: dict[str, float] = defaultdict(float)
 

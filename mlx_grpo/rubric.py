@@ -24,7 +24,7 @@ import numpy as np
 import yaml
 
 from .errors import UserError, yaml_error
-from .telemetry.rundir import register_secret
+from .telemetry.rundir.writer import register_secret
 from .judge import PLACEHOLDERS, Judge, JudgeConfig, JudgeError, chat_completions_url
 from .rubric_scorers import (CriterionFailed, JudgeScorer, LengthScorer, NumericAnswerScorer, PythonScorer,
                              RegexScorer, SubstringScorer)

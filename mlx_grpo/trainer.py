@@ -42,13 +42,15 @@ from .rewards import RewardFunction, RewardScores, load_reward_functions, score_
 from .rollout import Rollout, SamplingSettings, decode_completion, generate
 from .signals import StopRequest, report_stop
 from .tasks.answer_format import extract_answer, extract_reasoning, is_correct
-from .telemetry.alert_config import load_alert_rules, rules_from_config
+from .telemetry.alerts.config import load_alert_rules, rules_from_config
 from .telemetry.recorder import RunRecorder, StepReport
-from .telemetry.rundir import scrub_secrets
-from .telemetry.sinks import TrackioOptions, WandbOptions, make_sinks, trackio_store, wandb_enabled
-from .telemetry.step_data import StepData, UpdateStats, eval_record
-from .telemetry.system import SystemSampler
-from .telemetry.names import REDRAWN_PROMPTS
+from .telemetry.rundir.writer import scrub_secrets
+from .telemetry.sinks.trackio import TrackioOptions, trackio_store
+from .telemetry.sinks.wandb import WandbOptions
+from .telemetry.sinks import make_sinks, wandb_enabled
+from .telemetry.metrics.step_data import StepData, UpdateStats, eval_record
+from .telemetry.metrics.system import SystemSampler
+from .telemetry.metrics.names import REDRAWN_PROMPTS
 from .plan import fit_run
 from .run_lock import RunLock, create_run_dir
 from .update import (TrainBatch, UpdateResult, build_train_batch, checkpoint_blocks, make_loss_fn, reference_logprobs,
@@ -621,7 +623,7 @@ def finish(run: Run, step: int, status: str, last_step: StepReport | None) -> di
     if run.lock is not None:
         run.lock.release()
     if status == "finished" and world.is_main:
-        from .telemetry.report import write_report
+        from .telemetry.analysis.report import write_report
 
         reward_report = write_report(run.run_dir)
         quality = reward_report.quality.score

@@ -12,7 +12,7 @@ import pytest
 import mlx_grpo.trainer as trainer_module
 from mlx_grpo.config import load_config
 from mlx_grpo.machine import accel_memory
-from mlx_grpo.telemetry.rundir import read_run_info
+from mlx_grpo.telemetry.rundir.writer import read_run_info
 from mlx_grpo.trainer import train
 
 SMALL = {"num_steps": 5, "batch_size": 4, "num_generations": 4, "num_iterations": 1, "eval_every": 0,

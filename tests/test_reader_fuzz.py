@@ -22,10 +22,10 @@ from hypothesis import strategies as st  # noqa: E402
 from mlx_grpo.errors import UserError  # noqa: E402
 from mlx_grpo.resume import last_record, resumable_checkpoint  # noqa: E402
 from mlx_grpo.sweep import trial_state  # noqa: E402
-from mlx_grpo.telemetry.compare import load_summary  # noqa: E402
-from mlx_grpo.telemetry.report import build_report  # noqa: E402
-from mlx_grpo.telemetry.rundir import RunInfo  # noqa: E402
-from mlx_grpo.telemetry.rundir_reader import RunReader  # noqa: E402
+from mlx_grpo.telemetry.analysis.compare import load_summary  # noqa: E402
+from mlx_grpo.telemetry.analysis.report import build_report  # noqa: E402
+from mlx_grpo.telemetry.rundir.writer import RunInfo  # noqa: E402
+from mlx_grpo.telemetry.rundir.reader import RunReader  # noqa: E402
 from mlx_grpo.tui.run_picker import read_entry  # noqa: E402
 from run_writer import RunWriter  # noqa: E402
 

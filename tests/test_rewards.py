@@ -6,16 +6,8 @@ import numpy as np
 import pytest
 
 from mlx_grpo.errors import UserError
-from mlx_grpo.rewards import (
-    BUILTINS,
-    answer_check,
-    digit_match,
-    format_approx,
-    format_exact,
-    load_reward_functions,
-    number_check,
-    score_completions,
-)
+from mlx_grpo.rewards import (BUILTINS, answer_check, digit_match, format_approx, format_exact, load_reward_functions,
+                              number_check, score_completions)
 from mlx_grpo.tasks.answer_format import TAGS, extract_answer, is_correct
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"

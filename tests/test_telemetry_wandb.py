@@ -9,10 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mlx_grpo.telemetry.reward_stats import RewardTracker, reward_metrics
-from mlx_grpo.telemetry.rundir import read_run_info
-from mlx_grpo.telemetry.sinks import WandbOptions, make_sinks, wandb_enabled
-from mlx_grpo.telemetry.wandb_charts import chart_interval, heatmap_svg
+from mlx_grpo.telemetry.metrics.reward_stats import RewardTracker, reward_metrics
+from mlx_grpo.telemetry.rundir.writer import read_run_info
+from mlx_grpo.telemetry.sinks.wandb import WandbOptions
+from mlx_grpo.telemetry.sinks import make_sinks, wandb_enabled
+from mlx_grpo.telemetry.sinks.wandb_charts import chart_interval, heatmap_svg
 
 pytest.importorskip("wandb")
 
@@ -127,7 +128,7 @@ def test_a_real_run_logs_dataset_charts_and_final_model_offline_and_a_failing_wa
     from mlx_lm import load
 
     from mlx_grpo.config import load_config
-    from mlx_grpo.telemetry.sinks import WandbSink
+    from mlx_grpo.telemetry.sinks.wandb import WandbSink
     from mlx_grpo.trainer import train
 
     monkeypatch.delenv("WANDB_DIR")  # W&B's files go into the run directory, as by default

@@ -9,7 +9,7 @@ import pytest
 from tbparse import SummaryReader
 
 from mlx_grpo.extras.entropy_dump import list_dumps, read_dump
-from mlx_grpo.telemetry.catalogue import find_entry
+from mlx_grpo.telemetry.metrics.catalogue import find_entry
 from short_runs import BATCH, EXITS, GROUP, STEPS, run
 
 

@@ -12,8 +12,8 @@ import time
 import pytest
 from textual.widgets import SelectionList
 
-from mlx_grpo.telemetry.catalogue import find_entry
-from mlx_grpo.telemetry.rundir_reader import STANDING_RECORDS
+from mlx_grpo.telemetry.metrics.catalogue import find_entry
+from mlx_grpo.telemetry.rundir.reader import STANDING_RECORDS
 from mlx_grpo.tui.app import VIEW_KEYS, WatchApp
 from mlx_grpo.tui.chart import MetricChart
 from mlx_grpo.tui.chart_screen import ChartScreen

@@ -44,8 +44,8 @@ def run(args: argparse.Namespace) -> int:
     from ..data import extra_columns, load_datasets, read_dataset_file
     from ..evaluate import evaluate
     from ..rewards import score_completions
-    from ..telemetry.names import EVAL_ACCURACY
-    from ..telemetry.step_data import eval_record
+    from ..telemetry.metrics.names import EVAL_ACCURACY
+    from ..telemetry.metrics.step_data import eval_record
     from ..trainer import load_rewards
 
     if args.limit is not None and args.limit < 1:
@@ -102,7 +102,7 @@ def load_target(args: argparse.Namespace):
     from ..config import load_config
     from ..export import ADAPTER_FILES, load_trained
     from ..models import load_policy
-    from ..telemetry.rundir import RUN_JSON
+    from ..telemetry.rundir.writer import RUN_JSON
 
     target = Path(args.target)
     if (target / RUN_JSON).is_file():

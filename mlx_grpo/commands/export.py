@@ -23,7 +23,7 @@ def run(args: argparse.Namespace) -> int:
 
     from ..errors import UserError
     from ..export import export_model
-    from ..telemetry.rundir import RUN_JSON
+    from ..telemetry.rundir.writer import RUN_JSON
 
     run_dir = Path(args.run_dir)
     if not (run_dir / RUN_JSON).is_file():

@@ -28,13 +28,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def metrics_markdown() -> str:
     """The text of METRICS.md: the catalogue, then other tools' names for its metrics."""
-    from ..telemetry import catalogue, other_names
+    from ..telemetry.metrics import catalogue, other_names
 
     return "\n".join(catalogue.render_markdown() + other_names.render_markdown())
 
 
 def _lookup(name: str) -> list[dict]:
-    from ..telemetry import catalogue, other_names
+    from ..telemetry.metrics import catalogue, other_names
 
     rows = []
     entry = catalogue.find_entry(name)
@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from ..telemetry import catalogue, other_names
+    from ..telemetry.metrics import catalogue, other_names
 
     if args.write is not None:
         Path(args.write).write_text(metrics_markdown(), encoding="utf-8")

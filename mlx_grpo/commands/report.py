@@ -21,7 +21,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..telemetry.report import build_report, print_report, report_json, save_report
+    from ..telemetry.analysis.report import build_report, print_report, report_json, save_report
 
     for run_dir in args.run_dirs:
         title, report = build_report(run_dir)
@@ -34,13 +34,13 @@ def run(args: argparse.Namespace) -> int:
             if args.write:
                 print(f"wrote {run_dir.rstrip('/')}/report.json and report.md")
     if args.html is not None:
-        from ..telemetry.html_report import write_html_report
+        from ..telemetry.analysis.html_report import write_html_report
 
         path = write_html_report(args.run_dirs, args.html or None)
         if not args.json:
             print(f"wrote {path}")
     if args.svg is not None:
-        from ..telemetry.html_report import write_chart_files
+        from ..telemetry.analysis.html_report import write_chart_files
 
         paths = write_chart_files(args.run_dirs, args.svg)
         if not args.json:

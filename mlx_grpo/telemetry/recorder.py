@@ -20,11 +20,13 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from .alert_console import format_alert
-from .alerts import Alert, AlertEngine, Rule
-from .reward_stats import RewardTracker, ThroughputTracker
-from .step_data import StepData, peak_share_metrics, step_record
-from .names import ACCEL_LIMIT_GB, BACKPROP_TOKENS_PER_S, CHECKPOINT_SECONDS, ELAPSED_SECONDS, GEN_TOKENS_PER_S
+from .alerts.console import format_alert
+from .alerts.alert import Alert
+from .alerts.engine import AlertEngine
+from .alerts.rules import Rule
+from .metrics.reward_stats import RewardTracker, ThroughputTracker
+from .metrics.step_data import StepData, peak_share_metrics, step_record
+from .metrics.names import ACCEL_LIMIT_GB, BACKPROP_TOKENS_PER_S, CHECKPOINT_SECONDS, ELAPSED_SECONDS, GEN_TOKENS_PER_S
 
 
 @dataclass

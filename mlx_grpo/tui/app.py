@@ -19,7 +19,7 @@ from textual.binding import Binding
 from textual.reactive import var
 from textual.widgets import Footer, Input, TabbedContent, TabPane
 
-from ..telemetry.rundir_reader import RunReader, pid_alive
+from ..telemetry.rundir.reader import RunReader, pid_alive
 from .alerts_view import AlertsView
 from .board import Board
 from .board_widget import BoardView, BoardWidget

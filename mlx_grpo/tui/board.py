@@ -11,8 +11,8 @@ from typing import Callable
 
 import numpy as np
 
-from ..telemetry.alerts import LEVELS
-from ..telemetry.rundir_reader import RunReader, RunView, pid_alive
+from ..telemetry.alerts.alert import LEVELS
+from ..telemetry.rundir.reader import RunReader, RunView, pid_alive
 from .downsample import ema, finite_points
 from .palette import run_color
 

@@ -13,7 +13,7 @@ from textual.containers import Vertical
 from textual.screen import Screen
 from textual.widgets import Static
 
-from ..telemetry.catalogue import find_entry
+from ..telemetry.metrics.catalogue import find_entry
 from .board import Board
 from .board_widget import BoardWidget
 from .chart import MetricChart

@@ -15,7 +15,7 @@ from rich.text import Text
 from textual.containers import VerticalScroll
 from textual.widgets import Static
 
-from ..telemetry.compare import differing_keys, run_config, value_text
+from ..telemetry.analysis.compare import differing_keys, run_config, value_text
 from .board import Board
 from .board_widget import BoardView
 from .palette import ACCENT, LABEL, MUTED, TEXT_SOFT

@@ -21,8 +21,8 @@ from textual.screen import ModalScreen
 from textual.widgets import SelectionList, Static
 from textual.widgets.selection_list import Selection
 
-from ..telemetry.rundir import RunInfo, read_run_info
-from ..telemetry.rundir_reader import METRICS, is_run_dir
+from ..telemetry.rundir.writer import RunInfo, read_run_info
+from ..telemetry.rundir.reader import METRICS, is_run_dir
 from .fmt import fmt_step
 from .palette import MUTED
 

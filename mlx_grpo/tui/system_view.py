@@ -18,7 +18,7 @@ from .chart_view import ChartsView
 from .fmt import fmt_spark, fmt_value
 from .palette import SPARK
 from .views import SYSTEM, SYSTEM_SPARKLINES
-from ..telemetry.names import ACCEL_ACTIVE_GB, ACCEL_LIMIT_GB
+from ..telemetry.metrics.names import ACCEL_ACTIVE_GB, ACCEL_LIMIT_GB
 
 _SPARK_STYLE = Style(color=SPARK)
 

@@ -1,7 +1,7 @@
 """What each chart view shows: tiles of single metrics, and charts picked from the catalogue's chart groups.
 
 The dashboard keeps no names, labels or chart groups of its own: tiles name their metric through
-`telemetry/names.py` and take the catalogue's short label, and charts are the catalogue's
+`telemetry/metrics/names.py` and take the catalogue's short label, and charts are the catalogue's
 `CHART_GROUPS` (the grouping TensorBoard's layout is made from). A chart's names may carry the
 catalogue's placeholders (`rewards/<fn>/mean`): it finds the run's reward functions by itself.
 """
@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..telemetry import names as n
-from ..telemetry.catalogue import CHART_GROUPS, label, name_pattern
+from ..telemetry.metrics import names as n
+from ..telemetry.metrics.charts import CHART_GROUPS, label
+from ..telemetry.metrics.catalogue import name_pattern
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,15 @@ from typing import Any
 
 import yaml
 
-from ..errors import UserError, yaml_error
-from .alerts import RULE_KINDS, Rule
+from ...errors import UserError, yaml_error
+from .rules import (BaselineRule, DropRule, NonFiniteRule, Rule, SpikeRule, ThresholdRule)
+from .trend_rules import HackingRule, PlateauRule, TrendRule
+
+# The kinds a rule file may name.
+RULE_KINDS: dict[str, type[Rule]] = {
+    cls.kind: cls for cls in (ThresholdRule, TrendRule, SpikeRule, BaselineRule, HackingRule, DropRule,
+                              PlateauRule, NonFiniteRule)
+}
 
 
 def _convert(key: str, type_name: str, value: Any) -> Any:
@@ -150,7 +157,7 @@ def load_alert_rules(path: str | Path, *, defaults: bool = True) -> list[Rule]:
 
 @lru_cache(maxsize=1)
 def _default_rules() -> tuple[Rule, ...]:
-    ref = resources.files("mlx_grpo.telemetry").joinpath("default_alerts.yaml")
+    ref = resources.files("mlx_grpo.telemetry.alerts").joinpath("default_alerts.yaml")
     source = "default_alerts.yaml"
     try:
         data = yaml.safe_load(ref.read_text(encoding="utf-8"))

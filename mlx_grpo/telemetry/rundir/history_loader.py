@@ -6,7 +6,7 @@ last few MB itself (first screen in a fraction of a second) and hands the bytes
 before them to worker processes in chunks, newest chunk first, joining each
 finished chunk in front of what it has.
 
-Workers are plain `python -m mlx_grpo.telemetry.history_loader` subprocesses
+Workers are plain `python -m mlx_grpo.telemetry.rundir.history_loader` subprocesses
 that write their columns to an .npz file: not threads, whose parsing would hold
 the GIL and stall the UI, and not multiprocessing, which re-imports the
 caller's __main__ and trips over Textual's replaced stderr. They run at lower
@@ -31,7 +31,7 @@ from .metric_table import MetricTable, table_from_records
 
 CHUNK_BYTES = 32 << 20
 # The package root, so a worker finds mlx_grpo even when it is not installed.
-_PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
+_PACKAGE_PARENT = str(Path(__file__).resolve().parents[3])
 
 
 @dataclass
@@ -129,7 +129,7 @@ class HistoryLoader:
         while running < self.workers and self._next < len(self._jobs):
             job = self._jobs[self._next]
             job.proc = subprocess.Popen(
-                [sys.executable, "-m", "mlx_grpo.telemetry.history_loader", str(self.path),
+                [sys.executable, "-m", "mlx_grpo.telemetry.rundir.history_loader", str(self.path),
                  str(job.start), str(job.end), job.out],
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env,
             )

@@ -18,7 +18,7 @@ from typing import Iterable
 
 import numpy as np
 
-from .catalogue import canonical_record
+from ..metrics.other_names import canonical_record
 
 STEP = "step"
 TIME = "time"

@@ -359,3 +359,31 @@ def render_markdown() -> list[str]:
                 lines.append(f"| `{m.name.replace('|', chr(92) + '|')}` | {answers} | {m.note.replace('|', chr(92) + '|')} |")
         lines.append("")
     return lines
+
+
+# Names of older versions, read as today's (a run directory written before a rename still charts).
+ALIASES: dict[str, str] = {
+    "completions/length_mean": LENGTH_MEAN, "completions/length_min": "completions/length/min",
+    "completions/length_max": "completions/length/max", "completions/length_hist": "completions/length/hist",
+    "completions/correct_length_mean": "completions/correct_length/mean",
+    "completions/clip_ratio": TRUNCATED_FRAC,  # truncation, not PPO clipping (policy/clip_frac)
+    "prompts/length_mean": PROMPT_LENGTH_MEAN, "prompts/length_min": "prompts/length/min",
+    "prompts/length_max": "prompts/length/max", "prompts/clip_ratio": PROMPT_TRUNCATED_FRAC,
+    "throughput/gen_tokens_per_s_avg": "throughput/gen_tokens_per_s/avg",
+    "throughput/gen_tokens_per_s_p99": "throughput/gen_tokens_per_s/p99",
+    "throughput/backprop_tokens_per_s_avg": "throughput/backprop_tokens_per_s/avg",
+    "throughput/backprop_tokens_per_s_p99": "throughput/backprop_tokens_per_s/p99",
+    "policy/ratio_mean": "policy/ratio/mean", "policy/ratio_std": "policy/ratio/std",
+    "policy/ratio_p95": "policy/ratio/p95", "policy/log_ratio_mean": "policy/log_ratio/mean",
+    "policy/log_ratio_std": "policy/log_ratio/std",
+    "epoch/reward_mean": "epoch/reward/mean", "epoch/reward_variance": "epoch/reward/variance",
+    "epoch/reward_trend": "epoch/reward/trend", "epoch/loss_mean": "epoch/loss/mean",
+    "epoch/loss_trend": "epoch/loss/trend",
+}
+
+
+def canonical_record(record: dict) -> dict:
+    """`record` with old metric names renamed to today's (the same dict when it has none)."""
+    if not any(key in ALIASES for key in record):
+        return record
+    return {ALIASES.get(key, key): value for key, value in record.items()}

@@ -35,13 +35,14 @@ from typing import Callable
 
 import numpy as np
 
-from ..errors import UserError
-from .alert_config import default_rules, load_alert_rules
-from .alerts import Alert, AlertEngine
+from ...errors import UserError
+from ..alerts.config import default_rules, load_alert_rules
+from ..alerts.alert import Alert
+from ..alerts.engine import AlertEngine
 from .history_loader import HistoryLoader
-from .catalogue import canonical_record
+from ..metrics.other_names import canonical_record
 from .jsonl_tail import JsonlTail
-from .rundir import ALERTS, ENDED, METRICS, RUN_JSON, SAMPLES, RunInfo, read_run_info
+from .writer import ALERTS, ENDED, METRICS, RUN_JSON, SAMPLES, RunInfo, read_run_info
 from .metric_table import MetricTable, table_from_records
 
 

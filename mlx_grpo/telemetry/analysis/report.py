@@ -16,12 +16,12 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from ..errors import UserError
-from .alert_console import format_alert
-from .alerts import Alert
-from .analysis import RewardReport, analyze_run
-from .jsonl_tail import JsonlTail
-from .rundir import ALERTS, METRICS, SAMPLES, RunInfo, atomic_write_text, read_run_info
+from ...errors import UserError
+from ..alerts.console import format_alert
+from ..alerts.alert import Alert
+from .reward_report import RewardReport, analyze_run
+from ..rundir.jsonl_tail import JsonlTail
+from ..rundir.writer import ALERTS, METRICS, SAMPLES, RunInfo, atomic_write_text, read_run_info
 
 MAX_LISTED_ALERTS = 20
 
@@ -52,7 +52,6 @@ def load_run(run_dir: str | Path) -> tuple[RunInfo, list[dict], list[dict], list
 
 def _fmt(value: Any, spec: str = ".3g") -> str:
     return "-" if value is None else format(value, spec)
-
 
 
 def render_markdown(report: RewardReport, title: str) -> str:

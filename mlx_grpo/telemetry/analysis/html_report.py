@@ -17,12 +17,13 @@ from pathlib import Path
 from typing import Any, Sequence
 
 
-from ..errors import UserError
-from .analysis import RewardReport, RunData, analyze_run
+from ...errors import UserError
+from .reward_report import RewardReport, analyze_run
+from .run_data import RunData
 from .report import load_run
-from .rundir import RunInfo, atomic_write_text
-from .names import (ACCEL_PEAK_GB, ACCURACY_TRAIN, BACKPROP_TOKENS_PER_S, ENTROPY, EVAL_ACCURACY, GEN_TOKENS_PER_S, KL,
-                    LENGTH_MEAN, PROCESS_RSS_GB, REWARD_MEAN, TRUNCATED_FRAC)
+from ..rundir.writer import RunInfo, atomic_write_text
+from ..metrics.names import (ACCEL_PEAK_GB, ACCURACY_TRAIN, BACKPROP_TOKENS_PER_S, ENTROPY, EVAL_ACCURACY,
+                             GEN_TOKENS_PER_S, KL, LENGTH_MEAN, PROCESS_RSS_GB, REWARD_MEAN, TRUNCATED_FRAC)
 
 # (title, y label, metrics): a metric with `*` stands for every reward function's.
 CHARTS: tuple[tuple[str, str, tuple[str, ...]], ...] = (

@@ -31,11 +31,11 @@ from typing import Any, Iterable
 from rich.console import Console
 from rich.table import Table
 
-from ..errors import UserError
-from .jsonl_tail import JsonlTail
-from .rundir import FINAL_METRICS, METRICS, RUN_JSON, RunInfo, read_json_object, read_run_info
-from .names import (ACCURACY_TRAIN, ELAPSED_SECONDS, EVAL_ACCURACY, REWARD_MEAN, REWARD_RECENT_MEAN, STEP_SECONDS,
-                    TOKENS_TOTAL)
+from ...errors import UserError
+from ..rundir.jsonl_tail import JsonlTail
+from ..rundir.writer import FINAL_METRICS, METRICS, RUN_JSON, RunInfo, read_json_object, read_run_info
+from ..metrics.names import (ACCURACY_TRAIN, ELAPSED_SECONDS, EVAL_ACCURACY, REWARD_MEAN, REWARD_RECENT_MEAN,
+                             STEP_SECONDS, TOKENS_TOTAL)
 
 # Keys that name or place a run; they always differ and say nothing about training.
 NOT_CONFIG = ("run_name", "monitoring_dir", "base_dir", "wandb_run_name", "tensorboard_dir")

@@ -1,0 +1,83 @@
+"""Trackio, local and offline: scalars and the final summary."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..rundir.writer import RunInfo, json_safe, scrub_secrets
+from .base import Sink, tracker_config
+
+
+@dataclass
+class TrackioOptions:
+    """The Trackio settings of a run."""
+
+    project: str = "mlx-grpo"
+    name: str | None = None  # None: the run directory's name
+
+
+# Trackio's own switches to a Hugging Face Space or a self-hosted server; this sink stays local.
+TRACKIO_REMOTE_ENV = ("TRACKIO_SPACE_ID", "TRACKIO_SERVER_URL")
+
+
+@contextlib.contextmanager
+def _local_and_quiet():
+    """Trackio as this sink uses it: no remote switch from the environment, and its own console lines
+    (where it logs, how to open its dashboard) held back. Only for the training thread's calls made
+    while nothing else prints: redirecting stdout is process-wide."""
+    remote = {key: os.environ.pop(key) for key in TRACKIO_REMOTE_ENV if key in os.environ}
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            yield
+    finally:
+        os.environ.update(remote)
+
+
+def trackio_store() -> Path:
+    """Where Trackio keeps its projects (it reads TRACKIO_DIR once, when imported)."""
+    from trackio.utils import TRACKIO_DIR
+
+    return Path(TRACKIO_DIR)
+
+
+class TrackioSink(Sink):
+    """Trackio, local and offline: scalars and the final summary."""
+
+    name = "trackio"
+
+    def __init__(self, options: TrackioOptions):
+        import trackio
+
+        self.trackio = trackio
+        self.options = options
+        self.run = None
+        self._last_step = 0
+
+    def start(self, info: RunInfo, run_dir: Path) -> None:
+        """Start the Trackio run in its local store."""
+        opts = self.options
+        config = tracker_config(info)
+        with _local_and_quiet():
+            # Its system monitors are off: the run's own system metrics are among the scalars.
+            self.run = self.trackio.init(project=opts.project, name=opts.name or info.name,
+                                         config=json_safe(scrub_secrets(config)),
+                                         resume="allow" if info.resumes else "never",
+                                         auto_log_cpu=False, auto_log_gpu=False, embed=False)
+
+    def write(self, step, scalars, histograms, rewards) -> None:
+        """One step's scalars."""
+        self.run.log({k: float(v) for k, v in scalars.items() if v is not None}, step=step)
+        self._last_step = max(self._last_step, step)
+
+    def write_final(self, metrics) -> None:
+        """The final metrics."""
+        self.run.log({k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}, step=self._last_step)
+
+    def close(self, status: str) -> None:
+        """Finish the Trackio run."""
+        with _local_and_quiet():
+            self.trackio.finish()
