@@ -228,7 +228,7 @@ def test_two_rank_training_writes_one_run_directory_with_global_metrics(tmp_path
 
     # one process cannot continue a two-process run, and trying leaves the run untouched
     from mlx_grpo.config import load_config
-    from mlx_grpo.trainer import train
+    from mlx_grpo.run import train
 
     config = load_config(ROOT / "configs" / "default.yaml", {"model_id": str(tiny_model), "num_steps": 5,
                                                               "batch_size": b, "num_generations": g})

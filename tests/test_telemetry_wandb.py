@@ -129,7 +129,7 @@ def test_a_real_run_logs_dataset_charts_and_final_model_offline_and_a_failing_wa
 
     from mlx_grpo.config import load_config
     from mlx_grpo.telemetry.sinks.wandb import WandbSink
-    from mlx_grpo.trainer import train
+    from mlx_grpo.run import train
 
     monkeypatch.delenv("WANDB_DIR")  # W&B's files go into the run directory, as by default
     settings = {"num_steps": 4, "batch_size": 4, "num_generations": 4, "eval_every": 0, "checkpoint_every": 0,
