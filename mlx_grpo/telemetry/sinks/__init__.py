@@ -1,47 +1,8 @@
 """Where metric records go: the run directory always, TensorBoard unless turned off, W&B and Trackio when asked.
 
-Public API:
+Public API (the sink seam is `base.Sink`; each sink has its own module: tensorboard.py, wandb.py,
+trackio.py):
 
-- `Sink`: the interface every optional sink implements (each method defaults to doing nothing):
-  `start(info, run_dir)`, `write(step, scalars, histograms, rewards)`, `write_samples(step, samples)`,
-  `write_alert(alert)`, `write_final(metrics)`, `log_checkpoint(path, step)`,
-  `log_dataset(name, splits, metadata)`, `log_model(path, step)`, `close(status)`.
-  `info` is the `RunInfo` written to run.json, `run_dir` the run directory; `scalars` maps canonical
-  names to floats; `histograms` maps names to arrays; `rewards` maps "total" and each reward function's
-  name to the step's scores per completion [N] (prompt-major), for the W&B 3D views.
-- `TensorBoardSink(logdir, flush_secs=2, purge_step=None)`: tensorboardX event files in `logdir` (the run's
-  `tensorboard/`): all scalars of a step as one event, histograms, samples as a markdown table
-  (`samples/completions`), alerts (`alerts`), the final metrics, a custom-scalars layout grouping
-  rewards / policy / performance / system, and the config as hyper-parameters **in the same run**:
-  tensorboardX's `add_hparams` writes into a new timestamped sub-directory, so this sink writes the
-  hparams plugin's experiment and session-start summaries into its own event file instead, and the
-  session-end status when it closes. `purge_step` (a resumed run's first step) hides the events an
-  interrupted session wrote at or after that step. A write error in tensorboardX's writer thread (a
-  full disk) is kept and raised by the sink's next call, so SinkSet turns TensorBoard off with a
-  warning; left alone, the thread would die and the training thread block on its full queue.
-- `WandbOptions` and `WandbSink(options)`: Weights & Biases (imported only here, at construction; a
-  missing `wandb` raises ImportError). `wandb.init` with project / entity / name / tags / notes, the
-  run config; the same scalars; `wandb.Histogram`s; the completions table `samples/completions` in
-  INCREMENTAL mode, so each log adds rows and the history is kept (wandb >= 0.21; W&B Server >= 0.70
-  to render it); `charts/reward_breakdown` (bar chart of the per-function means), three 3D point
-  clouds (`wandb.Object3D`, which work offline): `charts/reward_landscape_3d` (step, example, total
-  reward), `charts/reward_components_3d` (step, reward function, score; a colour per function) and
-  `charts/policy_evolution_3d` (KL, mean reward, step), and with a rubric `charts/criteria_heatmap`
-  (criterion x step, as HTML) with its data as the table `charts/criteria_over_time`, all redrawn every
-  `chart_every` steps (0: about ten times per run, wandb_charts.chart_interval) and at the last step;
-  alerts through `run.alert`; checkpoints as model artifacts when `log_checkpoints` is set; the
-  dataset's rows as a `dataset` artifact (`log_dataset`) and the final model as a `model` artifact
-  (`log_model`); final metrics in the run summary. WANDB_MODE=offline (or `mode="offline"`) works
-  without a network.
-- `TrackioOptions` and `TrackioSink(options)`: Trackio (imported only here, at construction; a missing
-  `trackio` raises ImportError), local and offline: its SQLite store (TRACKIO_DIR, by default
-  ~/.cache/huggingface/trackio, where `trackio show` looks), never a Space or server, even when
-  TRACKIO_SPACE_ID / TRACKIO_SERVER_URL are set. `trackio.init` with the project, the run directory's name
-  (the same trackio run again when the run is resumed) and the run config; the same scalars at every
-  logged step, the final metrics at the last step; `trackio.finish` on close. It runs on the training
-  thread: trackio's `log` only queues for trackio's own writer thread (~0.3 ms for a step's 130 scalars), and
-  init and finish print trackio's own lines, which are held back there. `trackio_store()` is where the
-  store is, for the start-up line.
 - `ThreadedSink(inner, max_pending=10000, close_timeout=120)`: runs a sink on a worker thread (make_sinks
   wraps W&B in one): the training thread only queues; errors surface on the next call; a full queue drops
   records instead of blocking, and `close` reports the count.
@@ -60,7 +21,7 @@ Public API:
   is left out with a warning.
 - `wandb_enabled(flag, environ=os.environ) -> bool`: `--wandb` / `--no-wandb` / neither (on when
   WANDB_API_KEY is set).
-- `samples_markdown(samples) -> str`, `flatten_config(config) -> dict`: the formatting the sinks share.
+- `base.samples_markdown(samples) -> str`, `base.flatten_config(config) -> dict`: the formatting the sinks share.
 """
 
 from __future__ import annotations

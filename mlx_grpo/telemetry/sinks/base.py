@@ -1,4 +1,13 @@
-"""The Sink seam, and the text helpers every sink shares."""
+"""The Sink seam, and the text helpers every sink shares.
+
+`Sink`: the interface every optional sink implements (each method defaults to doing nothing):
+`start(info, run_dir)`, `write(step, scalars, histograms, rewards)`, `write_samples(step, samples)`,
+`write_alert(alert)`, `write_final(metrics)`, `log_checkpoint(path, step)`,
+`log_dataset(name, splits, metadata)`, `log_model(path, step)`, `close(status)`.
+`info` is the `RunInfo` written to run.json, `run_dir` the run directory; `scalars` maps canonical
+names to floats; `histograms` maps names to arrays; `rewards` maps "total" and each reward function's
+name to the step's scores per completion [N] (prompt-major), for the W&B 3D views.
+"""
 
 from __future__ import annotations
 

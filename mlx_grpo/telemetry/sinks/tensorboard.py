@@ -1,4 +1,16 @@
-"""TensorBoard: event files with scalars, histograms, samples, alerts, hparams and the custom layout."""
+"""TensorBoard: event files with scalars, histograms, samples, alerts, hparams and the custom layout.
+
+`TensorBoardSink(logdir, flush_secs=2, purge_step=None)`: tensorboardX event files in `logdir` (the run's
+`tensorboard/`): all scalars of a step as one event, histograms, samples as a markdown table
+(`samples/completions`), alerts (`alerts`), the final metrics, a custom-scalars layout grouping
+the chart groups of metrics/charts.py, and the config as hyper-parameters **in the same run**:
+tensorboardX's `add_hparams` writes into a new timestamped sub-directory, so this sink writes the
+hparams plugin's experiment and session-start summaries into its own event file instead, and the
+session-end status when it closes. `purge_step` (a resumed run's first step) hides the events an
+interrupted session wrote at or after that step. A write error in tensorboardX's writer thread (a
+full disk) is kept and raised by the sink's next call, so SinkSet turns TensorBoard off with a
+warning; left alone, the thread would die and the training thread block on its full queue.
+"""
 
 from __future__ import annotations
 

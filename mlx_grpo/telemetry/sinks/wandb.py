@@ -1,4 +1,20 @@
-"""Weights & Biases: scalars, histograms, sample tables, charts and artifacts."""
+"""Weights & Biases: scalars, histograms, sample tables, charts and artifacts.
+
+`WandbOptions` and `WandbSink(options)`: Weights & Biases (imported only here, at construction; a
+missing `wandb` raises ImportError). `wandb.init` with project / entity / name / tags / notes, the
+run config; the same scalars; `wandb.Histogram`s; the completions table `samples/completions` in
+INCREMENTAL mode, so each log adds rows and the history is kept (wandb >= 0.21; W&B Server >= 0.70
+to render it); `charts/reward_breakdown` (bar chart of the per-function means), three 3D point
+clouds (`wandb.Object3D`, which work offline): `charts/reward_landscape_3d` (step, example, total
+reward), `charts/reward_components_3d` (step, reward function, score; a colour per function) and
+`charts/policy_evolution_3d` (KL, mean reward, step), and with a rubric `charts/criteria_heatmap`
+(criterion x step, as HTML) with its data as the table `charts/criteria_over_time`, all redrawn every
+`chart_every` steps (0: about ten times per run, wandb_charts.chart_interval) and at the last step;
+alerts through `run.alert`; checkpoints as model artifacts when `log_checkpoints` is set; the
+dataset's rows as a `dataset` artifact (`log_dataset`) and the final model as a `model` artifact
+(`log_model`); final metrics in the run summary. WANDB_MODE=offline (or `mode="offline"`) works
+without a network.
+"""
 
 from __future__ import annotations
 
