@@ -19,6 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("mlx_grpo.commands.train", "train a model with GRPO"),
     "watch": ("mlx_grpo.commands.watch", "live dashboard of one or more run directories (terminal or --web)"),
     "report": ("mlx_grpo.commands.report", "reward report of a run: quality score, reward functions, hacking check"),
+    "replay": ("mlx_grpo.commands.replay", "re-score a run's kept completions under edited rewards: what would change"),
     "metrics": ("mlx_grpo.commands.metrics", "print the metric catalogue (and where the seed metrics went)"),
     "bench": ("mlx_grpo.commands.bench", "measure tokens/s of rollout, update and whole step against baselines"),
     "plan": ("mlx_grpo.commands.plan", "predict each phase's peak memory for a config, and the settings that fit"),

@@ -143,9 +143,12 @@ class TrainConfig:
                                     help="built-in names or file.py:function, weighted")
     rubric_file: str | None = key(None, "a YAML rubric of weighted criteria scored as one more reward")
     rubric_weight: float = key(1.0, "weight of the rubric's reward")
+    correctness: str = key("auto", "what counts as correct (accuracy, held-out eval): auto | answer | none | "
+                                   "file.py:function")
 
     # --- evaluation, checkpoints, logging ---
-    eval_every: int = key(25, "held-out greedy accuracy at step 1, every N steps and at the end; 0 = off")
+    eval_every: int = key(25, "held-out greedy accuracy before the first update (step 0), every N steps and at "
+                              "the end; 0 = off")
     checkpoint_every: int = key(50, "checkpoint every N steps (and at the end); 0 = only at the end")
     keep_checkpoints: int = key(3, "newest checkpoints kept")
     run_name: str | None = key(None, "the run directory's name under monitoring_dir (default: grpo-<date>-<time>)")
@@ -155,9 +158,14 @@ class TrainConfig:
     log_every: int = key(1, "write a metrics record every N steps")
     histogram_every: int = key(10, "histograms every N logged steps")
     samples_per_step: int = key(4, "completions written to samples.jsonl per step")
+    keep_completions: bool = key(True, "every completion of every step in completions/ (replay, the Samples view)")
+    completions_max_mb: float = key(200.0, "stop keeping completions once completions/ holds this many MB; 0: no cap")
     max_consecutive_nonfinite: int = key(5, "stop after this many NaN/Inf updates in a row (each is skipped)")
     enable_alerts: bool = key(True, "the built-in alert rules")
     alerts_file: str | None = key(None, "a YAML file of alert rules added to the built-in ones")
+    on_alert: str = key("default", "built-in rules' actions: default (collapse, memory: stop) | warn (report only) | "
+                                   "rollback")
+    max_rollbacks: int = key(2, "rollbacks a run may make; one more alert that would roll back stops it instead")
 
     # --- Weights & Biases (optional) ---
     wandb: bool | None = key(None, "None: on when WANDB_API_KEY is set")
@@ -225,7 +233,9 @@ class TrainConfig:
             ("log_every", self.log_every >= 1, "at least 1"),
             ("histogram_every", self.histogram_every >= 1, "at least 1"),
             ("samples_per_step", self.samples_per_step >= 0, "non-negative"),
+            ("completions_max_mb", self.completions_max_mb >= 0, "non-negative (0: no cap)"),
             ("max_consecutive_nonfinite", self.max_consecutive_nonfinite >= 1, "at least 1"),
+            ("max_rollbacks", self.max_rollbacks >= 0, "non-negative"),
             ("wandb_chart_every", self.wandb_chart_every >= 0, "non-negative (0: about ten times per run)"),
             ("rubric_weight", self.rubric_weight >= 0, "non-negative"),
             ("adaptive_window.min_window", self.adaptive_window.min_window >= 1, "at least 1"),
@@ -250,6 +260,7 @@ class TrainConfig:
             "scale_rewards": ("group", "batch", "none"),
             "lr_schedule": ("cosine", "constant"),
             "dataset_format": ("auto", "prompt_answer", "gsm8k"),
+            "on_alert": ("default", "warn", "rollback"),
         }
         for key, ok, expected in checks:
             if not ok:
@@ -362,8 +373,19 @@ def _field_types(cls: type) -> dict[str, Any]:
     return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
 
 
-# Keys earlier versions had: accepted and ignored, so old configs and old runs' run.json still load.
-RETIRED_KEYS = {"log_distributions"}  # histograms are logged every histogram_every steps
+# The seed's `log_distributions` (the reward monitoring system's flag): an alias of histogram_every. True:
+# histograms at every logged step; a number: every that many; false: as histogram_every says (histograms
+# cost little and are always on here), so old configs and runs' run.json still load.
+ALIASES = {"log_distributions": "histogram_every"}
+
+
+def _alias_value(key: str, value: Any) -> Any:
+    """The value an alias gives its key, or None when it leaves the key alone."""
+    if value is True:
+        return 1
+    if value is False or value is None:
+        return None
+    return value
 
 
 def _build_dataclass(cls: type, mapping: dict, prefix: str, source: str, base: Any = None) -> Any:
@@ -372,8 +394,11 @@ def _build_dataclass(cls: type, mapping: dict, prefix: str, source: str, base: A
     values = {} if base is None else {n: getattr(base, n) for n in types_by_name}
     for key, value in mapping.items():
         dotted = f"{prefix}.{key}" if prefix else str(key)
-        if dotted in RETIRED_KEYS:
-            continue
+        if dotted in ALIASES:
+            value = _alias_value(dotted, value)
+            if value is None:
+                continue
+            key = dotted = ALIASES[dotted]
         if key not in types_by_name:
             close = difflib.get_close_matches(str(key), types_by_name, n=1)
             hint = f" (did you mean '{close[0]}'?)" if close else ""

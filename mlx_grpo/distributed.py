@@ -208,8 +208,10 @@ class World:
         parts = self.gather_json({
             "scores": data.scores.tolist(), "total": data.total.tolist(), "advantages": data.advantages.tolist(),
             "prompt_lengths": data.prompt_lengths.tolist(), "prompt_truncated": data.prompt_truncated.tolist(),
-            "lengths": data.lengths.tolist(), "truncated": data.truncated.tolist(), "correct": data.correct.tolist(),
+            "lengths": data.lengths.tolist(), "truncated": data.truncated.tolist(),
+            "correct": None if data.correct is None else data.correct.tolist(),
             "difficulty": data.difficulty, "trained_tokens": data.trained_tokens, "stats": data.update.stats,
+            "texts": data.texts, "prompt_texts": data.prompt_texts, "answers": data.answers,
             "seconds": data.seconds, "peaks": data.peak_memory, "components": data.component_metrics,
         })
 
@@ -226,8 +228,10 @@ class World:
                                    for p in parts], axis=1),
             total=joined("total"), advantages=joined("advantages"), prompt_lengths=joined("prompt_lengths"),
             prompt_truncated=joined("prompt_truncated", bool), lengths=joined("lengths"),
-            truncated=joined("truncated", bool), correct=joined("correct", bool),
+            truncated=joined("truncated", bool), correct=None if data.correct is None else joined("correct", bool),
             difficulty=[level for p in parts for level in p["difficulty"]], trained_tokens=sum(tokens),
+            texts=[t for p in parts for t in p["texts"]], prompt_texts=[t for p in parts for t in p["prompt_texts"]],
+            answers=[a for p in parts for a in p["answers"]],
             update=dataclasses.replace(data.update, stats=stats),
             seconds={name: max(p["seconds"][name] for p in parts) for name in data.seconds},
             peak_memory={name: max(p["peaks"][name] for p in parts) for name in data.peak_memory},

@@ -7,9 +7,9 @@ from typing import Any, Callable
 
 import mlx.core as mx
 
-from .data import encode_prompt
+from .correctness import Check, answer_check
+from .data import encode_prompt, extra_columns
 from .rollout import SamplingSettings, decode_completion, generate
-from .tasks.answer_format import is_correct
 
 GREEDY = SamplingSettings(temperature=0.0)
 
@@ -26,9 +26,10 @@ class EvalResult:
 
 
 def evaluate(model: Any, tokenizer: Any, rows: list[dict], config: Any, eos_ids: set[int], pad_id: int,
-             batch_size: int = 100, progress: Callable[[int], None] | None = None) -> EvalResult:
-    """Greedy-decode every held-out prompt; a completion is right when its answer matches.
-    `progress` is told how many rows each finished batch held (`mlx-grpo eval`'s progress bar)."""
+             batch_size: int = 100, progress: Callable[[int], None] | None = None,
+             check: Check = answer_check) -> EvalResult:
+    """Greedy-decode every held-out prompt; a completion is right when `check` says so (the built-in: its
+    answer matches). `progress` is told how many rows each finished batch held (`mlx-grpo eval`'s progress bar)."""
     correct: list[bool] = []
     texts: list[str] = []
     for start in range(0, len(rows), batch_size):
@@ -36,9 +37,10 @@ def evaluate(model: Any, tokenizer: Any, rows: list[dict], config: Any, eos_ids:
         prompts = [encode_prompt(tokenizer, row["prompt"], config, row.get("messages")).tokens for row in chunk]
         rollout = generate(model, prompts, 1, config.max_generation_steps, eos_ids, pad_id, GREEDY,
                            mx.random.key(0))
-        for row, ids in zip(chunk, rollout.completions):
-            texts.append(decode_completion(tokenizer, ids, eos_ids))
-            correct.append(is_correct(texts[-1], row["answer"]))
+        chunk_texts = [decode_completion(tokenizer, ids, eos_ids) for ids in rollout.completions]
+        texts += chunk_texts
+        correct += check([row["prompt"] for row in chunk], chunk_texts, [row["answer"] for row in chunk],
+                         **extra_columns(chunk))
         if progress is not None:
             progress(len(chunk))
     return EvalResult(correct, [row.get("difficulty") for row in rows], texts)

@@ -6,15 +6,16 @@ due, write. The step itself is trainer.py's; this module owns everything around 
 from __future__ import annotations
 
 import dataclasses
+import json
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
 
-from .checkpoint import PendingCheckpoint, load_checkpoint, prepare_checkpoint
+from .checkpoint import PendingCheckpoint, list_checkpoints, load_checkpoint, prepare_checkpoint
 from .config import TrainConfig, config_to_dict
 from .console import TrainingConsole
 from .data import load_datasets
@@ -26,14 +27,17 @@ from .plan import fit_run
 from .resume import last_record, log_positions, resumable_checkpoint, resume_command, truncate_logs
 from .run_lock import RunLock, create_run_dir
 from .signals import StopRequest, report_stop
-from .telemetry.alerts.config import load_alert_rules, rules_from_config
+from .telemetry.alerts.alert import Alert
+from .telemetry.alerts.config import load_alert_rules, rules_from_config, with_on_alert
+from .telemetry.alerts.console import format_alert
 from .telemetry.metrics.system import SystemSampler
 from .telemetry.recorder import RunRecorder, StepReport
+from .telemetry.rundir.completions import CompletionsWriter, truncate_completions
 from .telemetry.rundir.writer import scrub_secrets
 from .telemetry.sinks import make_sinks, wandb_enabled
 from .telemetry.sinks.trackio import TrackioOptions, trackio_store
 from .telemetry.sinks.wandb import WandbOptions
-from .trainer import Trainer
+from .trainer import Trainer, remedied
 
 
 @dataclass
@@ -48,14 +52,19 @@ class Run:
     last_record: dict[str, Any]
     base_dir: Path  # where the config's relative paths resolve from
     lock: RunLock | None = None  # rank 0's lock on the run directory, released when the run closes
+    rollbacks: int = 0  # rollbacks made so far (alert rules with action rollback)
+    remedy: dict[str, float] = field(default_factory=dict)  # their factors, multiplied: {"learning_rate": 0.25}
 
 
 def alert_rules(config: TrainConfig, base_dir: Path) -> list:
     """The run's alert rules: the built-in ones (unless turned off) and those of the config's alerts file."""
     if config.alerts_file is not None:
         path = Path(config.alerts_file)
-        return load_alert_rules(path if path.is_absolute() else base_dir / path, defaults=config.enable_alerts)
-    return rules_from_config({}, defaults=config.enable_alerts)
+        rules = load_alert_rules(path if path.is_absolute() else base_dir / path, defaults=config.enable_alerts)
+    else:
+        rules = rules_from_config({}, defaults=config.enable_alerts)
+    return with_on_alert(rules, config.on_alert)
+
 
 
 def new_run_dir(config: TrainConfig) -> Path:
@@ -73,6 +82,10 @@ def open_run(config: TrainConfig, base_dir: Path, resume_dir: Path | None) -> Ru
     checkpoint = resumable_checkpoint(resume_dir, config.num_steps) if resume_dir is not None else None
     rules = alert_rules(config, base_dir)
     config, memory_plan = fit_run(config, base_dir)
+    remedy: dict[str, float] = {}
+    if checkpoint is not None:  # rollbacks before the checkpoint changed the learning rate and beta: keep them
+        remedy = json.loads((checkpoint / "state.json").read_text()).get("remedy", {})
+        config = remedied(config, remedy)
     # the trainer: model, reference, rewards, data, optimiser
     trainer = Trainer.build(config, base_dir)
     world = trainer.world
@@ -88,6 +101,7 @@ def open_run(config: TrainConfig, base_dir: Path, resume_dir: Path | None) -> Ru
         trainer.order.load_state(saved["order"])
     if resume_dir is not None and world.is_main:
         truncate_logs(run_dir, saved.get("log_positions"), saved.get("step", 0))
+        truncate_completions(run_dir, saved.get("step", 0))
     start_step = saved.get("step", 0)
     # sinks: the run directory always, TensorBoard, W&B and Trackio as configured (rank 0 writes)
     console = TrainingConsole(config.num_steps, start_step)
@@ -114,7 +128,9 @@ def open_run(config: TrainConfig, base_dir: Path, resume_dir: Path | None) -> Ru
         sampler=SystemSampler(accel_memory=accel_memory).start(), reward_fns=trainer.reward_fns,
         components={"adaptive_window": trainer.window} if trainer.window is not None else {},
         hist_every=config.histogram_every, log_every=config.log_every, num_steps=config.num_steps,
-        num_iterations=config.num_iterations)
+        num_iterations=config.num_iterations,
+        completions=CompletionsWriter(run_dir, config.completions_max_mb)
+        if config.keep_completions and world.is_main else None)
     if "run_state" in saved:
         recorder.load_state_dict(saved["run_state"])
     # say what runs
@@ -132,7 +148,8 @@ def open_run(config: TrainConfig, base_dir: Path, resume_dir: Path | None) -> Ru
         if (line := fn.hooks.describe()) is not None:
             console.message(line)
     return Run(run_dir, trainer, recorder, start_step, run_info.run_id,
-               last_record(run_dir) if resume_dir is not None else {}, base_dir, lock)
+               last_record(run_dir) if resume_dir is not None else {}, base_dir, lock,
+               rollbacks=int(saved.get("rollbacks", 0)), remedy=remedy)
 
 
 def train(config: TrainConfig, base_dir: Path, resume_dir: Path | None = None) -> dict[str, Any]:
@@ -143,6 +160,8 @@ def train(config: TrainConfig, base_dir: Path, resume_dir: Path | None = None) -
     stop = StopRequest()
     try:
         with recorder.console, stop:
+            if run.start_step == 0:
+                before_first_update(run)
             for step in range(run.start_step + 1, config.num_steps + 1):
                 # rollout, rewards, advantages, reference, update: the global batch's data
                 epoch, last = trainer.order.epoch, step == config.num_steps
@@ -157,9 +176,16 @@ def train(config: TrainConfig, base_dir: Path, resume_dir: Path | None = None) -
                     recorder.write(report)
                     raise UserError(nonfinite_stop_message(recorder.nonfinite_in_a_row, step, run_dir, config),
                                     exit_code=EXIT_GUARD_STOP)
+                # an alert rule with `action: rollback`: back to the last checkpoint from before it, remedied
+                can_roll_back = run.rollbacks < config.max_rollbacks
+                rollback = rollback_alert(report) if can_roll_back and not last else None
+                if rollback is not None and not stop.requested:
+                    recorder.write(report)
+                    roll_back(run, rollback, step)
+                    continue
                 # checkpoint when due (timed in this step's record), then write the record;
-                # a stop is a signal's name or an alert rule with `action: stop`
-                stopping = world.agree(stop.requested or alert_stop_request(report))
+                # a stop is a signal's name or an alert rule with `action: stop` (or `rollback`, none left)
+                stopping = world.agree(stop.requested or alert_stop_request(report, can_roll_back))
                 pending = None
                 if world.is_main and (due(step, config.checkpoint_every, config.num_steps) or last or stopping):
                     pending = prepare(trainer, recorder, run, step)
@@ -189,15 +215,65 @@ def train(config: TrainConfig, base_dir: Path, resume_dir: Path | None = None) -
             **({"stopped_by_alert": stopped_by} if stopped_by is not None else {})}
 
 
+def before_first_update(run: Run) -> None:
+    """Step 0 of a new run: the held-out accuracy before the first update, where the policy started (a run
+    restarted from scratch has it already), and, when a rule can roll back, a checkpoint of the starting
+    weights for a rollback in the first steps to go back to."""
+    trainer, recorder = run.trainer, run.recorder
+    if trainer.config.eval_every > 0 and trainer.correctness is not None and run.last_record.get("step") != 0:
+        recorder.write(recorder.record_evaluation(0, trainer.evaluate()))
+    if trainer.world.is_main and any(rule.action == "rollback" for rule in recorder.engine.rules):
+        prepare(trainer, recorder, run, 0).commit({"log_positions": log_positions(run.run_dir)})
+
+
 ALERT_STOP = "alert:"  # a stop request from an alert rule: this prefix and the rule's name
 
 
 EXIT_GUARD_STOP = 3  # the exit code of a run a guard stopped: repeated non-finite updates, an alert's `action: stop`
 
 
-def alert_stop_request(report: StepReport) -> str | None:
-    """The stop request of the first alert of the step whose rule has `action: stop`, if any."""
-    return next((ALERT_STOP + alert.rule for alert in report.alerts if alert.action == "stop"), None)
+def alert_stop_request(report: StepReport, can_roll_back: bool = True) -> str | None:
+    """The stop request of the first alert of the step whose rule has `action: stop` (or `rollback` when the
+    run has no rollback left), if any."""
+    stops = ("stop",) if can_roll_back else ("stop", "rollback")
+    return next((ALERT_STOP + alert.rule for alert in report.alerts if alert.action in stops), None)
+
+
+def rollback_alert(report: StepReport) -> Alert | None:
+    """The step's first alert whose rule has `action: rollback`, if any."""
+    return next((alert for alert in report.alerts if alert.action == "rollback"), None)
+
+
+def roll_back(run: Run, alert: Alert, step: int) -> None:
+    """Restore the last checkpoint saved before the alert's condition began to hold, apply its rule's remedy,
+    and record the rollback as an event: an alert of rule 'rollback' (alerts.jsonl, TensorBoard's alerts
+    text, W&B, the dashboard's Alerts view, the report) and the checkpoint state's count and factors."""
+    trainer, recorder = run.trainer, run.recorder
+    rule = next(r for r in recorder.engine.rules if r.name == alert.rule)
+    began = step - rule.for_steps + 1
+    candidates = [p for p in list_checkpoints(run.run_dir / "checkpoints") if int(p.name.split("_")[1]) < began]
+    if not candidates:
+        raise UserError(f"alert rule '{rule.name}' (action: rollback) fired at step {step} and no checkpoint "
+                        f"from before step {began} is left to go back to", exit_code=EXIT_GUARD_STOP)
+    checkpoint = candidates[-1]
+    factors = dict(rule.remedy)
+    before = (trainer.config.learning_rate, trainer.config.beta)
+    trainer.roll_back(checkpoint, factors)
+    run.rollbacks += 1
+    for key, factor in factors.items():
+        run.remedy[key] = run.remedy.get(key, 1.0) * factor
+    after = (trainer.config.learning_rate, trainer.config.beta)
+    changes = ", ".join(f"{label} {old:g} -> {new:g}" for label, key, old, new in
+                        (("learning rate", "learning_rate", before[0], after[0]), ("beta", "beta", before[1], after[1]))
+                        if key in factors) or "no remedy"
+    event = Alert(step=step, time=time.time(), level="warning", rule="rollback", metric=alert.metric,
+                  value=alert.value, action="rollback",
+                  message=f"rolled back to {checkpoint.name} after '{rule.name}' at step {step} "
+                          f"(rollback {run.rollbacks} of {trainer.config.max_rollbacks}); {changes}; "
+                          f"training goes on at step {step + 1}")
+    if recorder.sinks is not None:
+        recorder.sinks.write_alert(event)
+    recorder.message(format_alert(event))
 
 
 def alert_stop_message(rule: str, step: int, run_dir: Path) -> str:
@@ -240,9 +316,9 @@ def due(step: int, every: int, num_steps: int) -> bool:
 
 
 def eval_due(step: int, config: TrainConfig) -> bool:
-    """Every eval_every steps, at the end, and at step 1, so a run's held-out curve starts where the model
-    started (one update in, at the first warm-up learning rate)."""
-    return due(step, config.eval_every, config.num_steps) or (config.eval_every > 0 and step == 1)
+    """Every eval_every steps and at the end; the run's first evaluation is made before step 1's update
+    (step 0's record), so the held-out curve starts where the model started."""
+    return due(step, config.eval_every, config.num_steps)
 
 
 def prepare(trainer: Trainer, recorder: RunRecorder, run: Run, step: int) -> PendingCheckpoint:
@@ -250,7 +326,7 @@ def prepare(trainer: Trainer, recorder: RunRecorder, run: Run, step: int) -> Pen
     is written, with the logs' lengths at that moment (a crash in between leaves the previous one)."""
     state = {"order": trainer.order.state(), "run_id": run.run_id,
              "config": scrub_secrets(dataclasses.asdict(trainer.config)), "run_state": recorder.state_dict(),
-             **trainer.world.checkpoint_state()}
+             "rollbacks": run.rollbacks, "remedy": run.remedy, **trainer.world.checkpoint_state()}
     return prepare_checkpoint(run.run_dir / "checkpoints", step, trainer.policy.model, trainer.optimizer, state,
                               trainer.adapter_config(), trainer.config.keep_checkpoints)
 
@@ -270,10 +346,8 @@ def finish(run: Run, step: int, status: str, last_step: StepReport | None) -> di
         from .telemetry.analysis.report import write_report
 
         reward_report = write_report(run.run_dir)
-        quality = reward_report.quality.score
         recorder.message(f"finished {step} steps in {recorder.elapsed():.0f} s: {reward_report.outcome.headline()}"
-                         + (f"; reward functions' quality {quality:.0f}/100" if quality is not None else "")
-                         + f" — run directory: {run.run_dir}")
+                         f"; reward functions' {reward_report.quality.headline()} — run directory: {run.run_dir}")
     return final
 
 

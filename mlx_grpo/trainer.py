@@ -22,9 +22,12 @@ import mlx.nn as nn
 import mlx.optimizers as optim
 import numpy as np
 
+from .checkpoint import load_checkpoint
 from .config import TrainConfig
+from .correctness import Check, load_correctness
 from .data import EncodedPrompt, PromptOrder, encode_prompt, extra_columns, load_datasets
 from .distributed import World, init_world
+from .errors import UserError
 from .evaluate import evaluate
 from .extras import entropy_dump
 from .extras.adaptive_window import WindowController
@@ -32,7 +35,7 @@ from .extras.sgrpo import run_exits
 from .models import ReferencePolicy, apply_adapters, load_policy, make_reference
 from .rewards import RewardFunction, RewardScores, load_reward_functions, score_completions
 from .rollout import Rollout, SamplingSettings, decode_completion, generate
-from .tasks.answer_format import extract_answer, extract_reasoning, is_correct
+from .tasks.answer_format import extract_answer, extract_reasoning
 from .telemetry.metrics.step_data import StepData, UpdateStats, eval_record
 from .telemetry.metrics.names import REDRAWN_PROMPTS
 from .plan import fit_run
@@ -87,6 +90,12 @@ def load_rewards(config: TrainConfig, base_dir: Path) -> list[RewardFunction]:
     return functions
 
 
+def remedied(config: TrainConfig, factors: dict[str, float]) -> TrainConfig:
+    """The config with its learning rate and beta multiplied by a rollback's (or several's) factors."""
+    return dataclasses.replace(config, learning_rate=config.learning_rate * factors.get("learning_rate", 1.0),
+                               beta=config.beta * factors.get("beta", 1.0))
+
+
 def step_key(seed: int, step: int) -> mx.array:
     """The sampling key of one step: a pure function of (seed, step), so resume replays it exactly."""
     return mx.random.key(seed * 1_000_003 + step)
@@ -135,19 +144,20 @@ class Prompts:
 
 @dataclass
 class Scored:
-    """A rollout's completions as text, their reward scores and correctness."""
+    """A rollout's completions as text, their reward scores and correctness (None: the run has no check)."""
 
     texts: list[str]
     scores: RewardScores
-    correct: list[bool]
+    correct: list[bool] | None
 
     def take(self, samples: list[int]) -> "Scored":
-        return Scored([self.texts[i] for i in samples], self.scores.take(samples), [self.correct[i] for i in samples])
+        return Scored([self.texts[i] for i in samples], self.scores.take(samples),
+                      None if self.correct is None else [self.correct[i] for i in samples])
 
     @staticmethod
     def concat(parts: list["Scored"]) -> "Scored":
-        return Scored([t for p in parts for t in p.texts], RewardScores.concat([p.scores for p in parts]),
-                      [c for p in parts for c in p.correct])
+        correct = None if parts[0].correct is None else [c for p in parts for c in p.correct]
+        return Scored([t for p in parts for t in p.texts], RewardScores.concat([p.scores for p in parts]), correct)
 
 
 @dataclass
@@ -191,6 +201,7 @@ class Trainer:
     settings: SamplingSettings = field(default_factory=SamplingSettings)
     world: World = field(default_factory=World)  # data-parallel ranks (size 1: one process)
     window: WindowController | None = None  # adaptive generation window, when enabled
+    correctness: Check | None = None  # which completions are correct; None: accuracy cannot be measured
 
     @classmethod
     def build(cls, config: TrainConfig, base_dir: Path, rows: tuple[list[dict], list[dict]] | None = None,
@@ -208,6 +219,10 @@ class Trainer:
         if config.grad_checkpoint:
             checkpoint_blocks(policy.model)
         reward_fns = load_rewards(config, base_dir)
+        correctness = load_correctness(config.correctness, config.dataset, [r.name for r in config.rewards], base_dir)
+        if correctness is None and config.adaptive_window.enable:
+            raise UserError("adaptive_window sizes the window on correct completions, and this run has no "
+                            "correctness check: set 'correctness' (answer, or file.py:function)")
         train_rows, eval_rows = rows if rows is not None else load_datasets(config, base_dir)
         window = (WindowController(config.adaptive_window, config.max_generation_steps, config.seed)
                   if config.adaptive_window.enable else None)
@@ -216,7 +231,7 @@ class Trainer:
                    make_optimizer(config),
                    loss_and_grad=nn.value_and_grad(policy.model, make_loss_fn(config)),
                    settings=SamplingSettings(config.temperature, config.top_p, config.top_k, config.min_p),
-                   world=world, window=window)
+                   world=world, window=window, correctness=correctness)
 
     # ------------------------------------------------------------------ phases
 
@@ -237,9 +252,10 @@ class Trainer:
         texts = [decode_completion(policy.tokenizer, c, policy.eos_ids) for c in rollout.completions]
         rows = prompts.per_completion
         answers = [row["answer"] for row in rows]
-        scores = score_completions(self.reward_fns, [row["prompt"] for row in rows], texts, answers,
-                                   extra_columns(rows))
-        return Scored(texts, scores, [is_correct(t, a) for t, a in zip(texts, answers)])
+        prompt_texts, columns = [row["prompt"] for row in rows], extra_columns(rows)
+        scores = score_completions(self.reward_fns, prompt_texts, texts, answers, columns)
+        correct = None if self.correctness is None else self.correctness(prompt_texts, texts, answers, **columns)
+        return Scored(texts, scores, correct)
 
     def refill(self, drawn: Drawn, key: mx.array, max_tokens: int, meter: PhaseMeter) -> tuple[Drawn, int]:
         """Dynamic sampling (DAPO): keep the groups whose rewards differ and draw new prompts for the
@@ -332,7 +348,7 @@ class Trainer:
             prompt_lengths=np.array([len(e.tokens) for e in prompts.encoded for _ in range(prompts.group_size)]),
             prompt_truncated=np.array([e.truncated for e in prompts.encoded for _ in range(prompts.group_size)]),
             lengths=lengths, truncated=np.array(rollout.truncated, dtype=bool),
-            correct=np.array(scored.correct, dtype=bool),
+            correct=None if scored.correct is None else np.array(scored.correct, dtype=bool),
             difficulty=[row.get("difficulty") for row in prompts.per_completion],
             trained_tokens=batch.num_tokens,
             update=UpdateStats(update.loss, update.grad_norm, update.stats, update.skipped,
@@ -341,6 +357,8 @@ class Trainer:
             component_metrics=component_metrics,
             samples=self._samples(prompts, scored, np.array(group_advantages), lengths, rollout.truncated),
             new_errors=scored.scores.new_errors,
+            texts=scored.texts, prompt_texts=[row["prompt"] for row in prompts.rows],
+            answers=[row["answer"] for row in prompts.rows],
             entropy_dump=(entropy_dump.build_dump(step, update.token_stats["token_entropy"],
                                                   update.token_stats["token_varentropy"], trained.prompts,
                                                   trained.completions)
@@ -356,21 +374,32 @@ class Trainer:
         for i in [g * G for g in range(min(self.config.samples_per_step, len(prompts.rows)))]:
             per_fn = {name: (None if np.isnan(scores.per_function[j, i]) else float(scores.per_function[j, i]))
                       for j, name in enumerate(scores.names)}
-            out.append({"prompt": rows[i]["prompt"], "completion": scored.texts[i],
+            out.append({"prompt_index": i // G, "prompt": rows[i]["prompt"], "completion": scored.texts[i],
                         "reasoning": extract_reasoning(scored.texts[i]),
                         "predicted": extract_answer(scored.texts[i]), "answer": rows[i]["answer"],
                         "rewards": per_fn, "total": float(scores.total[i]), "advantage": float(adv[i]),
                         "length": int(lengths[i]), "truncated": bool(truncated[i]),
-                        "correct": bool(scored.correct[i])})
+                        "correct": None if scored.correct is None else bool(scored.correct[i])})
         return out
 
-    def evaluate(self) -> dict[str, float]:
-        """Greedy held-out accuracy over every rank's share of the held-out rows."""
+    def evaluate(self) -> dict[str, float] | None:
+        """Greedy held-out accuracy over every rank's share of the held-out rows (None without a correctness
+        check: there is nothing to measure)."""
+        if self.correctness is None:
+            return None
         start = time.perf_counter()
         result = evaluate(self.policy.model, self.policy.tokenizer, self.eval_rows, self.config,
-                          self.policy.eos_ids, self.policy.pad_id)
+                          self.policy.eos_ids, self.policy.pad_id, check=self.correctness)
         correct, levels = self.world.gather_lists(result.correct, result.levels)
         return eval_record(correct, levels, self.world.slowest(time.perf_counter() - start))
+
+    def roll_back(self, checkpoint: Path, factors: dict[str, float]) -> None:
+        """Restore `checkpoint`'s weights and optimiser state and go on with the learning rate and beta
+        multiplied by `factors` (the optimiser and the loss are rebuilt around the new values)."""
+        self.config = remedied(self.config, factors)
+        self.optimizer = make_optimizer(self.config)
+        self.loss_and_grad = nn.value_and_grad(self.policy.model, make_loss_fn(self.config))
+        load_checkpoint(checkpoint, self.policy.model, self.optimizer)
 
     def adapter_config(self) -> dict | None:
         c = self.config

@@ -348,7 +348,7 @@ def update_policy(model: nn.Module, optimizer: optim.Optimizer, loss_and_grad, b
     old_logp = None
     totals_by_stat: dict[str, float] = {}
     skipped = 0
-    loss_value = norm_value = float("nan")
+    loss_sum = norm_sum = 0.0
     token_stats: dict[str, np.ndarray] = {}
     for _ in range(config.num_iterations):
         loss, grads = mx.array(0.0), None
@@ -374,6 +374,10 @@ def update_policy(model: nn.Module, optimizer: optim.Optimizer, loss_and_grad, b
             old_logp = logp
             token_stats = {k: np.concatenate([np.array(part[k]) for part in per_token]) for k in per_token[0]}
         loss_value, norm_value = loss.item(), grad_norm.item()
+        # The step's loss and gradient norm are the mean over its passes, like every other statistic of
+        # the update (the last pass alone made the loss differ from the sum of its parts).
+        loss_sum += loss_value
+        norm_sum += norm_value
         if math.isfinite(loss_value) and math.isfinite(norm_value):
             optimizer.update(model, grads)
             mx.eval(model.parameters(), optimizer.state)
@@ -382,7 +386,9 @@ def update_policy(model: nn.Module, optimizer: optim.Optimizer, loss_and_grad, b
         for name, value in stats.items():
             totals_by_stat[name] = totals_by_stat.get(name, 0.0) + value.item() / config.num_iterations
     model.eval()
-    return UpdateResult(loss_value, norm_value, totals_by_stat, skipped, time.perf_counter() - start, token_stats)
+    passes = config.num_iterations
+    return UpdateResult(loss_sum / passes, norm_sum / passes, totals_by_stat, skipped, time.perf_counter() - start,
+                        token_stats)
 
 
 def reference_logprobs(reference, batch: TrainBatch, config: TrainConfig) -> mx.array | None:

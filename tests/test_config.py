@@ -110,8 +110,21 @@ def test_a_half_precision_full_fine_tune_is_refused_because_adamw_steps_vanish_i
     assert moved[mx.float32] > 0.99 and moved[mx.bfloat16] < 0.5  # measured: 100% and 24%
 
 
-def test_a_retired_key_from_an_older_config_or_run_is_ignored():
-    assert not hasattr(load_config(None, {"log_distributions": True}), "log_distributions")
+def test_log_distributions_is_an_alias_of_histogram_every():
+    # the seed's flag: a file key and a command-line flag, True meaning every logged step
+    assert load_config(None, {"log_distributions": True}).histogram_every == 1
+    assert load_config(None, {"log_distributions": 5}).histogram_every == 5
+    assert load_config(None, {"log_distributions": False}).histogram_every == 10  # an old run.json's value
+    with pytest.raises(UserError, match="histogram_every"):
+        load_config(None, {"log_distributions": 0})
+    import argparse
+
+    from mlx_grpo.commands.train import add_arguments, collect_overrides
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert collect_overrides(parser.parse_args(["--log-distributions"]))["histogram_every"] == 1
+    assert collect_overrides(parser.parse_args(["--log-distributions", "3"]))["histogram_every"] == 3
 
 
 def test_every_config_key_works_as_a_flag():

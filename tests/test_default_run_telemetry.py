@@ -42,7 +42,10 @@ def expected_every_step_names(reward_names):
 
 def test_every_record_is_complete_and_catalogued(default_run):
     run_dir, records = default_run
-    assert [r["step"] for r in records] == list(range(1, 7))
+    # step 0: the held-out evaluation before the first update, and nothing else
+    assert [r["step"] for r in records] == list(range(0, 7))
+    assert all(k.startswith("eval/") or k in ("step", "time", "timing/eval_s", "timing/elapsed_s") for k in records[0])
+    assert "eval/accuracy" in records[0]
     seen = set().union(*records)
     uncatalogued = sorted(k for k in seen - {"step", "time"} if find_entry(k) is None)
     assert uncatalogued == []

@@ -75,7 +75,10 @@ def _halves(data, n):
             data, scores=data.scores[:, h], total=data.total[h], advantages=data.advantages[h],
             prompt_lengths=data.prompt_lengths[h], prompt_truncated=data.prompt_truncated[h],
             lengths=data.lengths[h], truncated=data.truncated[h], correct=data.correct[h],
-            difficulty=data.difficulty[h], trained_tokens=int(data.lengths[h].sum())))
+            difficulty=data.difficulty[h], trained_tokens=int(data.lengths[h].sum()),
+            texts=[f"completion {i}" for i in range(h.start, h.stop)],
+            prompt_texts=[f"prompt {g}" for g in range(h.start // 4, h.stop // 4)],
+            answers=[str(g) for g in range(h.start // 4, h.stop // 4)]))
     return parts
 
 
@@ -86,6 +89,7 @@ def _wire(data):
         "prompt_lengths": data.prompt_lengths.tolist(), "prompt_truncated": data.prompt_truncated.tolist(),
         "lengths": data.lengths.tolist(), "truncated": data.truncated.tolist(), "correct": data.correct.tolist(),
         "difficulty": data.difficulty, "trained_tokens": data.trained_tokens, "stats": data.update.stats,
+        "texts": data.texts, "prompt_texts": data.prompt_texts, "answers": data.answers,
         "seconds": data.seconds, "peaks": data.peak_memory, "components": data.component_metrics}, default=float))
 
 
@@ -102,6 +106,9 @@ def test_gathered_step_gives_exactly_the_record_of_the_whole_batch():
     for name, value in expected.items():  # medians, quartiles and entropies too: no approximation left
         assert got[name] == pytest.approx(value, rel=1e-12, abs=1e-12), name
     assert gathered.seconds["step"] == 5.0  # the slowest rank
+    # every completion's text, for completions/, in global order
+    assert gathered.texts == [f"completion {i}" for i in range(2 * n)]
+    assert gathered.prompt_texts == [f"prompt {g}" for g in range(8)] and gathered.answers == [str(g) for g in range(8)]
     assert got["tokens/completion_total"] == whole.lengths.sum()
 
 
@@ -209,8 +216,14 @@ def test_two_rank_training_writes_one_run_directory_with_global_metrics(tmp_path
     assert [p.name for p in runs.iterdir()] == ["dp"]
     run_dir = runs / "dp"
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in records] == [1, 2, 3]
+    assert [r["step"] for r in records] == [0, 1, 2, 3]  # 0: the held-out evaluation before the first update
+    assert records[0]["eval/num_samples"] == 10
     sequences = 2 * b * g  # both ranks' completions
+    from mlx_grpo.telemetry.rundir.completions import read_step
+
+    for step in (1, 2, 3):  # every completion of both ranks kept, once
+        assert len(read_step(run_dir, step)) == sequences
+    records = records[1:]
     for r in records:
         assert r["tokens/completion_total"] == pytest.approx(r["completions/length/mean"] * sequences)
         assert r["tokens/total"] == r["tokens/prompt_total"] + r["tokens/completion_total"]
@@ -234,7 +247,7 @@ def test_two_rank_training_writes_one_run_directory_with_global_metrics(tmp_path
                                                               "batch_size": b, "num_generations": g})
     with pytest.raises(UserError, match="saved by a run of 2 process"):
         train(config, tmp_path, resume_dir=run_dir)
-    assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 3
+    assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 4
 
 
 @pytest.mark.slow

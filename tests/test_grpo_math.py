@@ -73,6 +73,15 @@ def test_constant_batch_gives_zero_advantages_in_every_mode():
         assert group_advantages(arr([2.0] * 4), 2, scale=scale).tolist() == [0.0] * 4
 
 
+def test_equal_rewards_that_float32_cannot_average_exactly_give_zero_advantages():
+    # 0.1 and 1/3 are not exact in float32: their group mean misses them by an ulp,
+    # which divided by eps alone pushed the whole group by ~1e-4..5e-3.
+    for value in (0.1, 1 / 3, 0.7):
+        adv = group_advantages(arr([value] * 8 + [0.0, 1.0] * 4), 8).tolist()
+        assert adv[:8] == [0.0] * 8
+        assert adv[8:] == pytest.approx([-1.0, 1.0] * 4, abs=1e-3)
+
+
 def test_advantages_refuse_ragged_groups_and_unknown_scale():
     with pytest.raises(ValueError):
         group_advantages(arr([1.0, 2.0, 3.0]), group_size=2)

@@ -103,7 +103,8 @@ def reference(setup):
 
 def assert_same_run(run_dir, reference):
     records = lines(run_dir / "metrics.jsonl")
-    assert [r["step"] for r in records] == list(range(1, NUM_STEPS + 1))
+    # step 0: the held-out evaluation before the first update, once however often the run was restarted
+    assert [r["step"] for r in records] == list(range(0, NUM_STEPS + 1))
     expected = lines(reference / "metrics.jsonl")
     for got, want in zip(records, expected):
         assert comparable(got) == comparable(want), f"step {got['step']} differs"
@@ -218,8 +219,8 @@ def test_resume_refuses_a_finished_run_and_extends_it_with_more_steps(setup, ref
     code = main(["train", "--resume", str(run_dir), "--num-steps", str(NUM_STEPS + 2)])
     assert code == 0
     records = lines(run_dir / "metrics.jsonl")
-    assert [r["step"] for r in records] == list(range(1, NUM_STEPS + 3))
-    assert comparable(records[NUM_STEPS - 1]) == comparable(lines(reference / "metrics.jsonl")[-1])
+    assert [r["step"] for r in records] == list(range(0, NUM_STEPS + 3))
+    assert comparable(records[NUM_STEPS]) == comparable(lines(reference / "metrics.jsonl")[-1])
     info = read_run_info(run_dir)
     assert info.total_steps == NUM_STEPS + 2 and info.config["num_steps"] == NUM_STEPS + 2
 
@@ -306,4 +307,4 @@ def test_adaptive_window_state_survives_a_resume(setup, tmp_path):
         return [{k: v for k, v in r.items() if k.startswith("adaptive_window/")} for r in lines(path)]
 
     expected = window_metrics(whole / "metrics.jsonl")
-    assert expected[0] and window_metrics(run_dir / "metrics.jsonl") == expected
+    assert expected[1] and window_metrics(run_dir / "metrics.jsonl") == expected  # [0]: the evaluation before step 1

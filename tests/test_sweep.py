@@ -198,7 +198,7 @@ parameters:
     for p in trials:
         info = read_run_info(p)
         assert info.status == "finished" and info.config["model_id"] == str(tiny_model)
-        assert len((p / "metrics.jsonl").read_text().splitlines()) == 2
+        assert len((p / "metrics.jsonl").read_text().splitlines()) == 3  # step 0's evaluation and two steps
     assert read_run_info(trials[3]).config["learning_rate"] == 3e-4
     assert read_run_info(trials[3]).config["beta"] == 0.04
     assert out.count("finished in") == 4
@@ -234,14 +234,14 @@ parameters:
     run_dir = tmp_path / "sweeps" / "one" / "trial-000"
     # make it look stopped after step 1: its step-1 checkpoint is the latest and run.json says interrupted
     shutil.rmtree(run_dir / "checkpoints" / "step_2")
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    (run_dir / "metrics.jsonl").write_text(lines[0] + "\n")
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()  # step 0 (the evaluation), 1, 2
+    (run_dir / "metrics.jsonl").write_text(lines[0] + "\n" + lines[1] + "\n")
     write_run_info(run_dir, replace(read_run_info(run_dir), status="interrupted"))
-    first = json.loads(lines[0])
+    first = json.loads(lines[1])
 
     assert main(["sweep", str(path)]) == 0
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in records] == [1, 2]
-    assert records[0] == first  # step 1 kept, not trained again
+    assert [r["step"] for r in records] == [0, 1, 2]
+    assert records[1] == first  # step 1 kept, not trained again
     assert read_run_info(run_dir).status == "finished"
     assert "trial-000: resumed" in capsys.readouterr().out

@@ -41,11 +41,12 @@ def test_trains_any_hf_directory(tmp_path, models, kind, lora):
     assert result["status"] == "finished"
     run_dir = Path(result["run_dir"])
     records = read_jsonl(run_dir / "metrics.jsonl")
-    assert [r["step"] for r in records] == [1, 2, 3]
-    assert all(r["policy/grad_norm"] > 0 for r in records)
+    assert [r["step"] for r in records] == [0, 1, 2, 3]
+    assert all(r["policy/grad_norm"] > 0 for r in records[1:])
     assert "eval/accuracy" in records[-1] and "policy/kl" in records[-1]
-    # held-out accuracy at step 1 too, so the curve starts where the model started
-    assert ["eval/accuracy" in r for r in records] == [True, False, True]
+    # held-out accuracy before the first update (step 0), so the curve starts where the model started
+    assert ["eval/accuracy" in r for r in records] == [True, False, False, True]
+    assert not any(k.startswith("policy/") for k in records[0])
     info = read_run_info(run_dir)
     assert info.status == "finished" and info.config["model_id"] == str(models[kind])
     checkpoint = run_dir / "checkpoints" / "step_3"

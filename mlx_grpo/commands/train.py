@@ -31,6 +31,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="YAML file of alert rules (added to the built-in ones)")
     parser.add_argument("--no-alerts", dest="enable_alerts", action="store_false", default=argparse.SUPPRESS,
                         help="turn the built-in alert rules off")
+    parser.add_argument("--log-distributions", dest="histogram_every", nargs="?", const=1, type=int,
+                        default=argparse.SUPPRESS, metavar="N",
+                        help="alias of --histogram-every (the reward monitoring system's flag): reward and advantage "
+                             "histograms every N logged steps, every step without N")
     group = parser.add_argument_group("config keys (each overrides the YAML file)")
     helps = key_help()
     for name, tp in top_level_fields().items():

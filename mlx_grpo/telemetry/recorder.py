@@ -20,13 +20,14 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from .alerts.console import format_alert
 from .alerts.alert import Alert
+from .alerts.console import format_alert
 from .alerts.engine import AlertEngine
 from .alerts.rules import Rule
+from .metrics.names import ACCEL_LIMIT_GB, BACKPROP_TOKENS_PER_S, CHECKPOINT_SECONDS, ELAPSED_SECONDS, GEN_TOKENS_PER_S
 from .metrics.reward_stats import RewardTracker, ThroughputTracker
 from .metrics.step_data import StepData, peak_share_metrics, step_record
-from .metrics.names import ACCEL_LIMIT_GB, BACKPROP_TOKENS_PER_S, CHECKPOINT_SECONDS, ELAPSED_SECONDS, GEN_TOKENS_PER_S
+from .rundir.completions import CompletionsWriter, completion_rows
 
 
 @dataclass
@@ -39,6 +40,7 @@ class StepReport:
     histograms: dict[str, np.ndarray] = field(default_factory=dict)
     rewards: dict[str, np.ndarray] = field(default_factory=dict)  # "total" and per function, per completion
     samples: list[dict] = field(default_factory=list)
+    completions: list[dict] = field(default_factory=list)  # every completion of the step (completions/)
 
 
 class RunRecorder:
@@ -47,14 +49,15 @@ class RunRecorder:
     `sinks` (a SinkSet) and `console` (a TrainingConsole) may be None: a custom loop that only wants
     records and alerts. `reward_fns` are the run's reward functions (rewards.RewardFunction): their
     hooks' metrics, alerts, epoch figures and state go through here. `components` are other objects of the step with
-    state of their own (`state_dict`/`load_state_dict`, e.g. the adaptive window's controller).
+    state of their own (`state_dict`/`load_state_dict`, e.g. the adaptive window's controller). `completions`
+    keeps every completion of every step (None: not kept).
     """
 
     def __init__(self, reward_names: Sequence[str], rules: Sequence[Rule], *, sinks: Any = None,
                  console: Any = None, sampler: Any = None, reward_fns: Sequence[Any] = (),
                  components: Mapping[str, Any] | None = None, hist_every: int = 10, log_every: int = 1,
                  num_steps: int | None = None, num_iterations: int = 1,
-                 clock: Callable[[], float] = time.perf_counter):
+                 completions: CompletionsWriter | None = None, clock: Callable[[], float] = time.perf_counter):
         self.rewards = RewardTracker(reward_names, hist_every=hist_every)
         self.gen_throughput = ThroughputTracker(GEN_TOKENS_PER_S)
         self.backprop_throughput = ThroughputTracker(BACKPROP_TOKENS_PER_S)
@@ -65,6 +68,7 @@ class RunRecorder:
         self.components = dict(components or {})
         self.log_every, self.num_steps, self.num_iterations = log_every, num_steps, num_iterations
         self.nonfinite_in_a_row = 0  # updates in a row skipped for a NaN/Inf loss or gradient
+        self.completions = completions
         self._clock = clock
         self._started = clock()
 
@@ -104,7 +108,17 @@ class RunRecorder:
         for message in data.new_errors:
             self.message(f"warning: {message}", style="yellow")
         scores = {"total": data.total, **{name: data.scores[i] for i, name in enumerate(data.reward_names)}}
-        return StepReport(step, record, alerts, self.rewards.histograms(step), scores, data.samples)
+        rows = (completion_rows(step, data.prompt_texts, data.answers, data.texts, data.group_size, data.reward_names,
+                                data.scores, data.total, data.advantages, data.lengths, data.truncated, data.correct)
+                if self.completions is not None and data.texts else [])
+        return StepReport(step, record, alerts, self.rewards.histograms(step), scores, data.samples, rows)
+
+    def record_evaluation(self, step: int, evaluation: Mapping[str, float]) -> StepReport:
+        """A record of an evaluation alone: the one before the first update is step 0's, the policy as it
+        started (the baseline of the rules that compare with the start)."""
+        record: dict[str, Any] = {**evaluation, ELAPSED_SECONDS: self.elapsed()}
+        alerts = self.engine.check({"step": step, "time": time.time(), **record})
+        return StepReport(step, record, alerts)
 
     def end_epoch(self, partial: bool = False) -> dict[str, float]:
         """Close an epoch: the reward tracker's and the reward hooks' epoch metrics."""
@@ -121,6 +135,8 @@ class RunRecorder:
         if self.sinks is not None and (step % self.log_every == 0 or last):
             self.sinks.write(step, report.record, report.histograms, rewards=report.rewards)
             self.sinks.write_samples(step, report.samples)
+        if self.completions is not None and (full := self.completions.write(step, report.completions)):
+            self.message(f"warning: {full}", style="yellow")
         for alert in report.alerts:
             if self.sinks is not None:
                 self.sinks.write_alert(alert)

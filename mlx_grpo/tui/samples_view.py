@@ -1,7 +1,10 @@
-"""Recent completions: a list (newest at the bottom, like a log) and the selected one with its reward breakdown."""
+"""Recent completions: a list (newest at the bottom, like a log) and the selected one with its reward breakdown,
+then its group (the G completions of the same prompt at that step side by side) and the run's reward heatmap
+(step x example, the last steps), both from the run's completions/."""
 
 from __future__ import annotations
 
+from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 from textual.app import ComposeResult
@@ -10,6 +13,13 @@ from textual.widgets import DataTable, Static
 
 from textual.widget import Widget
 
+import math
+import warnings
+
+import numpy as np
+
+from ..telemetry.rundir.completions import completion_steps, groups, ordered_totals, read_step
+from ..telemetry.sinks.wandb_charts import scale_colour
 from .board import Board
 from .board_widget import BoardView
 from .fmt import fmt_count, fmt_value
@@ -51,6 +61,101 @@ def _sample_text(name: str, color: str, s: dict) -> Table:
     return grid
 
 
+def _short(name: str) -> str:
+    return name if len(name) <= 8 else name[:7] + "…"
+
+
+def group_table(group: list[dict], selected: dict) -> Table:
+    """The G completions of one prompt: reward per function, total, advantage and verdict, side by side
+    (one row each, the selected one marked), ranked as GRPO ranks them: by advantage."""
+    names = list(dict.fromkeys(fn for row in group if isinstance(row.get("rewards"), dict) for fn in row["rewards"]))
+    table = Table(box=None, show_header=True, header_style=f"bold {MUTED}", padding=(0, 1),
+                  title=f"its group: {len(group)} completions of this prompt", title_justify="left",
+                  title_style=f"bold {MUTED}")
+    table.add_column("#", justify="right")
+    for fn in names:
+        table.add_column(_short(fn), justify="right")
+    table.add_column("total", justify="right")
+    table.add_column("adv", justify="right")
+    table.add_column("ok")
+    table.add_column("completion", overflow="ellipsis", no_wrap=True, max_width=PREVIEW)
+    ranked = sorted(group, key=lambda r: -(r.get("advantage") if isinstance(r.get("advantage"), (int, float))
+                                           else float("-inf")))
+    for row in ranked:
+        mine = row.get("completion") == selected.get("completion")
+        rewards = row.get("rewards") if isinstance(row.get("rewards"), dict) else {}
+        advantage = row.get("advantage")
+        correct = row.get("correct")
+        table.add_row(
+            Text(f"{'▶' if mine else ''}{row.get('completion_index', '')}",
+                 style=f"bold {TEXT_BRIGHT}" if mine else ""),
+            *(fmt_value(rewards.get(fn)) for fn in names),
+            fmt_value(row.get("total")),
+            Text(fmt_value(advantage), style=GOOD if isinstance(advantage, (int, float)) and advantage > 0 else BAD),
+            Text("✓", style=GOOD) if correct else Text("✗", style=BAD) if correct is not None else "",
+            " ".join(str(row.get("completion", "")).split()))
+    return table
+
+
+def sample_group(run_dir, s: dict, cache: dict) -> list[dict]:
+    """The group of sample `s` in its step's completions file (prompt_index, or the prompt's text for
+    samples written before samples carried it); [] when the run kept no completions."""
+    step = s.get("step")
+    if not isinstance(step, int):
+        return []
+    key = (str(run_dir), step)
+    if key not in cache:
+        cache.clear()  # one step at a time: moving along the list reads each file once
+        cache[key] = groups(read_step(run_dir, step))
+    by_prompt = cache[key]
+    index = s.get("prompt_index")
+    if isinstance(index, int) and index in by_prompt:
+        return by_prompt[index]
+    return next((g for g in by_prompt.values() if g and g[0].get("prompt") == s.get("prompt")), [])
+
+
+HEATMAP_STEPS, HEATMAP_LINES = 40, 8  # columns (the last steps) and text lines (two cells each)
+
+
+def heatmap_text(matrix: np.ndarray, lines: int = HEATMAP_LINES) -> Text:
+    """matrix[example, step] as coloured half-blocks: a column per step, the examples averaged into
+    2 x `lines` bands (best first at the top); grey where a step has no value."""
+    finite = matrix[np.isfinite(matrix)]
+    lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
+    span = hi - lo if hi > lo else 1.0
+    bands = np.array_split(np.arange(matrix.shape[0]), 2 * lines)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a band of NaN (mean of nothing): drawn grey
+        rows = np.array([np.nanmean(matrix[band], axis=0) if len(band) else np.full(matrix.shape[1], np.nan)
+                         for band in bands])
+    text = Text()
+    for line in range(lines):
+        for top, bottom in zip(rows[2 * line], rows[2 * line + 1]):
+            text.append("▀", style=f"{scale_colour((top - lo) / span if math.isfinite(top) else math.nan)} on "
+                                   f"{scale_colour((bottom - lo) / span if math.isfinite(bottom) else math.nan)}")
+        text.append("\n")
+    text.append(f"total reward {lo:.3g} ", style=MUTED)
+    for k in range(10):
+        text.append("█", style=scale_colour(k / 9))
+    text.append(f" {hi:.3g}", style=MUTED)
+    return text
+
+
+def run_heatmap(run_dir, cache: dict) -> tuple[list[int], np.ndarray]:
+    """The last HEATMAP_STEPS kept steps of a run, step x example; a step's file is read once (written whole,
+    it never changes)."""
+    steps = completion_steps(run_dir)[-HEATMAP_STEPS:]
+    for step in steps:
+        if (str(run_dir), step) not in cache:
+            cache[(str(run_dir), step)] = ordered_totals(read_step(run_dir, step))
+    columns = [cache[(str(run_dir), step)] for step in steps]
+    height = max((len(c) for c in columns), default=0)
+    matrix = np.full((height, len(steps)), np.nan)
+    for j, column in enumerate(columns):
+        matrix[:len(column), j] = column
+    return steps, matrix
+
+
 class SamplesView(BoardView, Horizontal):
     """Recent completions with their rewards; the highlighted one in full beside the table."""
 
@@ -62,6 +167,8 @@ class SamplesView(BoardView, Horizontal):
         self._rows: dict[str, tuple[int, dict]] = {}
         self._order: list[str] = []
         self._next_key = 0
+        self._groups: dict = {}  # (run dir, step) -> that step's completions by prompt
+        self._columns: dict = {}  # (run dir, step) -> that step's totals in the heatmap's order
 
     @property
     def focus_target(self) -> Widget:
@@ -135,4 +242,12 @@ class SamplesView(BoardView, Horizontal):
     def _show(self, index: int) -> None:
         if 0 <= index < len(self._order):
             i, s = self._rows[self._order[index]]
-            self.query_one("#sample-detail", Static).update(_sample_text(self.board.runs[i].name, self.board.color(i), s))
+            run = self.board.runs[i]
+            detail: list = [_sample_text(run.name, self.board.color(i), s)]
+            if group := sample_group(run.run_dir, s, self._groups):
+                detail += [Text(""), group_table(group, s)]
+            steps, matrix = run_heatmap(run.run_dir, self._columns)
+            if len(steps) >= 2 and matrix.size:
+                detail += [Text(""), Text(f"reward heatmap: steps {steps[0]}-{steps[-1]} x examples (groups by "
+                                          "mean, best first)", style=f"bold {MUTED}"), heatmap_text(matrix)]
+            self.query_one("#sample-detail", Static).update(Group(*detail))

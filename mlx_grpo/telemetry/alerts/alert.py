@@ -12,8 +12,9 @@ from ..rundir.writer import scrub_text
 LEVELS = ("info", "warning", "error")
 
 
-# What the trainer does when a rule fires: "none" (report it) or "stop" (checkpoint, close the logs, exit 3).
-ACTIONS = ("none", "stop")
+# What the trainer does when a rule fires: "none" (report it), "stop" (checkpoint, close the logs, exit 3) or
+# "rollback" (restore the last checkpoint from before the condition began, apply the rule's remedy, go on).
+ACTIONS = ("none", "stop", "rollback")
 
 
 @dataclass(frozen=True)
@@ -27,7 +28,7 @@ class Alert:
     metric: str
     value: float | None
     message: str
-    action: str = "none"  # "stop": the rule stops the run (written to alerts.jsonl only then)
+    action: str = "none"  # "stop" / "rollback": what the rule makes the trainer do (written only then)
 
     def __post_init__(self) -> None:
         # Messages carry text from outside (a judge's error body, a reward function's exception): every
@@ -55,4 +56,4 @@ class Alert:
                    rule=str(data.get("rule", "")), metric=str(data.get("metric", "")),
                    value=float(value) if isinstance(value, (int, float)) else None,
                    message=str(data.get("message", "")),
-                   action="stop" if data.get("action") == "stop" else "none")
+                   action=data["action"] if data.get("action") in ACTIONS else "none")

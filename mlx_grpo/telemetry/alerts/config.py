@@ -9,7 +9,7 @@ module imports no mlx.
 from __future__ import annotations
 
 import math
-from dataclasses import MISSING, fields
+from dataclasses import MISSING, fields, replace
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
@@ -50,6 +50,12 @@ def _convert(key: str, type_name: str, value: Any) -> Any:
         if isinstance(items, list) and items and all(isinstance(item, str) for item in items):
             return tuple(items)
         raise ValueError(f"key '{key}' must be a metric name or a list of them, got {value!r}")
+    if type_name == "tuple[tuple[str, float], ...]":  # a remedy: {learning_rate: 0.5, beta: 2}
+        if isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, (int, float))
+                                           and not isinstance(v, bool) for k, v in value.items()):
+            return tuple((k, float(v)) for k, v in value.items())
+        raise ValueError(f"key '{key}' must map what to change to a factor, e.g. {{learning_rate: 0.5, beta: 2}}, "
+                         f"got {value!r}")
     raise AssertionError(f"unhandled field type {type_name}")
 
 
@@ -147,6 +153,25 @@ def _load_yaml(path: Path, source: str) -> Any:
         return yaml.safe_load(text)
     except yaml.YAMLError as err:
         raise yaml_error(source, err) from None
+
+
+ON_ALERT = ("default", "warn", "rollback")
+
+
+def with_on_alert(rules: list[Rule], mode: str) -> list[Rule]:
+    """The built-in rules' actions under the config's `on_alert`: "default" as shipped (the collapse and
+    memory-pressure rules stop the run), "warn" every built-in rule only reports, "rollback" the built-in
+    rules with a remedy roll back instead. Rules of the user's own keep the action they were given."""
+    if mode == "default":
+        return rules
+    shipped = {rule.name: rule for rule in default_rules()}
+    out = []
+    for rule in rules:
+        if shipped.get(rule.name) is rule:
+            action = "none" if mode == "warn" else ("rollback" if rule.remedy else rule.action)
+            rule = replace(rule, action=action)
+        out.append(rule)
+    return out
 
 
 def load_alert_rules(path: str | Path, *, defaults: bool = True) -> list[Rule]:

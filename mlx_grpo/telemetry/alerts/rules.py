@@ -17,6 +17,9 @@ from .alert import ACTIONS, Alert, LEVELS
 from .state import (_Latch, _NOT_METRICS, _Window, _check_min_points, _fmt, _in_a_row, _num, _windowed, metric_pattern,
                     state)
 
+# What a remedy may change, each by a factor: the learning rate and beta (the KL coefficient).
+REMEDY_KEYS = ("learning_rate", "beta")
+
 
 # --------------------------------------------------------------------------- evaluation helpers
 
@@ -36,13 +39,21 @@ class Rule:
     for_steps: int = 1
     cooldown: int = 50
     hint: str = ""
-    # Left out of repr, which matches saved rule state on resume: stopping does not change what a rule measures.
+    # Left out of repr, which matches saved rule state on resume: what the trainer does when a rule fires does
+    # not change what the rule measures.
     action: str = field(default="none", repr=False)
+    # With action rollback: factors applied on each rollback, e.g. (("learning_rate", 0.5), ("beta", 2.0)).
+    remedy: tuple[tuple[str, float], ...] = field(default=(), repr=False)
     latches: dict[str, _Latch] = state()
 
     def __post_init__(self) -> None:
         if self.action not in ACTIONS:
             raise ValueError(f"key 'action' must be one of {', '.join(ACTIONS)}, got {self.action!r}")
+        for key, factor in self.remedy:
+            if key not in REMEDY_KEYS:
+                raise ValueError(f"key 'remedy' may change {' and '.join(REMEDY_KEYS)}, not {key!r}")
+            if not (factor > 0 and math.isfinite(factor)):
+                raise ValueError(f"key 'remedy': the factor of {key} must be a positive number, got {factor!r}")
         if not self.name:
             raise ValueError("key 'name' must not be empty")
         if not self.metric:
@@ -280,7 +291,11 @@ class DropRule(Rule):
     down: median - value >= `fall`; up: value - median >= `fall`. With `relative`, the difference is
     divided by max(|median|, min_scale), so 1.0 means "lost its whole level". The median, not the mean,
     so the first collapsed values do not drag the reference down and `for_steps` > 1 still compares
-    with the level before the collapse. Evaluated once `min_points` previous values are known.
+    with the level before the collapse. Evaluated once `min_points` previous values are known; with
+    `baseline` (a metric name), from the first value on, the reference being the first value of the
+    baseline metric until then: the held-out evaluation made before the first update is a steady
+    measure of where the policy started, so a policy broken by its first updates is caught at once
+    (the median of a run that collapsed at step 2 is the collapse itself).
     """
 
     kind: ClassVar[str] = "drop"
@@ -290,7 +305,9 @@ class DropRule(Rule):
     relative: bool = False
     min_scale: float = 1e-9
     min_points: int = 0  # 0: the whole window
+    baseline: str = ""  # before min_points values, compare with this metric's first value
     previous: dict[str, deque] = state()
+    baseline_first: dict[str, tuple[float, int]] = state()  # the baseline metric's first (value, step)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -303,15 +320,33 @@ class DropRule(Rule):
             raise ValueError(f"key 'direction' must be one of {', '.join(_DROP_DIRECTIONS)}, got {self.direction!r}")
         if self.min_scale <= 0:
             raise ValueError("key 'min_scale' must be positive")
+        if metric_pattern(self.baseline) is not None:
+            raise ValueError("key 'baseline' takes a plain metric name, not a pattern")
+
+    def plan(self, keys: tuple[str, ...]) -> tuple[str, ...] | None:
+        """The watched metrics of the record; the baseline may arrive in a record of its own (the evaluation
+        before the first update), which still counts."""
+        names = self.metrics_in(keys)
+        if names or (self.baseline and self.baseline in keys):
+            return names
+        return None
 
     def update(self, step, time, record, names, out):
-        """Fire when a value moved `fall` away from the median of the previous values, then keep it."""
+        """Fire when a value moved `fall` away from the median of the previous values (or, before there are
+        enough, from the baseline metric's first value), then keep it."""
+        if self.baseline and not self.baseline_first and (first := _num(record.get(self.baseline))) is not None:
+            self.baseline_first[self.baseline] = (first, step)
+        start = self.baseline_first.get(self.baseline)
         for name, value in self.values(record, names):
             previous = self.previous.get(name)
             if previous is None:
                 previous = self.previous[name] = deque(maxlen=self.window)
+            level, reference, span = None, "its recent median", f", last {len(previous)} logged steps"
             if len(previous) >= self.min_points:
                 level = median(previous)
+            elif start is not None:
+                level, reference, span = start[0], f"the start's {self.baseline}", f", step {start[1]}"
+            if level is not None:
                 moved = level - value if self.direction == "down" else value - level
                 scale = max(abs(level), self.min_scale) if self.relative else 1.0
                 if self.fire(moved / scale >= self.fall, name, step):
@@ -319,8 +354,8 @@ class DropRule(Rule):
                     # signed like the move itself: a fall reads -45%, a jump +45%
                     amount = (f"{(value - level) / scale * 100:+.0f}%" if self.relative else f"{value - level:+.4g}")
                     out.append(self.alert(step, time, name, value,
-                                          f"{name} {verb} to {_fmt(value)} from its recent median {_fmt(level)} "
-                                          f"({amount}, last {len(previous)} logged steps){_in_a_row(self.for_steps)}"))
+                                          f"{name} {verb} to {_fmt(value)} from {reference} {_fmt(level)} "
+                                          f"({amount}{span}){_in_a_row(self.for_steps)}"))
             previous.append(value)
 
 

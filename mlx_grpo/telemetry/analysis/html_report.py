@@ -16,12 +16,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+import numpy as np
 
 from ...errors import UserError
+from ..rundir.completions import reward_heatmap
+from ..rundir.writer import RunInfo, atomic_write_text
+from .report import load_run
 from .reward_report import RewardReport, analyze_run
 from .run_data import RunData
-from .report import load_run
-from ..rundir.writer import RunInfo, atomic_write_text
 from ..metrics.names import (ACCEL_PEAK_GB, ACCURACY_TRAIN, BACKPROP_TOKENS_PER_S, ENTROPY, EVAL_ACCURACY,
                              GEN_TOKENS_PER_S, KL, LENGTH_MEAN, PROCESS_RSS_GB, REWARD_MEAN, TRUNCATED_FRAC)
 
@@ -154,14 +156,13 @@ def _e(value: Any) -> str:
 def _report_section(run: LoadedRun) -> str:
     q = run.report.quality
     parts = "".join(f"<tr><td>{_e(p.name)}</td><td>{p.weight:.0%}</td>"
-                    f"<td>{'-' if p.score is None else f'{p.score:.0f}'}</td><td>{_e(p.explanation)}</td></tr>"
+                    f"<td>{'n/a' if p.score is None else f'{p.score:.0f}'}</td><td>{_e(p.explanation)}</td></tr>"
                     for p in q.parts)
     issues = "".join(f"<li>{_e(i)}</li>" for i in q.issues) or "<li>none found</li>"
     recs = "".join(f"<li>{_e(r)}</li>" for r in q.recommendations)
-    score = "-" if q.score is None else f"{q.score:.0f}"
     return (f"<section><h2>{_e(run.title)}</h2>"
             f"<p class='outcome'><b>What happened:</b> {_e(run.report.outcome.headline())}.</p>"
-            f"<h3>Reward functions' quality: {score}/100</h3>"
+            f"<h3>Reward functions' {_e(q.headline())}</h3>"
             f"<table><tr><th>part</th><th>weight</th><th>score</th><th>why</th></tr>{parts}</table>"
             f"<h4>Issues</h4><ul>{issues}</ul>" + (f"<h4>Recommendations</h4><ul>{recs}</ul>" if recs else "")
             + f"<p><b>Reward hacking:</b> {_e(run.report.hacking.verdict)}</p></section>")
@@ -195,11 +196,32 @@ pre { margin: 0; white-space: pre-wrap; font-size: 12px; max-width: 460px; }
 """
 
 
+def reward_heatmap_svg(plt, run: LoadedRun) -> str | None:
+    """Every kept completion's total reward, step x example (completions/), or None without them."""
+    steps, matrix = reward_heatmap(run.data.samples)
+    if len(steps) < 2:
+        return None
+    fig, ax = plt.subplots(figsize=(6.2, 2.8))
+    image = ax.imshow(np.ma.masked_invalid(matrix), aspect="auto", interpolation="nearest", cmap="viridis",
+                      extent=(steps[0] - 0.5, steps[-1] + 0.5, matrix.shape[0], 0))
+    fig.colorbar(image, ax=ax, label="total reward")
+    ax.set_title(f"Reward of every completion: {run.title}", loc="left", fontweight="bold")
+    ax.set_xlabel("step")
+    ax.set_ylabel("example (groups by mean, best first)")
+    svg = _svg(fig)
+    plt.close(fig)
+    return svg
+
+
 def draw_charts(runs: Sequence[LoadedRun]) -> list[tuple[str, str]]:
-    """(title, SVG) of every chart some run has data for, the alert timeline last."""
+    """(title, SVG) of every chart some run has data for, then each run's reward heatmap, the alert
+    timeline last."""
     plt = _pyplot()
     charts = [(title, svg) for title, ylabel, metrics in CHARTS
               if (svg := chart_svg(plt, title, ylabel, metrics, runs))]
+    for run in runs:
+        if (heatmap := reward_heatmap_svg(plt, run)) is not None:
+            charts.append((f"Reward heatmap {run.title}" if len(runs) > 1 else "Reward heatmap", heatmap))
     timeline = alert_timeline_svg(plt, runs)
     if timeline is not None:
         charts.append(("Alerts", timeline))

@@ -17,11 +17,12 @@ from rich.table import Table
 from rich.text import Text
 
 from ...errors import UserError
-from ..alerts.console import format_alert
 from ..alerts.alert import Alert
-from .reward_report import RewardReport, analyze_run
+from ..alerts.console import format_alert
+from ..rundir.completions import read_all
 from ..rundir.jsonl_tail import JsonlTail
 from ..rundir.writer import ALERTS, METRICS, SAMPLES, RunInfo, atomic_write_text, read_run_info
+from .reward_report import RewardReport, analyze_run
 
 MAX_LISTED_ALERTS = 20
 
@@ -32,7 +33,8 @@ def _read_jsonl(path: Path) -> list[dict]:
 
 
 def load_run(run_dir: str | Path) -> tuple[RunInfo, list[dict], list[dict], list[Alert] | None]:
-    """(run.json, metric records, samples, alerts or None when the run wrote no alerts.jsonl)."""
+    """(run.json, metric records, completions (all kept ones, else samples.jsonl's), alerts or None when the
+    run wrote no alerts.jsonl)."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise UserError(f"run directory not found: {run_dir}")
@@ -44,14 +46,15 @@ def load_run(run_dir: str | Path) -> tuple[RunInfo, list[dict], list[dict], list
         raise UserError(f"{metrics_path}: no metric records yet")
     # run.json is rewritten atomically; missing or unreadable means foreign: report without it
     run_info = read_run_info(run_dir) or RunInfo()
-    samples = _read_jsonl(run_dir / SAMPLES)
+    # every completion when the run kept them (completions/), else the few of samples.jsonl
+    samples = read_all(run_dir) or _read_jsonl(run_dir / SAMPLES)
     alerts_path = run_dir / ALERTS
     alerts = [Alert.from_dict(a) for a in _read_jsonl(alerts_path)] if alerts_path.is_file() else None
     return run_info, metrics, samples, alerts
 
 
 def _fmt(value: Any, spec: str = ".3g") -> str:
-    return "-" if value is None else format(value, spec)
+    return "n/a" if value is None else format(value, spec)
 
 
 def render_markdown(report: RewardReport, title: str) -> str:
@@ -109,8 +112,8 @@ def render_markdown(report: RewardReport, title: str) -> str:
 
 
 def _parts_note(report: RewardReport) -> str:
-    scored = sum(part.score is not None for part in report.quality.parts)
-    return "" if scored == len(report.quality.parts) else f" (from {scored} of {len(report.quality.parts)} parts)"
+    q = report.quality
+    return "" if q.parts_scored == len(q.parts) else f" (from {q.parts_scored} of {len(q.parts)} parts)"
 
 
 def _score_style(score: float | None) -> str:

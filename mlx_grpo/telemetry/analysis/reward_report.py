@@ -56,12 +56,21 @@ class QualityPart:
 
 @dataclass
 class QualityReport:
-    """The reward-quality score, its parts, and the issues and recommendations found."""
-
-    score: float | None
+    score: float | None  # the weighted mean of the parts that could be scored; None when none could
     parts: list[QualityPart]
     issues: list[str] = field(default_factory=list)
     recommendations: list[str] = field(default_factory=list)
+
+    @property
+    def parts_scored(self) -> int:
+        return sum(part.score is not None for part in self.parts)
+
+    def headline(self) -> str:
+        """'quality 72/100', with how many parts it rests on when some could not be scored."""
+        if self.score is None:
+            return f"quality n/a (none of its {len(self.parts)} parts could be scored)"
+        note = "" if self.parts_scored == len(self.parts) else f" (from {self.parts_scored} of {len(self.parts)} parts)"
+        return f"quality {self.score:.0f}/100{note}"
 
 
 def _consistency(data: RunData) -> QualityPart:
@@ -347,13 +356,24 @@ def detect_reward_hacking(metrics: "Records | RunData", samples: Records = (),
         hacking_alerts = AlertEngine(_hacking_rules()).check_all(data.records)
     alerts = list(hacking_alerts)
     suspected = bool(findings or alerts)
+    reward = trend_of(data, REWARD_MEAN)
     if suspected:
         verdict = "possible reward hacking: reward went up without correctness going up with it"
+    elif reward is None:
+        verdict = "cannot tell: the total reward was logged over too few steps (8) to have a trend"
+    elif reward.direction != "rising":
+        # Nothing gained, nothing to explain: saying gains "came with correctness gains" would be false.
+        verdict = (f"no reward gains to explain: the total reward was {reward.direction} "
+                   f"({reward.start:.3g} -> {reward.end:.3g})")
     elif not accuracy and not any(i.correct_corr is not None for i in importance.values()):
-        verdict = ("cannot tell: no accuracy over enough logged steps (8) to compare with, "
-                   "and no samples marked correct or not")
+        verdict = ("cannot tell: the reward rose, but accuracy was not measured over enough logged steps (8) "
+                   "and no samples are marked correct or not")
+    elif accuracy and any(t.direction == "rising" for t in accuracy.values()):
+        verdict = "no sign of reward hacking: reward gains came with correctness gains (" + ", ".join(
+            f"{name} {t.start:.3g} -> {t.end:.3g}" for name, t in accuracy.items()) + ")"
     else:
-        verdict = "no sign of reward hacking: reward gains came with correctness gains"
+        verdict = ("no sign of reward hacking: the reward rose and the reward functions score correct "
+                   "completions above incorrect ones")
     return HackingReport(suspected, verdict, accuracy, findings, alerts)
 
 
@@ -368,16 +388,29 @@ class RunOutcome:
     train_accuracy: Trend | None  # accuracy/train, first quarter against last quarter
     reward: Trend | None  # rewards/total/mean, likewise
     alerts: dict[str, int]  # fired alerts by level
+    accuracy_measured: bool = True  # False: the run logged no accuracy at all (its task has no correctness check)
+    evaluations: int = 0  # held-out evaluations logged
+    eval_first_step: int | None = None
+    # accuracy/train at its first and last logged step, (step, value) each, for a run too short for a trend
+    train_ends: tuple[tuple[int, float], tuple[int, float]] | None = None
 
     def headline(self) -> str:
         """One line: held-out accuracy from -> to, the reward's trend, the alerts raised."""
         parts = []
-        if self.eval_first is not None and self.eval_last is not None:
+        if self.evaluations >= 2 and self.eval_first is not None and self.eval_last is not None:
             change = 100 * (self.eval_last - self.eval_first)
             parts.append(f"held-out accuracy {self.eval_first:.1%} -> {self.eval_last:.1%} ({change:+.1f} points)")
-        elif self.train_accuracy is not None:
+        elif self.evaluations == 1 and self.eval_first is not None:
+            # one evaluation says where the run was, not how it moved
+            parts.append(f"held-out accuracy {self.eval_first:.1%} at step {self.eval_first_step} (its only evaluation)")
+        if self.evaluations < 2 and self.train_accuracy is not None:
             t = self.train_accuracy
             parts.append(f"training accuracy {t.start:.0%} -> {t.end:.0%} ({t.direction})")
+        elif self.evaluations < 2 and self.train_ends is not None:
+            (s0, a0), (s1, a1) = self.train_ends
+            parts.append(f"training accuracy {a0:.0%} at step {s0} -> {a1:.0%} at step {s1}")
+        elif not self.accuracy_measured:
+            parts.append("accuracy n/a (no correctness check)")
         if self.reward is not None:
             parts.append(f"reward {self.reward.start:+.3g} -> {self.reward.end:+.3g} ({self.reward.direction})")
         raised = [f"{self.alerts[level]} {level}{'s' if self.alerts[level] != 1 else ''}"
@@ -387,13 +420,17 @@ class RunOutcome:
 
 
 def run_outcome(data: RunData, alerts: Sequence[Alert]) -> RunOutcome:
-    """First and last held-out accuracy, accuracy and reward trends, and alert counts by level."""
-    _, accuracy = data.series(EVAL_ACCURACY)
+    eval_steps, accuracy = data.series(EVAL_ACCURACY)
+    train_steps, train = data.series(ACCURACY_TRAIN)
     counts: dict[str, int] = {}
     for alert in alerts:
         counts[alert.level] = counts.get(alert.level, 0) + 1
     return RunOutcome(float(accuracy[0]) if len(accuracy) else None, float(accuracy[-1]) if len(accuracy) else None,
-                      trend_of(data, ACCURACY_TRAIN), trend_of(data, REWARD_MEAN), counts)
+                      trend_of(data, ACCURACY_TRAIN), trend_of(data, REWARD_MEAN), counts,
+                      accuracy_measured=any(data.table.column(name) is not None for name in ACCURACY_METRICS),
+                      evaluations=len(accuracy), eval_first_step=int(eval_steps[0]) if len(eval_steps) else None,
+                      train_ends=(((int(train_steps[0]), float(train[0])), (int(train_steps[-1]), float(train[-1])))
+                                  if len(train) >= 2 else None))
 
 
 @dataclass

@@ -67,7 +67,7 @@ FINAL = "end of run (final_metrics.json and each sink's summary)"
 RUBRIC = "every logged step, when a rubric is configured"
 ADAPTIVE = "every logged step, when adaptive window scheduling is enabled"
 SGRPO = "every logged step, when S-GRPO is enabled"
-EVAL = "at step 1, every eval_every steps and at the end"
+EVAL = "before the first update (step 0), every eval_every steps and at the end"
 CRITERIA = "first logged step and every criteria_every steps, when a rubric is configured"
 JUDGE = "every logged step, when a rubric has a judge criterion"
 DYNAMIC = "every logged step, when dynamic_sampling is on"
@@ -162,7 +162,9 @@ def _rubric_entries() -> list[MetricSpec]:
 def _policy_entries() -> list[MetricSpec]:
     p = "policy"
     return [
-        MetricSpec(LOSS, "The loss that was minimised: policy-gradient loss plus the KL penalty.", "",
+        MetricSpec(LOSS, "The loss that was minimised: policy-gradient loss plus the KL penalty; with "
+                   "num_iterations > 1, the mean over the step's update passes, like every policy/ statistic "
+                   "(with the token-level loss types bnpo and dapo it is policy/pg_loss + policy/kl_penalty).", "",
                    p, EVERY_STEP),
         MetricSpec("policy/pg_loss", "Clipped policy-gradient (surrogate) loss alone.", "", p, EVERY_STEP),
         MetricSpec(KL, "Mean per-token KL divergence of the policy from the reference model (k3 "
@@ -191,7 +193,8 @@ def _policy_entries() -> list[MetricSpec]:
         MetricSpec("policy/log_ratio/mean", "Mean log importance ratio.", "nats", p, EVERY_STEP),
         MetricSpec("policy/log_ratio/std", "Standard deviation of the log importance ratio.", "nats", p,
                    EVERY_STEP),
-        MetricSpec(GRAD_NORM, "Global L2 norm of the gradient before clipping.", "", p, EVERY_STEP),
+        MetricSpec(GRAD_NORM, "Global L2 norm of the gradient before clipping; with num_iterations > 1, "
+                   "the mean over the step's update passes.", "", p, EVERY_STEP),
         MetricSpec(LEARNING_RATE, "Learning rate used by this step's update.", "", p, EVERY_STEP),
         MetricSpec("policy/skipped_updates", "Optimizer updates of this step skipped because the loss or "
                    "gradient was not finite (at most num_iterations).", "count", p, EVERY_STEP),
@@ -240,10 +243,13 @@ def _length_entries() -> list[MetricSpec]:
 
 def _outcome_entries() -> list[MetricSpec]:
     return [
-        MetricSpec(ACCURACY_TRAIN, "Fraction of this step's sampled completions with the right answer.",
+        MetricSpec(ACCURACY_TRAIN, "Fraction of this step's sampled completions with the right answer (the "
+                   "config's `correctness` check). Left out, with every other accuracy figure and the held-out "
+                   "evaluation, when the run has no correctness check: n/a, never 0%.",
                    "fraction", "accuracy", EVERY_STEP),
         MetricSpec(EVAL_ACCURACY, "Held-out accuracy: greedy completions of the evaluation prompts with the "
-                   "right answer.", "fraction", "eval", EVAL),
+                   "right answer; the first is measured before the first update (step 0).", "fraction", "eval",
+                   EVAL),
         MetricSpec("eval/num_samples", "Held-out prompts evaluated (each one greedy completion).", "count", "eval",
                    EVAL),
         MetricSpec("eval/difficulty/<level>/accuracy", "eval/accuracy restricted to prompts labelled <level>.",
@@ -418,6 +424,10 @@ def _media_entries() -> list[MetricSpec]:
                    charts, "chart"),
         MetricSpec("charts/policy_evolution_3d", "W&B 3D point cloud of (policy/kl, rewards/total/mean, step) "
                    "over the run.", "", "charts", charts, "chart"),
+        MetricSpec("charts/reward_heatmap", "W&B HTML heatmap of every completion's total reward, step (columns, "
+                   "the last 200) x example (rows: the step's groups by mean reward, each group's completions best "
+                   "first; a group that taught nothing is one colour). Also in `report --html` and the dashboard's "
+                   "Samples view, from completions/.", "reward", "charts", charts, "chart"),
         MetricSpec("charts/criteria_heatmap", "W&B HTML heatmap of each rubric criterion's mean score (rows) per "
                    "logged step (columns), the last 200 steps.", "score", "charts", f"{charts}, with a rubric",
                    "chart"),

@@ -55,7 +55,7 @@ class StepData:
     prompt_truncated: np.ndarray  # [N] bool: prompt cut to max_prompt_length
     lengths: np.ndarray  # [N] completion tokens
     truncated: np.ndarray  # [N] bool: reached the generation budget without EOS
-    correct: np.ndarray  # [N] bool
+    correct: np.ndarray | None  # [N] bool; None: the run has no correctness check (accuracy n/a)
     difficulty: list  # [N] the dataset's difficulty level of each prompt, None when it has none
     trained_tokens: int  # completion tokens the update trained on (S-GRPO trains on its own exits)
     update: UpdateStats
@@ -63,6 +63,9 @@ class StepData:
     peak_memory: dict[str, float] = field(default_factory=dict)  # phase -> peak bytes during it
     component_metrics: dict[str, float] = field(default_factory=dict)  # named by their own modules
     samples: list[dict] = field(default_factory=list)  # a few completions for samples.jsonl (rank 0's)
+    texts: list[str] = field(default_factory=list)  # [N] every completion's text (completions/)
+    prompt_texts: list[str] = field(default_factory=list)  # [B] the step's prompts, one per group
+    answers: list = field(default_factory=list)  # [B] their expected answers
     new_errors: list[str] = field(default_factory=list)  # reward-function failures first seen this step
     entropy_dump: dict[str, np.ndarray] | None = None
 
@@ -82,24 +85,25 @@ def outcome_metrics(data: StepData) -> dict[str, float]:
     lengths = np.asarray(data.lengths, dtype=float)
     truncated = np.asarray(data.truncated, dtype=bool)
     finished = ~truncated
-    correct = np.asarray(data.correct, dtype=bool)
     prompt_lengths = np.asarray(data.prompt_lengths, dtype=float)
     out = {f"completions/{k}": v for k, v in _stats("length", lengths).items()}
     out[TRUNCATED_FRAC] = float(truncated.mean())
     out[FINISHED_FRAC] = float(finished.mean())
-    if truncated.any():
-        out[TRUNCATED_CORRECT_FRAC] = float(correct[truncated].mean())
-    if finished.any():
-        out[FINISHED_CORRECT_FRAC] = float(correct[finished].mean())
-    if correct.any():
-        out["completions/correct_length/mean"] = float(lengths[correct].mean())
+    if data.correct is not None:  # without a correctness check, accuracy is left out (n/a), never 0%
+        correct = np.asarray(data.correct, dtype=bool)
+        if truncated.any():
+            out[TRUNCATED_CORRECT_FRAC] = float(correct[truncated].mean())
+        if finished.any():
+            out[FINISHED_CORRECT_FRAC] = float(correct[finished].mean())
+        if correct.any():
+            out["completions/correct_length/mean"] = float(lengths[correct].mean())
+        out[ACCURACY_TRAIN] = float(correct.mean())
+        out.update(difficulty_metrics(data.difficulty, correct))
     out.update({f"prompts/{k}": v for k, v in _stats("length", prompt_lengths).items()})
     out[PROMPT_TRUNCATED_FRAC] = float(np.asarray(data.prompt_truncated, dtype=bool).mean())
     out["tokens/prompt_total"] = float(prompt_lengths.sum())
     out["tokens/completion_total"] = float(lengths.sum())
     out[TOKENS_TOTAL] = out["tokens/prompt_total"] + out["tokens/completion_total"]
-    out[ACCURACY_TRAIN] = float(correct.mean())
-    out.update(difficulty_metrics(data.difficulty, correct))
     return out
 
 

@@ -55,6 +55,8 @@ METRICS = "metrics.jsonl"
 SAMPLES = "samples.jsonl"
 ALERTS = "alerts.jsonl"
 FINAL_METRICS = "final_metrics.json"
+COMPLETIONS = "completions"  # a directory: every completion of a step in step_<NNNNNN>.jsonl.gz (completions.py)
+EVENTS = "events.jsonl"  # what the trainer did on its own: rollbacks and alert stops (one JSON object a line)
 STATUSES = ("running", "finished", "interrupted", "failed")
 ENDED = STATUSES[1:]
 
@@ -113,7 +115,7 @@ def _is_secret_value(value: Any, env: set[str]) -> bool:
 SAMPLE_TEXT_LIMIT = 20_000  # characters of a prompt or completion kept in samples.jsonl
 
 
-def _clipped(value: Any) -> Any:
+def clipped_text(value: Any) -> Any:
     """Sample text cut to SAMPLE_TEXT_LIMIT: a 10 MB prompt would otherwise be stored in every line it
     appears in, and slow every reader of samples.jsonl."""
     if isinstance(value, str) and len(value) > SAMPLE_TEXT_LIMIT:
@@ -367,7 +369,7 @@ class RunDirWriter:
     def write_samples(self, step: int, samples: Iterable[Mapping[str, Any]], time: float | None = None) -> None:
         """Append one step's samples."""
         now = _time.time() if time is None else time
-        lines = [_dumps({"step": int(step), "time": now, **{k: _clipped(v) for k, v in sample.items()}})
+        lines = [_dumps({"step": int(step), "time": now, **{k: clipped_text(v) for k, v in sample.items()}})
                  for sample in samples]
         if lines:
             self._append(SAMPLES, lines)

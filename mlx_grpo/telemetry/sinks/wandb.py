@@ -7,7 +7,8 @@ INCREMENTAL mode, so each log adds rows and the history is kept (wandb >= 0.21; 
 to render it); `charts/reward_breakdown` (bar chart of the per-function means), three 3D point
 clouds (`wandb.Object3D`, which work offline): `charts/reward_landscape_3d` (step, example, total
 reward), `charts/reward_components_3d` (step, reward function, score; a colour per function) and
-`charts/policy_evolution_3d` (KL, mean reward, step), and with a rubric `charts/criteria_heatmap`
+`charts/policy_evolution_3d` (KL, mean reward, step), `charts/reward_heatmap` (every completion's
+total reward, step x example, as HTML), and with a rubric `charts/criteria_heatmap`
 (criterion x step, as HTML) with its data as the table `charts/criteria_over_time`, all redrawn every
 `chart_every` steps (0: about ten times per run, wandb_charts.chart_interval) and at the last step;
 alerts through `run.alert`; checkpoints as model artifacts when `log_checkpoints` is set; the
@@ -31,6 +32,7 @@ import numpy as np
 from ..metrics.names import KL, REWARD_MEAN, SAMPLES_TABLE
 from ..rundir.writer import RunInfo, json_safe, scrub_secrets, scrub_text
 from .base import Sink, TEXT_LIMIT, _clip, tracker_config
+from ..rundir.completions import order_groups
 from .wandb_charts import CATEGORY_COLOURS, category_cloud, chart_interval, heatmap_svg, value_cloud
 
 
@@ -69,6 +71,8 @@ class WandbSink(Sink):
         self._component_names: list[str] = []
         self._evolution: list[tuple[float, float, float]] = []
         self._criteria: dict[str, dict[int, float]] = {}  # criterion -> step -> mean score
+        self._examples: dict[int, np.ndarray] = {}  # step -> its total rewards in the heatmap's order
+        self._group_size = 0
         self._chart_every = options.chart_every
         self._total_steps: int | None = None
 
@@ -87,6 +91,8 @@ class WandbSink(Sink):
                                    settings=self.wandb.Settings(x_disable_meta=True))
         self._total_steps = info.total_steps
         self._chart_every = chart_interval(opts.chart_every, self._total_steps)
+        generations = (info.config or {}).get("num_generations")
+        self._group_size = generations if isinstance(generations, int) and generations > 0 else 0
 
     def write(self, step, scalars, histograms, rewards) -> None:
         """One step's scalars and histograms, and the charts when they are due."""
@@ -106,6 +112,10 @@ class WandbSink(Sink):
 
     def _add_rewards(self, step: int, rewards: Mapping[str, np.ndarray]) -> None:
         total = np.asarray(rewards["total"], dtype=np.float64)
+        if self._group_size and total.size % self._group_size == 0:
+            self._examples[step] = order_groups(list(total.reshape(-1, self._group_size)))
+            if len(self._examples) > CRITERIA_COLUMNS:
+                del self._examples[min(self._examples)]
         points = np.stack([np.full(total.size, float(step)), np.arange(total.size, dtype=np.float64), total], axis=1)
         self._landscape.add(points[np.isfinite(total)])
         for name in rewards:
@@ -138,7 +148,24 @@ class WandbSink(Sink):
             points = np.asarray(self._evolution, dtype=np.float64)
             charts["charts/policy_evolution_3d"] = self.wandb.Object3D(value_cloud(points, points[:, 1]))
         charts.update(self._criteria_charts())
+        charts.update(self._example_heatmap())
         return charts
+
+    def _example_heatmap(self) -> dict[str, Any]:
+        """Every completion's total reward, step x example (seed 001's reward surface), as an HTML heatmap:
+        each column a step's completions, groups by mean reward and each group's completions best first."""
+        if len(self._examples) < 2:
+            return {}
+        steps = sorted(self._examples)
+        height = max(len(self._examples[s]) for s in steps)
+        matrix = np.full((height, len(steps)), np.nan)
+        for j, s in enumerate(steps):
+            matrix[:len(self._examples[s]), j] = self._examples[s]
+        labels = [f"group {i // self._group_size + 1}" if i % (self._group_size * 4) == 0 else ""
+                  for i in range(height)]
+        svg = heatmap_svg(labels, steps, matrix, cell_h=3, value_label="total reward",
+                          title="Total reward of every completion: step x example (groups by mean, best first)")
+        return {"charts/reward_heatmap": self.wandb.Html(svg, data_is_not_path=True)}
 
     def _components_caption(self) -> str:
         colours = [CATEGORY_COLOURS[i % len(CATEGORY_COLOURS)] for i in range(len(self._component_names))]

@@ -51,7 +51,7 @@ def category_cloud(xyz: np.ndarray, category: np.ndarray) -> np.ndarray:
     return np.concatenate([_scaled(xyz), palette[category.astype(int) % len(palette)]], axis=1)
 
 
-def _colour(t: float) -> str:
+def scale_colour(t: float) -> str:
     if not math.isfinite(t):
         return "#dddddd"  # not logged at that step
     position = min(max(t, 0.0), 1.0) * (len(_SCALE) - 1)
@@ -60,11 +60,12 @@ def _colour(t: float) -> str:
     return f"#{int(r):02x}{int(g):02x}{int(b):02x}"
 
 
-def heatmap_svg(rows: Sequence[str], steps: Sequence[int], values: np.ndarray, title: str = "") -> str:
-    """`values[i, j]` of row i at steps[j] (NaN: not logged) as coloured cells, row labels on the left, a
-    few step labels below and the colour scale's ends in the legend."""
+def heatmap_svg(rows: Sequence[str], steps: Sequence[int], values: np.ndarray, title: str = "", cell_h: int = 22,
+                value_label: str = "score") -> str:
+    """`values[i, j]` of row i at steps[j] (NaN: not logged) as coloured cells, row labels on the left (an
+    empty label: none), a few step labels below and the colour scale's ends in the legend."""
     values = np.asarray(values, dtype=float)
-    label_w, cell_h, top, plot_w = 12 + 7 * max((len(r) for r in rows), default=4), 22, 30, 600
+    label_w, top, plot_w = 12 + 7 * max((len(r) for r in rows), default=4), 30, 600
     cell_w = plot_w / max(1, len(steps))
     height = top + cell_h * len(rows) + 50
     finite = values[np.isfinite(values)]
@@ -75,20 +76,22 @@ def heatmap_svg(rows: Sequence[str], steps: Sequence[int], values: np.ndarray, t
            f'<text x="{label_w}" y="18" font-weight="bold">{escape(title)}</text>']
     for i, row in enumerate(rows):
         y = top + i * cell_h
-        out.append(f'<text x="{label_w - 6}" y="{y + cell_h / 2 + 4}" text-anchor="end">{escape(row)}</text>')
+        if row:
+            out.append(f'<text x="{label_w - 6}" y="{y + cell_h / 2 + 4}" text-anchor="end">{escape(row)}</text>')
         for j, step in enumerate(steps):
             value = values[i, j]
             tip = f"{row} at step {step}: {value:.3g}" if math.isfinite(value) else f"{row} at step {step}: -"
-            out.append(f'<rect x="{label_w + j * cell_w:.1f}" y="{y}" width="{cell_w + 0.5:.1f}" height="{cell_h - 1}" '
-                       f'fill="{_colour((value - lo) / span)}"><title>{escape(tip)}</title></rect>')
+            out.append(f'<rect x="{label_w + j * cell_w:.1f}" y="{y}" width="{cell_w + 0.5:.1f}" '
+                       f'height="{max(1, cell_h - 1)}" '
+                       f'fill="{scale_colour((value - lo) / span)}"><title>{escape(tip)}</title></rect>')
     axis_y = top + cell_h * len(rows) + 16
     ticks = sorted({0, len(steps) - 1, *range(0, len(steps), max(1, len(steps) // 6))}) if steps else []
     for j in ticks:
         out.append(f'<text x="{label_w + (j + 0.5) * cell_w:.1f}" y="{axis_y}" text-anchor="middle">{steps[j]}</text>')
     legend_y = axis_y + 20
-    out.append(f'<text x="{label_w}" y="{legend_y}">step → · score {lo:.3g}</text>')
+    out.append(f'<text x="{label_w}" y="{legend_y}">step → · {escape(value_label)} {lo:.3g}</text>')
     for k in range(20):
         out.append(f'<rect x="{label_w + 140 + 6 * k}" y="{legend_y - 10}" width="6" height="12" '
-                   f'fill="{_colour(k / 19)}"/>')
+                   f'fill="{scale_colour(k / 19)}"/>')
     out.append(f'<text x="{label_w + 266}" y="{legend_y}">{hi:.3g}</text></svg>')
     return "\n".join(out)

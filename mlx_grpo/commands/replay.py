@@ -1,0 +1,85 @@
+"""`mlx-grpo replay RUN_DIR --rewards ... [--rubric-file FILE]`: re-score a run's kept completions under other
+reward functions, weights or rubric, without a model, and print what would change (replay.py)."""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run_dir", metavar="RUN_DIR", help="a run directory with completions/ (kept by default)")
+    parser.add_argument("--rewards", nargs="+", metavar="SPEC[=WEIGHT]",
+                        help="the reward set to replay: built-in names or file.py:function, each with an optional "
+                             "weight (answer_check=2); default: the run's own")
+    parser.add_argument("--without", nargs="+", default=[], metavar="NAME",
+                        help="drop these reward functions from the set (e.g. --without digit_match)")
+    parser.add_argument("--rubric-file", metavar="FILE", help="add (or replace) the rubric reward with this rubric")
+    parser.add_argument("--rubric-weight", type=float, metavar="W", help="the rubric's weight (default: the run's)")
+    parser.add_argument("--steps", metavar="A:B", help="only steps A to B (inclusive), e.g. 150:200")
+    parser.add_argument("--limit", type=int, default=10, help="changed groups and sign flips listed (default 10)")
+
+
+def _spec(text: str) -> tuple[str, float]:
+    from ..errors import UserError
+
+    name, sep, weight = text.rpartition("=")
+    if not sep:
+        return text, 1.0
+    try:
+        return name, float(weight)
+    except ValueError:
+        raise UserError(f"--rewards {text}: the weight after '=' must be a number") from None
+
+
+def _steps(text: str | None, available: list[int]) -> list[int] | None:
+    from ..errors import UserError
+
+    if text is None:
+        return None
+    first, sep, last = text.partition(":")
+    try:
+        lo = int(first) if first else min(available, default=0)
+        hi = int(last) if sep and last else (max(available, default=0) if sep else lo)
+    except ValueError:
+        raise UserError(f"--steps {text}: expected A:B with whole numbers") from None
+    return [s for s in available if lo <= s <= hi]
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from ..errors import UserError
+    from ..replay import render, replay, run_settings
+    from ..rewards import RewardFunction, load_reward_functions
+    from ..telemetry.rundir.completions import completion_steps
+    from ..telemetry.analysis.report import load_run
+
+    start = time.perf_counter()
+    run_dir = Path(args.run_dir)
+    _, metrics, _, _ = load_run(run_dir)
+    rewards, rubric_file, rubric_weight, group_size, scale, base_dir = run_settings(run_dir)
+    specs = [_spec(s) for s in args.rewards] if args.rewards else rewards
+    unknown = [name for name in args.without if name not in {n for n, _ in specs} | {"rubric"}]
+    if unknown:
+        raise UserError(f"--without {' '.join(unknown)}: not in the reward set ({', '.join(n for n, _ in specs)})")
+    # names as the trainer names them: a built-in's name, or the function's name after the colon
+    specs = [(n, w) for n, w in specs if n.rpartition(":")[2] not in args.without and n not in args.without]
+    functions = load_reward_functions(specs, Path.cwd() if args.rewards else base_dir)
+    rubric_path = args.rubric_file or (rubric_file if "rubric" not in args.without else None)
+    if rubric_path is not None:
+        from ..rubric import load_rubric
+        from ..rubric_reward import RubricReward
+
+        path = Path(rubric_path)
+        if not path.is_absolute():
+            path = (Path.cwd() if args.rubric_file else base_dir) / path
+        weight = args.rubric_weight if args.rubric_weight is not None else rubric_weight
+        functions.append(RewardFunction("rubric", RubricReward(load_rubric(path)), weight))
+    if not functions:
+        raise UserError("the replayed reward set is empty: name at least one reward function")
+    steps = _steps(args.steps, completion_steps(run_dir))
+    result = replay(run_dir, functions, group_size, scale, steps, metrics, weights_before=dict(rewards))
+    print(render(result, args.limit))
+    print(f"({time.perf_counter() - start:.1f} s, no model loaded)")
+    return 0

@@ -1,0 +1,66 @@
+"""Which completions are correct: the check behind accuracy/train, the held-out eval/accuracy and the
+reports' correctness verdicts.
+
+A check is called like a reward function, `check(prompts, completions, answers, **columns)`, and returns
+one bool per completion. `correctness` in the config picks it:
+
+- `auto` (default): the built-in answer check when the run's task is one it fits (the built-in
+  arithmetic task, or a reward set with a built-in answer reward, which reads the same `<answer>` tag);
+  otherwise none: a custom task's accuracy is not measurable by us, so it is "n/a" rather than 0%;
+- `answer`: the built-in answer check always (the `<answer>...</answer>` text equals the row's answer);
+- `none`: no check (accuracy n/a, no held-out evaluation);
+- `file.py:function`: the user's own check, resolved like a reward function.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+from .errors import UserError
+from .rewards import load_reward_functions
+from .tasks.answer_format import is_correct
+
+Check = Callable[..., list]
+
+# Built-in rewards that read the <answer> tag and compare it with the row's answer.
+ANSWER_REWARDS = frozenset({"answer_check", "number_check", "digit_match"})
+
+
+def answer_check(prompts: list, completions: list[str], answers: list[str], **columns: Any) -> list[bool]:
+    """The built-in check: the text in <answer> tags is the row's answer (numbers compared by value)."""
+    return [is_correct(text, answer) for text, answer in zip(completions, answers)]
+
+
+def load_correctness(setting: str, dataset: str, reward_names: list[str], base_dir: Path) -> Check | None:
+    """The run's correctness check, or None when accuracy cannot be measured."""
+    if setting == "none":
+        return None
+    if setting == "answer":
+        return answer_check
+    if setting == "auto":
+        fits = dataset == "arithmetic" or any(name in ANSWER_REWARDS for name in reward_names)
+        return answer_check if fits else None
+    if ":" not in setting:
+        raise UserError(f"key 'correctness' is {setting!r}; expected auto, answer, none or file.py:function")
+    try:
+        fn = load_reward_functions([(setting, 1.0)], base_dir)[0].fn
+    except UserError as err:
+        raise UserError(f"key 'correctness': {err}") from None
+    return user_check(setting, fn)
+
+
+def user_check(spec: str, fn: Callable) -> Check:
+    """A user's check, its answer validated: one bool-like value per completion."""
+
+    def check(prompts: list, completions: list[str], answers: list[str], **columns: Any) -> list[bool]:
+        try:
+            out = list(fn(prompts, completions, answers, **columns))
+        except Exception as exc:  # a user's function: say whose it is
+            raise UserError(f"correctness function {spec} failed: {type(exc).__name__}: {exc}") from exc
+        if len(out) != len(completions):
+            raise UserError(f"correctness function {spec} returned {len(out)} values for {len(completions)} "
+                            "completions")
+        return [bool(x) for x in out]
+
+    return check
