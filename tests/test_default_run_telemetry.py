@@ -17,7 +17,7 @@ DEPENDS_ON_THE_BATCH = {"completions/truncated_correct_frac"}
 # and where each is checked instead. Every other entry must appear in one of the two runs.
 WANDB_ONLY = {  # W&B media: tests/test_telemetry_wandb.py
     "charts/reward_breakdown", "charts/reward_landscape_3d", "charts/reward_components_3d",
-    "charts/policy_evolution_3d", "charts/criteria_heatmap", "charts/criteria_over_time",
+    "charts/policy_evolution_3d", "charts/criteria_heatmap", "charts/criteria_over_time", "charts/reward_heatmap",
     "final/rubric_criteria_summary"}
 # macOS, and Metal's working-set limit (the CPU backend reports none): read in tests/test_alert_actions.py
 MAC_ONLY = {"system/gpu_utilization_percent", "memory/peak_percent", "system/accel_limit_gb",
