@@ -43,10 +43,11 @@ from . import chips
 from .config import TrainConfig
 from .data import EncodedPrompt, PromptOrder, encode_prompt
 from .errors import UserError
-from .machine import describe
+from .machine import describe, wire_memory, wired_limit
 from .models import count_parameters, resolve_dtype
 from .rollout import Rollout
 from .trainer import Prompts, Trainer, step_key
+from .run import resident_bytes
 from .update import build_train_batch
 
 SCHEMA_VERSION = 1
@@ -154,6 +155,9 @@ class Workload:
                          sgrpo=replace(config.sgrpo, enable=False))
         self.config = config
         built = Trainer.build(config, base_dir, stop_at_eos=False)
+        # as `mlx-grpo train` runs: on a Mac, the working set wired (figures otherwise include paging)
+        wire_memory(resident_bytes(built))
+        self.wired_limit = wired_limit()
         self.rows, self.prompts = synthetic_rows(built.policy.tokenizer, config, config.batch_size, prompt_length,
                                             config.seed)
         # As many rows as the configured dataset has, so the step pays the real cost of drawing
@@ -364,6 +368,7 @@ def measure_paths(options: BenchOptions) -> tuple[dict, dict, dict | None]:
         "warmup": options.warmup,
         "sequential_sample": n_sequential,
         "weight_bytes": weight_bytes(model),
+        "wired_limit_bytes": work.wired_limit,
     }
     rollout_tps = None
     if "rollout" in measured:

@@ -9,9 +9,7 @@ line naming the key and the file. This module imports no mlx.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
-import sys
 import types
 import typing
 from dataclasses import dataclass, field
@@ -20,6 +18,8 @@ from typing import Any
 
 import yaml
 
+from .config_aliases import translate, unknown_key_hint
+from .config_paths import resolve_input_paths
 from .errors import UserError, yaml_error
 
 DEFAULT_MODEL = "default"  # the small arithmetic model shipped inside the package
@@ -112,9 +112,10 @@ class TrainConfig:
     warmup_fraction: float = key(0.05, "share of the steps the learning rate warms up over")
     weight_decay: float = key(0.0, "AdamW's decoupled weight decay")
     max_grad_norm: float = key(1.0, "clip the gradient's global norm to this; 0 = no clipping")
-    # Memory of the update and the reference pass (the same gradient whatever they are; docs/SCALE.md)
-    micro_batch_size: int | str = key("auto",
-                                      "completions per forward/backward pass; 0 = all; auto = the most that fit")
+    # Memory of the update and the reference pass (the same gradient whatever they are; docs/SCALE.md):
+    # completions per forward/backward pass, gradients summed; 0 = all at once; auto = the smallest that runs
+    # at full speed and fits (plan.configured_settings)
+    micro_batch_size: int | str = key("auto", "completions per forward/backward pass; 0 = all; auto = fastest, leanest")
     logits_chunk_size: int = key(0, "completion positions per LM-head pass (152k-vocab logits are big); 0 = all")
     grad_checkpoint: bool = key(False, "recompute each transformer block in the backward pass instead of keeping it")
     memory_check: bool = key(True, "refuse a run `mlx-grpo plan` predicts will not fit in memory")
@@ -168,7 +169,7 @@ class TrainConfig:
     max_rollbacks: int = key(2, "rollbacks a run may make; one more alert that would roll back stops it instead")
 
     # --- Weights & Biases (optional) ---
-    wandb: bool | None = key(None, "None: on when WANDB_API_KEY is set")
+    wandb: bool | None = key(False, "log to W&B too (opt-in: WANDB_API_KEY alone never turns it on); null = false")
     wandb_project: str = key("mlx-grpo", "W&B project")
     wandb_entity: str | None = key(None, "W&B entity (team or user)")
     wandb_run_name: str | None = key(None, "W&B run name (default: the run directory's name)")
@@ -180,7 +181,7 @@ class TrainConfig:
     wandb_log_model: bool = key(False, "at the end, the final model (adapters fused) as a W&B model artifact")
 
     # --- Trackio (optional) ---
-    trackio: bool = key(False, "log to Trackio too: its local store, offline (pip install 'mlx-grpo[trackio]')")
+    trackio: bool = key(False, "log to Trackio too: its local store, offline (pip install -e '.[trackio]')")
     trackio_project: str = key("mlx-grpo", "Trackio project; the run is named like its run directory")
 
     # --- feature sections ---
@@ -373,36 +374,14 @@ def _field_types(cls: type) -> dict[str, Any]:
     return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
 
 
-# The seed's `log_distributions` (the reward monitoring system's flag): an alias of histogram_every. True:
-# histograms at every logged step; a number: every that many; false: as histogram_every says (histograms
-# cost little and are always on here), so old configs and runs' run.json still load.
-ALIASES = {"log_distributions": "histogram_every"}
-
-
-def _alias_value(key: str, value: Any) -> Any:
-    """The value an alias gives its key, or None when it leaves the key alone."""
-    if value is True:
-        return 1
-    if value is False or value is None:
-        return None
-    return value
-
-
 def _build_dataclass(cls: type, mapping: dict, prefix: str, source: str, base: Any = None) -> Any:
     """Make `cls` from a mapping, starting from `base` (or the defaults)."""
     types_by_name = _field_types(cls)
     values = {} if base is None else {n: getattr(base, n) for n in types_by_name}
     for key, value in mapping.items():
         dotted = f"{prefix}.{key}" if prefix else str(key)
-        if dotted in ALIASES:
-            value = _alias_value(dotted, value)
-            if value is None:
-                continue
-            key = dotted = ALIASES[dotted]
         if key not in types_by_name:
-            close = difflib.get_close_matches(str(key), types_by_name, n=1)
-            hint = f" (did you mean '{close[0]}'?)" if close else ""
-            raise UserError(f"{source}: unknown key '{dotted}'{hint}")
+            raise UserError(f"{source}: unknown key '{dotted}'{unknown_key_hint(str(key), types_by_name)}")
         tp = types_by_name[key]
         if dataclasses.is_dataclass(tp) and isinstance(value, dict):
             values[key] = _build_dataclass(tp, value, dotted, source, base=values.get(key))
@@ -456,69 +435,26 @@ def nest(dotted: dict[str, Any]) -> dict:
 
 
 def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> TrainConfig:
-    """Defaults, then the YAML file, then command-line overrides; validated."""
+    """Defaults, then the YAML file, then command-line overrides; validated. Input paths in the file are
+    relative to its folder, those given as overrides to the current directory (config_paths.py)."""
     if path is None:
         return config_from_mapping({}, "config", overrides)
     path = Path(path)
-    return config_from_mapping(read_yaml_mapping(path), str(path), overrides)
+    return config_from_mapping(read_yaml_mapping(path), str(path), overrides, base=path.resolve().parent)
 
 
-# TRL's names for our keys: accepted, with a note saying which key they set.
-TRL_NAMES = {"max_completion_length": "max_generation_steps", "max_steps": "num_steps",
-             "warmup_ratio": "warmup_fraction", "reward_funcs": "rewards"}
-
-
-def _from_trl_names(mapping: dict, source: str) -> dict:
-    """`mapping` with TRL's key names turned into ours (one note on stderr per key), including TRL's
-    report_to, reward_weights and per_device_train_batch_size (which counts completions, not prompts)."""
-    out = dict(mapping)
-
-    def note(trl: str, ours: str) -> None:
-        print(f"mlx-grpo: note: {source}: '{trl}' is TRL's name; read as {ours}", file=sys.stderr)
-
-    for trl, ours in TRL_NAMES.items():
-        if trl in out:
-            if ours in out:
-                raise UserError(f"{source}: both '{trl}' (TRL's name) and '{ours}' are set; keep one")
-            out[ours] = out.pop(trl)
-            note(trl, f"'{ours}'")
-    if "reward_weights" in out:
-        weights = out.pop("reward_weights")
-        rewards = out.get("rewards")
-        if not isinstance(weights, list) or not isinstance(rewards, list) or len(weights) != len(rewards):
-            raise UserError(f"{source}: key 'reward_weights' needs one weight per reward function "
-                            f"(reward_funcs / rewards), got {weights!r}")
-        out["rewards"] = [{"name": name if isinstance(name, str) else name.get("name"), "weight": weight}
-                          for name, weight in zip(rewards, weights)]
-        note("reward_weights", "the weights of 'rewards'")
-    if "report_to" in out:
-        targets = out.pop("report_to")
-        targets = [targets] if isinstance(targets, str) else targets
-        if not isinstance(targets, list) or not set(targets) <= {"tensorboard", "wandb", "trackio", "all", "none"}:
-            raise UserError(f"{source}: key 'report_to' is {targets!r}; expected tensorboard, wandb, trackio, all "
-                            "or none (the run directory is always written)")
-        for sink in ("tensorboard", "wandb", "trackio"):
-            out[sink] = bool({sink, "all"} & set(targets))
-        note("report_to", "'tensorboard', 'wandb' and 'trackio'")
-    if "per_device_train_batch_size" in out:
-        completions = out.pop("per_device_train_batch_size")
-        group = out.get("num_generations", TrainConfig.num_generations)
-        if not isinstance(completions, int) or not isinstance(group, int) or completions % group:
-            raise UserError(f"{source}: key 'per_device_train_batch_size' ({completions!r} completions) must be a "
-                            f"multiple of num_generations ({group!r})")
-        out["batch_size"] = completions // group
-        note("per_device_train_batch_size", f"'batch_size: {completions // group}' (prompts per step: "
-                                            f"{completions} completions / {group} per prompt)")
-    return out
-
-
-def config_from_mapping(mapping: dict, source: str, overrides: dict[str, Any] | None = None) -> TrainConfig:
+def config_from_mapping(mapping: dict, source: str, overrides: dict[str, Any] | None = None,
+                        base: Path | None = None) -> TrainConfig:
     """Defaults, then `mapping` (errors name `source`: a file, a run's run.json), then command-line
-    overrides; validated. TRL's key names are read as ours."""
-    mapping = _from_trl_names(mapping, source)
+    overrides; validated. Other tools' key names are read as ours (config_aliases.py). `base`: the folder
+    the mapping's relative input paths are resolved against (None: kept as written, as in an old
+    run.json whose paths the trainer resolves against its saved base_dir)."""
+    mapping = translate(mapping, source)
+    if base is not None:
+        mapping = resolve_input_paths(mapping, base)
     config = _build_dataclass(TrainConfig, mapping, "", source, base=TrainConfig()) if mapping else TrainConfig()
     if overrides:
-        overrides = _from_trl_names(overrides, "command line")
+        overrides = resolve_input_paths(translate(overrides, "command line"), Path.cwd())
         config = _build_dataclass(TrainConfig, nest(overrides), "", "command line", base=config)
     config.validate(source)
     return config

@@ -13,23 +13,37 @@ from .telemetry.metrics import names
 class TrainingConsole:
     """A rich progress bar with step, reward, accuracy and tokens/s; messages print above it."""
 
-    def __init__(self, total_steps: int, start_step: int = 0, enabled: bool = True):
+    def __init__(self, total_steps: int, start_step: int = 0, enabled: bool = True, console: Console | None = None):
         # Without a terminal (a log file, CI, a pipe) lines are never wrapped at rich's default 80 columns:
         # a run directory path or an alert stays one line that grep and copy-paste can use.
-        self.console = Console(stderr=False, highlight=False, soft_wrap=not sys.stdout.isatty())
+        self.console = console or Console(stderr=False, highlight=False, soft_wrap=not sys.stdout.isatty())
+        self.task_total = total_steps
         self.progress = Progress(
-            TextColumn("[bold]step"),
-            MofNCompleteColumn(),
-            BarColumn(bar_width=24),
-            TextColumn("{task.fields[summary]}"),
-            TimeElapsedColumn(),
-            TextColumn("eta"),
-            TimeRemainingColumn(),
+            *self._columns(""),
             console=self.console,
             disable=not enabled or not sys.stdout.isatty(),
         )
         self.task = self.progress.add_task("train", total=total_steps, completed=start_step, summary="")
         self.plain = not sys.stdout.isatty()
+
+    def _columns(self, summary: str) -> tuple:
+        """The bar's columns for this terminal width: the numbers people watch (reward, accuracy) always fit;
+        the bar shrinks first, then the elapsed time goes, then the bar (rich would cut the summary instead)."""
+        width = self.console.width
+        steps = len(str(self.task_total)) * 2 + 1
+        fixed = len("step") + 1 + steps + 1 + len(summary) + 1 + len("eta") + 1 + 7  # 7: "0:00:27"
+        elapsed = 8
+        bar = min(24, width - fixed - elapsed - 2)
+        if bar < 6:
+            elapsed = 0
+            bar = min(24, width - fixed - 2)
+        columns = [TextColumn("[bold]step"), MofNCompleteColumn()]
+        if bar >= 4:
+            columns.append(BarColumn(bar_width=bar))
+        columns.append(TextColumn("{task.fields[summary]}"))
+        if elapsed:
+            columns.append(TimeElapsedColumn())
+        return (*columns, TextColumn("eta"), TimeRemainingColumn())
 
     def __enter__(self) -> "TrainingConsole":
         self.progress.start()
@@ -53,6 +67,7 @@ class TrainingConsole:
         if tps is not None:
             parts.append(f"{tps:,.0f} tok/s")
         summary = "  ".join(parts)
+        self.progress.columns = self._columns(summary)
         self.progress.update(self.task, completed=step, summary=summary)
         # Without a terminal (CI, a log file) a line every `every` steps stands in for the bar.
         if self.plain and (step % every == 0 or held_out is not None):

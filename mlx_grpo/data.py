@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import UserError
+from .errors import UserError, install_hint
 from .tasks import arithmetic
 
 GSM8K_ANSWER = re.compile(r"####\s*(.+?)\s*$", re.S)
@@ -116,7 +116,7 @@ TABLE_FORMATS = {".parquet": "parquet", ".csv": "csv"}
 FILE_SUFFIXES = {".jsonl", ".json", *TABLE_FORMATS}
 # owner/name, optionally :config (a dataset's subset, such as openai/gsm8k:main)
 HUB_NAME = re.compile(r"[\w.-]+/[\w.-]+(:[\w.-]+)?")
-INSTALL_DATA = "pip install 'mlx-grpo[data]'"
+INSTALL_DATA = install_hint("data")
 
 
 @contextlib.contextmanager

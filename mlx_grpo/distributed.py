@@ -153,6 +153,12 @@ class World:
         model.update(tree_map(from_main, model.trainable_parameters()))
         mx.eval(model.parameters())
 
+    def ranks_on_this_host(self) -> int:
+        """How many ranks of the launch run on this host (`mlx.launch -n 2` on one Mac: 2)."""
+        if not self.distributed:
+            return 1
+        return self.gather_json(socket.gethostname()).count(socket.gethostname())
+
     def describe(self) -> dict[str, Any]:
         """For run.json's device section: how many processes, and where each ran."""
         if not self.distributed:

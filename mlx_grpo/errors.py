@@ -5,6 +5,18 @@ bug and keeps its traceback.
 """
 
 
+from pathlib import Path
+
+
+def install_hint(extra: str) -> str:
+    """The pip command that installs an optional extra. mlx-grpo is installed from its checkout (it is not on
+    PyPI, where `pip install 'mlx-grpo[...]'` finds nothing), so the hint names this checkout."""
+    root = Path(__file__).resolve().parents[1]
+    if (root / "pyproject.toml").is_file():
+        return f"pip install -e '{root}[{extra}]'"
+    return f"pip install -e '.[{extra}]' in the mlx-grpo checkout"
+
+
 class UserError(Exception):
     """A problem the user can fix: bad config, missing file, malformed data."""
 

@@ -163,8 +163,8 @@ def describe() -> Machine:
 
 def device_info() -> dict:
     """The GPU's facts (name, architecture, memory size, recommended working set), {} without a GPU.
-    `mx.device_info()` exists from MLX 0.30.4; earlier versions, which our `mlx>=0.29` floor allows, have
-    only `mx.metal.device_info()` (the same keys on Metal). Asked of the GPU, not the default device."""
+    `mx.device_info()` exists from MLX 0.30.4 (our floor); before it only `mx.metal.device_info()` (the
+    same keys on Metal), kept for an install below the floor. Asked of the GPU, not the default device."""
     import mlx.core as mx
 
     if hasattr(mx, "device_info"):
@@ -179,11 +179,30 @@ MEMORY_SHARE_ENV = "MLX_GRPO_MEMORY_SHARE"  # set by `mlx-grpo sweep --parallel 
 
 
 def memory_share() -> int:
-    """How many trainers share this machine's memory (1 unless a parallel sweep started this one)."""
+    """How many trainers share this machine's memory (1 unless a parallel sweep started this one, or
+    `mlx.launch` put several ranks on this host: `share_memory_with`)."""
     try:
         return max(1, int(os.environ.get(MEMORY_SHARE_ENV, "1")))
     except ValueError:
         return 1
+
+
+def share_memory_with(trainers_here: int) -> None:
+    """Ranks of one launch on the same host each plan for, wire and are measured against 1/N of its memory
+    (a parallel sweep has already set its own share; that one stands)."""
+    if trainers_here > 1 and MEMORY_SHARE_ENV not in os.environ:
+        os.environ[MEMORY_SHARE_ENV] = str(trainers_here)
+
+
+def wired_limit() -> int | None:
+    """What `wire_memory` wires: this trainer's share of the GPU's recommended working set (None without
+    Metal). MLX accepts a limit up to the working set; before macOS 15 setting it does nothing."""
+    import mlx.core as mx
+
+    if not mx.metal.is_available():
+        return None
+    working_set = device_info().get("max_recommended_working_set_size")
+    return int(working_set / memory_share()) if working_set else None
 
 
 def wire_memory(resident_bytes: float) -> str | None:
@@ -193,13 +212,10 @@ def wire_memory(resident_bytes: float) -> str | None:
     (weights, optimiser state) already takes more than 90% of that."""
     import mlx.core as mx
 
-    if not mx.metal.is_available():
+    working_set = wired_limit()
+    if working_set is None:
         return None
-    working_set = device_info().get("max_recommended_working_set_size")
-    if not working_set:
-        return None
-    working_set = working_set / memory_share()
-    mx.set_wired_limit(int(working_set))
+    mx.set_wired_limit(working_set)
     if memory_share() > 1:
         mx.set_memory_limit(int(working_set))
     if resident_bytes > 0.9 * working_set:
@@ -209,15 +225,17 @@ def wire_memory(resident_bytes: float) -> str | None:
 
 
 def accel_memory() -> dict[str, float | None]:
-    """MLX's memory counters and the device's recommended working set (None where the backend has none)."""
+    """MLX's memory counters and the device's recommended working set (None where the backend has none);
+    this process's share of it when several trainers share the machine, so `memory/peak_percent` and its
+    alert read against what this trainer may use."""
     import mlx.core as mx
 
-    info = device_info()
+    working_set = device_info().get("max_recommended_working_set_size")
     return {
         "active": mx.get_active_memory(),
         "peak": mx.get_peak_memory(),
         "cache": mx.get_cache_memory(),
-        "limit": info.get("max_recommended_working_set_size"),
+        "limit": working_set / memory_share() if working_set else None,
     }
 
 

@@ -24,19 +24,33 @@ DEFAULT_MODEL_DIR = Path(__file__).parent / "default_model"
 DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}
 
 
-# Architectures whose output step is exactly "backbone, then the LM head (or the tied embedding)":
-# callers that need logits at a few positions only run the head there (a [positions, V] matrix
-# instead of [all positions, V]; at a 152k vocabulary that is most of a pass's memory).
-PLAIN_HEAD_MODELS = {"llama", "qwen2", "qwen3", "mistral"}
+# Architectures whose output step is exactly "backbone, then the LM head (or the tied embedding)"
+# (read in mlx-lm 0.30.4 to 0.32): callers that need logits at a few positions only run the head there
+# (a [positions, V] matrix instead of [all positions, V]; at a 152k vocabulary that is most of a pass's
+# memory), and only these can run it `logits_chunk_size` positions at a time. Others (gemma3's scaled
+# embeddings, granite's logit scaling, ...) run their own head over every position; the memory plan
+# counts them so (plan.ModelShape.plain_head).
+PLAIN_HEAD_MODELS = {"llama", "qwen2", "qwen3", "mistral", "qwen3_moe", "mixtral", "phi3", "olmo2"}
 
 
 def has_plain_head(model: nn.Module) -> bool:
     return getattr(model, "model_type", None) in PLAIN_HEAD_MODELS and hasattr(model, "model")
 
 
+def chunk_ignored(model: nn.Module, config: TrainConfig) -> str | None:
+    """The warning for a `logits_chunk_size` this model's head cannot honour (None when it can)."""
+    if config.logits_chunk_size <= 0 or has_plain_head(model):
+        return None
+    return (f"logits_chunk_size: {config.logits_chunk_size} has no effect on model '{config.model_id}' "
+            f"({getattr(model, 'model_type', '?')}): its own LM head runs over every position at once; lower "
+            "micro_batch_size to save memory (the memory plan counts its whole logits)")
+
+
 def lm_head(model: nn.Module) -> nn.Module:
-    """The module that turns hidden states into logits: the LM head, or the tied embedding."""
-    return model.model.embed_tokens if getattr(model.args, "tie_word_embeddings", False) else model.lm_head
+    """The module that turns hidden states into logits: the LM head, or the tied embedding when the
+    model has no head of its own (mlx-lm creates `lm_head` only for untied weights; qwen3_moe before
+    mlx-lm 0.31 always has one and always uses it)."""
+    return model.lm_head if "lm_head" in model else model.model.embed_tokens
 
 
 def project_to_vocab(head: nn.Module, hidden: mx.array) -> mx.array:
@@ -76,9 +90,10 @@ def load_policy(config: TrainConfig, base_dir: Path) -> tuple[nn.Module, Any]:
         detail = (str(err).splitlines() or [""])[0]
         raise UserError(f"model '{config.model_id}': could not be loaded: {type(err).__name__}: {detail}") from err
     refuse_unbatchable(model, config.model_id)
-    dtype = DTYPES[resolve_dtype(config)]
-    if not _is_quantized(model):
-        model.set_dtype(dtype)
+    # Quantized models too: their packed weights are integers and stay, while the scales, biases and
+    # norms follow, so a 4-bit model stored with float16 scales computes in the dtype the run reports
+    # (float16 has no loss scaling here).
+    model.set_dtype(DTYPES[resolve_dtype(config)])
     return model, tokenizer
 
 

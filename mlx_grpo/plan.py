@@ -26,8 +26,8 @@ from pathlib import Path
 
 from .config import TrainConfig
 from .errors import UserError
+from .telemetry.units import GB, GIB
 
-GB = 1e9
 
 # ----------------------------------------------------------------------------- measured constants
 # Fitted to benchmarks/memory_probe.py measurements (LoRA, CPU backend; docs/SCALE.md).
@@ -75,6 +75,14 @@ class ModelShape:
     tied: bool
     bits: int | None = None  # quantized base weights
     group_size: int = 64
+    # Mixture of experts: every block's MLP is `experts` MLPs of `expert_intermediate` (all resident),
+    # plus a router and an always-on shared MLP of `shared_intermediate`
+    experts: int = 0
+    expert_intermediate: int = 0
+    shared_intermediate: int = 0
+    # The LM head can run at chosen positions and in chunks (models.PLAIN_HEAD_MODELS); else the model's
+    # own head makes logits at every position of the sequence at once and logits_chunk_size does nothing
+    plain_head: bool = True
 
     @classmethod
     def from_config(cls, config: dict, source: str = "config.json") -> "ModelShape":
@@ -84,19 +92,31 @@ class ModelShape:
             hidden = int(merged["hidden_size"])
             heads = int(merged["num_attention_heads"])
             quant = merged.get("quantization") or {}
+            experts = int(merged.get("num_experts") or merged.get("num_local_experts")
+                          or merged.get("n_routed_experts") or 0)
+            expert_width = int(merged.get("moe_intermediate_size") or merged["intermediate_size"]) if experts else 0
+            shared_width = int(merged.get("shared_expert_intermediate_size")
+                               or int(merged.get("n_shared_experts") or 0) * expert_width)
             return cls(vocab=int(merged["vocab_size"]), hidden=hidden, layers=int(merged["num_hidden_layers"]),
                        heads=heads, kv_heads=int(merged.get("num_key_value_heads") or heads),
                        head_dim=int(merged.get("head_dim") or hidden // heads),
                        intermediate=int(merged["intermediate_size"]),
                        tied=bool(merged.get("tie_word_embeddings", False)),
                        bits=int(quant["bits"]) if quant.get("bits") else None,
-                       group_size=int(quant.get("group_size", 64)))
+                       group_size=int(quant.get("group_size", 64)), experts=experts,
+                       expert_intermediate=expert_width, shared_intermediate=shared_width,
+                       plain_head=merged.get("model_type", "llama") in plain_head_models())
         except KeyError as err:
             raise UserError(f"{source}: no '{err.args[0]}': mlx-grpo plan reads the model's shape from it") from None
 
     def block_parameters(self) -> int:
         attention = self.hidden * self.head_dim * (2 * self.heads + 2 * self.kv_heads)
-        return attention + 3 * self.hidden * self.intermediate + 2 * self.hidden
+        if self.experts:  # every expert stays in memory, though each token runs only a few
+            mlp = (3 * self.hidden * (self.experts * self.expert_intermediate + self.shared_intermediate)
+                   + self.hidden * self.experts)
+        else:
+            mlp = 3 * self.hidden * self.intermediate
+        return attention + mlp + 2 * self.hidden
 
     def parameters(self) -> int:
         embeddings = self.vocab * self.hidden * (1 if self.tied else 2)
@@ -118,6 +138,12 @@ class ModelShape:
 
     def with_layers(self, layers: int) -> "ModelShape":
         return replace(self, layers=layers)
+
+
+def plain_head_models() -> set[str]:
+    from .models import PLAIN_HEAD_MODELS
+
+    return PLAIN_HEAD_MODELS
 
 
 def dtype_bytes(dtype: str) -> int:
@@ -164,14 +190,15 @@ class PhasePeaks:
     rollout: float
     reference: float
     update: float
+    evaluation: float = 0.0  # the held-out evaluation's rollout (0 without one)
 
     @property
     def peak(self) -> float:
-        return max(self.rollout, self.reference, self.update)
+        return max(self.rollout, self.reference, self.update, self.evaluation)
 
     def as_gb(self) -> dict[str, float]:
         return {name: round(getattr(self, name) / GB, 2)
-                for name in ("weights", "resident", "rollout", "reference", "update", "peak")}
+                for name in ("weights", "resident", "rollout", "reference", "update", "evaluation", "peak")}
 
 
 def predict(shape: ModelShape, shapes: Shapes, config: TrainConfig, settings: MemorySettings,
@@ -200,17 +227,26 @@ def predict(shape: ModelShape, shapes: Shapes, config: TrainConfig, settings: Me
         return copies * rows * shape.heads * length * length * d
 
     # rollout: KV cache of every sequence at full length, the prompts' prefill (one block at a time;
-    # logits at the last position only), then one decode step's logits
+    # logits at the last position only, or at every prompt position for a model's own head), then one
+    # decode step's logits
     kv = n * s * shape.layers * 2 * shape.kv_heads * shape.head_dim * d
-    prefill = shapes.prompts * shapes.prompt_length * width * act * A_FORWARD \
-        + attention(shapes.prompts, shapes.prompt_length, A_ATTENTION_FORWARD)
-    rollout = resident + kv + prefill + n * shape.vocab * 4
+
+    def rollout_of(prompts: int) -> float:
+        prefill = prompts * shapes.prompt_length * width * act * A_FORWARD \
+            + attention(prompts, shapes.prompt_length, A_ATTENTION_FORWARD) \
+            + (0 if shape.plain_head else prompts * shapes.prompt_length * shape.vocab * 4)
+        return resident + kv + prefill + n * shape.vocab * 4
+
+    rollout = rollout_of(shapes.prompts)
+    # held-out evaluation decodes B x G rows at a time, one completion each: as many prompts prefilled
+    evaluation = rollout_of(n) if config.eval_every > 0 else 0.0
 
     # reference and update, per micro-batch of m sequences. The blocks run before the LM head in the
     # forward pass and after it in the backward pass, so their transient buffers and the head's never
     # coincide: a phase's peak is the larger of the two, on top of what the backward pass keeps.
-    chunked = 0 < settings.logits_chunk_size < t
-    positions = settings.logits_chunk_size if chunked else t
+    chunked = shape.plain_head and 0 < settings.logits_chunk_size < t
+    # a model's own head runs over every position of the sequence, prompt included
+    positions = settings.logits_chunk_size if chunked else t if shape.plain_head else s
     logits = m * positions * shape.vocab * 4
     half = HEAD_HALF_PRECISION if d == 2 else 0.0
     reference = resident + max(logits * ((HEAD_REFERENCE_CHUNKED if chunked else HEAD_REFERENCE) + half),
@@ -222,7 +258,7 @@ def predict(shape: ModelShape, shapes: Shapes, config: TrainConfig, settings: Me
         kept, recomputed = shape.layers * one_block, 0.0
     update = resident + gradients + kept + max(logits * ((HEAD_UPDATE_CHUNKED if chunked else HEAD_UPDATE) + half),
                                                attention(m, s, A_ATTENTION_BACKWARD) + recomputed)
-    return PhasePeaks(weights, resident, rollout, reference if config.beta > 0 else resident, update)
+    return PhasePeaks(weights, resident, rollout, reference if config.beta > 0 else resident, update, evaluation)
 
 
 # ----------------------------------------------------------------------------- fitting a budget
@@ -230,10 +266,11 @@ def predict(shape: ModelShape, shapes: Shapes, config: TrainConfig, settings: Me
 CHUNKS = (0, 256, 128, 64, 32)
 
 
-def candidate_settings(sequences: int) -> list[MemorySettings]:
+def candidate_settings(shape: "ModelShape", shapes: "Shapes") -> list[MemorySettings]:
     """Every setting worth trying, fastest first: no block recompute before recompute (about a third
-    more compute), whole micro-batches before small ones, large head chunks before small."""
-    return [MemorySettings(m, c, ckpt) for ckpt in (False, True) for m in candidate_micro_batches(sequences)
+    more compute), micro-batches from the smallest that runs at full speed down (a larger one is no
+    faster, `fast_micro_batch`), large head chunks before small."""
+    return [MemorySettings(m, c, ckpt) for ckpt in (False, True) for m in micro_batches_by_speed(shape, shapes)
             for c in CHUNKS]
 
 
@@ -257,12 +294,50 @@ class Verdict:
 MARGIN = 0.85
 
 
+# A forward + backward pass of at least this many floating-point operations runs the update at full speed:
+# per-pass overheads are then lost in the noise. Measured at Qwen2.5-0.5B width cut to 2 layers (issue 28):
+# micro-batches of 1, 2, 4 and 8 completions of 277 positions (~0.3 TFLOP a pass each) took the same time
+# within +-6%, while the update's peak halved with each halving; the shipped model's whole batch (128 x 33
+# positions) is ~25 GFLOP, and splitting it slows it down.
+FULL_SPEED_FLOPS = 5e10
+# ... and covers at least this many completion positions: every pass reads the whole [V, H] LM head (545 MB
+# at Qwen2.5-0.5B in fp32) for its rows, so a pass of a few rows is bound by that read. Micro-batches of 2
+# completions of 16 tokens ran the update at 0.45x the whole batch's throughput at that width.
+FULL_SPEED_POSITIONS = 256
+
+
+def pass_flops(shape: ModelShape, sequences: int, length: int) -> float:
+    """Forward + backward floating-point operations of one update pass over `sequences` x `length` positions:
+    2 per weight and position forward, twice that backward; the LM head counts with the blocks."""
+    return 6.0 * sequences * length * (shape.layers * shape.block_parameters() + shape.vocab * shape.hidden)
+
+
+def fast_micro_batch(shape: ModelShape, shapes: Shapes) -> int:
+    """The smallest micro-batch whose passes run at full speed (FULL_SPEED_FLOPS and FULL_SPEED_POSITIONS);
+    0 (the whole batch) when no smaller one does."""
+    for m in sorted(m for m in candidate_micro_batches(shapes.sequences) if m):
+        if pass_flops(shape, m, shapes.length) >= FULL_SPEED_FLOPS and \
+                m * shapes.completion_length >= FULL_SPEED_POSITIONS:
+            return m
+    return 0
+
+
+def micro_batches_by_speed(shape: ModelShape, shapes: Shapes) -> list[int]:
+    """The smallest full-speed micro-batch, then ever smaller ones (0: the whole batch, first when even
+    one pass over all of it is short)."""
+    fast = fast_micro_batch(shape, shapes)
+    return [m for m in candidate_micro_batches(shapes.sequences) if fast == 0 or 0 < m <= fast]
+
+
 def configured_settings(config: TrainConfig, shape: ModelShape, shapes: Shapes, dtype: str,
                         budget: float) -> MemorySettings:
-    """The config's memory keys, with `micro_batch_size: auto` as the most completions per pass that fit."""
+    """The config's memory keys, with `micro_batch_size: auto` resolved to speed, not memory: the smallest
+    micro-batch that runs at full speed (`fast_micro_batch`; a larger one would only spend memory), or the
+    largest smaller one whose predicted peak fits MARGIN of the budget (on a Mac the budget is already the
+    recommended working set, so the rest of the machine keeps its share)."""
     if config.micro_batch_size != "auto":
         return MemorySettings(config.micro_batch_size, config.logits_chunk_size, config.grad_checkpoint)
-    sizes = [m for m in candidate_micro_batches(shapes.sequences)]
+    sizes = micro_batches_by_speed(shape, shapes)
     for m in sizes:
         settings = MemorySettings(m, config.logits_chunk_size, config.grad_checkpoint)
         if predict(shape, shapes, config, settings, dtype).peak <= MARGIN * budget:
@@ -281,7 +356,7 @@ def plan(shape: ModelShape, shapes: Shapes, config: TrainConfig, dtype: str, bud
     settings = configured_settings(config, shape, shapes, dtype, budget)
     configured = predict(shape, shapes, config, settings, dtype)
     fitting = fitting_peaks = None
-    for candidate in candidate_settings(shapes.sequences):
+    for candidate in candidate_settings(shape, shapes):
         peaks = predict(shape, shapes, config, candidate, dtype)
         if peaks.peak <= MARGIN * budget:
             fitting, fitting_peaks = candidate, peaks
@@ -329,9 +404,10 @@ def bigger_changes(shape: ModelShape, shapes: Shapes, config: TrainConfig, dtype
 # ----------------------------------------------------------------------------- budgets
 
 def mac_working_set(memory_gb: float) -> float:
-    """Metal's recommended working set of an Apple-silicon Mac with `memory_gb` of unified memory:
-    about two thirds of it up to 32 GB, three quarters above (what `mx.device_info()` reports)."""
-    return memory_gb * GB * (2 / 3 if memory_gb <= 32 else 3 / 4)
+    """Metal's recommended working set, in bytes, of an Apple-silicon Mac sold as `memory_gb` of unified
+    memory (Apple's "16 GB" is 16 GiB): about two thirds of it up to 32, three quarters above (what
+    `mx.device_info()` reports)."""
+    return memory_gb * GIB * (2 / 3 if memory_gb <= 32 else 3 / 4)
 
 
 def parse_memory(text: str) -> float:
@@ -436,7 +512,8 @@ def fit_run(config: TrainConfig, base_dir: Path) -> tuple[TrainConfig, str]:
     config = replace(config, micro_batch_size=settings.micro_batch_size)
     # an upper bound: every prompt and completion is taken at its longest
     line = (f"memory plan: peak at most ~{peaks.peak / GB:.1f} GB of {verdict.budget / GB:.1f} GB "
-            f"(rollout {peaks.rollout / GB:.1f}, reference {peaks.reference / GB:.1f}, update {peaks.update / GB:.1f}; "
+            f"(rollout {peaks.rollout / GB:.1f}, reference {peaks.reference / GB:.1f}, update {peaks.update / GB:.1f}"
+            + (f", eval {peaks.evaluation / GB:.1f}" if peaks.evaluation else "") + "; "
             f"prompts <= {facts['prompt_length']}, completions <= {facts['completion_length']} tokens) "
             f"with {settings.describe()}")
     if verdict.fits or not config.memory_check:

@@ -4,11 +4,14 @@ Each entry holds the memory- and compute-relevant fields of the model's publishe
 (source URL beside it). `preset_model` builds the model through mlx-lm's own class for that
 `model_type` with random weights, optionally cut to its first `layers` blocks and 4-bit quantized, so
 its memory and speed can be measured on any machine without a download. `mlx-grpo plan` and
-benchmarks/memory_probe.py read the same shapes.
+benchmarks/memory_probe.py read the same shapes. `write_preset_model` saves one as a model directory
+(the shipped model's tokenizer, whose few ids all lie inside every preset's vocabulary), so that
+`mlx-grpo bench --preset`, `mlx-grpo train` and other trainers can load the very same weights.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from .errors import UserError
@@ -84,3 +87,38 @@ def preset_model(name: str, layers: int | None = None, bits: int | None = None, 
         nn.quantize(model, group_size=64, bits=bits)
     mx.eval(model.parameters())
     return model
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+
+
+def write_preset_model(name: str, layers: int | None, out: Path, seed: int = 0) -> Path:
+    """`out`: a model directory holding the preset's random-weight model (float32, seeded) and the shipped
+    model's tokenizer. An existing directory written for the same preset and depth is reused."""
+    import json
+    import shutil
+
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
+    from .models import DEFAULT_MODEL_DIR
+
+    shipped = json.loads((DEFAULT_MODEL_DIR / "config.json").read_text())
+    config = {**preset_config(name, layers), "preset": name, "seed": seed,
+              **{key: shipped[key] for key in ("bos_token_id", "eos_token_id", "pad_token_id")}}
+    config_file = out / "config.json"
+    if config_file.is_file() and (out / "model.safetensors").is_file():
+        try:
+            if json.loads(config_file.read_text()) == config:
+                return out
+        except ValueError:
+            pass  # a half-written directory: write it again
+    out.mkdir(parents=True, exist_ok=True)
+    config_file.unlink(missing_ok=True)
+    mx.random.seed(seed)
+    model = preset_model(name, layers)
+    mx.save_safetensors(str(out / "model.safetensors"), dict(tree_flatten(model.parameters())))
+    for file in TOKENIZER_FILES:
+        shutil.copyfile(DEFAULT_MODEL_DIR / file, out / file)
+    config_file.write_text(json.dumps(config, indent=2) + "\n")  # last: its presence marks a whole directory
+    return out

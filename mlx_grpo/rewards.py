@@ -17,7 +17,9 @@ The built-ins read completions in the task's answer format (``tasks/answer_forma
 ``format_exact``, ``format_approx``, ``answer_check`` (alias ``check_answer``),
 ``number_check`` (alias ``check_numbers``) and ``digit_match`` (partial credit per digit). A user function is named as
 ``path/to/file.py:function_name``, the path relative to the config's folder
-or absolute. See ``configs/rewards_example.py``.
+or absolute. See ``configs/rewards_example.py``. On a chat dataset (prompts given
+as lists of messages) a user function gets TRL's conversational form: each prompt
+is its list of messages and each completion ``[{"role": "assistant", "content": text}]``.
 
 This module imports no mlx.
 """
@@ -261,6 +263,7 @@ class RewardFunction:
     weight: float
     error_reported: bool = False
     failures_in_a_row: int = 0
+    from_file: bool = False  # a user's `file.py:function`: gets TRL's conversational form on chat datasets
 
     @property
     def hooks(self) -> RewardHooks:
@@ -284,7 +287,7 @@ def load_reward_functions(specs: Iterable[tuple[str, float]], base_dir: str | Pa
         name, fn = _resolve(spec, Path(base_dir), modules)
         if any(r.name == name for r in loaded):
             raise UserError(f"reward function '{name}' is listed twice")
-        loaded.append(RewardFunction(name, fn, float(weight)))
+        loaded.append(RewardFunction(name, fn, float(weight), from_file=":" in spec))
     return loaded
 
 
@@ -372,9 +375,11 @@ def score_completions(
     columns = dict(columns or {})
     matrix = np.full((len(functions), n), np.nan)
     new_errors: list[str] = []
+    conversational = _conversational_form(completions, columns)
     for i, reward in enumerate(functions):
+        prompts_in, completions_in = conversational if reward.from_file and conversational else (prompts, completions)
         try:
-            raw = call_reward(reward.fn, list(prompts), list(completions), list(answers), columns)
+            raw = call_reward(reward.fn, list(prompts_in), list(completions_in), list(answers), columns)
         except UserError:
             raise  # a configuration mistake inside the function (e.g. a rubric criterion): stop the run
         except (Exception, SystemExit) as exc:  # sys.exit() in a reward function must not end the run
@@ -403,6 +408,16 @@ def score_completions(
                         f"(reward function '{largest.name}' scores up to "
                         f"{np.nanmax(np.abs(matrix[functions.index(largest)])):.3g}); rescale them")
     return RewardScores([r.name for r in functions], matrix, total, new_errors)
+
+
+def _conversational_form(completions: Sequence[str], columns: Mapping[str, Sequence]) -> tuple[list, list] | None:
+    """TRL's form for a chat dataset (its prompts were lists of messages, kept in the `messages` column):
+    each prompt is that list and each completion a one-message list, `[{"role": "assistant", "content": text}]`,
+    so TRL functions reading `completion[0]["content"]` work as written. None for a plain-text dataset."""
+    messages = columns.get("messages")
+    if messages is None or len(messages) != len(completions) or not all(isinstance(m, list) for m in messages):
+        return None
+    return list(messages), [[{"role": "assistant", "content": text}] for text in completions]
 
 
 def _validated(name: str, raw, n: int) -> list[float]:

@@ -60,7 +60,12 @@ class Rollout:
 
 
 def filter_logits(logits: mx.array, settings: SamplingSettings) -> mx.array:
-    """Apply top-k, top-p and min-p by setting excluded logits to -inf."""
+    """Apply top-k, top-p and min-p by setting excluded logits to -inf.
+
+    Not mlx_lm.sample_utils' apply_top_k/top_p/min_p: its top-p sorts the whole vocabulary every decode step
+    (152k logits per row cost more than the step's matmul), where top_p_keep sorts 1,024 candidates. The
+    masks are the same token for token (tests/test_rollout.py checks each against mlx-lm's), so the sampled
+    ids and the log-probs taken under them are what mlx-lm's sampler would give."""
     neg_inf = mx.array(-float("inf"), dtype=logits.dtype)
     if settings.top_k > 0 and settings.top_k < logits.shape[-1]:
         # a partition finds the k-th largest without sorting the whole vocabulary
@@ -127,12 +132,26 @@ def has_plain_kv_cache(model: nn.Module) -> bool:
     return all(type(c) is KVCache for c in make_prompt_cache(model))
 
 
-def prefill_plain(model: nn.Module, prompts: list[list[int]], pad_id: int, capacity: int, rows: mx.array,
+def repeat_rows(x: mx.array, rows: np.ndarray) -> mx.array:
+    """`x[rows]` for sorted `rows` (each group's rows are one run), as broadcast copies instead of a gather.
+    The update differentiates through this copy: a gather's gradient is a scatter-add, which Metal runs
+    with atomic adds in thread-scheduling order (not reproducible run to run, and rounded at every add in
+    bf16); a broadcast's gradient is a sum-reduction, the same on every run and backend."""
+    counts = np.bincount(rows, minlength=x.shape[0])
+    if (counts == 1).all():
+        return x
+    if (counts == counts[0]).all():  # the usual case: G rows per prompt
+        return mx.broadcast_to(x[:, None], (x.shape[0], int(counts[0]), *x.shape[1:])).reshape(-1, *x.shape[1:])
+    return mx.concatenate([mx.broadcast_to(x[i:i + 1], (int(n), *x.shape[1:])) for i, n in enumerate(counts) if n])
+
+
+def prefill_plain(model: nn.Module, prompts: list[list[int]], pad_id: int, capacity: int, rows: np.ndarray,
                   hidden: bool = False) -> tuple[mx.array, list]:
     """Every prompt in one left-padded forward pass, then each prompt's cache copied per row (row i
-    continues prompt rows[i]). Returns the last prompt position's logits per row ([R, V]; with `hidden`,
-    for a plain-head model, its hidden state, [R, H]) and the cache. Differentiable: the update runs its
-    completions on this cache, so a group's G completions share one pass over their prompt."""
+    continues prompt rows[i]; `rows` sorted, every prompt used). Returns the last prompt position's logits
+    per row ([R, V]; with `hidden`, for a plain-head model, its hidden state, [R, H]) and the cache.
+    Differentiable: the update runs its completions on this cache, so a group's G completions share one
+    pass over their prompt."""
     longest = max(len(p) for p in prompts)
     left_padding = [longest - len(p) for p in prompts]
     inputs = mx.array([[pad_id] * pad + p for pad, p in zip(left_padding, prompts)])
@@ -143,15 +162,17 @@ def prefill_plain(model: nn.Module, prompts: list[list[int]], pad_id: int, capac
         layer_cache.step = max(1, capacity)
     last = model.model(inputs, cache=cache)[:, -1, :] if hidden else last_position_logits(model, inputs, cache)
     for layer_cache in cache:
+        layer_cache.keys = repeat_rows(layer_cache.keys, rows)
+        layer_cache.values = repeat_rows(layer_cache.values, rows)
         if isinstance(layer_cache, BatchKVCache):
-            layer_cache.filter(rows)
-        else:
-            layer_cache.keys = layer_cache.keys[rows]
-            layer_cache.values = layer_cache.values[rows]
-    return last[rows], cache
+            # BatchKVCache.filter(rows) without its gather; the longest prompt has no padding and every
+            # prompt keeps a row, so filter's shift of the common left padding would be zero
+            layer_cache.offset = layer_cache.offset[mx.array(rows)]
+            layer_cache.left_padding = layer_cache.left_padding[mx.array(rows)]
+    return repeat_rows(last, rows), cache
 
 
-def _prefill_merged(model: nn.Module, prompts: list[list[int]], rows: mx.array) -> tuple[mx.array, list]:
+def _prefill_merged(model: nn.Module, prompts: list[list[int]], rows: np.ndarray) -> tuple[mx.array, list]:
     """Each prompt prefilled alone in the model's own cache (sliding windows, state-space layers, hybrids),
     then every layer's caches merged into mlx-lm's batch cache of that kind, one row per group member."""
     per_prompt, last = [], []
@@ -161,10 +182,10 @@ def _prefill_merged(model: nn.Module, prompts: list[list[int]], rows: mx.array) 
         mx.eval(logits, [c.state for c in cache])
         per_prompt.append(cache)
         last.append(logits)
-    order = np.array(rows).tolist()
+    order = rows.tolist()
     merged = [type(per_prompt[0][layer]).merge([per_prompt[i][layer] for i in order])
               for layer in range(len(per_prompt[0]))]
-    return mx.concatenate(last, axis=0)[rows], merged
+    return mx.concatenate(last, axis=0)[mx.array(rows)], merged
 
 
 def generate(
@@ -179,7 +200,7 @@ def generate(
 ) -> Rollout:
     """Sample `group_size` completions for each prompt, all in one batch."""
     start = time.perf_counter()
-    rows = mx.array(np.repeat(np.arange(len(prompts)), group_size))
+    rows = np.repeat(np.arange(len(prompts)), group_size)
     if has_plain_kv_cache(model):
         logits, cache = prefill_plain(model, prompts, pad_id, max(len(p) for p in prompts) + max_tokens, rows)
     else:

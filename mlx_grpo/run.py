@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
+from mlx.utils import tree_flatten
 
 from .checkpoint import PendingCheckpoint, list_checkpoints, load_checkpoint, prepare_checkpoint
 from .config import TrainConfig, config_to_dict
@@ -21,8 +22,9 @@ from .console import TrainingConsole
 from .data import load_datasets
 from .errors import UserError
 from .extras import entropy_dump
-from .machine import accel_memory, describe_device, versions, wire_memory
-from .models import count_parameters, resolve_dtype
+from .distributed import init_world
+from .machine import accel_memory, describe_device, share_memory_with, versions, wire_memory
+from .models import chunk_ignored, count_parameters, resolve_dtype
 from .plan import fit_run
 from .resume import last_record, log_positions, resumable_checkpoint, resume_command, truncate_logs
 from .run_lock import RunLock, create_run_dir
@@ -34,7 +36,7 @@ from .telemetry.metrics.system import SystemSampler
 from .telemetry.recorder import RunRecorder, StepReport
 from .telemetry.rundir.completions import CompletionsWriter, truncate_completions
 from .telemetry.rundir.writer import scrub_secrets
-from .telemetry.sinks import make_sinks, wandb_enabled
+from .telemetry.sinks import make_sinks
 from .telemetry.sinks.trackio import TrackioOptions, trackio_store
 from .telemetry.sinks.wandb import WandbOptions
 from .trainer import Trainer, remedied
@@ -81,6 +83,7 @@ def open_run(config: TrainConfig, base_dir: Path, resume_dir: Path | None) -> Ru
     # refuse early: a mistake in the alert file, a run that cannot fit, before anything loads
     checkpoint = resumable_checkpoint(resume_dir, config.num_steps) if resume_dir is not None else None
     rules = alert_rules(config, base_dir)
+    share_memory_with(init_world().ranks_on_this_host())  # before the plan: ranks on one Mac share it
     config, memory_plan = fit_run(config, base_dir)
     remedy: dict[str, float] = {}
     if checkpoint is not None:  # rollbacks before the checkpoint changed the learning rate and beta: keep them
@@ -92,7 +95,7 @@ def open_run(config: TrainConfig, base_dir: Path, resume_dir: Path | None) -> Ru
     # the directory: rank 0 creates it (or takes the resumed one) and locks it for the run
     run_dir = Path(world.from_main(str(resume_dir or new_run_dir(config)) if world.is_main else ""))
     lock = RunLock(run_dir).acquire() if world.is_main else None
-    memory_warning = wire_memory(mx.get_active_memory())  # weights and optimiser state are loaded by now
+    memory_warning = wire_memory(resident_bytes(trainer))
     # resume: the checkpoint's weights, optimiser and data order; the logs cut back to it
     saved: dict[str, Any] = {}
     if checkpoint is not None:
@@ -107,7 +110,7 @@ def open_run(config: TrainConfig, base_dir: Path, resume_dir: Path | None) -> Ru
     console = TrainingConsole(config.num_steps, start_step)
     console.console.quiet = not world.is_main  # rank 0 speaks for the run
     wandb = None
-    if wandb_enabled(config.wandb):
+    if config.wandb:  # opt-in only: an API key in the environment is not a request to log
         wandb = WandbOptions(project=config.wandb_project, entity=config.wandb_entity,
                              name=config.wandb_run_name or run_dir.name, tags=config.wandb_tags,
                              notes=config.wandb_notes, log_checkpoints=config.wandb_log_checkpoints,
@@ -142,14 +145,27 @@ def open_run(config: TrainConfig, base_dir: Path, resume_dir: Path | None) -> Ru
     if trackio is not None and "trackio" in sinks.active:
         console.message(f"trackio: run {trackio.name} of project {trackio.project}, stored offline in "
                         f"{trackio_store()} (trackio show --project {trackio.project})")
-    if memory_warning is not None:
-        console.message(memory_warning, style="yellow")
+    for warning in (memory_warning, chunk_ignored(trainer.policy.model, config)):
+        if warning is not None:
+            console.message(warning, style="yellow")
     for fn in trainer.reward_fns:
         if (line := fn.hooks.describe()) is not None:
             console.message(line)
     return Run(run_dir, trainer, recorder, start_step, run_info.run_id,
                last_record(run_dir) if resume_dir is not None else {}, base_dir, lock,
                rollbacks=int(saved.get("rollbacks", 0)), remedy=remedy)
+
+
+def resident_bytes(trainer: Trainer) -> int:
+    """What stays in memory all run: the weights in the run's dtype, a frozen reference copy, and AdamW's
+    two moments per trainable value. Counted from the arrays' shapes: the moments are built at the first
+    update and a dtype cast is still lazy here, so the allocator's counter would read low."""
+    def nbytes(tree: Any) -> int:
+        return sum(v.nbytes for _, v in tree_flatten(tree))
+
+    model, reference = trainer.policy.model, trainer.reference
+    copy = nbytes(reference.model.parameters()) if reference is not None and not reference.uses_adapters_off else 0
+    return nbytes(model.parameters()) + copy + 2 * nbytes(model.trainable_parameters())
 
 
 def train(config: TrainConfig, base_dir: Path, resume_dir: Path | None = None) -> dict[str, Any]:
@@ -166,7 +182,7 @@ def train(config: TrainConfig, base_dir: Path, resume_dir: Path | None = None) -
                 # rollout, rewards, advantages, reference, update: the global batch's data
                 epoch, last = trainer.order.epoch, step == config.num_steps
                 data = trainer.step(step)
-                evaluation = trainer.evaluate() if eval_due(step, config) else None
+                evaluation = trainer.evaluate(data.peak_memory) if eval_due(step, config) else None
                 # the step's record, trackers and alerts
                 report = recorder.record_step(data, evaluation, epoch_ended=trainer.order.epoch != epoch, last=last)
                 if data.entropy_dump is not None and world.is_main:
@@ -193,6 +209,7 @@ def train(config: TrainConfig, base_dir: Path, resume_dir: Path | None = None) -
                 if pending is not None:
                     recorder.sinks.flush()  # the step's TensorBoard events are on disk before the checkpoint is
                     recorder.sinks.log_checkpoint(pending.commit({"log_positions": log_positions(run_dir)}), step)
+                    mx.clear_cache()  # the checkpoint's host copies: not kept (and wired) until the run ends
                 # stop when asked (Ctrl-C, SIGTERM), every rank at the same step
                 if stopping:
                     # Said now, while nothing can go wrong: a second Ctrl-C during the cleanup ends it at once.

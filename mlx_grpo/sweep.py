@@ -7,7 +7,7 @@ A sweep file (YAML; format in docs/SWEEPS.md):
     method: grid                  # grid (every combination) | random (`trials` draws)
     trials: 8                     # random only
     seed: 0                       # random only
-    output_dir: sweeps            # trials go to <output_dir>/<name>/trial-NNN (relative to this file)
+    output_dir: sweeps            # trials go to <output_dir>/<name>/trial-NNN (relative to the current directory)
     fixed: {num_steps: 100}       # keys every trial sets
     parameters:                   # any config key, nested ones dotted (adaptive_window.enable)
       beta: [0.0, 0.04]                                                # values

@@ -106,30 +106,65 @@ def build_train_batch(rollout: Rollout, pad_id: int, mask_truncated: bool = Fals
 
 # ----------------------------------------------------------------------------- scoring completions
 
+# policy/entropy (monitoring only) is measured at evenly spaced completion positions, at most this many per
+# completion: a full-vocabulary entropy at every position cost as much as the log-probs themselves.
+ENTROPY_POSITIONS = 32
+
+
+def entropy_stride(max_completion_length: int) -> int:
+    """Every how many completion positions policy/entropy is measured: 1 (every one) for completions
+    of at most ENTROPY_POSITIONS tokens."""
+    return max(1, -(-max_completion_length // ENTROPY_POSITIONS))
+
+
 @dataclass
 class CompletionScores:
-    """Per completion token, [N, T]: the log-prob under the model and (when asked) the entropy of its
-    distribution, plus entropy_logging's per-token arrays."""
+    """The log-prob of each completion token under the model, [N, T]; when asked, the entropy of its
+    distribution at every `entropy_stride`-th position, [N, ceil(T / stride)]; entropy_logging's
+    per-token arrays, [N, T]."""
 
     logp: mx.array
     entropy: mx.array | None = None
     token_stats: dict[str, mx.array] = field(default_factory=dict)
 
 
-def _score_logits(logits: mx.array, targets: mx.array, temperature: float, entropy: bool,
-                  token_stats: bool) -> dict[str, mx.array]:
-    logits = logits.astype(mx.float32) / temperature
-    scores = {"logp": grpo.token_logprobs(logits, targets)}
-    if entropy:
-        scores["entropy"] = mx.stop_gradient(grpo.token_entropy(logits))
-    if token_stats:
-        scores.update(token_entropy.token_stats(logits))
-    return scores
+def _logprob_parts(logits: mx.array, targets: mx.array) -> tuple[mx.array, mx.array, mx.array]:
+    """(log-prob of each target, exp(logits - row max), its row sum) of float32 logits [..., V]. One
+    exponential over the vocabulary, whose result the backward pass reuses as the softmax; shifting by
+    the row maximum keeps large logits from losing digits."""
+    shifted = logits - mx.stop_gradient(logits.max(axis=-1, keepdims=True))
+    unnormalised = mx.exp(shifted)
+    total = unnormalised.sum(axis=-1, keepdims=True)
+    picked = mx.take_along_axis(shifted, targets[..., None], axis=-1)
+    return (picked - mx.log(total)).squeeze(-1), unnormalised, total
 
 
-def _as_scores(arrays: dict[str, mx.array]) -> CompletionScores:
-    logp = arrays.pop("logp")
-    return CompletionScores(logp, arrays.pop("entropy", None), arrays)
+def _logits_cotangent(unnormalised: mx.array, total: mx.array, targets: mx.array, cotangent: mx.array) -> mx.array:
+    """d logp(target) / d logits times the cotangent: cotangent * (one_hot(target) - softmax)."""
+    grad = unnormalised * (-cotangent[..., None] / total)
+    at_target = mx.take_along_axis(grad, targets[..., None], axis=-1) + cotangent[..., None]
+    return mx.put_along_axis(grad, targets[..., None], at_target, axis=-1)
+
+
+def target_logprobs(logits: mx.array, targets: mx.array) -> mx.array:
+    """`grpo.token_logprobs` of float32 logits, differentiated by hand: the backward pass reuses the
+    forward's exponentials (one exp over the vocabulary per pass, where autodiff of a log-softmax
+    takes a second one, the costliest operation on a 152k vocabulary) and writes the target's term in
+    place instead of scattering a one-hot into a second [N, T, V] array."""
+    def forward(z):
+        return _logprob_parts(z, targets)
+
+    scores = mx.custom_function(forward)
+    # one input: MLX hands the primal over as the array itself, not in a tuple
+    scores.vjp(lambda primal, cotangents, outputs: _logits_cotangent(outputs[1], outputs[2], targets,
+                                                                     cotangents[0]))
+    return scores(logits)[0]
+
+
+def _scaled(hidden: mx.array, temperature: float) -> mx.array:
+    """Hidden states whose logits are the model's over `temperature`: a head without a bias is linear,
+    so scaling its [N, T, H] input spares a pass over the [N, T, V] logits."""
+    return hidden if temperature == 1.0 else hidden * (1.0 / temperature)
 
 
 def _head_weight(head: nn.Module) -> mx.array | None:
@@ -151,23 +186,23 @@ def _after(x: mx.array, *dependencies: mx.array) -> mx.array:
     return x + zero
 
 
-def _chunked_head_scores(hidden: mx.array, targets: mx.array, head: nn.Module, temperature: float, chunk: int,
-                         entropy: bool, token_stats: bool) -> dict[str, mx.array]:
-    """`_score_logits` of the head's logits over `chunk` positions at a time, forward and backward:
-    at most one chunk's [N, chunk, V] logits (and their softmax) exist at any moment."""
+def _chunked_head_logprobs(hidden: mx.array, targets: mx.array, head: nn.Module, chunk: int) -> mx.array:
+    """`target_logprobs` of the head's logits over `chunk` positions at a time, forward and backward: at
+    most one chunk's [N, chunk, V] logits (and their exponentials) exist at any moment; the backward
+    pass recomputes them."""
     width = targets.shape[1]
     starts = range(0, width, chunk)
     weight = _head_weight(head)
-    def logits_of(h: mx.array, w: mx.array | None) -> mx.array:
-        return h @ w.T if w is not None else project_to_vocab(head, h)
 
-    def forward(h: mx.array, w: mx.array | None) -> tuple[mx.array, ...]:
-        parts: list[dict[str, mx.array]] = []
+    def logits_of(h: mx.array, w: mx.array | None = None) -> mx.array:
+        return (h @ w.T if w is not None else project_to_vocab(head, h)).astype(mx.float32)
+
+    def forward(h: mx.array, w: mx.array | None) -> mx.array:
+        parts: list[mx.array] = []
         for s in starts:
-            part = h[:, s:s + chunk] if not parts else _after(h[:, s:s + chunk], *parts[-1].values())
-            parts.append(_score_logits(logits_of(part, w), targets[:, s:s + chunk], temperature, entropy,
-                                       token_stats))
-        return tuple(mx.concatenate([p[key] for p in parts], axis=1) for key in parts[0])
+            part = h[:, s:s + chunk] if not parts else _after(h[:, s:s + chunk], parts[-1])
+            parts.append(_logprob_parts(logits_of(part, w), targets[:, s:s + chunk])[0])
+        return mx.concatenate(parts, axis=1)
 
     def backward(h: mx.array, w: mx.array | None, cotangent: mx.array) -> tuple[mx.array, mx.array | None]:
         d_hidden: list[mx.array] = []
@@ -176,28 +211,35 @@ def _chunked_head_scores(hidden: mx.array, targets: mx.array, head: nn.Module, t
             part = h[:, s:s + chunk]
             if d_hidden:
                 part = _after(part, d_hidden[-1], *([] if d_weight is None else [d_weight]))
-
-            def logp_of(*inputs, s=s):
-                return _score_logits(logits_of(inputs[0], inputs[1] if len(inputs) > 1 else None),
-                                     targets[:, s:s + chunk], temperature, False, False)["logp"]
-
-            _, grads = mx.vjp(logp_of, [part] if w is None else [part, w], [cotangent[:, s:s + chunk]])
+            inputs = [part] if w is None else [part, w]
+            _, unnormalised, total = _logprob_parts(logits_of(*inputs), targets[:, s:s + chunk])
+            d_logits = _logits_cotangent(unnormalised, total, targets[:, s:s + chunk], cotangent[:, s:s + chunk])
+            # the vjp's own forward output is never used, so never computed
+            _, grads = mx.vjp(logits_of, inputs, [d_logits])
             d_hidden.append(grads[0])
             if w is not None:
                 d_weight = grads[1] if d_weight is None else d_weight + grads[1]
         return mx.concatenate(d_hidden, axis=1), d_weight
 
-    keys = ["logp"] + (["entropy"] if entropy else []) + (list(token_entropy.TOKEN_KEYS) if token_stats else [])
+    # A single input or output reaches the vjp as the array itself, not in a tuple.
     if weight is None:
         scores = mx.custom_function(lambda h: forward(h, None))
-        # one input: MLX hands the primal over as the array itself, not in a tuple
-        scores.vjp(lambda primal, cotangents, outputs: backward(primal, None, cotangents[0])[0])
-        outputs = scores(hidden)
-    else:
-        scores = mx.custom_function(forward)
-        scores.vjp(lambda primals, cotangents, outputs: backward(primals[0], primals[1], cotangents[0]))
-        outputs = scores(hidden, weight)
-    return dict(zip(keys, outputs))
+        scores.vjp(lambda primal, cotangent, output: backward(primal, None, cotangent)[0])
+        return scores(hidden)
+    scores = mx.custom_function(forward)
+    scores.vjp(lambda primals, cotangent, output: backward(primals[0], primals[1], cotangent))
+    return scores(hidden, weight)
+
+
+def _head_token_stats(hidden: mx.array, head: nn.Module, chunk: int) -> dict[str, mx.array]:
+    """entropy_logging's per-token arrays from the head's logits, `chunk` positions at a time (0: all)."""
+    width = hidden.shape[1]
+    chunk = chunk if 0 < chunk < width else width
+    parts: list[dict[str, mx.array]] = []
+    for s in range(0, width, chunk):
+        part = hidden[:, s:s + chunk] if not parts else _after(hidden[:, s:s + chunk], *parts[-1].values())
+        parts.append(token_entropy.token_stats(project_to_vocab(head, part).astype(mx.float32)))
+    return {key: mx.concatenate([p[key] for p in parts], axis=1) for key in token_entropy.TOKEN_KEYS}
 
 
 def shares_prompts(model: nn.Module, batch: TrainBatch) -> bool:
@@ -220,7 +262,7 @@ def completion_states(model: nn.Module, batch: TrainBatch, targets: mx.array, hi
     if shares_prompts(model, batch):
         width = targets.shape[1]
         last, cache = prefill_plain(model, batch.prompts, 0, max(map(len, batch.prompts)) + width,
-                                    mx.array(batch.prompt_of_row), hidden)
+                                    batch.prompt_of_row, hidden)
         if width == 1:
             return last[:, None, :]
         run = model.model if hidden else model
@@ -229,25 +271,39 @@ def completion_states(model: nn.Module, batch: TrainBatch, targets: mx.array, hi
     return mx.take_along_axis(states, batch.positions[:, :, None], axis=1)
 
 
-def completion_scores(model: nn.Module, batch: TrainBatch, temperature: float, *, entropy: bool = False,
+def completion_scores(model: nn.Module, batch: TrainBatch, temperature: float, *, entropy_stride: int = 0,
                       token_stats: bool = False, chunk_size: int = 0) -> CompletionScores:
-    """Log-probs of the completion tokens under `model` at `temperature`, [N, T].
+    """Log-probs of the completion tokens under `model` at `temperature`, [N, T]; with `entropy_stride`
+    > 0 also the entropy at every entropy_stride-th completion position (no gradient).
 
     `chunk_size` > 0 runs the LM head over that many completion positions at a time, in the forward
     and the backward pass, so at most one chunk's [N, chunk, V] logits exist at once."""
     targets = mx.take_along_axis(batch.targets, batch.positions, axis=1)
     if not has_plain_head(model):  # the model's own head: logits at every completion position at once
-        logits = completion_states(model, batch, targets, hidden=False)
-        return _as_scores(_score_logits(logits, targets, temperature, entropy, token_stats))
-    hidden = completion_states(model, batch, targets, hidden=True)
+        logits = completion_states(model, batch, targets, hidden=False).astype(mx.float32) / temperature
+        scores = CompletionScores(target_logprobs(logits, targets))
+        if entropy_stride:
+            scores.entropy = grpo.token_entropy(mx.stop_gradient(logits[:, ::entropy_stride]))
+        if token_stats:
+            scores.token_stats = token_entropy.token_stats(logits)
+        return scores
+    hidden = _scaled(completion_states(model, batch, targets, hidden=True), temperature)
     head = lm_head(model)
+    logp = None
     if 0 < chunk_size < targets.shape[1]:
         try:
-            return _as_scores(_chunked_head_scores(hidden, targets, head, temperature, chunk_size, entropy,
-                                                   token_stats))
+            logp = _chunked_head_logprobs(hidden, targets, head, chunk_size)
         except NotImplementedError:
             pass  # a trainable head that is not one plain matrix (LoRA on the head): all positions at once
-    return _as_scores(_score_logits(project_to_vocab(head, hidden), targets, temperature, entropy, token_stats))
+    if logp is None:
+        logp = target_logprobs(project_to_vocab(head, hidden).astype(mx.float32), targets)
+    scores = CompletionScores(logp)
+    if entropy_stride:
+        sample = mx.stop_gradient(hidden[:, ::entropy_stride])
+        scores.entropy = grpo.token_entropy(project_to_vocab(head, sample).astype(mx.float32))
+    if token_stats:
+        scores.token_stats = _head_token_stats(mx.stop_gradient(hidden), head, chunk_size)
+    return scores
 
 
 def completion_logprobs(model: nn.Module, batch: TrainBatch, temperature: float, chunk_size: int = 0) -> mx.array:
@@ -289,7 +345,8 @@ def make_loss_fn(config: TrainConfig) -> Callable:
     """loss_fn(model, micro_batch, advantages, old_logp, ref_logp, totals) -> (loss, (logp, entropy, token
     stats)): the micro-batch's share of the whole update's loss (`totals`), for nn.value_and_grad."""
     def loss_fn(model, batch: TrainBatch, advantages, old_logp, ref_logp, totals: grpo.LossTotals):
-        scores = completion_scores(model, batch, config.temperature, entropy=True,
+        scores = completion_scores(model, batch, config.temperature,
+                                   entropy_stride=entropy_stride(config.max_generation_steps),
                                    token_stats=config.entropy_logging.enable, chunk_size=config.logits_chunk_size)
         loss = grpo.grpo_loss(scores.logp, old_logp, ref_logp, advantages, batch.mask, loss_options(config), totals)
         return loss, (mx.stop_gradient(scores.logp), scores.entropy, scores.token_stats)
@@ -344,6 +401,7 @@ def update_policy(model: nn.Module, optimizer: optim.Optimizer, loss_and_grad, b
     reduce = reduce or LocalReduce()
     totals = reduce.loss_totals(batch)
     width = batch.mask.shape[1]
+    stride = entropy_stride(config.max_generation_steps)
     model.train()
     old_logp = None
     totals_by_stat: dict[str, float] = {}
@@ -352,7 +410,8 @@ def update_policy(model: nn.Module, optimizer: optim.Optimizer, loss_and_grad, b
     token_stats: dict[str, np.ndarray] = {}
     for _ in range(config.num_iterations):
         loss, grads = mx.array(0.0), None
-        logps, entropies, per_token = [], [], []
+        logps, per_token = [], []
+        entropy_sum = entropy_count = mx.array(0.0)
         for rows, micro in batch.micro_batches(config.micro_batch_size):
             (part_loss, (logp, entropy, part_tokens)), part_grads = loss_and_grad(
                 model, micro, advantages[rows], None if old_logp is None else old_logp[rows, :micro.mask.shape[1]],
@@ -362,12 +421,14 @@ def update_policy(model: nn.Module, optimizer: optim.Optimizer, loss_and_grad, b
             # Evaluating here frees the micro-batch's activations before the next one is built.
             mx.eval(loss, grads, logp, entropy, part_tokens)
             logps.append(_pad_to(logp, width))
-            entropies.append(_pad_to(entropy, width))
+            sampled = micro.mask[:, ::stride]  # the positions the entropy was measured at
+            entropy_sum = entropy_sum + mx.where(sampled > 0, entropy, 0.0).sum()
+            entropy_count = entropy_count + sampled.sum()
             per_token.append({k: _pad_to(v, width) for k, v in part_tokens.items()})
         loss, grads = reduce.sum_update(loss, grads)
         logp = mx.concatenate(logps)
         stats = grpo.policy_stats(logp, old_logp, ref_logp, advantages, batch.mask, loss_options(config), totals)
-        stats["entropy"] = grpo.masked_mean(mx.concatenate(entropies), batch.mask)
+        stats["entropy"] = entropy_sum / mx.maximum(entropy_count, 1.0)
         grads, grad_norm = clip_by_global_norm(grads, config.max_grad_norm)
         mx.eval(loss, grad_norm, stats, logp)
         if old_logp is None:

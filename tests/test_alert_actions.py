@@ -40,7 +40,8 @@ def test_memory_pressure_is_read_on_the_step_peak_and_raises_its_alert_within_a_
     assert all(r["system/accel_memory_percent"] < 90 for r in records)
     assert all(r["memory/peak_percent"] > 90 for r in records[1:])
     peak = max(r[f"memory/{phase}_peak_gb"] for r in records[1:2] for phase in ("rollout", "ref", "update"))
-    assert records[1]["memory/peak_percent"] == pytest.approx(100 * peak * 2**30 / (32 * MIB))
+    # every *_gb figure is in GB of 1e9 bytes, like the memory plan's (they were GiB once)
+    assert records[1]["memory/peak_percent"] == pytest.approx(100 * peak * 1e9 / (32 * MIB))
     alerts = [a for a in read_jsonl(run_dir / "alerts.jsonl") if a["rule"] == "accel_memory_high"]
     assert [a["step"] for a in alerts] == [3] and alerts[0]["metric"] == "memory/peak_percent"
 

@@ -108,3 +108,38 @@ def test_bandwidth_ceiling_counts_weights_and_kv_cache(tmp_path):
     assert report["ceiling_tokens_per_s"] == pytest.approx(8 * 100e9 / expected_bytes)
     assert report["percent_of_ceiling"] == pytest.approx(100 * 1000.0 / report["ceiling_tokens_per_s"])
     assert bandwidth_report(1000.0, model, 8, 9, 24, chip=None) is None  # not Apple Silicon
+
+
+def test_bench_preset_flags_refuse_bad_input_in_one_line():
+    for flags, words in ((["--layers", "2"], "--layers needs --preset"),
+                         (["--preset", "qwen9-1t"], "preset 'qwen9-1t': unknown"),
+                         (["--preset", "qwen2.5-0.5b", "--layers", "99"], "expected 1..24")):
+        result = mlx_grpo("bench", *flags, "--json")
+        assert result.returncode == 2 and words in result.stderr and "Traceback" not in result.stderr, flags
+
+
+def test_bench_report_piped_keeps_each_line_whole(report, capsys):
+    from mlx_grpo.commands.bench import print_report
+
+    print_report(report)  # capsys is not a terminal, like `mlx-grpo bench | tee bench.txt`
+    lines = capsys.readouterr().out.splitlines()
+    assert any(line.startswith("machine: ") and line.endswith(f"load average {report['machine']['load_average']:.1f}")
+               for line in lines)
+
+
+def test_bench_wires_memory_as_training_does_and_names_where_the_matmul_ran(report, monkeypatch, tmp_path):
+    """`bench` built the trainer without the wired limit `train` sets, and labelled the Metal GPU's matmul
+    speed as the BLAS's (Accelerate serves only MLX's CPU operations)."""
+    from mlx_grpo import benchmark
+    from mlx_grpo.commands.bench import matmul_line
+    from mlx_grpo.config import load_config
+
+    assert "wired_limit_bytes" in report["settings"]  # null on the CPU backend
+    wired = []
+    monkeypatch.setattr(benchmark, "wire_memory", lambda resident: wired.append(resident))
+    benchmark.Workload(load_config(None, {"batch_size": 2, "num_generations": 2, "max_generation_steps": 2}),
+                       Path.cwd(), 4)
+    assert len(wired) == 1 and wired[0] > 0
+    gpu = matmul_line({**report["machine"], "device": "gpu", "blas": "Accelerate", "matmul_fp32_gflops": 9000.0})
+    assert "Metal GPU (fp32 matmul 9000 GFLOP/s)" in gpu and "BLAS Accelerate for CPU operations" in gpu
+    assert "CPU" in matmul_line(report["machine"])

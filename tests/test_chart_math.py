@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mlx_grpo.tui.downsample import bucketize, ema
+from mlx_grpo.telemetry.smoothing import ema
+from mlx_grpo.tui.downsample import bucketize
 from mlx_grpo.tui.braille import Layer, render_cells
 from mlx_grpo.tui.chart import legend_names
 

@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -64,7 +65,7 @@ def test_without_datasets_installed_a_parquet_file_is_one_line_saying_what_to_in
     data.write_bytes(b"PAR1")
     assert train_on(tmp_path, data) == 2
     assert one_line(capsys) == (f"mlx-grpo train: error: {data}: reading a .parquet dataset needs Hugging Face "
-                                "datasets, which is not installed: pip install 'mlx-grpo[data]'")
+                                f"datasets, which is not installed: pip install -e '{Path(__file__).resolve().parents[1]}[data]'")
 
 
 @pytest.mark.parametrize("text, expected", [

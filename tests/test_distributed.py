@@ -169,7 +169,12 @@ def _free_port_pair() -> int:
 
 
 def launch_two(args: list[str], cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]))
+    # `python` by name, found on PATH with this venv first: the form every MLX we allow runs as given (MLX
+    # before 0.32 turns an existing file after `--`, such as sys.executable, into `<launcher's python> <file>`,
+    # and the interpreter binary then fails as a script; docs/DISTRIBUTED.md)
+    args = ["python" if arg == sys.executable else arg for arg in args]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]),
+               PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
     library = find_openblas()
     if library and sys.platform.startswith("linux"):
         env["LD_PRELOAD"] = library

@@ -123,3 +123,19 @@ def test_mistakes_end_in_one_line(runs, tmp_path, capsys, argv, expected):
     code = main([a.format(**fill) for a in argv])
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and expected.format(**fill) in err, err
+
+
+def test_export_suggests_a_prompt_in_the_form_the_run_trained_on(tmp_path):
+    import json as _json
+
+    from mlx_grpo.commands.export import example_prompt
+    from mlx_grpo.tasks.arithmetic import make_split
+    from mlx_grpo.telemetry.rundir.writer import RunInfo, write_run_info
+
+    write_run_info(tmp_path, RunInfo(run_id="r", name="r", status="finished", config={"dataset": "arithmetic"}))
+    prompt = example_prompt(tmp_path)
+    assert prompt == "012+007=" and all(row["prompt"][-1] == "=" and len(row["prompt"]) == len(prompt)
+                                        for row in make_split("train", 5, 0))  # was '12+7=', answered wrongly
+    write_run_info(tmp_path, RunInfo(run_id="r", name="r", status="finished", config={"dataset": "/d/qa.jsonl"}))
+    (tmp_path / "samples.jsonl").write_text(_json.dumps({"prompt": "What is 2+2?"}) + "\n")
+    assert example_prompt(tmp_path) == "What is 2+2?"

@@ -45,7 +45,7 @@ def custom_task(tmp_path, **overrides) -> dict:
     (tmp_path / "check.py").write_text(YES_CHECK)
     rows = [{"prompt": f"{i} + {i} =", "answer": str(2 * i)} for i in range(40)]
     (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    config = load_config(None, {"dataset": str(tmp_path / "rows.jsonl"), "rewards": ["plain.py:says_yes"],
+    config = load_config(None, {"dataset": str(tmp_path / "rows.jsonl"), "rewards": [f"{tmp_path}/plain.py:says_yes"],
                                 "batch_size": 4, "num_generations": 4, "max_generation_steps": 8, "num_steps": 3,
                                 "eval_every": 2, "checkpoint_every": 0, "tensorboard": False,
                                 "monitoring_dir": str(tmp_path / "runs"), **overrides})
@@ -71,7 +71,7 @@ def test_a_correctness_function_named_in_the_config_measures_accuracy(tmp_path):
 
     from mlx_grpo.telemetry.analysis.report import load_run
 
-    run_dir = Path(custom_task(tmp_path, correctness="check.py:has_a_one")["run_dir"])
+    run_dir = Path(custom_task(tmp_path, correctness=f"{tmp_path}/check.py:has_a_one")["run_dir"])
     _, metrics, samples, _ = load_run(run_dir)
     assert all("accuracy/train" in r for r in metrics if r["step"] >= 1)
     assert [r["step"] for r in metrics if "eval/accuracy" in r] == [0, 2, 3]  # before the first update, then due

@@ -51,3 +51,56 @@ def test_svg_writes_each_chart_as_its_own_file_with_runs_overlaid(tmp_path, caps
     # one metric, two runs: a colour per run (matplotlib's first two), not one colour for both
     assert "stroke: #1f77b4" in text and "stroke: #ff7f0e" in text
     assert f"to {out}" in capsys.readouterr().out
+
+
+def test_legends_sit_under_the_axes_with_every_name_and_smoothing_is_optional(tmp_path):
+    from mlx_grpo.telemetry.analysis.html_report import CHARTS, _pyplot, chart_figure, load_runs
+
+    healthy, hacked = _runs(tmp_path)
+    runs = load_runs([healthy, hacked])
+    plt = _pyplot()
+    title, ylabel, metrics = next(c for c in CHARTS if c[0] == "Reward per function")
+    fig = chart_figure(plt, title, ylabel, metrics, runs)
+    fig.canvas.draw()
+    ax = fig.axes[0]
+    legend = ax.get_legend()
+    labels = [t.get_text() for t in legend.get_texts()]
+    functions = sorted({n.split("/")[1] for n in runs[0].data.table.names
+                        if n.startswith("rewards/") and n.endswith("/mean") and n != "rewards/total/mean"})
+    assert labels and all(f"{run}: {fn}" in labels for run in ("healthy", "hacked") for fn in functions)
+    renderer = fig.canvas.get_renderer()
+    assert legend.get_window_extent(renderer).y1 < ax.get_window_extent(renderer).y0  # under, not beside
+    assert legend.get_texts()[0].get_fontsize() >= 8
+    plain = len(ax.get_lines())
+    plt.close(fig)
+    smoothed = chart_figure(plt, title, ylabel, metrics, runs, smoothing=0.9)
+    assert len(smoothed.axes[0].get_lines()) == 2 * plain  # raw (faint) and smoothed
+    assert "(smoothed 0.9)" in smoothed.axes[0].get_title(loc="left")
+    plt.close(smoothed)
+
+
+def test_sample_rewards_are_rounded(tmp_path):
+    from mlx_grpo.telemetry.analysis.html_report import _samples_section, load_runs
+
+    metrics, samples = simulate(10, 0, Faults())
+    samples[-1]["total"] = 22 / 3
+    run = load_runs([write_run_dir(tmp_path / "r", metrics, samples, name="r")])[0]
+    section = _samples_section(run)
+    assert "7.333" in section and "7.3333333" not in section
+
+
+def test_without_matplotlib_report_html_says_so_before_printing_or_writing_anything(tmp_path, capsys,
+                                                                                   monkeypatch):
+    import sys
+
+    healthy, _ = _runs(tmp_path)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    import importlib.util
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "matplotlib" else real_find_spec(name, *a))
+    assert main(["report", str(healthy), "--html"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and "matplotlib" in captured.err and "[report]" in captured.err
+    assert not (healthy / "report.json").exists()

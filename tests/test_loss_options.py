@@ -74,8 +74,9 @@ def odd_prompts_only(prompts, completions, answers, **columns):
 
 def trainer_with(tmp_path, **overrides) -> Trainer:
     (tmp_path / "parity.py").write_text(PARITY_REWARD)
+    reward = f"{tmp_path / 'parity.py'}:odd_prompts_only"  # overrides are the command line's: relative to the cwd
     config = load_config(None, {"batch_size": 6, "num_generations": 4, "max_generation_steps": 8, "train_size": 200,
-                                "eval_every": 0, "rewards": ["parity.py:odd_prompts_only"], **overrides})
+                                "eval_every": 0, "rewards": [reward], **overrides})
     return Trainer.build(config, tmp_path)
 
 

@@ -59,7 +59,10 @@ def test_run_trains_checkpoints_and_resumes(models, kind, lora, tmp_path):
     assert main(["train", "--resume", str(run_dir), "--num-steps", "3"]) == 0
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2, 3]
-    assert all(r["policy/grad_norm"] > 0 for r in records)
+    # a step whose groups all drew equal rewards has no advantage, and at step 1 no KL either: its gradient is
+    # exactly 0 (which steps do depends on the samples, so on the mlx-lm version)
+    assert all(r["policy/grad_norm"] > 0 for r in records if r["advantages/std"] > 0)
+    assert any(r["policy/grad_norm"] > 0 for r in records)
 
 
 def test_a_cache_mlx_lm_cannot_batch_is_refused_in_one_line_before_the_run_directory(models, tmp_path, capsys,

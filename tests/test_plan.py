@@ -41,19 +41,33 @@ def test_micro_batches_head_chunks_and_checkpoints_each_lower_the_update_peak():
     assert peaks[-1] < 9 * GB < peaks[0]
 
 
-def test_a_16gb_mac_gets_settings_under_its_working_set_and_auto_takes_the_most_that_fit():
+def test_a_16gb_mac_gets_settings_under_its_working_set():
     shape, shapes = ModelShape.from_config(QWEN25_15B), Shapes(4, 8, 256, 1024)
     budget = mac_working_set(16)
     verdict = plan(shape, shapes, recipe(micro_batch_size=0), "bfloat16", budget, "16 GB Mac")
     assert not verdict.fits and verdict.fitting is not None
     assert verdict.fitting_peaks.peak <= 0.85 * budget
-    chosen = configured_settings(recipe(grad_checkpoint=True, logits_chunk_size=128), shape, shapes, "bfloat16", budget)
-    assert chosen.micro_batch_size >= 1
-    bigger = MemorySettings(chosen.micro_batch_size * 2, 128, True)
-    assert predict(shape, shapes, recipe(), bigger, "bfloat16").peak > 0.85 * budget
-    roomy = configured_settings(recipe(grad_checkpoint=True, logits_chunk_size=128), shape, shapes, "bfloat16",
-                                mac_working_set(128))
-    assert roomy.micro_batch_size == 0 or roomy.micro_batch_size > chosen.micro_batch_size
+
+
+def test_auto_micro_batch_buys_speed_not_memory():
+    from mlx_grpo.models import DEFAULT_MODEL_DIR
+    from mlx_grpo.presets import preset_config
+
+    # Long sequences of a real model run at full speed one completion at a time: auto takes 1 on a 16 GB
+    # and on a 128 GB Mac alike, where it used to take the most that fit (4, or all 32 on 128 GB).
+    shape, shapes = ModelShape.from_config(QWEN25_15B), Shapes(4, 8, 256, 1024)
+    for budget in (mac_working_set(16), mac_working_set(128)):
+        chosen = configured_settings(recipe(grad_checkpoint=True, logits_chunk_size=128), shape, shapes,
+                                     "bfloat16", budget)
+        assert chosen.micro_batch_size == 1
+    # Issue 28's shape: micro-batches of 1..8 ran equally fast and the whole batch took 4.7x the memory.
+    q05 = ModelShape.from_config(preset_config("qwen2.5-0.5b", 2))
+    issue = load_config(None, {"use_lora": True, "batch_size": 2, "num_generations": 4, "max_generation_steps": 256})
+    assert configured_settings(issue, q05, Shapes(2, 4, 21, 256), "float32", 20 * GB).micro_batch_size == 1
+    # The shipped model's whole default batch is a small pass already: splitting it would only add passes.
+    tiny = ModelShape.from_config(json.loads((DEFAULT_MODEL_DIR / "config.json").read_text()))
+    assert configured_settings(load_config(None, {}), tiny, Shapes(16, 8, 9, 24), "float32", 20 * GB) \
+        .micro_batch_size == 0
 
 
 def shape_only_model(tmp_path: Path, config: dict) -> Path:
@@ -121,3 +135,69 @@ def test_parallel_sweep_trials_each_plan_for_their_share_of_the_machine(monkeypa
     monkeypatch.setattr(mx, "set_memory_limit", lambda n: limits.append(("memory", n)))
     machine.wire_memory(2**30)
     assert limits == [("wired", 8 * 2**30), ("memory", 8 * 2**30)]
+
+
+def test_auto_keeps_passes_long_enough_to_read_the_head_once_for_many_rows():
+    from mlx_grpo.presets import preset_config
+
+    q05 = ModelShape.from_config(preset_config("qwen2.5-0.5b", 2))
+    short = load_config(None, {"use_lora": True, "batch_size": 2, "num_generations": 4, "max_generation_steps": 16})
+    assert configured_settings(short, q05, Shapes(2, 4, 21, 16), "float32", 20 * GB).micro_batch_size == 0
+    middle = load_config(None, {"use_lora": True, "batch_size": 4, "num_generations": 8, "max_generation_steps": 64})
+    assert configured_settings(middle, q05, Shapes(4, 8, 21, 64), "float32", 20 * GB).micro_batch_size == 4
+
+
+# ----------------------------------------------------------------------------- mac review 2: M2, M3, M5
+
+QWEN3_30B_A3B = {"model_type": "qwen3_moe", "hidden_size": 2048, "intermediate_size": 6144,
+                 "moe_intermediate_size": 768, "num_experts": 128, "num_experts_per_tok": 8,
+                 "num_hidden_layers": 48, "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
+                 "vocab_size": 151936, "tie_word_embeddings": False, "quantization": {"group_size": 64, "bits": 4}}
+
+
+def test_the_plan_counts_every_expert_of_a_mixture_of_experts_model():
+    """Qwen3-30B-A3B has ~30.5B parameters (128 experts per block, 8 used per token): all of them are in
+    memory, so 4-bit weights alone (~17 GB) cannot fit a 16 GB Mac's working set."""
+    from mlx_grpo.plan import mac_working_set
+
+    shape = ModelShape.from_config(QWEN3_30B_A3B)
+    assert 29.5e9 < shape.parameters() < 31.5e9
+    config = load_config(None, {"use_lora": True, "beta": 0.04})
+    verdict = plan(shape, Shapes(4, 8, 256, 256), config, "bfloat16", mac_working_set(16), "16 GB Mac")
+    assert verdict.configured.weights > 15e9 and not verdict.fits and verdict.fitting is None
+
+
+GEMMA3_1B = {"model_type": "gemma3_text", "hidden_size": 1152, "intermediate_size": 6912, "num_hidden_layers": 26,
+             "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 256, "vocab_size": 262144,
+             "tie_word_embeddings": True}
+
+
+def test_the_plan_credits_logits_chunks_only_to_families_whose_head_is_chunked():
+    """gemma3's own head makes logits at every position at once, so logits_chunk_size saves nothing there
+    (measured: 32.7 MiB update peak with and without chunks) and the plan must not count it; a qwen3 head
+    of the same size is chunked."""
+    config = load_config(None, {"use_lora": True, "beta": 0.04})
+    shapes = Shapes(4, 8, 256, 512)
+    for family, chunk_saves in (("gemma3_text", False), ("qwen3", True)):
+        shape = ModelShape.from_config({**GEMMA3_1B, "model_type": family})
+        whole, chunked = (predict(shape, shapes, config, MemorySettings(4, chunk, False), "bfloat16")
+                          for chunk in (0, 64))
+        assert (chunked.update < 0.8 * whole.update) == chunk_saves, family
+    gemma = ModelShape.from_config(GEMMA3_1B)
+    qwen = ModelShape.from_config({**GEMMA3_1B, "model_type": "qwen3"})
+    # its logits cover the whole sequence (prompt included), not the completion only
+    unchunked = MemorySettings(4, 0, False)
+    assert predict(gemma, shapes, config, unchunked, "bfloat16").update > \
+        predict(qwen, shapes, config, unchunked, "bfloat16").update
+
+
+def test_the_plan_includes_the_held_out_evaluation_it_runs():
+    """Evaluation decodes B x G held-out rows at a time, each with its own prompt: B x G prompts prefilled,
+    where a step prefills B. Planned as its own phase, and not at all with eval_every: 0."""
+    shape = ModelShape.from_config({**QWEN3_30B_A3B, "model_type": "qwen2", "num_experts": 0})
+    shapes = Shapes(4, 8, 256, 2048)
+    settings = MemorySettings(1, 64, True)
+    with_eval = predict(shape, shapes, load_config(None, {"use_lora": True}), settings, "bfloat16")
+    without = predict(shape, shapes, load_config(None, {"use_lora": True, "eval_every": 0}), settings, "bfloat16")
+    assert with_eval.evaluation > with_eval.rollout and with_eval.peak >= with_eval.evaluation
+    assert without.evaluation == 0 and without.peak == max(without.rollout, without.reference, without.update)

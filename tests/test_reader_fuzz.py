@@ -127,3 +127,17 @@ def test_bad_lines_are_skipped_and_counted_not_raised(good_run, tmp_path):
     summary = load_summary(run_dir)
     assert summary.steps == 6
     build_report(run_dir)
+
+
+def test_history_lines_parse_the_same_with_orjson_and_without(monkeypatch):
+    import json as _json
+
+    from mlx_grpo.telemetry import history_loader
+
+    lines = [b'{"step": 1, "x": NaN, "y": -Infinity}', b'{"step": 2, "big": 12345678901234567890}',
+             '{"step": 3, "name": "r\u00e9ward \u2603"}'.encode(), b'{"step": 4, "x": 1e400}']
+    expected = [_json.loads(line) for line in lines]
+    with_orjson = [history_loader._loads(line) for line in lines]
+    monkeypatch.setattr(history_loader, "orjson", None)
+    without = [history_loader._loads(line) for line in lines]
+    assert repr(with_orjson) == repr(expected) == repr(without)

@@ -1,3 +1,4 @@
+import json
 import math
 import random
 from pathlib import Path
@@ -369,3 +370,30 @@ def test_the_answer_tags_are_spelled_only_in_the_tasks_answer_format():
                     and any(tag in node.value for tag in TAGS)):
                 spelled.append(f"{path.relative_to(package)}:{node.lineno}")
     assert spelled == []
+
+
+def test_a_trl_conversational_reward_function_gets_message_lists_on_a_chat_dataset(tmp_path):
+    """TRL's docs for chat datasets: `completion[0]["content"]`, prompts as lists of messages."""
+    from types import SimpleNamespace
+
+    from mlx_grpo.data import read_dataset
+    from mlx_grpo.rewards import load_reward_functions, score_completions
+    from mlx_grpo.data import extra_columns
+
+    (tmp_path / "trl_rewards.py").write_text(
+        "def trl_conv(prompts, completions, answer, **kwargs):\n"
+        "    assert prompts[0][-1]['role'] == 'user'\n"
+        "    return [1.0 if c[0]['content'].strip() == a else 0.0 for c, a in zip(completions, answer)]\n")
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "1+1?"}]
+    (tmp_path / "chat.jsonl").write_text(json.dumps({"prompt": chat, "answer": "2"}) + "\n")
+    (tmp_path / "plain.jsonl").write_text(json.dumps({"prompt": "1+1?", "answer": "2"}) + "\n")
+    config = SimpleNamespace(dataset_format="auto", prompt_field="prompt", answer_field="answer")
+    functions = load_reward_functions([("trl_rewards.py:trl_conv", 1.0), ("answer_check", 1.0)], tmp_path)
+    rows = read_dataset("chat.jsonl", tmp_path, "train", config) * 2
+    scores = score_completions(functions, [r["prompt"] for r in rows], ["2", "3"], ["2", "2"], extra_columns(rows))
+    assert scores.new_errors == [] and scores.per_function[0].tolist() == [1.0, 0.0]
+    # the built-ins keep reading text on the same batch; a plain-text dataset keeps plain strings
+    assert not np.isnan(scores.per_function[1]).any()
+    plain = read_dataset("plain.jsonl", tmp_path, "train", config)
+    text_scores = score_completions(functions, [r["prompt"] for r in plain], ["2"], ["2"], extra_columns(plain))
+    assert len(text_scores.new_errors) == 1 and "TypeError" in text_scores.new_errors[0]  # c[0] is '2'

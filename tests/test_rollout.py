@@ -123,3 +123,22 @@ def test_rollout_memory_does_not_grow_with_decode_steps_beyond_the_kv_cache():
 
     step_logits = 8 * 32768 * 4  # one decode step's float32 logits, 1 MB
     assert peak(72) - peak(8) < 4 * step_logits  # 64 more steps would keep 64 MB of logits if they leaked
+
+
+def test_our_top_k_top_p_and_min_p_keep_the_same_tokens_as_mlx_lm_sample_utils():
+    """rollout.filter_logits is ours (top-p sorts 1,024 candidates, not a 152k vocabulary); its masks must be
+    mlx-lm's, token for token, so the sampled ids and their log-probs are the ones mlx-lm would give."""
+    import mlx.core as mx
+    from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p
+
+    from mlx_grpo.rollout import SamplingSettings, filter_logits
+
+    for vocab in (50, 5000):  # below and above the 1,024 top-p candidates
+        logits = mx.random.normal((4, vocab), key=mx.random.key(vocab)) * 3.0
+        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        for ours, theirs in [(SamplingSettings(top_k=7), apply_top_k(logprobs, 7)),
+                             (SamplingSettings(min_p=0.05), apply_min_p(logprobs, 0.05)),
+                             (SamplingSettings(top_p=0.9), apply_top_p(logprobs, 0.9)),
+                             (SamplingSettings(top_p=0.5), apply_top_p(logprobs, 0.5))]:
+            kept = mx.isfinite(filter_logits(logits, ours))
+            assert mx.array_equal(kept, mx.isfinite(theirs)).item(), (vocab, ours)

@@ -99,3 +99,35 @@ def test_models_and_batches_that_cannot_share_a_prompt_pass_use_whole_sequences(
     assert not shares_prompts(checkpointed, batch)  # mx.checkpoint takes arrays, not caches
     distinct = build_train_batch(prompts_in_groups(num_prompts=6, group_size=1), pad_id=0)
     assert not shares_prompts(random_model("llama", VOCAB), distinct)  # nothing to share
+
+
+def graph_primitives(*arrays: mx.array) -> set[str]:
+    """The names of the primitives that compute `arrays` (MLX's own graph export)."""
+    import re
+    import tempfile
+
+    with tempfile.NamedTemporaryFile("w+", suffix=".dot") as dot:
+        mx.export_to_dot(dot.name, *arrays)
+        return set(re.findall(r'label ="([^"]+)"', dot.read()))
+
+
+@pytest.mark.parametrize("micro_batch", [0, 6])  # whole groups; a micro-batch that cuts a group (3 + 3 rows)
+def test_the_shared_prompt_backward_sums_the_group_without_a_scatter_add(micro_batch):
+    """Copying a prompt's keys and values to its G rows by gather makes the backward a scatter-add, which
+    Metal runs with atomic adds in scheduling order (resume would not equal the uninterrupted run bit for
+    bit there); the copy is a broadcast, whose backward is a reduction."""
+    model = random_model("llama", VOCAB)
+    config = replace(load_config(), use_lora=True, lora_rank=4, lora_layers=-1)
+    apply_adapters(model, config)
+    batch = build_train_batch(prompts_in_groups(), pad_id=0)
+    rows, micro = next(iter(batch.micro_batches(micro_batch)))
+    assert shares_prompts(model, micro)
+
+    def loss(params):
+        model.update(params)
+        return (completion_logprobs(model, micro, 1.0) * micro.mask).sum()
+
+    grads = mx.grad(loss)(model.trainable_parameters())
+    names = graph_primitives(*[g for _, g in tree_flatten(grads)])
+    # ("ScatterAxis" is take_along_axis's backward: one index per row, no two adds meet)
+    assert not [n for n in names if n.startswith("Scatter ")], sorted(names)

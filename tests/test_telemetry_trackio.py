@@ -91,4 +91,4 @@ def test_without_trackio_installed_training_logs_locally_with_one_warning(monkey
     sinks.write(1, {"policy/loss": 1.0})
     sinks.close()
     assert sinks.active == [] and len(warnings) == 1
-    assert "Trackio logging is off" in warnings[0] and "pip install 'mlx-grpo[trackio]'" in warnings[0]
+    assert "Trackio logging is off" in warnings[0] and "pip install -e '" in warnings[0] and "[trackio]'" in warnings[0]

@@ -11,8 +11,8 @@ import pytest
 
 from mlx_grpo.telemetry.metrics.reward_stats import RewardTracker, reward_metrics
 from mlx_grpo.telemetry.rundir.writer import read_run_info
+from mlx_grpo.telemetry.sinks import make_sinks
 from mlx_grpo.telemetry.sinks.wandb import WandbOptions
-from mlx_grpo.telemetry.sinks import make_sinks, wandb_enabled
 from mlx_grpo.telemetry.sinks.wandb_charts import chart_interval, heatmap_svg
 
 pytest.importorskip("wandb")
@@ -158,9 +158,27 @@ def test_a_real_run_logs_dataset_charts_and_final_model_offline_and_a_failing_wa
     assert any(a["rule"] == "sink_failed" and "W&B is unreachable" in a["message"] for a in alerts)
 
 
-def test_wandb_is_on_by_flag_or_api_key():
-    assert wandb_enabled(True, {}) and not wandb_enabled(False, {"WANDB_API_KEY": "k"})
-    assert wandb_enabled(None, {"WANDB_API_KEY": "k"}) and not wandb_enabled(None, {})
+def test_wandb_is_opt_in_and_an_api_key_in_the_environment_alone_never_turns_it_on(monkeypatch, tmp_path):
+    import mlx_grpo.trainer as trainer
+    from mlx_grpo.config import load_config
+
+    class Stop(Exception):
+        pass
+
+    requested = []
+
+    def fake_make_sinks(run_dir, **kwargs):
+        requested.append(kwargs.get("wandb"))
+        raise Stop
+
+    monkeypatch.setattr(trainer, "make_sinks", fake_make_sinks)
+    monkeypatch.setenv("WANDB_API_KEY", "0123456789abcdef0123456789abcdef01234567")
+    settings = {"num_steps": 1, "batch_size": 2, "num_generations": 2, "monitoring_dir": str(tmp_path / "runs")}
+    for extra in ({}, {"wandb": True}, {"report_to": "wandb"}):
+        with pytest.raises(Stop):
+            trainer.train(load_config(None, {**settings, **extra}), tmp_path)
+    assert requested[0] is None  # the key alone: no W&B
+    assert isinstance(requested[1], WandbOptions) and isinstance(requested[2], WandbOptions)
 
 
 SECRET_RUN = """

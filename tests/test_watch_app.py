@@ -209,7 +209,7 @@ async def test_several_runs_are_overlaid_with_a_colour_each(tmp_path):
         assert labels == ["run-a", "run-b"] and len(colors) == 2
         # Per-function rewards split into a chart per function, each overlaying both runs.
         titles = [c.chart_title for c in app.active_view().query(MetricChart)]
-        assert "reward per function: answer_check/mean" in titles
+        assert "reward per function: answer_check" in titles
 
 
 async def test_keys_smoothing_pause_refresh_filter_views_help(run):

@@ -49,6 +49,7 @@ class Served:
     url: str    # as printed at start, with the token
     base: str   # http://localhost:PORT
     run_name: str
+    log: object  # the server's output (a Path)
 
 
 def serve(tmp_path, *extra: str):
@@ -79,7 +80,7 @@ def serve(tmp_path, *extra: str):
             assert time.monotonic() < deadline, "the server printed its address but does not listen"
             time.sleep(0.1)
     try:
-        yield Served(printed.group(1), base, writer.name)
+        yield Served(printed.group(1), base, writer.name, log_path)
     finally:
         stop_session(server)  # with the dashboard processes the server started
         log.close()
@@ -284,3 +285,14 @@ async def test_headless_chromium_loads_the_dashboard(served_run, tmp_path):
         assert all(u.startswith(served_run.base) for u in requested), requested
     finally:
         stop_session(browser)
+
+
+async def test_the_token_is_printed_once_and_never_written_to_the_access_log(served_run):
+    token = served_run.url.split("token=", 1)[1]
+    async with aiohttp.ClientSession() as http:
+        for _ in range(2):
+            await open_page(http, served_run.url)
+    await asyncio.sleep(0.5)
+    log = served_run.log.read_text()
+    assert "GET /?token=…" in log  # requests are still logged
+    assert log.count(token) == 1, log  # only in the address printed at start

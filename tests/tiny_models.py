@@ -21,11 +21,11 @@ ARCHITECTURES = {
     "qwen2": {"architectures": ["Qwen2ForCausalLM"], "rope_theta": 1000000.0, "tie_word_embeddings": True},
     # Sliding-window attention (RotatingKVCache) on every other layer, with a window shorter than a rollout.
     "gemma3_text": {"architectures": ["Gemma3ForCausalLM"], "head_dim": 16, "query_pre_attn_scalar": 16,
-                    "sliding_window": 6, "sliding_window_pattern": 2},
+                    "sliding_window": 6, "sliding_window_pattern": 2, "rope_theta": 1000000.0},
     # A hybrid: short-convolution state layers (ArraysCache) and attention layers (KVCache).
     "lfm2": {"architectures": ["Lfm2ForCausalLM"], "norm_eps": 1e-5, "conv_bias": False, "conv_L_cache": 3,
              "block_dim": 64, "block_multiple_of": 16, "block_ffn_dim_multiplier": 1.0,
-             "block_auto_adjust_ff_dim": False, "block_ff_dim": 128, "full_attn_idxs": [1]},
+             "block_auto_adjust_ff_dim": False, "block_ff_dim": 128, "full_attn_idxs": [1], "rope_theta": 1000000.0},
 }
 
 
@@ -61,7 +61,11 @@ IN_MEMORY = {  # random_model's architectures: one of each head layout
     "llama": {"rope_theta": 10000.0, "tie_word_embeddings": False},  # its own LM head
     "qwen2": {"rope_theta": 1000000.0, "tie_word_embeddings": True},  # the head is the embedding
     "gemma3_text": {"head_dim": 16, "query_pre_attn_scalar": 16, "sliding_window": 6,  # full-logits path
-                    "sliding_window_pattern": 2},
+                    "sliding_window_pattern": 2, "rope_theta": 1000000.0},
+    # mixture of experts, its own LM head (a plain head since mlx-grpo reads it as one)
+    "qwen3_moe": {"rope_theta": 1000000.0, "tie_word_embeddings": False, "head_dim": 16, "num_experts": 4,
+                  "num_experts_per_tok": 2, "moe_intermediate_size": 32, "decoder_sparse_step": 1,
+                  "mlp_only_layers": [], "norm_topk_prob": True},
 }
 
 

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
+
+from ..errors import UserError
 
 USES_MLX = True
 
@@ -20,18 +23,26 @@ CONFIG_FLAGS = {
     "seed": "seed",
 }
 
+# --preset's defaults for the flags not given: LoRA on 2 prompts x 4 completions (issue 28's shape)
+PRESET_DEFAULTS = {"use_lora": True, "batch_size": 2, "num_generations": 4}
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", metavar="FILE",
                         help="take model, shapes, LoRA, dtype, beta and loss settings from a run config")
     parser.add_argument("--model", help="model directory (default: the shipped model)")
+    parser.add_argument("--preset", metavar="NAME",
+                        help="a random-weight model of a published shape (mlx-grpo plan's presets: qwen2.5-0.5b, "
+                             "qwen2.5-1.5b, llama-3.2-1b...), written once under ~/.cache/mlx-grpo/presets")
+    parser.add_argument("--layers", type=int, help="with --preset: keep only the first LAYERS blocks")
     parser.add_argument("--batch-size", type=int, help="prompts per step (default 16)")
     parser.add_argument("--group-size", type=int, help="completions per prompt (default 8)")
     parser.add_argument("--prompt-length", type=int, default=9, help="tokens per prompt (default 9)")
     parser.add_argument("--completion-length", type=int, help="new tokens per completion (default 24)")
     parser.add_argument("--lora", action=argparse.BooleanOptionalAction, default=None,
                         help="train LoRA adapters instead of every weight (default: full)")
-    parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), help="default float32")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"),
+                        help="default: the config's, auto (bfloat16 for LoRA on a Mac's GPU, float32 otherwise)")
     parser.add_argument("--beta", type=float, help="KL weight; 0 skips the reference pass (default 0.04)")
     parser.add_argument("--seed", type=int, help="seed for prompts and sampling (default 0)")
     parser.add_argument("--repetitions", type=int, default=5, help="measured repetitions (default 5)")
@@ -47,11 +58,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output", metavar="FILE", help="also write the JSON report to FILE")
 
 
+def preset_directory(args: argparse.Namespace) -> Path:
+    """The model directory of --preset cut to --layers blocks, written on first use."""
+    from ..presets import preset_config, write_preset_model
+
+    if args.model:
+        raise UserError("bench: give --model or --preset, not both")
+    preset_config(args.preset, args.layers)  # an unknown name or depth: one line, before any work
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "mlx-grpo" / "presets"
+    return write_preset_model(args.preset, args.layers, cache / f"{args.preset}-L{args.layers or 'all'}")
+
+
 def options_from_args(args: argparse.Namespace):
     from ..benchmark import PATHS, BenchOptions
     from ..config import load_config
 
     overrides = {key: getattr(args, flag) for flag, key in CONFIG_FLAGS.items() if getattr(args, flag) is not None}
+    if args.preset:
+        overrides["model_id"] = str(preset_directory(args))
+        # a real model's shape: what its users train (LoRA, a few prompts per step), unless told otherwise
+        for key, value in PRESET_DEFAULTS.items():
+            overrides.setdefault(key, value)
+    elif args.layers is not None:
+        raise UserError("bench: --layers needs --preset")
     config = load_config(args.config, overrides)
     base_dir = Path(args.config).resolve().parent if args.config else Path.cwd()
     paths = tuple(p.strip() for p in args.only.split(",") if p.strip()) if args.only else PATHS
@@ -76,16 +105,26 @@ def run(args: argparse.Namespace) -> int:
 
 # ----------------------------------------------------------------------------- the table
 
-def _gib(n: float) -> str:
-    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+def matmul_line(machine: dict) -> str:
+    """Where the fp32 matmul ran: on a Mac's GPU it is Metal's, not the BLAS (Accelerate serves MLX's CPU ops)."""
+    speed = f"fp32 matmul {machine['matmul_fp32_gflops']:.0f} GFLOP/s"
+    if machine["device"] == "gpu":
+        return f"matmul on the Metal GPU ({speed}); BLAS {machine['blas']} for CPU operations"
+    return f"matmul on the CPU, BLAS {machine['blas']} ({speed})"
+
+
+def _gb(n: float) -> str:
+    """Bytes in GB (1e9, mlx_grpo/telemetry/units.py), as everywhere else."""
+    return f"{n / 1e9:.2f} GB"
 
 
 def print_report(report: dict, console=None) -> None:
     from rich import box
-    from rich.console import Console
     from rich.table import Table
 
-    console = console or Console()
+    from ..telemetry.output import output_console
+
+    console = console or output_console()
     s, m = report["settings"], report["machine"]
     mode = "LoRA" if s["use_lora"] else "full fine-tuning"
     console.print(f"[bold]mlx-grpo bench[/bold]  model {s['model']} ({s['parameters']:,} parameters, "
@@ -94,9 +133,10 @@ def print_report(report: dict, console=None) -> None:
                   f"{s['prompt_length']} prompt + {s['completion_length']} new tokens; "
                   f"{s['repetitions']} repetitions after {s['warmup']} warm-up")
     load = f", load average {m['load_average']:.1f}" if m["load_average"] is not None else ""
-    console.print(f"machine: {m['cpu']}, {m['physical_cores']} cores, {_gib(m['ram_bytes'])} RAM, {m['os']}{load}")
-    console.print(f"MLX {m['mlx']} on {m['device']}, BLAS {m['blas']} "
-                  f"(fp32 matmul {m['matmul_fp32_gflops']:.0f} GFLOP/s), mlx-lm {m['mlx_lm']}")
+    console.print(f"machine: {m['cpu']}, {m['physical_cores']} cores, {_gb(m['ram_bytes'])} RAM, {m['os']}{load}")
+    console.print(f"MLX {m['mlx']}, mlx-lm {m['mlx_lm']}: {matmul_line(m)}")
+    if s.get("wired_limit_bytes"):
+        console.print(f"wired limit {_gb(s['wired_limit_bytes'])} (as `mlx-grpo train` sets it)")
 
     table = Table(title="throughput, median of repetitions", title_justify="left", box=box.SIMPLE_HEAD)
     for header in ("path", "tokens", "seconds", "tokens/s", "min - max"):
@@ -127,14 +167,14 @@ def print_report(report: dict, console=None) -> None:
 
     peaks = report["paths"].get("step", {}).get("peak_memory_bytes")
     if peaks:
-        listed = ", ".join(f"{name} {_gib(value)}" for name, value in peaks.items())
+        listed = ", ".join(f"{name} {_gb(value)}" for name, value in peaks.items())
         console.print(f"peak memory per phase of the trainer step (weights included): {listed}")
     mem = report["memory"]
     if mem:
-        console.print(f"peak memory, one LoRA step: beta {mem['beta']:g} {_gib(mem['lora_beta_peak_bytes'])}, "
-                      f"beta 0 {_gib(mem['lora_beta0_peak_bytes'])} (ratio {mem['ratio']:.3f}); "
-                      f"reference + update phase alone {_gib(mem['lora_beta_train_peak_bytes'])} vs "
-                      f"{_gib(mem['lora_beta0_train_peak_bytes'])} (ratio {mem['train_ratio']:.3f})")
+        console.print(f"peak memory, one LoRA step: beta {mem['beta']:g} {_gb(mem['lora_beta_peak_bytes'])}, "
+                      f"beta 0 {_gb(mem['lora_beta0_peak_bytes'])} (ratio {mem['ratio']:.3f}); "
+                      f"reference + update phase alone {_gb(mem['lora_beta_train_peak_bytes'])} vs "
+                      f"{_gb(mem['lora_beta0_train_peak_bytes'])} (ratio {mem['train_ratio']:.3f})")
     bw = report["bandwidth"]
     if bw:
         console.print(f"{bw['chip']}: rollout at {bw['percent_of_ceiling']:.0f}% of the memory-bandwidth ceiling "

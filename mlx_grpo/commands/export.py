@@ -4,6 +4,7 @@ directory that `mlx_lm.generate` and `mlx_lm.server` load as it is."""
 from __future__ import annotations
 
 import argparse
+import shlex
 
 USES_MLX = True
 
@@ -16,6 +17,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fuse", action="store_true",
                         help="LoRA runs: fold the adapters into the weights (default: base weights plus "
                              "adapters.safetensors, loaded with --adapter-path DIR)")
+
+
+def example_prompt(run_dir) -> str | None:
+    """A prompt in the form the run trained on, for the `try:` line: the built-in task's own format (its
+    operands are zero-padded: '012+007=', which the model answers, where '12+7=' gets nonsense), else the
+    prompt of the run's first logged sample when it is one line."""
+    import json
+
+    from ..tasks.arithmetic import make_row
+    from ..telemetry.rundir.writer import SAMPLES, read_run_info
+
+    info = read_run_info(run_dir)
+    if info is not None and (info.config or {}).get("dataset", "arithmetic") == "arithmetic":
+        return make_row(12, 7)["prompt"]
+    try:
+        with open(run_dir / SAMPLES, encoding="utf-8") as f:
+            prompt = json.loads(f.readline()).get("prompt")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return prompt if isinstance(prompt, str) and "\n" not in prompt and len(prompt) <= 200 else None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -33,7 +54,8 @@ def run(args: argparse.Namespace) -> int:
             "base weights plus adapters (mlx_lm: --adapter-path " + summary["out"] + ")" if summary["use_lora"] else
             "fully fine-tuned weights")
     print(f"exported step {summary['step']} of {run_dir} to {summary['out']}: {what}")
+    prompt = example_prompt(run_dir)
     print(f"try: mlx_lm.generate --model {summary['out']}"
           + (f" --adapter-path {summary['out']}" if summary["use_lora"] and not summary["fused"] else "")
-          + " --prompt '12+7='")
+          + (f" --prompt {shlex.quote(prompt)}" if prompt else ""))
     return 0

@@ -50,7 +50,7 @@ def _lookup(name: str) -> list[dict]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rich.console import Console
+    from ..telemetry.output import output_console
     from rich.table import Table
 
     from ..telemetry.metrics import catalogue, other_names
@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
             table.add_column(column, overflow="fold")
         for row in rows:
             table.add_row(row["tool"], row["name"], row["ours"], row["note"])
-        Console().print(table)
+        output_console().print(table)
         return 0
 
     if args.other_names:
@@ -81,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
             table.add_column(column, overflow="fold")
         for row in rows:
             table.add_row(row["source"], row["name"], "\n".join(row["answers"]) or "[dim]none[/dim]", row["note"])
-        Console().print(table)
+        output_console().print(table)
         return 0
 
     rows = catalogue.catalogue_json()
@@ -99,5 +99,5 @@ def run(args: argparse.Namespace) -> int:
         table.add_column(column, overflow="fold")
     for row in rows:
         table.add_row(row["name"], row["unit"], row["kind"], row["when"], row["description"])
-    Console().print(table)
+    output_console().print(table)
     return 0

@@ -59,6 +59,8 @@ def format_plan(verdict, facts: dict) -> str:
         f"{'rollout':<11}{gb(peaks.rollout):>10}   KV cache of every completion + sampling",
         f"{'reference':<11}{gb(peaks.reference):>10}",
         f"{'update':<11}{gb(peaks.update):>10}",
+        *([f"{'eval':<11}{gb(peaks.evaluation):>10}   held-out rows, B x G prompts prefilled at a time"]
+          if peaks.evaluation else []),
         "",
     ]
     settings = verdict.settings.describe()

@@ -14,15 +14,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="do not write report.json and report.md into the run directory")
     parser.add_argument("--html", nargs="?", const="", metavar="FILE",
                         help="also write one self-contained HTML file of charts, samples and the report, runs "
-                             "overlaid (default: report.html in the first run directory; needs mlx-grpo[report])")
+                             "overlaid (default: report.html in the first run directory; needs the report extra: "
+                             "pip install -e '.[report]')")
     parser.add_argument("--svg", metavar="DIR",
                         help="also write each chart, runs overlaid, as its own SVG file in DIR "
-                             "(e.g. DIR/held-out-accuracy.svg; needs mlx-grpo[report])")
+                             "(e.g. DIR/held-out-accuracy.svg; needs the report extra)")
+    parser.add_argument("--smooth", type=float, default=0.0, metavar="WEIGHT",
+                        help="with --html/--svg: draw each line smoothed like TensorBoard's slider (an exponential "
+                             "moving average, e.g. 0.6; the raw points stay faint beneath); 0 = off (default)")
 
 
 def run(args: argparse.Namespace) -> int:
     from ..telemetry.analysis.report import build_report, print_report, report_json, save_report
 
+    from ..errors import UserError
+
+    if not 0 <= args.smooth < 1:
+        raise UserError(f"--smooth {args.smooth:g}: expected a weight in [0, 1), e.g. 0.6")
+    if args.html is not None or args.svg is not None:
+        from ..telemetry.analysis.html_report import require_matplotlib
+
+        require_matplotlib()  # before the text report is printed or report.json written
     for run_dir in args.run_dirs:
         title, report = build_report(run_dir)
         if args.write:
@@ -36,13 +48,13 @@ def run(args: argparse.Namespace) -> int:
     if args.html is not None:
         from ..telemetry.analysis.html_report import write_html_report
 
-        path = write_html_report(args.run_dirs, args.html or None)
+        path = write_html_report(args.run_dirs, args.html or None, args.smooth)
         if not args.json:
             print(f"wrote {path}")
     if args.svg is not None:
         from ..telemetry.analysis.html_report import write_chart_files
 
-        paths = write_chart_files(args.run_dirs, args.svg)
+        paths = write_chart_files(args.run_dirs, args.svg, args.smooth)
         if not args.json:
             print(f"wrote {len(paths)} charts to {args.svg}: {', '.join(p.name for p in paths)}")
     return 0

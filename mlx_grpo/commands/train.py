@@ -7,6 +7,7 @@ import types
 import typing
 
 from ..config import key_help, parse_override, top_level_fields
+from ..config_aliases import ALIASES, TRANSLATED, help_text
 
 USES_MLX = True
 
@@ -22,7 +23,40 @@ def _flag_kind(tp: typing.Any) -> str:
     return "scalar"
 
 
+# Kinds of the translated names' flags (the plain renames take their key's kind).
+TRANSLATED_KINDS = {"report_to": "list", "reward_weights": "list", "per_device_train_batch_size": "scalar",
+                    "output_dir": "text", "adapter_path": "text", "bf16": "bool", "fine_tune_type": "text"}
+
+
+def _alias_kinds() -> dict[str, str]:
+    fields = top_level_fields()
+    kinds = {name: _flag_kind(fields[alias.ours]) for name, alias in ALIASES.items()}
+    kinds = {name: "text" if kind == "scalar" and fields[ALIASES[name].ours] is str else kind
+             for name, kind in kinds.items()}
+    # log_distributions has its own flag (--log-distributions takes an optional N), added in add_arguments.
+    return {**kinds, **{name: TRANSLATED_KINDS[name] for name in TRANSLATED if name in TRANSLATED_KINDS}}
+
+
+def _add_flag(parser: typing.Any, name: str, kind: str, text: str | None) -> None:
+    flag = "--" + name.replace("_", "-")
+    if kind == "bool":
+        parser.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS,
+                            help=text)
+    elif kind == "list":
+        parser.add_argument(flag, dest=name, nargs="*", default=argparse.SUPPRESS, metavar="VALUE", help=text)
+    else:
+        # Read as YAML so types are checked by the config loader, not argparse.
+        parser.add_argument(flag, dest=name, default=argparse.SUPPRESS, metavar="VALUE", help=text)
+
+
+# The flags are generated from the config dataclass here rather than by tyro, jsonargparse or TRL's
+# HfArgumentParser: those parse the command line well, but not our YAML (checked key by key with one line
+# naming the file and key, TRL/mlx-lm names read with a note, paths resolved per source), so a second
+# parser would have to agree with config.py on every key. argparse with allow_abbrev=False (cli.py) and
+# the dataclass's own types give the same flags without a dependency.
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter  # keeps the alias table's lines
+    parser.epilog = help_text()
     parser.add_argument("config", nargs="?", help="YAML run config (default: the built-in default run)")
     parser.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last checkpoint")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
@@ -38,17 +72,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("config keys (each overrides the YAML file)")
     helps = key_help()
     for name, tp in top_level_fields().items():
-        flag = "--" + name.replace("_", "-")
-        kind = _flag_kind(tp)
-        text = helps.get(name, "").replace("%", "%%") or None  # argparse formats help with %
-        if kind == "bool":
-            group.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS,
-                               help=text)
-        elif kind == "list":
-            group.add_argument(flag, dest=name, nargs="*", default=argparse.SUPPRESS, metavar="VALUE", help=text)
-        else:
-            # Read as YAML so types are checked by the config loader, not argparse.
-            group.add_argument(flag, dest=name, default=argparse.SUPPRESS, metavar="VALUE", help=text)
+        _add_flag(group, name, _flag_kind(tp), helps.get(name, "").replace("%", "%%") or None)  # help is %-formatted
+    for name, kind in _alias_kinds().items():  # listed once, in the table below the flags (the epilog)
+        _add_flag(parser, name, kind, argparse.SUPPRESS)
 
 
 def collect_overrides(args: argparse.Namespace) -> dict[str, typing.Any]:
@@ -63,6 +89,14 @@ def collect_overrides(args: argparse.Namespace) -> dict[str, typing.Any]:
                 value = parse_override(f"{name}={value}")[1]
             elif isinstance(value, list):
                 value = [parse_override(f"x={v}")[1] for v in value]
+            overrides[name] = value
+    for name, kind in _alias_kinds().items():  # other tools' names: config_aliases.translate reads them
+        if name in vars(args):
+            value = getattr(args, name)
+            if kind == "list":
+                value = [parse_override(f"x={v}")[1] for v in value]
+            elif kind == "scalar":
+                value = parse_override(f"{name}={value}")[1]
             overrides[name] = value
     for text in args.overrides:
         key, value = parse_override(text)

@@ -22,7 +22,16 @@ class AlertsView(BoardView, DataTable):
 
     def on_mount(self) -> None:
         """Add the table's columns."""
-        self.add_columns("", "run", "step", "level", "metric", "value", "message")
+        self.add_columns("", "run", "step", "level", "metric", "value")
+        self.add_column("message", key="message")
+
+    def on_resize(self) -> None:
+        self.update_data()  # messages wrap to the new width (it is part of the key)
+
+    def _message_width(self) -> int:
+        """What is left of the view's width for the message column (the other columns are narrow)."""
+        others = sum(c.get_render_width(self) for key, c in self.columns.items() if key != "message")
+        return max(20, self.size.width - others - 2 * self.cell_padding - 2)
 
     def update_data(self) -> None:
         """Rebuild the rows when the alerts or their standing marks changed."""
@@ -36,11 +45,14 @@ class AlertsView(BoardView, DataTable):
         rows.sort(key=lambda r: (r[0], r[1]), reverse=True)
         rows = rows[:MAX_ROWS]
         # Alerts are few and change rarely: rebuild only when the list or a standing mark changed.
-        key = tuple((i, id(entry), stands) for _, _, i, entry, stands in rows)
+        width = self._message_width()
+        key = (width, tuple((i, id(entry), stands) for _, _, i, entry, stands in rows))
         if key == self._key:
             return
         self._key = key
         self.clear()
+        message = self.columns["message"]
+        message.auto_width, message.width = False, width
         for step, _, i, entry, stands in rows:
             a = entry.alert
             color = level_color(a.level)
@@ -53,4 +65,5 @@ class AlertsView(BoardView, DataTable):
                 Text(a.metric, style=color if stands else ""),
                 Text(fmt_value(a.value), justify="right"),
                 Text(a.message + source, style="" if stands else FADED),
+                height=None,  # as many lines as the message needs at the column's width: never cut
             )

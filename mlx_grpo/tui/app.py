@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Callable
 
 from textual.app import App, ComposeResult
+from textual import events
 from textual.binding import Binding
 from textual.reactive import var
 from textual.widgets import Footer, Input, TabbedContent, TabPane
@@ -80,15 +81,19 @@ class WatchApp(App[None]):
         *(Binding(str(i), f"show_view({i})", title, show=False) for i, (title, _) in enumerate(VIEWS, 1)),
         Binding("j", "move(1)", "down", show=False),
         Binding("k", "move(-1)", "up", show=False),
-        Binding("slash", "open_filter", "filter"),
+        # priority: handled as the key arrives, before the keys queued behind it are passed on, so the rest
+        # of "/zero_std" typed in one burst (a paste, a fast ssh link) lands in the box, not in the view
+        Binding("slash", "open_filter", "filter", priority=True),
         Binding("plus,equals_sign", "refresh_interval(1)", "slower"),
         Binding("minus", "refresh_interval(-1)", "faster"),
         Binding("s", "smoothing", "smoothing"),
+        Binding("y", "log_scale", "log y"),
         Binding("p", "pause", "pause"),
         Binding("r", "pick_runs", "runs"),
     ]
 
     smoothing = var(0.6, init=False)
+    log_scale = var(False, init=False)
     paused = var(False, init=False)
     refresh_s = var(1.0, init=False)
     filter = var("", init=False)  # the visible view's
@@ -162,7 +167,7 @@ class WatchApp(App[None]):
 
     def update_views(self) -> None:
         """Header always (elapsed time moves); the visible view only, and a chart opened over it."""
-        self._header.settings = Settings(self.refresh_s, self.smoothing, self.paused, self.filter)
+        self._header.settings = Settings(self.refresh_s, self.smoothing, self.paused, self.filter, self.log_scale)
         self._header.update_data()
         view = self.active_view()
         if view is not None:
@@ -209,6 +214,10 @@ class WatchApp(App[None]):
     def watch_smoothing(self, value: float) -> None:
         """Give the board the new smoothing and redraw."""
         self.board.smoothing = value
+        self.update_views()
+
+    def watch_log_scale(self, value: bool) -> None:
+        self.board.log_scale = value
         self.update_views()
 
     def watch_paused(self) -> None:
@@ -293,9 +302,23 @@ class WatchApp(App[None]):
 
     def action_open_filter(self) -> None:
         """Show the filter line holding the current filter."""
+        if self.focused is self._filter_box:  # the binding has priority: in the box, '/' is part of the filter
+            self._filter_box.post_message(events.Key("slash", "/"))  # queued behind the keys before it
+            return
         self._filter_box.value = self.filter
         self._filter_box.display = True
         self.set_focus(self._filter_box)  # at once: the next keys typed are the filter's
+
+    def on_paste(self, event: events.Paste) -> None:
+        """Text pasted outside the filter box is a filter ('/zero_std' as well as 'zero_std'): the box opens
+        holding all of it, where a key-by-key reading would drop characters or run them as commands."""
+        text = " ".join(event.text.split())
+        if self.focused is self._filter_box or not text or not self.check_action("open_filter", ()):
+            return
+        event.stop()
+        self.action_open_filter()
+        self._filter_box.value = text.removeprefix("/")
+        self._filter_box.cursor_position = len(self._filter_box.value)
 
     def action_close_filter(self, clear: bool = False) -> None:
         """Hide the filter line; with `clear`, drop the filter too."""
@@ -324,6 +347,9 @@ class WatchApp(App[None]):
         """Cycle through the smoothing levels."""
         levels = SMOOTHING_LEVELS
         self.smoothing = levels[(levels.index(self.smoothing) + 1) % len(levels)]
+
+    def action_log_scale(self) -> None:
+        self.log_scale = not self.log_scale
 
     def action_pause(self) -> None:
         """Stop or resume reading the runs."""

@@ -13,7 +13,8 @@ import numpy as np
 
 from ..telemetry.alerts.alert import LEVELS
 from ..telemetry.rundir.reader import RunReader, RunView, pid_alive
-from .downsample import ema, finite_points
+from ..telemetry.smoothing import ema
+from .downsample import finite_points
 from .palette import run_color
 
 
@@ -62,6 +63,7 @@ class Board:
     clock: Callable[[], float] = time.time
     alive: Callable[[int], bool] = pid_alive
     smoothing: float = 0.6
+    log_scale: bool = False  # charts' y axes in log10 where every value is positive
     # metric -> (level, indices of the runs where an alert on it stands)
     standing: dict[str, tuple[str, set[int]]] = field(default_factory=dict)
     # Bumped whenever any run's data changed; views skip work when it did not.

@@ -100,11 +100,49 @@ def render_cells(layers: list[Layer], width: int, height: int, y_lo: float, y_hi
 
 
 def nice_range(lo: float, hi: float) -> tuple[float, float]:
-    """A y-range with a little headroom; a flat series gets a band around it."""
+    """A y-range with a little headroom; a flat series gets a band around it. The headroom never crosses
+    zero: a metric that is never negative (KL, grad norm, a fraction) never shows a negative axis, and one
+    that is never positive never shows a positive one."""
     if not np.isfinite(lo) or not np.isfinite(hi):
         return 0.0, 1.0
     if hi - lo < 1e-12 * max(1.0, abs(hi)):
         pad = max(abs(hi) * 0.05, 1e-6)
-        return lo - pad, hi + pad
-    pad = (hi - lo) * 0.04
-    return lo - pad, hi + pad
+    else:
+        pad = (hi - lo) * 0.04
+    lower, upper = lo - pad, hi + pad
+    if lo >= 0 > lower:
+        lower = 0.0
+    if hi <= 0 < upper:
+        upper = 0.0
+    return lower, upper
+
+
+def nice_ticks(lo: float, hi: float, most: int) -> list[float]:
+    """At most `most` round values (1, 2 or 5 times a power of ten apart) inside [lo, hi], for labels and
+    gridlines, as TensorBoard and matplotlib place them."""
+    if most < 2 or not np.isfinite(lo) or not np.isfinite(hi) or hi <= lo:
+        return []
+    raw = (hi - lo) / (most - 1)
+    power = 10.0 ** np.floor(np.log10(raw))
+
+    def ticks(step: float) -> list[float]:
+        first, last = int(np.ceil(lo / step - 1e-9)), int(np.floor(hi / step + 1e-9))
+        return [float(f"{k * step:.12g}") for k in range(first, last + 1)]  # 0.6, not 0.6000000000000001
+
+    # The smallest round step that gives at most `most` ticks, and at least two (a range such as 0.2..16.6
+    # with room for 4 labels gets 5, 10, 15, not the single 10 that the first step above 5.5 would give).
+    steps = sorted(m * p for p in (power / 10, power, power * 10) for m in (1, 2, 2.5, 5))
+    fitting = [t for t in (ticks(step) for step in steps) if 2 <= len(t) <= most]
+    return max(fitting, key=len) if fitting else []
+
+
+def log_ticks(lo: float, hi: float, most: int) -> list[float]:
+    """Ticks of a log10 axis, given in log10 units: whole powers of ten, thinned to at most `most`; a range
+    within about one decade gets round values instead (1, 2, 3, 4 between 0.3 and 4.5)."""
+    if most < 2 or hi <= lo:
+        return []
+    powers = list(range(int(np.ceil(lo - 1e-9)), int(np.floor(hi + 1e-9)) + 1))
+    every = max(1, -(-len(powers) // most))
+    if len(powers[::every]) >= 2:
+        return [float(p) for p in powers[::every]]
+    return [float(np.log10(v)) for v in nice_ticks(10.0 ** lo, 10.0 ** hi, most) if v > 0]

@@ -13,7 +13,8 @@ from textual.widget import Widget
 
 from .board import Board
 from .board_widget import BoardView
-from .chart import MetricChart, short_name
+from ..telemetry.metrics.names import legend_names
+from .chart import MetricChart
 from .tile import MetricTile
 from .views import ViewSpec, resolve
 
@@ -25,7 +26,7 @@ def split_for_runs(title: str, metrics: list[str], runs: int) -> list[tuple[str,
     is split into one chart per metric.
     """
     if runs > 1 and len(metrics) > 1:
-        return [(f"{title}: {short_name(m)}", (m,)) for m in metrics]
+        return [(f"{title}: {name}", (m,)) for m, name in zip(metrics, legend_names(metrics))]
     return [(title, tuple(metrics))]
 
 
@@ -58,12 +59,14 @@ class ChartsView(BoardView, VerticalScroll):
     def chart_plan(self, board: Board) -> list[tuple[str, tuple[str, ...]]]:
         """(title, metrics) of each chart for the metrics the runs have."""
         available = board.available_metrics()
-        plan = []
+        plan, families = [], []
         for spec in self.spec.charts:
             metrics = resolve(spec, available)
-            if metrics:
-                plan.extend(split_for_runs(spec.title, metrics, len(board.runs)))
-        return plan
+            charts = split_for_runs(spec.title, metrics, len(board.runs)) if metrics else []
+            # Several runs split a family of metrics (one chart per reward function) into many charts:
+            # they follow the view's other charts, so accuracy stays on the first screen.
+            (families if len(charts) > 2 else plan).extend(charts)
+        return plan + families
 
     def update_data(self) -> None:
         """Show the tiles and charts the runs have data for and the filter keeps; redraw them."""

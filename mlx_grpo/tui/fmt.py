@@ -60,12 +60,14 @@ def fmt_step(step: int | None, total: int | None) -> str:
 _BLOCKS = "▁▂▃▄▅▆▇█"
 
 
-def fmt_spark(values, width: int) -> str:
-    """The last `width` values as a one-line block sparkline."""
+def fmt_spark(values, width: int, scale_range: tuple[float, float] | None = None) -> str:
+    """The last `width` values as a one-line block sparkline, scaled to their own range or to
+    `scale_range` (a percentage against 0-100, as btop draws it)."""
     vals = [v for v in values if v == v][-width:]
     if not vals:
         return ""
-    lo, hi = min(vals), max(vals)
+    lo, hi = scale_range if scale_range is not None else (min(vals), max(vals))
+    vals = [min(max(v, lo), hi) for v in vals]
     if hi <= lo:
         return _BLOCKS[3] * len(vals)
     scale = (len(_BLOCKS) - 1) / (hi - lo)

@@ -29,6 +29,7 @@ class Settings:
     smoothing: float
     paused: bool = False
     filter: str = ""
+    log_scale: bool = False
 
 
 class RunHeader(BoardWidget, Static):
@@ -72,7 +73,8 @@ class RunHeader(BoardWidget, Static):
             text.append("\n")
         settings = self.settings
         smoothing = f"EMA {settings.smoothing:g}" if settings.smoothing else "off"
-        text.append(f"refresh {settings.refresh_s:g}s · smoothing {smoothing}", style=MUTED)
+        text.append(f"refresh {settings.refresh_s:g}s · smoothing {smoothing} · y {'log' if settings.log_scale else 'linear'}",
+                    style=MUTED)
         if settings.filter:
             text.append(f" · filter '{settings.filter}'", style=f"bold {HIGHLIGHT}")
         if settings.paused:

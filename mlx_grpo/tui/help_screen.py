@@ -22,6 +22,7 @@ KEYS = (
           "escape clears it)"),
     ("+ / -", "refresh slower / faster"),
     ("s", "smoothing: off, EMA 0.6, 0.9, 0.99"),
+    ("y", "y axes: linear or log (charts whose values are all positive)"),
     ("p", "pause / resume reading the run"),
     ("r", "runs: pick the runs to overlay among those beside the watched ones"),
 )

@@ -23,6 +23,7 @@ CURSOR_BG = "#2b3a4a"     # the highlighted row of the metrics table
 BACKGROUND = "#0f1419"
 PANEL = "#1a2129"         # header and dialogs
 BORDER = "#3a4450"
+GRID = "#2c3540"           # chart gridlines: seen, never read as data
 
 LEVEL_COLORS = {"info": ACCENT, "warning": "#ffb020", "error": BAD}
 

@@ -22,7 +22,8 @@ from textual.widgets import SelectionList, Static
 from textual.widgets.selection_list import Selection
 
 from ..telemetry.rundir.writer import RunInfo, read_run_info
-from ..telemetry.rundir.reader import METRICS, is_run_dir
+from ..telemetry.rundir.writer import METRICS
+from ..telemetry.rundir.reader import is_run_dir
 from .fmt import fmt_step
 from .palette import MUTED
 

@@ -26,7 +26,16 @@ from .fmt import fmt_count, fmt_value
 from .palette import BAD, GOOD, MUTED, TEXT_BRIGHT
 
 MAX_ROWS = 300
-PREVIEW = 48
+PREVIEW = 24  # the list fits beside the detail pane (which shows every text in full)
+PROMPT_PREVIEW = 20
+ANSWER_PREVIEW = 8
+
+
+def _preview(text: str, width: int, keep_end: bool = False) -> str:
+    """One line of at most `width` characters, cut at the end (or, `keep_end`, at the start)."""
+    if len(text) <= width:
+        return text
+    return "…" + text[-(width - 1):] if keep_end else text[: width - 1] + "…"
 
 
 def _sample_text(name: str, color: str, s: dict) -> Table:
@@ -183,7 +192,7 @@ class SamplesView(BoardView, Horizontal):
 
     def on_mount(self) -> None:
         """Add the table's columns."""
-        self.query_one(DataTable).add_columns("run", "step", "total", "ok", "len", "completion")
+        self.query_one(DataTable).add_columns("run", "step", "total", "ok", "len", "prompt", "expected", "completion")
 
     def update_data(self) -> None:
         """Add the samples the runs wrote since the last refresh."""
@@ -223,13 +232,16 @@ class SamplesView(BoardView, Horizontal):
         self._next_key += 1
         correct = s.get("correct")
         completion = " ".join(str(s.get("completion", "")).split())
+        prompt = " ".join(str(s.get("prompt", "")).split())
         table.add_row(
             Text(board.runs[run_index].name, style=board.color(run_index)),
             Text(fmt_count(s.get("step", 0)), justify="right"),
             Text(fmt_value(s.get("total")), justify="right"),
             Text("✓", style=GOOD) if correct else Text("✗", style=BAD) if correct is not None else "",
             Text(str(s.get("length", "")), justify="right"),
-            completion[:PREVIEW] + ("…" if len(completion) > PREVIEW else ""),
+            _preview(prompt, PROMPT_PREVIEW, keep_end=True),  # a prompt's question is at its end
+            _preview(str(s.get("answer", "")), ANSWER_PREVIEW),
+            _preview(completion, PREVIEW),
             key=key,
         )
         self._rows[key] = (run_index, s)

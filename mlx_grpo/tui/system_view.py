@@ -33,6 +33,8 @@ class SparkLine(Widget):
     def __init__(self, metric: str):
         super().__init__(classes="spark")
         self.metric = metric
+        # A percentage reads against its real range, 0-100% (18% memory is a short bar, not a full one).
+        self.scale_range = (0.0, 100.0) if metric.endswith("_percent") else None
         self._points = None
         self._key: tuple | None = None
         self._text = ""
@@ -56,7 +58,7 @@ class SparkLine(Widget):
                 peaks = bucketize(xs, ys, float(xs[0]), float(xs[-1]), width).hi
                 # Fewer points than columns: widen each point so the line spans the row.
                 peaks = peaks[np.arange(width) * len(peaks) // width]
-                self._text = fmt_spark(peaks.tolist(), width)
+                self._text = fmt_spark(peaks.tolist(), width, self.scale_range)
         return Strip([Segment(self._text, _SPARK_STYLE)]).extend_cell_length(width)
 
 

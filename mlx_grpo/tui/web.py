@@ -18,6 +18,7 @@ Imports no mlx.
 from __future__ import annotations
 
 import hmac
+import logging
 import re
 import secrets
 from urllib.parse import urlsplit
@@ -28,7 +29,19 @@ from textual_serve.server import Server
 _REMOTE_FONT = re.compile(r"<link[^>]*fonts\.googleapis\.com[^>]*>", re.IGNORECASE)
 _LOCAL_FONT = ('<style>@font-face { font-family: "Roboto Mono"; '
                'src: url("/static/fonts/RobotoMono-VariableFont_wght.ttf"); }</style>')
+_TOKEN = re.compile(r"(token=)[0-9a-f]+")
 _HOST = re.compile(r"[A-Za-z0-9.\-]+(:\d+)?|\[[0-9A-Fa-f:.]+\](:\d+)?")
+
+
+class HideToken(logging.Filter):
+    """aiohttp's access log writes each request line, `GET /?token=...` included: it is kept (who asked for
+    what), with the token replaced, so a log or a shared terminal never holds the way in."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if "token=" in message:
+            record.msg, record.args = _TOKEN.sub(r"\1…", message), ()
+        return True
 
 
 def same_origin(origin: str, host: str) -> bool:
@@ -47,6 +60,11 @@ class WatchServer(Server):
         self.sessions = 0
         # Cookies do not tell ports apart: one name per port lets two servers run side by side.
         self.cookie = f"mlx_grpo_watch_{port}"
+
+    def initialize_logging(self) -> None:
+        super().initialize_logging()
+        for handler in logging.getLogger().handlers:
+            handler.addFilter(HideToken())
 
     @property
     def url(self) -> str:

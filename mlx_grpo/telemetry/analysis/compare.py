@@ -15,7 +15,7 @@ Public API:
   `config_differences(summaries)` is the same for loaded summaries.
 - `value_text(value) -> str`: a config value in a table cell.
 - `comparison_table(summaries, sort=None) -> rich.table.Table` and `comparison_json(summaries) -> list`.
-- `table_console() -> rich.console.Console`: the terminal's width, or PIPE_WIDTH when not a terminal.
+- `table_console() -> rich.console.Console`: the terminal's width, or the table's own width when piped.
 
 Imports no mlx.
 """
@@ -48,7 +48,6 @@ METRIC_COLUMNS = {  # summary attribute -> column title
     "elapsed_s": "time",
 }
 # Wide enough for a table of several differing keys when the output is a file or a pipe.
-PIPE_WIDTH = 200
 SORT_KEYS = ("name", *METRIC_COLUMNS)
 
 
@@ -220,5 +219,6 @@ def comparison_json(summaries: list[RunSummary], sort: str | None = None) -> lis
 
 def table_console() -> Console:
     """A rich console sized for tables, wide enough when output is not a terminal."""
-    console = Console(highlight=False)
-    return console if console.is_terminal else Console(highlight=False, width=PIPE_WIDTH)
+    from ..output import output_console
+
+    return output_console()

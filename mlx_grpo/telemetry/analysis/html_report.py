@@ -4,7 +4,7 @@ The charts a user would otherwise open TensorBoard for — reward per function, 
 entropy, lengths, throughput, memory, the alert timeline — drawn by matplotlib as inline SVG with
 text as paths (no fonts to fetch), plus sample completions and the reward report. Several runs
 overlay in every chart. The file makes no network request: no scripts, no CDN, no web fonts.
-matplotlib is an optional extra (`pip install 'mlx-grpo[report]'`). Imports no mlx.
+matplotlib is an optional extra (`pip install -e '.[report]'` in the checkout). Imports no mlx.
 """
 
 from __future__ import annotations
@@ -18,14 +18,16 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ...errors import UserError
+from ...errors import UserError, install_hint
+from ..metrics.names import (ACCEL_PEAK_GB, ACCURACY_TRAIN, BACKPROP_TOKENS_PER_S, ENTROPY, EVAL_ACCURACY,
+                             GEN_TOKENS_PER_S, KL, LENGTH_MEAN, PROCESS_RSS_GB, REWARD_MEAN, TRUNCATED_FRAC,
+                             legend_names)
 from ..rundir.completions import reward_heatmap
 from ..rundir.writer import RunInfo, atomic_write_text
+from ..smoothing import ema
 from .report import load_run
 from .reward_report import RewardReport, analyze_run
 from .run_data import RunData
-from ..metrics.names import (ACCEL_PEAK_GB, ACCURACY_TRAIN, BACKPROP_TOKENS_PER_S, ENTROPY, EVAL_ACCURACY,
-                             GEN_TOKENS_PER_S, KL, LENGTH_MEAN, PROCESS_RSS_GB, REWARD_MEAN, TRUNCATED_FRAC)
 
 # (title, y label, metrics): a metric with `*` stands for every reward function's.
 CHARTS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
@@ -66,11 +68,18 @@ def load_runs(run_dirs: Sequence[str | Path]) -> list[LoadedRun]:
     return runs
 
 
+def require_matplotlib() -> None:
+    """Checked before anything is printed or written: a missing extra is the first and only line."""
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is None:
+        raise UserError(f"report --html and --svg draw their charts with matplotlib: {install_hint('report')}")
+
+
 def _pyplot():
-    try:
-        import matplotlib
-    except ImportError:
-        raise UserError("report --html draws its charts with matplotlib: pip install 'mlx-grpo[report]'") from None
+    require_matplotlib()
+    import matplotlib
+
     matplotlib.use("Agg")
     matplotlib.rcParams.update({"svg.fonttype": "path", "font.size": 9, "axes.spines.top": False,
                                 "axes.spines.right": False, "svg.hashsalt": "mlx-grpo"})
@@ -88,42 +97,66 @@ def _metric_names(pattern: str, runs: Sequence[LoadedRun]) -> list[str]:
     return sorted(names - {REWARD_MEAN})
 
 
-def _svg(fig) -> str:
+def _svg(fig, tight: bool = True) -> str:
     buffer = io.StringIO()
-    fig.savefig(buffer, format="svg", bbox_inches="tight")
+    fig.savefig(buffer, format="svg", bbox_inches="tight" if tight else None)
     text = buffer.getvalue()
     text = re.sub(r"<metadata>.*?</metadata>", "", text, flags=re.S)  # RDF boilerplate naming web addresses
     return text[text.index("<svg"):]  # drop the XML prolog and DOCTYPE: the SVG sits inside HTML
 
 
-def chart_svg(plt, title: str, ylabel: str, patterns: Sequence[str], runs: Sequence[LoadedRun]) -> str | None:
-    """One chart, every run and every matching metric as a line; None when no run has any of them."""
+def chart_svg(plt, title: str, ylabel: str, patterns: Sequence[str], runs: Sequence[LoadedRun],
+              smoothing: float = 0.0) -> str | None:
+    """One chart as SVG (see chart_figure); None when no run has any of its metrics."""
+    fig = chart_figure(plt, title, ylabel, patterns, runs, smoothing)
+    if fig is None:
+        return None
+    svg = _svg(fig, tight=False)  # laid out by chart_figure: every chart's plot the same width on the page
+    plt.close(fig)
+    return svg
+
+
+def chart_figure(plt, title: str, ylabel: str, patterns: Sequence[str], runs: Sequence[LoadedRun],
+                 smoothing: float = 0.0):
+    """One chart, every run and every matching metric as a line; None when no run has any of them.
+    `smoothing` > 0 draws TensorBoard's exponential moving average over the raw points, which stay
+    faint beneath it. The legend sits under the axes, in columns, every name in full."""
     # A colour per metric, a line style per run: overlaid runs of one metric read as one family. With
     # one metric, each run gets a colour of its own as well (three seeds in one colour were hard to follow).
     lines = []
     names = [name for pattern in patterns for name in _metric_names(pattern, runs)]
+    short = dict(zip(names, legend_names(names)))  # answer_check, not rewards/answer_check/mean
     for k, name in enumerate(names):
         for r, run in enumerate(runs):
             steps, values = run.data.series(name)
             if len(values):
-                label = name if len(runs) == 1 else f"{run.title}: {name}"
+                label = short[name] if len(runs) == 1 else f"{run.title}: {short[name]}"
                 colour = f"C{(r if len(names) == 1 else k) % 10}"
                 lines.append((steps, values, label, colour, RUN_STYLES[r % len(RUN_STYLES)]))
     if not lines:
         return None
-    fig, ax = plt.subplots(figsize=(6.2, 2.8))
+    columns = 1 if len(lines) < 2 else 2 if max(len(label) for *_, label, _, _ in lines) > 28 else 3
+    legend_rows = -(-len(lines) // columns) if len(lines) > 1 else 0
+    # Fixed margins in inches, the legend's rows added below: the plots line up from chart to chart.
+    height = 2.9 + (0.3 + 0.19 * legend_rows if legend_rows else 0.0)
+    fig = plt.figure(figsize=(6.2, height))
+    bottom = 0.55 + (0.3 + 0.19 * legend_rows if legend_rows else 0.0)
+    ax = fig.add_axes((0.8 / 6.2, bottom / height, 5.2 / 6.2, (height - bottom - 0.35) / height))
     for steps, values, label, colour, style in lines:
+        if smoothing > 0 and len(values) > 1:
+            ax.plot(steps, values, linewidth=1.0, color=colour, linestyle=style, alpha=0.25)
+            values = ema(values, smoothing)
         ax.plot(steps, values, marker="o" if len(values) < 15 else None, markersize=3, linewidth=1.4, label=label,
                 color=colour, linestyle=style)
-    ax.set_title(title, loc="left", fontweight="bold")
+    ax.set_title(title + (f" (smoothed {smoothing:g})" if smoothing > 0 else ""), loc="left", fontweight="bold")
     ax.set_xlabel("step")
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
     if len(lines) > 1:
-        ax.legend(fontsize=7, frameon=False, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    svg = _svg(fig)
-    plt.close(fig)
-    return svg
+        # Under the axes, not beside them: every chart keeps the same plot width, and names are not cut.
+        ax.legend(fontsize=8, frameon=False, loc="upper left", ncol=columns, handlelength=2.6, columnspacing=1.2,
+                  bbox_to_anchor=(-0.02, (bottom - 0.5) / height), bbox_transform=fig.transFigure)
+    return fig
 
 
 def alert_timeline_svg(plt, runs: Sequence[LoadedRun]) -> str | None:
@@ -147,6 +180,11 @@ def alert_timeline_svg(plt, runs: Sequence[LoadedRun]) -> str | None:
     svg = _svg(fig)
     plt.close(fig)
     return svg
+
+
+def _rounded(value: Any) -> Any:
+    """A reward as people read it: 7.333, not 7.333333333333333."""
+    return f"{value:.4g}" if isinstance(value, float) else value
 
 
 def _e(value: Any) -> str:
@@ -175,7 +213,7 @@ def _samples_section(run: LoadedRun) -> str:
     rows = "".join(
         f"<tr><td>{_e(s.get('step'))}</td><td><pre>{_e(s.get('prompt'))}</pre></td>"
         f"<td><pre>{_e(s.get('completion'))}</pre></td><td>{_e(s.get('answer'))}</td>"
-        f"<td>{_e(s.get('total'))}</td><td>{'yes' if s.get('correct') else 'no'}</td></tr>"
+        f"<td>{_e(_rounded(s.get('total')))}</td><td>{'yes' if s.get('correct') else 'no'}</td></tr>"
         for s in samples if isinstance(s, dict))
     return (f"<section><h3>Sample completions: {_e(run.title)} (last {len(samples)})</h3><table>"
             "<tr><th>step</th><th>prompt</th><th>completion</th><th>answer</th><th>reward</th><th>correct</th></tr>"
@@ -213,12 +251,12 @@ def reward_heatmap_svg(plt, run: LoadedRun) -> str | None:
     return svg
 
 
-def draw_charts(runs: Sequence[LoadedRun]) -> list[tuple[str, str]]:
+def draw_charts(runs: Sequence[LoadedRun], smoothing: float = 0.0) -> list[tuple[str, str]]:
     """(title, SVG) of every chart some run has data for, then each run's reward heatmap, the alert
     timeline last."""
     plt = _pyplot()
     charts = [(title, svg) for title, ylabel, metrics in CHARTS
-              if (svg := chart_svg(plt, title, ylabel, metrics, runs))]
+              if (svg := chart_svg(plt, title, ylabel, metrics, runs, smoothing))]
     for run in runs:
         if (heatmap := reward_heatmap_svg(plt, run)) is not None:
             charts.append((f"Reward heatmap {run.title}" if len(runs) > 1 else "Reward heatmap", heatmap))
@@ -228,9 +266,9 @@ def draw_charts(runs: Sequence[LoadedRun]) -> list[tuple[str, str]]:
     return charts
 
 
-def render_html(runs: Sequence[LoadedRun]) -> str:
+def render_html(runs: Sequence[LoadedRun], smoothing: float = 0.0) -> str:
     """The report of one or several runs as one self-contained HTML page."""
-    charts = draw_charts(runs)
+    charts = draw_charts(runs, smoothing)
     names = ", ".join(run.title for run in runs)
     body = [f"<h1>mlx-grpo run report: {_e(names)}</h1>",
             "<div class='charts'>" + "".join(f"<figure class='chart' title='{_e(title)}'>{svg}</figure>"
@@ -247,21 +285,21 @@ def chart_file_name(title: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", title.lower()).strip("-") + ".svg"
 
 
-def write_chart_files(run_dirs: Sequence[str | Path], out_dir: str | Path) -> list[Path]:
+def write_chart_files(run_dirs: Sequence[str | Path], out_dir: str | Path, smoothing: float = 0.0) -> list[Path]:
     """Each chart of the runs (overlaid) as its own SVG file in `out_dir`, for a README or a slide."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = []
-    for title, svg in draw_charts(load_runs(run_dirs)):
+    for title, svg in draw_charts(load_runs(run_dirs), smoothing):
         path = out / chart_file_name(title)
         atomic_write_text(path, svg)
         paths.append(path)
     return paths
 
 
-def write_html_report(run_dirs: Sequence[str | Path], out: str | Path | None = None) -> Path:
+def write_html_report(run_dirs: Sequence[str | Path], out: str | Path | None = None, smoothing: float = 0.0) -> Path:
     """Write the report of one or more runs; the default place is report.html in the first run directory."""
     runs = load_runs(run_dirs)
     path = Path(out) if out is not None else Path(run_dirs[0]) / "report.html"
-    atomic_write_text(path, render_html(runs))
+    atomic_write_text(path, render_html(runs, smoothing))
     return path

@@ -124,7 +124,10 @@ def _score_style(score: float | None) -> str:
 
 def print_report(report: RewardReport, title: str, console: Console | None = None) -> None:
     """Print the report on the terminal."""
-    console = console or Console()
+    if console is None:
+        from ..output import output_console
+
+        console = output_console()
     q = report.quality
     parts = Table(show_header=True, header_style="bold", expand=True, box=None)
     parts.add_column("part")

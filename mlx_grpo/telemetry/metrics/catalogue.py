@@ -173,7 +173,11 @@ def _policy_entries() -> list[MetricSpec]:
         MetricSpec("policy/kl_penalty", "The KL term as added to the loss: beta * policy/kl.", "", p, EVERY_STEP),
         MetricSpec("policy/kl_coef", "beta, the coefficient of the KL term.", "", p, EVERY_STEP),
         MetricSpec(ENTROPY, "Mean per-token entropy of the policy's next-token distribution over "
-                   "completion tokens.", "nats", p, EVERY_STEP),
+                   "completion tokens, on a sample of positions: every k-th completion position, k = "
+                   "ceil(max_generation_steps / 32), so at most 32 per completion (every position up to 32-token "
+                   "completions). Monitoring only: over a 152k vocabulary at every position it cost as much as "
+                   "the update's log-probs (issue 28). entropy_logging's dumps keep every position.", "nats", p,
+                   EVERY_STEP),
         MetricSpec("policy/clip_frac_low", "Fraction of completion tokens where the lower clip bound was active "
                    "(ratio < 1 - epsilon with a negative advantage).", "fraction", p, EVERY_STEP),
         MetricSpec("policy/clip_frac_high", "Fraction of completion tokens where the upper clip bound was active "
@@ -315,18 +319,21 @@ def _system_entries() -> list[MetricSpec]:
         MetricSpec(PROCESS_RSS_GB, "Resident set size of the training process.", "GB", s, EVERY_STEP),
         MetricSpec(ACCEL_ACTIVE_GB, "MLX memory held by live arrays (mx.get_active_memory).", "GB", s,
                    accel),
-        MetricSpec(ACCEL_PEAK_GB, "Peak MLX memory since the start (mx.get_peak_memory).", "GB", s,
+        MetricSpec(ACCEL_PEAK_GB, "Peak MLX memory since the last phase began (mx.get_peak_memory; the counter is "
+                   "reset per phase, see memory/*_peak_gb).", "GB", s,
                    accel),
         MetricSpec("system/accel_cache_gb", "MLX buffer cache: freed memory kept for reuse (mx.get_cache_memory).",
                    "GB", s, accel),
-        MetricSpec(ACCEL_LIMIT_GB, "The device's recommended working-set size (Metal); left out where "
-                   "the backend reports none.", "GB", s, accel),
+        MetricSpec(ACCEL_LIMIT_GB, "The device's recommended working-set size (Metal), divided by the "
+                   "number of trainers sharing the machine (a parallel sweep, mlx.launch ranks on one host); left "
+                   "out where the backend reports none.", "GB", s, accel),
         MetricSpec(ACCEL_MEMORY_PERCENT, "accel_active_gb as a percentage of accel_limit_gb.", "%", s,
                    accel),
         *(MetricSpec(f"memory/{phase}_peak_gb", f"Peak MLX memory during this step's {words} (the counter is "
                      "reset before the phase): what the phase needs, KV cache and activations included.", "GB",
                      "memory", EVERY_STEP)
-          for phase, words in (("rollout", "rollout"), ("ref", "reference pass"), ("update", "update"))),
+          for phase, words in (("rollout", "rollout"), ("ref", "reference pass"), ("update", "update"),
+                               ("eval", "held-out evaluation (steps that evaluate)"))),
         MetricSpec("memory/peak_percent", "This step's highest phase peak (memory/*_peak_gb) as a percentage of "
                    "the device's recommended working set (system/accel_limit_gb): the memory-pressure alert "
                    "watches it, since memory read after the step misses the KV cache and activations.", "%",
@@ -514,6 +521,9 @@ def render_markdown() -> list[str]:
         "",
         "Kinds: scalar (metrics.jsonl, TensorBoard, W&B), histogram (TensorBoard and W&B), summary",
         "(final_metrics.json and sink summaries), table / chart / text (TensorBoard or W&B media).",
+        "",
+        "Units: GB is 10^9 bytes in every `*_gb` metric, as in `mlx-grpo plan` and `mlx-grpo bench`",
+        "(mlx_grpo/telemetry/units.py; runs recorded before issue 28 wrote GiB, 2^30 bytes, under the same names).",
         "",
     ]
     for group in groups():

@@ -60,3 +60,22 @@ SAMPLES_TABLE = "samples/completions"
 
 # dynamic sampling, made in the trainer
 REDRAWN_PROMPTS = "sampling/redrawn_prompts"
+
+
+def legend_names(metrics: list[str]) -> list[str]:
+    """Names without the path segments all of them share, front and back.
+
+    [rewards/a/mean, rewards/b/mean] -> [a, b]; [accuracy/train, eval/accuracy]
+    stay whole; a single metric keeps its full name.
+    """
+    if len(metrics) < 2:
+        return list(metrics)
+    parts = [m.split("/") for m in metrics]
+    shortest = min(len(p) for p in parts)
+    front = 0
+    while front < shortest - 1 and len({p[front] for p in parts}) == 1:
+        front += 1
+    back = 0
+    while back < shortest - front - 1 and len({p[-1 - back] for p in parts}) == 1:
+        back += 1
+    return ["/".join(p[front : len(p) - back]) for p in parts]

@@ -14,6 +14,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from ..units import GB
 from .reward_stats import reward_metrics
 from .names import (ACCURACY_TRAIN, EVAL_ACCURACY, EVAL_SECONDS, FINISHED_CORRECT_FRAC, FINISHED_FRAC,
                     GEN_MS_PER_TOKEN, GRAD_NORM, KL, LEARNING_RATE, LOSS, PROMPT_TRUNCATED_FRAC, STEP_TOKENS_PER_S,
@@ -143,8 +144,8 @@ def timing_metrics(data: StepData) -> dict[str, float]:
 
 
 def memory_metrics(data: StepData) -> dict[str, float]:
-    """The peak memory of each phase of this step, in GiB."""
-    return {f"memory/{phase}_peak_gb": peak / 2**30 for phase, peak in data.peak_memory.items()}
+    """The peak memory of each phase of this step, in GB (mlx_grpo/telemetry/units.py)."""
+    return {f"memory/{phase}_peak_gb": peak / GB for phase, peak in data.peak_memory.items()}
 
 
 def peak_share_metrics(peak_memory: Mapping[str, float], working_set_gb: float | None) -> dict[str, float]:
@@ -153,7 +154,7 @@ def peak_share_metrics(peak_memory: Mapping[str, float], working_set_gb: float |
     Measured on the peak, not after the step: by then the KV cache and activations are freed."""
     if not peak_memory or not working_set_gb:
         return {}
-    return {"memory/peak_percent": 100.0 * max(peak_memory.values()) / 2**30 / working_set_gb}
+    return {"memory/peak_percent": 100.0 * max(peak_memory.values()) / GB / working_set_gb}
 
 
 def step_record(data: StepData) -> dict[str, float]:

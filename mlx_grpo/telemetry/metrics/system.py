@@ -32,9 +32,9 @@ from typing import Callable, Mapping
 
 import psutil
 
+from ..units import GB
 from .names import ACCEL_MEMORY_PERCENT, CPU_PERCENT, MEMORY_PERCENT, MEMORY_USED_GB, PROCESS_RSS_GB
 
-GB = 1024 ** 3
 _UTILIZATION = re.compile(r'"Device Utilization %"\s*=\s*(\d+(?:\.\d+)?)')
 
 

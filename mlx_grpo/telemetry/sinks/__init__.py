@@ -19,14 +19,11 @@ trackio.py):
 - `make_sinks(run_dir, tensorboard=True, tensorboard_dir=None, flush_secs=2, wandb=None, trackio=None,
   warn=None, fsync=False, purge_step=None) -> SinkSet`: the usual set; a sink whose library is not installed
   is left out with a warning.
-- `wandb_enabled(flag, environ=os.environ) -> bool`: `--wandb` / `--no-wandb` / neither (on when
-  WANDB_API_KEY is set).
 - `base.samples_markdown(samples) -> str`, `base.flatten_config(config) -> dict`: the formatting the sinks share.
 """
 
 from __future__ import annotations
 
-import os
 import queue
 import sys
 import threading
@@ -38,6 +35,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from ..rundir.writer import RunDirWriter, RunInfo, json_safe
+from ...errors import install_hint
 from .base import Sink
 from .tensorboard import TensorBoardSink
 from .wandb import WandbOptions, WandbSink
@@ -143,10 +141,6 @@ class ThreadedSink(Sink):
 
 # ----------------------------------------------------------------------------- fan-out
 
-
-def wandb_enabled(flag: bool | None, environ: Mapping[str, str] = os.environ) -> bool:
-    """`--wandb` (True) turns W&B on, `--no-wandb` (False) off; no flag (None): on when WANDB_API_KEY is set."""
-    return bool(environ.get("WANDB_API_KEY")) if flag is None else flag
 
 
 def _stderr(message: str) -> None:
@@ -280,11 +274,11 @@ def make_sinks(run_dir: str | Path, tensorboard: bool = True, tensorboard_dir: s
         try:
             sinks.append(ThreadedSink(WandbSink(wandb)))
         except ImportError as exc:
-            warn(f"mlx-grpo: warning: W&B logging is off: {exc} (pip install 'mlx-grpo[wandb]')")
+            warn(f"mlx-grpo: warning: W&B logging is off: {exc} ({install_hint('wandb')})")
     if trackio is not None:
         try:
             sinks.append(TrackioSink(trackio))
         except ImportError as exc:
-            warn(f"mlx-grpo: warning: Trackio logging is off: {exc} (pip install 'mlx-grpo[trackio]')")
+            warn(f"mlx-grpo: warning: Trackio logging is off: {exc} ({install_hint('trackio')})")
     return SinkSet(RunDirWriter(run_dir, fsync=fsync), sinks, warn=warn)
 

@@ -149,6 +149,9 @@ class TensorBoardSink(Sink):
         self.writer.add_custom_scalars(tensorboard_layout())
         hparam_values = differing_first(flatten_config(info.config), run_dir)
         experiment, session_start, _ = hparams(hparam_values, {name: 0.0 for name in HPARAM_METRICS})
+        # tensorboardX's public add_hparams writes these into a new timestamped sub-run (TensorBoard then shows
+        # two runs per run); tensorboard's summary_v2.hparams_pb would need the tensorboard package. So its
+        # public summary builder, written through the run's own file writer (tensorboardX pinned below 3).
         file_writer = self.writer._get_file_writer()
         file_writer.add_summary(experiment)
         file_writer.add_summary(session_start)
