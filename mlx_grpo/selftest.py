@@ -23,6 +23,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from .telemetry.metrics.names import EVAL_ACCURACY
+
 PERTURB_ENV = "MLX_GRPO_SELFTEST_PERTURB"
 
 # Measured here (Linux x86_64, 2 cores, MLX CPU backend, fp32): the default model's held-out accuracy gain
@@ -291,8 +293,8 @@ def check_learning(base_dir: Path, work: Path) -> Check:
     start = time.perf_counter()
     run = Path(train(config, base_dir)["run_dir"])
     seconds = time.perf_counter() - start
-    accuracy = [r["eval/accuracy"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
-                if "eval/accuracy" in r]
+    accuracy = [r[EVAL_ACCURACY] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
+                if EVAL_ACCURACY in r]
     gain = float(perturbed("learning", np.array(accuracy[-1] - accuracy[0])))
     want = LEARNING_SHARE * REFERENCE_GAIN
     return Check("learning", "pass" if gain >= want else "fail",
