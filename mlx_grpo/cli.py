@@ -15,6 +15,7 @@ import sys
 from .blas import reexec_with_openblas
 from .config_aliases import NO_EQUIVALENT
 from .errors import UserError
+from .telemetry.terminal import terminal_safe
 from .name_clash import clash_message, clashing_packages
 
 # name -> (module, one-line help)
@@ -88,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as err:
         if args.debug:
             raise
-        print(f"mlx-grpo {args.command}: error: {err}", file=sys.stderr)
+        print(f"mlx-grpo {args.command}: error: {terminal_safe(str(err))}", file=sys.stderr)
         return err.exit_code
     except KeyboardInterrupt:
         print(f"mlx-grpo {args.command}: interrupted", file=sys.stderr)

@@ -20,7 +20,8 @@ import yaml
 
 from .config_aliases import translate, unknown_key_hint
 from .config_paths import resolve_input_paths
-from .errors import UserError, yaml_error
+from .errors import UserError
+from .telemetry.user_files import load_yaml, read_yaml_file
 
 DEFAULT_MODEL = "default"  # the small arithmetic model shipped inside the package
 DEFAULT_REWARDS = ("format_exact", "format_approx", "answer_check", "number_check", "digit_match")
@@ -80,6 +81,9 @@ class TrainConfig:
     model_id: str = key(DEFAULT_MODEL,
                         "'default' (the shipped model), a local Hugging Face-format directory, or a hub id")
     dtype: str = key("auto", "auto: bfloat16 for LoRA on a GPU, float32 otherwise (the CPU backend, full fine-tuning)")
+    # MLX's quantized matmul is fast on a GPU, slow on the CPU backend:
+    quantized_base: str = key("auto", "auto: a quantized base made plain at load on the CPU if it fits | keep | "
+                                      "dequantize")
     use_lora: bool = key(False, "train LoRA adapters on a frozen base (else every weight)")
     lora_rank: int = key(8, "rank of each adapter")
     lora_alpha: float = key(16.0, "adapter scale is lora_alpha / lora_rank")
@@ -144,8 +148,8 @@ class TrainConfig:
                                     help="built-in names or file.py:function, weighted")
     rubric_file: str | None = key(None, "a YAML rubric of weighted criteria scored as one more reward")
     rubric_weight: float = key(1.0, "weight of the rubric's reward")
-    correctness: str = key("auto", "what counts as correct (accuracy, held-out eval): auto | answer | none | "
-                                   "file.py:function")
+    correctness: str = key("auto", "what counts as correct (accuracy, held-out eval): auto | answer | last_number | "
+                                   "none | file.py:function")
 
     # --- evaluation, checkpoints, logging ---
     eval_every: int = key(25, "held-out greedy accuracy before the first update (step 0), every N steps and at "
@@ -193,7 +197,8 @@ class TrainConfig:
     def validate(self, source: str) -> None:
         """Refuse impossible values, naming the key and where it came from."""
         checks: list[tuple[str, bool, str]] = [
-            ("num_steps", self.num_steps >= 1, "at least 1"),
+            # above 2^53 a step count is no longer exact as a float (the schedules computed with it broke)
+            ("num_steps", 1 <= self.num_steps <= 2**53, "between 1 and 2^53"),
             ("seed", 0 <= self.seed < 2**31, "an integer in [0, 2^31)"),
             ("run_name", self.run_name is None or _plain_name(self.run_name),
              "one plain directory name (no '/', no '..', at most 200 characters)"),
@@ -224,6 +229,8 @@ class TrainConfig:
             ("max_prompt_length", self.max_prompt_length >= 1, "at least 1"),
             ("max_generation_steps", self.max_generation_steps >= 1, "at least 1"),
             ("lora_rank", self.lora_rank >= 1, "at least 1"),
+            # 0 meant every layer (mlx-lm's layers[-0:]): refused, -1 says 'all'
+            ("lora_layers", self.lora_layers == -1 or self.lora_layers >= 1, "-1 (every layer) or at least 1"),
             ("lora_alpha", self.lora_alpha > 0, "positive"),
             ("lora_dropout", 0 <= self.lora_dropout < 1, "in [0, 1)"),
             ("eval_every", self.eval_every >= 0, "non-negative (0 turns evaluation off)"),
@@ -256,6 +263,7 @@ class TrainConfig:
         ]
         choices = {
             "dtype": ("auto", "float32", "bfloat16", "float16"),
+            "quantized_base": ("auto", "keep", "dequantize"),
             "loss_type": ("grpo", "bnpo", "dr_grpo", "dapo"),
             "importance_sampling_level": ("token", "sequence"),
             "scale_rewards": ("group", "batch", "none"),
@@ -307,6 +315,12 @@ def _type_name(tp: Any) -> str:
 
 def _coerce(value: Any, tp: Any, key: str, source: str) -> Any:
     """Check `value` against the annotated type `tp`; return it converted."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:  # YAML's "\ud83d" escapes give lone surrogates: no file or name takes them
+            raise UserError(f"{source}: key '{key}' is not valid text (a lone surrogate); write the character "
+                            f"itself") from None
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
         args = typing.get_args(tp)
@@ -394,15 +408,7 @@ def _build_dataclass(cls: type, mapping: dict, prefix: str, source: str, base: A
 
 def read_yaml_mapping(path: Path) -> dict:
     """Safe-load a YAML file that must hold a mapping; errors name the file and line."""
-    if not path.is_file():
-        raise UserError(f"{path}: config file not found")
-    try:
-        data = yaml.safe_load(path.read_bytes().decode("utf-8"))
-    except UnicodeDecodeError as err:
-        line = path.read_bytes()[: err.start].count(b"\n") + 1
-        raise UserError(f"{path}:{line}: not UTF-8 text (byte {err.object[err.start]:#04x})") from None
-    except yaml.YAMLError as err:
-        raise yaml_error(path, err) from None
+    data = read_yaml_file(path, "config file")
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -416,7 +422,7 @@ def parse_override(text: str) -> tuple[str, Any]:
         raise UserError(f"--set {text!r}: expected KEY=VALUE")
     key, raw = text.split("=", 1)
     try:
-        value = yaml.safe_load(raw) if raw != "" else ""
+        value = load_yaml(raw, f"--set {key.strip()}") if raw != "" else ""
     except yaml.YAMLError:
         value = raw
     return key.strip(), value

@@ -2,12 +2,29 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 from rich.console import Console
+from rich.text import Text
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from .telemetry.metrics import names
+from .telemetry.terminal import terminal_safe
+
+
+class _PipeSafeConsole(Console):
+    """A console whose stdout may go away (`| head`, a pager quit early, a dead log collector): rich's own
+    answer is SystemExit(1) from inside print, which ended training at once with no message and no
+    checkpoint. Here the output goes to /dev/null from then on, and stderr says so once; training goes on."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        print("mlx-grpo: warning: standard output was closed (broken pipe); training goes on without printing "
+              "progress, the run directory keeps every record", file=sys.stderr, flush=True)
 
 
 class TrainingConsole:
@@ -16,7 +33,7 @@ class TrainingConsole:
     def __init__(self, total_steps: int, start_step: int = 0, enabled: bool = True, console: Console | None = None):
         # Without a terminal (a log file, CI, a pipe) lines are never wrapped at rich's default 80 columns:
         # a run directory path or an alert stays one line that grep and copy-paste can use.
-        self.console = console or Console(stderr=False, highlight=False, soft_wrap=not sys.stdout.isatty())
+        self.console = console or _PipeSafeConsole(stderr=False, highlight=False, soft_wrap=not sys.stdout.isatty())
         self.task_total = total_steps
         self.progress = Progress(
             *self._columns(""),
@@ -73,5 +90,6 @@ class TrainingConsole:
         if self.plain and (step % every == 0 or held_out is not None):
             self.console.print(f"step {step}/{self.progress.tasks[0].total}  {summary}")
 
-    def message(self, text: str, style: str | None = None) -> None:
-        self.console.print(text, style=style)
+    def message(self, text: str | Text, style: str | None = None) -> None:
+        # Text from rewards, datasets, judges and alert rules: escape sequences shown, not acted on.
+        self.console.print(terminal_safe(text) if isinstance(text, str) else text, style=style)

@@ -8,6 +8,8 @@ one bool per completion. `correctness` in the config picks it:
   arithmetic task, or a reward set with a built-in answer reward, which reads the same `<answer>` tag);
   otherwise none: a custom task's accuracy is not measurable by us, so it is "n/a" rather than 0%;
 - `answer`: the built-in answer check always (the `<answer>...</answer>` text equals the row's answer);
+- `last_number`: the reply's last number equals the row's answer, for chat models that answer in prose and
+  never write tags ("9 + 21 = 30."); `auto` picks it when the rewards include `last_number_check`;
 - `none`: no check (accuracy n/a, no held-out evaluation);
 - `file.py:function`: the user's own check, resolved like a reward function.
 """
@@ -32,17 +34,24 @@ def answer_check(prompts: list, completions: list[str], answers: list[str], **co
     return [is_correct(text, answer) for text, answer in zip(completions, answers)]
 
 
+def last_number_check(prompts: list, completions: list[str], answers: list[str], **columns: Any) -> list[bool]:
+    """The reply's last number is the row's answer (numbers compared by value)."""
+    return [is_correct(text, answer, "last_number") for text, answer in zip(completions, answers)]
+
+
 def load_correctness(setting: str, dataset: str, reward_names: list[str], base_dir: Path) -> Check | None:
     """The run's correctness check, or None when accuracy cannot be measured."""
     if setting == "none":
         return None
     if setting == "answer":
         return answer_check
+    if setting == "last_number" or (setting == "auto" and "last_number_check" in reward_names):
+        return last_number_check
     if setting == "auto":
         fits = dataset == "arithmetic" or any(name in ANSWER_REWARDS for name in reward_names)
         return answer_check if fits else None
     if ":" not in setting:
-        raise UserError(f"key 'correctness' is {setting!r}; expected auto, answer, none or file.py:function")
+        raise UserError(f"key 'correctness' is {setting!r}; expected auto, answer, last_number, none or file.py:function")
     try:
         fn = load_reward_functions([(setting, 1.0)], base_dir)[0].fn
     except UserError as err:

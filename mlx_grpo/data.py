@@ -76,6 +76,12 @@ def _row(record: dict, where: str, fmt: str, prompt_field: str, answer_field: st
         row.update(prompt=prompt if messages is None else _transcript(messages), answer=str(answer))
         if messages is not None:
             row["messages"] = messages
+    for key in ("prompt", "answer"):
+        try:
+            row[key].encode("utf-8")
+        except UnicodeEncodeError as err:  # a JSON \ud800 escape: no tokenizer takes it
+            raise UserError(f"{where}: field '{prompt_field if key == 'prompt' else answer_field}' is not valid "
+                            f"text (a lone surrogate, {err.object[err.start]!a}); fix or drop the row") from None
     shadowing = sorted(REWARD_ARGUMENTS & set(row))
     if shadowing:
         raise UserError(f"{where}: column '{shadowing[0]}' has the name of a reward function's own argument "
@@ -86,7 +92,8 @@ def _row(record: dict, where: str, fmt: str, prompt_field: str, answer_field: st
 def read_jsonl_dataset(path: Path, fmt: str, prompt_field: str, answer_field: str) -> list[dict]:
     """Rows from a JSONL file; every problem is reported with its line number."""
     if not path.is_file():
-        raise UserError(f"{path}: dataset file not found")
+        kind = "is not a regular file (a directory, a FIFO or a device)" if path.exists() else "not found"
+        raise UserError(f"{path}: dataset file {kind}")
     rows: list[dict] = []
     with path.open("rb") as fh:
         for line_no, raw in enumerate(fh, 1):
@@ -307,9 +314,19 @@ MAX_CHARS_PER_TOKEN = 64
 def encode_prompt(tokenizer: Any, text: str, config: Any, messages: list[dict] | None = None) -> EncodedPrompt:
     """Token ids of one prompt (or conversation), cut from the left to max_prompt_length."""
     keep_chars = config.max_prompt_length * MAX_CHARS_PER_TOKEN
-    cut = messages is None and len(text) > keep_chars
-    if cut:
-        text = text[-keep_chars:]
+    if messages is None:
+        cut = len(text) > keep_chars
+        if cut:
+            text = text[-keep_chars:]
+    else:  # a conversation loses its oldest text first, to the same budget
+        cut = sum(len(m["content"]) for m in messages) > keep_chars
+        if cut:
+            kept, budget = [], keep_chars
+            for message in reversed(messages):
+                content = message["content"][-budget:] if budget > 0 else ""
+                budget -= len(content)
+                kept.append({**message, "content": content})
+            messages = kept[::-1]
     rendered = render_prompt(tokenizer, text, config.system_prompt, config.use_chat_template, messages)
     tokens = list(rendered) if not isinstance(rendered, str) else tokenizer.encode(rendered)
     if hasattr(tokens, "get"):  # some tokenizers return a BatchEncoding
@@ -318,3 +335,15 @@ def encode_prompt(tokenizer: Any, text: str, config: Any, messages: list[dict] |
     if len(tokens) > limit:
         return EncodedPrompt(tokens[-limit:], True)
     return EncodedPrompt(tokens, cut)
+
+
+def longest_prompt(tokenizer: Any, rows: list[dict], config: Any, exact: int = 64) -> int:
+    """Tokens of the longest prompt among `rows`, encoded as the trainer encodes it (chat template, system
+    prompt, cut to max_prompt_length). Every prompt's text is counted in one batch call of the tokenizer;
+    the `exact` longest by that count are then encoded exactly."""
+    keep_chars = config.max_prompt_length * MAX_CHARS_PER_TOKEN
+    texts = [_transcript(row["messages"]) if row.get("messages") else row["prompt"][-keep_chars:] for row in rows]
+    counts = [len(ids) for ids in getattr(tokenizer, "_tokenizer", tokenizer)(texts, add_special_tokens=False)["input_ids"]]
+    longest = sorted(range(len(rows)), key=counts.__getitem__, reverse=True)[:exact]
+    return max((len(encode_prompt(tokenizer, rows[i]["prompt"], config, rows[i].get("messages")).tokens)
+                for i in longest), default=0)

@@ -119,6 +119,12 @@ class World:
         """Rank 0's JSON-able `value` on every rank."""
         return self.gather_json(value)[0] if self.distributed else value
 
+    def lost_peer(self, err: BaseException) -> bool:
+        """Whether `err` is a collective failing because another rank went away (MLX's ring backend says
+        '[ring] connection to a peer was lost'; others name the peer or the connection)."""
+        text = str(err).lower()
+        return self.distributed and ("[ring]" in text or "peer" in text or "connection" in text)
+
     def agree(self, request: str | None) -> str | None:
         """The first rank's stop request, if any rank has one: every rank then stops at the same step."""
         if not self.distributed:

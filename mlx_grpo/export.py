@@ -11,11 +11,13 @@ trainer's final model for W&B).
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import mlx.nn as nn
 from mlx.utils import tree_unflatten
@@ -23,7 +25,7 @@ from mlx.utils import tree_unflatten
 from .checkpoint import STEP_DIR, list_checkpoints
 from .config import TrainConfig
 from .errors import UserError
-from .models import apply_adapters, load_policy, resolve_model_path
+from .models import apply_adapters, dequantize_base, is_quantized, load_policy, model_config, resolve_model_path
 from .resume import config_for_resume
 
 ADAPTER_FILES = ("adapters.safetensors", "adapter_config.json")
@@ -68,17 +70,19 @@ def load_trained(run_dir: Path, step: int | None = None) -> Trained:
     config, base_dir = config_for_resume(run_dir, {})
     checkpoint = find_checkpoint(run_dir, step)
     model, tokenizer = load_policy(config, base_dir)
+    dequantize_base(model, config)  # the policy as the run trained it
     apply_adapters(model, config)
     _load_weights(model, checkpoint)
     model.eval()
     return Trained(model, tokenizer, config, base_dir, checkpoint)
 
 
-def _source_dir(model_id: str, base_dir: Path) -> Path:
+def _source(model_id: str, base_dir: Path) -> Path:
+    """The base model's directory (a hub model's local copy) or GGUF file."""
     from mlx_lm.utils import hf_repo_to_path
 
     source = resolve_model_path(model_id, base_dir)
-    return Path(source) if Path(source).is_dir() else hf_repo_to_path(source)
+    return Path(source) if Path(source).exists() else hf_repo_to_path(source)
 
 
 def fuse_adapters(model: nn.Module) -> None:
@@ -89,11 +93,21 @@ def fuse_adapters(model: nn.Module) -> None:
 
 
 def _write(out: Path, model: nn.Module, tokenizer: Any, source: Path) -> None:
-    from mlx_lm.utils import load_config, save
+    """Weights, the base model's config (architecture, vocabulary, rope... describe the written weights
+    too), the tokenizer files, and a source directory's generation_config.json and model code."""
+    from mlx_lm.utils import save_config, save_model
 
-    # The base model's config (architecture, vocabulary, rope...) describes the written weights too;
-    # mlx-lm's save adds the tokenizer files and the source's generation_config.json.
-    save(out, source, model, tokenizer, load_config(source), donate_model=False)
+    config = model_config(str(source))
+    if not is_quantized(model):  # a base dequantized at load (quantized_base) is written plain
+        config.pop("quantization", None)
+        config.pop("quantization_config", None)
+    save_model(out, model, donate_model=False)
+    save_config(config, out / "config.json")
+    tokenizer.save_pretrained(out)
+    if source.is_dir():
+        for name in [*source.glob("*.py"), source / "generation_config.json"]:
+            if name.is_file():
+                shutil.copy2(name, out / name.name)
 
 
 def _check_out(out: Path) -> None:
@@ -101,11 +115,32 @@ def _check_out(out: Path) -> None:
         raise UserError(f"--out {out}: exists and is not an empty directory; choose a new one (nothing is overwritten)")
 
 
+@contextlib.contextmanager
+def _whole_or_nothing(out: Path) -> Iterator[Path]:
+    """A directory to write into that appears at `out` only once complete: it is built as a hidden sibling
+    (`.NAME.partial-PID`) and renamed into place, so a full disk, an error or Ctrl-C never leaves a
+    half-written model where eval, mlx-lm or a second export would take it for a whole one."""
+    _check_out(out)
+    tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
+    try:
+        tmp.mkdir(parents=True)
+        yield tmp
+        if out.is_dir():
+            out.rmdir()  # an empty directory given as --out
+        os.rename(tmp, out)
+    except BaseException as err:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(err, OSError) or (isinstance(err, RuntimeError) and "[write]" in str(err)):
+            reason = getattr(err, "strerror", None) or " ".join(str(err).split())[:200]
+            raise UserError(f"--out {out}: cannot write the model there ({reason}); nothing was left behind") from None
+        raise
+
+
 def write_fused(out: Path, model: nn.Module, tokenizer: Any, model_id: str, base_dir: Path) -> Path:
     """Write an in-memory policy as a complete model directory, adapters fused (the model is changed in place)."""
-    _check_out(out)
     fuse_adapters(model)
-    _write(out, model, tokenizer, _source_dir(model_id, base_dir))
+    with _whole_or_nothing(out) as tmp:
+        _write(tmp, model, tokenizer, _source(model_id, base_dir))
     return out
 
 
@@ -114,19 +149,21 @@ def export_model(run_dir: Path, out: Path, step: int | None = None, fuse: bool =
     _check_out(out)
     config, base_dir = config_for_resume(run_dir, {})
     checkpoint = find_checkpoint(run_dir, step)
-    source = _source_dir(config.model_id, base_dir)
+    source = _source(config.model_id, base_dir)
     model, tokenizer = load_policy(config, base_dir)
+    dequantize_base(model, config)  # written as the run trained it: plain if the run dequantized its base
     unfused_lora = config.use_lora and not fuse
     if not unfused_lora:
         apply_adapters(model, config)
         _load_weights(model, checkpoint)
         fuse_adapters(model)
-    _write(out, model, tokenizer, source)  # an unfused LoRA export writes the base weights
-    if unfused_lora:
-        for name in ADAPTER_FILES:
-            shutil.copy2(checkpoint / name, out / name)
     summary = {"run_dir": str(run_dir), "checkpoint": checkpoint.name,
                "step": int(STEP_DIR.match(checkpoint.name).group(1)), "model_id": config.model_id,
                "use_lora": config.use_lora, "fused": config.use_lora and fuse, "out": str(out)}
-    (out / "export.json").write_text(json.dumps(summary, indent=2) + "\n")
+    with _whole_or_nothing(out) as tmp:
+        _write(tmp, model, tokenizer, source)  # an unfused LoRA export writes the base weights
+        if unfused_lora:
+            for name in ADAPTER_FILES:
+                shutil.copy2(checkpoint / name, tmp / name)
+        (tmp / "export.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary

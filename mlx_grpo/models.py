@@ -1,7 +1,8 @@
 """Loading a policy through mlx-lm, adapters, and the reference policy.
 
 Any Hugging Face-format MLX model directory (or hub id, where a hub is reachable)
-goes through `mlx_lm.load`, the shipped default model included.
+goes through `mlx_lm.load`, the shipped default model included; a llama-family GGUF file (or a directory
+holding one) through gguf.py, and `smollm2` names SmolLM2-135M-Instruct's GGUF (tools/smollm2.py).
 """
 
 from __future__ import annotations
@@ -58,10 +59,15 @@ def project_to_vocab(head: nn.Module, hidden: mx.array) -> mx.array:
 
 
 def resolve_model_path(model_id: str, base_dir: Path, need_weights: bool = True) -> str:
-    """A local directory (checked to be a model; `need_weights` False: a config.json is enough) or,
-    failing that, a hub id."""
+    """A local model directory (checked to be a model; `need_weights` False: a config.json is enough), a
+    GGUF file, or, failing those, a hub id."""
+    from .gguf import find_gguf
+    from .tools.smollm2 import MODEL_ID as SMOLLM2, smollm2_path
+
     if model_id == DEFAULT_MODEL:
         return str(DEFAULT_MODEL_DIR)
+    if model_id == SMOLLM2:
+        return str(smollm2_path(download=True))
     candidate = Path(model_id).expanduser()
     if not candidate.is_absolute():
         local = base_dir / candidate
@@ -69,21 +75,68 @@ def resolve_model_path(model_id: str, base_dir: Path, need_weights: bool = True)
     looks_local = candidate.exists() or model_id.startswith((".", "/", "~")) or model_id.count("/") != 1
     if not looks_local:
         return model_id  # hub id like "org/name"
+    gguf = find_gguf(candidate)
+    if gguf is not None:
+        return str(gguf)
+    if candidate.suffix.lower() == ".gguf":
+        raise UserError(f"model '{model_id}': file not found")
     if not candidate.is_dir():
         raise UserError(f"model '{model_id}': directory not found")
     if not (candidate / "config.json").is_file():
-        raise UserError(f"model '{model_id}': not a model directory (no config.json)")
+        raise UserError(f"model '{model_id}': not a model directory (no config.json) and holds no .gguf file")
     if need_weights and not any(candidate.glob("*.safetensors")):
         raise UserError(f"model '{model_id}': not a model directory (no *.safetensors weights)")
     return str(candidate)
 
 
+def is_gguf(path: str) -> bool:
+    return path.lower().endswith(".gguf")
+
+
+def model_config(path: str) -> dict:
+    """The Hugging Face config (config.json) of a resolved model path: a directory's, or a GGUF file's."""
+    if is_gguf(path):
+        from .gguf import read_config
+
+        return read_config(Path(path))
+    from mlx_lm.utils import load_config
+
+    return load_config(Path(path))
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
+
+
+def load_tokenizer(model_id: str, base_dir: Path) -> Any | None:
+    """The model's tokenizer without its weights; None when it is not on this machine (a hub model not
+    downloaded, a `preset:`) or its directory has none."""
+    if model_id.startswith("preset:"):
+        return None
+    path = resolve_model_path(model_id, base_dir, need_weights=False)
+    if is_gguf(path):
+        from .gguf import read_tokenizer
+
+        return read_tokenizer(Path(path))
+    if not any((Path(path) / name).is_file() for name in TOKENIZER_FILES):
+        return None  # a hub id, or a config-only directory (transformers would make an empty tokenizer)
+    from mlx_lm.utils import load_tokenizer as mlx_lm_tokenizer
+
+    try:
+        return mlx_lm_tokenizer(Path(path))
+    except (OSError, ValueError):  # no tokenizer files: a config-only directory
+        return None
+
+
 def load_policy(config: TrainConfig, base_dir: Path) -> tuple[nn.Module, Any]:
     from mlx_lm import load
 
+    from .gguf import load_gguf
+
     path = resolve_model_path(config.model_id, base_dir)
     try:
-        model, tokenizer = load(path)
+        model, tokenizer = load_gguf(Path(path))[:2] if is_gguf(path) else load(path)
+    except UserError:
+        raise
     except Exception as err:  # noqa: BLE001 - whatever a user's directory makes mlx-lm raise: config keys
         # missing (TypeError), unknown architecture (ValueError), unreadable weights (RuntimeError)...
         # one line here; --debug shows the cause's traceback.
@@ -95,6 +148,49 @@ def load_policy(config: TrainConfig, base_dir: Path) -> tuple[nn.Module, Any]:
     # (float16 has no loss scaling here).
     model.set_dtype(DTYPES[resolve_dtype(config)])
     return model, tokenizer
+
+
+def dequantize_base(model: nn.Module, config: TrainConfig) -> str | None:
+    """A quantized base made plain (in the run's dtype) when `quantized_base` says so; the line that says
+    what it cost, or None when the model is left as it is."""
+    if not is_quantized(model):
+        return None
+    dtype = resolve_dtype(config)
+    plain_bytes = count_parameters(model)[0] * DTYPES[dtype].size
+    if not dequantizes(config, plain_bytes):
+        return None
+    from mlx_lm.utils import dequantize_model
+
+    before = parameter_bytes(model)
+    model.set_dtype(DTYPES[dtype])  # scales and biases first, so the plain weights are exact in `dtype`
+    dequantize_model(model)
+    mx.eval(model.parameters())
+    return (f"quantized base dequantized to {dtype} at load (quantized_base: {config.quantized_base}; MLX's CPU "
+            f"quantized matmul is slow): weights {before / 1e9:.2f} -> {parameter_bytes(model) / 1e9:.2f} GB; "
+            "quantized_base: keep leaves it quantized")
+
+
+def parameter_bytes(model: nn.Module) -> int:
+    return sum(v.nbytes for _, v in tree_flatten(model.parameters()))
+
+
+# `quantized_base: auto` dequantizes on the CPU backend when the plain weights take at most this share of
+# the machine's memory, leaving the rest for activations, KV cache and optimiser state.
+DEQUANTIZE_SHARE = 0.25
+
+
+def dequantizes(config: TrainConfig, plain_bytes: float, gpu: bool | None = None) -> bool:
+    """Whether a quantized base of `plain_bytes` once dequantized is made plain at load. `gpu`: decide for a
+    GPU (or not) instead of this machine."""
+    if config.quantized_base != "auto":
+        return config.quantized_base == "dequantize"
+    if gpu is None:
+        gpu = mx.default_device().type == mx.gpu
+    if gpu:
+        return False
+    import psutil
+
+    return plain_bytes <= DEQUANTIZE_SHARE * psutil.virtual_memory().total
 
 
 def resolve_dtype(config: TrainConfig, gpu: bool | None = None) -> str:
@@ -123,14 +219,14 @@ def refuse_unbatchable(model: nn.Module, model_id: str) -> None:
                         "run it")
 
 
-def _is_quantized(model: nn.Module) -> bool:
+def is_quantized(model: nn.Module) -> bool:
     return any(isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding)) for _, m in model.named_modules())
 
 
 def apply_adapters(model: nn.Module, config: TrainConfig) -> None:
     """Freeze the base and add LoRA/DoRA layers, or leave every weight trainable."""
     if not config.use_lora:
-        if _is_quantized(model):
+        if is_quantized(model):
             raise UserError(f"model '{config.model_id}' is quantized: full fine-tuning needs use_lora: true")
         model.unfreeze()
         return
@@ -209,6 +305,19 @@ def trainable_parameters(model: nn.Module) -> dict:
 
 
 def count_parameters(model: nn.Module) -> tuple[int, int]:
-    total = sum(v.size for _, v in tree_flatten(model.parameters()))
-    trainable = sum(v.size for _, v in tree_flatten(model.trainable_parameters()))
-    return total, trainable
+    """(all, trainable) parameters, a quantized matrix counted in weights (not in packed words; its scales
+    and biases are storage, not parameters)."""
+    modules = dict(model.named_modules())
+
+    def count(tree: dict) -> int:
+        total = 0
+        for name, value in tree_flatten(tree):
+            owner, _, leaf = name.rpartition(".")
+            module = modules.get(owner)
+            if isinstance(module, (nn.QuantizedLinear, nn.QuantizedEmbedding)) and leaf != "bias":
+                total += value.size * 32 // module.bits if leaf == "weight" else 0
+            else:
+                total += value.size
+        return total
+
+    return count(model.parameters()), count(model.trainable_parameters())

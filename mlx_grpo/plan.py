@@ -23,6 +23,7 @@ import json
 import math
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from .config import TrainConfig
 from .errors import UserError
@@ -85,9 +86,18 @@ class ModelShape:
     plain_head: bool = True
 
     @classmethod
-    def from_config(cls, config: dict, source: str = "config.json") -> "ModelShape":
-        text = config.get("text_config") or {}
+    def from_config(cls, config: Any, source: str = "config.json") -> "ModelShape":
+        if not isinstance(config, dict):
+            raise UserError(f"{source}: expected a JSON object, got {type(config).__name__}")
+        text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
         merged = {**text, **{k: v for k, v in config.items() if k != "text_config"}}
+        if not isinstance(merged.get("quantization") or {}, dict):
+            raise UserError(f"{source}: 'quantization' must be an object")
+        for key in ("hidden_size", "num_attention_heads", "vocab_size", "num_hidden_layers", "intermediate_size",
+                    "num_key_value_heads", "head_dim"):
+            value = merged.get(key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 1):
+                raise UserError(f"{source}: '{key}' is {value!r}; expected a positive whole number")
         try:
             hidden = int(merged["hidden_size"])
             heads = int(merged["num_attention_heads"])
@@ -444,13 +454,17 @@ def this_machine_budget() -> tuple[float, str]:
 # ----------------------------------------------------------------------------- the model's shape
 
 def read_model_shape(model_id: str, base_dir: Path) -> ModelShape:
-    """The shape of `model_id` from its config.json (or a `preset:NAME`), without loading any weights."""
-    from .models import resolve_model_path
+    """The shape of `model_id` from its config.json (a GGUF file's metadata, or a `preset:NAME`), without
+    loading any weights (a GGUF file's are read, not built into a model)."""
+    from .models import is_gguf, model_config, resolve_model_path
     from .presets import preset_config
 
     if model_id.startswith("preset:"):
         return ModelShape.from_config(preset_config(model_id.removeprefix("preset:")), model_id)
-    path = Path(resolve_model_path(model_id, base_dir, need_weights=False))
+    resolved = resolve_model_path(model_id, base_dir, need_weights=False)
+    if is_gguf(resolved):
+        return ModelShape.from_config(model_config(resolved), resolved)
+    path = Path(resolved)
     config_file = path / "config.json"
     if not config_file.is_file():
         config_file = _hub_config(model_id)
@@ -480,23 +494,46 @@ def _hub_config(model_id: str) -> Path:
 
 def make_plan(config: TrainConfig, base_dir: Path, memory: str | None = None) -> tuple[Verdict, dict]:
     """The plan of `config` on this machine, or on a Mac with `memory` ('16GB') of unified memory."""
-    from .models import resolve_dtype
+    from .models import dequantizes, resolve_dtype
 
     shape = read_model_shape(config.model_id, base_dir)
     dtype = resolve_dtype(config, gpu=True if memory is not None else None)  # a Mac computes on its GPU
+    dequantized = shape.bits is not None and dequantizes(config, shape.parameters() * dtype_bytes(dtype),
+                                                          gpu=True if memory is not None else None)
+    if dequantized:
+        shape = replace(shape, bits=None)
     if memory is not None:
         size = parse_memory(memory)
         budget, source = mac_working_set(size), f"the recommended working set of a {size:g} GB Mac"
     else:
         budget, source = this_machine_budget()
-    shapes = Shapes(config.batch_size, config.num_generations, config.max_prompt_length, config.max_generation_steps)
+    longest = longest_prompt_tokens(config, base_dir)
+    prompt_length = config.max_prompt_length if longest is None else min(longest, config.max_prompt_length)
+    shapes = Shapes(config.batch_size, config.num_generations, prompt_length, config.max_generation_steps)
     lora_dtype = resolve_dtype(replace(config, use_lora=True), gpu=True if memory is not None else None)
     verdict = plan(shape, shapes, config, dtype, budget, source, lora_dtype)
     facts = {"model": config.model_id, "parameters": shape.parameters(), "layers": shape.layers,
-             "vocab": shape.vocab, "dtype": dtype, "bits": shape.bits, "prompts": shapes.prompts,
+             "vocab": shape.vocab, "dtype": dtype, "bits": shape.bits, "dequantized": dequantized,
+             "prompts": shapes.prompts,
              "group_size": shapes.group_size, "prompt_length": shapes.prompt_length,
+             "prompt_length_from": "max_prompt_length" if longest is None else "the dataset's longest prompt",
              "completion_length": shapes.completion_length}
     return verdict, facts
+
+
+def longest_prompt_tokens(config: TrainConfig, base_dir: Path) -> int | None:
+    """The training set's longest prompt in tokens, as the run will encode it: the plan's prompt length, so
+    its bound is tight. None when the tokenizer or the dataset cannot be read here (max_prompt_length then)."""
+    from .data import load_datasets, longest_prompt
+    from .models import load_tokenizer
+
+    try:
+        tokenizer = load_tokenizer(config.model_id, base_dir)
+        if tokenizer is None:
+            return None
+        return longest_prompt(tokenizer, load_datasets(config, base_dir)[0], config)
+    except UserError:  # a dataset not found: the run says so itself, with its own message
+        return None
 
 
 def fit_run(config: TrainConfig, base_dir: Path) -> tuple[TrainConfig, str]:
@@ -510,7 +547,7 @@ def fit_run(config: TrainConfig, base_dir: Path) -> tuple[TrainConfig, str]:
         return replace(config, micro_batch_size=fallback), f"memory plan: skipped ({err})"
     peaks, settings = verdict.configured, verdict.settings
     config = replace(config, micro_batch_size=settings.micro_batch_size)
-    # an upper bound: every prompt and completion is taken at its longest
+    # an upper bound: every prompt and completion is taken at its longest (prompts: the dataset's longest)
     line = (f"memory plan: peak at most ~{peaks.peak / GB:.1f} GB of {verdict.budget / GB:.1f} GB "
             f"(rollout {peaks.rollout / GB:.1f}, reference {peaks.reference / GB:.1f}, update {peaks.update / GB:.1f}"
             + (f", eval {peaks.evaluation / GB:.1f}" if peaks.evaluation else "") + "; "

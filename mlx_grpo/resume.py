@@ -20,6 +20,7 @@ checkpoint.py and run_state.py; this module decides whether and how a run direct
 from __future__ import annotations
 
 import dataclasses
+import os
 import shlex
 import shutil
 from pathlib import Path
@@ -159,14 +160,17 @@ def _end_of_step(path: Path, step: int) -> int:
     return offset
 
 
+LAST_RECORD_BYTES = 16 << 20
+
+
 def last_record(run_dir: Path) -> dict[str, Any]:
     """The last whole line of metrics.jsonl as a dict ({} when there is none)."""
     path = run_dir / METRICS
     if not path.is_file():
         return {}
-    last = b""
-    with open(path, "rb") as fh:
-        for line in fh:
-            if line.endswith(b"\n"):
-                last = line
+    with open(path, "rb") as fh:  # only its end: a file of one endless line must not fill the memory
+        start = max(0, fh.seek(0, os.SEEK_END) - LAST_RECORD_BYTES)
+        fh.seek(start)
+        lines = fh.read().split(b"\n")[1 if start else 0:-1]  # whole lines only
+    last = next((line for line in reversed(lines) if line.strip()), b"")
     return (loads_object(last) if last else None) or {}

@@ -15,7 +15,8 @@ break your function. Return one score per completion; ``None`` (or NaN) means
 The built-ins read completions in the task's answer format (``tasks/answer_format.py``:
 ``<reasoning>...</reasoning><answer>...</answer>``); they are chosen by name:
 ``format_exact``, ``format_approx``, ``answer_check`` (alias ``check_answer``),
-``number_check`` (alias ``check_numbers``) and ``digit_match`` (partial credit per digit). A user function is named as
+``number_check`` (alias ``check_numbers``) and ``digit_match`` (partial credit per digit); for replies in
+prose without tags, ``last_number_check`` and ``last_number_digits`` read the reply's last number. A user function is named as
 ``path/to/file.py:function_name``, the path relative to the config's folder
 or absolute. See ``configs/rewards_example.py``. On a chat dataset (prompts given
 as lists of messages) a user function gets TRL's conversational form: each prompt
@@ -41,17 +42,16 @@ from typing import Callable, Iterable, Mapping, Sequence
 import numpy as np
 
 from mlx_grpo.errors import UserError
-from mlx_grpo.tasks.answer_format import TAGS, answer_value, extract_answer, normalise
+from mlx_grpo.tasks.answer_format import (NUMBER_IN_TEXT, TAGS, answer_value, extract_answer, is_correct, last_number,
+                                          normalise)
 
 # A reasoning block directly followed by an answer block, only whitespace
 # around and between. Tag uniqueness is checked separately (counts).
 _LAYOUT = re.compile(r"\s*{}.*{}\s*{}.*{}\s*".format(*map(re.escape, TAGS)), re.DOTALL)
-# First number in free text; "1,234.5" is one number, "12,34" is 12.
-_NUMBER = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?")
 
 
 def _first_number(text: str) -> float | None:
-    match = _NUMBER.search(text)
+    match = NUMBER_IN_TEXT.search(text)
     return float(match.group().replace(",", "")) if match else None
 
 
@@ -107,14 +107,19 @@ def _number_check_one(completion: str, answer: str) -> float:
     return 1.5 if got_n is not None and got_n == want_n else 0.0
 
 
-def _digit_match_one(completion: str, answer: str) -> float:
-    got, want = extract_answer(completion), answer.strip()
+def _digit_share(got: str | None, want: str) -> float:
+    """The share of digit positions where two whole numbers agree, in [0, 1]; 0 unless both are whole numbers."""
+    want = want.strip()
     if got is None or not got.isdigit() or not want.isdigit():
         return 0.0
     width = max(len(got), len(want))
     # Right-aligned, so units meet units; a missing or extra leading digit counts as a miss.
     matches = sum(g == w for g, w in zip(got.rjust(width, " "), want.rjust(width, "_")))
-    return 2.0 * matches / width
+    return matches / width
+
+
+def _digit_match_one(completion: str, answer: str) -> float:
+    return 2.0 * _digit_share(extract_answer(completion), answer)
 
 
 # ------------------------------------------------------------------ built-ins
@@ -169,12 +174,27 @@ def digit_match(prompts, completions, answers, **columns) -> list[float]:
     return [_digit_match_one(c, a) for c, a in zip(completions, answers)]
 
 
+def last_number_check(prompts, completions, answers, **columns) -> list[float]:
+    """2.0 when the completion's last number is the expected answer (by value, thousands commas ignored),
+    else 0: correctness for a model that answers in prose ("7 + 5 = 12.") instead of an answer block."""
+    return [2.0 if is_correct(c, a, "last_number") else 0.0 for c, a in zip(completions, answers)]
+
+
+def last_number_digits(prompts, completions, answers, **columns) -> list[float]:
+    """Partial credit in [0, 1]: the share of digit positions (aligned from the right) where the
+    completion's last number agrees with the expected whole-number answer. A near miss ("13" for "12")
+    earns 0.5, so a group with no correct reply still tells better attempts from worse ones."""
+    return [_digit_share(last_number(c), a) for c, a in zip(completions, answers)]
+
+
 BUILTINS: dict[str, Callable] = {
     "format_exact": format_exact,
     "format_approx": format_approx,
     "answer_check": answer_check,
     "number_check": number_check,
     "digit_match": digit_match,
+    "last_number_check": last_number_check,
+    "last_number_digits": last_number_digits,
     # Names other GRPO recipes use for the same functions.
     "check_answer": answer_check,
     "check_numbers": number_check,

@@ -23,8 +23,9 @@ from typing import Any, Callable
 import numpy as np
 import yaml
 
-from .errors import UserError, yaml_error
+from .errors import UserError
 from .telemetry.rundir.writer import register_secret
+from .telemetry.user_files import parse_yaml, read_user_text
 from .judge import PLACEHOLDERS, Judge, JudgeConfig, JudgeError, chat_completions_url
 from .rubric_scorers import (CriterionFailed, JudgeScorer, LengthScorer, NumericAnswerScorer, PythonScorer,
                              RegexScorer, SubstringScorer)
@@ -128,17 +129,11 @@ class Rubric:
 def load_rubric(path: str | os.PathLike) -> Rubric:
     """Read and validate a rubric file; every problem is a UserError naming file, line and key."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise UserError(f"{path}: rubric file not found") from None
-    except (OSError, UnicodeDecodeError) as err:
-        raise UserError(f"{path}: cannot read rubric file: {err}") from None
-    try:
-        lines = _line_numbers(yaml.compose(text, Loader=yaml.SafeLoader))
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        raise yaml_error(path, err) from None
+    if not path.exists():
+        raise UserError(f"{path}: rubric file not found")
+    text = read_user_text(path, "rubric file")
+    data = parse_yaml(text, str(path))  # first: it refuses duplicate keys and nesting too deep for compose
+    lines = _line_numbers(yaml.compose(text, Loader=yaml.SafeLoader))
 
     root = _Section(path, lines, (), "rubric", data)
     root.require_mapping()

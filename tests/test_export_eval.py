@@ -125,6 +125,25 @@ def test_mistakes_end_in_one_line(runs, tmp_path, capsys, argv, expected):
     assert code == 2 and err.count("\n") == 1 and expected.format(**fill) in err, err
 
 
+def test_eval_of_a_model_names_the_configs_eval_dataset_and_reads_the_last_number(tmp_path, capsys):
+    from mlx_grpo.tasks import arithmetic
+
+    rows = arithmetic.make_split("heldout", 12, seed=0)
+    for name in ("train.jsonl", "heldout.jsonl"):
+        (tmp_path / name).write_text("".join(json.dumps({"prompt": r["prompt"], "answer": r["answer"]}) + "\n"
+                                             for r in rows))
+    config = tmp_path / "run.yaml"
+    config.write_text("dataset: train.jsonl\neval_dataset: heldout.jsonl\n")
+    tags = cli_json(capsys, "eval", "default", "--config", str(config), "--json")
+    config.write_text("dataset: train.jsonl\neval_dataset: heldout.jsonl\ncorrectness: last_number\n"
+                      "rewards: [last_number_check]\n")
+    last = cli_json(capsys, "eval", "default", "--config", str(config), "--json")
+    assert tags["dataset"] == last["dataset"] and last["dataset"].endswith("heldout.jsonl") and last["rows"] == 12
+    # The shipped model ends every reply with its answer block, so its last number is the answer it wrote.
+    assert last["correct"] == tags["correct"] > 0
+    assert last["rewards"]["last_number_check"] == 2.0 * last["correct"] / 12
+
+
 def test_export_suggests_a_prompt_in_the_form_the_run_trained_on(tmp_path):
     import json as _json
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -201,3 +202,26 @@ def test_the_plan_includes_the_held_out_evaluation_it_runs():
     without = predict(shape, shapes, load_config(None, {"use_lora": True, "eval_every": 0}), settings, "bfloat16")
     assert with_eval.evaluation > with_eval.rollout and with_eval.peak >= with_eval.evaluation
     assert without.evaluation == 0 and without.peak == max(without.rollout, without.reference, without.update)
+
+
+def test_the_plan_takes_prompts_at_the_datasets_longest_as_the_run_encodes_them(tmp_path):
+    from mlx_grpo.data import encode_prompt
+    from mlx_grpo.models import load_tokenizer
+    from mlx_grpo.plan import make_plan
+    from tiny_models import make_model_dir
+
+    model = make_model_dir(tmp_path / "llama")
+    rows = [{"prompt": "1+2=" * n, "answer": "3"} for n in (1, 5, 3)]
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    config = load_config(None, {"model_id": str(model), "dataset": str(data), "max_prompt_length": 256,
+                                "system_prompt": "Add."})
+    facts = make_plan(config, tmp_path)[1]
+    longest = len(encode_prompt(load_tokenizer(str(model), tmp_path), rows[1]["prompt"], config).tokens)
+    assert facts["prompt_length"] == longest < 256 and facts["prompt_length_from"] == "the dataset's longest prompt"
+    # never beyond what the run keeps: a prompt longer than max_prompt_length is cut to it
+    assert make_plan(replace(config, max_prompt_length=8), tmp_path)[1]["prompt_length"] == 8
+    # no tokenizer to count with: max_prompt_length stands in, and the plan says so
+    shape_only = shape_only_model(tmp_path, QWEN25_15B)
+    facts = make_plan(load_config(None, {"model_id": str(shape_only), "dataset": str(data)}), tmp_path)[1]
+    assert facts["prompt_length"] == 256 and facts["prompt_length_from"] == "max_prompt_length"

@@ -313,13 +313,14 @@ def test_runs_started_at_once_with_the_same_name_get_their_own_directories(tmp_p
 
     def claim():
         start.wait()
-        made.append(create_run_dir(tmp_path / "runs", "grpo-20261124-120000"))
+        made.append(create_run_dir(tmp_path / "runs", "grpo-20261124-120000"))  # (directory, lock held)
 
     threads = [threading.Thread(target=claim) for _ in range(8)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
+    made = [path for path, _ in made]
     assert len(set(made)) == 8 and all(p.is_dir() for p in made)
     assert sorted(p.name for p in made)[:2] == ["grpo-20261124-120000", "grpo-20261124-120000-2"]
 

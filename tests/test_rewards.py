@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from mlx_grpo.errors import UserError
-from mlx_grpo.rewards import (BUILTINS, answer_check, digit_match, format_approx, format_exact, load_reward_functions,
-                              number_check, score_completions)
-from mlx_grpo.tasks.answer_format import TAGS, extract_answer, is_correct
+from mlx_grpo.rewards import (BUILTINS, answer_check, digit_match, format_approx, format_exact, last_number_check,
+                              last_number_digits, load_reward_functions, number_check, score_completions)
+from mlx_grpo.tasks.answer_format import TAGS, extract_answer, is_correct, last_number
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
@@ -203,6 +203,30 @@ def test_is_correct_is_exact_or_same_number():
     assert not is_correct(done("126"), "120")
     assert not is_correct(done("paris"), "Paris")
     assert not is_correct("120", "120")
+
+
+# ------------------------------------------------ replies in prose: the last number
+
+
+def test_last_number_is_the_replys_final_number():
+    assert last_number("To add 7 and 5: 7 + 5 = 12.") == "12"
+    assert last_number("That makes 1,234 apples") == "1234"
+    assert last_number("The answer is twelve.") is None
+
+
+def test_is_correct_can_read_the_last_number_instead_of_tags():
+    reply = "To add 9 and 21, we add them together: 9 + 21 = 30."
+    assert is_correct(reply, "30", "last_number")
+    assert not is_correct(reply, "30")  # no answer block: wrong by the default check
+    assert not is_correct("9 + 21 = 30, and 30 + 1 = 31", "30", "last_number")
+    assert is_correct(done("30"), "30", "last_number")
+
+
+def test_last_number_rewards_score_correct_near_and_missing_answers():
+    replies = ["9 + 21 = 30.", "9 + 21 = 31.", "9 + 21 = 40.", "It is 13", "I cannot say."]
+    assert last_number_check(["p"] * 5, replies, ["30"] * 5) == [2.0, 0.0, 0.0, 0.0, 0.0]
+    assert last_number_digits(["p"] * 5, replies, ["30"] * 5) == [1.0, 0.5, 0.5, 0.0, 0.0]
+    assert BUILTINS["last_number_check"] is last_number_check
 
 
 # ---------------------------------------------------------------- loading

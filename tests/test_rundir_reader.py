@@ -333,5 +333,5 @@ def test_default_run_is_the_newest_under_runs(tmp_path, monkeypatch):
     assert resolve_run_dirs([str(tmp_path / "runs")]) == [tmp_path / "runs" / "new"]
     assert resolve_run_dirs(["not/yet"]) == [Path("not/yet")]
     (tmp_path / "file.txt").write_text("x")
-    with pytest.raises(UserError, match="is a file"):
+    with pytest.raises(UserError, match="is not a directory"):
         resolve_run_dirs(["file.txt"])

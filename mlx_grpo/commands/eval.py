@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
                                [r["answer"] for r in rows], extra_columns(rows))
     rewards = {name: float(np.nanmean(scores.per_function[i])) for i, name in enumerate(scores.names)}
     rewards["total"] = float(np.mean(scores.total))
-    out = {"target": source, "dataset": args.dataset or f"{config.dataset} (held-out split)",
+    out = {"target": source, "dataset": args.dataset or config.eval_dataset or f"{config.dataset} (held-out split)",
            "rows": len(rows), "correct": int(sum(result.correct)), **eval_record(result.correct, result.levels,
                                                                                 seconds),
            "rewards": rewards}
@@ -101,7 +101,7 @@ def load_target(args: argparse.Namespace):
 
     from ..config import load_config
     from ..export import ADAPTER_FILES, load_trained
-    from ..models import load_policy
+    from ..models import dequantize_base, load_policy
     from ..telemetry.rundir.writer import RUN_JSON
 
     target = Path(args.target)
@@ -116,6 +116,7 @@ def load_target(args: argparse.Namespace):
     config = load_config(args.config, {"model_id": args.target})
     base_dir = Path(args.config).resolve().parent if args.config else Path.cwd()
     model, tokenizer = load_policy(config, base_dir)
+    dequantize_base(model, config)  # as training does: quantized matmul is slow on the CPU backend
     if all((target / name).is_file() for name in ADAPTER_FILES):  # an unfused `mlx-grpo export`
         from mlx_lm.tuner.utils import load_adapters
 

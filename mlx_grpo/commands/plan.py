@@ -39,6 +39,12 @@ def run(args: argparse.Namespace) -> int:
     return 0 if verdict.fits else 1
 
 
+def base_precision(facts: dict) -> str:
+    if facts.get("dequantized"):
+        return " (quantized base dequantized at load)"
+    return f", {facts['bits']}-bit" if facts.get("bits") else ""
+
+
 def format_plan(verdict, facts: dict) -> str:
     from ..plan import GB
 
@@ -48,9 +54,10 @@ def format_plan(verdict, facts: dict) -> str:
     peaks = verdict.configured
     lines = [
         f"model     {facts['model']}: {facts['parameters'] / 1e9:.2f}B parameters, {facts['layers']} layers, "
-        f"vocabulary {facts['vocab']:,}, {facts['dtype']}{', 4-bit' if facts.get('bits') == 4 else ''}",
+        f"vocabulary {facts['vocab']:,}, {facts['dtype']}{base_precision(facts)}",
         f"batch     {facts['prompts']} prompts x {facts['group_size']} completions, prompts <= "
-        f"{facts['prompt_length']} tokens, completions <= {facts['completion_length']} tokens",
+        f"{facts['prompt_length']} tokens ({facts['prompt_length_from']}), completions <= "
+        f"{facts['completion_length']} tokens",
         f"memory    {gb(verdict.budget)} ({verdict.budget_source})",
         "",
         f"{'phase':<11}{'peak':>10}",

@@ -5,6 +5,7 @@ into a file of its own."""
 from __future__ import annotations
 
 import argparse
+import sys
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -25,9 +26,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..telemetry.analysis.report import build_report, print_report, report_json, save_report
-
     from ..errors import UserError
+    from ..telemetry.analysis.report import build_report, print_report, report_json, save_report
 
     if not 0 <= args.smooth < 1:
         raise UserError(f"--smooth {args.smooth:g}: expected a weight in [0, 1), e.g. 0.6")
@@ -37,24 +37,33 @@ def run(args: argparse.Namespace) -> int:
         require_matplotlib()  # before the text report is printed or report.json written
     for run_dir in args.run_dirs:
         title, report = build_report(run_dir)
+        written = args.write
         if args.write:
-            save_report(run_dir, title, report)
+            try:
+                save_report(run_dir, title, report)
+            except OSError as err:  # a read-only or full run directory: the report is still printed
+                written = False
+                print(f"mlx-grpo report: warning: could not write report.json in {run_dir} "
+                      f"({err.strerror or err}); --no-write skips it", file=sys.stderr)
         if args.json:
             print(report_json(title, report), end="")
         else:
             print_report(report, title)
-            if args.write:
+            if written:
                 print(f"wrote {run_dir.rstrip('/')}/report.json and report.md")
-    if args.html is not None:
-        from ..telemetry.analysis.html_report import write_html_report
+    try:
+        if args.html is not None:
+            from ..telemetry.analysis.html_report import write_html_report
 
-        path = write_html_report(args.run_dirs, args.html or None, args.smooth)
-        if not args.json:
-            print(f"wrote {path}")
-    if args.svg is not None:
-        from ..telemetry.analysis.html_report import write_chart_files
+            path = write_html_report(args.run_dirs, args.html or None, args.smooth)
+            if not args.json:
+                print(f"wrote {path}")
+        if args.svg is not None:
+            from ..telemetry.analysis.html_report import write_chart_files
 
-        paths = write_chart_files(args.run_dirs, args.svg, args.smooth)
-        if not args.json:
-            print(f"wrote {len(paths)} charts to {args.svg}: {', '.join(p.name for p in paths)}")
+            paths = write_chart_files(args.run_dirs, args.svg, args.smooth)
+            if not args.json:
+                print(f"wrote {len(paths)} charts to {args.svg}: {', '.join(p.name for p in paths)}")
+    except OSError as err:
+        raise UserError(f"cannot write {err.filename or 'the report file'} ({err.strerror or err})") from None
     return 0

@@ -40,8 +40,13 @@ def run(args: argparse.Namespace) -> int:
     if done:
         console.print(comparison_table([load_summary(p) for p in expand_run_dirs(done)]))
     failed = [o.trial.name for o in outcomes if o.status == "failed"]
-    if failed:
-        console.print(f"{len(failed)} trial(s) failed: {', '.join(failed)} (logs in {spec.directory / 'logs'}); "
-                      f"run the sweep again to retry them", style="yellow")
+    elsewhere = [o.trial.name for o in outcomes if o.status == "elsewhere"]
+    if elsewhere:
+        console.print(f"{len(elsewhere)} trial(s) still being trained by another process (an earlier sweep that "
+                      f"was killed): {', '.join(elsewhere)}; run the sweep again once they end", style="yellow")
+    if failed or elsewhere:
+        if failed:
+            console.print(f"{len(failed)} trial(s) failed: {', '.join(failed)} (logs in {spec.directory / 'logs'}); "
+                          f"run the sweep again to retry them", style="yellow")
         return 1
     return 0

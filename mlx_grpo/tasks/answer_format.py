@@ -15,6 +15,8 @@ OPEN_ANSWER, CLOSE_ANSWER = "<answer>", "</answer>"
 TAGS = (OPEN_REASONING, CLOSE_REASONING, OPEN_ANSWER, CLOSE_ANSWER)
 
 _PLAIN_NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)")
+# A number inside free text; "1,234.5" is one number, "12,34" is 12.
+NUMBER_IN_TEXT = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?")
 
 
 def extract_answer(completion: str) -> str | None:
@@ -44,14 +46,26 @@ def answer_value(text: str) -> float | None:
     return float(text) if _PLAIN_NUMBER.fullmatch(text) else None
 
 
-def is_correct(completion: str, answer: str) -> bool:
-    """Accuracy and evaluation criterion: the extracted answer is the expected one.
+def last_number(text: str) -> str | None:
+    """The last number in free text, thousands commas dropped ("7 + 5 = 12." -> "12"), or None."""
+    found = NUMBER_IN_TEXT.findall(text)
+    return found[-1].replace(",", "") if found else None
+
+
+# Where a completion's answer is read: the answer block, or the reply's last number, for models that
+# answer in prose and never write tags ("7 + 5 = 12.").
+ANSWER_SOURCES = {"answer_tag": extract_answer, "last_number": last_number}
+
+
+def is_correct(completion: str, answer: str, read_from: str = "answer_tag") -> bool:
+    """Accuracy and evaluation criterion: the answer read from the completion (`read_from`, a key of
+    ANSWER_SOURCES) is the expected one.
 
     Exact text after stripping outer whitespace, or, when both are numbers,
     the same value ("1,000", "$1000" and "1000.0" all equal "1000"). Text is
     case-sensitive here; only the ``answer_check`` reward gives partial credit.
     """
-    got = extract_answer(completion)
+    got = ANSWER_SOURCES[read_from](completion)
     if got is None:
         return False
     if got == answer.strip():

@@ -21,6 +21,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from .alerts.alert import Alert
+from .alerts.config import pattern_warnings
 from .alerts.console import format_alert
 from .alerts.engine import AlertEngine
 from .alerts.rules import Rule
@@ -62,6 +63,7 @@ class RunRecorder:
         self.gen_throughput = ThroughputTracker(GEN_TOKENS_PER_S)
         self.backprop_throughput = ThroughputTracker(BACKPROP_TOKENS_PER_S)
         self.engine = AlertEngine(rules)
+        self._unchecked_rules = list(rules)  # patterns matching nothing are said once, at the first record
         self.sinks, self.console, self.sampler = sinks, console, sampler
         self.reward_fns = list(reward_fns)
         self.hooks = {fn.name: fn.hooks for fn in self.reward_fns}
@@ -107,6 +109,9 @@ class RunRecorder:
             record.update(self.end_epoch(partial=not epoch_ended))
         for message in data.new_errors:
             self.message(f"warning: {message}", style="yellow")
+        for message in pattern_warnings(self._unchecked_rules, record):
+            self.message(f"warning: {message}", style="yellow")
+        self._unchecked_rules = []
         scores = {"total": data.total, **{name: data.scores[i] for i, name in enumerate(data.reward_names)}}
         rows = (completion_rows(step, data.prompt_texts, data.answers, data.texts, data.group_size, data.reward_names,
                                 data.scores, data.total, data.advantages, data.lengths, data.truncated, data.correct)

@@ -21,9 +21,9 @@ from textual.screen import ModalScreen
 from textual.widgets import SelectionList, Static
 from textual.widgets.selection_list import Selection
 
-from ..telemetry.rundir.writer import RunInfo, read_run_info
-from ..telemetry.rundir.writer import METRICS
 from ..telemetry.rundir.reader import is_run_dir
+from ..telemetry.rundir.writer import METRICS, RunInfo, read_run_info
+from ..telemetry.user_files import open_regular
 from .fmt import fmt_step
 from .palette import MUTED
 
@@ -46,7 +46,7 @@ class RunEntry:
 def _last_step(path: Path) -> int | None:
     """The step of the last complete record in metrics.jsonl, read from its end."""
     try:
-        with open(path / METRICS, "rb") as f:
+        with open_regular(path / METRICS) as f:
             start = max(0, f.seek(0, os.SEEK_END) - LAST_LINE_BYTES)
             f.seek(start)
             lines = f.read().split(b"\n")
@@ -64,7 +64,7 @@ def _last_step(path: Path) -> int | None:
 
 def read_entry(path: Path) -> RunEntry:
     """The browser's entry for one run directory (a partial run.json gives what it can)."""
-    info = read_run_info(path) or RunInfo()
+    info = read_run_info(path, display=True) or RunInfo()
     return RunEntry(
         path=path,
         name=info.name or path.name,

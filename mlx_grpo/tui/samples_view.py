@@ -115,7 +115,7 @@ def sample_group(run_dir, s: dict, cache: dict) -> list[dict]:
     key = (str(run_dir), step)
     if key not in cache:
         cache.clear()  # one step at a time: moving along the list reads each file once
-        cache[key] = groups(read_step(run_dir, step))
+        cache[key] = groups(read_step(run_dir, step, display=True))
     by_prompt = cache[key]
     index = s.get("prompt_index")
     if isinstance(index, int) and index in by_prompt:

@@ -8,6 +8,7 @@ module imports no mlx.
 
 from __future__ import annotations
 
+import difflib
 import math
 from dataclasses import MISSING, fields, replace
 from functools import lru_cache
@@ -15,10 +16,11 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from ...errors import UserError, yaml_error
+from ...errors import UserError
+from ..metrics.catalogue import CATALOGUE, find_entry
+from ..user_files import parse_yaml, read_user_text
 from .rules import (BaselineRule, DropRule, NonFiniteRule, Rule, SpikeRule, ThresholdRule)
+from .state import metric_pattern
 from .trend_rules import HackingRule, PlateauRule, TrendRule
 
 # The kinds a rule file may name.
@@ -143,16 +145,9 @@ def rules_from_config(data: Any, source: str = "alerts", *, defaults: bool = Tru
 
 
 def _load_yaml(path: Path, source: str) -> Any:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise UserError(f"alert rules file not found: {source}") from None
-    except OSError as err:
-        raise UserError(f"cannot read alert rules file {source}: {err.strerror}") from None
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        raise yaml_error(source, err) from None
+    if not path.exists():
+        raise UserError(f"alert rules file not found: {source}")
+    return parse_yaml(read_user_text(path, "alert rules file"), source)
 
 
 ON_ALERT = ("default", "warn", "rollback")
@@ -184,10 +179,7 @@ def load_alert_rules(path: str | Path, *, defaults: bool = True) -> list[Rule]:
 def _default_rules() -> tuple[Rule, ...]:
     ref = resources.files("mlx_grpo.telemetry.alerts").joinpath("default_alerts.yaml")
     source = "default_alerts.yaml"
-    try:
-        data = yaml.safe_load(ref.read_text(encoding="utf-8"))
-    except yaml.YAMLError as err:
-        raise yaml_error(source, err) from None
+    data = parse_yaml(ref.read_text(encoding="utf-8"), source)
     if not isinstance(data, dict) or set(data) != {"rules"}:
         raise UserError(f"{source}: expected a mapping with the single key 'rules'")
     return tuple(_parse_rule_list(data["rules"], source))
@@ -197,3 +189,30 @@ def default_rules() -> list[Rule]:
     """The built-in GRPO rules of default_alerts.yaml (documented in docs/ALERTS.md)."""
     return list(_default_rules())
 
+
+
+def check_rule_metrics(rules: list[Rule], source: str) -> list[str]:
+    """Rules watching a plain metric name the metric catalogue does not know (a typo never fires): a rule
+    with `action: stop` is refused, since it could never stop the run; the others get one warning each.
+    Patterns are checked against the first record (`pattern_warnings`)."""
+    warnings = []
+    builtin = {rule.name for rule in default_rules()}
+    for rule in rules:
+        if rule.name in builtin:
+            continue
+        for name in (rule.metric, *getattr(rule, "together", ())):
+            if metric_pattern(name) is not None or find_entry(name) is not None:
+                continue
+            close = difflib.get_close_matches(name, [spec.name for spec in CATALOGUE], n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            problem = f"rule '{rule.name}' watches '{name}', which no run logs{hint}"
+            if rule.action == "stop":
+                raise UserError(f"{source}: {problem}, so its action: stop could never stop the run")
+            warnings.append(f"{source}: {problem}; it will never fire (mlx-grpo metrics lists every metric)")
+    return warnings
+
+
+def pattern_warnings(rules: list[Rule], record: dict) -> list[str]:
+    """Rules whose metric pattern matches no key of a run's first record."""
+    return [f"alert rule '{rule.name}': the pattern '{rule.metric}' matches no metric this run logs"
+            for rule in rules if metric_pattern(rule.metric) is not None and not rule.metrics_in(record)]

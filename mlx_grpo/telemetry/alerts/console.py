@@ -7,6 +7,7 @@ from typing import Iterable
 from rich.console import Console
 from rich.text import Text
 
+from ..terminal import terminal_safe
 from .alert import Alert
 
 LEVEL_STYLES = {"info": "cyan", "warning": "bold yellow", "error": "bold white on red"}
@@ -15,8 +16,8 @@ LEVEL_STYLES = {"info": "cyan", "warning": "bold yellow", "error": "bold white o
 def format_alert(alert: Alert) -> Text:
     """`WARNING step 42 kl_drift: <message>`, the level coloured."""
     style = LEVEL_STYLES.get(alert.level, "")
-    return Text.assemble((f"{alert.level.upper():<7}", style), f" step {alert.step} ", (alert.rule, "bold"),
-                         ": ", alert.message)
+    return Text.assemble((f"{alert.level.upper():<7}", style), f" step {alert.step} ", (terminal_safe(alert.rule), "bold"),
+                         ": ", terminal_safe(alert.message))
 
 
 def print_alerts(alerts: Iterable[Alert], console: Console | None = None) -> None:

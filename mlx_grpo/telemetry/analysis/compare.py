@@ -100,7 +100,7 @@ def _finite(value: Any) -> float | None:
 
 def load_summary(run_dir: Path) -> RunSummary:
     """The summary of one run directory (UserError when it holds no run)."""
-    info = read_run_info(run_dir)
+    info = read_run_info(run_dir, display=True)
     if info is None:
         raise UserError(f"{run_dir}: run.json is missing or unreadable")
     summary = RunSummary(run_dir, info.name or run_dir.name, info.status or "unknown", 0, info.total_steps,
@@ -123,7 +123,7 @@ def load_summary(run_dir: Path) -> RunSummary:
                 if step_tokens is not None and step_s:
                     tokens += step_tokens
                     seconds += step_s
-    final = read_json_object(run_dir / FINAL_METRICS) or {}
+    final = read_json_object(run_dir / FINAL_METRICS, display=True) or {}
     summary.final_reward = last.get(REWARD_MEAN)
     summary.recent_reward = last.get(REWARD_RECENT_MEAN)
     summary.train_accuracy = last.get(ACCURACY_TRAIN)

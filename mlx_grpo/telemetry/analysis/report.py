@@ -45,9 +45,9 @@ def load_run(run_dir: str | Path) -> tuple[RunInfo, list[dict], list[dict], list
     if not metrics:
         raise UserError(f"{metrics_path}: no metric records yet")
     # run.json is rewritten atomically; missing or unreadable means foreign: report without it
-    run_info = read_run_info(run_dir) or RunInfo()
+    run_info = read_run_info(run_dir, display=True) or RunInfo()
     # every completion when the run kept them (completions/), else the few of samples.jsonl
-    samples = read_all(run_dir) or _read_jsonl(run_dir / SAMPLES)
+    samples = read_all(run_dir, display=True) or _read_jsonl(run_dir / SAMPLES)
     alerts_path = run_dir / ALERTS
     alerts = [Alert.from_dict(a) for a in _read_jsonl(alerts_path)] if alerts_path.is_file() else None
     return run_info, metrics, samples, alerts

@@ -29,6 +29,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from ..user_files import read_regular_bytes
 from .writer import COMPLETIONS, clipped_text, json_safe, loads_object
 
 _STEP_FILE = re.compile(r"step_(\d{6,})\.jsonl\.gz\Z")
@@ -103,35 +104,42 @@ def completion_steps(run_dir: str | Path) -> list[int]:
     return sorted(int(m.group(1)) for p in folder.iterdir() if (m := _STEP_FILE.match(p.name)))
 
 
-def read_step(run_dir: str | Path, step: int) -> list[dict]:
-    """One step's completions; rows that do not parse (or a damaged file's tail) are left out."""
+MAX_STEP_FILE_BYTES = 256 << 20  # compressed; a default step's file is ~2 KB
+
+
+def read_step(run_dir: str | Path, step: int, display: bool = False) -> list[dict]:
+    """One step's completions; rows that do not parse (or a damaged file's tail) are left out, and so is a
+    file that is not a regular one (a FIFO, a device, a directory). `display`: for a reader that prints
+    them, control characters in the texts made visible (replay re-scores the raw texts, so it does not)."""
     try:
-        raw = gzip.decompress(step_file(run_dir, step).read_bytes())
-    except FileNotFoundError:
+        compressed = read_regular_bytes(step_file(run_dir, step), MAX_STEP_FILE_BYTES)
+    except OSError:
         return []
+    try:
+        raw = gzip.decompress(compressed)
     except (OSError, EOFError, zlib.error):
-        raw = _readable_prefix(step_file(run_dir, step))
+        raw = _readable_prefix(compressed)
     rows = []
     for line in raw.split(b"\n"):
-        row = loads_object(line) if line else None
+        row = loads_object(line, display) if line else None
         if row is not None and isinstance(row.get("prompt_index"), int):
             rows.append(row)
     return rows
 
 
-def _readable_prefix(path: Path) -> bytes:
+def _readable_prefix(compressed: bytes) -> bytes:
     """What a truncated or damaged gzip file yields before the damage."""
     out = zlib.decompressobj(16 + zlib.MAX_WBITS)
     try:
-        return out.decompress(path.read_bytes())
-    except (OSError, zlib.error):
+        return out.decompress(compressed)
+    except zlib.error:
         return b""
 
 
-def read_all(run_dir: str | Path, steps: Iterable[int] | None = None) -> list[dict]:
+def read_all(run_dir: str | Path, steps: Iterable[int] | None = None, display: bool = False) -> list[dict]:
     """The completions of the given steps (all kept steps by default), step by step."""
     return [row for step in (completion_steps(run_dir) if steps is None else steps)
-            for row in read_step(run_dir, step)]
+            for row in read_step(run_dir, step, display)]
 
 
 def groups(rows: Sequence[dict]) -> dict[int, list[dict]]:

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..terminal import json_may_hold_control, terminal_safe_obj
 from .jsonl_tail import line_start_at_or_after
 from .metric_table import MetricTable, table_from_records
 
@@ -76,7 +77,7 @@ def parse_range(path: str, start: int, end: int) -> ChunkResult:
             garbage += 1
             continue
         if isinstance(obj, dict):
-            records.append(obj)
+            records.append(terminal_safe_obj(obj) if json_may_hold_control(line) else obj)
         else:
             garbage += 1
     table, rejected = table_from_records(records)

@@ -10,7 +10,11 @@ poll, in one bulk read. It is built for files it does not control:
   between two polls) is read again from the start, and the caller is told so
   it can drop what it derived;
 - a file that does not exist yet is simply empty until it appears;
-- lines that are not JSON objects are skipped and counted, never raised.
+- lines that are not JSON objects are skipped and counted, never raised;
+- what is not a regular file (a directory, a FIFO, /dev/zero, a symlink loop) is not read: `error` says
+  why; a file is read in bounded blocks and a line longer than MAX_LINE_BYTES is skipped, so a 4 GB file
+  without a newline costs time, not memory;
+- strings that hold control characters come back with them made visible (terminal.py).
 
 Imports no mlx: the dashboard uses it in environments that only watch runs.
 """
@@ -22,10 +26,15 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..terminal import json_may_hold_control, terminal_safe_obj
+from ..user_files import open_regular
+
 # Bytes from the start of the file, and just before the offset, remembered to
 # notice a rewrite that left the file at least as long as before.
 _HEAD_BYTES = 256
 _MARK_BYTES = 64
+READ_BLOCK = 16 << 20
+MAX_LINE_BYTES = 64 << 20
 
 
 @dataclass
@@ -57,6 +66,8 @@ class JsonlTail:
         self._head = b""
         self._mark = b""
         self._partial = b""
+        self._skipping_line = False  # inside a line longer than MAX_LINE_BYTES
+        self.error: str | None = None  # why the file cannot be read (not a regular file...), None when it can
 
     @property
     def pending_partial(self) -> bool:
@@ -71,9 +82,14 @@ class JsonlTail:
         """
         result = TailResult()
         try:
-            f = open(self.path, "rb")
+            f = open_regular(self.path)
         except FileNotFoundError:
+            self.error = None
             return result
+        except OSError as err:
+            self.error = f"{self.path.name}: {err.strerror or err}, not read"
+            return result
+        self.error = None
         with f:
             st = os.fstat(f.fileno())
             identity = (st.st_dev, st.st_ino)
@@ -88,11 +104,11 @@ class JsonlTail:
                     result.skipped_to = self.offset
             if st.st_size > self.offset:
                 f.seek(self.offset)
-                data = f.read(st.st_size - self.offset)
-                self.offset += len(data)
+                while self.offset < st.st_size and (data := f.read(min(READ_BLOCK, st.st_size - self.offset))):
+                    self.offset += len(data)
+                    result.records.extend(self._parse(data))
                 self._remember_head(f)
-                self._mark = data[-_MARK_BYTES:] if len(data) >= _MARK_BYTES else self._read_mark(f)
-                result.records = self._parse(data)
+                self._mark = self._read_mark(f)
         if final and self._partial:
             tail, self._partial = self._partial, b""
             result.records.extend(self._parse_lines([tail]))
@@ -123,11 +139,20 @@ class JsonlTail:
         self._head = b""
         self._mark = b""
         self._partial = b""
+        self._skipping_line = False
 
     def _parse(self, data: bytes) -> list[dict]:
+        if self._skipping_line:
+            newline = data.find(b"\n")
+            if newline < 0:
+                return []
+            data, self._skipping_line = data[newline + 1:], False
         lines = (self._partial + data).split(b"\n")
         # The element after the last newline is an unfinished line (or b"").
         self._partial = lines.pop()
+        if len(self._partial) > MAX_LINE_BYTES:
+            self._partial, self._skipping_line = b"", True
+            self.garbage_lines += 1
         return self._parse_lines(lines)
 
     def _parse_lines(self, lines: list[bytes]) -> list[dict]:
@@ -143,7 +168,8 @@ class JsonlTail:
                 self.garbage_lines += 1
                 continue
             if isinstance(obj, dict):
-                records.append(obj)
+                # Every record shown by the dashboard, report and compare passes here: no raw escapes.
+                records.append(terminal_safe_obj(obj) if json_may_hold_control(line) else obj)
             else:
                 self.garbage_lines += 1
         return records

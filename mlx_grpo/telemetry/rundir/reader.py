@@ -24,10 +24,10 @@ Imports no mlx.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import socket
+import stat
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,7 +42,7 @@ from ..alerts.engine import AlertEngine
 from .history_loader import HistoryLoader
 from ..metrics.other_names import canonical_record
 from .jsonl_tail import JsonlTail
-from .writer import ALERTS, ENDED, METRICS, RUN_JSON, SAMPLES, RunInfo, read_run_info
+from .writer import ALERTS, ENDED, METRICS, RUN_JSON, SAMPLES, RunInfo, read_json_object, read_run_info
 from .metric_table import MetricTable, table_from_records
 
 
@@ -261,6 +261,9 @@ class RunReader:
         changed |= self._poll_metrics(final=ended)
         changed |= self._poll_samples(final=ended)
         changed |= self._poll_alerts(final=ended)
+        for tail in (self._metrics, self._samples, self._alerts):
+            if tail.error is not None and tail.error not in st.notes:
+                st.notes.append(tail.error)
         st.garbage = {
             METRICS: self._metrics.garbage_lines + self._rejected + (self._history.garbage_lines if self._history else 0),
             SAMPLES: self._samples.garbage_lines,
@@ -278,20 +281,20 @@ class RunReader:
         path = self.run_dir / RUN_JSON
         try:
             s = path.stat()
-        except FileNotFoundError:
+        except OSError:  # missing, or a symlink loop
             return False
         key = (s.st_ino, s.st_size, s.st_mtime_ns)
         if key == self._run_json_key:
             return False
-        try:
-            info = json.loads(path.read_bytes())
-        except (OSError, ValueError, RecursionError):
-            # Written non-atomically and caught mid-write: keep the last good copy, retry next poll.
+        info = read_json_object(path, display=True)
+        if info is None:
+            # Written non-atomically and caught mid-write (keep the last good copy, retry next poll), or not
+            # a JSON object, or not a regular file (a FIFO, /dev/zero, a directory): said once.
+            note = f"{path}: not a readable JSON object, ignored"
+            if not stat.S_ISREG(s.st_mode) and note not in self.state.notes:
+                self.state.notes.append(note)
             return False
         self._run_json_key = key
-        if not isinstance(info, dict):
-            self.state.notes.append(f"{path}: not a JSON object, ignored")
-            return False
         self.state.info = RunInfo.from_dict(info)
         return True
 
@@ -421,7 +424,7 @@ def is_run_dir(path: Path) -> bool:
 
 
 def _started(path: Path) -> float:
-    info = read_run_info(path)
+    info = read_run_info(path, display=True)
     if info is not None and info.start_time is not None:
         return float(info.start_time)
     return path.stat().st_mtime
@@ -451,8 +454,8 @@ def resolve_run_dirs(paths: list[str], default_root: str = "runs") -> list[Path]
     out = []
     for raw in paths:
         path = Path(raw)
-        if path.exists() and not path.is_dir():
-            raise UserError(f"{raw}: is a file; pass a run directory (the one holding run.json)")
+        if os.path.lexists(path) and not path.is_dir():  # a file, a FIFO, a device, a broken or looping link
+            raise UserError(f"{raw}: is not a directory; pass a run directory (the one holding run.json)")
         if path.is_dir() and not is_run_dir(path):
             newest = newest_run(path)
             if newest is not None:

@@ -18,9 +18,14 @@ Public API:
   - `write_samples(step, samples, time=None)`: one samples.jsonl line per sample dict.
   - `write_alert(alert)`: one alerts.jsonl line (a dict, or anything with `to_dict()`).
   - `write_final_metrics(metrics)`: final_metrics.json (atomic).
-  - `finish(status)`: rewrites run.json with `status` and `end_time` (atomic) and closes the files.
+  - `finish(status)`: rewrites run.json with `status` and `end_time` (atomic; on a full disk, in place)
+    and closes the files.
   Each JSONL line is written with one `write` and flushed (and fsynced when `fsync=True`), so a
   reader sees whole lines except, at worst, a partial last one.
+  A full disk: `start` sets aside RESERVE_BYTES (`.reserve`); a write that fails is cut back to where it
+  began (no torn line), the reserve is freed and the write tried once more. When that works,
+  `out_of_space` names the file, so the trainer can checkpoint and stop with every step written; when it
+  does not, `RunDirWriteError` (a UserError) says which file could not be written.
 - `scrub_secrets(obj)`: a copy of a config with API keys, tokens and passwords removed: keys named like
   one (`api_key`, `hf_token`, `password`, `client_secret`...; `max_tokens`, `eos_token` are kept),
   string values that look like one (`sk-...`, `hf_...`, `ghp_...`, `Bearer ...`), and string values
@@ -34,6 +39,7 @@ finite value"; a metric that does not apply is absent from the record.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -47,6 +53,10 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 import numpy as np
+
+from ...errors import UserError
+from ..terminal import terminal_safe_obj
+from ..user_files import read_regular_bytes
 
 SCHEMA_VERSION = 1
 # The run directory's files (docs/RUN_DIRECTORY.md): every reader and writer names them through these.
@@ -123,23 +133,31 @@ def clipped_text(value: Any) -> Any:
     return value
 
 
-def loads_object(data: bytes | str) -> dict | None:
+def loads_object(data: bytes | str, display: bool = False) -> dict | None:
     """A JSON object from untrusted bytes, or None for anything else: not JSON, not UTF-8, nested too
     deep for the parser (a RecursionError, not a ValueError), or not an object. Every reader of a run
-    directory parses through this, so no file content can crash one."""
+    directory parses through this, so no file content can crash one. `display`: for a reader that
+    prints what it read, control characters in strings are made visible (terminal.py)."""
     try:
         obj = json.loads(data)
     except (ValueError, RecursionError):
         return None
-    return obj if isinstance(obj, dict) else None
+    if not isinstance(obj, dict):
+        return None
+    return terminal_safe_obj(obj) if display else obj
 
 
-def read_json_object(path: Path) -> dict | None:
-    """`loads_object` of a file's bytes; None when it cannot be read."""
+MAX_JSON_FILE_BYTES = 64 << 20  # run.json, final_metrics.json, state.json: ours are a few KB
+
+
+def read_json_object(path: Path, display: bool = False) -> dict | None:
+    """`loads_object` of a file's bytes; None when it cannot be read, is not a regular file (a FIFO,
+    /dev/zero, a directory, a symlink loop) or is larger than MAX_JSON_FILE_BYTES."""
     try:
-        return loads_object(path.read_bytes())
+        data = read_regular_bytes(path, MAX_JSON_FILE_BYTES + 1)
     except OSError:
         return None
+    return loads_object(data, display) if len(data) <= MAX_JSON_FILE_BYTES else None
 
 
 def json_safe(obj: Any) -> Any:
@@ -305,15 +323,24 @@ class RunInfo:
 _KNOWN_KEYS = frozenset(f.name for f in fields(RunInfo)) - {"extra"}
 
 
-def read_run_info(run_dir: str | os.PathLike) -> RunInfo | None:
-    """run.json of a run directory; None when it is missing, unreadable or not a JSON object."""
-    obj = read_json_object(Path(run_dir) / RUN_JSON)
+def read_run_info(run_dir: str | os.PathLike, display: bool = False) -> RunInfo | None:
+    """run.json of a run directory; None when it is missing, unreadable or not a JSON object.
+    `display`: for printing (control characters made visible); a resume reads it as written."""
+    obj = read_json_object(Path(run_dir) / RUN_JSON, display)
     return None if obj is None else RunInfo.from_dict(obj)
 
 
 def write_run_info(run_dir: str | os.PathLike, info: RunInfo) -> None:
     """Write run.json atomically."""
     atomic_write_json(Path(run_dir) / RUN_JSON, info.to_dict())
+
+
+RESERVE = ".reserve"
+RESERVE_BYTES = 4 << 20  # room for the last records, run.json and final_metrics.json once the disk is full
+
+
+class RunDirWriteError(UserError):
+    """A file of the run directory could not be written (a full or read-only disk)."""
 
 
 class RunDirWriter:
@@ -324,6 +351,25 @@ class RunDirWriter:
         self.fsync = fsync
         self.info: RunInfo | None = None
         self._files: dict[str, Any] = {}
+        self.out_of_space: str | None = None  # set when a write needed the reserve: stop soon
+
+    def _make_reserve(self) -> None:
+        path = self.path / RESERVE
+        try:
+            with open(path, "wb") as f:
+                if hasattr(os, "posix_fallocate"):
+                    os.posix_fallocate(f.fileno(), 0, RESERVE_BYTES)  # real blocks, not a sparse file
+                else:
+                    f.write(bytes(RESERVE_BYTES))
+        except OSError:  # no room even for this: the first full write stops the run at once
+            path.unlink(missing_ok=True)
+
+    def _free_reserve(self) -> bool:
+        try:
+            (self.path / RESERVE).unlink()
+        except OSError:
+            return False
+        return True
 
     def start(self, name: str, config: Mapping[str, Any], versions: Mapping[str, Any] | None = None,
               device: Mapping[str, Any] | None = None, total_steps: int | None = None,
@@ -349,17 +395,38 @@ class RunDirWriter:
         if resume_step is not None:
             self.info.resumes = [*previous.resumes, Resume(now, resume_step, previous.status)]
         write_run_info(self.path, self.info)
+        self._make_reserve()
         return self.info
 
     def _append(self, filename: str, lines: Iterable[str]) -> None:
+        data = "".join(line + "\n" for line in lines).encode("utf-8")
+        try:
+            self._append_bytes(filename, data)
+        except OSError as err:
+            if not self._free_reserve():
+                raise RunDirWriteError(f"{self.path / filename}: cannot be written ({err.strerror or err})") from None
+            try:
+                self._append_bytes(filename, data)
+            except OSError as err2:
+                raise RunDirWriteError(f"{self.path / filename}: cannot be written ({err2.strerror or err2})") from None
+            self.out_of_space = f"{filename}: {err.strerror or err}"
+
+    def _append_bytes(self, filename: str, data: bytes) -> None:
         f = self._files.get(filename)
         if f is None:
-            f = self._files[filename] = open(self.path / filename, "a", encoding="utf-8")
-        # One write per call: the lines land together, and a reader never sees half a record in the middle.
-        f.write("".join(line + "\n" for line in lines))
-        f.flush()
-        if self.fsync:
-            os.fsync(f.fileno())
+            f = self._files[filename] = open(self.path / filename, "ab", buffering=0)
+        start = f.seek(0, os.SEEK_END)
+        try:
+            # One write per call: the lines land together, and a reader never sees half a record in the middle.
+            written = 0
+            while written < len(data):
+                written += f.write(data[written:])
+            if self.fsync:
+                os.fsync(f.fileno())
+        except OSError:
+            with contextlib.suppress(OSError):
+                f.truncate(start)  # no torn line: the file ends where this write began
+            raise
 
     def write_metrics(self, step: int, metrics: Mapping[str, float], time: float | None = None) -> None:
         """Append one metrics record."""
@@ -382,7 +449,11 @@ class RunDirWriter:
 
     def write_final_metrics(self, metrics: Mapping[str, Any]) -> None:
         """Write final_metrics.json."""
-        atomic_write_json(self.path / FINAL_METRICS, metrics)
+        try:
+            atomic_write_json(self.path / FINAL_METRICS, metrics)
+        except OSError as err:
+            self._free_reserve()
+            raise RunDirWriteError(f"{self.path / FINAL_METRICS}: cannot be written ({err.strerror or err})") from None
 
     def finish(self, status: str = "finished") -> None:
         """Record how the run ended in run.json."""
@@ -391,7 +462,19 @@ class RunDirWriter:
         self.close()
         if self.info is not None:
             self.info.status, self.info.end_time = status, _time.time()
-            write_run_info(self.path, self.info)
+            text = json.dumps(json_safe(self.info.to_dict()), allow_nan=False, ensure_ascii=False, indent=2) + "\n"
+            try:
+                atomic_write_text(self.path / RUN_JSON, text)
+            except OSError as err:
+                # A full disk has no room for the temp copy; the old run.json's blocks hold the new one.
+                try:
+                    with open(self.path / RUN_JSON, "r+b") as f:
+                        f.write(text.encode("utf-8"))
+                        f.truncate()
+                except OSError:
+                    raise RunDirWriteError(f"{self.path / RUN_JSON}: cannot be written "
+                                           f"({err.strerror or err}); it still says 'running'") from None
+        self._free_reserve()
 
     def close(self) -> None:
         """Close the open files."""

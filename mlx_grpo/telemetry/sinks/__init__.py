@@ -34,7 +34,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from ..rundir.writer import RunDirWriter, RunInfo, json_safe
+from ..rundir.writer import RunDirWriteError, RunDirWriter, RunInfo, json_safe
+from ..terminal import terminal_safe
 from ...errors import install_hint
 from .base import Sink
 from .tensorboard import TensorBoardSink
@@ -144,7 +145,7 @@ class ThreadedSink(Sink):
 
 
 def _stderr(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
+    print(terminal_safe(message), file=sys.stderr, flush=True)
 
 
 class SinkSet:
@@ -216,8 +217,16 @@ class SinkSet:
 
     def write_final(self, metrics: Mapping[str, float]) -> None:
         """The final metrics to the run directory and each sink."""
-        self.rundir.write_final_metrics(metrics)
+        try:
+            self.rundir.write_final_metrics(metrics)
+        except RunDirWriteError as err:  # a full disk: run.json's final status matters more
+            self.warn(f"mlx-grpo: warning: {err}")
         self._each("write_final", metrics)
+
+    @property
+    def out_of_space(self) -> str | None:
+        """Set once a run-directory write needed the space set aside for the end (see RunDirWriter)."""
+        return self.rundir.out_of_space
 
     def log_checkpoint(self, path: str | Path, step: int) -> None:
         """Tell each sink a checkpoint was committed."""
@@ -270,6 +279,9 @@ def make_sinks(run_dir: str | Path, tensorboard: bool = True, tensorboard_dir: s
                                          purge_step=purge_step))
         except ImportError as exc:
             warn(f"mlx-grpo: warning: TensorBoard logging is off: {exc} (pip install tensorboardX)")
+        except OSError as exc:  # a tensorboard_dir that cannot be created: the run directory is the record
+            warn(f"mlx-grpo: warning: TensorBoard logging is off: cannot write {exc.filename or tensorboard_dir} "
+                 f"({exc.strerror or exc}); set tensorboard_dir to a writable directory")
     if wandb is not None:
         try:
             sinks.append(ThreadedSink(WandbSink(wandb)))

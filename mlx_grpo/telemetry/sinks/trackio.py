@@ -16,6 +16,8 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import tempfile
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,11 +69,36 @@ class TrackioSink(Sink):
         self.options = options
         self.run = None
         self._last_step = 0
+        self._failure: str | None = None  # what trackio's writer thread warned about, raised by the next call
+
+    def _catch_flush_failures(self) -> None:
+        """Trackio writes from its own thread and reports a failed write (a full or read-only store) only as a
+        UserWarning there; this keeps it, so the next call raises it and SinkSet turns the sink off with the
+        usual warning and sink_failed alert, instead of the run saying 'no warnings or errors'."""
+        shown = self._shown = warnings.showwarning
+
+        def show(message, category, filename, lineno, file=None, line=None):
+            if "trackio failed to" in str(message):
+                self._failure = self._failure or " ".join(str(message).split())[:300]
+                return
+            shown(message, category, filename, lineno, file, line)
+
+        warnings.showwarning = show
+
+    def _raise_failure(self) -> None:
+        if self._failure is not None:
+            raise OSError(self._failure)
 
     def start(self, info: RunInfo, run_dir: Path) -> None:
         """Start the Trackio run in its local store."""
         opts = self.options
         config = tracker_config(info)
+        # The store must be writable before anything is queued for it (trackio would only warn later).
+        store = trackio_store()
+        store.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=store, prefix=".mlx-grpo-write-check-"):
+            pass
+        self._catch_flush_failures()
         with _local_and_quiet():
             # Its system monitors are off: the run's own system metrics are among the scalars.
             self.run = self.trackio.init(project=opts.project, name=opts.name or info.name,
@@ -81,14 +108,19 @@ class TrackioSink(Sink):
 
     def write(self, step, scalars, histograms, rewards) -> None:
         """One step's scalars."""
+        self._raise_failure()
         self.run.log({k: float(v) for k, v in scalars.items() if v is not None}, step=step)
         self._last_step = max(self._last_step, step)
 
     def write_final(self, metrics) -> None:
         """The final metrics."""
+        self._raise_failure()
         self.run.log({k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}, step=self._last_step)
 
     def close(self, status: str) -> None:
         """Finish the Trackio run."""
         with _local_and_quiet():
             self.trackio.finish()
+        if getattr(self, "_shown", None) is not None:
+            warnings.showwarning, self._shown = self._shown, None
+        self._raise_failure()

@@ -85,7 +85,13 @@ class WandbSink(Sink):
         # Notes and tags are free text a user may paste a key into; W&B's own metadata would record the
         # command line, secrets typed as flags included, so it is not collected.
         tags = [scrub_text(str(tag)) for tag in opts.tags]
-        self.run = self.wandb.init(project=opts.project, entity=opts.entity, name=opts.name or info.name,
+        # The entity and project form the run's path, so a secret there cannot be replaced: refused (the
+        # sink turns off with a warning that does not repeat it). The display name is free text: scrubbed.
+        for key, value in (("wandb_entity", opts.entity), ("wandb_project", opts.project)):
+            if value and scrub_text(value) != value:
+                raise ValueError(f"{key} looks like an API key or token; set it to your W&B user or team name")
+        self.run = self.wandb.init(project=opts.project, entity=opts.entity,
+                                   name=scrub_text(opts.name or info.name or "") or None,
                                    tags=tags or None, notes=scrub_text(opts.notes) if opts.notes else None,
                                    config=json_safe(scrub_secrets(config)), dir=wandb_dir, mode=opts.mode,
                                    settings=self.wandb.Settings(x_disable_meta=True))

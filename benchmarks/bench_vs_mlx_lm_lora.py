@@ -1,0 +1,265 @@
+"""mlx-grpo against mlx-lm-lora on the same GRPO recipe: seconds per step, peak memory, held-out accuracy.
+
+Both tools train the same model directory with the same data, rewards, group size, completion length,
+learning rate, LoRA rank/scale/layers and one update per rollout (configs/smollm2_sums.yaml by default),
+each in its own process, one after the other; then each trained model is scored by the same greedy
+held-out check (`mlx_grpo.evaluate`, what `mlx-grpo eval` runs). mlx-lm-lora is not a dependency:
+
+    pip install "mlx-lm-lora>=5.10,<5.11"
+    python benchmarks/bench_vs_mlx_lm_lora.py --steps 5 --model-id /path/to/hf-dir
+
+--model-id is a Hugging Face-format directory of SmolLM2-135M-Instruct that both tools load (mlx-lm-lora
+reads no GGUF; the figures in docs/PERFORMANCE.md used an fp32 conversion of the recipe's GGUF).
+
+Prints a table and one JSON object (--out FILE writes it too). Seconds per step are the median of the
+steps after the first (the first pays for compilation and warm-up); peak memory is MLX's peak counter
+of the process over model load and training (exact on the CPU backend too). Both processes run with
+OpenBLAS preloaded when it is installed (mlx-grpo's own re-exec).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from importlib.metadata import version
+from pathlib import Path
+
+if __name__ == "__main__":
+    from mlx_grpo.blas import reexec_with_openblas
+
+    # OpenBLAS only helps when preloaded at process start: re-exec once, before MLX loads (the workers
+    # below inherit LD_PRELOAD, so both tools get the same BLAS).
+    reexec_with_openblas([str(Path(__file__).resolve()), *sys.argv[1:]])
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_CONFIG = ROOT / "configs" / "smollm2_sums.yaml"
+
+
+def recipe(args: argparse.Namespace):
+    from mlx_grpo.config import load_config
+
+    overrides = {"seed": args.seed, "num_steps": args.steps, "eval_every": 0, "checkpoint_every": 0,
+                 "tensorboard": False, "enable_alerts": False}
+    if args.model_id:
+        overrides["model_id"] = args.model_id
+    return load_config(str(args.config), overrides)
+
+
+def heldout(config, base_dir: Path, model, tokenizer, limit: int | None) -> dict:
+    """Greedy held-out accuracy by the trainer's own check."""
+    from mlx_grpo.correctness import load_correctness
+    from mlx_grpo.data import load_datasets
+    from mlx_grpo.evaluate import evaluate
+
+    check = load_correctness(config.correctness, config.dataset, [spec.name for spec in config.rewards], base_dir)
+    rows = load_datasets(config, base_dir)[1][:limit]
+    eos_ids = set(getattr(tokenizer, "eos_token_ids", None) or [tokenizer.eos_token_id])
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos_ids)
+    model.eval()
+    result = evaluate(model, tokenizer, rows, config, eos_ids, pad_id, check=check)
+    return {"heldout_accuracy": result.accuracy, "heldout_rows": len(rows)}
+
+
+# ------------------------------------------------------------------ workers (one process each)
+
+
+def run_ours(args: argparse.Namespace) -> dict:
+    import mlx.core as mx
+
+    from mlx_grpo.export import load_trained
+    from mlx_grpo.trainer import train
+
+    config = recipe(args)
+    base_dir = args.config.resolve().parent
+    config.run_name, config.monitoring_dir = f"bench-mlx-grpo-seed{args.seed}", args.workdir
+    started, cpu = time.perf_counter(), time.process_time()
+    run_dir = Path(train(config, base_dir)["run_dir"])
+    wall, cpu = time.perf_counter() - started, time.process_time() - cpu
+    peak = mx.get_peak_memory() / 1e9
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    # The run's final checkpoint, as `mlx-grpo eval RUN_DIR` loads it.
+    trained = load_trained(run_dir)
+    out = {"step_seconds": [r["timing/step_s"] for r in records if "timing/step_s" in r], "peak_gb": peak,
+           "train_wall_s": wall, "train_cpu_s": cpu, "run_dir": str(run_dir), "checkpoint": str(trained.checkpoint)}
+    out.update(heldout(config, base_dir, trained.model, trained.tokenizer, args.limit))
+    return out
+
+
+def run_mlx_lm_lora(args: argparse.Namespace) -> dict:
+    import mlx.core as mx
+    import mlx.optimizers as optim
+    import numpy as np
+    from mlx_lm import load
+    from mlx_lm.tuner.callbacks import TrainingCallback
+    from mlx_lm.tuner.utils import linear_to_lora_layers
+    from mlx_lm_lora.trainer.datasets import GRPODataset
+    from mlx_lm_lora.trainer.grpo_trainer import GRPOTrainingArgs, train_grpo
+
+    from mlx_grpo.data import encode_prompt, load_datasets
+    from mlx_grpo.rewards import BUILTINS
+
+    config = recipe(args)
+    base_dir = args.config.resolve().parent
+    mx.random.seed(config.seed)
+    np.random.seed(config.seed)
+    model, tokenizer = load(str(Path(config.model_id).expanduser()))
+    model.freeze()
+    linear_to_lora_layers(model, config.lora_layers, {"rank": config.lora_rank, "dropout": config.lora_dropout,
+                                                      "scale": config.lora_alpha / config.lora_rank,
+                                                      "keys": config.lora_keys})
+
+    train_rows, _ = load_datasets(config, base_dir)
+    # mlx-lm-lora always sends a system message; give it the one the chat template adds by itself, so both
+    # tools see the same prompt tokens (checked below).
+    system = config.system_prompt or _template_default_system(tokenizer)
+    dataset = GRPODataset([{"prompt": r["prompt"], "answer": r["answer"], "system": system} for r in train_rows],
+                          tokenizer)
+    ours = encode_prompt(tokenizer, train_rows[0]["prompt"], config).tokens
+    if list(dataset[0][0]) != ours:
+        raise SystemExit("mlx-lm-lora's prompt tokens differ from mlx-grpo's; the comparison would not be fair")
+
+    def wrap(name):
+        fn = BUILTINS[name]
+
+        def reward(prompts, completions, answer, types=None):
+            return fn(prompts, completions, answer)
+
+        reward.__name__ = name
+        return reward
+
+    class Timer(TrainingCallback):
+        def __init__(self):
+            self.step_seconds, self.last = [], None
+
+        def on_train_loss_report(self, info):
+            now = time.perf_counter()
+            self.step_seconds.append(now - self.last)
+            self.last = now
+
+    timer = Timer()
+    training_args = GRPOTrainingArgs(
+        batch_size=config.batch_size, iters=config.num_steps, group_size=config.num_generations,
+        beta=config.beta, epsilon=config.epsilon, max_completion_length=config.max_generation_steps,
+        temperature=config.temperature, top_p=config.top_p, top_k=config.top_k, min_p=config.min_p,
+        grpo_loss_type=config.loss_type, importance_sampling_level=config.importance_sampling_level,
+        steps_per_report=1, steps_per_eval=10**9, steps_per_save=10**9,
+        max_seq_length=config.max_prompt_length + config.max_generation_steps,
+        adapter_file=str(Path(args.workdir) / "mlx-lm-lora-adapters.safetensors"),
+        reward_weights=[spec.weight for spec in config.rewards])
+    optimizer = optim.AdamW(learning_rate=config.learning_rate, weight_decay=config.weight_decay)
+    started, cpu = time.perf_counter(), time.process_time()
+    timer.last = started
+    train_grpo(model=model, ref_model=None, tokenizer=tokenizer, optimizer=optimizer, train_dataset=dataset,
+               val_dataset=None, reward_funcs=[wrap(spec.name) for spec in config.rewards], args=training_args,
+               training_callback=timer, end_answer_token="")
+    wall, cpu = time.perf_counter() - started, time.process_time() - cpu
+    peak = mx.get_peak_memory() / 1e9
+    out = {"step_seconds": timer.step_seconds, "peak_gb": peak, "train_wall_s": wall, "train_cpu_s": cpu}
+    out.update(heldout(config, base_dir, model, tokenizer, args.limit))
+    return out
+
+
+def _template_default_system(tokenizer) -> str | None:
+    """The system message a chat template inserts when the conversation has none (SmolLM2's does)."""
+    text = tokenizer.apply_chat_template([{"role": "user", "content": "x"}], tokenize=False)
+    marker = "<|im_start|>system\n"
+    return text.split(marker, 1)[1].split("<|im_end|>", 1)[0] if marker in text else None
+
+
+WORKERS = {"mlx-grpo": run_ours, "mlx-lm-lora": run_mlx_lm_lora}
+
+
+# ------------------------------------------------------------------ driver
+
+
+def summary(result: dict) -> dict:
+    later = result["step_seconds"][1:] or result["step_seconds"]
+    steps = len(result["step_seconds"])
+    # CPU seconds of the process per step (all threads): less sensitive than wall time to other work on a
+    # shared machine.
+    return {"s_per_step_median": statistics.median(later), "s_per_step_mean_all": statistics.mean(result["step_seconds"]),
+            "cpu_s_per_step": result["train_cpu_s"] / steps, "peak_gb": result["peak_gb"],
+            "heldout_accuracy": result["heldout_accuracy"]}
+
+
+def uptime() -> str:
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "n/a"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
+    parser.add_argument("--model-id", default=None, help="the HF-format model directory (both tools load it)")
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--tools", nargs="+", default=list(WORKERS), choices=list(WORKERS))
+    parser.add_argument("--workdir", default=None, help="where run directories and adapters go (default: a temp dir)")
+    parser.add_argument("--limit", type=int, default=None, help="score only the first N held-out rows (smoke tests)")
+    parser.add_argument("--out", type=Path, default=None, help="also write the JSON result here")
+    parser.add_argument("--worker", choices=list(WORKERS), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+
+    if args.worker:
+        print("RESULT " + json.dumps(WORKERS[args.worker](args)), flush=True)
+        return 0
+
+    workdir = args.workdir or tempfile.mkdtemp(prefix="bench-vs-mlx-lm-lora-")
+    results = {}
+    for tool in args.tools:
+        load_before = uptime()
+        command = [sys.executable, str(Path(__file__).resolve()), "--worker", tool, "--config", str(args.config),
+                   "--steps", str(args.steps), "--seed", str(args.seed), "--workdir", workdir]
+        if args.limit:
+            command += ["--limit", str(args.limit)]
+        if args.model_id:
+            command += ["--model-id", args.model_id]
+        print(f"{tool}: {args.steps} steps (load average {load_before}) ...", flush=True)
+        done = subprocess.run(command, capture_output=True, text=True)
+        lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+        if done.returncode != 0 or not lines:
+            print(done.stdout[-3000:], done.stderr[-3000:], sep="\n", file=sys.stderr)
+            raise SystemExit(f"{tool}: worker failed (exit {done.returncode})")
+        raw = json.loads(lines[-1][len("RESULT "):])
+        results[tool] = {**summary(raw), "raw": raw, "load_average_before": load_before,
+                         "load_average_after": uptime()}
+
+    import mlx.core as mx
+
+    report = {"steps": args.steps, "seed": args.seed, "config": str(args.config), "model_id": args.model_id,
+              "versions": {name: version(name) for name in ("mlx", "mlx-lm", "mlx-grpo", "mlx-lm-lora")
+                           if _installed(name)},
+              "machine": f"{platform.machine()} {platform.system()}, {mx.default_device()}", "results": results}
+    print(f"\n{'tool':<12} {'s/step (median)':>16} {'CPU s/step':>11} {'peak GB':>8} {'held-out acc':>13}")
+    for tool, r in results.items():
+        print(f"{tool:<12} {r['s_per_step_median']:>16.2f} {r['cpu_s_per_step']:>11.2f} {r['peak_gb']:>8.2f} "
+              f"{r['heldout_accuracy']:>12.1%}")
+    if len(results) == 2:
+        ours, theirs = results["mlx-grpo"], results["mlx-lm-lora"]
+        report["speedup"] = theirs["s_per_step_median"] / ours["s_per_step_median"]
+        report["speedup_cpu"] = theirs["cpu_s_per_step"] / ours["cpu_s_per_step"]
+        print(f"mlx-grpo is {report['speedup']:.2f}x faster per step ({report['speedup_cpu']:.2f}x in CPU seconds)")
+    print(json.dumps(report, indent=1))
+    if args.out:
+        args.out.write_text(json.dumps(report, indent=1) + "\n")
+    return 0
+
+
+def _installed(name: str) -> bool:
+    try:
+        version(name)
+        return True
+    except Exception:
+        return False
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

