@@ -190,7 +190,6 @@ def default_rules() -> list[Rule]:
     return list(_default_rules())
 
 
-
 def check_rule_metrics(rules: list[Rule], source: str) -> list[str]:
     """Rules watching a plain metric name the metric catalogue does not know (a typo never fires): a rule
     with `action: stop` is refused, since it could never stop the run; the others get one warning each.
