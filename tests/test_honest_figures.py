@@ -128,7 +128,7 @@ def test_a_mistyped_correctness_setting_names_the_key(tmp_path):
     from mlx_grpo.correctness import load_correctness
     from mlx_grpo.errors import UserError
 
-    with pytest.raises(UserError, match="key 'correctness' is 'bogus'; expected auto, answer, none or file.py"):
+    with pytest.raises(UserError, match="key 'correctness' is 'bogus'; expected auto, answer, last_number, none or file.py"):
         load_correctness("bogus", "arithmetic", [], tmp_path)
     with pytest.raises(UserError, match="key 'correctness': reward file not found"):
         load_correctness("missing.py:check", "arithmetic", [], tmp_path)
