@@ -73,7 +73,22 @@ def _read(path: Path, mtime_ns: int, size: int) -> tuple[dict[str, mx.array], di
         raise UserError(f"{path}: cannot be read as GGUF ({detail}); MLX reads the F32, F16, BF16, Q4_0, Q4_1 and "
                         "Q8_0 tensor types, not K-quants such as Q4_K_M (convert to one of those with llama.cpp's "
                         "llama-quantize, or use an MLX model directory)") from None
+    if any(name.endswith(".scales") for name in weights) and _mlx_version() < QUANTIZED_GGUF_MLX:
+        raise UserError(f"{path}: its quantized tensors need MLX >= {'.'.join(map(str, QUANTIZED_GGUF_MLX))} "
+                        f"(this is {'.'.join(map(str, _mlx_version()))}): MLX 0.30.4 read SmolLM2's Q4_1 blocks into "
+                        "other weights than llama.cpp's, which only shows as wrong answers; pip install -U mlx")
     return weights, {k: _plain(v) for k, v in metadata.items()}
+
+
+# The oldest MLX whose Q4_0/Q4_1/Q8_0 GGUF reading was checked against an independent conversion
+# (tests/test_gguf.py); 0.30.4, the package's floor, gives different q-projection weights.
+QUANTIZED_GGUF_MLX = (0, 32, 4)
+
+
+def _mlx_version() -> tuple[int, ...]:
+    from importlib.metadata import version
+
+    return tuple(int(part) for part in version("mlx").split(".")[:3] if part.isdigit())
 
 
 def _plain(value: Any) -> Any:

@@ -75,7 +75,13 @@ class JudgeServer:
                     if server.delay_s:
                         server._stop.wait(server.delay_s)
                     status, payload = server.reply(body)
-                    data = (payload if isinstance(payload, str) else json.dumps(payload)).encode()
+                finally:
+                    # Out of flight before the reply is sent: a client that gets it may send its next
+                    # request at once, and counting both would read as one request too many in flight.
+                    with server._lock:
+                        server._in_flight -= 1
+                data = (payload if isinstance(payload, str) else json.dumps(payload)).encode()
+                try:
                     self.send_response(status)
                     for key, value in server.extra_headers.items():
                         self.send_header(key, value)
@@ -85,9 +91,6 @@ class JudgeServer:
                     self.wfile.write(data)
                 except (BrokenPipeError, ConnectionResetError):
                     pass  # the client gave up (timeout test)
-                finally:
-                    with server._lock:
-                        server._in_flight -= 1
 
             def log_message(self, *args):  # keep test output quiet
                 pass

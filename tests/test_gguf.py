@@ -219,12 +219,27 @@ MORE_ANSWERS = {"How many legs does a dog have?": "4", "What color is the sky on
 @pytest.fixture(scope="module")
 def smollm2():
     """The GGUF file (downloaded into the cache on first use: `python -m mlx_grpo.tools.smollm2`)."""
+    from mlx_grpo import gguf
     from mlx_grpo.tools.smollm2 import smollm2_path
 
+    if gguf._mlx_version() < gguf.QUANTIZED_GGUF_MLX:  # the floor test: refused, see the test below
+        pytest.skip(f"quantized GGUF files need MLX >= {gguf.QUANTIZED_GGUF_MLX}")
     try:
         return smollm2_path(download=True)
     except UserError as err:  # offline: nothing to test against
         pytest.skip(str(err))
+
+
+def test_an_mlx_that_misreads_quantized_gguf_blocks_is_refused_in_one_line(smollm2, monkeypatch):
+    from mlx_grpo import gguf
+
+    monkeypatch.setattr(gguf, "_mlx_version", lambda: (0, 30, 4))
+    gguf._read.cache_clear()
+    try:
+        with pytest.raises(UserError, match=r"quantized tensors need MLX >= 0\.32\.4 \(this is 0\.30\.4\)"):
+            gguf.read_gguf(smollm2)
+    finally:
+        gguf._read.cache_clear()
 
 
 def test_smollm2_path_says_how_to_get_the_file_when_it_is_not_here(tmp_path, monkeypatch, capsys):

@@ -292,10 +292,11 @@ class DropRule(Rule):
     divided by max(|median|, min_scale), so 1.0 means "lost its whole level". The median, not the mean,
     so the first collapsed values do not drag the reference down and `for_steps` > 1 still compares
     with the level before the collapse. Evaluated once `min_points` previous values are known; with
-    `baseline` (a metric name), from the first value on, the reference being the first value of the
-    baseline metric until then: the held-out evaluation made before the first update is a steady
-    measure of where the policy started, so a policy broken by its first updates is caught at once
-    (the median of a run that collapsed at step 2 is the collapse itself).
+    `baseline` (a metric name), from the first value on, the reference being the start until then: the
+    baseline metric's first value (the held-out evaluation made before the first update), or the metric's
+    own first value when that is the more modest (lower for down, higher for up): a greedy held-out
+    accuracy can sit far above accuracy sampled at temperature 1. A policy broken by its first updates is
+    caught at once (the median of a run that collapsed at step 2 is the collapse itself).
     """
 
     kind: ClassVar[str] = "drop"
@@ -308,6 +309,7 @@ class DropRule(Rule):
     baseline: str = ""  # before min_points values, compare with this metric's first value
     previous: dict[str, deque] = state()
     baseline_first: dict[str, tuple[float, int]] = state()  # the baseline metric's first (value, step)
+    first: dict[str, tuple[float, int]] = state()  # each metric's own first (value, step)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -333,7 +335,7 @@ class DropRule(Rule):
 
     def update(self, step, time, record, names, out):
         """Fire when a value moved `fall` away from the median of the previous values (or, before there are
-        enough, from the baseline metric's first value), then keep it."""
+        enough, from the start: the baseline metric's first value or its own, the more modest), then keep it."""
         if self.baseline and not self.baseline_first and (first := _num(record.get(self.baseline))) is not None:
             self.baseline_first[self.baseline] = (first, step)
         start = self.baseline_first.get(self.baseline)
@@ -346,6 +348,9 @@ class DropRule(Rule):
                 level = median(previous)
             elif start is not None:
                 level, reference, span = start[0], f"the start's {self.baseline}", f", step {start[1]}"
+                own, own_step = self.first.setdefault(name, (value, step))
+                if (own < level) if self.direction == "down" else (own > level):
+                    level, reference, span = own, "its first value", f", step {own_step}"
             if level is not None:
                 moved = level - value if self.direction == "down" else value - level
                 scale = max(abs(level), self.min_scale) if self.relative else 1.0
