@@ -116,7 +116,7 @@ def flaky(prompts, completions, answers, **columns):
 
 def test_a_reward_error_is_reported_once_when_dynamic_sampling_fills_from_spare_groups(tmp_path):
     (tmp_path / "flaky.py").write_text(FLAKY_REWARD)
-    data = trainer_with(tmp_path, rewards=["format_exact", "flaky.py:flaky"], max_generation_steps=1,
+    data = trainer_with(tmp_path, rewards=["format_exact", f"{tmp_path / 'flaky.py'}:flaky"], max_generation_steps=1,
                         dynamic_sampling=True, dynamic_sampling_max_rounds=1).step(1)
     # every group scores 0 in both rounds, so the batch is the first round's groups, taken back from the spares
     assert data.total.shape == (24,) and data.component_metrics["sampling/redrawn_prompts"] == 6
