@@ -10,6 +10,7 @@ from mlx_grpo.errors import UserError
 from mlx_grpo.rewards import (BUILTINS, answer_check, digit_match, format_approx, format_exact, last_number_check,
                               last_number_digits, load_reward_functions, number_check, score_completions)
 from mlx_grpo.tasks.answer_format import TAGS, extract_answer, is_correct, last_number
+from package_strings import string_literals
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
@@ -378,21 +379,8 @@ def test_reward_functions_are_called_by_keyword_as_trl_does_and_the_positional_f
 
 def test_the_answer_tags_are_spelled_only_in_the_tasks_answer_format():
     """Rewards, accuracy, S-GRPO and the default model's tokenizer ask tasks/answer_format.py for the tags."""
-    import ast
-
-    package = Path(__file__).resolve().parents[1] / "mlx_grpo"
-    spelled = []
-    for path in sorted(package.rglob("*.py")):
-        if path.name == "answer_format.py":
-            continue
-        tree = ast.parse(path.read_text(encoding="utf-8"))
-        docstrings = {id(node.body[0].value) for node in ast.walk(tree)
-                      if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
-                      and node.body and isinstance(node.body[0], ast.Expr)}
-        for node in ast.walk(tree):
-            if (isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
-                    and any(tag in node.value for tag in TAGS)):
-                spelled.append(f"{path.relative_to(package)}:{node.lineno}")
+    spelled = [f"{where}:{line}" for where, line, value in string_literals()
+               if not where.endswith("/answer_format.py") and any(tag in value for tag in TAGS)]
     assert spelled == []
 
 

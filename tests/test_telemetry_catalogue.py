@@ -21,6 +21,7 @@ from mlx_grpo.telemetry.metrics.catalogue import find_entry
 from mlx_grpo.telemetry.metrics.reward_stats import RewardTracker, ThroughputTracker, reward_metrics
 from mlx_grpo.telemetry.metrics.step_data import step_record
 from mlx_grpo.telemetry.metrics.system import SystemSampler
+from package_strings import string_literals
 from step_data_builder import make_step_data
 
 REPO = Path(__file__).resolve().parents[1]
@@ -237,18 +238,10 @@ def test_dashboard_views_draw_the_catalogues_chart_groups_with_its_labels():
 def metric_name_literals() -> dict[str, set[str]]:
     """Each catalogued metric name spelled as a string literal in the package (docstrings aside), and the
     modules that spell it."""
-    import ast
-
     found: dict[str, set[str]] = {}
-    for path in sorted((REPO / "mlx_grpo").rglob("*.py")):
-        tree = ast.parse(path.read_text(encoding="utf-8"))
-        docstrings = {id(node.body[0].value) for node in ast.walk(tree)
-                      if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
-                      and node.body and isinstance(node.body[0], ast.Expr)}
-        for node in ast.walk(tree):
-            if (isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
-                    and "/" in node.value and " " not in node.value and find_entry(node.value) is not None):
-                found.setdefault(node.value, set()).add(str(path.relative_to(REPO)))
+    for where, _, value in string_literals():
+        if "/" in value and " " not in value and find_entry(value) is not None:
+            found.setdefault(value, set()).add(where)
     return found
 
 
