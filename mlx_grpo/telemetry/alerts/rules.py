@@ -14,7 +14,7 @@ from statistics import median
 from typing import Any, ClassVar, Iterable, Iterator, Mapping
 
 from .alert import ACTIONS, Alert, LEVELS
-from .state import (_Latch, _NOT_METRICS, _Window, _check_min_points, _fmt, _in_a_row, _num, _windowed, metric_pattern,
+from .state import (_Latch, _NOT_METRICS, _Window, _check_window, _fmt, _in_a_row, _num, _windowed, metric_pattern,
                     state)
 
 # What a remedy may change, each by a factor: the learning rate and beta (the KL coefficient).
@@ -313,9 +313,7 @@ class DropRule(Rule):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.window < 3:
-            raise ValueError("key 'window' must be at least 3")
-        _check_min_points(self)
+        _check_window(self)
         if self.fall <= 0:
             raise ValueError("key 'fall' must be positive (the direction gives the sign)")
         if self.direction not in _DROP_DIRECTIONS:

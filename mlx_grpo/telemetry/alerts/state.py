@@ -192,8 +192,10 @@ def _windowed(windows: dict[str, _Window], name: str, size: int) -> _Window:
     return window
 
 
-def _check_min_points(rule) -> None:
-    """`min_points` 0 means the whole window; otherwise at least 3 and at most the window."""
+def _check_window(rule) -> None:
+    """`window` at least 3; `min_points` 0 means the whole window, otherwise at least 3 and at most the window."""
+    if rule.window < 3:
+        raise ValueError("key 'window' must be at least 3")
     if rule.min_points == 0:
         object.__setattr__(rule, "min_points", rule.window)
     elif not 3 <= rule.min_points <= rule.window:

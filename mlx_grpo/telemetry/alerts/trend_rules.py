@@ -7,7 +7,7 @@ from typing import ClassVar
 
 from ..metrics.names import ACCURACY_TRAIN, EVAL_ACCURACY
 from .rules import Rule
-from .state import _Window, _check_min_points, _fmt, _num, _windowed, metric_pattern, state
+from .state import _Window, _check_window, _fmt, _num, _windowed, metric_pattern, state
 
 
 _TREND_DIRECTIONS = ("rising", "falling", "flat")
@@ -35,9 +35,7 @@ class TrendRule(Rule):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.window < 3:
-            raise ValueError("key 'window' must be at least 3")
-        _check_min_points(self)
+        _check_window(self)
         if self.direction not in _TREND_DIRECTIONS:
             raise ValueError(f"key 'direction' must be one of {', '.join(_TREND_DIRECTIONS)}, got {self.direction!r}")
         if self.change < 0:
@@ -98,9 +96,7 @@ class HackingRule(Rule):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.window < 3:
-            raise ValueError("key 'window' must be at least 3")
-        _check_min_points(self)
+        _check_window(self)
         if self.rise <= 0:
             raise ValueError("key 'rise' must be positive")
         if not self.accuracy:
