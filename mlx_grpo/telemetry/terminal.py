@@ -18,6 +18,7 @@ _JSON_MAY_HOLD_CONTROL = re.compile(rb"\\u00[0-9a-fA-F]{2}|\x7f|\xc2[\x80-\x9f]"
 
 
 def terminal_safe(text: str) -> str:
+    """The text with its control characters written as `\\x1b`-style escapes, safe to print."""
     return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text) if _CONTROL.search(text) else text
 
 

@@ -47,6 +47,7 @@ def open_regular(path: str | os.PathLike):
 
 
 def read_user_text(path: str | os.PathLike, what: str, limit: int = MAX_BYTES) -> str:
+    """A user's file as UTF-8 text; one UserError naming the file (and line) when it cannot be."""
     path = Path(path)
     try:
         data = read_regular_bytes(path, limit + 1)
@@ -119,6 +120,7 @@ def load_yaml(text: str, source: str) -> Any:
 
 
 def parse_yaml(text: str, source: str) -> Any:
+    """YAML text parsed strictly (a key given twice is refused); errors name `source` and the line."""
     try:
         return load_yaml(text, source)
     except yaml.YAMLError as err:
@@ -126,4 +128,5 @@ def parse_yaml(text: str, source: str) -> Any:
 
 
 def read_yaml_file(path: str | os.PathLike, what: str) -> Any:
+    """A user's YAML file, read and parsed with `read_user_text` and `parse_yaml`."""
     return parse_yaml(read_user_text(path, what), str(path))

@@ -26,7 +26,8 @@ class AlertsView(BoardView, DataTable):
         self.add_column("message", key="message")
 
     def on_resize(self) -> None:
-        self.update_data()  # messages wrap to the new width (it is part of the key)
+        """Rewrap the messages to the new width (the width is part of the table's key)."""
+        self.update_data()
 
     def _message_width(self) -> int:
         """What is left of the view's width for the message column (the other columns are narrow)."""

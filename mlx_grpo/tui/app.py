@@ -217,6 +217,7 @@ class WatchApp(App[None]):
         self.update_views()
 
     def watch_log_scale(self, value: bool) -> None:
+        """Redraw the charts on the new y scale."""
         self.board.log_scale = value
         self.update_views()
 
@@ -349,6 +350,7 @@ class WatchApp(App[None]):
         self.smoothing = levels[(levels.index(self.smoothing) + 1) % len(levels)]
 
     def action_log_scale(self) -> None:
+        """Switch the charts' y axis between linear and log."""
         self.log_scale = not self.log_scale
 
     def action_pause(self) -> None:

@@ -38,6 +38,7 @@ class HideToken(logging.Filter):
     what), with the token replaced, so a log or a shared terminal never holds the way in."""
 
     def filter(self, record: logging.LogRecord) -> bool:
+        """Replace the token in the record's message; keep the record."""
         message = record.getMessage()
         if "token=" in message:
             record.msg, record.args = _TOKEN.sub(r"\1…", message), ()
@@ -62,6 +63,7 @@ class WatchServer(Server):
         self.cookie = f"mlx_grpo_watch_{port}"
 
     def initialize_logging(self) -> None:
+        """The server's logging, with the token hidden from every handler."""
         super().initialize_logging()
         for handler in logging.getLogger().handlers:
             handler.addFilter(HideToken())

@@ -56,6 +56,8 @@ class QualityPart:
 
 @dataclass
 class QualityReport:
+    """The reward functions' quality: the weighted score of its parts, the issues found and what to do."""
+
     score: float | None  # the weighted mean of the parts that could be scored; None when none could
     parts: list[QualityPart]
     issues: list[str] = field(default_factory=list)
@@ -63,6 +65,7 @@ class QualityReport:
 
     @property
     def parts_scored(self) -> int:
+        """How many parts the run had the data to score."""
         return sum(part.score is not None for part in self.parts)
 
     def headline(self) -> str:
@@ -420,6 +423,7 @@ class RunOutcome:
 
 
 def run_outcome(data: RunData, alerts: Sequence[Alert]) -> RunOutcome:
+    """Where accuracy and reward started and ended, and the alerts raised, from a run's data."""
     eval_steps, accuracy = data.series(EVAL_ACCURACY)
     train_steps, train = data.series(ACCURACY_TRAIN)
     counts: dict[str, int] = {}

@@ -36,6 +36,7 @@ _STEP_FILE = re.compile(r"step_(\d{6,})\.jsonl\.gz\Z")
 
 
 def step_file(run_dir: str | Path, step: int) -> Path:
+    """The file of a step's completions in the run directory."""
     return Path(run_dir) / COMPLETIONS / f"step_{step:06d}.jsonl.gz"
 
 

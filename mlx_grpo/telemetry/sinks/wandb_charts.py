@@ -52,6 +52,7 @@ def category_cloud(xyz: np.ndarray, category: np.ndarray) -> np.ndarray:
 
 
 def scale_colour(t: float) -> str:
+    """The heatmap colour of a value in 0..1 (grey where nothing was logged)."""
     if not math.isfinite(t):
         return "#dddddd"  # not logged at that step
     position = min(max(t, 0.0), 1.0) * (len(_SCALE) - 1)
