@@ -24,7 +24,7 @@ import numpy as np
 
 from .errors import UserError
 from .rewards import RewardFunction, score_completions
-from .telemetry.analysis.reward_report import QualityReport, analyze_quality
+from .telemetry.analysis.reward_quality import QualityReport, analyze_quality
 from .telemetry.rundir.completions import completion_steps, read_step
 from .telemetry.metrics.reward_stats import reward_metrics
 from .telemetry.rundir.writer import read_run_info

@@ -25,8 +25,9 @@ from .alerts.alert import Alert
 from .alerts.engine import AlertEngine
 from .alerts.rules import Rule, ThresholdRule
 from .alerts.trend_rules import TrendRule
-from .analysis.reward_report import (FunctionImportance, HackingReport, QualityReport, RewardReport, Trend,
-                                     analyze_run, detect_reward_hacking, function_importance, trend_of)
+from .analysis.reward_quality import QualityReport
+from .analysis.reward_report import (FunctionImportance, HackingReport, RewardReport, Trend, analyze_run,
+                                     detect_reward_hacking, function_importance, trend_of)
 from .analysis.run_data import series
 from .recorder import RunRecorder
 from .metrics.reward_stats import reward_metrics
