@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -78,6 +79,8 @@ def run_ours(args, model: Path, data: Path, work: Path, rep: int) -> dict:
                "--batch-size", str(args.batch_size), "--num-generations", str(args.group_size),
                "--max-generation-steps", str(args.completion), "--num-steps", "1", "--eval-every", "0",
                "--run-name", name, *args.ours_flags.split()]
+    # a run of that name left by an earlier use of --work would make the trainer pick another name
+    shutil.rmtree(work / "runs" / name, ignore_errors=True)
     _, wall, rss = timed(command, work)
     record = json.loads((work / "runs" / name / "metrics.jsonl").read_text().splitlines()[-1])
     phases = {p: record.get(f"timing/{p}_s") or 0.0 for p in ("rollout", "reward", "advantage", "ref", "update")}

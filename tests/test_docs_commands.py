@@ -57,7 +57,8 @@ SKIPPED: dict[str, str] = {
         "200 steps on two ranks (~5 min on 2 cores); tests/test_distributed.py launches the same way for 3 steps",
     'python benchmarks/bench_learning.py --seeds 0 1 2': "three 200-step runs per arm (~25 min); a benchmark",
     'python -m pytest': "the test suite itself",
-    'python -m pytest -m "not slow"': "the test suite itself",
+    'python -m pytest -m slow': "the test suite itself",
+    'python -m pytest -m ""': "the test suite itself",
     'python -m mlx_grpo.tools.build_default_model --out mlx_grpo/default_model':
         "rebuilds the shipped model (~10 min of pre-training); tests/test_default_model.py checks the result",
     'trackio show --project mlx-grpo': SCREEN,
