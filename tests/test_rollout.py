@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from mlx_lm import load
 
-from mlx_grpo.rollout import SamplingSettings, filter_logits, generate
+from mlx_grpo.rollout import SamplingSettings, filter_logits, generate, sample_with_logprobs
 from mlx_grpo.update import build_train_batch, completion_logprobs
 from tiny_models import make_model_dir
 
@@ -54,6 +54,17 @@ def test_greedy_is_deterministic(tiny):
     runs = [generate(model, prompts, 2, 8, {tokenizer.eos_token_id}, 0, SamplingSettings(temperature=0),
                      mx.random.key(k)).completions for k in (1, 2)]
     assert runs[0] == runs[1] and runs[0][0] == runs[0][1]
+
+
+def test_sampling_draws_from_the_softmax_and_returns_each_draws_log_prob():
+    """Frequencies of 40,000 draws against softmax(logits), filtered ids never drawn, exact log-probs."""
+    row = mx.array([0.0, 1.0, 2.0, -mx.inf, 0.5, -30.0, -mx.inf])
+    ids, logp = sample_with_logprobs(mx.broadcast_to(row, (40_000, row.shape[0])), mx.random.key(3))
+    ids = np.array(ids)
+    probs = np.array(mx.softmax(row))
+    frequencies = np.bincount(ids, minlength=row.shape[0]) / ids.size
+    assert np.abs(frequencies - probs).max() < 0.01 and frequencies[3] == frequencies[6] == 0
+    assert np.allclose(np.array(logp), np.log(probs[ids]), atol=1e-5)
 
 
 def test_filters_keep_the_expected_tokens():
