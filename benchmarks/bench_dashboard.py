@@ -72,7 +72,7 @@ def write_run(run_dir: Path, steps: int, seed: int = 0) -> int:
     """A finished-looking but still 'running' run of `steps` records; returns metrics.jsonl bytes."""
     run_dir.mkdir(parents=True, exist_ok=True)
     start = time.time() - steps * 0.5 - 10
-    from mlx_grpo.telemetry.rundir import RunInfo, write_run_info
+    from mlx_grpo.telemetry.rundir.writer import RunInfo, write_run_info
 
     write_run_info(run_dir, RunInfo(run_id="bench", name="bench-100k", start_time=start, status="running",
                                     config={"num_steps": steps * 2, "enable_alerts": False}, total_steps=steps * 2))

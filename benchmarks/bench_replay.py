@@ -29,8 +29,8 @@ def main() -> None:
     wall, cpu = time.perf_counter(), time.process_time()
     from mlx_grpo.replay import render, replay, run_settings
     from mlx_grpo.rewards import load_reward_functions
-    from mlx_grpo.telemetry.completions import completion_steps, step_file
-    from mlx_grpo.telemetry.report import load_run
+    from mlx_grpo.telemetry.rundir.completions import completion_steps, step_file
+    from mlx_grpo.telemetry.analysis.report import load_run
 
     _, metrics, _, _ = load_run(args.run_dir)
     rewards, _, _, group_size, scale, base_dir = run_settings(args.run_dir)

@@ -26,9 +26,12 @@ if __name__ == "__main__":
     # OpenBLAS only helps when preloaded at process start: re-exec once, before MLX loads.
     reexec_with_openblas([str(Path(__file__).resolve()), *sys.argv[1:]])
 
+from mlx_grpo import run as run_module
 from mlx_grpo import trainer as trainer_module
 from mlx_grpo.config import load_config
-from mlx_grpo.telemetry import alerts, reward_stats, sinks, system
+from mlx_grpo.telemetry.alerts import engine as alerts
+from mlx_grpo.telemetry.metrics import reward_stats, system
+from mlx_grpo.telemetry import sinks
 
 SPENT: dict[str, float] = defaultdict(float)
 
@@ -79,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
                                     "checkpoint_every": 0, "tensorboard": True, "wandb": use_wandb,
                                     "histogram_every": 10})
         start = time.perf_counter()
-        trainer_module.train(config, Path(tmp))
+        run_module.train(config, Path(tmp))
         loop_s = time.perf_counter() - start
 
     step_s = SPENT.pop("training step (rollout, rewards, update)")

@@ -73,7 +73,7 @@ def run_ours(args: argparse.Namespace) -> dict:
     import mlx.core as mx
 
     from mlx_grpo.export import load_trained
-    from mlx_grpo.trainer import train
+    from mlx_grpo.run import train
 
     config = recipe(args)
     base_dir = args.config.resolve().parent

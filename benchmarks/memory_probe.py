@@ -24,8 +24,7 @@ from mlx_grpo.models import apply_adapters, make_reference
 from mlx_grpo.presets import preset_config
 from mlx_grpo.rollout import Rollout, SamplingSettings, generate
 from mlx_grpo.trainer import make_optimizer
-from mlx_grpo.update import (build_train_batch, checkpoint_blocks, make_loss_fn, reference_logprobs,
-                             update_policy)
+from mlx_grpo.update import build_train_batch, checkpoint_blocks, make_loss_fn, reference_logprobs, update_policy
 
 
 @dataclass

@@ -20,7 +20,7 @@ Every reward function has this signature::
   a non-numeric score stops the run with an error naming the function.
 """
 
-from mlx_grpo.rewards import extract_answer, is_correct
+from mlx_grpo.tasks.answer_format import extract_answer, is_correct
 
 
 def brevity(prompts, completions, answers, **columns):

@@ -46,7 +46,8 @@ from .errors import UserError
 from .machine import describe, wire_memory, wired_limit
 from .models import count_parameters, resolve_dtype
 from .rollout import Rollout
-from .trainer import Prompts, Trainer, resident_bytes, step_key
+from .trainer import Prompts, Trainer, step_key
+from .run import resident_bytes
 from .update import build_train_batch
 
 SCHEMA_VERSION = 1

@@ -21,9 +21,16 @@ import yaml
 from .config_aliases import translate, unknown_key_hint
 from .config_paths import resolve_input_paths
 from .errors import UserError
-from .user_files import load_yaml, read_yaml_file
+from .telemetry.user_files import load_yaml, read_yaml_file
 
 DEFAULT_MODEL = "default"  # the small arithmetic model shipped inside the package
+DEFAULT_REWARDS = ("format_exact", "format_approx", "answer_check", "number_check", "digit_match")
+
+
+def key(default: Any = dataclasses.MISSING, help: str = "", *, factory: Any = dataclasses.MISSING) -> Any:
+    """A config key: its default (`factory` for a mutable one) and its help text, kept in the field's
+    metadata as mlx-lm and TRL declare theirs; `mlx-grpo train --help` and `key_help()` read it there."""
+    return field(default=default, default_factory=factory, metadata={"help": help})
 
 
 @dataclass
@@ -38,146 +45,154 @@ class RewardSpec:
 class AdaptiveWindowConfig:
     """Adaptive generation window (TinyZero style); see docs/TRAINING_EXTRAS.md."""
 
-    enable: bool = False
-    min_window: int = 8  # never budget fewer tokens than this
-    percentile: float = 100.0  # of the lengths of this step's correct completions (100: the longest)
-    margin: int = 1  # tokens added on top of the percentile
-    epsilon: float = 0.1  # probability that a step explores (uses max_generation_steps)
-    epsilon_decay: float = 1.0  # epsilon is multiplied by this after every step
-    min_epsilon: float = 0.0  # floor of the decayed epsilon
-    ema_decay: float = 0.9  # weight of the past in the success-rate moving average
+    enable: bool = key(False, "budget each step's completions from recent correct lengths")
+    min_window: int = key(8, "never budget fewer tokens than this")
+    percentile: float = key(100.0, "of the lengths of this step's correct completions (100: the longest)")
+    margin: int = key(1, "tokens added on top of the percentile")
+    epsilon: float = key(0.1, "probability that a step explores (uses max_generation_steps)")
+    epsilon_decay: float = key(1.0, "epsilon is multiplied by this after every step")
+    min_epsilon: float = key(0.0, "floor of the decayed epsilon")
+    ema_decay: float = key(0.9, "weight of the past in the success-rate moving average")
 
 
 @dataclass
 class EntropyLoggingConfig:
     """Per-token entropy and varentropy dumps to the run directory."""
 
-    enable: bool = False
-    every: int = 1  # dump every this many steps (entropy/step_<N>.npz in the run directory)
+    enable: bool = key(False, "write per-token entropy and varentropy of sampled completions")
+    every: int = key(1, "dump every this many steps (entropy/step_<N>.npz in the run directory)")
 
 
 @dataclass
 class SGRPOConfig:
     """Serial-group decaying-reward policy optimisation (early exits)."""
 
-    enable: bool = False
-    num_exits: int = 4  # exits per sampled path: the size of each serial group
-    decay: float = 0.5  # a correct answer at exit k earns decay ** (k - 1)
-    max_answer_tokens: int = 16  # budget of each forced answer, closing tag included
+    enable: bool = key(False, "train on serial groups of early exits of each completion, besides the usual loss")
+    num_exits: int = key(4, "exits per sampled path: the size of each serial group")
+    decay: float = key(0.5, "a correct answer at exit k earns decay ** (k - 1)")
+    max_answer_tokens: int = key(16, "budget of each forced answer, closing tag included")
 
 
 @dataclass
 class TrainConfig:
+    """Every key of a run config, with its type, default and help; feature sections are nested."""
+
     # --- model ---
-    model_id: str = DEFAULT_MODEL  # 'default' (the shipped model), a local Hugging Face-format directory, or a hub id
-    dtype: str = "auto"  # auto: bfloat16 for LoRA on a GPU, float32 otherwise (the CPU backend, full fine-tuning)
+    model_id: str = key(DEFAULT_MODEL,
+                        "'default' (the shipped model), a local Hugging Face-format directory, or a hub id")
+    dtype: str = key("auto", "auto: bfloat16 for LoRA on a GPU, float32 otherwise (the CPU backend, full fine-tuning)")
     # MLX's quantized matmul is fast on a GPU, slow on the CPU backend:
-    quantized_base: str = "auto"  # auto: a quantized base made plain at load on the CPU if it fits | keep | dequantize
-    use_lora: bool = False  # train LoRA adapters on a frozen base (else every weight)
-    lora_rank: int = 8  # rank of each adapter
-    lora_alpha: float = 16.0  # adapter scale is lora_alpha / lora_rank
-    lora_dropout: float = 0.0  # dropout on the adapters' input
-    lora_layers: int = -1  # how many of the last transformer blocks get adapters; -1 = all
-    lora_keys: list[str] | None = None  # module paths inside a block, e.g. ["self_attn.q_proj"]; None = every linear
-    use_dora: bool = False  # DoRA adapters instead of LoRA
+    quantized_base: str = key("auto", "auto: a quantized base made plain at load on the CPU if it fits | keep | "
+                                      "dequantize")
+    use_lora: bool = key(False, "train LoRA adapters on a frozen base (else every weight)")
+    lora_rank: int = key(8, "rank of each adapter")
+    lora_alpha: float = key(16.0, "adapter scale is lora_alpha / lora_rank")
+    lora_dropout: float = key(0.0, "dropout on the adapters' input")
+    lora_layers: int = key(-1, "how many of the last transformer blocks get adapters; -1 = all")
+    lora_keys: list[str] | None = key(None,
+                                      'module paths inside a block, e.g. ["self_attn.q_proj"]; None = every linear')
+    use_dora: bool = key(False, "DoRA adapters instead of LoRA")
 
     # --- data ---
-    dataset: str = "arithmetic"  # "arithmetic" (built in), a .jsonl/.parquet/.csv file, or a hub owner/name[:config]
-    dataset_format: str = "auto"  # auto | prompt_answer | gsm8k
-    eval_dataset: str | None = None  # None: the built-in held-out split or 5% of the dataset; hub names: the test split
-    prompt_field: str = "prompt"  # the field (column) holding the prompt: a string or a list of chat messages
-    answer_field: str = "answer"  # the field (column) holding the reference answer
-    system_prompt: str | None = None  # a system message put before every prompt
-    use_chat_template: bool = True  # applied only when the tokenizer has one
-    train_size: int = 20000  # examples drawn for the built-in task
-    eval_size: int = 200  # held-out examples of the built-in task
+    dataset: str = key("arithmetic",
+                       '"arithmetic" (built in), a .jsonl/.parquet/.csv file, or a hub owner/name[:config]')
+    dataset_format: str = key("auto", "auto | prompt_answer | gsm8k")
+    eval_dataset: str | None = key(None,
+                                   "None: the built-in held-out split or 5% of the dataset; hub names: the test split")
+    prompt_field: str = key("prompt", "the field (column) holding the prompt: a string or a list of chat messages")
+    answer_field: str = key("answer", "the field (column) holding the reference answer")
+    system_prompt: str | None = key(None, "a system message put before every prompt")
+    use_chat_template: bool = key(True, "applied only when the tokenizer has one")
+    train_size: int = key(20000, "examples drawn for the built-in task")
+    eval_size: int = key(200, "held-out examples of the built-in task")
 
     # --- GRPO ---
-    num_steps: int = 200  # GRPO steps to train
-    batch_size: int = 16  # prompts per step
-    num_generations: int = 8  # completions per prompt (G)
-    num_iterations: int = 2  # optimiser updates per rollout (the second is PPO-clipped); 1 halves the update time
-    learning_rate: float = 5e-5  # AdamW's peak learning rate
-    lr_schedule: str = "cosine"  # cosine | constant
-    warmup_fraction: float = 0.05  # share of the steps the learning rate warms up over
-    weight_decay: float = 0.0  # AdamW's decoupled weight decay
-    max_grad_norm: float = 1.0  # clip the gradient's global norm to this; 0 = no clipping
+    num_steps: int = key(200, "GRPO steps to train")
+    batch_size: int = key(16, "prompts per step")
+    num_generations: int = key(8, "completions per prompt (G)")
+    num_iterations: int = key(2, "optimiser updates per rollout (the second is PPO-clipped); 1 halves the update time")
+    learning_rate: float = key(5e-5, "AdamW's peak learning rate")
+    lr_schedule: str = key("cosine", "cosine | constant")
+    warmup_fraction: float = key(0.05, "share of the steps the learning rate warms up over")
+    weight_decay: float = key(0.0, "AdamW's decoupled weight decay")
+    max_grad_norm: float = key(1.0, "clip the gradient's global norm to this; 0 = no clipping")
     # Memory of the update and the reference pass (the same gradient whatever they are; docs/SCALE.md):
     # completions per forward/backward pass, gradients summed; 0 = all at once; auto = the smallest that runs
     # at full speed and fits (plan.configured_settings)
-    micro_batch_size: int | str = "auto"  # completions per forward/backward pass; 0 = all; auto = fastest, leanest
-    logits_chunk_size: int = 0  # completion positions per LM-head pass (152k-vocab logits are big); 0 = all
-    grad_checkpoint: bool = False  # recompute each transformer block in the backward pass instead of keeping it
-    memory_check: bool = True  # refuse a run `mlx-grpo plan` predicts will not fit in memory
-    beta: float = 0.04  # KL coefficient; 0 computes no reference policy at all
-    epsilon: float = 0.2  # the ratio is clipped to [1 - epsilon, 1 + epsilon_high]
-    epsilon_high: float | None = None  # None: same as epsilon
-    delta: float | None = None  # two-sided clipping (TRL): with a negative advantage the ratio counts at most delta
-    loss_type: str = "grpo"  # grpo | bnpo | dr_grpo | dapo
-    importance_sampling_level: str = "token"  # token | sequence (GSPO)
-    scale_rewards: str = "group"  # group | batch | none
-    mask_truncated_completions: bool = False  # completions cut off by the budget take no part in the loss (DAPO)
-    dynamic_sampling: bool = False  # drop groups whose rewards are all equal; draw more prompts to refill (DAPO)
-    dynamic_sampling_max_rounds: int = 3  # extra draws per step at most; then the batch is filled with what there is
-    temperature: float = 1.0  # sampling temperature of the rollouts (log-probs are taken at it too)
-    top_p: float = 1.0  # nucleus sampling: keep the smallest set of tokens holding this mass; 1 = off
-    top_k: int = 0  # sample among the k most likely tokens; 0 = off
-    min_p: float = 0.0  # drop tokens below min_p times the top token's probability; 0 = off
-    max_prompt_length: int = 256  # prompt tokens kept (cut from the left)
-    max_generation_steps: int = 24  # completion tokens at most (TRL: max_completion_length)
-    seed: int = 0  # data order, sampling and initialisation
+    micro_batch_size: int | str = key("auto", "completions per forward/backward pass; 0 = all; auto = fastest, leanest")
+    logits_chunk_size: int = key(0, "completion positions per LM-head pass (152k-vocab logits are big); 0 = all")
+    grad_checkpoint: bool = key(False, "recompute each transformer block in the backward pass instead of keeping it")
+    memory_check: bool = key(True, "refuse a run `mlx-grpo plan` predicts will not fit in memory")
+    beta: float = key(0.04, "KL coefficient; 0 computes no reference policy at all")
+    epsilon: float = key(0.2, "the ratio is clipped to [1 - epsilon, 1 + epsilon_high]")
+    epsilon_high: float | None = key(None, "None: same as epsilon")
+    delta: float | None = key(None,
+                              "two-sided clipping (TRL): with a negative advantage the ratio counts at most delta")
+    loss_type: str = key("grpo", "grpo | bnpo | dr_grpo | dapo")
+    importance_sampling_level: str = key("token", "token | sequence (GSPO)")
+    scale_rewards: str = key("group", "group | batch | none")
+    mask_truncated_completions: bool = key(False, "completions cut off by the budget take no part in the loss (DAPO)")
+    dynamic_sampling: bool = key(False, "drop groups whose rewards are all equal; draw more prompts to refill (DAPO)")
+    dynamic_sampling_max_rounds: int = key(3,
+                                           "extra draws per step at most; then the batch is filled with what there is")
+    temperature: float = key(1.0, "sampling temperature of the rollouts (log-probs are taken at it too)")
+    top_p: float = key(1.0, "nucleus sampling: keep the smallest set of tokens holding this mass; 1 = off")
+    top_k: int = key(0, "sample among the k most likely tokens; 0 = off")
+    min_p: float = key(0.0, "drop tokens below min_p times the top token's probability; 0 = off")
+    max_prompt_length: int = key(256, "prompt tokens kept (cut from the left)")
+    max_generation_steps: int = key(24, "completion tokens at most (TRL: max_completion_length)")
+    seed: int = key(0, "data order, sampling and initialisation")
 
     # --- rewards ---
-    rewards: list[RewardSpec] = field(default_factory=lambda: [  # built-in names or file.py:function, weighted
-        RewardSpec("format_exact"),
-        RewardSpec("format_approx"),
-        RewardSpec("answer_check"),
-        RewardSpec("number_check"),
-        RewardSpec("digit_match"),
-    ])
-    rubric_file: str | None = None  # a YAML rubric of weighted criteria scored as one more reward
-    rubric_weight: float = 1.0  # weight of the rubric's reward
-    correctness: str = "auto"  # what counts as correct (accuracy, held-out eval): auto | answer | last_number | none | file.py:function
+    rewards: list[RewardSpec] = key(factory=lambda: [RewardSpec(name) for name in DEFAULT_REWARDS],
+                                    help="built-in names or file.py:function, weighted")
+    rubric_file: str | None = key(None, "a YAML rubric of weighted criteria scored as one more reward")
+    rubric_weight: float = key(1.0, "weight of the rubric's reward")
+    correctness: str = key("auto", "what counts as correct (accuracy, held-out eval): auto | answer | last_number | "
+                                   "none | file.py:function")
 
     # --- evaluation, checkpoints, logging ---
-    eval_every: int = 25  # held-out greedy accuracy before the first update (step 0), every N steps and at the end; 0 = off
-    checkpoint_every: int = 50  # checkpoint every N steps (and at the end); 0 = only at the end
-    keep_checkpoints: int = 3  # newest checkpoints kept
-    run_name: str | None = None  # the run directory's name under monitoring_dir (default: grpo-<date>-<time>)
-    monitoring_dir: str = "runs"  # where run directories go, relative to where you run the command
-    tensorboard: bool = True  # write TensorBoard event files
-    tensorboard_dir: str | None = None  # None: <run dir>/tensorboard
-    log_every: int = 1  # write a metrics record every N steps
-    histogram_every: int = 10  # histograms every N logged steps
-    samples_per_step: int = 4  # completions written to samples.jsonl per step
-    keep_completions: bool = True  # every completion of every step in completions/ (replay, the Samples view)
-    completions_max_mb: float = 200.0  # stop keeping completions once completions/ holds this many MB; 0: no cap
-    max_consecutive_nonfinite: int = 5  # stop after this many NaN/Inf updates in a row (each is skipped)
-    enable_alerts: bool = True  # the built-in alert rules
-    alerts_file: str | None = None  # a YAML file of alert rules added to the built-in ones
-    on_alert: str = "default"  # built-in rules' actions: default (collapse, memory: stop) | warn (report only) | rollback
-    max_rollbacks: int = 2  # rollbacks a run may make; one more alert that would roll back stops it instead
+    eval_every: int = key(25, "held-out greedy accuracy before the first update (step 0), every N steps and at "
+                              "the end; 0 = off")
+    checkpoint_every: int = key(50, "checkpoint every N steps (and at the end); 0 = only at the end")
+    keep_checkpoints: int = key(3, "newest checkpoints kept")
+    run_name: str | None = key(None, "the run directory's name under monitoring_dir (default: grpo-<date>-<time>)")
+    monitoring_dir: str = key("runs", "where run directories go, relative to where you run the command")
+    tensorboard: bool = key(True, "write TensorBoard event files")
+    tensorboard_dir: str | None = key(None, "None: <run dir>/tensorboard")
+    log_every: int = key(1, "write a metrics record every N steps")
+    histogram_every: int = key(10, "histograms every N logged steps")
+    samples_per_step: int = key(4, "completions written to samples.jsonl per step")
+    keep_completions: bool = key(True, "every completion of every step in completions/ (replay, the Samples view)")
+    completions_max_mb: float = key(200.0, "stop keeping completions once completions/ holds this many MB; 0: no cap")
+    max_consecutive_nonfinite: int = key(5, "stop after this many NaN/Inf updates in a row (each is skipped)")
+    enable_alerts: bool = key(True, "the built-in alert rules")
+    alerts_file: str | None = key(None, "a YAML file of alert rules added to the built-in ones")
+    on_alert: str = key("default", "built-in rules' actions: default (collapse, memory: stop) | warn (report only) | "
+                                   "rollback")
+    max_rollbacks: int = key(2, "rollbacks a run may make; one more alert that would roll back stops it instead")
 
     # --- Weights & Biases (optional) ---
-    wandb: bool | None = False  # log to W&B too (opt-in: WANDB_API_KEY alone never turns it on); null = false
-    wandb_project: str = "mlx-grpo"  # W&B project
-    wandb_entity: str | None = None  # W&B entity (team or user)
-    wandb_run_name: str | None = None  # W&B run name (default: the run directory's name)
-    wandb_tags: list[str] = field(default_factory=list)  # W&B tags
-    wandb_notes: str | None = None  # W&B notes (secrets are scrubbed)
-    wandb_log_checkpoints: bool = False  # upload checkpoints to W&B as artifacts
-    wandb_chart_every: int = 0  # redraw the 3D charts and the criteria heatmap every N steps; 0: ~10 times a run
-    wandb_log_dataset: bool = True  # the run's train and held-out rows as a W&B dataset artifact
-    wandb_log_model: bool = False  # at the end, the final model (adapters fused) as a W&B model artifact
+    wandb: bool | None = key(False, "log to W&B too (opt-in: WANDB_API_KEY alone never turns it on); null = false")
+    wandb_project: str = key("mlx-grpo", "W&B project")
+    wandb_entity: str | None = key(None, "W&B entity (team or user)")
+    wandb_run_name: str | None = key(None, "W&B run name (default: the run directory's name)")
+    wandb_tags: list[str] = key(factory=list, help="W&B tags")
+    wandb_notes: str | None = key(None, "W&B notes (secrets are scrubbed)")
+    wandb_log_checkpoints: bool = key(False, "upload checkpoints to W&B as artifacts")
+    wandb_chart_every: int = key(0, "redraw the 3D charts and the criteria heatmap every N steps; 0: ~10 times a run")
+    wandb_log_dataset: bool = key(True, "the run's train and held-out rows as a W&B dataset artifact")
+    wandb_log_model: bool = key(False, "at the end, the final model (adapters fused) as a W&B model artifact")
 
     # --- Trackio (optional) ---
-    trackio: bool = False  # log to Trackio too: its local store, offline (pip install -e '.[trackio]')
-    trackio_project: str = "mlx-grpo"  # Trackio project; the run is named like its run directory
+    trackio: bool = key(False, "log to Trackio too: its local store, offline (pip install -e '.[trackio]')")
+    trackio_project: str = key("mlx-grpo", "Trackio project; the run is named like its run directory")
 
     # --- feature sections ---
-    adaptive_window: AdaptiveWindowConfig = field(default_factory=AdaptiveWindowConfig)
-    entropy_logging: EntropyLoggingConfig = field(default_factory=EntropyLoggingConfig)
-    sgrpo: SGRPOConfig = field(default_factory=SGRPOConfig)
+    adaptive_window: AdaptiveWindowConfig = key(factory=AdaptiveWindowConfig,
+                                                help="adaptive generation window (docs/TRAINING_EXTRAS.md)")
+    entropy_logging: EntropyLoggingConfig = key(factory=EntropyLoggingConfig, help="per-token entropy dumps")
+    sgrpo: SGRPOConfig = key(factory=SGRPOConfig, help="S-GRPO: serial groups of early exits with decaying rewards")
 
     def validate(self, source: str) -> None:
         """Refuse impossible values, naming the key and where it came from."""
@@ -455,19 +470,14 @@ def config_to_dict(config: TrainConfig) -> dict:
     return dataclasses.asdict(config)
 
 
-def key_help() -> dict[str, str]:
-    """Each config key's help: the comment beside it in the dataclasses above (the one place it is
-    written), read back from this file's source."""
-    import inspect
-    import re
-
+def key_help(cls: type = None, prefix: str = "") -> dict[str, str]:
+    """Each config key's help, nested keys as `section.key`, from the fields' metadata."""
     helps: dict[str, str] = {}
-    for cls, prefix in ((TrainConfig, ""), (AdaptiveWindowConfig, "adaptive_window."),
-                        (EntropyLoggingConfig, "entropy_logging."), (SGRPOConfig, "sgrpo.")):
-        for line in inspect.getsource(cls).splitlines():
-            found = re.match(r"\s{4}(\w+): .*?\s#\s*(.+)$", line)
-            if found:
-                helps[prefix + found.group(1)] = found.group(2).strip()
+    for f in dataclasses.fields(cls or TrainConfig):
+        helps[prefix + f.name] = f.metadata.get("help", "")
+        tp = _field_types(cls or TrainConfig)[f.name]
+        if dataclasses.is_dataclass(tp):
+            helps.update(key_help(tp, f"{prefix}{f.name}."))
     return helps
 
 

@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .errors import UserError
-from .rewards import is_correct, load_reward_functions
+from .rewards import load_reward_functions
+from .tasks.answer_format import is_correct
 
 Check = Callable[..., list]
 

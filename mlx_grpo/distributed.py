@@ -42,9 +42,9 @@ from mlx.utils import tree_map
 from . import grpo
 from .data import PromptOrder
 from .errors import UserError
-from .telemetry.rundir import RunInfo
+from .telemetry.rundir.writer import RunInfo
 from .telemetry.sinks import SinkSet
-from .telemetry.step_data import StepData
+from .telemetry.metrics.step_data import StepData
 from .update import TrainBatch
 
 

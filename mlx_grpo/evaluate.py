@@ -7,8 +7,8 @@ from typing import Any, Callable
 
 import mlx.core as mx
 
-from .data import encode_prompt, extra_columns
 from .correctness import Check, answer_check
+from .data import encode_prompt, extra_columns
 from .rollout import SamplingSettings, decode_completion, generate
 
 GREEDY = SamplingSettings(temperature=0.0)

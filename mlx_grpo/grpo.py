@@ -245,22 +245,21 @@ def _aggregate(per_token: mx.array, seq_len: mx.array, loss_type: str, totals: L
     return per_token.sum() / float(max(totals.num_tokens, 1))  # bnpo, dapo
 
 
-def grpo_loss(
-    logp: mx.array,
-    old_logp: mx.array | None,
-    ref_logp: mx.array | None,
-    advantages: mx.array,
-    mask: mx.array,
-    *,
-    beta: float = 0.0,
-    epsilon: float = 0.2,
-    epsilon_high: float | None = None,
-    loss_type: str = "grpo",
-    importance_level: str = "token",
-    max_completion_length: int | None = None,
-    totals: LossTotals | None = None,
-    delta: float | None = None,
-) -> mx.array:
+@dataclass(frozen=True)
+class LossOptions:
+    """How the loss is formed from the per-token terms: the fields of `grpo_loss`'s Args below."""
+
+    beta: float = 0.0
+    epsilon: float = 0.2
+    epsilon_high: float | None = None
+    loss_type: str = "grpo"
+    importance_level: str = "token"
+    max_completion_length: int | None = None
+    delta: float | None = None
+
+
+def grpo_loss(logp: mx.array, old_logp: mx.array | None, ref_logp: mx.array | None, advantages: mx.array,
+              mask: mx.array, options: LossOptions = LossOptions(), totals: LossTotals | None = None) -> mx.array:
     """Clipped GRPO surrogate (+ optional k3 KL penalty), aggregated by ``loss_type``.
 
     Args:
@@ -274,6 +273,7 @@ def grpo_loss(
             ``None``. Required when ``beta > 0``.
         advantages: ``[N]`` float, one advantage per sequence.
         mask: ``[N, T]`` bool or 0/1, completion tokens that count.
+        options: a `LossOptions`, whose fields are:
         beta: weight of the per-token k3 KL term.
         epsilon: lower clip, ratio is clipped below at ``1 - epsilon``.
         epsilon_high: upper clip, ratio is clipped above at
@@ -320,29 +320,18 @@ def grpo_loss(
         ``loss``, a float32 scalar to differentiate: this part's share of
         the whole update's loss. `policy_stats` describes the same arrays.
     """
-    _check_variant(loss_type, importance_level, beta, ref_logp, max_completion_length)
-    epsilon_high = epsilon if epsilon_high is None else epsilon_high
-    terms = _token_terms(logp, old_logp, ref_logp, advantages, mask, epsilon, epsilon_high, importance_level, delta)
-    per_token = terms.pg + beta * terms.kl if beta > 0 else terms.pg
-    return _aggregate(per_token, terms.seq_len, loss_type, totals or LossTotals.of(mask), max_completion_length)
+    o = options
+    _check_variant(o.loss_type, o.importance_level, o.beta, ref_logp, o.max_completion_length)
+    epsilon_high = o.epsilon if o.epsilon_high is None else o.epsilon_high
+    terms = _token_terms(logp, old_logp, ref_logp, advantages, mask, o.epsilon, epsilon_high, o.importance_level,
+                         o.delta)
+    per_token = terms.pg + o.beta * terms.kl if o.beta > 0 else terms.pg
+    return _aggregate(per_token, terms.seq_len, o.loss_type, totals or LossTotals.of(mask), o.max_completion_length)
 
 
-def policy_stats(
-    logp: mx.array,
-    old_logp: mx.array | None,
-    ref_logp: mx.array | None,
-    advantages: mx.array,
-    mask: mx.array,
-    *,
-    beta: float = 0.0,
-    epsilon: float = 0.2,
-    epsilon_high: float | None = None,
-    loss_type: str = "grpo",
-    importance_level: str = "token",
-    max_completion_length: int | None = None,
-    totals: LossTotals | None = None,
-    delta: float | None = None,
-) -> dict[str, mx.array]:
+def policy_stats(logp: mx.array, old_logp: mx.array | None, ref_logp: mx.array | None, advantages: mx.array,
+                 mask: mx.array, options: LossOptions = LossOptions(),
+                 totals: LossTotals | None = None) -> dict[str, mx.array]:
     """The update's statistics for the same arguments as `grpo_loss`, computed from log-probs alone
     (no gradient, no logits), so an update split into micro-batches reports them once for the whole
     batch. Names (``policy/<name>`` in the run directory) map to float32 scalars over active tokens
@@ -363,23 +352,24 @@ def policy_stats(
       ``log_ratio_mean``, ``log_ratio_std``: of the ratio actually used
       (the sequence ratio in GSPO mode).
     """
-    _check_variant(loss_type, importance_level, beta, ref_logp, max_completion_length)
-    epsilon_high = epsilon if epsilon_high is None else epsilon_high
+    o = options
+    _check_variant(o.loss_type, o.importance_level, o.beta, ref_logp, o.max_completion_length)
+    epsilon_high = o.epsilon if o.epsilon_high is None else o.epsilon_high
     sg = mx.stop_gradient
-    terms = _token_terms(sg(logp), old_logp, ref_logp, advantages, mask, epsilon, epsilon_high, importance_level,
-                         delta)
+    terms = _token_terms(sg(logp), old_logp, ref_logp, advantages, mask, o.epsilon, epsilon_high, o.importance_level,
+                         o.delta)
     active, adv, r, lr = terms.active, terms.advantages, terms.ratio, terms.log_ratio
-    low, high = 1.0 - epsilon, 1.0 + epsilon_high
+    low, high = 1.0 - o.epsilon, 1.0 + epsilon_high
     low_clipped = (r < low) & (adv < 0)
     high_clipped = (r > high) & (adv > 0)
     kl = masked_mean(terms.kl, active)
     ratio_mean = masked_mean(r, active)
     log_ratio_mean = masked_mean(lr, active)
     return {
-        "pg_loss": _aggregate(terms.pg, terms.seq_len, loss_type, totals or LossTotals.of(mask),
-                              max_completion_length),
+        "pg_loss": _aggregate(terms.pg, terms.seq_len, o.loss_type, totals or LossTotals.of(mask),
+                              o.max_completion_length),
         "kl": kl,
-        "kl_penalty": beta * kl,
+        "kl_penalty": o.beta * kl,
         "clip_frac_low": masked_mean(low_clipped, active),
         "clip_frac_high": masked_mean(high_clipped, active),
         "clip_frac": masked_mean(low_clipped | high_clipped, active),

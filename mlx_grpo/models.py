@@ -16,6 +16,7 @@ from typing import Any, Iterator
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
+from mlx_lm.models.cache import make_prompt_cache
 
 from .config import DEFAULT_MODEL, TrainConfig
 from .errors import UserError
@@ -204,10 +205,13 @@ def resolve_dtype(config: TrainConfig, gpu: bool | None = None) -> str:
     return "bfloat16" if gpu and config.use_lora else "float32"
 
 
+def unbatchable_caches(model: nn.Module) -> list[str]:
+    """Kinds of the model's cache that mlx-lm cannot merge into a batch (empty: the rollout can batch it)."""
+    return sorted({type(c).__name__ for c in make_prompt_cache(model) if not hasattr(type(c), "merge")})
+
+
 def refuse_unbatchable(model: nn.Module, model_id: str) -> None:
     """One line, before any run directory exists, for a model whose cache the rollout cannot batch."""
-    from .rollout import unbatchable_caches
-
     kinds = unbatchable_caches(model)
     if kinds:
         raise UserError(f"model '{model_id}' ({getattr(model, 'model_type', type(model).__module__)}): its "

@@ -32,7 +32,7 @@ from typing import Any
 
 from .config import TrainConfig
 from .errors import UserError
-from .units import GB, GIB
+from .telemetry.units import GB, GIB
 
 
 # ----------------------------------------------------------------------------- measured constants

@@ -24,10 +24,10 @@ import numpy as np
 
 from .errors import UserError
 from .rewards import RewardFunction, score_completions
-from .telemetry.analysis import QualityReport, analyze_quality
-from .telemetry.completions import completion_steps, read_step
-from .telemetry.reward_stats import reward_metrics
-from .telemetry.rundir import read_run_info
+from .telemetry.analysis.reward_quality import QualityReport, analyze_quality
+from .telemetry.rundir.completions import completion_steps, read_step
+from .telemetry.metrics.reward_stats import reward_metrics
+from .telemetry.rundir.writer import read_run_info
 
 
 SIGN_TOLERANCE = 1e-4  # advantages closer to 0 than this have no sign

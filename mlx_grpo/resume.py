@@ -31,7 +31,7 @@ import psutil
 from .checkpoint import STEP_DIR, latest_checkpoint
 from .config import TrainConfig, config_from_mapping, nest, top_level_fields
 from .errors import UserError
-from .telemetry.rundir import ALERTS, METRICS, RUN_JSON, SAMPLES, RunInfo, loads_object, read_run_info
+from .telemetry.rundir.writer import ALERTS, METRICS, RUN_JSON, SAMPLES, RunInfo, loads_object, read_run_info
 
 
 def resume_command(run_dir: Path) -> str:

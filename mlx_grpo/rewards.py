@@ -12,8 +12,8 @@ extra dataset column (e.g. ``difficulty=[...]``) as a list aligned with
 break your function. Return one score per completion; ``None`` (or NaN) means
 "no score for this sample", which is recorded as missing.
 
-The built-ins read completions written as
-``<reasoning>...</reasoning><answer>...</answer>``; they are chosen by name:
+The built-ins read completions in the task's answer format (``tasks/answer_format.py``:
+``<reasoning>...</reasoning><answer>...</answer>``); they are chosen by name:
 ``format_exact``, ``format_approx``, ``answer_check`` (alias ``check_answer``),
 ``number_check`` (alias ``check_numbers``) and ``digit_match`` (partial credit per digit); for replies in
 prose without tags, ``last_number_check`` and ``last_number_digits`` read the reply's last number. A user function is named as
@@ -42,83 +42,24 @@ from typing import Callable, Iterable, Mapping, Sequence
 import numpy as np
 
 from mlx_grpo.errors import UserError
+from mlx_grpo.tasks.answer_format import (NUMBER_IN_TEXT, TAGS, answer_value, extract_answer, is_correct, last_number,
+                                          normalise)
 
-TAGS = ("<reasoning>", "</reasoning>", "<answer>", "</answer>")
 # A reasoning block directly followed by an answer block, only whitespace
 # around and between. Tag uniqueness is checked separately (counts).
-_LAYOUT = re.compile(r"\s*<reasoning>.*</reasoning>\s*<answer>.*</answer>\s*", re.DOTALL)
-# First number in free text; "1,234.5" is one number, "12,34" is 12.
-_NUMBER = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?")
-_PLAIN_NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)")
-
-
-# ---------------------------------------------------------------- parsing
-
-
-def extract_answer(completion: str) -> str | None:
-    """The stripped text of the last complete ``<answer>...</answer>`` block, or None."""
-    _, found, tail = completion.rpartition("<answer>")
-    if not found:
-        return None
-    inner, closed, _ = tail.partition("</answer>")
-    return inner.strip() if closed else None
-
-
-def extract_reasoning(completion: str) -> str:
-    """The stripped text of the last complete ``<reasoning>...</reasoning>`` block; without one, the whole text."""
-    _, found, tail = completion.rpartition("<reasoning>")
-    inner, closed, _ = tail.partition("</reasoning>")
-    return inner.strip() if found and closed else completion.strip()
-
-
-def _normalise(text: str) -> str:
-    """Drop whitespace, thousands commas, '$', a final '.', and case."""
-    return re.sub(r"[\s,$]", "", text).lower().rstrip(".")
-
-
-def _as_number(text: str) -> float | None:
-    """The value of a text that is a plain number once normalised ("$1,000.0" -> 1000.0)."""
-    text = _normalise(text)
-    return float(text) if _PLAIN_NUMBER.fullmatch(text) else None
+_LAYOUT = re.compile(r"\s*{}.*{}\s*{}.*{}\s*".format(*map(re.escape, TAGS)), re.DOTALL)
 
 
 def _first_number(text: str) -> float | None:
-    match = _NUMBER.search(text)
+    match = NUMBER_IN_TEXT.search(text)
     return float(match.group().replace(",", "")) if match else None
 
 
 def _same_value(got: str, want: str) -> bool:
     """Equal once normalised; numbers by value, so "42.0" equals "42"."""
-    if _normalise(got) == _normalise(want):
+    if normalise(got) == normalise(want):
         return True
-    got_n, want_n = _as_number(got), _as_number(want)
-    return got_n is not None and got_n == want_n
-
-
-def last_number(text: str) -> str | None:
-    """The last number in free text, thousands commas dropped ("7 + 5 = 12." -> "12"), or None."""
-    found = _NUMBER.findall(text)
-    return found[-1].replace(",", "") if found else None
-
-
-# Where a completion's answer is read: the answer block, or the reply's
-# last number, for models that answer in prose and never write tags ("7 + 5 = 12.").
-ANSWER_SOURCES = {"answer_tag": extract_answer, "last_number": last_number}
-
-
-def is_correct(completion: str, answer: str, read_from: str = "answer_tag") -> bool:
-    """Accuracy and evaluation criterion: the extracted answer is the expected one.
-
-    Exact text after stripping outer whitespace, or, when both are numbers,
-    the same value ("1,000", "$1000" and "1000.0" all equal "1000"). Text is
-    case-sensitive here; only ``answer_check`` gives partial credit.
-    """
-    got = ANSWER_SOURCES[read_from](completion)
-    if got is None:
-        return False
-    if got == answer.strip():
-        return True
-    got_n, want_n = _as_number(got), _as_number(answer)
+    got_n, want_n = answer_value(got), answer_value(want)
     return got_n is not None and got_n == want_n
 
 
@@ -147,7 +88,7 @@ def _answer_check_one(completion: str, answer: str) -> float:
         return 3.0
     if _same_value(got, answer):
         return 1.5
-    got_n, want_n = _as_number(got), _as_number(answer)
+    got_n, want_n = answer_value(got), answer_value(answer)
     if got_n is None or want_n is None or want_n == 0:
         return -1.0
     ratio = got_n / want_n
@@ -423,6 +364,18 @@ class RewardScores:
     per_function: np.ndarray
     total: np.ndarray
     new_errors: list[str]
+
+    def take(self, samples: Sequence[int]) -> "RewardScores":
+        """The scores of `samples`, in that order; the batch's error lines stay with every part."""
+        samples = list(samples)
+        return RewardScores(self.names, self.per_function[:, samples], self.total[samples], self.new_errors)
+
+    @staticmethod
+    def concat(parts: Sequence["RewardScores"]) -> "RewardScores":
+        """The parts' samples one after another (same functions); each error line once."""
+        return RewardScores(parts[0].names, np.concatenate([p.per_function for p in parts], axis=1),
+                            np.concatenate([p.total for p in parts]),
+                            list(dict.fromkeys(e for p in parts for e in p.new_errors)))
 
 
 def score_completions(

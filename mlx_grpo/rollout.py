@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Sequence
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -39,11 +40,23 @@ class Rollout:
     completions: list[list[int]]  # sampled ids, up to and including EOS when one was sampled
     logprobs: list[list[float]]  # log-probability of each sampled id under the sampling distribution
     truncated: list[bool]  # hit the token budget without EOS
-    seconds: float
+    seconds: float  # generation time (a part taken from a rollout keeps the whole rollout's)
 
     @property
     def num_completion_tokens(self) -> int:
         return sum(len(c) for c in self.completions)
+
+    def take(self, rows: Sequence[int]) -> "Rollout":
+        """The sequences at `rows`, in that order."""
+        return Rollout([self.prompts[i] for i in rows], [self.completions[i] for i in rows],
+                       [self.logprobs[i] for i in rows], [self.truncated[i] for i in rows], self.seconds)
+
+    @staticmethod
+    def concat(parts: Sequence["Rollout"]) -> "Rollout":
+        """The parts' sequences one after another; their generation times add up."""
+        return Rollout([x for p in parts for x in p.prompts], [x for p in parts for x in p.completions],
+                       [x for p in parts for x in p.logprobs], [x for p in parts for x in p.truncated],
+                       sum(p.seconds for p in parts))
 
 
 def filter_logits(logits: mx.array, settings: SamplingSettings) -> mx.array:
@@ -119,11 +132,6 @@ def sample_with_logprobs(logits: mx.array, key: mx.array) -> tuple[mx.array, mx.
     ids = mx.minimum((cumulative <= threshold).sum(axis=-1), (cumulative < total).sum(axis=-1))
     logprobs = mx.take_along_axis(logits, ids[:, None], axis=-1) - top - mx.log(total)
     return ids, logprobs[:, 0]
-
-
-def unbatchable_caches(model: nn.Module) -> list[str]:
-    """Kinds of the model's cache that mlx-lm cannot merge into a batch (empty: the rollout can batch it)."""
-    return sorted({type(c).__name__ for c in make_prompt_cache(model) if not hasattr(type(c), "merge")})
 
 
 def last_position_logits(model: nn.Module, inputs: mx.array, cache: list) -> mx.array:

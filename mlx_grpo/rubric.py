@@ -24,8 +24,8 @@ import numpy as np
 import yaml
 
 from .errors import UserError
-from .telemetry.rundir import register_secret
-from .user_files import parse_yaml, read_user_text
+from .telemetry.rundir.writer import register_secret
+from .telemetry.user_files import parse_yaml, read_user_text
 from .judge import PLACEHOLDERS, Judge, JudgeConfig, JudgeError, chat_completions_url
 from .rubric_scorers import (CriterionFailed, JudgeScorer, LengthScorer, NumericAnswerScorer, PythonScorer,
                              RegexScorer, SubstringScorer)

@@ -25,8 +25,8 @@ import numpy as np
 from .judge import JudgeError
 from .rewards import RewardHooks
 from .rubric import Rubric, RubricScores
-from .telemetry.reward_stats import RunningStats
-from .telemetry.rundir import atomic_write_text
+from .telemetry.metrics.reward_stats import RunningStats
+from .telemetry.rundir.writer import atomic_write_text
 
 REWARD_NAME = "rubric"
 SUMMARY_COLUMNS = ("criterion", "mean", "std", "min", "max", "samples")

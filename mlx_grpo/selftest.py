@@ -23,6 +23,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from .telemetry.metrics.names import EVAL_ACCURACY
+
 PERTURB_ENV = "MLX_GRPO_SELFTEST_PERTURB"
 
 # Measured here (Linux x86_64, 2 cores, MLX CPU backend, fp32): the default model's held-out accuracy gain
@@ -183,7 +185,7 @@ def check_micro_batches(base_dir: Path, batch, advantages) -> Check:
 
 def check_resume(base_dir: Path, work: Path) -> Check:
     """4 steps uninterrupted vs the same run resumed from its step-2 checkpoint: final weights and records."""
-    from .trainer import train
+    from .run import train
 
     config = small_config(num_steps=4, checkpoint_every=2, keep_checkpoints=2, eval_every=0, batch_size=2,
                           max_generation_steps=8, monitoring_dir=str(work / "runs"), run_name="uninterrupted")
@@ -290,15 +292,15 @@ def check_rollout_flat(work) -> Check:
 
 def check_learning(base_dir: Path, work: Path) -> Check:
     from .config import load_config
-    from .trainer import train
+    from .run import train
 
     config = load_config(None, {"num_steps": LEARNING_STEPS, "eval_every": LEARNING_STEPS, "wandb": False,
                                 "monitoring_dir": str(work / "runs"), "run_name": "learning"})
     start = time.perf_counter()
     run = Path(train(config, base_dir)["run_dir"])
     seconds = time.perf_counter() - start
-    accuracy = [r["eval/accuracy"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
-                if "eval/accuracy" in r]
+    accuracy = [r[EVAL_ACCURACY] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
+                if EVAL_ACCURACY in r]
     gain = float(perturbed("learning", np.array(accuracy[-1] - accuracy[0])))
     want = LEARNING_SHARE * REFERENCE_GAIN
     return Check("learning", "pass" if gain >= want else "fail",

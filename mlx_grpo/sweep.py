@@ -46,8 +46,8 @@ from typing import Any, Callable
 from .config import TrainConfig, _build_dataclass, nest, read_yaml_mapping
 from .errors import UserError
 from .machine import MEMORY_SHARE_ENV
-from .telemetry.rundir import read_run_info
-from .terminal import terminal_safe
+from .telemetry.rundir.writer import read_run_info
+from .telemetry.terminal import terminal_safe
 
 TOP_KEYS = ("name", "base", "method", "trials", "seed", "output_dir", "fixed", "parameters")
 RANGE_KEYS = ("values", "min", "max", "step", "num", "distribution")

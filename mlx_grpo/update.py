@@ -334,6 +334,13 @@ def checkpoint_blocks(model: nn.Module) -> None:
 
 # ----------------------------------------------------------------------------- the update
 
+def loss_options(config: TrainConfig) -> grpo.LossOptions:
+    """The config's loss settings, as grpo.py takes them."""
+    return grpo.LossOptions(beta=config.beta, epsilon=config.epsilon, epsilon_high=config.epsilon_high,
+                            loss_type=config.loss_type, importance_level=config.importance_sampling_level,
+                            max_completion_length=config.max_generation_steps, delta=config.delta)
+
+
 def make_loss_fn(config: TrainConfig) -> Callable:
     """loss_fn(model, micro_batch, advantages, old_logp, ref_logp, totals) -> (loss, (logp, entropy, token
     stats)): the micro-batch's share of the whole update's loss (`totals`), for nn.value_and_grad."""
@@ -341,12 +348,7 @@ def make_loss_fn(config: TrainConfig) -> Callable:
         scores = completion_scores(model, batch, config.temperature,
                                    entropy_stride=entropy_stride(config.max_generation_steps),
                                    token_stats=config.entropy_logging.enable, chunk_size=config.logits_chunk_size)
-        loss = grpo.grpo_loss(
-            scores.logp, old_logp, ref_logp, advantages, batch.mask,
-            beta=config.beta, epsilon=config.epsilon, epsilon_high=config.epsilon_high,
-            loss_type=config.loss_type, importance_level=config.importance_sampling_level,
-            max_completion_length=config.max_generation_steps, totals=totals, delta=config.delta,
-        )
+        loss = grpo.grpo_loss(scores.logp, old_logp, ref_logp, advantages, batch.mask, loss_options(config), totals)
         return loss, (mx.stop_gradient(scores.logp), scores.entropy, scores.token_stats)
 
     return loss_fn
@@ -425,11 +427,7 @@ def update_policy(model: nn.Module, optimizer: optim.Optimizer, loss_and_grad, b
             per_token.append({k: _pad_to(v, width) for k, v in part_tokens.items()})
         loss, grads = reduce.sum_update(loss, grads)
         logp = mx.concatenate(logps)
-        stats = grpo.policy_stats(
-            logp, old_logp, ref_logp, advantages, batch.mask, beta=config.beta, epsilon=config.epsilon,
-            epsilon_high=config.epsilon_high, loss_type=config.loss_type,
-            importance_level=config.importance_sampling_level, max_completion_length=config.max_generation_steps,
-            totals=totals, delta=config.delta)
+        stats = grpo.policy_stats(logp, old_logp, ref_logp, advantages, batch.mask, loss_options(config), totals)
         stats["entropy"] = entropy_sum / mx.maximum(entropy_count, 1.0)
         grads, grad_norm = clip_by_global_norm(grads, config.max_grad_norm)
         mx.eval(loss, grad_norm, stats, logp)

@@ -67,8 +67,7 @@ def fixed_rollout(num_prompts: int, vocab: int) -> tuple[Rollout, np.ndarray]:
 
 
 def part(rollout: Rollout, start: int, stop: int) -> Rollout:
-    return Rollout(rollout.prompts[start:stop], rollout.completions[start:stop], rollout.logprobs[start:stop],
-                   rollout.truncated[start:stop], 0.0)
+    return rollout.take(range(start, stop))
 
 
 def update(config, base_dir, rollout, advantages, reduce=None):

@@ -7,7 +7,7 @@ import json
 import math
 from pathlib import Path
 
-from mlx_grpo.telemetry.rundir import RunInfo, write_run_info
+from mlx_grpo.telemetry.rundir.writer import RunInfo, write_run_info
 
 REWARD_FUNCTIONS = ("format_exact", "answer_check")
 

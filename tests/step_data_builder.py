@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mlx_grpo.telemetry.step_data import StepData, UpdateStats
+from mlx_grpo.telemetry.metrics.step_data import StepData, UpdateStats
 
 
 def make_step_data(n: int = 16, group_size: int = 4, seed: int = 0, levels=None, **overrides) -> StepData:

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from mlx_grpo.telemetry.reward_stats import RewardTracker, reward_metrics
-from mlx_grpo.telemetry.rundir import RunInfo, write_run_info
+from mlx_grpo.telemetry.metrics.reward_stats import RewardTracker, reward_metrics
+from mlx_grpo.telemetry.rundir.writer import RunInfo, write_run_info
 
 PROMPTS, GROUP = 16, 8
 MAX_TOKENS = 24

@@ -7,7 +7,7 @@ import pytest
 from mlx_grpo.config import AdaptiveWindowConfig, load_config
 from mlx_grpo.errors import UserError
 from mlx_grpo.extras.adaptive_window import WindowController
-from mlx_grpo.telemetry.catalogue import find_entry
+from mlx_grpo.telemetry.metrics.catalogue import find_entry
 
 
 def controller(max_window=24, seed=0, **settings):

@@ -15,11 +15,13 @@ import pytest
 from rich.console import Console
 
 from mlx_grpo.errors import UserError
-from mlx_grpo.telemetry.alert_config import default_rules, load_alert_rules, rules_from_config
-from mlx_grpo.telemetry.alert_console import format_alert, print_alerts
-from mlx_grpo.telemetry.catalogue import canonical_record
-from mlx_grpo.telemetry.alerts import (Alert, AlertEngine, BaselineRule, DropRule, HackingRule, NonFiniteRule,
-                                       SpikeRule, ThresholdRule, TrendRule)
+from mlx_grpo.telemetry.alerts.config import default_rules, load_alert_rules, rules_from_config
+from mlx_grpo.telemetry.alerts.console import format_alert, print_alerts
+from mlx_grpo.telemetry.metrics.other_names import canonical_record
+from mlx_grpo.telemetry.alerts.alert import Alert
+from mlx_grpo.telemetry.alerts.engine import AlertEngine
+from mlx_grpo.telemetry.alerts.rules import BaselineRule, DropRule, NonFiniteRule, SpikeRule, ThresholdRule
+from mlx_grpo.telemetry.alerts.trend_rules import HackingRule, TrendRule
 from synthetic_runs import Faults, simulate
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -337,8 +339,8 @@ def test_engine_cost_per_record_stays_flat():
 
 def test_telemetry_modules_import_no_mlx():
     code = ("import sys\n"
-            "import mlx_grpo.telemetry.alerts, mlx_grpo.telemetry.alert_config, mlx_grpo.telemetry.alert_console\n"
-            "import mlx_grpo.telemetry.analysis, mlx_grpo.telemetry.report, mlx_grpo.telemetry.monitor\n"
+            "import mlx_grpo.telemetry.alerts.rules, mlx_grpo.telemetry.alerts.config, mlx_grpo.telemetry.alerts.console\n"
+            "import mlx_grpo.telemetry.analysis.reward_report, mlx_grpo.telemetry.analysis.report, mlx_grpo.telemetry.monitor\n"
             "import mlx_grpo.commands.report\n"
             "bad = [m for m in sys.modules if m == 'mlx' or m.startswith('mlx.')]\n"
             "assert not bad, bad\n")
@@ -445,9 +447,9 @@ def test_yaml_is_loaded_safely(tmp_path):
 
 
 def test_builtin_rules_are_packaged_and_documented():
-    assert "telemetry/*.yaml" in (ROOT / "pyproject.toml").read_text()
+    assert "telemetry/alerts/*.yaml" in (ROOT / "pyproject.toml").read_text()
     docs = (ROOT / "docs" / "ALERTS.md").read_text()
-    yaml_text = (ROOT / "mlx_grpo" / "telemetry" / "default_alerts.yaml").read_text()
+    yaml_text = (ROOT / "mlx_grpo" / "telemetry" / "alerts" / "default_alerts.yaml").read_text()
     for rule in default_rules():
         assert f"`{rule.name}`" in docs, rule.name
         # Each built-in rule carries a comment with its reason just above it.
@@ -457,8 +459,8 @@ def test_builtin_rules_are_packaged_and_documented():
 
 
 def test_alert_messages_are_scrubbed_wherever_they_come_from(monkeypatch):
-    from mlx_grpo.telemetry.alerts import Alert
-    from mlx_grpo.telemetry.rundir import register_secret
+    from mlx_grpo.telemetry.alerts.alert import Alert
+    from mlx_grpo.telemetry.rundir.writer import register_secret
 
     # a judge echoing its Authorization header, with a key whose variable name says nothing
     monkeypatch.setenv("JUDGE_AUTH", "judgecred_QWERTY123456789")

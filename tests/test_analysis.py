@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from mlx_grpo.cli import main
-from mlx_grpo.telemetry.analysis import analyze_run, trend_of
-from mlx_grpo.telemetry.report import write_report
+from mlx_grpo.telemetry.analysis.reward_report import analyze_run, trend_of
+from mlx_grpo.telemetry.analysis.report import write_report
 from synthetic_runs import Faults, simulate, write_run_dir
 
 
@@ -166,7 +166,7 @@ def test_report_command_refuses_what_is_not_a_run(tmp_path, capsys):
 
 
 def test_a_run_whose_held_out_accuracy_collapsed_is_not_praised():
-    from mlx_grpo.telemetry.analysis import analyze_run as analyze
+    from mlx_grpo.telemetry.analysis.reward_report import analyze_run as analyze
 
     metrics, samples = _sim()
     accuracy = iter(np.linspace(0.46, 0.14, sum(1 for r in metrics if "eval/accuracy" in r)))

@@ -6,6 +6,7 @@ import pytest
 
 from mlx_grpo.errors import UserError
 from mlx_grpo.tasks import arithmetic
+from mlx_grpo.tasks.answer_format import is_correct
 
 PROMPT_RE = re.compile(r"^(\d{3})\+(\d{3})=$")
 
@@ -70,11 +71,11 @@ def test_completion_format_and_answer_extraction():
     assert completion == "<reasoning>000</reasoning><answer>349</answer>"
     assert arithmetic.format_completion(arithmetic.make_row(58, 67)) == "<reasoning>110</reasoning><answer>125</answer>"
     assert arithmetic.format_completion(arithmetic.make_row(999, 1)) == "<reasoning>111</reasoning><answer>1000</answer>"
-    assert arithmetic.is_correct(completion, row)
-    assert arithmetic.is_correct("<reasoning>111</reasoning><answer>349</answer>", row)  # graded on the answer only
-    assert not arithmetic.is_correct("<reasoning>000</reasoning><answer>348</answer>", row)
-    assert not arithmetic.is_correct("<reasoning>000</reasoning><answer>349", row)
-    assert not arithmetic.is_correct("no tags at all", row)
+    assert is_correct(completion, row["answer"])
+    assert is_correct("<reasoning>111</reasoning><answer>349</answer>", row["answer"])  # graded on the answer only
+    assert not is_correct("<reasoning>000</reasoning><answer>348</answer>", row["answer"])
+    assert not is_correct("<reasoning>000</reasoning><answer>349", row["answer"])
+    assert not is_correct("no tags at all", row["answer"])
 
 
 def test_carries_are_the_carry_out_of_each_column_units_first():

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from mlx_grpo.config import load_config
-from mlx_grpo.telemetry.completions import (CompletionsWriter, completion_steps, groups, read_step, step_file,
+from mlx_grpo.telemetry.rundir.completions import (CompletionsWriter, completion_steps, groups, read_step, step_file,
                                             truncate_completions)
 
 SMALL = {"batch_size": 4, "num_generations": 4, "max_generation_steps": 12, "train_size": 64, "eval_every": 0,
@@ -22,7 +22,7 @@ SMALL = {"batch_size": 4, "num_generations": 4, "max_generation_steps": 12, "tra
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory) -> Path:
-    from mlx_grpo.trainer import train
+    from mlx_grpo.run import train
 
     tmp = tmp_path_factory.mktemp("kept")
     config = load_config(None, {**SMALL, "monitoring_dir": str(tmp / "runs"), "run_name": "kept"})
@@ -95,7 +95,7 @@ def test_kept_completions_reach_a_terminal_escaped_and_a_fifo_in_their_place_is_
 
 
 def test_keep_completions_false_keeps_none(tmp_path):
-    from mlx_grpo.trainer import train
+    from mlx_grpo.run import train
 
     config = load_config(None, {**SMALL, "num_steps": 1, "keep_completions": False,
                                 "monitoring_dir": str(tmp_path / "runs")})

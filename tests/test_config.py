@@ -194,5 +194,11 @@ def test_every_config_key_has_help_and_is_in_the_readme():
 
     helps = key_help()
     assert [k for k in top_level_fields() if not helps.get(k)] == []  # shown by `mlx-grpo train --help`
+    # nested keys too, read from the fields' metadata (not scraped from the source)
+    assert [k for k, text in helps.items() if not text] == []
+    assert {"adaptive_window.enable", "entropy_logging.enable", "sgrpo.enable", "sgrpo.decay"} <= set(helps)
+    assert helps["num_generations"] == "completions per prompt (G)"
+    config_source = (Path(__file__).resolve().parents[1] / "mlx_grpo" / "config.py").read_text()
+    assert "inspect" not in config_source
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     assert [k for k in top_level_fields() if f"`{k}`" not in readme] == []

@@ -2,7 +2,7 @@
 
 import pytest
 
-from mlx_grpo.telemetry.step_data import difficulty_metrics, eval_record, step_record
+from mlx_grpo.telemetry.metrics.step_data import difficulty_metrics, eval_record, step_record
 from step_data_builder import make_step_data
 
 

@@ -19,8 +19,8 @@ from mlx_grpo.blas import find_openblas
 from mlx_grpo.data import PromptOrder
 from mlx_grpo.distributed import ShardedOrder, World, combine_update_stats, init_world
 from mlx_grpo.errors import UserError
-from mlx_grpo.telemetry.rundir import read_run_info
-from mlx_grpo.telemetry.step_data import step_record
+from mlx_grpo.telemetry.rundir.writer import read_run_info
+from mlx_grpo.telemetry.metrics.step_data import step_record
 from step_data_builder import make_step_data
 from tiny_models import make_model_dir
 
@@ -224,7 +224,7 @@ def test_two_rank_training_writes_one_run_directory_with_global_metrics(tmp_path
     assert [r["step"] for r in records] == [0, 1, 2, 3]  # 0: the held-out evaluation before the first update
     assert records[0]["eval/num_samples"] == 10
     sequences = 2 * b * g  # both ranks' completions
-    from mlx_grpo.telemetry.completions import read_step
+    from mlx_grpo.telemetry.rundir.completions import read_step
 
     for step in (1, 2, 3):  # every completion of both ranks kept, once
         assert len(read_step(run_dir, step)) == sequences
@@ -246,7 +246,7 @@ def test_two_rank_training_writes_one_run_directory_with_global_metrics(tmp_path
 
     # one process cannot continue a two-process run, and trying leaves the run untouched
     from mlx_grpo.config import load_config
-    from mlx_grpo.trainer import train
+    from mlx_grpo.run import train
 
     config = load_config(ROOT / "configs" / "default.yaml", {"model_id": str(tiny_model), "num_steps": 5,
                                                               "batch_size": b, "num_generations": g})

@@ -15,7 +15,7 @@ from mlx_lm import generate, load
 from mlx_grpo.cli import main
 from mlx_grpo.config import load_config
 from mlx_grpo.export import load_trained
-from mlx_grpo.trainer import train
+from mlx_grpo.run import train
 
 SMALL = {"num_steps": 3, "batch_size": 4, "num_generations": 4, "eval_every": 3, "eval_size": 40,
          "checkpoint_every": 2, "tensorboard": False, "samples_per_step": 1, "learning_rate": 1e-3}
@@ -149,7 +149,7 @@ def test_export_suggests_a_prompt_in_the_form_the_run_trained_on(tmp_path):
 
     from mlx_grpo.commands.export import example_prompt
     from mlx_grpo.tasks.arithmetic import make_split
-    from mlx_grpo.telemetry.rundir import RunInfo, write_run_info
+    from mlx_grpo.telemetry.rundir.writer import RunInfo, write_run_info
 
     write_run_info(tmp_path, RunInfo(run_id="r", name="r", status="finished", config={"dataset": "arithmetic"}))
     prompt = example_prompt(tmp_path)

@@ -10,16 +10,8 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from mlx_grpo.grpo import (
-    LossTotals,
-    grpo_loss,
-    group_advantages,
-    kl_k3,
-    masked_mean,
-    policy_stats,
-    token_entropy,
-    token_logprobs,
-)
+from mlx_grpo.grpo import (LossOptions, LossTotals, grpo_loss, group_advantages, kl_k3, masked_mean, policy_stats,
+                           token_entropy, token_logprobs)
 
 MASK = [[1, 1, 1], [1, 1, 0], [1, 0, 0], [0, 0, 0]]
 ADV = [1.0, -1.0, 0.5, -2.0]
@@ -45,7 +37,9 @@ def loss_of(logp, old=OLD, ref=None, **kw):
     kw.setdefault("epsilon_high", EPS_HIGH)
     args = (logp if isinstance(logp, mx.array) else arr(logp), None if old is None else arr(old),
             None if ref is None else arr(ref), arr(ADV), mx.array(MASK))
-    return grpo_loss(*args, **kw), policy_stats(*args, **kw)
+    totals = kw.pop("totals", None)
+    options = LossOptions(**kw)
+    return grpo_loss(*args, options, totals), policy_stats(*args, options, totals)
 
 
 def value(x):
@@ -207,12 +201,12 @@ def test_the_parts_gradients_add_up_to_the_whole_batchs(loss_type, level):
     mask, adv = mx.array(MASK), arr(ADV)
 
     def whole(lp):
-        return grpo_loss(lp, old, ref, adv, mask, **kw)
+        return grpo_loss(lp, old, ref, adv, mask, LossOptions(**kw))
 
     totals = LossTotals.of(mask)
 
     def in_parts(lp):
-        return sum(grpo_loss(lp[rows], old[rows], ref[rows], adv[rows], mask[rows], totals=totals, **kw)
+        return sum(grpo_loss(lp[rows], old[rows], ref[rows], adv[rows], mask[rows], LossOptions(**kw), totals)
                    for rows in (slice(0, 1), slice(1, 3), slice(3, 4)))
 
     assert value(in_parts(arr(LOGP))) == pytest.approx(value(whole(arr(LOGP))), abs=1e-7)
@@ -312,7 +306,8 @@ def test_all_masked_batch_gives_zero_not_nan():
         for level in ("token", "sequence"):
             args = (zeros, zeros, zeros, arr([1.0, -1.0]), mx.zeros((2, 3), dtype=mx.bool_))
             kw = dict(beta=0.1, loss_type=loss_type, importance_level=level, max_completion_length=3)
-            loss, stats = grpo_loss(*args, **kw), policy_stats(*args, **kw)
+            options = LossOptions(**kw)
+            loss, stats = grpo_loss(*args, options), policy_stats(*args, options)
             assert value(loss) == 0.0
             assert all(value(v) == 0.0 for v in stats.values())
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from mlx_grpo.config import load_config
-from mlx_grpo.telemetry.step_data import step_record
+from mlx_grpo.telemetry.metrics.step_data import step_record
 from mlx_grpo.trainer import Trainer
 
 
@@ -39,7 +39,7 @@ def custom_task(tmp_path, **overrides) -> dict:
     """A run on a dataset of its own with only a custom reward: nothing says which answers are right."""
     import json
 
-    from mlx_grpo.trainer import train
+    from mlx_grpo.run import train
 
     (tmp_path / "plain.py").write_text(PLAIN_REWARD)
     (tmp_path / "check.py").write_text(YES_CHECK)
@@ -53,8 +53,8 @@ def custom_task(tmp_path, **overrides) -> dict:
 
 
 def test_a_task_without_a_correctness_check_has_no_accuracy_rather_than_zero(tmp_path, capsys):
-    from mlx_grpo.telemetry.report import load_run
-    from mlx_grpo.telemetry.analysis import analyze_run
+    from mlx_grpo.telemetry.analysis.report import load_run
+    from mlx_grpo.telemetry.analysis.reward_report import analyze_run
 
     from pathlib import Path
     run_dir = Path(custom_task(tmp_path)["run_dir"])
@@ -69,7 +69,7 @@ def test_a_task_without_a_correctness_check_has_no_accuracy_rather_than_zero(tmp
 def test_a_correctness_function_named_in_the_config_measures_accuracy(tmp_path):
     from pathlib import Path
 
-    from mlx_grpo.telemetry.report import load_run
+    from mlx_grpo.telemetry.analysis.report import load_run
 
     run_dir = Path(custom_task(tmp_path, correctness=f"{tmp_path}/check.py:has_a_one")["run_dir"])
     _, metrics, samples, _ = load_run(run_dir)
@@ -83,7 +83,7 @@ def test_a_correctness_function_named_in_the_config_measures_accuracy(tmp_path):
 def test_a_run_whose_reward_fell_or_stayed_flat_is_not_said_to_have_gained(tmp_path):
     from synthetic_runs import Faults, simulate
 
-    from mlx_grpo.telemetry.analysis import analyze_run
+    from mlx_grpo.telemetry.analysis.reward_report import analyze_run
 
     # seed 1: the stagnant run's reward and accuracy trends are flat (seed 0's drift up by 3%, read as rising)
     for faults in (Faults(collapse=True, fault_step=60), Faults(stagnant=True)):
@@ -98,7 +98,7 @@ def test_a_run_whose_reward_fell_or_stayed_flat_is_not_said_to_have_gained(tmp_p
 def test_the_quality_headline_says_how_many_parts_it_rests_on():
     from synthetic_runs import simulate
 
-    from mlx_grpo.telemetry.analysis import analyze_run
+    from mlx_grpo.telemetry.analysis.reward_report import analyze_run
 
     metrics, samples = simulate(steps=4)  # too short for three of the four parts
     quality = analyze_run(metrics, samples).quality
@@ -111,8 +111,8 @@ def test_the_quality_headline_says_how_many_parts_it_rests_on():
 def test_a_policy_broken_by_its_first_updates_raises_the_collapse_error_at_once():
     # Learning rate 1e-3 on the default run: held-out 40% before the first update, sampled accuracy 27% at
     # step 1 and 0% from step 2 on. The collapse rule needed 10 earlier points, whose median was the collapse.
-    from mlx_grpo.telemetry.alert_config import default_rules
-    from mlx_grpo.telemetry.alerts import AlertEngine
+    from mlx_grpo.telemetry.alerts.config import default_rules
+    from mlx_grpo.telemetry.alerts.engine import AlertEngine
 
     records = [{"step": 0, "eval/accuracy": 0.40, "eval/num_samples": 200.0}]
     records += [{"step": s, "accuracy/train": 0.27 if s == 1 else 0.0} for s in range(1, 30)]
@@ -144,7 +144,7 @@ def test_a_mistyped_correctness_setting_names_the_key(tmp_path):
 def test_a_run_stopped_after_its_first_evaluation_claims_no_held_out_change():
     # The learning-rate 1e-3 run stopped at step 3: one evaluation (before the first update) says where it
     # started, not how it moved; the sampled accuracy says what happened.
-    from mlx_grpo.telemetry.analysis import analyze_run
+    from mlx_grpo.telemetry.analysis.reward_report import analyze_run
 
     records = [{"step": 0, "eval/accuracy": 0.32}]
     records += [{"step": s, "accuracy/train": a, "rewards/total/mean": r}

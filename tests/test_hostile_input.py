@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from mlx_grpo.cli import main
-from mlx_grpo.telemetry.rundir import RunDirWriter, read_run_info
+from mlx_grpo.telemetry.rundir.writer import RunDirWriter, read_run_info
 from run_writer import RunWriter
 from screen_text import screen_text
 
@@ -147,7 +147,7 @@ def write_escaped_run(run_dir: Path) -> None:
 
 
 def test_report_compare_and_the_readers_never_pass_an_escape_sequence_on(tmp_path, capsys):
-    from mlx_grpo.telemetry.rundir_reader import RunReader
+    from mlx_grpo.telemetry.rundir.reader import RunReader
 
     run_dir = tmp_path / "run"
     write_escaped_run(run_dir)
@@ -180,8 +180,8 @@ async def test_the_dashboard_shows_escape_sequences_as_text(tmp_path):
 
 def test_the_trainer_console_shows_escape_sequences_as_text(capsys):
     from mlx_grpo.console import TrainingConsole
-    from mlx_grpo.telemetry.alert_console import format_alert
-    from mlx_grpo.telemetry.alerts import Alert
+    from mlx_grpo.telemetry.alerts.console import format_alert
+    from mlx_grpo.telemetry.alerts.alert import Alert
 
     console = TrainingConsole(10, enabled=False)
     console.message(f"warning: reward failed: ValueError: {ESC}")
@@ -235,7 +235,7 @@ def test_report_and_compare_refuse_hostile_file_types_without_hanging(tmp_path, 
 
 
 def test_a_line_longer_than_the_limit_is_skipped_not_held_in_memory(tmp_path, monkeypatch):
-    from mlx_grpo.telemetry import jsonl_tail
+    from mlx_grpo.telemetry.rundir import jsonl_tail
 
     monkeypatch.setattr(jsonl_tail, "MAX_LINE_BYTES", 1 << 16)
     monkeypatch.setattr(jsonl_tail, "READ_BLOCK", 1 << 14)
@@ -294,7 +294,7 @@ def test_a_disk_that_fills_under_the_logs_stops_with_a_checkpoint_and_every_step
 
 
 def test_a_disk_with_no_room_at_all_is_one_line_with_no_torn_record(tmp_path, model, capsys, monkeypatch):
-    monkeypatch.setattr("mlx_grpo.telemetry.rundir.RESERVE_BYTES", 0)
+    monkeypatch.setattr("mlx_grpo.telemetry.rundir.writer.RESERVE_BYTES", 0)
     fail_writes(monkeypatch, "metrics.jsonl", from_call=3, times=99)
     one_line_error(capsys, main(flags(tmp_path, model, num_steps=8)), "metrics.jsonl", "cannot be written",
                    "last complete checkpoint", "--resume")
@@ -385,7 +385,7 @@ def test_an_export_that_fails_leaves_nothing_behind(tmp_path, model, capsys, mon
 
 def test_report_on_a_read_only_run_still_prints_and_an_uncreatable_tensorboard_dir_is_a_warning(
         tmp_path, model, capsys, monkeypatch):
-    from mlx_grpo.telemetry import report
+    from mlx_grpo.telemetry.analysis import report
 
     assert main(flags(tmp_path, model, num_steps=2, tensorboard=True, tensorboard_dir="/proc/nonexistent/tb")) == 0
     out = capsys.readouterr()
@@ -403,8 +403,8 @@ def test_report_on_a_read_only_run_still_prints_and_an_uncreatable_tensorboard_d
 # ----------------------------------------------------------------------------- W&B and Trackio (R5, R9)
 
 def test_a_token_in_the_wandb_entity_turns_wandb_off_without_repeating_it(tmp_path, monkeypatch):
-    from mlx_grpo.telemetry.rundir import RunInfo
-    from mlx_grpo.telemetry.sinks import WandbOptions, WandbSink
+    from mlx_grpo.telemetry.rundir.writer import RunInfo
+    from mlx_grpo.telemetry.sinks.wandb import WandbOptions, WandbSink
 
     token = "ghp_" + "A" * 36
     given = {}
@@ -430,12 +430,13 @@ def test_a_trackio_store_that_cannot_be_written_is_reported(tmp_path, monkeypatc
     pytest.importorskip("trackio")
     import warnings
 
-    from mlx_grpo.telemetry.rundir import RunInfo
-    from mlx_grpo.telemetry.sinks import SinkSet, TrackioOptions, TrackioSink
+    from mlx_grpo.telemetry.rundir.writer import RunInfo
+    from mlx_grpo.telemetry.sinks import SinkSet
+    from mlx_grpo.telemetry.sinks.trackio import TrackioOptions, TrackioSink
 
     store = tmp_path / "store"
     store.write_text("a file, not a directory")
-    monkeypatch.setattr("mlx_grpo.telemetry.sinks.trackio_store", lambda: store)
+    monkeypatch.setattr("mlx_grpo.telemetry.sinks.trackio.trackio_store", lambda: store)
     messages = []
     sinks = SinkSet(RunDirWriter(tmp_path / "run"), [TrackioSink(TrackioOptions(project="p"))], warn=messages.append)
     sinks.start("run", {}, total_steps=2)

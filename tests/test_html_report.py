@@ -54,7 +54,7 @@ def test_svg_writes_each_chart_as_its_own_file_with_runs_overlaid(tmp_path, caps
 
 
 def test_legends_sit_under_the_axes_with_every_name_and_smoothing_is_optional(tmp_path):
-    from mlx_grpo.telemetry.html_report import CHARTS, _pyplot, chart_figure, load_runs
+    from mlx_grpo.telemetry.analysis.html_report import CHARTS, _pyplot, chart_figure, load_runs
 
     healthy, hacked = _runs(tmp_path)
     runs = load_runs([healthy, hacked])
@@ -80,7 +80,7 @@ def test_legends_sit_under_the_axes_with_every_name_and_smoothing_is_optional(tm
 
 
 def test_sample_rewards_are_rounded(tmp_path):
-    from mlx_grpo.telemetry.html_report import _samples_section, load_runs
+    from mlx_grpo.telemetry.analysis.html_report import _samples_section, load_runs
 
     metrics, samples = simulate(10, 0, Faults())
     samples[-1]["total"] = 22 / 3

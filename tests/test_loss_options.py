@@ -9,7 +9,7 @@ import pytest
 
 from mlx_grpo.config import load_config
 from mlx_grpo.errors import UserError
-from mlx_grpo.grpo import grpo_loss
+from mlx_grpo.grpo import LossOptions, grpo_loss
 from mlx_grpo.rollout import Rollout
 from mlx_grpo.trainer import Trainer
 from mlx_grpo.update import build_train_batch
@@ -22,7 +22,7 @@ def one_token_loss(ratio: float, advantage: float, delta=None) -> tuple[float, f
     old = mx.array([[0.0]])
 
     def f(logp):
-        return grpo_loss(logp, old, None, mx.array([advantage]), mx.array([[1]]), epsilon=0.2, delta=delta)
+        return grpo_loss(logp, old, None, mx.array([advantage]), mx.array([[1]]), LossOptions(epsilon=0.2, delta=delta))
 
     logp = mx.array([[float(np.log(ratio))]])
     loss, grad = mx.value_and_grad(f)(logp)
@@ -99,6 +99,49 @@ def test_a_batch_that_stays_uninformative_is_filled_after_the_last_round(tmp_pat
     # one-token completions never satisfy the format: every group scores 0, every round redraws all 6
     assert data.total.shape == (24,) and not data.total.any()
     assert data.component_metrics["sampling/redrawn_prompts"] == 12
+
+
+FLAKY_REWARD = '''
+calls = []
+
+
+def flaky(prompts, completions, answers, **columns):
+    """Raises on its first batch only, then scores every completion 0."""
+    calls.append(len(completions))
+    if len(calls) == 1:
+        raise RuntimeError("first batch")
+    return [0.0] * len(completions)
+'''
+
+
+def test_a_reward_error_is_reported_once_when_dynamic_sampling_fills_from_spare_groups(tmp_path):
+    (tmp_path / "flaky.py").write_text(FLAKY_REWARD)
+    data = trainer_with(tmp_path, rewards=["format_exact", f"{tmp_path / 'flaky.py'}:flaky"], max_generation_steps=1,
+                        dynamic_sampling=True, dynamic_sampling_max_rounds=1).step(1)
+    # every group scores 0 in both rounds, so the batch is the first round's groups, taken back from the spares
+    assert data.total.shape == (24,) and data.component_metrics["sampling/redrawn_prompts"] == 6
+    assert len(data.new_errors) == 1 and "flaky" in data.new_errors[0]
+
+
+def test_rollouts_and_scores_slice_and_join_themselves():
+    from mlx_grpo.rewards import RewardScores
+
+    rollout = Rollout([[1], [1], [2], [2]], [[5], [6, 7], [8], []], [[-0.1], [-0.2, -0.3], [-0.4], []],
+                      [False, True, False, True], 2.0)
+    part = rollout.take([3, 0])
+    assert (part.prompts, part.completions, part.logprobs, part.truncated) == ([[2], [1]], [[], [5]], [[], [-0.1]],
+                                                                                [True, False])
+    joined = Rollout.concat([rollout.take([0, 1]), rollout.take([2, 3])])
+    assert joined.completions == rollout.completions and joined.truncated == rollout.truncated
+    assert joined.seconds == 4.0  # each part keeps its rollout's time; joined, the times add up
+    scores = RewardScores(["a", "b"], np.array([[1.0, 2.0, np.nan], [0.0, 1.0, 1.0]]), np.array([1.0, 3.0, 1.0]),
+                          ["a raised"])
+    taken = scores.take([2, 0])
+    assert np.array_equal(taken.per_function, [[np.nan, 1.0], [1.0, 0.0]], equal_nan=True)
+    assert taken.total.tolist() == [1.0, 1.0] and taken.names == ["a", "b"]
+    back = RewardScores.concat([scores.take([0]), scores.take([1, 2])])
+    assert np.array_equal(back.per_function, scores.per_function, equal_nan=True)
+    assert back.new_errors == ["a raised"]
 
 
 @pytest.mark.parametrize("iterations", [1, 2, 3])

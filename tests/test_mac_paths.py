@@ -16,7 +16,8 @@ from mlx_grpo import machine
 from mlx_grpo.config import load_config
 from mlx_grpo.distributed import World
 from mlx_grpo.models import chunk_ignored, has_plain_head
-from mlx_grpo.trainer import Trainer, resident_bytes
+from mlx_grpo.trainer import Trainer
+from mlx_grpo.run import resident_bytes
 from mlx_grpo.update import build_train_batch, completion_logprobs
 from tiny_models import grouped_rollout, random_model
 

@@ -12,7 +12,7 @@ from synthetic_runs import simulate, write_run_dir
 
 
 def test_metrics_piped_keeps_every_description_whole_on_its_row(capsys):
-    from mlx_grpo.telemetry.catalogue import catalogue_json
+    from mlx_grpo.telemetry.metrics.catalogue import catalogue_json
 
     assert main(["metrics"]) == 0  # capsys is not a terminal, like `| less`
     lines = capsys.readouterr().out.splitlines()
@@ -22,8 +22,8 @@ def test_metrics_piped_keeps_every_description_whole_on_its_row(capsys):
 
 
 def test_report_and_compare_piped_keep_their_rows_whole(tmp_path, capsys):
-    from mlx_grpo.telemetry.analysis import analyze_run  # noqa: F401  (the report's own analysis)
-    from mlx_grpo.telemetry.report import build_report
+    from mlx_grpo.telemetry.analysis.reward_report import analyze_run  # noqa: F401  (the report's own analysis)
+    from mlx_grpo.telemetry.analysis.report import build_report
 
     runs = []
     for seed, name in ((0, "a" * 120 + "-learning-rate-5e-5"), (1, "b" * 120 + "-learning-rate-1e-4")):

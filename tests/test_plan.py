@@ -10,8 +10,7 @@ import pytest
 
 from mlx_grpo.cli import main
 from mlx_grpo.config import load_config
-from mlx_grpo.plan import (GB, MemorySettings, ModelShape, Shapes, configured_settings, mac_working_set, plan,
-                           predict)
+from mlx_grpo.plan import GB, MemorySettings, ModelShape, Shapes, configured_settings, mac_working_set, plan, predict
 
 # Published config.json values (huggingface.co/Qwen/Qwen2.5-1.5B-Instruct, /Qwen/Qwen2.5-7B-Instruct).
 QWEN25_15B = {"model_type": "qwen2", "hidden_size": 1536, "intermediate_size": 8960, "num_attention_heads": 12,

@@ -29,10 +29,10 @@ from hypothesis import strategies as st  # noqa: E402
 from mlx_grpo.errors import UserError  # noqa: E402
 from mlx_grpo.resume import last_record, resumable_checkpoint  # noqa: E402
 from mlx_grpo.sweep import trial_state  # noqa: E402
-from mlx_grpo.telemetry.compare import load_summary  # noqa: E402
-from mlx_grpo.telemetry.report import build_report  # noqa: E402
-from mlx_grpo.telemetry.rundir import RunInfo  # noqa: E402
-from mlx_grpo.telemetry.rundir_reader import RunReader  # noqa: E402
+from mlx_grpo.telemetry.analysis.compare import load_summary  # noqa: E402
+from mlx_grpo.telemetry.analysis.report import build_report  # noqa: E402
+from mlx_grpo.telemetry.rundir.writer import RunInfo  # noqa: E402
+from mlx_grpo.telemetry.rundir.reader import RunReader  # noqa: E402
 from mlx_grpo.tui.run_picker import read_entry  # noqa: E402
 from run_writer import RunWriter  # noqa: E402
 
@@ -204,7 +204,7 @@ def test_no_yaml_file_a_user_names_crashes_its_reader(tmp_path_factory, text, ra
     from mlx_grpo.config import load_config
     from mlx_grpo.rubric import load_rubric
     from mlx_grpo.sweep import load_sweep, plan_trials
-    from mlx_grpo.telemetry.alert_config import load_alert_rules
+    from mlx_grpo.telemetry.alerts.config import load_alert_rules
 
     path = tmp_path_factory.mktemp("yaml") / "in.yaml"
     path.write_bytes(raw if raw is not None else text.encode("utf-8", "surrogatepass"))
@@ -275,7 +275,7 @@ def test_no_path_a_user_points_a_command_at_crashes_it(tmp_path_factory, command
 def test_history_lines_parse_the_same_with_orjson_and_without(monkeypatch):
     import json as _json
 
-    from mlx_grpo.telemetry import history_loader
+    from mlx_grpo.telemetry.rundir import history_loader
 
     lines = [b'{"step": 1, "x": NaN, "y": -Infinity}', b'{"step": 2, "big": 12345678901234567890}',
              '{"step": 3, "name": "r\u00e9ward \u2603"}'.encode(), b'{"step": 4, "x": 1e400}']

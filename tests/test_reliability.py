@@ -21,8 +21,8 @@ from mlx_grpo.cli import main
 from mlx_grpo.config import load_config
 from mlx_grpo.errors import UserError
 from mlx_grpo.telemetry import sinks as sinks_module
-from mlx_grpo.telemetry.rundir import read_run_info, write_run_info
-from mlx_grpo.telemetry.sinks import Sink
+from mlx_grpo.telemetry.rundir.writer import read_run_info, write_run_info
+from mlx_grpo.telemetry.sinks.base import Sink
 from mlx_grpo.trainer import Trainer
 from mlx_grpo.rollout import Rollout
 from mlx_grpo.update import build_train_batch, update_policy

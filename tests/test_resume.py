@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from mlx_grpo.cli import main
-from mlx_grpo.telemetry.rundir import read_run_info, write_run_info
+from mlx_grpo.telemetry.rundir.writer import read_run_info, write_run_info
 from tiny_models import make_model_dir
 
 OPENBLAS = "/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0"
@@ -291,7 +291,7 @@ def test_adaptive_window_state_survives_a_resume(setup, tmp_path):
     import shutil
 
     from mlx_grpo.config import load_config
-    from mlx_grpo.trainer import train
+    from mlx_grpo.run import train
 
     root, config_path = setup
     values = {**yaml.safe_load(config_path.read_text()), "monitoring_dir": str(tmp_path / "runs"),

@@ -7,21 +7,10 @@ import numpy as np
 import pytest
 
 from mlx_grpo.errors import UserError
-from mlx_grpo.rewards import (
-    BUILTINS,
-    answer_check,
-    digit_match,
-    extract_answer,
-    format_approx,
-    format_exact,
-    is_correct,
-    last_number,
-    last_number_check,
-    last_number_digits,
-    load_reward_functions,
-    number_check,
-    score_completions,
-)
+from mlx_grpo.rewards import (BUILTINS, answer_check, digit_match, format_approx, format_exact, last_number_check,
+                              last_number_digits, load_reward_functions, number_check, score_completions)
+from mlx_grpo.tasks.answer_format import TAGS, extract_answer, is_correct, last_number
+from package_strings import string_literals
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
@@ -386,6 +375,13 @@ def test_reward_functions_are_called_by_keyword_as_trl_does_and_the_positional_f
     scores = score_completions(functions, ["p1", "p2"], ["3", "5"], ["3", "4"], {"solution": ["3", "5"]})
     assert scores.per_function.tolist() == [[1.0, 1.0], [1.0, 0.0], [1.0, 0.0]]
     assert scores.new_errors == []
+
+
+def test_the_answer_tags_are_spelled_only_in_the_tasks_answer_format():
+    """Rewards, accuracy, S-GRPO and the default model's tokenizer ask tasks/answer_format.py for the tags."""
+    spelled = [f"{where}:{line}" for where, line, value in string_literals()
+               if not where.endswith("/answer_format.py") and any(tag in value for tag in TAGS)]
+    assert spelled == []
 
 
 def test_a_trl_conversational_reward_function_gets_message_lists_on_a_chat_dataset(tmp_path):

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from mlx_grpo.config import load_config
-from mlx_grpo.telemetry.alert_config import default_rules, with_on_alert
+from mlx_grpo.telemetry.alerts.config import default_rules, with_on_alert
 
 SMALL = {"batch_size": 4, "num_generations": 4, "max_generation_steps": 12, "train_size": 64, "eval_every": 0,
          "checkpoint_every": 0, "num_steps": 8, "beta": 0.04}
@@ -39,7 +39,7 @@ def inject_kl(monkeypatch, steps: set[int], kl: float = 50.0) -> None:
 
 
 def run(tmp_path, **overrides) -> tuple[dict, Path]:
-    from mlx_grpo.trainer import train
+    from mlx_grpo.run import train
 
     (tmp_path / "kl.yaml").write_text(KL_RULE)
     config = load_config(None, {**SMALL, "alerts_file": str(tmp_path / "kl.yaml"),
@@ -71,7 +71,7 @@ def test_a_kl_spike_rolls_back_once_applies_the_remedy_and_the_run_finishes(roll
     # the weights went back: step 5 samples from the starting policy, so its KL to the reference is ~0
     assert records[5]["policy/kl"] < records[4]["policy/kl"]
     # the event in the report and TensorBoard
-    from mlx_grpo.telemetry.report import build_report
+    from mlx_grpo.telemetry.analysis.report import build_report
 
     _, report = build_report(run_dir)
     assert any(a.rule == "rollback" for a in report.alerts)
@@ -121,7 +121,7 @@ def test_built_in_actions_by_on_alert():
 
 def test_a_remedy_of_something_else_is_refused_with_the_key(tmp_path):
     from mlx_grpo.errors import UserError
-    from mlx_grpo.telemetry.alert_config import load_alert_rules
+    from mlx_grpo.telemetry.alerts.config import load_alert_rules
 
     (tmp_path / "bad.yaml").write_text("rules:\n  - {name: r, kind: threshold, metric: m, op: '>', value: 1,\n"
                                       "     action: rollback, remedy: {temperature: 2}}\n")

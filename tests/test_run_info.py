@@ -11,8 +11,7 @@ from dataclasses import replace
 
 import pytest
 
-from mlx_grpo.telemetry.rundir import (RUN_JSON, Resume, RunDirWriter, RunInfo, read_run_info,
-                                       write_run_info)
+from mlx_grpo.telemetry.rundir.writer import RUN_JSON, Resume, RunDirWriter, RunInfo, read_run_info, write_run_info
 
 
 @pytest.mark.parametrize("obj", [None, 3, "run", [], [{"name": "x"}], True, 1.5])

@@ -9,10 +9,12 @@ import pytest
 from mlx_grpo.rewards import RewardFunction
 from mlx_grpo.rubric import load_rubric
 from mlx_grpo.rubric_reward import RubricReward
-from mlx_grpo.telemetry.alert_config import rules_from_config
-from mlx_grpo.telemetry.alerts import RULE_KINDS, AlertEngine, ThresholdRule
+from mlx_grpo.telemetry.alerts.config import rules_from_config
+from mlx_grpo.telemetry.alerts.config import RULE_KINDS
+from mlx_grpo.telemetry.alerts.engine import AlertEngine
+from mlx_grpo.telemetry.alerts.rules import ThresholdRule
 from mlx_grpo.telemetry.recorder import RunRecorder
-from mlx_grpo.telemetry.reward_stats import RewardTracker, ThroughputTracker
+from mlx_grpo.telemetry.metrics.reward_stats import RewardTracker, ThroughputTracker
 from synthetic_runs import Faults, simulate
 
 

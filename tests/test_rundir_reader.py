@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mlx_grpo.telemetry.jsonl_tail import JsonlTail
-from mlx_grpo.telemetry.metric_table import table_from_records
-from mlx_grpo.telemetry.rundir_reader import STANDING_RECORDS, RunReader, resolve_run_dirs
+from mlx_grpo.telemetry.rundir.jsonl_tail import JsonlTail
+from mlx_grpo.telemetry.rundir.metric_table import table_from_records
+from mlx_grpo.telemetry.rundir.reader import STANDING_RECORDS, RunReader, resolve_run_dirs
 from mlx_grpo.errors import UserError
 from run_writer import RunWriter, metric_record
 

@@ -16,8 +16,8 @@ from mlx.utils import tree_flatten
 from mlx_grpo.config import load_config
 from mlx_grpo.models import apply_adapters
 from mlx_grpo.rollout import Rollout
-from mlx_grpo.update import (build_train_batch, checkpoint_blocks, completion_logprobs, make_loss_fn,
-                             shares_prompts, update_policy)
+from mlx_grpo.update import (build_train_batch, checkpoint_blocks, completion_logprobs, make_loss_fn, shares_prompts,
+                             update_policy)
 from tiny_models import grouped_rollout, random_model
 
 VOCAB = 300

@@ -13,13 +13,15 @@ import numpy as np
 import pytest
 
 from mlx_grpo.cli import main
+from mlx_grpo.commands.metrics import metrics_markdown
 from mlx_grpo.rubric import load_rubric
 from mlx_grpo.rubric_reward import RubricReward
-from mlx_grpo.telemetry import catalogue, other_names
-from mlx_grpo.telemetry.catalogue import find_entry
-from mlx_grpo.telemetry.reward_stats import RewardTracker, ThroughputTracker, reward_metrics
-from mlx_grpo.telemetry.step_data import step_record
-from mlx_grpo.telemetry.system import SystemSampler
+from mlx_grpo.telemetry.metrics import catalogue, charts, other_names
+from mlx_grpo.telemetry.metrics.catalogue import find_entry
+from mlx_grpo.telemetry.metrics.reward_stats import RewardTracker, ThroughputTracker, reward_metrics
+from mlx_grpo.telemetry.metrics.step_data import step_record
+from mlx_grpo.telemetry.metrics.system import SystemSampler
+from package_strings import string_literals
 from step_data_builder import make_step_data
 
 REPO = Path(__file__).resolve().parents[1]
@@ -155,9 +157,16 @@ def test_every_name_the_rubric_reward_emits_is_catalogued(tmp_path):
 
 
 def test_metrics_md_is_up_to_date():
-    expected = catalogue.render_markdown()
+    expected = metrics_markdown()
     actual = (REPO / "METRICS.md").read_text(encoding="utf-8")
-    assert actual == expected, "METRICS.md is stale: python -m mlx_grpo.telemetry.catalogue --write METRICS.md"
+    assert actual == expected, "METRICS.md is stale: mlx-grpo metrics --write METRICS.md"
+
+
+def test_metrics_write_regenerates_metrics_md(tmp_path):
+    assert main(["metrics", "--write", str(tmp_path / "METRICS.md")]) == 0
+    text = (tmp_path / "METRICS.md").read_text(encoding="utf-8")
+    assert text == metrics_markdown()
+    assert "| `rewards/total/mean` |" in text and "# Other tools' names" in text
 
 
 def test_metrics_command_prints_table_json_other_names_and_looks_names_up(capsys):
@@ -183,27 +192,27 @@ def test_metrics_command_prints_table_json_other_names_and_looks_names_up(capsys
 
 def test_telemetry_modules_never_import_mlx():
     code = ("import sys\n"
-            "import mlx_grpo.telemetry.catalogue, mlx_grpo.telemetry.reward_stats, mlx_grpo.telemetry.system\n"
-            "import mlx_grpo.telemetry.rundir, mlx_grpo.telemetry.sinks, mlx_grpo.commands.metrics\n"
+            "import mlx_grpo.telemetry.metrics.catalogue, mlx_grpo.telemetry.metrics.reward_stats, mlx_grpo.telemetry.metrics.system\n"
+            "import mlx_grpo.telemetry.rundir.writer, mlx_grpo.telemetry.sinks, mlx_grpo.commands.metrics\n"
             "assert not [m for m in sys.modules if m == 'mlx' or m.startswith('mlx.')], 'mlx imported'\n")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
 
 
 def test_cross_boundary_names_and_chart_groups_are_catalogued():
-    from mlx_grpo.telemetry import names
+    from mlx_grpo.telemetry.metrics import names
 
     constants = {k: v for k, v in vars(names).items() if k.isupper()}
     assert len(constants) >= 10
     assert [v for v in constants.values() if find_entry(v) is None] == []
-    for section, charts in catalogue.CHART_GROUPS.items():
-        for title, members in charts.items():
+    for section in charts.CHART_GROUPS.values():
+        for title, members in section.items():
             assert [m for m in members if find_entry(m.replace("<fn>", "f").replace("<level>", "3")) is None] == [], title
-    assert [n for n in catalogue.LABELS if find_entry(n) is None] == []
+    assert [n for n in charts.LABELS if find_entry(n) is None] == []
 
 
 def test_tensorboard_layout_is_generated_from_the_chart_groups():
-    layout = catalogue.tensorboard_layout()
-    assert set(layout) == set(catalogue.CHART_GROUPS)
+    layout = charts.tensorboard_layout()
+    assert set(layout) == set(charts.CHART_GROUPS)
     regexes = [rx for charts in layout.values() for kind, rxs in charts.values() if kind == "Multiline" for rx in rxs]
     for name in ("rewards/answer_check/mean", "policy/ratio/p95", "completions/truncated_frac", "memory/update_peak_gb",
                  "throughput/gen_tokens_per_s/avg", "difficulty/3/accuracy"):
@@ -211,23 +220,55 @@ def test_tensorboard_layout_is_generated_from_the_chart_groups():
     assert not any(re.match(rx, "rewards/total/contribution_pct") for rx in regexes)
 
 
-def test_dashboard_views_use_catalogued_names_with_the_catalogue_labels():
-    from mlx_grpo.tui.views import LENGTHS, OVERVIEW, POLICY, SYSTEM, SYSTEM_SPARKLINES, THROUGHPUT
+def test_dashboard_views_draw_the_catalogues_chart_groups_with_its_labels():
+    from mlx_grpo.tui import views
 
-    for view in (OVERVIEW, POLICY, LENGTHS, THROUGHPUT, SYSTEM):
+    for view in (views.OVERVIEW, views.POLICY, views.LENGTHS, views.THROUGHPUT, views.SYSTEM):
         for tile_label, metric in view.tiles:
-            assert find_entry(metric) is not None and tile_label == catalogue.label(metric), metric
-        for chart in view.charts:
-            assert [m for m in chart.metrics if find_entry(m.replace("*", "answer_check")) is None] == []
-    assert [m for _, m in SYSTEM_SPARKLINES if find_entry(m) is None] == []
+            assert find_entry(metric) is not None and tile_label == charts.label(metric), metric
+        for chart in view.charts:  # every chart is one of the catalogue's, members and title alike
+            assert any(charts.CHART_GROUPS[s].get(chart.title) == chart.metrics for s in charts.CHART_GROUPS)
+    assert [m for _, m in views.SYSTEM_SPARKLINES if find_entry(m) is None] == []
+    # placeholders resolve against a run's names; <fn> never takes the total
+    available = ["rewards/total/mean", "rewards/answer_check/mean", "rewards/format_exact/mean", "accuracy/train"]
+    per_function = next(c for c in views.OVERVIEW.charts if c.title == "reward per function")
+    assert views.resolve(per_function, available) == ["rewards/answer_check/mean", "rewards/format_exact/mean"]
+
+
+def metric_name_literals() -> dict[str, set[str]]:
+    """Each catalogued metric name spelled as a string literal in the package (docstrings aside), and the
+    modules that spell it."""
+    found: dict[str, set[str]] = {}
+    for where, _, value in string_literals():
+        if "/" in value and " " not in value and find_entry(value) is not None:
+            found.setdefault(value, set()).add(where)
+    return found
+
+
+# The catalogue and its charts describe every name, other_names.py maps other tools' names to ours (all checked above).
+DESCRIBING = {"mlx_grpo/telemetry/metrics/catalogue.py", "mlx_grpo/telemetry/metrics/charts.py",
+              "mlx_grpo/telemetry/metrics/other_names.py"}
+
+
+def test_a_metric_name_is_spelled_in_one_module_and_cross_boundary_ones_only_in_names_py():
+    from mlx_grpo.telemetry.metrics import names
+
+    spelled = metric_name_literals()
+    # Beside the tables that describe names, a name is spelled where it is made; a name two
+    # modules need is a constant of names.py, which they import (the catalogue too).
+    making = {name: sorted(where - DESCRIBING) for name, where in spelled.items()}
+    assert {name: where for name, where in making.items() if len(where) > 1} == {}
+    constants = {v for k, v in vars(names).items() if k.isupper()}
+    assert {name: sorted(where) for name, where in spelled.items()
+            if name in constants and where != {"mlx_grpo/telemetry/metrics/names.py"}} == {}
 
 
 def test_old_metric_names_are_read_as_todays():
-    from mlx_grpo.telemetry.metric_table import table_from_records
+    from mlx_grpo.telemetry.rundir.metric_table import table_from_records
 
-    assert all(find_entry(new) is not None and find_entry(old) is None for old, new in catalogue.ALIASES.items())
+    assert all(find_entry(new) is not None and find_entry(old) is None for old, new in other_names.ALIASES.items())
     old_run = [json.loads(line) for line in (REPO / "tests/data/run_default_healthy.jsonl").read_text().splitlines()]
     assert "completions/clip_ratio" in old_run[0]  # written before truncation got its own name
     table, rejected = table_from_records(old_run)
     assert rejected == 0 and "completions/truncated_frac" in table.names and "completions/clip_ratio" not in table.names
-    assert catalogue.canonical_record({"step": 1, "x/y": 2}) == {"step": 1, "x/y": 2}
+    assert other_names.canonical_record({"step": 1, "x/y": 2}) == {"step": 1, "x/y": 2}

@@ -11,9 +11,11 @@ import pytest
 from tbparse import SummaryReader
 from tensorboard.backend.event_processing import event_accumulator
 
-from mlx_grpo.telemetry.jsonl_tail import JsonlTail
-from mlx_grpo.telemetry.rundir import RunDirWriter, read_run_info, scrub_secrets
-from mlx_grpo.telemetry.sinks import (Sink, SinkSet, TensorBoardSink, ThreadedSink, samples_markdown)
+from mlx_grpo.telemetry.rundir.jsonl_tail import JsonlTail
+from mlx_grpo.telemetry.rundir.writer import RunDirWriter, read_run_info, scrub_secrets
+from mlx_grpo.telemetry.sinks.base import Sink, samples_markdown
+from mlx_grpo.telemetry.sinks import SinkSet, ThreadedSink
+from mlx_grpo.telemetry.sinks.tensorboard import TensorBoardSink
 
 SAMPLE = {"prompt": "What is 2+3?", "completion": "<reasoning>2+3=5</reasoning><answer>5</answer>", "answer": "5",
           "rewards": {"format_exact": 1.0, "answer_check": None}, "total": 1.0, "advantage": 0.5, "length": 12,
@@ -216,7 +218,7 @@ def test_sinkset_context_manager_records_how_the_run_ended(tmp_path, error, stat
 
 
 def test_samples_split_completions_with_the_scoring_extractor_and_escape_markdown():
-    from mlx_grpo.rewards import extract_answer, extract_reasoning
+    from mlx_grpo.tasks.answer_format import extract_answer, extract_reasoning
 
     # One extractor for scoring and display: the last complete block wins, as when scoring.
     assert (extract_reasoning("<reasoning> think </reasoning><answer> 42 </answer>"),
@@ -295,7 +297,7 @@ def test_threaded_sink_drops_records_instead_of_blocking_when_far_behind(tmp_pat
 
 
 def test_tensorboard_hparams_list_the_keys_that_differ_between_runs_first(tmp_path):
-    from mlx_grpo.telemetry.sinks import differing_first
+    from mlx_grpo.telemetry.sinks.tensorboard import differing_first
 
     for name, lr in (("a", 1e-4), ("b", 3e-4)):
         (tmp_path / name).mkdir()

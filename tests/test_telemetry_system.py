@@ -8,7 +8,7 @@ import time
 import psutil
 import pytest
 
-from mlx_grpo.telemetry.system import GB, SystemSampler, accel_metrics, parse_ioreg_utilization
+from mlx_grpo.telemetry.metrics.system import GB, SystemSampler, accel_metrics, parse_ioreg_utilization
 
 # Shape of `ioreg -r -d 1 -w 0 -c IOAccelerator` on Apple silicon (one line per accelerator, shortened).
 IOREG_SAMPLE = '''+-o AGXAcceleratorG13X  <class AGXAcceleratorG13X, id 0x1000005c1, registered, matched, active>

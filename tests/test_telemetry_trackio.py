@@ -11,7 +11,8 @@ import textwrap
 import pytest
 
 from mlx_grpo.config import load_config
-from mlx_grpo.telemetry.sinks import TrackioOptions, make_sinks
+from mlx_grpo.telemetry.sinks.trackio import TrackioOptions
+from mlx_grpo.telemetry.sinks import make_sinks
 
 
 def test_report_to_turns_each_of_the_three_trackers_on():

@@ -9,10 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mlx_grpo.telemetry.reward_stats import RewardTracker, reward_metrics
-from mlx_grpo.telemetry.rundir import read_run_info
-from mlx_grpo.telemetry.sinks import WandbOptions, make_sinks
-from mlx_grpo.telemetry.wandb_charts import chart_interval, heatmap_svg
+from mlx_grpo.telemetry.metrics.reward_stats import RewardTracker, reward_metrics
+from mlx_grpo.telemetry.rundir.writer import read_run_info
+from mlx_grpo.telemetry.sinks import make_sinks
+from mlx_grpo.telemetry.sinks.wandb import WandbOptions
+from mlx_grpo.telemetry.sinks.wandb_charts import chart_interval, heatmap_svg
 
 pytest.importorskip("wandb")
 
@@ -127,8 +128,8 @@ def test_a_real_run_logs_dataset_charts_and_final_model_offline_and_a_failing_wa
     from mlx_lm import load
 
     from mlx_grpo.config import load_config
-    from mlx_grpo.telemetry.sinks import WandbSink
-    from mlx_grpo.trainer import train
+    from mlx_grpo.telemetry.sinks.wandb import WandbSink
+    from mlx_grpo.run import train
 
     monkeypatch.delenv("WANDB_DIR")  # W&B's files go into the run directory, as by default
     settings = {"num_steps": 4, "batch_size": 4, "num_generations": 4, "eval_every": 0, "checkpoint_every": 0,
@@ -158,7 +159,7 @@ def test_a_real_run_logs_dataset_charts_and_final_model_offline_and_a_failing_wa
 
 
 def test_wandb_is_opt_in_and_an_api_key_in_the_environment_alone_never_turns_it_on(monkeypatch, tmp_path):
-    import mlx_grpo.trainer as trainer
+    import mlx_grpo.run as run_module
     from mlx_grpo.config import load_config
 
     class Stop(Exception):
@@ -170,19 +171,20 @@ def test_wandb_is_opt_in_and_an_api_key_in_the_environment_alone_never_turns_it_
         requested.append(kwargs.get("wandb"))
         raise Stop
 
-    monkeypatch.setattr(trainer, "make_sinks", fake_make_sinks)
+    monkeypatch.setattr(run_module, "make_sinks", fake_make_sinks)
     monkeypatch.setenv("WANDB_API_KEY", "0123456789abcdef0123456789abcdef01234567")
     settings = {"num_steps": 1, "batch_size": 2, "num_generations": 2, "monitoring_dir": str(tmp_path / "runs")}
     for extra in ({}, {"wandb": True}, {"report_to": "wandb"}):
         with pytest.raises(Stop):
-            trainer.train(load_config(None, {**settings, **extra}), tmp_path)
+            run_module.train(load_config(None, {**settings, **extra}), tmp_path)
     assert requested[0] is None  # the key alone: no W&B
     assert isinstance(requested[1], WandbOptions) and isinstance(requested[2], WandbOptions)
 
 
 SECRET_RUN = """
 import sys
-from mlx_grpo.telemetry.sinks import WandbOptions, make_sinks
+from mlx_grpo.telemetry.sinks import make_sinks
+from mlx_grpo.telemetry.sinks.wandb import WandbOptions
 secret, typed, out = sys.argv[1], sys.argv[2], sys.argv[3]
 options = WandbOptions(project="mlx-grpo-test", name="secrets", tags=[typed, "ok"], notes=f"key {secret}", dir=out)
 sinks = make_sinks(out + "/run", wandb=options)

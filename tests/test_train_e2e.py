@@ -10,8 +10,8 @@ from mlx_lm.utils import save_config, save_model
 
 from mlx_grpo.cli import main
 from mlx_grpo.config import load_config
-from mlx_grpo.telemetry.rundir import read_run_info
-from mlx_grpo.trainer import train
+from mlx_grpo.telemetry.rundir.writer import read_run_info
+from mlx_grpo.run import train
 from tiny_models import make_model_dir
 
 DATA = Path(__file__).parent / "data"
@@ -70,7 +70,7 @@ def test_lora_changes_only_adapters_and_reference_is_the_base(tmp_path, models):
 
 
 def test_beta_zero_builds_no_reference(tmp_path, models):
-    from mlx_grpo.telemetry.step_data import step_record
+    from mlx_grpo.telemetry.metrics.step_data import step_record
     from mlx_grpo.trainer import Trainer
 
     config = load_config(None, {**FAST, "model_id": str(models["llama"]), "beta": 0.0})

@@ -8,21 +8,9 @@ from pathlib import Path
 import pytest
 from tbparse import SummaryReader
 
-from mlx_grpo.config import load_config
 from mlx_grpo.extras.entropy_dump import list_dumps, read_dump
-from mlx_grpo.telemetry.catalogue import find_entry
-from mlx_grpo.trainer import train
-
-STEPS, BATCH, GROUP, EXITS = 4, 4, 4, 3
-
-
-def run(tmp_path: Path, name: str, **overrides) -> Path:
-    config = load_config(None, {"num_steps": STEPS, "batch_size": BATCH, "num_generations": GROUP, "num_iterations": 1,
-                                "train_size": 200, "eval_size": 40, "eval_every": STEPS, "checkpoint_every": 0,
-                                "monitoring_dir": str(tmp_path), "run_name": name, **overrides})
-    result = train(config, tmp_path)
-    assert result["status"] == "finished"
-    return Path(result["run_dir"])
+from mlx_grpo.telemetry.metrics.catalogue import find_entry
+from short_runs import BATCH, EXITS, GROUP, STEPS, run
 
 
 def records(run_dir: Path) -> list[dict]:
@@ -30,12 +18,8 @@ def records(run_dir: Path) -> list[dict]:
     return [r for line in (run_dir / "metrics.jsonl").read_text().splitlines() if (r := json.loads(line))["step"]]
 
 
-@pytest.fixture(scope="module")
-def extras_run(tmp_path_factory) -> Path:
-    return run(tmp_path_factory.mktemp("runs"), "extras", **{
-        "adaptive_window.enable": True, "adaptive_window.epsilon": 0.25,
-        "adaptive_window.percentile": 95, "adaptive_window.margin": 4,  # p95 is logged: the test can recompute
-        "sgrpo.enable": True, "sgrpo.num_exits": EXITS, "entropy_logging.enable": True})
+# The extras run itself is the session fixture `extras_run` (conftest.py): the catalogue's coverage check
+# in test_default_run_telemetry.py reads it too.
 
 
 def test_every_feature_metric_is_in_metrics_jsonl_and_tensorboard(extras_run):

@@ -12,8 +12,8 @@ import time
 import pytest
 from textual.widgets import SelectionList
 
-from mlx_grpo.telemetry.catalogue import find_entry
-from mlx_grpo.telemetry.rundir_reader import STANDING_RECORDS
+from mlx_grpo.telemetry.metrics.catalogue import find_entry
+from mlx_grpo.telemetry.rundir.reader import STANDING_RECORDS
 from mlx_grpo.tui.app import VIEW_KEYS, WatchApp
 from mlx_grpo.tui.chart import MetricChart
 from mlx_grpo.tui.chart_screen import ChartScreen
@@ -106,7 +106,7 @@ async def test_alert_lights_up_its_tile_and_chart_until_it_stops_standing(run):
         assert "⚠ KL" in screen_text(app)
         assert "⚠ 1 warning" in header(app)
         await pilot.press("2")  # policy view: its KL chart is lit too
-        await wait_for(pilot, lambda: chart(app, "KL to reference").has_class("alert-warning"))
+        await wait_for(pilot, lambda: chart(app, "KL").has_class("alert-warning"))
         assert not chart(app, "entropy").has_class("alert-warning")
         await pilot.press("6")
         await wait_for(pilot, lambda: "KL is drifting" in screen_text(app))

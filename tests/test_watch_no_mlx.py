@@ -13,7 +13,7 @@ import sys
 from mlx_grpo.cli import build_parser
 build_parser()  # imports every subcommand's argument module, as `mlx-grpo watch` does
 import mlx_grpo.commands.watch, mlx_grpo.tui.app, mlx_grpo.tui.board
-import mlx_grpo.telemetry.rundir_reader, mlx_grpo.telemetry.history_loader
+import mlx_grpo.telemetry.rundir.reader, mlx_grpo.telemetry.rundir.history_loader
 loaded = sorted(m for m in sys.modules if m == "mlx" or m.startswith("mlx.") or m.startswith("mlx_lm"))
 assert not loaded, loaded
 print("ok")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from ..telemetry.compare import SORT_KEYS
+from ..telemetry.analysis.compare import SORT_KEYS
 
 USES_MLX = False
 
@@ -18,7 +18,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..telemetry.compare import comparison_json, comparison_table, expand_run_dirs, load_summary, table_console
+    from ..telemetry.analysis.compare import (comparison_json, comparison_table, expand_run_dirs, load_summary,
+                                              table_console)
 
     summaries = [load_summary(path) for path in expand_run_dirs(args.runs)]
     if args.json:

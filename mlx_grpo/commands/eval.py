@@ -44,7 +44,8 @@ def run(args: argparse.Namespace) -> int:
     from ..data import extra_columns, load_datasets, read_dataset_file
     from ..evaluate import evaluate
     from ..rewards import score_completions
-    from ..telemetry.step_data import eval_record
+    from ..telemetry.metrics.names import EVAL_ACCURACY
+    from ..telemetry.metrics.step_data import eval_record
     from ..trainer import load_rewards
 
     if args.limit is not None and args.limit < 1:
@@ -84,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(out, indent=2))
         return 0
-    print(f"{source}: held-out accuracy {out['eval/accuracy']:.1%} ({out['correct']}/{len(rows)}) on "
+    print(f"{source}: held-out accuracy {out[EVAL_ACCURACY]:.1%} ({out['correct']}/{len(rows)}) on "
           f"{out['dataset']}, greedy, {seconds:.1f} s")
     for key, value in out.items():
         if key.startswith("eval/difficulty/") and key.endswith("/accuracy"):
@@ -101,7 +102,7 @@ def load_target(args: argparse.Namespace):
     from ..config import load_config
     from ..export import ADAPTER_FILES, load_trained
     from ..models import dequantize_base, load_policy
-    from ..telemetry.rundir import RUN_JSON
+    from ..telemetry.rundir.writer import RUN_JSON
 
     target = Path(args.target)
     if (target / RUN_JSON).is_file():

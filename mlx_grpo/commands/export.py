@@ -26,7 +26,7 @@ def example_prompt(run_dir) -> str | None:
     import json
 
     from ..tasks.arithmetic import make_row
-    from ..telemetry.rundir import SAMPLES, read_run_info
+    from ..telemetry.rundir.writer import SAMPLES, read_run_info
 
     info = read_run_info(run_dir)
     if info is not None and (info.config or {}).get("dataset", "arithmetic") == "arithmetic":
@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
 
     from ..errors import UserError
     from ..export import export_model
-    from ..telemetry.rundir import RUN_JSON
+    from ..telemetry.rundir.writer import RUN_JSON
 
     run_dir = Path(args.run_dir)
     if not (run_dir / RUN_JSON).is_file():

@@ -3,12 +3,14 @@
 Default: a table of every canonical metric. `NAME`: look one name up, ours or another tool's
 (`mlx-grpo metrics frac_reward_zero_std`). `--other-names`: every TRL / verl / Tunix / TensorBoard-guide
 name and ours. `--json`: the same data as JSON (for scripts). `--group NAME` keeps one group.
+`--write PATH`: the whole catalogue as markdown (the repository's METRICS.md).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 from ..errors import UserError
 
@@ -20,10 +22,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--other-names", action="store_true",
                         help="list other tools' metric names (TRL, verl, Tunix, TensorBoard guide) and ours")
     parser.add_argument("--group", help="only this group of the catalogue (e.g. rewards, policy, system)")
+    parser.add_argument("--write", metavar="PATH", help="write the catalogue and other tools' names as markdown "
+                                                        "(METRICS.md) to PATH")
+
+
+def metrics_markdown() -> str:
+    """The text of METRICS.md: the catalogue, then other tools' names for its metrics."""
+    from ..telemetry.metrics import catalogue, other_names
+
+    return "\n".join(catalogue.render_markdown() + other_names.render_markdown())
 
 
 def _lookup(name: str) -> list[dict]:
-    from ..telemetry import catalogue, other_names
+    from ..telemetry.metrics import catalogue, other_names
 
     rows = []
     entry = catalogue.find_entry(name)
@@ -42,8 +53,11 @@ def run(args: argparse.Namespace) -> int:
     from ..telemetry.output import output_console
     from rich.table import Table
 
-    from ..telemetry import catalogue, other_names
+    from ..telemetry.metrics import catalogue, other_names
 
+    if args.write is not None:
+        Path(args.write).write_text(metrics_markdown(), encoding="utf-8")
+        return 0
     if args.name is not None:
         rows = _lookup(args.name)
         if args.json:

@@ -52,8 +52,8 @@ def run(args: argparse.Namespace) -> int:
     from ..errors import UserError
     from ..replay import render, replay, run_settings
     from ..rewards import RewardFunction, load_reward_functions
-    from ..telemetry.completions import completion_steps
-    from ..telemetry.report import load_run
+    from ..telemetry.rundir.completions import completion_steps
+    from ..telemetry.analysis.report import load_run
 
     start = time.perf_counter()
     run_dir = Path(args.run_dir)

@@ -27,14 +27,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..errors import UserError
-    from ..telemetry.report import build_report, print_report, report_json, save_report
-
-    from ..errors import UserError
+    from ..telemetry.analysis.report import build_report, print_report, report_json, save_report
 
     if not 0 <= args.smooth < 1:
         raise UserError(f"--smooth {args.smooth:g}: expected a weight in [0, 1), e.g. 0.6")
     if args.html is not None or args.svg is not None:
-        from ..telemetry.html_report import require_matplotlib
+        from ..telemetry.analysis.html_report import require_matplotlib
 
         require_matplotlib()  # before the text report is printed or report.json written
     for run_dir in args.run_dirs:
@@ -55,13 +53,13 @@ def run(args: argparse.Namespace) -> int:
                 print(f"wrote {run_dir.rstrip('/')}/report.json and report.md")
     try:
         if args.html is not None:
-            from ..telemetry.html_report import write_html_report
+            from ..telemetry.analysis.html_report import write_html_report
 
             path = write_html_report(args.run_dirs, args.html or None, args.smooth)
             if not args.json:
                 print(f"wrote {path}")
         if args.svg is not None:
-            from ..telemetry.html_report import write_chart_files
+            from ..telemetry.analysis.html_report import write_chart_files
 
             paths = write_chart_files(args.run_dirs, args.svg, args.smooth)
             if not args.json:

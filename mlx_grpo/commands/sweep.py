@@ -17,8 +17,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..errors import UserError
     from ..sweep import describe, load_sweep, plan_trials, run_sweep, trial_config, trial_state
-    from ..telemetry.compare import comparison_table, expand_run_dirs, load_summary, table_console
-    from ..telemetry.rundir import RUN_JSON
+    from ..telemetry.analysis.compare import comparison_table, expand_run_dirs, load_summary, table_console
+    from ..telemetry.rundir.writer import RUN_JSON
 
     if args.parallel < 1:
         raise UserError(f"--parallel {args.parallel}: expected at least 1")

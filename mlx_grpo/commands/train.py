@@ -112,7 +112,7 @@ def train_from_cli(config_path: str | None, overrides: dict, resume: str | None 
     from ..errors import UserError
     from ..resume import config_for_resume
     from ..signals import EXIT_INTERRUPTED
-    from ..trainer import EXIT_GUARD_STOP, train
+    from ..run import EXIT_GUARD_STOP, train
 
     if resume is not None:
         if config_path is not None:

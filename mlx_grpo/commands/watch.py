@@ -31,7 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from mlx_grpo.telemetry.rundir_reader import resolve_run_dirs
+    from mlx_grpo.telemetry.rundir.reader import resolve_run_dirs
 
     if not 0 < args.refresh <= 3600:
         raise UserError(f"--refresh must be between 0 and 3600 seconds, got {args.refresh}")

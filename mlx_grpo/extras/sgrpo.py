@@ -28,10 +28,8 @@ import mlx.nn as nn
 import numpy as np
 
 from .. import grpo
-from ..rewards import is_correct
 from ..rollout import Rollout, SamplingSettings, decode_completion, generate
-
-CLOSE_REASONING, OPEN_ANSWER, CLOSE_ANSWER = "</reasoning>", "<answer>", "</answer>"
+from ..tasks.answer_format import CLOSE_ANSWER, CLOSE_REASONING, OPEN_ANSWER, is_correct
 
 
 # ----------------------------------------------------------------------------- pure pieces

@@ -1,1 +1,2 @@
-"""Synthetic tasks with known answers, used to build and train the embedded default model."""
+"""Tasks: the answer format every task's completions are written in and its one correctness check
+(`answer_format.py`); the synthetic arithmetic task the embedded default model is built and trained on."""

@@ -38,8 +38,8 @@ from __future__ import annotations
 
 import random
 
-from .. import rewards
 from ..errors import UserError
+from .answer_format import CLOSE_ANSWER, CLOSE_REASONING, OPEN_ANSWER, OPEN_REASONING
 
 SPLITS = ("train", "heldout")
 WIDTH = 3  # operands are zero-padded to this many digits
@@ -108,9 +108,5 @@ def carries(a: int, b: int) -> str:
 def format_completion(row: dict) -> str:
     """The target completion for a row, without the end-of-sequence token."""
     a, b = (int(x) for x in row["prompt"].rstrip("=").split("+"))
-    return f"<reasoning>{carries(a, b)}</reasoning><answer>{row['answer']}</answer>"
+    return f"{OPEN_REASONING}{carries(a, b)}{CLOSE_REASONING}{OPEN_ANSWER}{row['answer']}{CLOSE_ANSWER}"
 
-
-def is_correct(completion: str, row: dict) -> bool:
-    """True when the completion's answer block holds the row's sum (the trainer's own test)."""
-    return rewards.is_correct(completion, row["answer"])

@@ -19,13 +19,19 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 from rich.console import Console
 
-from .alert_config import default_rules
-from .alert_console import print_alerts
-from .alerts import Alert, AlertEngine, Rule, ThresholdRule, TrendRule
-from .analysis import (FunctionImportance, HackingReport, QualityReport, RewardReport, Trend, analyze_run,
-                       detect_reward_hacking, function_importance, series, trend_of)
+from .alerts.config import default_rules
+from .alerts.console import print_alerts
+from .alerts.alert import Alert
+from .alerts.engine import AlertEngine
+from .alerts.rules import Rule, ThresholdRule
+from .alerts.trend_rules import TrendRule
+from .analysis.reward_quality import QualityReport
+from .analysis.reward_report import (FunctionImportance, HackingReport, RewardReport, Trend, analyze_run,
+                                     detect_reward_hacking, function_importance, trend_of)
+from .analysis.run_data import series
 from .recorder import RunRecorder
-from .reward_stats import reward_metrics
+from .metrics.reward_stats import reward_metrics
+from .metrics.names import ACCURACY_TRAIN, ENTROPY, KL, LENGTH_MEAN, REWARD_MEAN, SIGNAL_TO_NOISE, ZERO_STD_GROUP_FRAC
 
 _CONDITIONS = {"above": ">", "below": "<", "at_least": ">=", "at_most": "<="}
 
@@ -80,17 +86,17 @@ class RewardMonitor:
         record: dict[str, Any] = {"step": int(step), "time": time.time()}
         record.update(reward_metrics(scores, names, weights, total, group))
         if kl is not None:
-            record["policy/kl"] = float(kl)
+            record[KL] = float(kl)
         if entropy is not None:
-            record["policy/entropy"] = float(entropy)
+            record[ENTROPY] = float(entropy)
         if correct is not None:
             if len(correct) != n:
                 raise ValueError(f"correct has {len(correct)} entries for {n} completions")
-            record["accuracy/train"] = float(np.mean(np.asarray(correct, dtype=bool)))
+            record[ACCURACY_TRAIN] = float(np.mean(np.asarray(correct, dtype=bool)))
         if lengths is not None:
             if len(lengths) != n:
                 raise ValueError(f"lengths has {len(lengths)} entries for {n} completions")
-            record["completions/length/mean"] = float(np.mean(lengths))
+            record[LENGTH_MEAN] = float(np.mean(lengths))
         record.update(extra or {})
         self.records.append(record)
         for i in range(n):
@@ -119,6 +125,7 @@ class RewardMonitor:
     # ------------------------------------------------------------------ alerts
 
     def add_rule(self, rule: Rule) -> None:
+        """Watch one more alert rule."""
         self.engine.add_rule(rule)
 
     def add_threshold_alert(self, metric: str, threshold: float, condition: str = "above", *,
@@ -154,6 +161,7 @@ class RewardMonitor:
             print_alerts(fired, self.console)
 
     def alert_summary(self) -> dict[str, Any]:
+        """How many alerts fired, by level and by rule."""
         return {"total": len(self.alerts), "by_level": dict(Counter(a.level for a in self.alerts)),
                 "by_rule": dict(Counter(a.rule for a in self.alerts)),
                 "latest": [a.to_dict() for a in self.alerts[-5:]]}
@@ -164,9 +172,9 @@ class RewardMonitor:
         """Steps tracked, whole-run statistics per function and of the total, the latest step's means."""
         latest = self.records[-1] if self.records else {}
         means = {k: v for k, v in latest.items()
-                 if k.startswith("rewards/") and (k.endswith("/mean") or k in ("rewards/signal_to_noise",
-                                                                                 "rewards/zero_std_group_frac"))}
-        for key in ("policy/kl", "policy/entropy", "accuracy/train"):
+                 if k.startswith("rewards/") and (k.endswith("/mean") or k in (SIGNAL_TO_NOISE,
+                                                                                 ZERO_STD_GROUP_FRAC))}
+        for key in (KL, ENTROPY, ACCURACY_TRAIN):
             if key in latest:
                 means[key] = latest[key]
         return {"steps": len(self.records), "last_step": latest.get("step"),
@@ -176,8 +184,8 @@ class RewardMonitor:
     def recent_trends(self, num_steps: int = 50) -> dict[str, Trend]:
         """Trends over the last `num_steps` tracked steps (first quarter against last quarter)."""
         recent = self.records[-num_steps:]
-        names = ["rewards/total/mean", *(f"rewards/{fn}/mean" for fn in self.reward_names or ()),
-                 "rewards/signal_to_noise", "policy/kl", "policy/entropy", "accuracy/train"]
+        names = [REWARD_MEAN, *(f"rewards/{fn}/mean" for fn in self.reward_names or ()),
+                 SIGNAL_TO_NOISE, KL, ENTROPY, ACCURACY_TRAIN]
         return {name: t for name in names if (t := trend_of(recent, name)) is not None}
 
     def function_stats(self, name: str) -> dict[str, Any]:
@@ -204,7 +212,9 @@ class RewardMonitor:
         return self.report().quality
 
     def function_importance(self) -> dict[str, FunctionImportance]:
+        """Each reward function's importance over the steps observed so far."""
         return function_importance(self.records, list(self.samples))
 
     def detect_hacking(self) -> HackingReport:
+        """Whether reward rose while accuracy did not, over the steps observed so far."""
         return detect_reward_hacking(self.records, list(self.samples))

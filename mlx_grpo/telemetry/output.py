@@ -27,6 +27,7 @@ class FittedConsole(Console):
             self.width = UNBOUNDED
 
     def print(self, *objects: Any, width: int | None = None, **kwargs: Any) -> None:
+        """Console.print, at the objects' natural width when fitted."""
         if self.fitted and width is None and objects:
             options = self.options.update(max_width=UNBOUNDED)
             measured = [Measurement.get(self, options, self.render_str(o) if isinstance(o, str) else o).maximum
@@ -36,4 +37,5 @@ class FittedConsole(Console):
 
 
 def output_console(**kwargs: Any) -> Console:
+    """The console the commands print their tables through."""
     return FittedConsole(highlight=False, **kwargs)

@@ -20,12 +20,15 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from .alert_config import pattern_warnings
-from .alert_console import format_alert
-from .alerts import Alert, AlertEngine, Rule
-from .completions import CompletionsWriter, completion_rows
-from .reward_stats import RewardTracker, ThroughputTracker
-from .step_data import StepData, peak_share_metrics, step_record
+from .alerts.alert import Alert
+from .alerts.config import pattern_warnings
+from .alerts.console import format_alert
+from .alerts.engine import AlertEngine
+from .alerts.rules import Rule
+from .metrics.names import ACCEL_LIMIT_GB, BACKPROP_TOKENS_PER_S, CHECKPOINT_SECONDS, ELAPSED_SECONDS, GEN_TOKENS_PER_S
+from .metrics.reward_stats import RewardTracker, ThroughputTracker
+from .metrics.step_data import StepData, peak_share_metrics, step_record
+from .rundir.completions import CompletionsWriter, completion_rows
 
 
 @dataclass
@@ -57,8 +60,8 @@ class RunRecorder:
                  num_steps: int | None = None, num_iterations: int = 1,
                  completions: CompletionsWriter | None = None, clock: Callable[[], float] = time.perf_counter):
         self.rewards = RewardTracker(reward_names, hist_every=hist_every)
-        self.gen_throughput = ThroughputTracker("throughput/gen_tokens_per_s")
-        self.backprop_throughput = ThroughputTracker("throughput/backprop_tokens_per_s")
+        self.gen_throughput = ThroughputTracker(GEN_TOKENS_PER_S)
+        self.backprop_throughput = ThroughputTracker(BACKPROP_TOKENS_PER_S)
         self.engine = AlertEngine(rules)
         self._unchecked_rules = list(rules)  # patterns matching nothing are said once, at the first record
         self.sinks, self.console, self.sampler = sinks, console, sampler
@@ -97,8 +100,8 @@ class RunRecorder:
             record.update(evaluation)
         if self.sampler is not None:
             record.update(self.sampler.snapshot())
-        record.update(peak_share_metrics(data.peak_memory, record.get("system/accel_limit_gb")))
-        record["timing/elapsed_s"] = self.elapsed()
+        record.update(peak_share_metrics(data.peak_memory, record.get(ACCEL_LIMIT_GB)))
+        record[ELAPSED_SECONDS] = self.elapsed()
         self.nonfinite_in_a_row = self.nonfinite_in_a_row + 1 if data.update.skipped else 0
         alerts = self.observe(step, record, data.scores, data.total, loss=data.update.loss,
                               arrays={"advantages/hist": data.advantages, "completions/length/hist": data.lengths})
@@ -118,11 +121,12 @@ class RunRecorder:
     def record_evaluation(self, step: int, evaluation: Mapping[str, float]) -> StepReport:
         """A record of an evaluation alone: the one before the first update is step 0's, the policy as it
         started (the baseline of the rules that compare with the start)."""
-        record: dict[str, Any] = {**evaluation, "timing/elapsed_s": self.elapsed()}
+        record: dict[str, Any] = {**evaluation, ELAPSED_SECONDS: self.elapsed()}
         alerts = self.engine.check({"step": step, "time": time.time(), **record})
         return StepReport(step, record, alerts)
 
     def end_epoch(self, partial: bool = False) -> dict[str, float]:
+        """Close an epoch: the reward tracker's and the reward hooks' epoch metrics."""
         out = self.rewards.end_epoch(partial=partial)
         for hooks in self.hooks.values():
             out.update(hooks.end_epoch())
@@ -131,7 +135,7 @@ class RunRecorder:
     def write(self, report: StepReport, checkpoint_s: float | None = None) -> None:
         """Send the step to the sinks (every `log_every` steps and the last) and the console."""
         if checkpoint_s is not None:
-            report.record["timing/checkpoint_s"] = checkpoint_s
+            report.record[CHECKPOINT_SECONDS] = checkpoint_s
         step, last = report.step, report.step == self.num_steps
         if self.sinks is not None and (step % self.log_every == 0 or last):
             self.sinks.write(step, report.record, report.histograms, rewards=report.rewards)
@@ -146,6 +150,7 @@ class RunRecorder:
             self.console.step(step, report.record, every=max(1, self.num_steps // 20))
 
     def message(self, text: Any, style: str | None = None) -> None:
+        """Print a line on the console, if there is one."""
         if self.console is not None:
             self.console.message(text, style=style)
 
@@ -166,6 +171,7 @@ class RunRecorder:
         return final
 
     def close(self, final: Mapping[str, Any], status: str) -> None:
+        """Stop the system sampler and close the sinks (once)."""
         if self.sampler is not None:
             self.sampler.stop()
         if self.sinks is not None:
@@ -175,6 +181,7 @@ class RunRecorder:
     # ------------------------------------------------------------------ checkpoints
 
     def state_dict(self) -> dict[str, Any]:
+        """Everything the recorder needs to resume exactly: trackers, alert engine, reward hooks."""
         return {
             "rewards": self.rewards.state_dict(),
             "throughput": {t.name: t.state_dict() for t in (self.gen_throughput, self.backprop_throughput)},
@@ -188,6 +195,7 @@ class RunRecorder:
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore what state_dict saved."""
         self.rewards.load_state_dict(state["rewards"])
         for tracker in (self.gen_throughput, self.backprop_throughput):
             if tracker.name in state["throughput"]:

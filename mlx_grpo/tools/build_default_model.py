@@ -36,12 +36,12 @@ from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.utils import save_config, save_model
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 
-from ..tasks import arithmetic
+from ..tasks import answer_format, arithmetic
 
 PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
 SPECIAL_TOKENS = [PAD, BOS, EOS, UNK]
 CHARACTERS = list("0123456789+=")
-TAG_TOKENS = ["<reasoning>", "</reasoning>", "<answer>", "</answer>"]
+TAG_TOKENS = list(answer_format.TAGS)
 MAX_SEQUENCE = 64  # longest sequence the model is meant for (prompt 9 + completion <= 9 here)
 MAX_NEW_TOKENS = 16  # the longest target completion is 12 tokens including EOS
 
@@ -169,7 +169,7 @@ def completion_texts(tokenizer: Tokenizer, generated: mx.array) -> list[str]:
 
 def greedy_accuracy(model: nn.Module, tokenizer: Tokenizer, rows: list[dict], encoded: Encoded) -> float:
     texts = completion_texts(tokenizer, decode_batch(model, encoded.prompts, temperature=0.0))
-    return sum(arithmetic.is_correct(t, r) for t, r in zip(texts, rows)) / len(rows)
+    return sum(answer_format.is_correct(t, r["answer"]) for t, r in zip(texts, rows)) / len(rows)
 
 
 def sampled_accuracy(
@@ -178,7 +178,7 @@ def sampled_accuracy(
     """(mean accuracy of T=1 samples, share of prompts with >= 1 correct sample in a group)."""
     prompts = mx.repeat(encoded.prompts, group_size, axis=0)
     texts = completion_texts(tokenizer, decode_batch(model, prompts, 1.0, key=mx.random.key(seed)))
-    correct = [arithmetic.is_correct(t, rows[i // group_size]) for i, t in enumerate(texts)]
+    correct = [answer_format.is_correct(t, rows[i // group_size]["answer"]) for i, t in enumerate(texts)]
     groups = [correct[i : i + group_size] for i in range(0, len(correct), group_size)]
     return sum(correct) / len(correct), sum(any(g) for g in groups) / len(groups)
 
@@ -311,7 +311,7 @@ README = """# Embedded default model
 A {params:,}-parameter llama (hidden 128, 4 layers, 4 heads, intermediate 512, tied
 embeddings, fp32) with a {vocab}-token character-level tokenizer, pretrained on the
 arithmetic task of `mlx_grpo/tasks/arithmetic.py` (prompt `047+302=`, completion
-`<reasoning>000</reasoning><answer>349</answer>`, the carry out of each column, units
+`{example}`, the carry out of each column, units
 first, then the sum). It is saved part-way through supervised training, on purpose: it is right on some held-out sums and wrong on others, so a GRPO
 run has room to improve it. It loads with `mlx_lm.load` like any Hugging Face-format
 model.
@@ -355,6 +355,7 @@ def write_readme(out: Path, r: Report, args: argparse.Namespace, target: float, 
     command = shown_command(args.argv, out, target)
     text = README.format(
         params=params, vocab=tokenizer.get_vocab_size(), command=command, seed=args.seed,
+        example=arithmetic.format_completion(arithmetic.make_row(47, 302)),
         batch=args.batch_size, lr=args.learning_rate, eval_every=args.eval_every,
         sparse=SPARSE_EVAL_FACTOR * args.eval_every, sparse_below=SPARSE_EVAL_BELOW, eval_n=args.eval_prompts,
         select_seed=SELECT_SEED, target=target, report_n=args.report_prompts,

@@ -14,16 +14,20 @@ MAX_ROWS = 1000
 
 
 class AlertsView(BoardView, DataTable):
+    """Every run's alerts, newest first, one row each; a standing one is marked."""
+
     def __init__(self, board: Board, *, id: str | None = None):
         super().__init__(board, id=id, cursor_type="row", zebra_stripes=True)
         self._key: tuple | None = None
 
     def on_mount(self) -> None:
+        """Add the table's columns."""
         self.add_columns("", "run", "step", "level", "metric", "value")
         self.add_column("message", key="message")
 
     def on_resize(self) -> None:
-        self.update_data()  # messages wrap to the new width (it is part of the key)
+        """Rewrap the messages to the new width (the width is part of the table's key)."""
+        self.update_data()
 
     def _message_width(self) -> int:
         """What is left of the view's width for the message column (the other columns are narrow)."""
@@ -31,6 +35,7 @@ class AlertsView(BoardView, DataTable):
         return max(20, self.size.width - others - 2 * self.cell_padding - 2)
 
     def update_data(self) -> None:
+        """Rebuild the rows when the alerts or their standing marks changed."""
         board = self.board
         rows = []
         for i, run in enumerate(board.runs):

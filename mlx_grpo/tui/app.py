@@ -20,7 +20,7 @@ from textual.binding import Binding
 from textual.reactive import var
 from textual.widgets import Footer, Input, TabbedContent, TabPane
 
-from ..telemetry.rundir_reader import RunReader, pid_alive
+from ..telemetry.rundir.reader import RunReader, pid_alive
 from .alerts_view import AlertsView
 from .board import Board
 from .board_widget import BoardView, BoardWidget
@@ -63,10 +63,14 @@ def next_refresh(current: float, direction: int) -> float:
 
 
 class FilterInput(Input):
+    """The filter's input line; escape clears the filter and closes it."""
+
     BINDINGS = [Binding("escape", "app.close_filter(True)", "clear filter")]
 
 
 class WatchApp(App[None]):
+    """The dashboard: a header, numbered views of one Board, a filter line and the key bindings."""
+
     CSS_PATH = "watch.tcss"
     TITLE = "mlx-grpo watch"
     BINDINGS = [
@@ -113,9 +117,11 @@ class WatchApp(App[None]):
         self._timer = None
 
     def get_css_variables(self) -> dict[str, str]:
+        """Textual's CSS variables plus the palette's colours."""
         return {**super().get_css_variables(), **css_variables()}
 
     def compose(self) -> ComposeResult:
+        """The header, a tab per view, the filter line and the footer."""
         yield RunHeader(self.board, id="header")
         with TabbedContent(initial=VIEW_KEYS[0], id="views"):
             for i, ((title, make), key) in enumerate(zip(VIEWS, VIEW_KEYS), 1):
@@ -125,6 +131,7 @@ class WatchApp(App[None]):
         yield Footer()
 
     def on_mount(self) -> None:
+        """Read the runs once, draw the first view and start the refresh timer."""
         # Held directly: while the help screen is up, queries would search that screen.
         self._header = self.query_one(RunHeader)
         self._tabs = self.query_one(TabbedContent)
@@ -136,6 +143,7 @@ class WatchApp(App[None]):
         self._timer = self.set_interval(self.refresh_s, self.tick)
 
     def on_resize(self, event) -> None:
+        """Switch between one and two chart columns with the width."""
         self._fit_columns(event.size.width)
 
     def _fit_columns(self, width: int) -> None:
@@ -145,10 +153,12 @@ class WatchApp(App[None]):
             tabs.set_class(width < NARROW_WIDTH, "-narrow")
 
     def on_unmount(self) -> None:
+        """Close the run readers."""
         self.board.close()
 
     # ------------------------------------------------------------------ refresh
     def tick(self) -> None:
+        """One refresh: read what the runs wrote (unless paused), then redraw."""
         if not self._header.is_attached:  # the app is shutting down
             return
         if not self.paused:
@@ -166,10 +176,12 @@ class WatchApp(App[None]):
             self.screen.update_data()
 
     def active_view(self) -> BoardView | None:
+        """The view of the selected tab, if any."""
         active = self._tabs.active
         return self._tabs.query_one(f"#view-{active}", BoardView) if active else None
 
     def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
+        """Draw a view as soon as its tab is chosen."""
         view = self.active_view()
         if view is None:
             return
@@ -200,23 +212,28 @@ class WatchApp(App[None]):
 
     # ------------------------------------------------------------------ watchers
     def watch_smoothing(self, value: float) -> None:
+        """Give the board the new smoothing and redraw."""
         self.board.smoothing = value
         self.update_views()
 
     def watch_log_scale(self, value: bool) -> None:
+        """Redraw the charts on the new y scale."""
         self.board.log_scale = value
         self.update_views()
 
     def watch_paused(self) -> None:
+        """Redraw the header's paused mark."""
         self.update_views()
 
     def watch_refresh_s(self, value: float) -> None:
+        """Restart the refresh timer at the new interval."""
         if self._timer is not None:
             self._timer.stop()
         self._timer = self.set_interval(value, self.tick)
         self.update_views()
 
     def watch_filter(self, value: str) -> None:
+        """Redraw the views with the new filter."""
         view = self.active_view()
         if view is not None:
             view.filter = value
@@ -224,6 +241,7 @@ class WatchApp(App[None]):
 
     # ------------------------------------------------------------------ charts and runs
     def on_open_chart(self, message: OpenChart) -> None:
+        """Open the requested metric as a chart of its own."""
         self.push_screen(ChartScreen(self.board, message.title, message.metrics))
 
     def _back_to_views(self) -> None:
@@ -232,6 +250,7 @@ class WatchApp(App[None]):
             self.pop_screen()
 
     def action_pick_runs(self) -> None:
+        """Open the run browser; the runs picked there replace the watched ones."""
         self._back_to_views()
         watched = [reader.run_dir for reader in self.board.readers]
         self.push_screen(RunPicker(watched, self.run_roots), callback=self._set_runs)
@@ -250,23 +269,28 @@ class WatchApp(App[None]):
 
     # ------------------------------------------------------------------ actions
     def check_action(self, action: str, parameters: tuple) -> bool | None:
+        """Refuse the filter while a chart or a dialog is open."""
         # The filter belongs to a view: there is none to filter while a chart or a dialog is open.
         if action == "open_filter" and len(self.screen_stack) > 1:
             return False
         return True
 
     def action_help(self) -> None:
+        """Show the help screen."""
         self.push_screen(HelpScreen([title for title, _ in VIEWS]))
 
     def action_show_view(self, index: int) -> None:
+        """Switch to view number `index` (1-based)."""
         if 1 <= index <= len(VIEW_KEYS):
             self._switch_view(VIEW_KEYS[index - 1])
 
     def action_next_view(self, direction: int) -> None:
+        """Switch to the next (1) or previous (-1) view."""
         current = VIEW_KEYS.index(self._tabs.active)
         self._switch_view(VIEW_KEYS[(current + direction) % len(VIEW_KEYS)])
 
     def action_move(self, direction: int) -> None:
+        """Move the focused widget's cursor, or scroll it, one line down (1) or up (-1)."""
         focused = self.focused
         if focused is None:
             return
@@ -278,6 +302,7 @@ class WatchApp(App[None]):
                 return
 
     def action_open_filter(self) -> None:
+        """Show the filter line holding the current filter."""
         if self.focused is self._filter_box:  # the binding has priority: in the box, '/' is part of the filter
             self._filter_box.post_message(events.Key("slash", "/"))  # queued behind the keys before it
             return
@@ -297,6 +322,7 @@ class WatchApp(App[None]):
         self._filter_box.cursor_position = len(self._filter_box.value)
 
     def action_close_filter(self, clear: bool = False) -> None:
+        """Hide the filter line; with `clear`, drop the filter too."""
         box = self._filter_box
         if clear:
             box.value = ""
@@ -305,22 +331,28 @@ class WatchApp(App[None]):
         self._focus_view()
 
     def on_input_changed(self, event: Input.Changed) -> None:
+        """Filter as the user types."""
         if event.input.id == "filter":
             self.filter = event.value
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
+        """Enter keeps the filter and closes its line."""
         if event.input.id == "filter":
             self.action_close_filter()
 
     def action_refresh_interval(self, direction: int) -> None:
+        """Refresh less (1) or more (-1) often."""
         self.refresh_s = next_refresh(self.refresh_s, direction)
 
     def action_smoothing(self) -> None:
+        """Cycle through the smoothing levels."""
         levels = SMOOTHING_LEVELS
         self.smoothing = levels[(levels.index(self.smoothing) + 1) % len(levels)]
 
     def action_log_scale(self) -> None:
+        """Switch the charts' y axis between linear and log."""
         self.log_scale = not self.log_scale
 
     def action_pause(self) -> None:
+        """Stop or resume reading the runs."""
         self.paused = not self.paused

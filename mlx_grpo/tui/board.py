@@ -11,8 +11,8 @@ from typing import Callable
 
 import numpy as np
 
-from ..telemetry.alerts import LEVELS
-from ..telemetry.rundir_reader import RunReader, RunView, pid_alive
+from ..telemetry.alerts.alert import LEVELS
+from ..telemetry.rundir.reader import RunReader, RunView, pid_alive
 from ..telemetry.smoothing import ema
 from .downsample import finite_points
 from .palette import run_color
@@ -57,6 +57,8 @@ class _Smoothed:
 
 @dataclass
 class Board:
+    """The watched runs as the views see them: their tables, alerts, colours and smoothed series."""
+
     readers: list[RunReader]
     clock: Callable[[], float] = time.time
     alive: Callable[[int], bool] = pid_alive
@@ -74,9 +76,11 @@ class Board:
 
     @property
     def runs(self) -> list[RunView]:
+        """Each watched run's current state."""
         return [r.state for r in self.readers]
 
     def color(self, index: int) -> str:
+        """The colour of run number `index`."""
         return run_color(index)
 
     def poll(self) -> bool:
@@ -134,11 +138,13 @@ class Board:
         return cached.view()
 
     def available_metrics(self) -> list[str]:
+        """Every metric name any run has, in first-seen order."""
         names: dict[str, None] = {}
         for run in self.runs:
             names.update(dict.fromkeys(run.table.names))
         return list(names)
 
     def close(self) -> None:
+        """Close every run reader."""
         for reader in self.readers:
             reader.close()

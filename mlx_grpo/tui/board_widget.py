@@ -37,6 +37,7 @@ class BoardView(BoardWidget):
     filter: str = ""
 
     def matches(self, *texts: str) -> bool:
+        """True when the filter is empty or is part of one of `texts`."""
         return matches(self.filter, *texts)
 
     @property

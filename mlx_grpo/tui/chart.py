@@ -18,7 +18,7 @@ from .downsample import bucketize
 
 from .board import Board
 from .board_widget import BoardWidget
-from ..telemetry.names import legend_names
+from ..telemetry.metrics.names import legend_names
 from .braille import Layer, log_ticks, nice_range, nice_ticks, render_cells
 from .fmt import fmt_value
 from .messages import OpenChart
@@ -68,15 +68,19 @@ class MetricChart(BoardWidget, Widget, can_focus=True):
                 self.refresh(Region(0, y, self.size.width, 1))
 
     def on_resize(self) -> None:
+        """Redraw for the new size."""
         self.update_data()
 
     def chart_request(self) -> OpenChart:
+        """The message that opens this chart on a screen of its own."""
         return OpenChart(self.chart_title, tuple(self.metrics))
 
     def on_click(self) -> None:
+        """A click opens the chart on its own screen."""
         self.post_message(self.chart_request())
 
     def render_line(self, y: int) -> Strip:
+        """Line `y` of the drawn chart."""
         if y < len(self._strips):
             return self._strips[y]
         return Strip.blank(self.size.width)

@@ -13,7 +13,7 @@ from textual.containers import Vertical
 from textual.screen import Screen
 from textual.widgets import Static
 
-from ..telemetry.catalogue import find_entry
+from ..telemetry.metrics.catalogue import find_entry
 from .board import Board
 from .board_widget import BoardWidget
 from .chart import MetricChart
@@ -55,6 +55,8 @@ def stats_table(board: Board, metrics: tuple[str, ...]) -> Table:
 
 
 class ChartScreen(BoardWidget, Screen):
+    """One chart over the whole screen; escape or enter goes back."""
+
     BINDINGS = [Binding("escape,enter", "app.pop_screen", "back")]
 
     def __init__(self, board: Board, title: str, metrics: tuple[str, ...]):
@@ -64,6 +66,7 @@ class ChartScreen(BoardWidget, Screen):
         self._generation = -1
 
     def compose(self) -> ComposeResult:
+        """The chart and a footer."""
         yield Static(describe(self.metrics), id="chart-about")
         with Vertical(id="chart-box"):
             for title, metrics in split_for_runs(self.chart_title, list(self.metrics), len(self.board.runs)):
@@ -74,9 +77,11 @@ class ChartScreen(BoardWidget, Screen):
         yield Static("escape or enter: back · s smoothing · p pause · q quit", id="chart-keys")
 
     def on_mount(self) -> None:
+        """Draw the chart once it has a size."""
         self.update_data()
 
     def update_data(self) -> None:
+        """Redraw when the runs' data changed."""
         for chart in self.query(MetricChart):
             chart.update_data()
         if self.board.generation != self._generation:
@@ -84,4 +89,5 @@ class ChartScreen(BoardWidget, Screen):
             self.query_one("#chart-stats", Static).update(stats_table(self.board, self.metrics))
 
     def on_open_chart(self, event: OpenChart) -> None:
+        """A click on the chart shown here: it is open already, so the request stops here."""
         event.stop()  # a click on the chart shown here: it is open already

@@ -13,7 +13,7 @@ from textual.widget import Widget
 
 from .board import Board
 from .board_widget import BoardView
-from ..telemetry.names import legend_names
+from ..telemetry.metrics.names import legend_names
 from .chart import MetricChart
 from .tile import MetricTile
 from .views import ViewSpec, resolve
@@ -31,6 +31,8 @@ def split_for_runs(title: str, metrics: list[str], runs: int) -> list[tuple[str,
 
 
 class ChartsView(BoardView, VerticalScroll):
+    """A view of metric tiles above charts, as its ViewSpec says; arrows select, enter opens."""
+
     BINDINGS = [
         Binding("down,j", "select('down')", "down", show=False),
         Binding("up,k", "select('up')", "up", show=False),
@@ -45,6 +47,7 @@ class ChartsView(BoardView, VerticalScroll):
         self._plan: list[tuple[str, tuple[str, ...]]] | None = None
 
     def compose(self) -> ComposeResult:
+        """The tiles, the extra widgets of a subclass, and a box the charts are mounted in."""
         yield Grid(*(MetricTile(self.board, label, metric) for label, metric in self.spec.tiles), classes="tiles")
         yield from self.compose_extra()
         yield Vertical(classes="charts")
@@ -66,6 +69,7 @@ class ChartsView(BoardView, VerticalScroll):
         return plan + families
 
     def update_data(self) -> None:
+        """Show the tiles and charts the runs have data for and the filter keeps; redraw them."""
         board = self.board
         available = set(board.available_metrics())
         for tile in self.query(MetricTile):
@@ -106,6 +110,7 @@ class ChartsView(BoardView, VerticalScroll):
         return cells
 
     def action_select(self, direction: str) -> None:
+        """Move the selection to the nearest tile or chart in `direction`."""
         cells = self._grid()
         if not cells:
             return
@@ -126,6 +131,7 @@ class ChartsView(BoardView, VerticalScroll):
             self.screen.set_focus(target)
 
     def action_open_selected(self) -> None:
+        """Open the selected tile or chart as a chart of its own."""
         selected = self.screen.focused  # this binding fires only while the focus is in this view
         if isinstance(selected, (MetricTile, MetricChart)):
             self.post_message(selected.chart_request())

@@ -15,7 +15,7 @@ from rich.text import Text
 from textual.containers import VerticalScroll
 from textual.widgets import Static
 
-from ..telemetry.compare import differing_keys, run_config, value_text
+from ..telemetry.analysis.compare import differing_keys, run_config, value_text
 from .board import Board
 from .board_widget import BoardView
 from .palette import ACCENT, LABEL, MUTED, TEXT_SOFT
@@ -28,14 +28,18 @@ def readable_times(fields: dict) -> dict:
 
 
 class ConfigView(BoardView, VerticalScroll):
+    """Each run's run.json (config, versions, device); with several runs, the keys that differ first."""
+
     def __init__(self, board: Board, *, id: str | None = None):
         super().__init__(board, id=id)
         self._key: tuple | None = None
 
     def compose(self):
+        """One text block, filled by update_data."""
         yield Static("", id="config-text")
 
     def update_data(self) -> None:
+        """Rebuild the text when the runs or the filter change."""
         board = self.board
         key = (tuple(id(run.info) for run in board.runs), self.filter)
         if key == self._key:

@@ -49,6 +49,7 @@ def fmt_count(n) -> str:
 
 
 def fmt_step(step: int | None, total: int | None) -> str:
+    """The header's step text: "step 60/100 (60%)", or without a total "step 60"."""
     if step is None:
         return "step –" + (f"/{total:,}" if total else "")
     if total:

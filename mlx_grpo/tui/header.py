@@ -33,11 +33,14 @@ class Settings:
 
 
 class RunHeader(BoardWidget, Static):
+    """The top lines: each run's state, step and times, the alert count, and the view settings."""
+
     settings = Settings(1.0, 0.0)
 
     _height = 0
 
     def update_data(self) -> None:
+        """Redraw from the board and the settings."""
         board = self.board
         if self._height != len(board.runs) + 1:
             # A line per run and one for the settings; set only when the runs change, so updates need no layout pass.

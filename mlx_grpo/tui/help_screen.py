@@ -38,6 +38,7 @@ STATES = (
 
 
 def help_text(views: list[str]) -> Table:
+    """The help: keys, views, run states and what alert colours mean."""
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style=f"bold {HIGHLIGHT}", no_wrap=True)
     grid.add_column()
@@ -60,17 +61,22 @@ def help_text(views: list[str]) -> Table:
 
 
 class HelpScreen(ModalScreen):
+    """The help over the dashboard; any key or click closes it."""
+
     def __init__(self, views: list[str]):
         super().__init__()
         self.views = views
 
     def compose(self) -> ComposeResult:
+        """The help text."""
         with VerticalScroll(id="help-box"):
             yield Static(help_text(self.views))
 
     def on_key(self, event) -> None:
+        """Any key closes the help."""
         event.stop()
         self.dismiss()
 
     def on_click(self) -> None:
+        """A click closes the help."""
         self.dismiss()

@@ -31,6 +31,8 @@ _TREND = Style(color=ACCENT)
 
 
 class MetricsView(BoardView, ScrollView, can_focus=True):
+    """Every metric of the runs with its last value, one line each; enter opens one as a chart."""
+
     BINDINGS = [
         Binding("down", "cursor_down", show=False),
         Binding("up", "cursor_up", show=False),
@@ -51,6 +53,7 @@ class MetricsView(BoardView, ScrollView, can_focus=True):
         return self._names
 
     def update_data(self) -> None:
+        """Rebuild the rows from the runs' last values."""
         board = self.board
         names = sorted(n for n in board.available_metrics() if self.matches(n))
         key = (board.runs_version, len(board.runs), tuple(names))
@@ -65,9 +68,11 @@ class MetricsView(BoardView, ScrollView, can_focus=True):
 
     # ------------------------------------------------------------------ keys and mouse
     def action_cursor_down(self) -> None:
+        """Move the cursor one row down."""
         self._move(1)
 
     def action_cursor_up(self) -> None:
+        """Move the cursor one row up."""
         self._move(-1)
 
     def _move(self, delta: int) -> None:
@@ -75,7 +80,7 @@ class MetricsView(BoardView, ScrollView, can_focus=True):
             self.cursor = max(0, min(len(self._names) - 1, self.cursor + delta))
 
     def watch_cursor(self, old: int, new: int) -> None:
-        # Keep the cursor row on screen (row i is drawn at line i + 1, under the header).
+        """Keep the cursor row on screen (row i is drawn at line i + 1, under the header)."""
         top = int(self.scroll_y)
         visible = max(1, self.size.height - 1)
         if new < top:
@@ -85,6 +90,7 @@ class MetricsView(BoardView, ScrollView, can_focus=True):
         self.refresh()
 
     def action_open_chart(self) -> None:
+        """Open the metric under the cursor as a chart."""
         if self._names:
             name = self._names[self.cursor]
             self.post_message(OpenChart(name, (name,)))
@@ -99,6 +105,7 @@ class MetricsView(BoardView, ScrollView, can_focus=True):
 
     # ------------------------------------------------------------------ drawing
     def render_line(self, y: int) -> Strip:
+        """Line `y` of the metric list."""
         width = self.size.width
         scroll_x = int(self.scroll_x)
         if y == 0:

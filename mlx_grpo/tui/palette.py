@@ -40,6 +40,7 @@ STATE_COLORS = {
 
 
 def run_color(index: int) -> str:
+    """The colour of run number `index` (the colours repeat after the last)."""
     return RUN_COLORS[index % len(RUN_COLORS)]
 
 
@@ -49,6 +50,7 @@ def level_color(level: str) -> str:
 
 
 def state_color(state: str) -> str:
+    """A run state's colour; an unknown state is drawn as waiting."""
     return STATE_COLORS.get(state, STATE_COLORS["waiting"])
 
 

@@ -21,9 +21,9 @@ from textual.screen import ModalScreen
 from textual.widgets import SelectionList, Static
 from textual.widgets.selection_list import Selection
 
-from ..telemetry.rundir import RunInfo, read_run_info
-from ..user_files import open_regular
-from ..telemetry.rundir_reader import METRICS, is_run_dir
+from ..telemetry.rundir.reader import is_run_dir
+from ..telemetry.rundir.writer import METRICS, RunInfo, read_run_info
+from ..telemetry.user_files import open_regular
 from .fmt import fmt_step
 from .palette import MUTED
 
@@ -33,6 +33,8 @@ LAST_LINE_BYTES = 8192
 
 @dataclass(frozen=True)
 class RunEntry:
+    """A run directory as the run browser lists it."""
+
     path: Path
     name: str
     status: str
@@ -61,6 +63,7 @@ def _last_step(path: Path) -> int | None:
 
 
 def read_entry(path: Path) -> RunEntry:
+    """The browser's entry for one run directory (a partial run.json gives what it can)."""
     info = read_run_info(path, display=True) or RunInfo()
     return RunEntry(
         path=path,
@@ -91,6 +94,7 @@ def find_runs(roots: list[Path]) -> list[RunEntry]:
 
 
 def entry_text(entry: RunEntry) -> Text:
+    """One line of the browser: name, state, step, start time and path."""
     started = time.strftime("%Y-%m-%d %H:%M", time.localtime(entry.started)) if entry.started else "–"
     text = Text(no_wrap=True, overflow="ellipsis")
     text.append(f"{entry.name[:32]:<33}", style="bold")
@@ -118,6 +122,7 @@ class RunPicker(ModalScreen[list[Path] | None]):
         self._selections = [Selection(entry_text(e), i, e.path.resolve() in chosen) for i, e in enumerate(self.entries)]
 
     def compose(self) -> ComposeResult:
+        """A title saying where runs were looked for, and the list of runs to tick."""
         where = ", ".join(f"{root}/" for root in self.roots) or "the watched folders"
         with Vertical(id="picker-box"):
             yield Static(f"Runs under {where}: space selects, enter overlays the selected runs, escape cancels",
@@ -128,6 +133,7 @@ class RunPicker(ModalScreen[list[Path] | None]):
                 yield Static("no run directories found", id="picker-empty")
 
     def action_apply(self) -> None:
+        """Close with the runs ticked."""
         lists = self.query(SelectionList)
         chosen = [self.entries[i].path for i in sorted(lists.first().selected)] if lists else []
         if not chosen:
@@ -136,4 +142,5 @@ class RunPicker(ModalScreen[list[Path] | None]):
         self.dismiss(chosen)
 
     def action_cancel(self) -> None:
+        """Close without changing the watched runs."""
         self.dismiss(None)

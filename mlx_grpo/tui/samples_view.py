@@ -18,8 +18,8 @@ import warnings
 
 import numpy as np
 
-from ..telemetry.completions import completion_steps, groups, ordered_totals, read_step
-from ..telemetry.wandb_charts import scale_colour
+from ..telemetry.rundir.completions import completion_steps, groups, ordered_totals, read_step
+from ..telemetry.sinks.wandb_charts import scale_colour
 from .board import Board
 from .board_widget import BoardView
 from .fmt import fmt_count, fmt_value
@@ -166,6 +166,8 @@ def run_heatmap(run_dir, cache: dict) -> tuple[list[int], np.ndarray]:
 
 
 class SamplesView(BoardView, Horizontal):
+    """Recent completions with their rewards; the highlighted one in full beside the table."""
+
     def __init__(self, board: Board, *, id: str | None = None):
         super().__init__(board, id=id)
         self._filter: str | None = None
@@ -179,17 +181,21 @@ class SamplesView(BoardView, Horizontal):
 
     @property
     def focus_target(self) -> Widget:
+        """The widget that takes the keyboard when the view is shown."""
         return self.query_one("#samples-table", DataTable)
 
     def compose(self) -> ComposeResult:
+        """The samples table and the detail box."""
         yield DataTable(id="samples-table", cursor_type="row", zebra_stripes=True)
         with VerticalScroll(id="sample-detail-box"):
             yield Static("no samples yet", id="sample-detail")
 
     def on_mount(self) -> None:
+        """Add the table's columns."""
         self.query_one(DataTable).add_columns("run", "step", "total", "ok", "len", "prompt", "expected", "completion")
 
     def update_data(self) -> None:
+        """Add the samples the runs wrote since the last refresh."""
         board = self.board
         runs = board.runs
         table = self.query_one(DataTable)
@@ -242,6 +248,7 @@ class SamplesView(BoardView, Horizontal):
         self._order.append(key)
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        """Show the highlighted sample in full."""
         self._show(event.cursor_row)
 
     def _show(self, index: int) -> None:

@@ -18,6 +18,7 @@ from .chart_view import ChartsView
 from .fmt import fmt_spark, fmt_value
 from .palette import SPARK
 from .views import SYSTEM, SYSTEM_SPARKLINES
+from ..telemetry.metrics.names import ACCEL_ACTIVE_GB, ACCEL_LIMIT_GB
 
 _SPARK_STYLE = Style(color=SPARK)
 
@@ -39,10 +40,12 @@ class SparkLine(Widget):
         self._text = ""
 
     def set_points(self, xs, ys) -> None:
+        """Draw these points."""
         self._points = (xs, ys)
         self.refresh()
 
     def render_line(self, y: int) -> Strip:
+        """The sparkline, made for the width it has."""
         width = self.size.width
         if y != 0 or self._points is None:
             return Strip.blank(width)
@@ -60,25 +63,32 @@ class SparkLine(Widget):
 
 
 class SparkRow(Horizontal):
+    """A label, a sparkline of one metric and its last value."""
+
     def __init__(self, label: str, metric: str):
         super().__init__(classes="spark-row")
         self.label = label
         self.metric = metric
 
     def compose(self) -> ComposeResult:
+        """The label, the line and the value."""
         yield Label(self.label, classes="spark-label")
         yield SparkLine(self.metric)
         yield Label("", classes="spark-value")
 
 
 class SystemView(ChartsView):
+    """Resource tiles, a sparkline per resource, accelerator memory against its limit."""
+
     def __init__(self, board: Board, *, id: str | None = None):
         super().__init__(board, SYSTEM, id=id)
 
     def compose_extra(self) -> ComposeResult:
+        """The sparklines, under the tiles."""
         yield Vertical(*(SparkRow(label, metric) for label, metric in SYSTEM_SPARKLINES), classes="sparks")
 
     def update_extra(self) -> None:
+        """Redraw the sparklines from the first run (one machine's resources)."""
         board = self.board
         # The first run's resources: overlaying machines in one sparkline would mislead.
         run = board.runs[0]
@@ -94,7 +104,7 @@ class SystemView(ChartsView):
                 continue
             row.query_one(SparkLine).set_points(xs, ys)
             limit = ""
-            if row.metric == "system/accel_active_gb":
-                cap = run.table.last_value("system/accel_limit_gb")
+            if row.metric == ACCEL_ACTIVE_GB:
+                cap = run.table.last_value(ACCEL_LIMIT_GB)
                 limit = f" / {fmt_value(cap)}" if cap else ""
             row.query_one(".spark-value", Label).update(fmt_value(float(ys[-1])) + limit, layout=False)

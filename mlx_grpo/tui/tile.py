@@ -17,6 +17,8 @@ DELTA_RECORDS = 10
 
 
 class MetricTile(BoardWidget, Static, can_focus=True):
+    """One metric's last value, its trend and a small sparkline; click or enter opens its chart."""
+
     def __init__(self, board: Board, label: str, metric: str):
         super().__init__(board, "")
         self.label = label
@@ -26,12 +28,15 @@ class MetricTile(BoardWidget, Static, can_focus=True):
         self._height = 0
 
     def chart_request(self) -> OpenChart:
+        """The message that opens this metric as a chart."""
         return OpenChart(self.label, (self.metric,))
 
     def on_click(self) -> None:
+        """A click opens the metric as a chart."""
         self.post_message(self.chart_request())
 
     def update_data(self) -> None:
+        """Redraw from the runs' data."""
         board = self.board
         if self._height != len(board.runs) + 2:
             # A line per run inside the border; set only when the runs change, so updates need no layout pass.

@@ -1,137 +1,70 @@
-"""What each chart view shows: its tiles and its charts, by canonical metric name.
+"""What each chart view shows: tiles of single metrics, and charts picked from the catalogue's chart groups.
 
-A chart's metrics may be patterns, as in alert rules (`*` matches within one
-path segment): the per-function reward charts find the run's reward functions
-by themselves.
+The dashboard keeps no names, labels or chart groups of its own: tiles name their metric through
+`telemetry/metrics/names.py` and take the catalogue's short label, and charts are the catalogue's
+`CHART_GROUPS` (the grouping TensorBoard's layout is made from). A chart's names may carry the
+catalogue's placeholders (`rewards/<fn>/mean`): it finds the run's reward functions by itself.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..telemetry.alerts import metric_pattern
+from ..telemetry.metrics import names as n
+from ..telemetry.metrics.charts import CHART_GROUPS, label
+from ..telemetry.metrics.catalogue import name_pattern
 
 
 @dataclass(frozen=True)
 class ChartSpec:
+    """One chart: its title and the metric names (or catalogue patterns) it draws."""
+
     title: str
     metrics: tuple[str, ...]
-    # Names matching a pattern that are not wanted (e.g. the total among per-function rewards).
-    exclude: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
 class ViewSpec:
-    tiles: tuple[tuple[str, str], ...]  # (label, metric)
+    """A view's tiles, each (label, metric), and its charts."""
+
+    tiles: tuple[tuple[str, str], ...]
     charts: tuple[ChartSpec, ...]
+
+
+def labelled(*metrics: str) -> tuple[tuple[str, str], ...]:
+    """(catalogue label, metric) of each metric."""
+    return tuple((label(metric), metric) for metric in metrics)
+
+
+def view(tiles: tuple[str, ...], section: str, titles: tuple[str, ...] = ()) -> ViewSpec:
+    """Tiles of these metrics above the charts of one catalogue section (all of them, or those titled)."""
+    charts = CHART_GROUPS[section]
+    return ViewSpec(labelled(*tiles), tuple(ChartSpec(title, charts[title]) for title in titles or charts))
 
 
 def resolve(spec: ChartSpec, available: list[str]) -> list[str]:
     """The chart's metrics that exist in at least one run, in spec order then name order."""
     out: list[str] = []
-    for m in spec.metrics:
-        rx = metric_pattern(m)
-        if rx is None:
-            if m in available and m not in out:
-                out.append(m)
+    for name in spec.metrics:
+        if "<" not in name:
+            if name in available and name not in out:
+                out.append(name)
             continue
-        out.extend(sorted(n for n in available if rx.match(n) and n not in spec.exclude and n not in out))
+        rx = name_pattern(name)
+        out.extend(sorted(m for m in available if rx.match(m) and m not in out))
     return out
 
 
-OVERVIEW = ViewSpec(
-    tiles=(
-        ("reward", "rewards/total/mean"),
-        ("accuracy", "accuracy/train"),
-        ("eval acc", "eval/accuracy"),
-        ("KL", "policy/kl"),
-        ("entropy", "policy/entropy"),
-        ("length", "completions/length/mean"),
-        ("gen tok/s", "throughput/gen_tokens_per_s"),
-        ("step s", "timing/step_s"),
-    ),
-    charts=(
-        ChartSpec("total reward", ("rewards/total/mean",)),
-        ChartSpec("reward per function", ("rewards/*/mean",), exclude=("rewards/total/mean",)),
-        ChartSpec("accuracy", ("accuracy/train", "eval/accuracy")),
-    ),
-)
-
-POLICY = ViewSpec(
-    tiles=(
-        ("KL", "policy/kl"),
-        ("entropy", "policy/entropy"),
-        ("PPO clip frac", "policy/clip_frac"),
-        ("loss", "policy/loss"),
-        ("grad norm", "policy/grad_norm"),
-        ("lr", "policy/lr"),
-    ),
-    charts=(
-        ChartSpec("KL to reference", ("policy/kl",)),
-        ChartSpec("entropy", ("policy/entropy",)),
-        ChartSpec("clip fractions", ("policy/clip_frac_low", "policy/clip_frac_high", "policy/clip_frac")),
-        ChartSpec("loss", ("policy/loss", "policy/pg_loss")),
-        ChartSpec("grad norm", ("policy/grad_norm",)),
-        ChartSpec("importance ratio", ("policy/ratio/mean", "policy/ratio/p95", "policy/ppo_kl")),
-    ),
-)
-
-LENGTHS = ViewSpec(
-    tiles=(
-        ("length", "completions/length/mean"),
-        ("truncated", "completions/truncated_frac"),
-        ("finished", "completions/finished_frac"),
-        ("prompt len", "prompts/length/mean"),
-        ("tokens/step", "tokens/total"),
-    ),
-    charts=(
-        ChartSpec("completion length", ("completions/length/mean", "completions/length/min", "completions/length/max")),
-        ChartSpec("truncation", ("completions/truncated_frac", "prompts/truncated_frac")),
-        ChartSpec("finished / correct",
-                  ("completions/finished_frac", "completions/finished_correct_frac", "completions/truncated_correct_frac")),
-        ChartSpec("prompt length", ("prompts/length/mean",)),
-    ),
-)
-
-THROUGHPUT = ViewSpec(
-    tiles=(
-        ("gen tok/s", "throughput/gen_tokens_per_s"),
-        ("backprop tok/s", "throughput/backprop_tokens_per_s"),
-        ("step s", "timing/step_s"),
-        ("rollout s", "timing/rollout_s"),
-        ("update s", "timing/update_s"),
-        ("gen ms/tok", "timing/gen_ms_per_token"),
-    ),
-    charts=(
-        ChartSpec("tokens per second", ("throughput/gen_tokens_per_s", "throughput/backprop_tokens_per_s",
-                                        "throughput/step_tokens_per_s")),
-        ChartSpec("phase timings (s)", ("timing/step_s", "timing/rollout_s", "timing/reward_s", "timing/ref_s",
-                                        "timing/update_s", "timing/checkpoint_s", "timing/eval_s")),
-        ChartSpec("ms per token", ("timing/gen_ms_per_token", "timing/update_ms_per_token")),
-    ),
-)
-
-SYSTEM = ViewSpec(
-    tiles=(
-        ("CPU %", "system/cpu_percent"),
-        ("memory %", "system/memory_percent"),
-        ("process GB", "system/process_rss_gb"),
-        ("accel GB", "system/accel_active_gb"),
-        ("accel peak", "system/accel_peak_gb"),
-        ("accel limit", "system/accel_limit_gb"),
-    ),
-    charts=(
-        ChartSpec("accelerator memory vs limit (GB)",
-                  ("system/accel_active_gb", "system/accel_peak_gb", "system/accel_limit_gb")),
-    ),
-)
+OVERVIEW = view((n.REWARD_MEAN, n.ACCURACY_TRAIN, n.EVAL_ACCURACY, n.KL, n.ENTROPY, n.LENGTH_MEAN,
+                 n.GEN_TOKENS_PER_S, n.STEP_SECONDS),
+                "rewards", ("total reward", "reward per function", "accuracy"))
+POLICY = view((n.KL, n.ENTROPY, n.CLIP_FRAC, n.LOSS, n.GRAD_NORM, n.LEARNING_RATE), "policy")
+LENGTHS = view((n.LENGTH_MEAN, n.TRUNCATED_FRAC, n.FINISHED_FRAC, n.PROMPT_LENGTH_MEAN, n.TOKENS_TOTAL), "lengths")
+THROUGHPUT = view((n.GEN_TOKENS_PER_S, n.BACKPROP_TOKENS_PER_S, n.STEP_SECONDS, n.ROLLOUT_SECONDS, n.UPDATE_SECONDS,
+                   n.GEN_MS_PER_TOKEN), "throughput")
+SYSTEM = view((n.CPU_PERCENT, n.MEMORY_PERCENT, n.PROCESS_RSS_GB, n.ACCEL_ACTIVE_GB, n.ACCEL_PEAK_GB,
+               n.ACCEL_LIMIT_GB), "memory")
 
 # Metrics of the system view drawn as sparklines under its tiles.
-SYSTEM_SPARKLINES = (
-    ("CPU %", "system/cpu_percent"),
-    ("memory %", "system/memory_percent"),
-    ("memory used GB", "system/memory_used_gb"),
-    ("process RSS GB", "system/process_rss_gb"),
-    ("accel active GB", "system/accel_active_gb"),
-    ("accel memory %", "system/accel_memory_percent"),
-)
+SYSTEM_SPARKLINES = labelled(n.CPU_PERCENT, n.MEMORY_PERCENT, n.MEMORY_USED_GB, n.PROCESS_RSS_GB, n.ACCEL_ACTIVE_GB,
+                             n.ACCEL_MEMORY_PERCENT)

@@ -38,6 +38,7 @@ class HideToken(logging.Filter):
     what), with the token replaced, so a log or a shared terminal never holds the way in."""
 
     def filter(self, record: logging.LogRecord) -> bool:
+        """Replace the token in the record's message; keep the record."""
         message = record.getMessage()
         if "token=" in message:
             record.msg, record.args = _TOKEN.sub(r"\1…", message), ()
@@ -51,6 +52,8 @@ def same_origin(origin: str, host: str) -> bool:
 
 
 class WatchServer(Server):
+    """The dashboard served to a browser on localhost, behind a token and a session limit."""
+
     def __init__(self, command: str, *, port: int, max_sessions: int, title: str = "mlx-grpo watch"):
         super().__init__(command, host="localhost", port=port, title=title)
         self.token = secrets.token_hex(24)
@@ -60,6 +63,7 @@ class WatchServer(Server):
         self.cookie = f"mlx_grpo_watch_{port}"
 
     def initialize_logging(self) -> None:
+        """The server's logging, with the token hidden from every handler."""
         super().initialize_logging()
         for handler in logging.getLogger().handlers:
             handler.addFilter(HideToken())
@@ -75,6 +79,7 @@ class WatchServer(Server):
         return app
 
     async def on_startup(self, app: web.Application) -> None:
+        """Print the address to open, token included."""
         self.console.print(f"mlx-grpo watch: open {self.url}", highlight=False, soft_wrap=True)
         self.console.print(f"(the token in it is this server's; at most {self.max_sessions} dashboards at once; "
                            "Ctrl+C stops)", highlight=False)

@@ -1,0 +1,1 @@
+"""Alerts: the engine and its rules, their YAML configuration, and their console lines."""

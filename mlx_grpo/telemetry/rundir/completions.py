@@ -1,0 +1,195 @@
+"""Every completion of every step, kept: `completions/step_<NNNNNN>.jsonl.gz` in the run directory.
+
+One gzip-compressed JSONL file per step, one object per completion (B x G of them), prompt by prompt:
+
+    {"step": 12, "prompt_index": 3, "completion_index": 5, "prompt": "...", "answer": "...",
+     "completion": "...", "rewards": {"<fn>": 1.0 or null}, "total": 4.5, "advantage": 0.71,
+     "length": 17, "truncated": false, "correct": true or null}
+
+One format, not Parquet with a JSONL fallback: a step is ~128 short rows, where Parquet's per-file
+metadata costs more than its columns save, gzip already collapses the prompt repeated G times, and every
+reader (report, replay, the dashboard, which never imports pyarrow) reads the same file with the standard
+library. A file is written whole (temp file, then rename), so a reader never sees half a step.
+
+`CompletionsWriter` stops adding files once the directory holds `max_mb` (and says so once); readers
+parse through `loads_object` and skip what does not parse. Imports no mlx.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import os
+import re
+import tempfile
+import zlib
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from ..user_files import read_regular_bytes
+from .writer import COMPLETIONS, clipped_text, json_safe, loads_object
+
+_STEP_FILE = re.compile(r"step_(\d{6,})\.jsonl\.gz\Z")
+
+
+def step_file(run_dir: str | Path, step: int) -> Path:
+    """The file of a step's completions in the run directory."""
+    return Path(run_dir) / COMPLETIONS / f"step_{step:06d}.jsonl.gz"
+
+
+def completion_rows(step: int, prompts: Sequence[str], answers: Sequence[Any], texts: Sequence[str],
+                    group_size: int, reward_names: Sequence[str], scores: np.ndarray, total: np.ndarray,
+                    advantages: np.ndarray, lengths: np.ndarray, truncated: np.ndarray,
+                    correct: np.ndarray | None) -> list[dict]:
+    """The step's rows: completion i belongs to prompt i // group_size (`scores` is [F, N], NaN = no score)."""
+    rows = []
+    for i, text in enumerate(texts):
+        g = i // group_size
+        rows.append({
+            "step": int(step), "prompt_index": g, "completion_index": i % group_size,
+            "prompt": clipped_text(prompts[g]), "answer": clipped_text(answers[g]), "completion": clipped_text(text),
+            "rewards": {name: _number(scores[f, i]) for f, name in enumerate(reward_names)},
+            "total": _number(total[i]), "advantage": _number(advantages[i]), "length": int(lengths[i]),
+            "truncated": bool(truncated[i]), "correct": None if correct is None else bool(correct[i]),
+        })
+    return rows
+
+
+def _number(value: Any) -> float | None:
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+class CompletionsWriter:
+    """Writes each step's file until the directory holds `max_mb` megabytes (0: no cap)."""
+
+    def __init__(self, run_dir: str | Path, max_mb: float) -> None:
+        self.dir = Path(run_dir) / COMPLETIONS
+        self.max_bytes = int(max_mb * 1e6)
+        # a resumed run counts what its first part wrote
+        self.used = sum(p.stat().st_size for p in self.dir.glob("step_*.jsonl.gz")) if self.dir.is_dir() else 0
+        self.full = False
+
+    def write(self, step: int, rows: Sequence[dict]) -> str | None:
+        """Write the step's file; returns a message the first time the cap stops it (None otherwise)."""
+        if self.full or not rows:
+            return None
+        text = "".join(json.dumps(json_safe(row), ensure_ascii=False, allow_nan=False) + "\n" for row in rows)
+        data = gzip.compress(text.encode("utf-8"), compresslevel=6, mtime=0)
+        if self.max_bytes and self.used + len(data) > self.max_bytes:
+            self.full = True
+            return (f"completions/ reached its cap of {self.max_bytes / 1e6:g} MB at step {step}: later steps' "
+                    "completions are not kept (raise completions_max_mb, or 0 for no cap)")
+        self.dir.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".step.", suffix=".tmp", dir=self.dir)
+        try:
+            os.fchmod(fd, 0o644)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(tmp, step_file(self.dir.parent, step))
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        self.used += len(data)
+        return None
+
+
+def completion_steps(run_dir: str | Path) -> list[int]:
+    """The steps whose completions the run directory holds, in order."""
+    folder = Path(run_dir) / COMPLETIONS
+    if not folder.is_dir():
+        return []
+    return sorted(int(m.group(1)) for p in folder.iterdir() if (m := _STEP_FILE.match(p.name)))
+
+
+MAX_STEP_FILE_BYTES = 256 << 20  # compressed; a default step's file is ~2 KB
+
+
+def read_step(run_dir: str | Path, step: int, display: bool = False) -> list[dict]:
+    """One step's completions; rows that do not parse (or a damaged file's tail) are left out, and so is a
+    file that is not a regular one (a FIFO, a device, a directory). `display`: for a reader that prints
+    them, control characters in the texts made visible (replay re-scores the raw texts, so it does not)."""
+    try:
+        compressed = read_regular_bytes(step_file(run_dir, step), MAX_STEP_FILE_BYTES)
+    except OSError:
+        return []
+    try:
+        raw = gzip.decompress(compressed)
+    except (OSError, EOFError, zlib.error):
+        raw = _readable_prefix(compressed)
+    rows = []
+    for line in raw.split(b"\n"):
+        row = loads_object(line, display) if line else None
+        if row is not None and isinstance(row.get("prompt_index"), int):
+            rows.append(row)
+    return rows
+
+
+def _readable_prefix(compressed: bytes) -> bytes:
+    """What a truncated or damaged gzip file yields before the damage."""
+    out = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    try:
+        return out.decompress(compressed)
+    except zlib.error:
+        return b""
+
+
+def read_all(run_dir: str | Path, steps: Iterable[int] | None = None, display: bool = False) -> list[dict]:
+    """The completions of the given steps (all kept steps by default), step by step."""
+    return [row for step in (completion_steps(run_dir) if steps is None else steps)
+            for row in read_step(run_dir, step, display)]
+
+
+def groups(rows: Sequence[dict]) -> dict[int, list[dict]]:
+    """A step's rows by prompt index, each group in completion order."""
+    out: dict[int, list[dict]] = {}
+    for row in rows:
+        out.setdefault(int(row["prompt_index"]), []).append(row)
+    for group in out.values():
+        group.sort(key=lambda r: r.get("completion_index") if isinstance(r.get("completion_index"), int) else 0)
+    return dict(sorted(out.items()))
+
+
+def ordered_totals(rows: Sequence[dict]) -> np.ndarray:
+    """One step's total rewards in the heatmap's order (`order_groups`)."""
+    return order_groups([np.array([_total(r) for r in group]) for group in groups(rows).values()])
+
+
+def order_groups(by_group: list[np.ndarray]) -> np.ndarray:
+    """Groups' total rewards in the heatmap's order: groups by mean reward, best first, and each group's
+    completions best first (a group that taught nothing is a band of one colour)."""
+    by_group = list(by_group)
+    by_group.sort(key=lambda totals: -np.nanmean(totals) if np.isfinite(totals).any() else np.inf)
+    return np.concatenate([np.sort(t)[::-1] for t in by_group]) if by_group else np.empty(0)
+
+
+def _total(row: dict) -> float:
+    value = row.get("total")
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else math.nan
+
+
+def reward_heatmap(rows: Sequence[dict], last: int | None = None) -> tuple[list[int], np.ndarray]:
+    """(steps, matrix[example, step]) of the total reward of every kept completion, examples in
+    `ordered_totals` order; NaN where a step had fewer. Rows without a prompt index (samples.jsonl's) are
+    left out: a column needs the whole step. `last`: only the last so many steps."""
+    by_step: dict[int, list[dict]] = {}
+    for row in rows:
+        if isinstance(row.get("prompt_index"), int) and isinstance(row.get("step"), int):
+            by_step.setdefault(row["step"], []).append(row)
+    steps = sorted(by_step)[-last:] if last else sorted(by_step)
+    columns = [ordered_totals(by_step[s]) for s in steps]
+    height = max((len(c) for c in columns), default=0)
+    matrix = np.full((height, len(steps)), np.nan)
+    for j, column in enumerate(columns):
+        matrix[:len(column), j] = column
+    return steps, matrix
+
+
+def truncate_completions(run_dir: str | Path, step: int) -> None:
+    """Remove the files of steps after `step` (a resume from its checkpoint writes them again)."""
+    for later in completion_steps(run_dir):
+        if later > step:
+            step_file(run_dir, later).unlink(missing_ok=True)

@@ -1,0 +1,483 @@
+"""Write a run directory (format: docs/RUN_DIRECTORY.md). Imports no mlx.
+
+Public API:
+
+- `RunInfo`: run.json as a dataclass, the one place its keys are named. `RunInfo.from_dict(obj)` takes
+  anything (a partial file, wrong types, not a dict) and never raises: a value of the wrong type is
+  left at its default, keys it does not know are kept in `extra`; `to_dict()` is the on-disk layout.
+  `Resume` is one entry of its `resumes` list.
+- `read_run_info(run_dir) -> RunInfo | None` (None: no run.json, or not a JSON object) and
+  `write_run_info(run_dir, info)` (atomic): every reader and writer of run.json goes through these.
+- `RunDirWriter(path, fsync=False)`: owns one run directory.
+  - `start(name, config, versions, device, total_steps, run_id=None, resume_step=None) -> RunInfo`:
+    creates the directory, writes run.json (`status: running`, plus the writer's `pid` and `hostname` so
+    a reader can tell a crash from a slow step) and returns what it wrote. `resume_step` (the checkpoint
+    step a resumed run continues from, 0 when it starts over) keeps the existing run.json's `run_id`,
+    `start_time` and the keys it does not know, and appends a `Resume` to its `resumes` list.
+  - `write_metrics(step, metrics, time=None)`: one metrics.jsonl line `{"step", "time", ...metrics}`.
+  - `write_samples(step, samples, time=None)`: one samples.jsonl line per sample dict.
+  - `write_alert(alert)`: one alerts.jsonl line (a dict, or anything with `to_dict()`).
+  - `write_final_metrics(metrics)`: final_metrics.json (atomic).
+  - `finish(status)`: rewrites run.json with `status` and `end_time` (atomic; on a full disk, in place)
+    and closes the files.
+  Each JSONL line is written with one `write` and flushed (and fsynced when `fsync=True`), so a
+  reader sees whole lines except, at worst, a partial last one.
+  A full disk: `start` sets aside RESERVE_BYTES (`.reserve`); a write that fails is cut back to where it
+  began (no torn line), the reserve is freed and the write tried once more. When that works,
+  `out_of_space` names the file, so the trainer can checkpoint and stop with every step written; when it
+  does not, `RunDirWriteError` (a UserError) says which file could not be written.
+- `scrub_secrets(obj)`: a copy of a config with API keys, tokens and passwords removed: keys named like
+  one (`api_key`, `hf_token`, `password`, `client_secret`...; `max_tokens`, `eos_token` are kept),
+  string values that look like one (`sk-...`, `hf_...`, `ghp_...`, `Bearer ...`), and string values
+  equal to a secret-named environment variable's value.
+- `json_safe(obj)`: a copy with NaN/Inf as None and numpy scalars/arrays as plain Python.
+- `atomic_write_text(path, text)`, `atomic_write_json(path, obj)`: temp file in the same directory, then `os.replace`.
+
+JSON stays valid: a non-finite number (or None) becomes null, "there was something to measure but no
+finite value"; a metric that does not apply is absent from the record.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import re
+import socket
+import tempfile
+import time as _time
+import uuid
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+
+from ...errors import UserError
+from ..terminal import terminal_safe_obj
+from ..user_files import read_regular_bytes
+
+SCHEMA_VERSION = 1
+# The run directory's files (docs/RUN_DIRECTORY.md): every reader and writer names them through these.
+RUN_JSON = "run.json"
+METRICS = "metrics.jsonl"
+SAMPLES = "samples.jsonl"
+ALERTS = "alerts.jsonl"
+FINAL_METRICS = "final_metrics.json"
+COMPLETIONS = "completions"  # a directory: every completion of a step in step_<NNNNNN>.jsonl.gz (completions.py)
+EVENTS = "events.jsonl"  # what the trainer did on its own: rollbacks and alert stops (one JSON object a line)
+STATUSES = ("running", "finished", "interrupted", "failed")
+ENDED = STATUSES[1:]
+
+# A key that names a secret. Anchored at the end so `max_tokens`, `eos_token`, `api_key_env` stay.
+_SECRET_KEY = re.compile(
+    r"(?i)(api[_-]?key|secret|secret[_-]?key|passw(?:or)?d|credentials?|private[_-]?key|"
+    r"(?:^|[_-])(?:access|api|auth|bearer|hf|huggingface|wandb|openai|anthropic|github|gh|session|refresh|"
+    r"id)[_-]?token|^token)$"
+)
+# Values with the shape of common credentials.
+_SECRET_VALUE = re.compile(
+    r"(sk-[A-Za-z0-9_-]{16,}|hf_[A-Za-z0-9]{20,}|gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,}|"
+    r"xox[abprs]-[A-Za-z0-9-]{10,}|AKIA[0-9A-Z]{16}|(?i:bearer)\s+\S{8,})"
+)
+_SECRET_ENV = re.compile(r"(?i)(key|token|secret|password)$")
+
+
+# Values known to be secret whatever their variable is called (a judge's key from its api_key_env).
+_REGISTERED: set[str] = set()
+
+
+def register_secret(value: str | None) -> None:
+    """Never write `value`: it is scrubbed from configs, alert messages and W&B notes from now on."""
+    if value and len(value) >= 4:
+        _REGISTERED.add(value)
+
+
+def _env_secrets() -> set[str]:
+    named = {value for name, value in os.environ.items() if _SECRET_ENV.search(name) and len(value) >= 8}
+    return named | _REGISTERED
+
+
+def scrub_text(text: str) -> str:
+    """Free text (an alert message, a judge's error body, W&B notes) with every secret value it contains
+    replaced by [secret]: the known secrets, then anything shaped like a credential."""
+    for secret in sorted(_env_secrets(), key=len, reverse=True):
+        text = text.replace(secret, "[secret]")
+    return _SECRET_VALUE.sub("[secret]", text)
+
+
+def scrub_secrets(obj: Any, _env: set[str] | None = None) -> Any:
+    """A copy of `obj` with API keys, tokens and passwords replaced by a mark."""
+    env = _env_secrets() if _env is None else _env
+    if isinstance(obj, Mapping):
+        return {k: scrub_secrets(v, env) for k, v in obj.items()
+                if not (isinstance(k, str) and _SECRET_KEY.search(k)) and not _is_secret_value(v, env)}
+    if isinstance(obj, (list, tuple)):
+        return [scrub_secrets(v, env) for v in obj if not _is_secret_value(v, env)]
+    return obj
+
+
+def _is_secret_value(value: Any, env: set[str]) -> bool:
+    return isinstance(value, str) and (value in env or bool(_SECRET_VALUE.search(value)))
+
+
+SAMPLE_TEXT_LIMIT = 20_000  # characters of a prompt or completion kept in samples.jsonl
+
+
+def clipped_text(value: Any) -> Any:
+    """Sample text cut to SAMPLE_TEXT_LIMIT: a 10 MB prompt would otherwise be stored in every line it
+    appears in, and slow every reader of samples.jsonl."""
+    if isinstance(value, str) and len(value) > SAMPLE_TEXT_LIMIT:
+        return value[:SAMPLE_TEXT_LIMIT] + f" [... {len(value) - SAMPLE_TEXT_LIMIT} more characters]"
+    return value
+
+
+def loads_object(data: bytes | str, display: bool = False) -> dict | None:
+    """A JSON object from untrusted bytes, or None for anything else: not JSON, not UTF-8, nested too
+    deep for the parser (a RecursionError, not a ValueError), or not an object. Every reader of a run
+    directory parses through this, so no file content can crash one. `display`: for a reader that
+    prints what it read, control characters in strings are made visible (terminal.py)."""
+    try:
+        obj = json.loads(data)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(obj, dict):
+        return None
+    return terminal_safe_obj(obj) if display else obj
+
+
+MAX_JSON_FILE_BYTES = 64 << 20  # run.json, final_metrics.json, state.json: ours are a few KB
+
+
+def read_json_object(path: Path, display: bool = False) -> dict | None:
+    """`loads_object` of a file's bytes; None when it cannot be read, is not a regular file (a FIFO,
+    /dev/zero, a directory, a symlink loop) or is larger than MAX_JSON_FILE_BYTES."""
+    try:
+        data = read_regular_bytes(path, MAX_JSON_FILE_BYTES + 1)
+    except OSError:
+        return None
+    return loads_object(data, display) if len(data) <= MAX_JSON_FILE_BYTES else None
+
+
+def json_safe(obj: Any) -> Any:
+    """`obj` with non-finite floats as None and numpy values as plain Python ones."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, (str, int, bool)) or obj is None:
+        return obj
+    if isinstance(obj, Mapping):
+        return {str(k): json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return json_safe(obj.tolist())
+    if isinstance(obj, np.generic):
+        return json_safe(obj.item())
+    if isinstance(obj, Path):
+        return str(obj)
+    return str(obj)
+
+
+def _dumps(obj: Any) -> str:
+    return json.dumps(json_safe(obj), allow_nan=False, ensure_ascii=False)
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    """Write `text` to a temp file in the same directory, then `os.replace`: readers see the old file or the new."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        os.fchmod(fd, 0o644)  # mkstemp makes 0600; run files are read by other tools (and users)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
+    """Write `obj` as JSON so that a reader sees the old file or the new one, never a part."""
+    atomic_write_text(path, json.dumps(json_safe(obj), allow_nan=False, ensure_ascii=False, indent=2) + "\n")
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _str(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _timestamp(value: Any) -> float | None:
+    # json.loads accepts NaN, Infinity and ints too large for a float: none of them is a time.
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        return value if math.isfinite(value) else None
+    except OverflowError:
+        return None
+
+
+def _pid(value: Any) -> int | None:
+    # os.kill and psutil raise OverflowError, not OSError, on a number no process id can be.
+    pid = _int(value)
+    return pid if pid is not None and 0 < pid < 2**31 else None
+
+
+def _mapping(value: Any) -> dict[str, Any]:
+    return dict(value) if isinstance(value, dict) else {}
+
+
+@dataclass
+class Resume:
+    """One `mlx-grpo train --resume` of a run: when, from which checkpoint step, what run.json said before."""
+
+    time: float | None = None
+    step: int | None = None
+    previous_status: str | None = None
+
+    @classmethod
+    def from_dict(cls, obj: Any) -> "Resume":
+        """Read a resume entry of run.json, keeping what it can."""
+        obj = obj if isinstance(obj, dict) else {}
+        return cls(_timestamp(obj.get("time")), _int(obj.get("step")), _str(obj.get("previous_status")))
+
+
+@dataclass
+class RunInfo:
+    """run.json (docs/RUN_DIRECTORY.md). None (and {} for the mappings) means the file does not say."""
+
+    schema_version: int = SCHEMA_VERSION
+    run_id: str | None = None
+    name: str | None = None
+    start_time: float | None = None  # Unix seconds, of the first session
+    end_time: float | None = None  # None while running
+    status: str | None = None  # one of STATUSES when the trainer wrote it
+    pid: int | None = None  # the writing process, so a reader can tell a crash from a slow step
+    hostname: str | None = None
+    config: dict[str, Any] = field(default_factory=dict)  # the resolved config, free-form
+    versions: dict[str, Any] = field(default_factory=dict)  # package -> version
+    device: dict[str, Any] = field(default_factory=dict)  # backend, chip, memory, BLAS, dtype, world_size...
+    total_steps: int | None = None  # positive, or None
+    resumes: list[Resume] = field(default_factory=list)  # the file has the key only after a resume
+    extra: dict[str, Any] = field(default_factory=dict)  # keys this version does not know, kept as they are
+
+    @classmethod
+    def from_dict(cls, obj: Any) -> "RunInfo":
+        """Read run.json's mapping, tolerant of missing and unknown keys (kept in `extra`)."""
+        if not isinstance(obj, dict):
+            return cls()
+        total = _int(obj.get("total_steps"))
+        resumes = obj.get("resumes")
+        schema = _int(obj.get("schema_version"))
+        return cls(
+            schema_version=SCHEMA_VERSION if schema is None else schema,
+            run_id=_str(obj.get("run_id")),
+            name=_str(obj.get("name")),
+            start_time=_timestamp(obj.get("start_time")),
+            end_time=_timestamp(obj.get("end_time")),
+            status=_str(obj.get("status")),
+            pid=_pid(obj.get("pid")),
+            hostname=_str(obj.get("hostname")),
+            config=_mapping(obj.get("config")),
+            versions=_mapping(obj.get("versions")),
+            device=_mapping(obj.get("device")),
+            total_steps=total if total is not None and total > 0 else None,
+            resumes=[Resume.from_dict(r) for r in resumes if isinstance(r, dict)] if isinstance(resumes, list) else [],
+            extra={k: v for k, v in obj.items() if k not in _KNOWN_KEYS},
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The on-disk layout: every field in this order, `resumes` only once there is one, then `extra`."""
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("resumes", "extra")}
+        if self.resumes:
+            out["resumes"] = [asdict(r) for r in self.resumes]
+        return {**out, **{k: v for k, v in self.extra.items() if k not in _KNOWN_KEYS}}
+
+    def run_fields(self) -> dict[str, Any]:
+        """The top-level fields as on disk, without the config, versions and device mappings."""
+        return {k: v for k, v in self.to_dict().items() if k not in ("config", "versions", "device")}
+
+    @property
+    def ended(self) -> bool:
+        """True once the run finished, stopped or failed."""
+        return self.status in ENDED
+
+    @property
+    def world_size(self) -> int:
+        """Data-parallel processes that trained the run (the device section's `world_size`, else 1)."""
+        size = _int(self.device.get("world_size"))
+        return size if size is not None and size >= 1 else 1
+
+    @property
+    def last_session_start(self) -> float | None:
+        """When the latest session began: the latest resume's time, else `start_time`."""
+        times = [t for t in (self.start_time, *(r.time for r in self.resumes)) if t is not None]
+        return max(times, default=None)
+
+
+_KNOWN_KEYS = frozenset(f.name for f in fields(RunInfo)) - {"extra"}
+
+
+def read_run_info(run_dir: str | os.PathLike, display: bool = False) -> RunInfo | None:
+    """run.json of a run directory; None when it is missing, unreadable or not a JSON object.
+    `display`: for printing (control characters made visible); a resume reads it as written."""
+    obj = read_json_object(Path(run_dir) / RUN_JSON, display)
+    return None if obj is None else RunInfo.from_dict(obj)
+
+
+def write_run_info(run_dir: str | os.PathLike, info: RunInfo) -> None:
+    """Write run.json atomically."""
+    atomic_write_json(Path(run_dir) / RUN_JSON, info.to_dict())
+
+
+RESERVE = ".reserve"
+RESERVE_BYTES = 4 << 20  # room for the last records, run.json and final_metrics.json once the disk is full
+
+
+class RunDirWriteError(UserError):
+    """A file of the run directory could not be written (a full or read-only disk)."""
+
+
+class RunDirWriter:
+    """Writes the run directory: run.json, metrics.jsonl, samples.jsonl, alerts.jsonl, final metrics."""
+
+    def __init__(self, path: str | os.PathLike, fsync: bool = False):
+        self.path = Path(path)
+        self.fsync = fsync
+        self.info: RunInfo | None = None
+        self._files: dict[str, Any] = {}
+        self.out_of_space: str | None = None  # set when a write needed the reserve: stop soon
+
+    def _make_reserve(self) -> None:
+        path = self.path / RESERVE
+        try:
+            with open(path, "wb") as f:
+                if hasattr(os, "posix_fallocate"):
+                    os.posix_fallocate(f.fileno(), 0, RESERVE_BYTES)  # real blocks, not a sparse file
+                else:
+                    f.write(bytes(RESERVE_BYTES))
+        except OSError:  # no room even for this: the first full write stops the run at once
+            path.unlink(missing_ok=True)
+
+    def _free_reserve(self) -> bool:
+        try:
+            (self.path / RESERVE).unlink()
+        except OSError:
+            return False
+        return True
+
+    def start(self, name: str, config: Mapping[str, Any], versions: Mapping[str, Any] | None = None,
+              device: Mapping[str, Any] | None = None, total_steps: int | None = None,
+              run_id: str | None = None, resume_step: int | None = None) -> RunInfo:
+        """Create the directory's files and write run.json."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        now = _time.time()
+        # A resume continues the run.json the interrupted session left (none when it is missing or unreadable).
+        previous = (read_run_info(self.path) if resume_step is not None else None) or RunInfo()
+        self.info = RunInfo(
+            run_id=previous.run_id or run_id or uuid.uuid4().hex[:12],
+            name=name,
+            start_time=now if previous.start_time is None else previous.start_time,
+            status="running",
+            pid=os.getpid(),
+            hostname=socket.gethostname(),
+            config=scrub_secrets(dict(config)),
+            versions=dict(versions or {}),
+            device=dict(device or {}),
+            total_steps=total_steps,
+            extra=previous.extra,  # keys a later version wrote stay
+        )
+        if resume_step is not None:
+            self.info.resumes = [*previous.resumes, Resume(now, resume_step, previous.status)]
+        write_run_info(self.path, self.info)
+        self._make_reserve()
+        return self.info
+
+    def _append(self, filename: str, lines: Iterable[str]) -> None:
+        data = "".join(line + "\n" for line in lines).encode("utf-8")
+        try:
+            self._append_bytes(filename, data)
+        except OSError as err:
+            if not self._free_reserve():
+                raise RunDirWriteError(f"{self.path / filename}: cannot be written ({err.strerror or err})") from None
+            try:
+                self._append_bytes(filename, data)
+            except OSError as err2:
+                raise RunDirWriteError(f"{self.path / filename}: cannot be written ({err2.strerror or err2})") from None
+            self.out_of_space = f"{filename}: {err.strerror or err}"
+
+    def _append_bytes(self, filename: str, data: bytes) -> None:
+        f = self._files.get(filename)
+        if f is None:
+            f = self._files[filename] = open(self.path / filename, "ab", buffering=0)
+        start = f.seek(0, os.SEEK_END)
+        try:
+            # One write per call: the lines land together, and a reader never sees half a record in the middle.
+            written = 0
+            while written < len(data):
+                written += f.write(data[written:])
+            if self.fsync:
+                os.fsync(f.fileno())
+        except OSError:
+            with contextlib.suppress(OSError):
+                f.truncate(start)  # no torn line: the file ends where this write began
+            raise
+
+    def write_metrics(self, step: int, metrics: Mapping[str, float], time: float | None = None) -> None:
+        """Append one metrics record."""
+        record = {"step": int(step), "time": _time.time() if time is None else time, **metrics}
+        self._append(METRICS, [_dumps(record)])
+
+    def write_samples(self, step: int, samples: Iterable[Mapping[str, Any]], time: float | None = None) -> None:
+        """Append one step's samples."""
+        now = _time.time() if time is None else time
+        lines = [_dumps({"step": int(step), "time": now, **{k: clipped_text(v) for k, v in sample.items()}})
+                 for sample in samples]
+        if lines:
+            self._append(SAMPLES, lines)
+
+    def write_alert(self, alert: Any) -> None:
+        """Append one alert."""
+        record = alert.to_dict() if hasattr(alert, "to_dict") else dict(alert)
+        record.setdefault("time", _time.time())
+        self._append(ALERTS, [_dumps(record)])
+
+    def write_final_metrics(self, metrics: Mapping[str, Any]) -> None:
+        """Write final_metrics.json."""
+        try:
+            atomic_write_json(self.path / FINAL_METRICS, metrics)
+        except OSError as err:
+            self._free_reserve()
+            raise RunDirWriteError(f"{self.path / FINAL_METRICS}: cannot be written ({err.strerror or err})") from None
+
+    def finish(self, status: str = "finished") -> None:
+        """Record how the run ended in run.json."""
+        if status not in ENDED:
+            raise ValueError(f"status must be one of {ENDED}, got {status!r}")
+        self.close()
+        if self.info is not None:
+            self.info.status, self.info.end_time = status, _time.time()
+            text = json.dumps(json_safe(self.info.to_dict()), allow_nan=False, ensure_ascii=False, indent=2) + "\n"
+            try:
+                atomic_write_text(self.path / RUN_JSON, text)
+            except OSError as err:
+                # A full disk has no room for the temp copy; the old run.json's blocks hold the new one.
+                try:
+                    with open(self.path / RUN_JSON, "r+b") as f:
+                        f.write(text.encode("utf-8"))
+                        f.truncate()
+                except OSError:
+                    raise RunDirWriteError(f"{self.path / RUN_JSON}: cannot be written "
+                                           f"({err.strerror or err}); it still says 'running'") from None
+        self._free_reserve()
+
+    def close(self) -> None:
+        """Close the open files."""
+        for f in self._files.values():
+            f.close()
+        self._files.clear()

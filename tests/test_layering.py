@@ -1,0 +1,164 @@
+"""The layering rules of docs/ARCHITECTURE.md, read from the code's own imports.
+
+Every import counts, the lazy ones inside functions too (a lazy import is still an arrow). A module
+belongs to the area of its first sub-package under `mlx_grpo/` (`telemetry/metrics/catalogue.py` is in
+`telemetry`), so a new sub-package is covered the day it is made.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent.parent / "mlx_grpo"
+
+# Floors, bottom first: a module may import its own area and the areas on lower floors, never a higher
+# floor nor another area of its own floor. Sub-packages not named here belong to "training".
+FLOORS = [
+    {"errors"},
+    {"telemetry"},
+    {"training", "tui"},  # side by side: the dashboard never imports the trainer, nor the trainer the dashboard
+    {"commands", "cli"},
+]
+# Narrower rules on top of the floors.
+ONLY_IMPORTS = {
+    "telemetry": {"telemetry", "errors"},
+    "tui": {"tui", "telemetry"},
+}
+NO_MLX = {"telemetry", "tui"}  # the dashboard, report and compare run where mlx is not installed
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def area(module: str) -> str:
+    parts = module.split(".")
+    if len(parts) == 1:
+        return "training"  # mlx_grpo/__init__.py
+    named = {name for floor in FLOORS for name in floor}
+    return parts[1] if parts[1] in named else "training"
+
+
+def imports(path: Path, modules: set[str]) -> tuple[set[str], set[str]]:
+    """(package modules this file imports, other top-level packages it imports), lazy imports included."""
+    name = module_name(path)
+    here = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    inside, outside = set(), set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = ".".join(here[: len(here) - node.level + 1] + ([node.module] if node.module else []))
+            else:
+                base = node.module or ""
+            # `from . import x` imports the module x when there is one, else a name of the package
+            targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base for alias in node.names]
+        else:
+            continue
+        for target in targets:
+            if target.split(".")[0] == "mlx_grpo":
+                while target not in modules:  # `from .a import b` where b is a name defined in a
+                    target = target.rsplit(".", 1)[0]
+                if target != name:
+                    inside.add(target)
+            else:
+                outside.add(target.split(".")[0])
+    return inside, outside
+
+
+def import_graph() -> tuple[dict[str, set[str]], dict[str, set[str]]]:
+    paths = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+    graph, external = {}, {}
+    for name, path in paths.items():
+        graph[name], external[name] = imports(path, set(paths))
+    return graph, external
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def floor(name: str) -> int:
+    return next(i for i, areas in enumerate(FLOORS) if name in areas)
+
+
+def broken_rules(graph: dict[str, set[str]], external: dict[str, set[str]]) -> list[str]:
+    broken = []
+    for module, targets in sorted(graph.items()):
+        mine = area(module)
+        for target in sorted(targets):
+            theirs = area(target)
+            if theirs == mine:
+                continue
+            if floor(theirs) >= floor(mine):
+                broken.append(f"{module} -> {target}: {mine} may not import {theirs} (same or higher floor)")
+            elif mine in ONLY_IMPORTS and theirs not in ONLY_IMPORTS[mine]:
+                broken.append(f"{module} -> {target}: {mine} imports only {sorted(ONLY_IMPORTS[mine])}")
+        if mine in NO_MLX and external[module] & {"mlx", "mlx_lm"}:
+            broken.append(f"{module} imports mlx")
+    return broken
+
+
+def test_the_package_has_no_import_circle():
+    graph, _ = import_graph()
+    assert len(graph) > 90  # the walk found the package
+    assert cycles(graph) == []
+
+
+def test_no_import_runs_up_a_floor_or_across_to_a_neighbour():
+    graph, external = import_graph()
+    assert broken_rules(graph, external) == []
+
+
+def test_the_checks_catch_a_circle_an_upward_import_and_mlx_in_telemetry():
+    graph, external = import_graph()
+    graph = {k: set(v) for k, v in graph.items()}
+    graph["mlx_grpo.models"].add("mlx_grpo.rollout")
+    assert ["mlx_grpo.models", "mlx_grpo.rollout"] in cycles(graph)
+    graph["mlx_grpo.telemetry.recorder"].add("mlx_grpo.trainer")
+    graph["mlx_grpo.tui.board"].add("mlx_grpo.errors")
+    graph["mlx_grpo.trainer"].add("mlx_grpo.tui.app")
+    graph.setdefault("mlx_grpo.telemetry.sinks.wandb", set())
+    external = {**external, "mlx_grpo.telemetry.sinks.wandb": {"mlx"}}
+    broken = broken_rules(graph, external)
+    assert any(line.startswith("mlx_grpo.telemetry.recorder -> mlx_grpo.trainer") for line in broken)
+    assert any(line.startswith("mlx_grpo.tui.board -> mlx_grpo.errors") for line in broken)
+    assert any(line.startswith("mlx_grpo.trainer -> mlx_grpo.tui.app") for line in broken)
+    assert "mlx_grpo.telemetry.sinks.wandb imports mlx" in broken
+
+
+def test_lazy_and_relative_imports_are_arrows():
+    graph, _ = import_graph()
+    # commands/ import their heavy parts inside run(); `from ..x import` climbs one package up
+    assert "mlx_grpo.tui.app" in graph["mlx_grpo.commands.watch"]
+    assert any("mlx_grpo.errors" in graph[m] for m in graph if area(m) == "telemetry")
