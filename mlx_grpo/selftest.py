@@ -28,10 +28,10 @@ from .telemetry.metrics.names import EVAL_ACCURACY
 PERTURB_ENV = "MLX_GRPO_SELFTEST_PERTURB"
 
 # Measured here (Linux x86_64, 2 cores, MLX CPU backend, fp32): the default model's held-out accuracy gain
-# over `LEARNING_STEPS` steps of the default config (eval at step 1 and at the end). A Mac computes other
+# over `LEARNING_STEPS` steps of the default config (eval before the first update and at the end). A Mac computes other
 # roundings and samples other completions, so the check asks for at least half of it.
 LEARNING_STEPS = 60
-REFERENCE_GAIN = 0.11  # 37% -> 48% (seed 0, 200 held-out rows; docs/PLATFORMS.md, "selftest")
+REFERENCE_GAIN = 0.18  # 32% -> 50% (seed 0, 200 held-out rows; docs/PLATFORMS.md, "selftest")
 LEARNING_SHARE = 0.5
 
 PRESET = "qwen2.5-0.5b"  # a published shape (152k vocabulary), cut to PRESET_LAYERS blocks, random weights
