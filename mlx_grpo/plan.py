@@ -579,8 +579,14 @@ def make_plan(config: TrainConfig, base_dir: Path, memory: str | None = None) ->
              "prompts": shapes.prompts,
              "group_size": shapes.group_size, "prompt_length": shapes.prompt_length,
              "prompt_length_from": "max_prompt_length" if longest is None else "the dataset's longest prompt",
-             "completion_length": shapes.completion_length}
+             "completion_length": shapes.completion_length, "reference_pass": config.beta > 0}
     return verdict, facts
+
+
+def reference_text(peak: float, facts: dict, unit: str = " GB") -> str:
+    """The reference phase's peak, or why there is none: beta 0 computes no reference log-probs, and a
+    figure there would describe a pass the run never makes."""
+    return f"{peak / GB:.1f}{unit}" if facts["reference_pass"] else "none (beta 0)"
 
 
 def longest_prompt_tokens(config: TrainConfig, base_dir: Path) -> int | None:
@@ -611,7 +617,8 @@ def fit_run(config: TrainConfig, base_dir: Path) -> tuple[TrainConfig, str]:
     config = replace(config, micro_batch_size=settings.micro_batch_size)
     # an upper bound: every prompt and completion is taken at its longest (prompts: the dataset's longest)
     line = (f"memory plan: peak at most ~{peaks.peak / GB:.1f} GB of {verdict.budget / GB:.1f} GB "
-            f"(rollout {peaks.rollout / GB:.1f}, reference {peaks.reference / GB:.1f}, update {peaks.update / GB:.1f}"
+            f"(rollout {peaks.rollout / GB:.1f}, reference {reference_text(peaks.reference, facts, unit='')}, "
+            f"update {peaks.update / GB:.1f}"
             + (f", eval {peaks.evaluation / GB:.1f}" if peaks.evaluation else "") + "; "
             f"prompts <= {facts['prompt_length']}, completions <= {facts['completion_length']} tokens) "
             f"with {settings.describe()}")

@@ -88,6 +88,17 @@ def test_plan_says_what_would_make_an_impossible_run_fit(tmp_path, capsys):
     assert "does not fit" in out and "it would fit with: use_lora: true + a 4-bit base model" in out
 
 
+def test_a_run_without_a_kl_term_is_planned_with_no_reference_pass(tmp_path, capsys):
+    """beta 0 computes no reference log-probs: the plan says so instead of a figure for a pass never made."""
+    model = shape_only_model(tmp_path, QWEN25_15B)
+    printed = {}
+    for beta in ("0.04", "0"):
+        assert main(["plan", "--memory", "192GB", "--set", f"model_id={model}", "--set", f"beta={beta}"]) == 0
+        printed[beta] = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("reference"))
+    assert printed["0"].split() == ["reference", "none", "(beta", "0)"]
+    assert printed["0.04"].endswith("GB")
+
+
 def test_train_refuses_a_run_that_cannot_fit_before_loading_anything(tmp_path, capsys):
     model = shape_only_model(tmp_path, QWEN25_7B)  # no weights: loading would fail, so nothing loaded
     runs = tmp_path / "runs"

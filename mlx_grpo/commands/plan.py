@@ -46,7 +46,7 @@ def base_precision(facts: dict) -> str:
 
 
 def format_plan(verdict, facts: dict) -> str:
-    from ..plan import GB
+    from ..plan import GB, reference_text
 
     def gb(x: float) -> str:
         return f"{x / GB:.1f} GB"
@@ -64,7 +64,7 @@ def format_plan(verdict, facts: dict) -> str:
         f"{'weights':<11}{gb(peaks.weights):>10}",
         f"{'resident':<11}{gb(peaks.resident):>10}   weights + trainable state kept all run",
         f"{'rollout':<11}{gb(peaks.rollout):>10}   KV cache of every completion + sampling",
-        f"{'reference':<11}{gb(peaks.reference):>10}",
+        f"{'reference':<11}{reference_text(peaks.reference, facts):>10}",
         f"{'update':<11}{gb(peaks.update):>10}",
         *([f"{'eval':<11}{gb(peaks.evaluation):>10}   held-out rows, B x G prompts prefilled at a time"]
           if peaks.evaluation else []),
