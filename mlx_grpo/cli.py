@@ -15,7 +15,7 @@ import sys
 from .blas import reexec_with_openblas
 from .config_aliases import NO_EQUIVALENT
 from .errors import UserError
-from .telemetry.terminal import terminal_safe
+from .telemetry.terminal import open_standard_streams, terminal_safe
 from .name_clash import clash_message, clashing_packages
 
 # name -> (module, one-line help)
@@ -69,6 +69,7 @@ def _unknown_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace
 
 
 def main(argv: list[str] | None = None) -> int:
+    open_standard_streams()
     parser = build_parser()
     args, extras = parser.parse_known_args(argv)
     if extras and args.command is not None:

@@ -8,6 +8,7 @@ holding one) through gguf.py, and `smollm2` names SmolLM2-135M-Instruct's GGUF (
 from __future__ import annotations
 
 import copy
+import json
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -127,12 +128,25 @@ def load_tokenizer(model_id: str, base_dir: Path) -> Any | None:
         return None
 
 
+def _refuse_non_object_config(path: Path) -> None:
+    """A model directory's config.json that is JSON but not an object: said in our words, not mlx-lm's
+    AttributeError. (What does not parse at all, mlx-lm's own error names.)"""
+    config_file = path / "config.json"
+    try:
+        shape = json.loads(config_file.read_text()) if config_file.is_file() else {}
+    except (OSError, ValueError, RecursionError):
+        return
+    if not isinstance(shape, dict):
+        raise UserError(f"{config_file}: expected a JSON object, got {type(shape).__name__}")
+
+
 def load_policy(config: TrainConfig, base_dir: Path) -> tuple[nn.Module, Any]:
     from mlx_lm import load
 
     from .gguf import load_gguf
 
     path = resolve_model_path(config.model_id, base_dir)
+    _refuse_non_object_config(Path(path))
     try:
         model, tokenizer = load_gguf(Path(path))[:2] if is_gguf(path) else load(path)
     except UserError:

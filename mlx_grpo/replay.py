@@ -161,6 +161,10 @@ def replay(run_dir: str | Path, functions: list[RewardFunction], group_size: int
 
     run_dir = Path(run_dir)
     kept, skipped = load_steps(run_dir, group_size, steps)
+    if not kept and skipped:
+        raise UserError(f"{run_dir}: no kept completions to replay: none of the {len(skipped)} step files in "
+                        f"completions/ holds whole groups of {group_size} (damaged files, or a run.json whose "
+                        "num_generations is not the run's)")
     if not kept:
         raise UserError(f"{run_dir}: no kept completions to replay (completions/ is empty or missing; runs keep "
                         "them unless keep_completions is false)")
