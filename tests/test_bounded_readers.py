@@ -159,6 +159,7 @@ def test_an_html_report_shows_dollar_signs_in_names_as_text(tmp_path):
     from synthetic_runs import simulate, write_run_dir
 
     metrics, samples = simulate(steps=12, seed=0)
+    metrics = [{**m, "rewards/a$\\sqrt$b/mean": 1.0} for m in metrics]  # a chart title: mathtext raised
     run = write_run_dir(tmp_path / "math", metrics, samples, name="cost $\\frac{$ 5")
     assert main(["report", str(run), "--no-write", "--html", str(tmp_path / "r.html")]) == 0
     assert "cost $\\frac{$ 5" in (tmp_path / "r.html").read_text()
