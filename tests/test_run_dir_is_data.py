@@ -153,3 +153,33 @@ def test_a_gzip_bomb_in_completions_inflates_no_further_than_the_cap(tmp_path, m
     assert peak == [1 << 20]
     shutil.copy(completions.step_file(run_dir, 1), path)
     assert completions.read_step(run_dir, 2) == completions.read_step(run_dir, 1)
+
+
+def test_no_completions_archive_crashes_its_readers(tmp_path):
+    """Damaged, truncated, concatenated, re-typed and bomb gzip members in a step file: every reader of
+    completions yields rows or nothing, `replay` and `report` answer or refuse in one line."""
+    import gzip
+    import random
+
+    from mlx_grpo.telemetry.rundir import completions
+
+    run_dir, _ = hostile_run(tmp_path, [{"name": "answer_check", "weight": 1.0}])
+    path = completions.step_file(run_dir, 1)
+    good = path.read_bytes()
+    rng = random.Random(0)
+    variants = [good[:n] for n in (0, 10, len(good) // 2, len(good) - 1)] + [
+        good + good, good + b"garbage", gzip.compress(b"not json\n\xff\xfe\n" * 100), gzip.compress(b""),
+        gzip.compress(b'{"prompt_index": "x", "total": {}}\n[1, 2]\n' + b"[" * 100_000 + b"\n"),
+        gzip.compress(b"\n" * (1 << 20), 9) * 3 + good, bytes(rng.getrandbits(8) for _ in range(500))]
+    for _ in range(20):
+        flipped = bytearray(good)
+        for _ in range(rng.randint(1, 10)):
+            flipped[rng.randrange(len(flipped))] ^= 0xFF
+        variants.append(bytes(flipped))
+    for i, data in enumerate(variants):
+        path.write_bytes(data)
+        rows = completions.read_step(run_dir, 1, display=True)
+        assert isinstance(rows, list) and all(isinstance(r, dict) for r in rows)
+        if i in (5, 9, 12):  # the commands too, on a few (each takes seconds)
+            assert main(["replay", str(run_dir)]) in (0, 2)
+    assert main(["report", "--no-write", str(run_dir)]) in (0, 2)
