@@ -89,7 +89,8 @@ class _StrictLoader(yaml.SafeLoader):
         except (ValueError, KeyError, TypeError, OverflowError) as err:  # PyYAML's own, on values it cannot build
             kind = node.tag.rpartition(":")[2]
             shown = terminal_safe(repr(node.value))[:60] if isinstance(node.value, str) else "this value"
-            raise UserError(f"{self.source}:{node.start_mark.line + 1}: not valid YAML: {shown} is not a valid "
+            where = self.source if self.source.startswith("--set ") else f"{self.source}:{node.start_mark.line + 1}"
+            raise UserError(f"{where}: not valid YAML: {shown} is not a valid "
                             f"{kind} ({terminal_safe(str(err))[:80]}); quote it to keep it as text") from None
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
