@@ -119,13 +119,23 @@ def load_steps(run_dir: Path, group_size: int, steps: Sequence[int] | None = Non
     """The kept steps (whole groups only) and the steps skipped for not holding whole groups."""
     kept, skipped = [], []
     for step in steps if steps is not None else completion_steps(run_dir):
-        rows = sorted(read_step(run_dir, step), key=lambda r: (r["prompt_index"], r.get("completion_index") or 0))
+        rows = sorted(map(_checked_row, read_step(run_dir, step)),
+                      key=lambda r: (r["prompt_index"], r["completion_index"]))
         if not rows or group_size < 1 or len(rows) % group_size:
             skipped.append(step)
             continue
         kept.append(StepRows(step, rows, np.array([_num(r.get("total")) for r in rows]),
                              np.array([_num(r.get("advantage")) for r in rows])))
     return kept, skipped
+
+
+def _checked_row(row: dict) -> dict:
+    """A kept row with the types replay reads: texts as strings ("" when not), scores as a mapping ({} when
+    not), the completion index a whole number (0 when not). A step file is data and may be damaged."""
+    index = row.get("completion_index")
+    return {**row, **{key: row[key] if isinstance(row.get(key), str) else "" for key in ("prompt", "completion", "answer")},
+            "rewards": row["rewards"] if isinstance(row.get("rewards"), dict) else {},
+            "completion_index": index if isinstance(index, int) and not isinstance(index, bool) else 0}
 
 
 def _num(value: Any) -> float:
@@ -182,9 +192,10 @@ def replay(run_dir: str | Path, functions: list[RewardFunction], group_size: int
             print(f"warning: {terminal_safe(message)}")
         total = scores.total
         advantages = np.array(group_advantages(mx.array(total, dtype=mx.float32), group_size, scale))
-        old_names = list(dict.fromkeys(fn for r in rows if isinstance(r.get("rewards"), dict) for fn in r["rewards"]))
+        old_names = list(dict.fromkeys(fn for r in rows for fn in r["rewards"]))
         result.names_before = result.names_before or old_names
-        old_scores = np.array([[_num((r.get("rewards") or {}).get(fn)) for r in rows] for fn in old_names])
+        old_scores = np.array([[_num(r["rewards"].get(fn)) for r in rows] for fn in old_names],
+                              dtype=float).reshape(len(old_names), len(rows))
         # the run's own record of the step, with the reward figures recomputed from the kept rows
         base = {k: v for k, v in others.get(part.step, {}).items() if not k.startswith("rewards/")}
         before_records.append({**base, "step": part.step,

@@ -183,3 +183,19 @@ def test_no_completions_archive_crashes_its_readers(tmp_path):
         if i in (5, 9, 12):  # the commands too, on a few (each takes seconds)
             assert main(["replay", str(run_dir)]) in (0, 2)
     assert main(["report", "--no-write", str(run_dir)]) in (0, 2)
+
+
+def test_replay_reads_rows_whose_fields_have_other_types(tmp_path, capsys):
+    """A damaged step file whose rows parse but hold other types (the fuzz pass found `rewards: "str"`)."""
+    import gzip
+
+    run_dir, _ = hostile_run(tmp_path, [{"name": "answer_check", "weight": 1.0}])
+    path = run_dir / "completions" / "step_000001.jsonl.gz"
+    rows = [json.loads(line) for line in gzip.decompress(path.read_bytes()).splitlines()]
+    odd = ["str", 2**70, None, [], {}, True]
+    for i, row in enumerate(rows):
+        for j, key in enumerate(("rewards", "prompt", "completion", "answer", "completion_index", "total", "advantage")):
+            row[key] = odd[(i + j) % len(odd)]
+    path.write_bytes(gzip.compress("".join(json.dumps(r) + "\n" for r in rows).encode()))
+    assert main(["replay", str(run_dir)]) == 0
+    assert "replayed 8 completions" in capsys.readouterr().out
