@@ -97,7 +97,9 @@ def read_jsonl_dataset(path: Path, fmt: str, prompt_field: str, answer_field: st
     `_document_records`); every problem is reported with its line number. A byte-order mark is read as
     editors on Windows write it: UTF-8's is skipped, UTF-16's decodes the file as UTF-16."""
     if not path.is_file():
-        kind = "is not a regular file (a directory, a FIFO or a device)" if path.exists() else "not found"
+        kind = ("is not a regular file (a directory, a FIFO or a device)" if path.exists() else
+                "is a symbolic link that leads nowhere (a loop, or its target is gone)" if path.is_symlink() else
+                "not found")
         raise UserError(f"{path}: dataset file {kind}")
     with path.open("rb") as fh:
         head = fh.read(4)

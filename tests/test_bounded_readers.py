@@ -188,7 +188,7 @@ def test_a_deeply_nested_model_config_is_one_line(tmp_path, model, capsys):
 def test_a_dataset_that_is_a_symlink_loop_is_one_line(tmp_path, model, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     os.symlink("loop.jsonl", tmp_path / "loop.jsonl")
-    one_line_error(capsys, main(flags(tmp_path, model, dataset="loop.jsonl")), "loop.jsonl")
+    one_line_error(capsys, main(flags(tmp_path, model, dataset="loop.jsonl")), "loop.jsonl", "leads nowhere")
 
 
 # ----------------------------------------------------------------------------- everyday dataset exports
