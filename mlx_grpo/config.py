@@ -455,12 +455,13 @@ def config_from_mapping(mapping: dict, source: str, overrides: dict[str, Any] | 
     overrides; validated. Other tools' key names are read as ours (config_aliases.py). `base`: the folder
     the mapping's relative input paths are resolved against (None: kept as written, as in an old
     run.json whose paths the trainer resolves against its saved base_dir)."""
-    mapping = translate(mapping, source)
+    mapping = translate(mapping, source, known=top_level_fields_all())
     if base is not None:
         mapping = resolve_input_paths(mapping, base)
     config = _build_dataclass(TrainConfig, mapping, "", source, base=TrainConfig()) if mapping else TrainConfig()
     if overrides:
-        overrides = resolve_input_paths(translate(overrides, "command line"), Path.cwd())
+        overrides = resolve_input_paths(translate(overrides, "command line", known=top_level_fields_all()),
+                                        Path.cwd())
         config = _build_dataclass(TrainConfig, nest(overrides), "", "command line", base=config)
     config.validate(source)
     return config
@@ -479,6 +480,11 @@ def key_help(cls: type = None, prefix: str = "") -> dict[str, str]:
         if dataclasses.is_dataclass(tp):
             helps.update(key_help(tp, f"{prefix}{f.name}."))
     return helps
+
+
+def top_level_fields_all() -> list[str]:
+    """Every top-level key name, feature sections included."""
+    return [f.name for f in dataclasses.fields(TrainConfig)]
 
 
 def top_level_fields() -> dict[str, Any]:
