@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Iterable
 
 from .errors import UserError
-from .reward_names import translate_reward
+from .telemetry.reward_names import translate_reward
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 import numpy as np
 
 from mlx_grpo.errors import UserError
-from mlx_grpo.reward_names import TRL_BUILTINS, TRL_NO_EQUIVALENT, reward_name, translate_reward
+from mlx_grpo.telemetry.reward_names import TRL_BUILTINS, TRL_NO_EQUIVALENT, reward_name, translate_reward
 from mlx_grpo.tasks.answer_format import (NUMBER_IN_TEXT, TAGS, answer_value, extract_answer, is_correct, last_number,
                                           normalise)
 

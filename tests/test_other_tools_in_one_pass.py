@@ -14,7 +14,7 @@ from mlx_grpo.cli import main
 from mlx_grpo.config import load_config
 from mlx_grpo.data import extra_columns, load_datasets, read_dataset
 from mlx_grpo.errors import UserError
-from mlx_grpo.reward_names import reward_name
+from mlx_grpo.telemetry.reward_names import reward_name
 from mlx_grpo.rewards import load_reward_functions, score_completions
 
 TRL_ACCURACY = ("def accuracy(completions, solution, **kwargs):\n"
@@ -155,3 +155,21 @@ def test_a_flag_still_overrides_the_file_it_translates_over(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text("wandb: false\ntensorboard: true\n")
     assert load_config(path, {"report_to": ["none"]}).tensorboard is False
+
+
+def test_compare_names_a_custom_reward_by_its_function_with_its_file_beside_it(tmp_path):
+    from rich.console import Console
+
+    from mlx_grpo.telemetry.analysis.compare import comparison_table, load_summary
+    from mlx_grpo.telemetry.rundir.writer import RunInfo, write_run_info
+
+    for name, weight in (("a", 1.0), ("b", 0.5)):
+        (tmp_path / name).mkdir()
+        rewards = [{"name": "answer_check", "weight": 1.0},
+                   {"name": f"{tmp_path}/cfg/my_rewards.py:brevity", "weight": weight}]
+        write_run_info(tmp_path / name, RunInfo(name=name, status="finished", config={"rewards": rewards}))
+    console = Console(width=200, record=True)
+    console.print(comparison_table([load_summary(tmp_path / n) for n in ("a", "b")]))
+    text = console.export_text()
+    assert "answer_check, brevity (my_rewards.py)" in text and "answer_check, brevity x0.5 (my_rewards.py)" in text
+    assert str(tmp_path) not in text
