@@ -33,6 +33,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "compare": ("mlx_grpo.commands.compare", "table of several runs: config differences and final metrics"),
     "export": ("mlx_grpo.commands.export", "write a run's checkpoint as a Hugging Face model directory for mlx-lm"),
     "eval": ("mlx_grpo.commands.eval", "held-out accuracy of a run's checkpoint or a model (greedy, the run's rewards)"),
+    "mcp": ("mlx_grpo.commands.mcp", "MCP server on stdio for coding agents: read runs; with --allow-control, steer them"),
 }
 
 

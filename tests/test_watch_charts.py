@@ -150,3 +150,24 @@ async def test_the_filter_takes_pasted_and_fast_typed_text(tmp_path):
             app.post_message(events.Key(character if character != "/" else "slash", character))
         await wait_for(pilot, lambda: app.filter == "policy/grad_norm")  # a second / is text
         assert app.active_view().names == ["policy/grad_norm"]
+
+
+async def test_at_80x24_accuracy_is_on_the_first_screen_alone_with_held_out_and_every_tab_is_listed(tmp_path):
+    a = _writer(tmp_path / "a", "run-a")
+    with open(tmp_path / "a" / "metrics.jsonl", "a") as fh:  # the built-in task's per-difficulty accuracy
+        import json
+
+        fh.write(json.dumps({"step": 13, "time": a.time_of(13), "difficulty/1/accuracy": 0.5,
+                             "difficulty/2/accuracy": 0.4}) + "\n")
+    app = make_app(a)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_for(pilot, lambda: any(c.chart_title == "accuracy" for c in app.active_view().query(MetricChart)))
+        await pilot.pause(0.3)
+        view = app.active_view()
+        first_screen = view.region.y + view.region.height
+        (accuracy,) = [c for c in view.query(MetricChart) if c.chart_title == "accuracy"]
+        assert accuracy.region.height > 0 and accuracy.region.y + accuracy.region.height <= first_screen
+        assert not any("difficulty" in m for m in accuracy.metrics)
+        text = screen_text(app)
+        assert all(f"{i} " in text for i in range(1, 10)) and "9 Metr" in text
+        assert "ETA" in header(app).splitlines()[0]

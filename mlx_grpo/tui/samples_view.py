@@ -102,7 +102,8 @@ def group_table(group: list[dict], selected: dict) -> Table:
             fmt_value(row.get("total")),
             Text(fmt_value(advantage), style=GOOD if isinstance(advantage, (int, float)) and advantage > 0 else BAD),
             Text("✓", style=GOOD) if correct else Text("✗", style=BAD) if correct is not None else "",
-            " ".join(str(row.get("completion", "")).split()))
+            # its end: where the answer is, the part that differs between the G completions
+            _preview(" ".join(str(row.get("completion", "")).split()), PREVIEW, keep_end=True))
     return table
 
 
@@ -192,7 +193,8 @@ class SamplesView(BoardView, Horizontal):
 
     def on_mount(self) -> None:
         """Add the table's columns."""
-        self.query_one(DataTable).add_columns("run", "step", "total", "ok", "len", "prompt", "expected", "completion")
+        self.query_one(DataTable).add_columns("run", "step", "total", "ok", "len", "prompt", "expected",
+                                                 "completion (its end)")
 
     def update_data(self) -> None:
         """Add the samples the runs wrote since the last refresh."""
@@ -241,7 +243,7 @@ class SamplesView(BoardView, Horizontal):
             Text(str(s.get("length", "")), justify="right"),
             _preview(prompt, PROMPT_PREVIEW, keep_end=True),  # a prompt's question is at its end
             _preview(str(s.get("answer", "")), ANSWER_PREVIEW),
-            _preview(completion, PREVIEW),
+            _preview(completion, PREVIEW, keep_end=True),  # the answer is at the end; the detail shows it all
             key=key,
         )
         self._rows[key] = (run_index, s)
