@@ -171,3 +171,28 @@ async def test_at_80x24_accuracy_is_on_the_first_screen_alone_with_held_out_and_
         text = screen_text(app)
         assert all(f"{i} " in text for i in range(1, 10)) and "9 Metr" in text
         assert "ETA" in header(app).splitlines()[0]
+
+
+async def test_before_the_first_metrics_the_overview_says_the_held_out_evaluation_is_running(tmp_path):
+    writer = RunWriter(tmp_path / "a", name="run-a", total_steps=200, start_time=1_700_000_000.0)
+    writer.start(config={"num_steps": 200, "eval_every": 25, "eval_size": 200})
+    app = make_app(writer)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: "evaluating held-out accuracy (200 prompts) before the first update"
+                       in screen_text(app))
+        writer.log_step()  # the first record: the note goes, the tiles and charts come
+        await wait_for(pilot, lambda: "evaluating held-out" not in screen_text(app))
+
+
+async def test_an_alerts_view_with_no_alerts_says_so(tmp_path):
+    app = make_app(_writer(tmp_path / "a", "run-a"))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.press("6")
+        await wait_for(pilot, lambda: "no alerts yet" in screen_text(app))
+
+
+def test_the_samples_list_shows_each_completions_answer_not_its_opening_tags():
+    from mlx_grpo.tui.samples_view import PREVIEW, _end
+
+    completion = "<reasoning>" + "carry the one " * 20 + "</reasoning>\n<answer>1065</answer>\n"
+    assert _end(completion, PREVIEW).endswith("<answer>1065") and len(_end(completion, PREVIEW)) == PREVIEW

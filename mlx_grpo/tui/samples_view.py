@@ -4,6 +4,8 @@ then its group (the G completions of the same prompt at that step side by side) 
 
 from __future__ import annotations
 
+import re
+
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
@@ -29,6 +31,14 @@ MAX_ROWS = 300
 PREVIEW = 24  # the list fits beside the detail pane (which shows every text in full)
 PROMPT_PREVIEW = 20
 ANSWER_PREVIEW = 8
+
+
+_CLOSING_TAGS = re.compile(r"(\s*</[\w-]+>)+\s*$")
+
+
+def _end(completion: str, width: int) -> str:
+    """The end of a completion, where its answer is, without the closing tags that would fill the column."""
+    return _preview(_CLOSING_TAGS.sub("", " ".join(completion.split())), width, keep_end=True)
 
 
 def _preview(text: str, width: int, keep_end: bool = False) -> str:
@@ -103,7 +113,7 @@ def group_table(group: list[dict], selected: dict) -> Table:
             Text(fmt_value(advantage), style=GOOD if isinstance(advantage, (int, float)) and advantage > 0 else BAD),
             Text("✓", style=GOOD) if correct else Text("✗", style=BAD) if correct is not None else "",
             # its end: where the answer is, the part that differs between the G completions
-            _preview(" ".join(str(row.get("completion", "")).split()), PREVIEW, keep_end=True))
+            _end(str(row.get("completion", "")), PREVIEW))
     return table
 
 
@@ -243,7 +253,7 @@ class SamplesView(BoardView, Horizontal):
             Text(str(s.get("length", "")), justify="right"),
             _preview(prompt, PROMPT_PREVIEW, keep_end=True),  # a prompt's question is at its end
             _preview(str(s.get("answer", "")), ANSWER_PREVIEW),
-            _preview(completion, PREVIEW, keep_end=True),  # the answer is at the end; the detail shows it all
+            _end(completion, PREVIEW),  # the answer is at the end; the detail pane shows it all
             key=key,
         )
         self._rows[key] = (run_index, s)
