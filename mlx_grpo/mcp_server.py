@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -188,14 +189,20 @@ def stop_run(run_dir: str, wait_s: float = 120.0) -> dict:
     return {"run_dir": str(path), "pid": pid, "status": _wait_for_end(path, pid, wait_s)}
 
 
+def _checkpoint_step(path: Path) -> int | None:
+    """The step of a checkpoint directory (checkpoint.py's `step_<N>`; not imported: it imports mlx)."""
+    match = re.fullmatch(r"step_(\d+)", path.name)
+    return int(match.group(1)) if match and path.is_dir() else None
+
+
 def rollback_run(run_dir: str, to_step: int, overrides: dict[str, Any] | None = None,
                  wait_s: float = 120.0) -> dict:
     """Roll a run back to its checkpoint at `to_step` and continue from there (with `overrides`, e.g. a lower
     learning_rate): stops it first when it runs, sets the later checkpoints aside in rolled_back/ (kept, not
     deleted), and resumes; the resume cuts the logs back to that step."""
     path = _run_dir(run_dir)
-    checkpoints = path / "checkpoints"
-    steps = sorted(int(p.name.split("_")[-1]) for p in checkpoints.glob("step_*") if p.name.split("_")[-1].isdigit())
+    checkpoints = {step: p for p in (path / "checkpoints").glob("step_*") if (step := _checkpoint_step(p)) is not None}
+    steps = sorted(checkpoints)
     if to_step not in steps:
         raise UserError(f"{path}: no checkpoint at step {to_step} (checkpoints: {', '.join(map(str, steps)) or 'none'})")
     info = read_run_info(path)
@@ -205,10 +212,10 @@ def rollback_run(run_dir: str, to_step: int, overrides: dict[str, Any] | None = 
         if pid_alive(info.pid):
             raise UserError(f"{path}: the run did not stop within {wait_s:g} s; nothing was rolled back")
     kept = path / ROLLED_BACK
-    for step_dir in checkpoints.glob("step_*"):
-        if step_dir.name.split("_")[-1].isdigit() and int(step_dir.name.split("_")[-1]) > to_step:
+    for step in steps:
+        if step > to_step:
             kept.mkdir(exist_ok=True)
-            shutil.move(str(step_dir), str(kept / step_dir.name))
+            shutil.move(str(checkpoints[step]), str(kept / checkpoints[step].name))
     log = path.parent / f"{path.name}.console.log"
     args = [sys.executable, "-m", "mlx_grpo.cli", "train", "--resume", str(path), *_overrides(overrides)]
     with log.open("ab") as out:

@@ -4,6 +4,7 @@ alerts while it runs and stops it; without --allow-control the tools that act ar
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import json
 import sys
 import time
@@ -104,3 +105,26 @@ async def _read_only_tools(cwd: Path) -> list[str]:
 def test_without_allow_control_an_agent_can_only_read(tmp_path):
     tools = asyncio.run(_read_only_tools(tmp_path))
     assert tools == sorted(["list_runs", "read_metrics", "read_alerts", "read_samples", "report", "plan", "replay"])
+
+
+@pytest.mark.slow
+def test_rollback_sets_later_checkpoints_aside_and_resumes_from_the_chosen_step(tmp_path, monkeypatch):
+    from mlx_grpo.mcp_server import rollback_run
+
+    monkeypatch.chdir(tmp_path)
+    done = subprocess.run([sys.executable, "-m", "mlx_grpo.cli", "train", "--num-steps", "3", "--checkpoint-every",
+                           "1", "--eval-every", "0", "--batch-size", "2", "--run-name", "r"], capture_output=True,
+                          text=True)
+    assert done.returncode == 0, done.stderr
+    run_dir = tmp_path / "runs" / "r"
+    result = rollback_run(str(run_dir), 1, overrides={"learning_rate": 1e-5})
+    assert sorted(p.name for p in (run_dir / "rolled_back").iterdir())[-1].startswith("step_")
+    import psutil
+
+    try:
+        psutil.Process(result["pid"]).wait(timeout=600)  # the resumed run, to its end
+    except psutil.NoSuchProcess:
+        pass
+    assert json.loads((run_dir / "run.json").read_text())["status"] == "finished"
+    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3] and result["resumed_from_step"] == 1  # cut back to step 1, then steps 2 and 3 again
