@@ -203,8 +203,8 @@ class SamplesView(BoardView, Horizontal):
 
     def on_mount(self) -> None:
         """Add the table's columns."""
-        self.query_one(DataTable).add_columns("run", "step", "total", "ok", "len", "prompt", "expected",
-                                                 "completion (its end)")
+        self.query_one(DataTable).add_columns("step", "total", "ok", "completion (its end)", "expected", "prompt",
+                                                 "len", "run")  # answer and scores first: they fit a narrow list
 
     def update_data(self) -> None:
         """Add the samples the runs wrote since the last refresh."""
@@ -246,14 +246,14 @@ class SamplesView(BoardView, Horizontal):
         completion = " ".join(str(s.get("completion", "")).split())
         prompt = " ".join(str(s.get("prompt", "")).split())
         table.add_row(
-            Text(board.runs[run_index].name, style=board.color(run_index)),
             Text(fmt_count(s.get("step", 0)), justify="right"),
             Text(fmt_value(s.get("total")), justify="right"),
             Text("✓", style=GOOD) if correct else Text("✗", style=BAD) if correct is not None else "",
-            Text(str(s.get("length", "")), justify="right"),
-            _preview(prompt, PROMPT_PREVIEW, keep_end=True),  # a prompt's question is at its end
-            _preview(str(s.get("answer", "")), ANSWER_PREVIEW),
             _end(completion, PREVIEW),  # the answer is at the end; the detail pane shows it all
+            _preview(str(s.get("answer", "")), ANSWER_PREVIEW),
+            _preview(prompt, PROMPT_PREVIEW, keep_end=True),  # a prompt's question is at its end
+            Text(str(s.get("length", "")), justify="right"),
+            Text(board.runs[run_index].name, style=board.color(run_index)),
             key=key,
         )
         self._rows[key] = (run_index, s)
