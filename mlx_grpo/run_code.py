@@ -13,17 +13,21 @@ import shlex
 from pathlib import Path
 
 from .errors import UserError
+from .telemetry.reward_names import translate_reward
 from .telemetry.terminal import terminal_safe
 
 
 def is_user_code(spec: str) -> bool:
-    """A `file.py:function` spec (a built-in is a plain name)."""
-    return ":" in spec
+    """A spec that names a file: `file.py:function`, or TRL's `module.function` read as one (a built-in is a
+    plain name)."""
+    return ":" in translate_reward(spec)[0]
 
 
-def named_file(spec_or_path: str, base_dir: Path) -> str:
-    """Where the run's spec or rubric path points (the file that would be read), printable."""
-    file_part = spec_or_path.rpartition(":")[0] if is_user_code(spec_or_path) else spec_or_path
+def named_file(spec_or_path: str, base_dir: Path, spec: bool = True) -> str:
+    """Where a reward spec's file (`file.py:function`, TRL's `module.function`) or, `spec` False, a rubric
+    path points: the file that would be read, printable."""
+    translated = translate_reward(spec_or_path)[0] if spec else spec_or_path
+    file_part = translated.rpartition(":")[0] if spec and ":" in translated else spec_or_path
     path = Path(file_part)
     try:
         path = path if path.is_absolute() else (base_dir / path)
@@ -41,5 +45,6 @@ def refuse_named_code(run_dir: Path, command: str, what: str, spec: str, base_di
 
 def spec_text(spec: str, weight: float, base_dir: Path) -> str:
     """A reward as `--rewards` takes it: built-ins by name, a user file as its absolute path."""
-    name = f"{named_file(spec, base_dir)}:{terminal_safe(spec.rpartition(':')[2])}" if is_user_code(spec) else spec
+    name = (f"{named_file(spec, base_dir)}:{terminal_safe(translate_reward(spec)[0].rpartition(':')[2])}"
+            if is_user_code(spec) else spec)
     return shlex.quote(f"{name}={weight:g}")

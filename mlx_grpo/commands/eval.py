@@ -146,7 +146,7 @@ def checks_and_rewards(args: argparse.Namespace, config, base_dir):
         functions = load_reward_functions(specs, base_dir)
     rubric = args.rubric_file or (config.rubric_file if not from_run else None)
     if from_run and not args.rubric_file and config.rubric_file:
-        notes.append(f"the run's rubric ({named_file(config.rubric_file, base_dir)}) was not scored: eval reads no "
+        notes.append(f"the run's rubric ({named_file(config.rubric_file, base_dir, spec=False)}) was not scored: eval reads no "
                      "rubric a run directory names; pass --rubric-file FILE to score it")
     if rubric is not None:
         from ..rubric import load_rubric

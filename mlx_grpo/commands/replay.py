@@ -57,6 +57,7 @@ def run(args: argparse.Namespace) -> int:
     from ..rewards import RewardFunction, load_reward_functions
     from ..run_code import is_user_code, named_file, refuse_named_code, spec_text
     from ..telemetry.analysis.report import load_run
+    from ..telemetry.reward_names import reward_name
     from ..telemetry.rundir.completions import completion_steps
     from ..telemetry.terminal import terminal_safe
 
@@ -65,25 +66,25 @@ def run(args: argparse.Namespace) -> int:
     _, metrics, _, _ = load_run(run_dir)
     rewards, rubric_file, rubric_weight, group_size, scale, base_dir = run_settings(run_dir)
     specs = [_spec(s) for s in args.rewards] if args.rewards else rewards
-    known = {n for n, _ in specs} | {n.rpartition(":")[2] for n, _ in specs} | {"rubric"}
-    unknown = [name for name in args.without if name not in known]
+    # a reward's one name (reward_names.py): a built-in's name, or the function's name
+    names = [reward_name(n) for n, _ in specs]
+    unknown = [name for name in args.without if name not in {*names, "rubric"}]
     if unknown:
-        raise UserError(f"--without {' '.join(unknown)}: not in the reward set ({', '.join(n for n, _ in specs)})")
-    # names as the trainer names them: a built-in's name, or the function's name after the colon
-    specs = [(n, w) for n, w in specs if n.rpartition(":")[2] not in args.without and n not in args.without]
+        raise UserError(f"--without {' '.join(unknown)}: not in the reward set ({', '.join(names)})")
+    specs = [(n, w) for n, w in specs if reward_name(n) not in args.without]
     if not args.rewards:  # the run's own set: built-ins by name; its user files only when named here
         for name, _ in specs:
             if is_user_code(name):
                 kept = " ".join(spec_text(n, w, base_dir) for n, w in specs)
                 raise refuse_named_code(run_dir, "replay", "reward", name, base_dir,
-                                        f"--rewards {kept}, or leave it out: --without {name.rpartition(':')[2]}")
+                                        f"--rewards {kept}, or leave it out: --without {reward_name(name)}")
     functions = load_reward_functions(specs, Path.cwd())
     if args.rubric_file is None and rubric_file is not None and "rubric" not in args.without:
         # a rubric can import python scorers and send an API key to its judge's url: the run's is not read
         raise UserError(f"{run_dir}: the run scored with the rubric {terminal_safe(rubric_file)} "
-                        f"({named_file(rubric_file, base_dir)}), which can name python code and a judge endpoint; "
+                        f"({named_file(rubric_file, base_dir, spec=False)}), which can name python code and a judge endpoint; "
                         "replay reads no rubric a run directory names. To use it, name it on the command line: "
-                        f"--rubric-file {shlex.quote(named_file(rubric_file, base_dir))}, or leave it out: "
+                        f"--rubric-file {shlex.quote(named_file(rubric_file, base_dir, spec=False))}, or leave it out: "
                         "--without rubric")
     if args.rubric_file is not None:
         from ..rubric import load_rubric
