@@ -199,3 +199,11 @@ def test_replay_reads_rows_whose_fields_have_other_types(tmp_path, capsys):
     path.write_bytes(gzip.compress("".join(json.dumps(r) + "\n" for r in rows).encode()))
     assert main(["replay", str(run_dir)]) == 0
     assert "replayed 8 completions" in capsys.readouterr().out
+
+
+def test_replay_never_imports_a_reward_named_in_trls_dotted_form(tmp_path, capsys, monkeypatch):
+    """TRL's `module.function` spelling is read as `module.py:function`: a file too, so refused the same."""
+    monkeypatch.chdir(tmp_path)
+    run_dir, marker = hostile_run(tmp_path, [{"name": "answer_check", "weight": 1.0}, {"name": "evil.f", "weight": 1.0}])
+    err = one_line_error(capsys, ["replay", str(run_dir)])
+    assert not marker.exists() and f"({run_dir / 'evil.py'})" in err and "--rewards" in err
