@@ -175,7 +175,7 @@ def dequantize_base(model: nn.Module, config: TrainConfig) -> str | None:
     dtype = resolve_dtype(config)
     plain_bytes = count_parameters(model)[0] * DTYPES[dtype].size
     if not dequantizes(config, plain_bytes):
-        return None
+        return getattr(model, "load_note", None)  # a GGUF file's re-quantization and the error it cost
     from mlx_lm.utils import dequantize_model
 
     before = parameter_bytes(model)
