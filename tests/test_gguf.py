@@ -332,3 +332,76 @@ def test_smollm2_trains_and_exports_with_the_4bit_base_as_it_is(smollm2, tmp_pat
     assert main(["export", str(runs / "q4"), "--out", str(export), "--fuse"]) == 0
     model, tokenizer = load(str(export))
     assert "Paris" in greedy(model, tokenizer, "What is the capital of France?", 12)
+
+
+# ----------------------------------------------------------------------------- gemma-3-270m (SentencePiece, K-quants)
+
+GEMMA_TEXTS = ["Hello world, 12345 is a number.", "  two spaces  and\ttabs\n\nnewlines", "ünïcödé 日本語 emoji 🤖!",
+               "Q: What is 27 + 25?\nA: 52", "def f(x):\n    return x**2  # code", "   leading", "trailing   ",
+               "a\u00a0b", "The quick brown fox jumps over the lazy dog. " * 3]
+
+
+@pytest.fixture(scope="module")
+def gemma3():
+    from mlx_grpo.tools.gemma3 import gemma3_path
+
+    try:
+        return gemma3_path(download=True)
+    except UserError as err:  # offline: nothing to test against
+        pytest.skip(str(err))
+
+
+def sentencepiece_reference(path: Path):
+    """The `sentencepiece` library itself, running a model built from the file's pieces, scores and types."""
+    import sentencepiece as spm
+    from sentencepiece import sentencepiece_model_pb2 as pb
+
+    from gguf import GGUFReader
+
+    fields = GGUFReader(str(path)).fields
+    value = lambda key: fields[key].contents()  # noqa: E731
+    proto = pb.ModelProto()
+    proto.trainer_spec.model_type = pb.TrainerSpec.BPE
+    proto.trainer_spec.byte_fallback = True
+    for name, key in (("unk_id", "unknown"), ("bos_id", "bos"), ("eos_id", "eos"), ("pad_id", "padding")):
+        setattr(proto.trainer_spec, name, value(f"tokenizer.ggml.{key}_token_id"))
+    proto.normalizer_spec.name = "identity"
+    proto.normalizer_spec.add_dummy_prefix = False
+    proto.normalizer_spec.remove_extra_whitespaces = False
+    proto.normalizer_spec.escape_whitespaces = True
+    for token, score, kind in zip(value("tokenizer.ggml.tokens"), value("tokenizer.ggml.scores"),
+                                  value("tokenizer.ggml.token_type")):
+        piece = proto.pieces.add()
+        piece.piece, piece.score, piece.type = token.replace(" ", "\u2581"), score, kind
+    return spm.SentencePieceProcessor(model_proto=proto.SerializeToString())
+
+
+def test_gemma3_loads_with_its_sentencepiece_vocabulary_token_for_token(gemma3):
+    from mlx_grpo.gguf import read_config, read_tokenizer
+
+    config = read_config(gemma3)
+    assert (config["model_type"], config["num_hidden_layers"], config["hidden_size"], config["vocab_size"],
+            config["sliding_window"]) == ("gemma3_text", 18, 640, 262144, 512)
+    tokenizer, reference = read_tokenizer(gemma3), sentencepiece_reference(gemma3)
+    for text in GEMMA_TEXTS:
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        assert ids == reference.encode(text), text
+        assert tokenizer.decode(ids) == text
+    assert tokenizer.encode("hi")[0] == 2  # <bos> first, once
+    assert tokenizer.encode("<start_of_turn>user", add_special_tokens=False)[0] == 105  # control tokens whole
+    assert {1, 106} <= set(tokenizer.eos_token_ids)  # <eos> and <end_of_turn>
+
+
+@pytest.mark.slow
+def test_gemma3_greedy_text_equals_transformers_float32_conversion(gemma3):
+    """transformers' own GGUF loader (torch, float32) as the reference; skipped where torch is not installed."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("accelerate")
+    from transformers import AutoModelForCausalLM
+
+    model, tokenizer, _, _ = load_gguf(gemma3, keep_quantized=False)
+    reference = AutoModelForCausalLM.from_pretrained(str(gemma3.parent), gguf_file=gemma3.name, dtype=torch.float32)
+    for prompt in ("The capital of France is", "def fibonacci(n):"):
+        ids = tokenizer.encode(prompt)
+        theirs = reference.generate(torch.tensor([ids]), max_new_tokens=16, do_sample=False)[0, len(ids):].tolist()
+        assert generate(model, tokenizer, prompt=prompt, max_tokens=16) == tokenizer.decode(theirs), prompt

@@ -54,7 +54,7 @@ def format_plan(verdict, facts: dict) -> str:
     peaks = verdict.configured
     lines = [
         f"model     {facts['model']}: {facts['parameters'] / 1e9:.2f}B parameters, {facts['layers']} layers, "
-        f"vocabulary {facts['vocab']:,}, {facts['dtype']}{base_precision(facts)}",
+        f"vocabulary {facts['vocab']:,}, {facts['dtype']}{base_precision(facts)} on {facts['machine']}",
         f"batch     {facts['prompts']} prompts x {facts['group_size']} completions, prompts <= "
         f"{facts['prompt_length']} tokens ({facts['prompt_length_from']}), completions <= "
         f"{facts['completion_length']} tokens",
