@@ -41,10 +41,10 @@ def trainer(path, tmp_path, **settings) -> Trainer:
     return Trainer.build(config, tmp_path)
 
 
-def fixed_batch():
+def fixed_batch(vocab: int):
     rng = np.random.default_rng(0)
-    prompts = [list(rng.integers(3, 60, size=6)) for _ in range(2) for _ in range(4)]
-    completions = [list(rng.integers(3, 60, size=8)) for _ in range(8)]
+    prompts = [list(rng.integers(3, vocab, size=6)) for _ in range(2) for _ in range(4)]
+    completions = [list(rng.integers(3, vocab, size=8)) for _ in range(8)]
     rollout = Rollout([list(map(int, p)) for p in prompts], [list(map(int, c)) for c in completions],
                       [[0.0] * 8] * 8, [False] * 8, 0.0)
     return build_train_batch(rollout, pad_id=0), mx.array(rng.normal(size=8).astype(np.float32))
@@ -58,7 +58,7 @@ def compare(mac: Trainer, cpu: Trainer) -> tuple[float, float]:
     """(max log-prob difference, relative difference of the first update's adapter change)."""
     cpu.policy.model.update(mac.policy.model.trainable_parameters())  # the same adapters to start from
     cpu.policy.model.set_dtype(mx.float32)
-    batch, advantages = fixed_batch()
+    batch, advantages = fixed_batch(cpu.policy.model.model.embed_tokens.weight.shape[0])
     logp = [np.array(completion_logprobs(t.policy.model, batch, 1.0).astype(mx.float32)) for t in (mac, cpu)]
     gap = float(np.abs(logp[0] - logp[1]).max())
     changes = []

@@ -1,8 +1,8 @@
 """Writes two_digit_sums_train.jsonl and two_digit_sums_heldout.jsonl, the data of configs/gemma3_sums.yaml
 (the same files every time).
 
-Rows ask for a sum of two two-digit numbers (10-99) in the question-and-answer form a base model continues:
-"Q: What is 47 + 38?\nA:" (the recipe's system_prompt puts two worked examples before it). Each unordered
+Rows ask for a sum of a two-digit number (10-59) and a one-digit one (1-9) in the question-and-answer form a
+base model continues: "Q: What is 47 + 8?\nA:" (the recipe's system_prompt puts two worked examples before it). Each unordered
 pair {a, b} belongs to one split by a fixed hash (30% held out), so a held-out sum is never trained on in
 either order. difficulty: 1 without a carry, 2 with one. Run: python configs/data/make_two_digit_sums.py
 """
@@ -15,7 +15,7 @@ import random
 from pathlib import Path
 
 HELDOUT_PERCENT = 30
-HELDOUT_ROWS = 200
+HELDOUT_ROWS = 100
 TRAIN_ROWS = 2000
 
 
@@ -33,7 +33,7 @@ def main(out_dir: Path = Path(__file__).parent) -> None:
     heldout: dict[tuple[int, int], dict] = {}
     train: list[dict] = []
     while len(heldout) < HELDOUT_ROWS or len(train) < TRAIN_ROWS:
-        a, b = rng.randint(10, 99), rng.randint(10, 99)
+        a, b = rng.randint(10, 59), rng.randint(1, 9)
         if is_heldout(a, b):
             if len(heldout) < HELDOUT_ROWS:
                 heldout.setdefault((a, b), row(a, b))
