@@ -119,18 +119,27 @@ def test_unsupported_gguf_files_get_one_line(tiny, tmp_path, capsys):
 def test_train_plan_eval_and_export_of_a_gguf_run(tiny, tmp_path, capsys):
     path, _ = tiny
     runs = tmp_path / "runs"
-    assert main(["train", "--model-id", str(path), *FAST, "--monitoring-dir", str(runs), "--run-name", "g"]) == 0
+    assert main(["train", "--model-id", str(path), *FAST, "--system-prompt", "Be brief.", "--monitoring-dir",
+                 str(runs), "--run-name", "g"]) == 0
     run = runs / "g"
     assert (run / "checkpoints" / "step_1" / "adapters.safetensors").is_file()
     capsys.readouterr()
     assert main(["plan", "--set", f"model_id={path}", "--json"]) in (0, 1)
     plan = json.loads(capsys.readouterr().out)
     assert plan["layers"] == 2 and plan["vocab"] == len(byte_level_vocab(WORDS)[0])
+    assert plan["machine"] == "this machine's CPU" and plan["dtype"] == "float32"  # which machine the figures are for
     assert plan["prompt_length_from"] == "the dataset's longest prompt" and plan["prompt_length"] < 256
     assert main(["eval", str(run), "--limit", "4", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["rows"] == 4
+    half = tmp_path / "export-bf16"  # by default the source's size: a GGUF file's weights as bfloat16
+    assert main(["export", str(run), "--out", str(half), "--fuse"]) == 0
+    printed = capsys.readouterr().out
+    assert "bfloat16" in printed and "--system-prompt 'Be brief.'" in printed  # the try: line, as the run prompted
+    assert json.loads((half / "config.json").read_text())["torch_dtype"] == "bfloat16"
+    assert load(str(half))[0].model.norm.weight.dtype == mx.bfloat16
     out = tmp_path / "export"
-    assert main(["export", str(run), "--out", str(out), "--fuse"]) == 0
+    assert main(["export", str(run), "--out", str(out), "--fuse", "--float32"]) == 0
+    assert (out / "model.safetensors").stat().st_size > 1.9 * (half / "model.safetensors").stat().st_size
     model, tokenizer = load(str(out))  # mlx-lm loads it as any Hugging Face directory
     from mlx_grpo.export import load_trained
 
