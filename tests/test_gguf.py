@@ -409,7 +409,8 @@ def test_gemma3_greedy_text_equals_transformers_float32_conversion(gemma3):
     from transformers import AutoModelForCausalLM
 
     model, tokenizer, _, _ = load_gguf(gemma3, keep_quantized=False)
-    reference = AutoModelForCausalLM.from_pretrained(str(gemma3.parent), gguf_file=gemma3.name, dtype=torch.float32)
+    reference = AutoModelForCausalLM.from_pretrained(str(gemma3.parent), gguf_file=gemma3.name,
+                                                     dtype=torch.float32)
     for prompt in ("The capital of France is", "def fibonacci(n):"):
         ids = tokenizer.encode(prompt)
         theirs = reference.generate(torch.tensor([ids]), max_new_tokens=16, do_sample=False)[0, len(ids):].tolist()

@@ -35,7 +35,8 @@ FAMILIES = {
                          "rope_scaling": {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
                                           "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}}),
     # six blocks: llama.cpp's gemma3 has a global-attention block every sixth, which the file does not say
-    "gemma3": ("gemma3_text", {"num_hidden_layers": 6, "rope_theta": 1e6, "sliding_window": 4, "query_pre_attn_scalar": 64,
+    "gemma3": ("gemma3_text", {"num_hidden_layers": 6, "rope_theta": 1e6, "sliding_window": 4,
+                               "query_pre_attn_scalar": 64,
                                "sliding_window_pattern": 6, "rope_local_base_freq": 10000.0}),
 }
 

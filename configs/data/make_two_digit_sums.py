@@ -2,8 +2,8 @@
 (the same files every time).
 
 Rows ask for a sum of a two-digit number (10-59) and a one-digit one (1-9) in the question-and-answer form a
-base model continues: "Q: What is 47 + 8?\nA:" (the recipe's system_prompt puts two worked examples before it). Each unordered
-pair {a, b} belongs to one split by a fixed hash (30% held out), so a held-out sum is never trained on in
+base model continues: "Q: What is 47 + 8?\nA:" (the recipe's system_prompt puts two worked examples before
+it). Each unordered pair {a, b} belongs to one split by a fixed hash (30% held out), so a held-out sum is never trained on in
 either order. difficulty: 1 without a carry, 2 with one. Run: python configs/data/make_two_digit_sums.py
 """
 
@@ -39,7 +39,8 @@ def main(out_dir: Path = Path(__file__).parent) -> None:
                 heldout.setdefault((a, b), row(a, b))
         elif len(train) < TRAIN_ROWS:
             train.append(row(a, b))
-    for name, rows in (("two_digit_sums_train.jsonl", train), ("two_digit_sums_heldout.jsonl", list(heldout.values()))):
+    for name, rows in (("two_digit_sums_train.jsonl", train),
+                       ("two_digit_sums_heldout.jsonl", list(heldout.values()))):
         (out_dir / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
