@@ -36,10 +36,11 @@ def test_micro_batches_head_chunks_and_checkpoints_each_lower_the_update_peak():
     shape, shapes = ModelShape.from_config(QWEN25_15B), Shapes(4, 8, 256, 1024)
     config = recipe()
     peaks = [predict(shape, shapes, config, settings, "bfloat16").update
-             for settings in (MemorySettings(), MemorySettings(8), MemorySettings(1), MemorySettings(1, 128),
-                              MemorySettings(1, 128, True))]
+             for settings in (MemorySettings(), MemorySettings(8), MemorySettings(1), MemorySettings(1, 0, True))]
     assert peaks == sorted(peaks, reverse=True) and len(set(peaks)) == len(peaks)
     assert peaks[-1] < 9 * GB < peaks[0]
+    # under LoRA the default streamed head holds less than head chunks of 128 positions
+    assert peaks[2] < predict(shape, shapes, config, MemorySettings(1, 128), "bfloat16").update
 
 
 def test_a_16gb_mac_gets_settings_under_its_working_set():
