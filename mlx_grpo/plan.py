@@ -85,6 +85,9 @@ HEAD_STREAMED_ROWS = 5.0
 # ... and a copy of one block of the head's rows, [block, hidden] (fitted: the reference pass at Qwen2.5-0.5B
 # width, 256 positions, measured 46.2 MB above what stays resident; the formula without it said 31.9)
 HEAD_STREAMED_WEIGHT = 1.1
+# When one block holds the whole vocabulary, the update's streamed head holds its logits about this many
+# times (fitted: tests/test_plan.py's measured step, 4,096-token vocabulary)
+HEAD_STREAMED_ONE_BLOCK = 1.0
 # A decode step's sampling: bytes per fp32 logit of the step's [rows, vocabulary] logits (the logits, their
 # shifted exponentials and cumulative sum, the comparisons that draw the id; the next step's logits are
 # queued while this step's are used). Measured 5.5-5.6 with the prefill's share (SmolLM2's 49k vocabulary,
@@ -331,9 +334,13 @@ def predict(shape: ModelShape, shapes: Shapes, config: TrainConfig, settings: Me
         entropy_logits = rows * -(-t // entropy_stride(t)) * shape.vocab * 4
         scored = rows * t  # completion positions whose log-probs the head gives
         block = min(shape.vocab, vocab_block(scored, shape.hidden))
-        stream = (scored * block * 4 * (HEAD_STREAMED + half) + scored * shape.hidden * 4 * HEAD_STREAMED_ROWS
-                  + block * shape.hidden * 4 * HEAD_STREAMED_WEIGHT)
-        reference_head = stream if streamed else logits * ((HEAD_REFERENCE_CHUNKED if chunked else HEAD_REFERENCE)
+        # one block for the whole vocabulary is the whole head's logits, once (no next block queued, no copy)
+        blocks = block < shape.vocab
+        def stream(one_block: float) -> float:
+            return (scored * block * 4 * ((HEAD_STREAMED if blocks else one_block) + half)
+                    + scored * shape.hidden * 4 * HEAD_STREAMED_ROWS
+                    + blocks * block * shape.hidden * 4 * HEAD_STREAMED_WEIGHT)
+        reference_head = stream(HEAD_REFERENCE) if streamed else logits * ((HEAD_REFERENCE_CHUNKED if chunked else HEAD_REFERENCE)
                                                            + half)
         reference = max(reference_head,
                         positions * width * act * A_FORWARD + A_ATTENTION_FORWARD * attention + prompt_cache)
@@ -343,7 +350,7 @@ def predict(shape: ModelShape, shapes: Shapes, config: TrainConfig, settings: Me
         else:
             kept, recomputed = trained_layers * (one_block + A_ATTENTION_KEPT * attention), 0.0
         if streamed and config.use_lora:  # policy/entropy comes with the streamed log-probs
-            head = stream
+            head = stream(HEAD_STREAMED_ONE_BLOCK)
         else:
             head = logits * ((HEAD_UPDATE_CHUNKED if chunked else HEAD_UPDATE) + half) + entropy_logits * HEAD_ENTROPY
         update = gradients + kept + max(head, A_ATTENTION_BACKWARD * attention + recomputed + prompt_cache)
