@@ -274,6 +274,8 @@ def _streamed_head(hidden: mx.array, target_rows: mx.array, head: nn.Module, exp
     block = vocab_block(*hidden.shape)
     h32 = hidden.astype(mx.float32)
     picked = (h32 * target_rows.astype(mx.float32)).sum(axis=-1)
+    if hidden.dtype != mx.float32:  # rounded as the blocks' half-precision logits are
+        picked = picked.astype(hidden.dtype).astype(mx.float32)
     top = total = mean_row = None
     for start in range(0, vocab, block):
         rows = _head_rows(head, slice(start, min(start + block, vocab)))
