@@ -1,4 +1,4 @@
-"""Rewards for a base model answering in a question-and-answer document (configs/gemma3_sums.yaml).
+"""Rewards for a base model answering in a question-and-answer document (configs/gemma3_larger.yaml).
 
 A base model does not stop after its answer: it goes on writing the next "Q: ..." of the document. So only
 the completion's first line is its answer, and these read the first number there.
