@@ -47,7 +47,6 @@ from .machine import describe, wire_memory, wired_limit
 from .models import count_parameters, resolve_dtype
 from .rollout import Rollout
 from .trainer import Prompts, Trainer, step_key
-from .run import resident_bytes
 from .update import build_train_batch
 
 SCHEMA_VERSION = 1
@@ -156,7 +155,7 @@ class Workload:
         self.config = config
         built = Trainer.build(config, base_dir, stop_at_eos=False)
         # as `mlx-grpo train` runs: on a Mac, the working set wired (figures otherwise include paging)
-        wire_memory(resident_bytes(built))
+        wire_memory(built.resident_bytes())
         self.wired_limit = wired_limit()
         self.rows, self.prompts = synthetic_rows(built.policy.tokenizer, config, config.batch_size, prompt_length,
                                             config.seed)

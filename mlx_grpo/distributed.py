@@ -32,7 +32,7 @@ import json
 import socket
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -42,11 +42,8 @@ from mlx.utils import tree_map
 from . import grpo
 from .data import PromptOrder
 from .errors import UserError
-from .telemetry.rundir.writer import RunInfo
-from .telemetry.sinks import SinkSet
 from .telemetry.metrics.step_data import StepData
 from .update import TrainBatch
-
 
 
 @dataclass
@@ -59,33 +56,6 @@ class ShardedOrder(PromptOrder):
     def next_indices(self, count: int) -> list[int]:
         block = super().next_indices(count * self.size)
         return block[self.rank * count:(self.rank + 1) * count]
-
-
-class SilentRunDir:
-    """Stands in for the run-directory writer on ranks other than 0: same calls, writes nothing."""
-
-    def __init__(self, path: Path):
-        self.path = Path(path)
-        self.info: RunInfo | None = None
-
-    def start(self, name: str, *args: Any, run_id: str | None = None, **kwargs: Any) -> RunInfo:
-        self.info = RunInfo(name=name, run_id=run_id)
-        return self.info
-
-    def write_metrics(self, *args, **kwargs) -> None:
-        pass
-
-    def write_samples(self, *args, **kwargs) -> None:
-        pass
-
-    def write_alert(self, *args, **kwargs) -> None:
-        pass
-
-    def write_final_metrics(self, *args, **kwargs) -> None:
-        pass
-
-    def finish(self, status: str = "finished") -> None:
-        pass
 
 
 @dataclass
@@ -248,10 +218,6 @@ class World:
             seconds={name: max(p["seconds"][name] for p in parts) for name in data.seconds},
             peak_memory={name: max(p["peaks"][name] for p in parts) for name in data.peak_memory},
             component_metrics=components)
-
-    def sinks(self, make: Callable[[], SinkSet], run_dir: Path) -> SinkSet:
-        """Rank 0's sinks from `make()`; other ranks get a set that records nothing."""
-        return make() if self.is_main else SinkSet(SilentRunDir(run_dir))  # type: ignore[arg-type]
 
     # ------------------------------------------------------------------ checkpoints
 

@@ -21,6 +21,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import mlx.optimizers as optim
 import numpy as np
+from mlx.utils import tree_flatten
 
 from .checkpoint import load_checkpoint
 from .config import TrainConfig
@@ -411,6 +412,17 @@ class Trainer:
         self.optimizer = make_optimizer(self.config)
         self.loss_and_grad = nn.value_and_grad(self.policy.model, make_loss_fn(self.config))
         load_checkpoint(checkpoint, self.policy.model, self.optimizer)
+
+    def resident_bytes(self) -> int:
+        """What stays in memory all run: the weights in the run's dtype, a frozen reference copy, and AdamW's
+        two moments per trainable value. Counted from the arrays' shapes: the moments are built at the first
+        update and a dtype cast is still lazy here, so the allocator's counter would read low."""
+        def nbytes(tree: Any) -> int:
+            return sum(v.nbytes for _, v in tree_flatten(tree))
+
+        model, reference = self.policy.model, self.reference
+        copy = nbytes(reference.model.parameters()) if reference is not None and not reference.uses_adapters_off else 0
+        return nbytes(model.parameters()) + copy + 2 * nbytes(model.trainable_parameters())
 
     def adapter_config(self) -> dict | None:
         c = self.config

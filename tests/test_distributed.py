@@ -128,13 +128,11 @@ def test_update_statistics_are_token_weighted_and_spreads_pooled():
 # ----------------------------------------------------------------------------- output and resume
 
 def test_ranks_other_than_zero_write_nothing(tmp_path):
-    world = World(rank=1, size=2)
+    from mlx_grpo.run import SilentRunDir
+    from mlx_grpo.telemetry.sinks import SinkSet
+
     run_dir = tmp_path / "run"
-
-    def make():
-        raise AssertionError("rank 1 must not build sinks")
-
-    sinks = world.sinks(make, run_dir)
+    sinks = SinkSet(SilentRunDir(run_dir))
     sinks.start("run", {}, {}, {}, 3, run_id=None)
     sinks.write(1, {"tokens/total": 1.0})
     sinks.write_samples(1, [{"prompt": "p"}])

@@ -17,7 +17,6 @@ from mlx_grpo.config import load_config
 from mlx_grpo.distributed import World
 from mlx_grpo.models import chunk_ignored, has_plain_head
 from mlx_grpo.trainer import Trainer
-from mlx_grpo.run import resident_bytes
 from mlx_grpo.update import build_train_batch, completion_logprobs
 from tiny_models import grouped_rollout, random_model
 
@@ -54,11 +53,11 @@ def test_what_stays_resident_counts_the_optimiser_state_before_it_exists(trainer
     per parameter in float32. The allocator's counter reads 8 before the first update builds the moments."""
     params = sum(v.size for _, v in tree_flatten(trainer.policy.model.parameters()))
     assert trainer.config.use_lora is False and trainer.reference is not None
-    assert resident_bytes(trainer) == 16 * params
+    assert trainer.resident_bytes() == 16 * params
     # what the old warning read: the arrays that exist before the first update (weights and the frozen copy),
     # counted from the trainer itself, not the process-wide allocator that earlier tests also fill
     existing = sum(v.nbytes for _, v in tree_flatten(trainer.policy.model.parameters()))
-    assert existing == 4 * params and 2 * existing < resident_bytes(trainer)
+    assert existing == 4 * params and 2 * existing < trainer.resident_bytes()
 
 
 def test_ranks_of_one_launch_on_one_host_share_its_memory(monkeypatch):
