@@ -165,10 +165,15 @@ def _check_weights_fit(path: Path, weights: dict[str, mx.array], model: nn.Modul
                         "was saved from another model or adapter layout")
 
 
+def read_state(path: Path) -> dict[str, Any]:
+    """The trainer state a checkpoint saved (its state.json)."""
+    return json.loads((path / "state.json").read_text())
+
+
 def load_checkpoint(path: Path, model: nn.Module, optimizer: optim.Optimizer) -> dict[str, Any]:
     """Restore weights, optimiser state and the global RNG; return the saved trainer state."""
     try:
-        state = json.loads((path / "state.json").read_text())
+        state = read_state(path)
         weights_file = path / ("adapters.safetensors" if (path / "adapters.safetensors").exists()
                                else "model.safetensors")
         weights = mx.load(str(weights_file))

@@ -183,7 +183,7 @@ class World:
         """The global batch's StepData: per-completion arrays concatenated in rank order, the update's
         token means weighted by each rank's tokens, the slowest rank's seconds and peaks.
 
-        Samples, the entropy dump and reward-function warnings stay this rank's.
+        The entropy dump and reward-function warnings stay this rank's.
         """
         if not self.distributed:
             return data
@@ -193,7 +193,8 @@ class World:
             "lengths": data.lengths.tolist(), "truncated": data.truncated.tolist(),
             "correct": None if data.correct is None else data.correct.tolist(),
             "difficulty": data.difficulty, "trained_tokens": data.trained_tokens, "stats": data.update.stats,
-            "texts": data.texts, "prompt_texts": data.prompt_texts, "answers": data.answers,
+            "texts": data.texts, "reasoning": data.reasoning, "predicted": data.predicted,
+            "prompt_texts": data.prompt_texts, "answers": data.answers,
             "seconds": data.seconds, "peaks": data.peak_memory, "components": data.component_metrics,
         })
 
@@ -212,7 +213,8 @@ class World:
             prompt_truncated=joined("prompt_truncated", bool), lengths=joined("lengths"),
             truncated=joined("truncated", bool), correct=None if data.correct is None else joined("correct", bool),
             difficulty=[level for p in parts for level in p["difficulty"]], trained_tokens=sum(tokens),
-            texts=[t for p in parts for t in p["texts"]], prompt_texts=[t for p in parts for t in p["prompt_texts"]],
+            texts=[t for p in parts for t in p["texts"]], reasoning=[t for p in parts for t in p["reasoning"]],
+            predicted=[t for p in parts for t in p["predicted"]], prompt_texts=[t for p in parts for t in p["prompt_texts"]],
             answers=[a for p in parts for a in p["answers"]],
             update=dataclasses.replace(data.update, stats=stats),
             seconds={name: max(p["seconds"][name] for p in parts) for name in data.seconds},

@@ -15,12 +15,13 @@ from typing import Any
 
 import mlx.core as mx
 
-from .checkpoint import PendingCheckpoint, latest_checkpoint, list_checkpoints, load_checkpoint, prepare_checkpoint
+from .checkpoint import (PendingCheckpoint, latest_checkpoint, list_checkpoints, load_checkpoint, prepare_checkpoint,
+                         read_state)
 from .config import TrainConfig, config_to_dict
 from .console import TrainingConsole
 from .data import load_datasets
 from .errors import UserError
-from .extras import entropy_dump
+from .extras.entropy_dump import EntropyDump, EntropyDumpWriter
 from .distributed import init_world
 from .machine import accel_memory, describe_device, share_memory_with, versions, wire_memory
 from .models import chunk_ignored, count_parameters, resolve_dtype
@@ -30,11 +31,12 @@ from .run_lock import RunLock, create_run_dir
 from .signals import StopRequest, report_stop
 from .telemetry.alerts.alert import Alert
 from .telemetry.alerts.config import check_rule_metrics, load_alert_rules, rules_from_config, with_on_alert
-from .telemetry.alerts.console import format_alert
 from .telemetry.metrics.system import SystemSampler
 from .telemetry.recorder import RunRecorder, StepReport
-from .telemetry.rundir.completions import CompletionsWriter, truncate_completions
-from .telemetry.rundir.writer import RunDirWriteError, RunInfo, scrub_secrets
+from .telemetry.events import Artifact, Flush, Start
+from .telemetry.rundir.completions import truncate_completions
+from .telemetry.rundir.layout import RunPaths
+from .telemetry.rundir.writer import RunDirWriteError, RunInfo, new_run_info, scrub_secrets
 from .telemetry.sinks import SinkSet, make_sinks
 from .telemetry.sinks.trackio import TrackioOptions, trackio_store
 from .telemetry.sinks.wandb import WandbOptions
@@ -115,7 +117,7 @@ def saved_remedy(checkpoint: Path | None) -> dict[str, float]:
     """The rollbacks' factors a checkpoint kept (none for a new run)."""
     if checkpoint is None:
         return {}
-    return json.loads((checkpoint / "state.json").read_text()).get("remedy", {})
+    return read_state(checkpoint).get("remedy", {})
 
 
 def open_directory(trainer: Trainer, resume_dir: Path | None) -> tuple[Path, RunLock | None]:
@@ -152,24 +154,28 @@ def resume_point(trainer: Trainer, checkpoint: Path | None, run_dir: Path, resum
 
 def open_sinks(trainer: Trainer, run_dir: Path, base_dir: Path, saved: dict[str, Any],
                resume_dir: Path | None) -> tuple[SinkSet, TrainingConsole, RunInfo]:
-    """The sinks: the run directory always, TensorBoard, W&B and Trackio as configured. Only rank 0 writes:
-    the other ranks get a set that records nothing."""
-    config, world = trainer.config, trainer.world
-    start_step = saved.get("step", 0)
+    """The console and the sinks: the run directory always, TensorBoard, W&B, Trackio, every completion and
+    the entropy dumps as configured. Only rank 0 writes: the other ranks get a set without sinks."""
+    config, writes, start_step = trainer.config, trainer.world.is_main, saved.get("step", 0)
     console = TrainingConsole(config.num_steps, start_step)
-    console.console.quiet = not world.is_main  # rank 0 speaks for the run
-    sinks = SinkSet(SilentRunDir(run_dir))
-    if world.is_main:
+    console.console.quiet = not writes  # rank 0 speaks for the run
+    info = RunInfo(name=run_dir.name, run_id=saved.get("run_id"))
+    sinks = SinkSet(None)
+    if writes:
         sinks = make_sinks(run_dir, tensorboard=config.tensorboard, tensorboard_dir=config.tensorboard_dir,
                            wandb=wandb_options(config, run_dir), trackio=trackio_options(config, run_dir),
                            warn=lambda m: console.message(m, style="yellow"),
-                           purge_step=start_step + 1 if resume_dir is not None else None)
-    run_info = sinks.start(run_dir.name, {**config_to_dict(config), "base_dir": str(base_dir)}, versions(),
-                           {**describe_device(resolve_dtype(config)), **world.describe()}, config.num_steps,
-                           run_id=saved.get("run_id"), resume_step=start_step if resume_dir is not None else None)
-    if config.wandb and config.wandb_log_dataset and resume_dir is None and world.is_main:
+                           purge_step=start_step + 1 if resume_dir is not None else None,
+                           completions_max_mb=config.completions_max_mb if config.keep_completions else None,
+                           extra=[EntropyDumpWriter(run_dir)])
+        info = new_run_info(run_dir, run_dir.name, {**config_to_dict(config), "base_dir": str(base_dir)},
+                            versions(), {**describe_device(resolve_dtype(config)), **trainer.world.describe()},
+                            config.num_steps, run_id=saved.get("run_id"),
+                            resume_step=start_step if resume_dir is not None else None)
+    sinks.handle(Start(info, run_dir))
+    if config.wandb and config.wandb_log_dataset and resume_dir is None and writes:
         log_dataset(sinks, config, base_dir)
-    return sinks, console, run_info
+    return sinks, console, info
 
 
 def wandb_options(config: TrainConfig, run_dir: Path) -> WandbOptions | None:
@@ -194,9 +200,7 @@ def open_recorder(trainer: Trainer, rules: list, sinks: SinkSet, console: Traini
         sampler=SystemSampler(accel_memory=accel_memory).start(), reward_fns=trainer.reward_fns,
         components={"adaptive_window": trainer.window} if trainer.window is not None else {},
         hist_every=config.histogram_every, log_every=config.log_every, num_steps=config.num_steps,
-        num_iterations=config.num_iterations,
-        completions=CompletionsWriter(sinks.rundir.path, config.completions_max_mb)
-        if config.keep_completions and trainer.world.is_main else None)
+        num_iterations=config.num_iterations, samples_per_step=config.samples_per_step)
     if "run_state" in saved:
         recorder.load_state_dict(saved["run_state"])
     return recorder
@@ -222,33 +226,6 @@ def announce(run: Run, memory_plan: str, memory_warning: str | None) -> None:
     for fn in trainer.reward_fns:
         if (line := fn.hooks.describe()) is not None:
             say(line)
-
-
-class SilentRunDir:
-    """Stands in for the run-directory writer on ranks other than 0: same calls, writes nothing."""
-
-    def __init__(self, path: Path):
-        self.path = Path(path)
-        self.info: RunInfo | None = None
-
-    def start(self, name: str, *args: Any, run_id: str | None = None, **kwargs: Any) -> RunInfo:
-        self.info = RunInfo(name=name, run_id=run_id)
-        return self.info
-
-    def write_metrics(self, *args, **kwargs) -> None:
-        pass
-
-    def write_samples(self, *args, **kwargs) -> None:
-        pass
-
-    def write_alert(self, *args, **kwargs) -> None:
-        pass
-
-    def write_final_metrics(self, *args, **kwargs) -> None:
-        pass
-
-    def finish(self, status: str = "finished") -> None:
-        pass
 
 
 # ----------------------------------------------------------------------------- what comes after a step
@@ -359,8 +336,8 @@ def record_step(run: Run, step: int) -> StepReport:
     evaluation = trainer.evaluate(data.peak_memory) if eval_due(step, config) else None
     report = run.recorder.record_step(data, evaluation, epoch_ended=trainer.order.epoch != epoch,
                                       last=step == config.num_steps)
-    if data.entropy_dump is not None and run.writes:
-        entropy_dump.write_dump(run.run_dir, data.entropy_dump)
+    if data.entropy_dump is not None:
+        run.recorder.sinks.handle(EntropyDump(data.entropy_dump))
     return report
 
 
@@ -371,7 +348,9 @@ def write_step(run: Run, report: StepReport, decision: Next) -> Next:
     if isinstance(decision, (RollBack, Fail)):
         recorder.write(report)
         return decision
-    due_now = due(step, run.config.checkpoint_every, run.config.num_steps) or isinstance(decision, Stop)
+    config = run.config
+    due_now = (due(step, config.checkpoint_every, config.num_steps) or step == config.num_steps
+               or isinstance(decision, Stop))
     pending = prepare(run, step) if run.writes and due_now else None
     recorder.write(report, checkpoint_s=pending.seconds if pending is not None else None)
     out_of_space = recorder.sinks.out_of_space if run.writes else None
@@ -383,8 +362,9 @@ def write_step(run: Run, report: StepReport, decision: Next) -> Next:
                                   f"{step}, checkpoint saved, every step written. Free some space, then continue "
                                   f"with: {resume_command(run.run_dir)}"))
     if pending is not None:
-        recorder.sinks.flush()  # the step's TensorBoard events are on disk before the checkpoint is
-        recorder.sinks.log_checkpoint(pending.commit({"log_positions": log_positions(run.run_dir)}), step)
+        recorder.sinks.handle(Flush())  # the step's TensorBoard events are on disk before the checkpoint is
+        path = pending.commit({"log_positions": log_positions(run.run_dir)})
+        recorder.sinks.handle(Artifact("checkpoint", step=step, path=path))
         mx.clear_cache()  # the checkpoint's host copies: not kept (and wired) until the run ends
     return decision
 
@@ -401,7 +381,7 @@ def say_stop(run: Run, stop: Stop) -> None:
 
 def peer_lost_message(rank: int, step: int, run_dir: Path) -> str:
     """The line said when a data-parallel rank lost a peer: the last checkpoint and the resume command."""
-    last = latest_checkpoint(run_dir / "checkpoints")
+    last = latest_checkpoint(RunPaths(run_dir).checkpoints)
     saved = f"the last checkpoint is {last.name}" if last is not None else "there is no checkpoint yet"
     return (f"rank {rank} lost another process of the run during step {step} (it was stopped or died); "
             f"{saved}, the run directory has every record up to it. Continue with the same mlx.launch command "
@@ -438,7 +418,7 @@ def roll_back(run: Run, alert: Alert, step: int) -> None:
     trainer, recorder = run.trainer, run.recorder
     rule = next(r for r in recorder.engine.rules if r.name == alert.rule)
     began = step - rule.for_steps + 1
-    candidates = [p for p in list_checkpoints(run.run_dir / "checkpoints") if int(p.name.split("_")[1]) < began]
+    candidates = [p for p in list_checkpoints(RunPaths(run.run_dir).checkpoints) if int(p.name.split("_")[1]) < began]
     if not candidates:
         raise UserError(f"alert rule '{rule.name}' (action: rollback) fired at step {step} and no checkpoint "
                         f"from before step {began} is left to go back to", exit_code=EXIT_GUARD_STOP)
@@ -458,9 +438,7 @@ def roll_back(run: Run, alert: Alert, step: int) -> None:
                   message=f"rolled back to {checkpoint.name} after '{rule.name}' at step {step} "
                           f"(rollback {run.rollbacks} of {trainer.config.max_rollbacks}); {changes}; "
                           f"training goes on at step {step + 1}")
-    if recorder.sinks is not None:
-        recorder.sinks.write_alert(event)
-    recorder.message(format_alert(event))
+    recorder.alert(event)
 
 
 def alert_stop_message(rule: str, step: int, run_dir: Path) -> str:
@@ -469,17 +447,18 @@ def alert_stop_message(rule: str, step: int, run_dir: Path) -> str:
             f"continue with: {resume_command(run_dir)}")
 
 
-def log_dataset(sinks: Any, config: TrainConfig, base_dir: Path) -> None:
+def log_dataset(sinks: SinkSet, config: TrainConfig, base_dir: Path) -> None:
     """The rows of the run's train and held-out splits, to the sinks that keep datasets (W&B's worker
     thread writes and uploads them; the training thread only hands the lists over)."""
     train_rows, heldout_rows = load_datasets(config, base_dir)
     name = "arithmetic" if config.dataset == "arithmetic" else Path(config.dataset).stem
-    sinks.log_dataset(f"{name}-seed{config.seed}" if config.dataset == "arithmetic" else name,
-                      {"train": train_rows, "heldout": heldout_rows},
-                      {"dataset": config.dataset, "eval_dataset": config.eval_dataset,
-                       "dataset_format": config.dataset_format, "prompt_field": config.prompt_field,
-                       "answer_field": config.answer_field, "train_size": config.train_size,
-                       "eval_size": config.eval_size, "seed": config.seed})
+    sinks.handle(Artifact(
+        "dataset", name=f"{name}-seed{config.seed}" if config.dataset == "arithmetic" else name,
+        splits={"train": train_rows, "heldout": heldout_rows},
+        metadata={"dataset": config.dataset, "eval_dataset": config.eval_dataset,
+                  "dataset_format": config.dataset_format, "prompt_field": config.prompt_field,
+                  "answer_field": config.answer_field, "train_size": config.train_size,
+                  "eval_size": config.eval_size, "seed": config.seed}))
 
 
 def log_final_model(run: Run, step: int) -> None:
@@ -489,12 +468,12 @@ def log_final_model(run: Run, step: int) -> None:
 
     trainer, recorder = run.trainer, run.recorder
     try:
-        path = write_fused(run.run_dir / "final_model", trainer.policy.model, trainer.policy.tokenizer,
+        path = write_fused(RunPaths(run.run_dir).final_model, trainer.policy.model, trainer.policy.tokenizer,
                            trainer.config.model_id, run.base_dir)
     except (UserError, OSError, ValueError) as err:
         recorder.message(f"warning: the final model was not logged to W&B: {err}", style="yellow")
         return
-    recorder.sinks.log_model(path, step)
+    recorder.sinks.handle(Artifact("model", step=step, path=path))
 
 
 def due(step: int, every: int, num_steps: int) -> bool:
@@ -515,7 +494,7 @@ def prepare(run: Run, step: int) -> PendingCheckpoint:
     state = {"order": trainer.order.state(), "run_id": run.run_id,
              "config": scrub_secrets(dataclasses.asdict(trainer.config)), "run_state": recorder.state_dict(),
              "rollbacks": run.rollbacks, "remedy": run.remedy, **trainer.world.checkpoint_state()}
-    return prepare_checkpoint(run.run_dir / "checkpoints", step, trainer.policy.model, trainer.optimizer, state,
+    return prepare_checkpoint(RunPaths(run.run_dir).checkpoints, step, trainer.policy.model, trainer.optimizer, state,
                               trainer.adapter_config(), trainer.config.keep_checkpoints)
 
 

@@ -24,6 +24,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .telemetry.metrics.names import EVAL_ACCURACY
+from .telemetry.rundir.layout import RunPaths
 
 PERTURB_ENV = "MLX_GRPO_SELFTEST_PERTURB"
 
@@ -192,17 +193,17 @@ def check_resume(base_dir: Path, work: Path) -> Check:
     whole = Path(train(config, base_dir)["run_dir"])
     resumed = work / "runs" / "resumed"
     shutil.copytree(whole, resumed)
-    shutil.rmtree(resumed / "checkpoints" / "step_4")
+    shutil.rmtree(RunPaths(resumed).checkpoints / "step_4")
     train(replace(config, run_name="resumed"), base_dir, resume_dir=resumed)
 
     def final_weights(run: Path) -> dict[str, np.ndarray]:
         import mlx.core as mx
 
-        return {k: np.array(v) for k, v in mx.load(str(run / "checkpoints" / "step_4" / "model.safetensors")).items()}
+        return {k: np.array(v) for k, v in mx.load(str(RunPaths(run).checkpoints / "step_4" / "model.safetensors")).items()}
 
     a, b = final_weights(whole), final_weights(resumed)
     diff = max(max_difference(perturbed("resume", a[k]), b[k]) for k in a)
-    records = [[json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()] for run in (whole, resumed)]
+    records = [[json.loads(line) for line in RunPaths(run).metrics.read_text().splitlines()] for run in (whole, resumed)]
     clock = ("time", "timing/", "system/", "throughput/", "memory/")  # measured, not computed
     computed = [[{k: v for k, v in r.items() if not k.startswith(clock)}
                  for r in rs if r.get("step", 0) > 2] for rs in records]
@@ -299,7 +300,7 @@ def check_learning(base_dir: Path, work: Path) -> Check:
     start = time.perf_counter()
     run = Path(train(config, base_dir)["run_dir"])
     seconds = time.perf_counter() - start
-    accuracy = [r[EVAL_ACCURACY] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
+    accuracy = [r[EVAL_ACCURACY] for r in map(json.loads, RunPaths(run).metrics.read_text().splitlines())
                 if EVAL_ACCURACY in r]
     gain = float(perturbed("learning", np.array(accuracy[-1] - accuracy[0])))
     want = LEARNING_SHARE * REFERENCE_GAIN

@@ -3,9 +3,11 @@
 `Trainer` holds what a step needs (policy, reference, rewards, data order, optimiser) and runs a
 step as phase methods that return data: `draw_prompts`, `rollout`, `score`, `advantages`,
 `reference_logprobs`, `update`; dynamic sampling refills a batch from the groups that teach something.
-`Trainer.step` strings them together and returns a `StepData` of raw arrays and timings (gathered over
-data-parallel ranks); it names no metric. The run around the steps (directory, sinks, recorder,
-checkpoints) is run.py's.
+`Trainer.step` strings them together and returns a `StepData` of raw arrays, texts and timings (gathered
+over data-parallel ranks). It shapes no record: metric names are step_data.py's, except what a component
+measures about itself (the adaptive window, S-GRPO, dynamic sampling's redrawn prompts), and every
+completion's row is the recorder's. The run around the steps (directory, sinks, recorder, checkpoints)
+is run.py's.
 """
 
 from __future__ import annotations
@@ -358,9 +360,9 @@ class Trainer:
                                self.optimizer.learning_rate.item(), config.beta, self.reference is not None),
             seconds={**meter.seconds, "update": update.seconds}, peak_memory=meter.peaks,
             component_metrics=component_metrics,
-            samples=self._samples(prompts, scored, np.array(group_advantages), lengths, rollout.truncated),
             new_errors=scored.scores.new_errors,
-            texts=scored.texts, prompt_texts=[row["prompt"] for row in prompts.rows],
+            texts=scored.texts, reasoning=[extract_reasoning(t) for t in scored.texts],
+            predicted=[extract_answer(t) for t in scored.texts], prompt_texts=[row["prompt"] for row in prompts.rows],
             answers=[row["answer"] for row in prompts.rows],
             entropy_dump=(entropy_dump.build_dump(step, update.token_stats["token_entropy"],
                                                   update.token_stats["token_varentropy"], trained.prompts,
@@ -368,22 +370,6 @@ class Trainer:
                           if update.token_stats and step % config.entropy_logging.every == 0 else None),
         )
         return self.world.gather(data)
-
-    def _samples(self, prompts: Prompts, scored: Scored, adv: np.ndarray, lengths: np.ndarray,
-                 truncated: list[bool]) -> list[dict]:
-        """One completion from each of the first few groups, for samples.jsonl."""
-        G, scores, rows = prompts.group_size, scored.scores, prompts.per_completion
-        out = []
-        for i in [g * G for g in range(min(self.config.samples_per_step, len(prompts.rows)))]:
-            per_fn = {name: (None if np.isnan(scores.per_function[j, i]) else float(scores.per_function[j, i]))
-                      for j, name in enumerate(scores.names)}
-            out.append({"prompt_index": i // G, "prompt": rows[i]["prompt"], "completion": scored.texts[i],
-                        "reasoning": extract_reasoning(scored.texts[i]),
-                        "predicted": extract_answer(scored.texts[i]), "answer": rows[i]["answer"],
-                        "rewards": per_fn, "total": float(scores.total[i]), "advantage": float(adv[i]),
-                        "length": int(lengths[i]), "truncated": bool(truncated[i]),
-                        "correct": None if scored.correct is None else bool(scored.correct[i])})
-        return out
 
     def evaluate(self, peaks: dict[str, float] | None = None) -> dict[str, float] | None:
         """Greedy held-out accuracy over every rank's share of the held-out rows (None without a correctness

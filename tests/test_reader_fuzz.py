@@ -36,12 +36,8 @@ from mlx_grpo.telemetry.rundir.reader import RunReader  # noqa: E402
 from mlx_grpo.tui.run_picker import read_entry  # noqa: E402
 from run_writer import RunWriter  # noqa: E402
 
-from mlx_grpo.telemetry import rundir as rundir_module  # noqa: E402
-
-# Every file a run directory can hold that some reader opens (docs/RUN_DIRECTORY.md), the files later
-# versions add (per-step completions, events) included when this version names them.
-FILES = ("metrics.jsonl", "samples.jsonl", "alerts.jsonl",
-         *(name for name in (getattr(rundir_module, "EVENTS", None),) if name))
+# Every file a run directory can hold that some reader opens (docs/RUN_DIRECTORY.md).
+FILES = ("metrics.jsonl", "samples.jsonl", "alerts.jsonl")
 JSON_FILES = ("run.json", "final_metrics.json", "report.json", "checkpoints/step_2/state.json", ".lock")
 TIME_CAP_S = 240  # per test: a reader that hangs fails the test instead of the CI job
 FUZZ = settings(deadline=None, suppress_health_check=list(HealthCheck), database=None, derandomize=True)

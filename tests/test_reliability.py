@@ -22,7 +22,7 @@ from mlx_grpo.config import load_config
 from mlx_grpo.errors import UserError
 from mlx_grpo.telemetry import sinks as sinks_module
 from mlx_grpo.telemetry.rundir.writer import read_run_info, write_run_info
-from mlx_grpo.telemetry.sinks.base import Sink
+from mlx_grpo.telemetry.events import Sink
 from mlx_grpo.trainer import Trainer
 from mlx_grpo.rollout import Rollout
 from mlx_grpo.update import build_train_batch, update_policy
@@ -204,7 +204,7 @@ def test_a_tensorboard_write_error_warns_and_training_continues(tmp_path, model,
     def broken(self, *args):
         raise PermissionError("events file is read-only")
 
-    monkeypatch.setattr(sinks_module.TensorBoardSink, "write_samples", broken)
+    monkeypatch.setattr(sinks_module.TensorBoardSink, "handle", broken)
     assert main(flags(tmp_path, model)) == 0
     assert_complete_run_despite(tmp_path / "runs" / "r", "tensorboard", "read-only")
 
@@ -219,19 +219,14 @@ class FakeWandb(Sink):
     def __init__(self, options):
         self.options = options
 
-    def _call(self, method, *args):
-        FakeWandb.seen.append((method, args))
+    def handle(self, event):
+        method = type(event).__name__.lower()
+        FakeWandb.seen.append((method, event))
         if method == self.fail_in:
             raise ConnectionError("wandb.init() timed out, check your network")
 
-    def start(self, info, run_dir):
-        self._call("start", info.to_dict(), str(run_dir))
 
-    def write(self, step, scalars, histograms, rewards):
-        self._call("write", step, scalars)
-
-
-@pytest.mark.parametrize("fail_in", ["start", "write"])
+@pytest.mark.parametrize("fail_in", ["start", "scalars"])
 def test_a_wandb_failure_warns_and_training_continues(tmp_path, model, monkeypatch, fail_in):
     monkeypatch.setattr(FakeWandb, "fail_in", fail_in)
     monkeypatch.setattr(sinks_module, "WandbSink", FakeWandb)

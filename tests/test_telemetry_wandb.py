@@ -11,9 +11,12 @@ import pytest
 
 from mlx_grpo.telemetry.metrics.reward_stats import RewardTracker, reward_metrics
 from mlx_grpo.telemetry.rundir.writer import read_run_info
+from mlx_grpo.telemetry.events import AlertEvent, Artifact, Final, Samples, Scalars
 from mlx_grpo.telemetry.sinks import make_sinks
 from mlx_grpo.telemetry.sinks.wandb import WandbOptions
 from mlx_grpo.telemetry.sinks.wandb_charts import chart_interval, heatmap_svg
+
+from run_writer import start_sinks
 
 pytest.importorskip("wandb")
 
@@ -43,7 +46,7 @@ def test_offline_wandb_run_completes_with_scalars_tables_charts_alerts_and_artif
     options = WandbOptions(project="mlx-grpo-test", name="offline-check", tags=["test"], notes="n", chart_every=2,
                            log_checkpoints=True)
     sinks = make_sinks(offline / "run", wandb=options, warn=warnings.append)
-    sinks.start(name="run", config={"learning_rate": 1e-4, "api_key": "never-logged-123"}, total_steps=4)
+    start_sinks(sinks, offline / "run", config={"learning_rate": 1e-4, "api_key": "never-logged-123"}, total_steps=4)
     tracker = RewardTracker(NAMES, hist_every=2)
     rng = np.random.default_rng(0)
     for step in range(1, 5):
@@ -54,13 +57,13 @@ def test_offline_wandb_run_completes_with_scalars_tables_charts_alerts_and_artif
         scalars["policy/kl"] = 0.01 * step
         scalars["criteria/math/shows_work/mean"] = 0.2 * step
         scalars["criteria/math/final_answer/mean"] = 1.0 - 0.1 * step
-        sinks.write(step, scalars, tracker.histograms(step), rewards={"total": total, **dict(zip(NAMES, scores))})
-        sinks.write_samples(step, [sample(step, 0), sample(step, 1)])
+        sinks.handle(Scalars(step, scalars, tracker.histograms(step), {"total": total, **dict(zip(NAMES, scores))}))
+        sinks.handle(Samples(step, [sample(step, 0), sample(step, 1)]))
         if step == 4:
-            sinks.log_checkpoint(checkpoint, step)
-    sinks.write_alert({"step": 4, "level": "warning", "rule": "kl_rising", "metric": "policy/kl", "value": 0.04,
-                       "message": "KL keeps rising"})
-    sinks.write_final(tracker.final_metrics())
+            sinks.handle(Artifact("checkpoint", step=step, path=checkpoint))
+    sinks.handle(AlertEvent({"step": 4, "level": "warning", "rule": "kl_rising", "metric": "policy/kl", "value": 0.04,
+                             "message": "KL keeps rising"}))
+    sinks.handle(Final(tracker.final_metrics()))
     sinks.close()
 
     assert warnings == [] and sinks.active == ["tensorboard", "wandb"]
@@ -102,8 +105,8 @@ def test_without_wandb_installed_training_logs_locally_with_one_warning(monkeypa
     monkeypatch.setitem(sys.modules, "wandb", None)  # makes `import wandb` raise ImportError
     warnings = []
     sinks = make_sinks(tmp_path / "run", wandb=WandbOptions(), warn=warnings.append)
-    sinks.start(name="run", config={})
-    sinks.write(1, {"policy/loss": 1.0})
+    start_sinks(sinks, tmp_path / "run")
+    sinks.handle(Scalars(1, {"policy/loss": 1.0}))
     sinks.close()
     assert sinks.active == ["tensorboard"]
     assert len(warnings) == 1 and "W&B logging is off" in warnings[0]
@@ -148,7 +151,7 @@ def test_a_real_run_logs_dataset_charts_and_final_model_offline_and_a_failing_wa
     def broken(self, name, splits, metadata):
         raise ConnectionError("W&B is unreachable")
 
-    monkeypatch.setattr(WandbSink, "log_dataset", broken)
+    monkeypatch.setattr(WandbSink, "_log_dataset", broken)
     result = train(load_config(None, {**settings, "run_name": "broken"}), offline)
     assert result["status"] == "finished"
     run_dir = Path(result["run_dir"])
@@ -183,13 +186,16 @@ def test_wandb_is_opt_in_and_an_api_key_in_the_environment_alone_never_turns_it_
 
 SECRET_RUN = """
 import sys
+from mlx_grpo.telemetry.events import Scalars, Start
+from mlx_grpo.telemetry.rundir.writer import new_run_info
 from mlx_grpo.telemetry.sinks import make_sinks
 from mlx_grpo.telemetry.sinks.wandb import WandbOptions
 secret, typed, out = sys.argv[1], sys.argv[2], sys.argv[3]
 options = WandbOptions(project="mlx-grpo-test", name="secrets", tags=[typed, "ok"], notes=f"key {secret}", dir=out)
 sinks = make_sinks(out + "/run", wandb=options)
-sinks.start(name="run", config={"system_prompt": f"use token {typed}"}, total_steps=1)
-sinks.write(1, {"rewards/total/mean": 1.0}, {}, None)
+info = new_run_info(out + "/run", "run", {"system_prompt": f"use token {typed}"}, total_steps=1)
+sinks.handle(Start(info, out + "/run"))
+sinks.handle(Scalars(1, {"rewards/total/mean": 1.0}))
 sinks.close("finished")
 """
 

@@ -102,10 +102,10 @@ def load_target(args: argparse.Namespace):
     from ..config import load_config
     from ..export import ADAPTER_FILES, load_trained
     from ..models import dequantize_base, load_policy
-    from ..telemetry.rundir.writer import RUN_JSON
+    from ..telemetry.rundir.layout import RunPaths
 
     target = Path(args.target)
-    if (target / RUN_JSON).is_file():
+    if RunPaths(target).run_json.is_file():
         if args.config is not None:
             raise UserError(f"--config {args.config}: a run directory keeps its own config")
         trained = load_trained(target, args.step)

@@ -28,7 +28,8 @@ from .alerts.rules import Rule
 from .metrics.names import ACCEL_LIMIT_GB, BACKPROP_TOKENS_PER_S, CHECKPOINT_SECONDS, ELAPSED_SECONDS, GEN_TOKENS_PER_S
 from .metrics.reward_stats import RewardTracker, ThroughputTracker
 from .metrics.step_data import StepData, peak_share_metrics, step_record
-from .rundir.completions import CompletionsWriter, completion_rows
+from .events import AlertEvent, Completions, Final, Samples, Scalars
+from .rundir.completions import completion_rows, sample_rows
 
 
 @dataclass
@@ -40,8 +41,8 @@ class StepReport:
     alerts: list[Alert]
     histograms: dict[str, np.ndarray] = field(default_factory=dict)
     rewards: dict[str, np.ndarray] = field(default_factory=dict)  # "total" and per function, per completion
-    samples: list[dict] = field(default_factory=list)
-    completions: list[dict] = field(default_factory=list)  # every completion of the step (completions/)
+    completions: list[dict] = field(default_factory=list)  # every completion of the step, one row each
+    samples: list[dict] = field(default_factory=list)  # samples.jsonl's selection of those rows
 
 
 class RunRecorder:
@@ -50,15 +51,15 @@ class RunRecorder:
     `sinks` (a SinkSet) and `console` (a TrainingConsole) may be None: a custom loop that only wants
     records and alerts. `reward_fns` are the run's reward functions (rewards.RewardFunction): their
     hooks' metrics, alerts, epoch figures and state go through here. `components` are other objects of the step with
-    state of their own (`state_dict`/`load_state_dict`, e.g. the adaptive window's controller). `completions`
-    keeps every completion of every step (None: not kept).
+    state of their own (`state_dict`/`load_state_dict`, e.g. the adaptive window's controller).
+    `samples_per_step`: how many groups' first completion go to samples.jsonl.
     """
 
     def __init__(self, reward_names: Sequence[str], rules: Sequence[Rule], *, sinks: Any = None,
                  console: Any = None, sampler: Any = None, reward_fns: Sequence[Any] = (),
                  components: Mapping[str, Any] | None = None, hist_every: int = 10, log_every: int = 1,
-                 num_steps: int | None = None, num_iterations: int = 1,
-                 completions: CompletionsWriter | None = None, clock: Callable[[], float] = time.perf_counter):
+                 num_steps: int | None = None, num_iterations: int = 1, samples_per_step: int = 4,
+                 clock: Callable[[], float] = time.perf_counter):
         self.rewards = RewardTracker(reward_names, hist_every=hist_every)
         self.gen_throughput = ThroughputTracker(GEN_TOKENS_PER_S)
         self.backprop_throughput = ThroughputTracker(BACKPROP_TOKENS_PER_S)
@@ -70,7 +71,7 @@ class RunRecorder:
         self.components = dict(components or {})
         self.log_every, self.num_steps, self.num_iterations = log_every, num_steps, num_iterations
         self.nonfinite_in_a_row = 0  # updates in a row skipped for a NaN/Inf loss or gradient
-        self.completions = completions
+        self.samples_per_step = samples_per_step
         self._clock = clock
         self._started = clock()
 
@@ -113,10 +114,13 @@ class RunRecorder:
             self.message(f"warning: {message}", style="yellow")
         self._unchecked_rules = []
         scores = {"total": data.total, **{name: data.scores[i] for i, name in enumerate(data.reward_names)}}
-        rows = (completion_rows(step, data.prompt_texts, data.answers, data.texts, data.group_size, data.reward_names,
-                                data.scores, data.total, data.advantages, data.lengths, data.truncated, data.correct)
-                if self.completions is not None and data.texts else [])
-        return StepReport(step, record, alerts, self.rewards.histograms(step), scores, data.samples, rows)
+        rows = completion_rows(
+            step=step, prompts=data.prompt_texts, answers=data.answers, texts=data.texts, reasoning=data.reasoning,
+            predicted=data.predicted, group_size=data.group_size, reward_names=data.reward_names, scores=data.scores,
+            total=data.total, advantages=data.advantages, lengths=data.lengths, truncated=data.truncated,
+            correct=data.correct) if data.texts else []
+        return StepReport(step, record, alerts, self.rewards.histograms(step), scores, rows,
+                          sample_rows(rows, data.group_size, self.samples_per_step))
 
     def record_evaluation(self, step: int, evaluation: Mapping[str, float]) -> StepReport:
         """A record of an evaluation alone: the one before the first update is step 0's, the policy as it
@@ -138,16 +142,21 @@ class RunRecorder:
             report.record[CHECKPOINT_SECONDS] = checkpoint_s
         step, last = report.step, report.step == self.num_steps
         if self.sinks is not None and (step % self.log_every == 0 or last):
-            self.sinks.write(step, report.record, report.histograms, rewards=report.rewards)
-            self.sinks.write_samples(step, report.samples)
-        if self.completions is not None and (full := self.completions.write(step, report.completions)):
-            self.message(f"warning: {full}", style="yellow")
+            self.sinks.handle(Scalars(step, report.record, report.histograms, report.rewards))
+            if report.samples:
+                self.sinks.handle(Samples(step, report.samples))
+        if self.sinks is not None and report.completions:
+            self.sinks.handle(Completions(step, report.completions))
         for alert in report.alerts:
-            if self.sinks is not None:
-                self.sinks.write_alert(alert)
-            self.message(format_alert(alert))
+            self.alert(alert)
         if self.console is not None and self.num_steps:
             self.console.step(step, report.record, every=max(1, self.num_steps // 20))
+
+    def alert(self, alert: Alert) -> None:
+        """An alert to the sinks and the console."""
+        if self.sinks is not None:
+            self.sinks.handle(AlertEvent.of(alert))
+        self.message(format_alert(alert))
 
     def message(self, text: Any, style: str | None = None) -> None:
         """Print a line on the console, if there is one."""
@@ -175,7 +184,7 @@ class RunRecorder:
         if self.sampler is not None:
             self.sampler.stop()
         if self.sinks is not None:
-            self.sinks.write_final(final)
+            self.sinks.handle(Final(final))
             self.sinks.close(status)
 
     # ------------------------------------------------------------------ checkpoints

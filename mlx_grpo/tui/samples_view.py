@@ -18,7 +18,7 @@ import warnings
 
 import numpy as np
 
-from ..telemetry.rundir.completions import completion_steps, groups, ordered_totals, read_step
+from ..telemetry.rundir.completions import completion_steps, groups, heatmap_matrix, ordered_totals, read_step
 from ..telemetry.sinks.wandb_charts import scale_colour
 from .board import Board
 from .board_widget import BoardView
@@ -91,7 +91,7 @@ def group_table(group: list[dict], selected: dict) -> Table:
     ranked = sorted(group, key=lambda r: -(r.get("advantage") if isinstance(r.get("advantage"), (int, float))
                                            else float("-inf")))
     for row in ranked:
-        mine = row.get("completion") == selected.get("completion")
+        mine = row.get("completion_index") == selected.get("completion_index")
         rewards = row.get("rewards") if isinstance(row.get("rewards"), dict) else {}
         advantage = row.get("advantage")
         correct = row.get("correct")
@@ -107,8 +107,8 @@ def group_table(group: list[dict], selected: dict) -> Table:
 
 
 def sample_group(run_dir, s: dict, cache: dict) -> list[dict]:
-    """The group of sample `s` in its step's completions file (prompt_index, or the prompt's text for
-    samples written before samples carried it); [] when the run kept no completions."""
+    """The group of sample `s` in its step's completions file, by (step, prompt_index); [] when the run kept
+    no completions."""
     step = s.get("step")
     if not isinstance(step, int):
         return []
@@ -116,11 +116,8 @@ def sample_group(run_dir, s: dict, cache: dict) -> list[dict]:
     if key not in cache:
         cache.clear()  # one step at a time: moving along the list reads each file once
         cache[key] = groups(read_step(run_dir, step, display=True))
-    by_prompt = cache[key]
     index = s.get("prompt_index")
-    if isinstance(index, int) and index in by_prompt:
-        return by_prompt[index]
-    return next((g for g in by_prompt.values() if g and g[0].get("prompt") == s.get("prompt")), [])
+    return cache[key].get(index, []) if isinstance(index, int) else []
 
 
 HEATMAP_STEPS, HEATMAP_LINES = 40, 8  # columns (the last steps) and text lines (two cells each)
@@ -157,12 +154,7 @@ def run_heatmap(run_dir, cache: dict) -> tuple[list[int], np.ndarray]:
     for step in steps:
         if (str(run_dir), step) not in cache:
             cache[(str(run_dir), step)] = ordered_totals(read_step(run_dir, step))
-    columns = [cache[(str(run_dir), step)] for step in steps]
-    height = max((len(c) for c in columns), default=0)
-    matrix = np.full((height, len(steps)), np.nan)
-    for j, column in enumerate(columns):
-        matrix[:len(column), j] = column
-    return steps, matrix
+    return steps, heatmap_matrix([cache[(str(run_dir), step)] for step in steps])
 
 
 class SamplesView(BoardView, Horizontal):

@@ -63,8 +63,9 @@ class StepData:
     seconds: dict[str, float]  # phase -> seconds (PHASES, plus "step"): the slowest rank's
     peak_memory: dict[str, float] = field(default_factory=dict)  # phase -> peak bytes during it
     component_metrics: dict[str, float] = field(default_factory=dict)  # named by their own modules
-    samples: list[dict] = field(default_factory=list)  # a few completions for samples.jsonl (rank 0's)
-    texts: list[str] = field(default_factory=list)  # [N] every completion's text (completions/)
+    texts: list[str] = field(default_factory=list)  # [N] every completion's text
+    reasoning: list = field(default_factory=list)  # [N] its reasoning, read by the task's answer format
+    predicted: list = field(default_factory=list)  # [N] its answer, read the same way (None: none found)
     prompt_texts: list[str] = field(default_factory=list)  # [B] the step's prompts, one per group
     answers: list = field(default_factory=list)  # [B] their expected answers
     new_errors: list[str] = field(default_factory=list)  # reward-function failures first seen this step

@@ -42,7 +42,8 @@ from ..alerts.engine import AlertEngine
 from .history_loader import HistoryLoader
 from ..metrics.other_names import canonical_record
 from .jsonl_tail import JsonlTail
-from .writer import ALERTS, ENDED, METRICS, RUN_JSON, SAMPLES, RunInfo, read_json_object, read_run_info
+from .layout import ALERTS, METRICS, SAMPLES, RunPaths
+from .writer import ENDED, RunInfo, read_json_object, read_run_info
 from .metric_table import MetricTable, table_from_records
 
 
@@ -238,10 +239,10 @@ class RunReader:
         self.state = RunView(self.run_dir)
         self._chunk_bytes = history_chunk_bytes
         # A little history is cheaper to read at once than to hand to a process.
-        self._metrics = JsonlTail(self.run_dir / METRICS, initial_tail_bytes=tail_bytes,
+        self._metrics = JsonlTail(RunPaths(self.run_dir).metrics, initial_tail_bytes=tail_bytes,
                                   min_skip_bytes=sync_history_bytes)
-        self._samples = JsonlTail(self.run_dir / SAMPLES, initial_tail_bytes=SAMPLES_TAIL_BYTES)
-        self._alerts = JsonlTail(self.run_dir / ALERTS, initial_tail_bytes=ALERTS_TAIL_BYTES)
+        self._samples = JsonlTail(RunPaths(self.run_dir).samples, initial_tail_bytes=SAMPLES_TAIL_BYTES)
+        self._alerts = JsonlTail(RunPaths(self.run_dir).alerts, initial_tail_bytes=ALERTS_TAIL_BYTES)
         self._run_json_key: tuple | None = None
         self._history: HistoryLoader | None = None
         self._rejected = 0
@@ -278,7 +279,7 @@ class RunReader:
             self._history = None
 
     def _poll_run_json(self) -> bool:
-        path = self.run_dir / RUN_JSON
+        path = RunPaths(self.run_dir).run_json
         try:
             s = path.stat()
         except OSError:  # missing, or a symlink loop
@@ -420,7 +421,7 @@ class RunReader:
 
 def is_run_dir(path: Path) -> bool:
     """True when the folder holds a run.json or a metrics.jsonl."""
-    return (path / RUN_JSON).exists() or (path / METRICS).exists()
+    return RunPaths(path).is_run()
 
 
 def _started(path: Path) -> float:
