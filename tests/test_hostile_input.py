@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from mlx_grpo.telemetry.analysis.alert_replay import AlertReplay
 from mlx_grpo.cli import main
 from mlx_grpo.telemetry.rundir.writer import RunDirWriter, read_run_info
 from run_writer import RunWriter, start_sinks
@@ -155,7 +156,7 @@ def test_report_compare_and_the_readers_never_pass_an_escape_sequence_on(tmp_pat
         assert main(argv) == 0
         out = capsys.readouterr()
         assert "\x1b" not in out.out + out.err and "\\x1b" in out.out
-    reader = RunReader(run_dir)
+    reader = RunReader(run_dir, replay=AlertReplay())
     reader.poll()
     shown = json.dumps([reader.state.info.name, list(reader.state.samples), reader.state.table.names,
                         [e.alert.message for e in reader.state.alerts]])

@@ -26,6 +26,7 @@ hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
+from mlx_grpo.telemetry.analysis.alert_replay import AlertReplay  # noqa: E402
 from mlx_grpo.errors import UserError  # noqa: E402
 from mlx_grpo.resume import last_record, resumable_checkpoint  # noqa: E402
 from mlx_grpo.sweep import trial_state  # noqa: E402
@@ -99,7 +100,7 @@ def time_cap():
 
 
 def read_everything(run_dir: Path) -> None:
-    reader = RunReader(run_dir)
+    reader = RunReader(run_dir, replay=AlertReplay())
     reader.poll()
     view = reader.state
     now = view.start_time or 0.0
@@ -172,7 +173,7 @@ def test_bad_lines_are_skipped_and_counted_not_raised(good_run, tmp_path):
         fh.write(deep(200_000) + b"\n" + b'{"step": "x"}\n' + b"\xff\xfe\n" + b"[1, 2]\n")
     with open(run_dir / "alerts.jsonl", "ab") as fh:
         fh.write(b'{"step": "x", "level": 3, "message": ["a"]}\n')
-    reader = RunReader(run_dir)
+    reader = RunReader(run_dir, replay=AlertReplay())
     reader.poll()
     assert reader.state.garbage_total >= 3  # the deep line, the bytes, the list
     summary = load_summary(run_dir)

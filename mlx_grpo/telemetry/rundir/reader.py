@@ -31,16 +31,13 @@ import stat
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
 from ...errors import UserError
-from ..alerts.config import default_rules, load_alert_rules
 from ..alerts.alert import Alert
-from ..alerts.engine import AlertEngine
 from .history_loader import HistoryLoader
-from ..metrics.other_names import canonical_record
 from .jsonl_tail import JsonlTail
 from .layout import ALERTS, METRICS, SAMPLES, RunPaths
 from .writer import ENDED, RunInfo, read_json_object, read_run_info
@@ -234,7 +231,10 @@ class RunReader:
         tail_bytes: int = TAIL_BYTES,
         sync_history_bytes: int = SYNC_HISTORY_BYTES,
         history_chunk_bytes: int | None = None,
+        replay: Any = None,
     ):
+        """`replay`: an analysis/alert_replay.AlertReplay that raises the run's own alerts from the records
+        read (the dashboard's); None shows alerts.jsonl alone."""
         self.run_dir = Path(run_dir)
         self.state = RunView(self.run_dir)
         self._chunk_bytes = history_chunk_bytes
@@ -246,8 +246,7 @@ class RunReader:
         self._run_json_key: tuple | None = None
         self._history: HistoryLoader | None = None
         self._rejected = 0
-        self._engine: AlertEngine | None = None
-        self._engine_checked = False
+        self._replay = replay
         self._file_alert_keys: set[tuple[str, str, int]] = set()
 
     # ------------------------------------------------------------------ polling
@@ -312,7 +311,7 @@ class RunReader:
             newer, rejected = table_from_records(result.records)
             self._rejected += rejected
             st.table.append_table(newer)
-            self._evaluate_rules(result.records)
+            self._replayed(result.records)
             changed = True
         if self._history is not None:
             for chunk in self._history.ready_tables():
@@ -331,48 +330,27 @@ class RunReader:
         self.state.table.clear()
         self.state.history_progress = None
         self._rejected = 0
-        self._engine = None
-        self._engine_checked = False
+        if self._replay is not None:
+            self._replay.restart()
         self.state.alerts = [e for e in self.state.alerts if e.source == "run"]
 
     def _start_history(self, end: int) -> None:
         st = self.state
         # Alert rules need a run from its first record (baselines, windows): when
         # the start is skipped, alerts.jsonl alone is shown for this run.
-        self._engine_checked = True
-        self._engine = None
+        if self._replay is not None:
+            self._replay.give_up()
         kwargs = {"chunk_bytes": self._chunk_bytes} if self._chunk_bytes else {}
         self._history = HistoryLoader(self._metrics.path, end, **kwargs)
         st.history_progress = 0.0
 
     # ------------------------------------------------------------------ alerts
-    def _rules_engine(self) -> AlertEngine | None:
-        """The run's own alert rules, when the run config lets us know them."""
-        if self._engine_checked:
-            return self._engine
-        self._engine_checked = True
-        config = self.state.info.config if self.state.info else {}
-        if config.get("enable_alerts") is False:
-            return None
-        rules_file = config.get("alerts_file")
-        if rules_file is not None and not isinstance(rules_file, str):
-            self.state.notes.append(f"alert rules not evaluated here: alerts_file is {rules_file!r}")
-            return None
-        try:
-            rules = load_alert_rules(rules_file) if rules_file else default_rules()
-        except UserError as err:
-            self.state.notes.append(f"alert rules not evaluated here: {err}")
-            return None
-        self._engine = AlertEngine(rules)
-        return self._engine
-
-    def _evaluate_rules(self, records: list[dict]) -> None:
-        engine = self._rules_engine()
-        if engine is None:
+    def _replayed(self, records: list[dict]) -> None:
+        if self._replay is None:
             return
-        fired = []
-        for rec in records:
-            fired.extend(engine.check(canonical_record(rec)))
+        fired, note = self._replay.check(self.state.info.config if self.state.info else {}, records)
+        if note is not None:
+            self.state.notes.append(note)
         for alert in fired:
             if (alert.rule, alert.metric, alert.step) not in self._file_alert_keys:
                 self.state.alerts.append(AlertEntry(alert, "dashboard"))
