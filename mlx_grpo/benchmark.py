@@ -188,7 +188,7 @@ class Workload:
 
     def rewards(self, rollout: Rollout) -> mx.array:
         """The reward and advantage phases."""
-        return self.trainer.advantages(self.trainer.score(self.fixed, rollout))
+        return self.trainer.advantages(self.trainer.score(self.fixed, rollout), self.fixed.group_size)
 
     def update(self, batch, advantages: mx.array, ref_logp: mx.array | None) -> None:
         self.trainer.update(batch, advantages, ref_logp)

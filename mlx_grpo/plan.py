@@ -179,9 +179,6 @@ class ModelShape:
                    (self.hidden, self.intermediate), (self.hidden, self.intermediate), (self.intermediate, self.hidden)]
         return num_layers * rank * sum(i + o for i, o in linears)
 
-    def with_layers(self, layers: int) -> "ModelShape":
-        return replace(self, layers=layers)
-
 
 def plain_head_models() -> set[str]:
     from .models import PLAIN_HEAD_MODELS

@@ -9,7 +9,7 @@ recomputes each group's advantages (`grpo.group_advantages`, the run's scale_rew
 - advantages: completions whose advantage changed sign (a completion the update pushed up is now
   pushed down, or the reverse) and the mean absolute change;
 - zero-std groups: groups with no spread, which teach nothing, before and after;
-- the reward-quality report of analysis.py, before and after.
+- the reward-quality report (telemetry/analysis/reward_quality.py), before and after.
 
 Extra dataset columns are not kept in completions/, so a reward function reading one gets none here.
 """

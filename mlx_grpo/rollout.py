@@ -42,10 +42,6 @@ class Rollout:
     truncated: list[bool]  # hit the token budget without EOS
     seconds: float  # generation time (a part taken from a rollout keeps the whole rollout's)
 
-    @property
-    def num_completion_tokens(self) -> int:
-        return sum(len(c) for c in self.completions)
-
     def take(self, rows: Sequence[int]) -> "Rollout":
         """The sequences at `rows`, in that order."""
         return Rollout([self.prompts[i] for i in rows], [self.completions[i] for i in rows],

@@ -126,7 +126,7 @@ def sample_batch(trainer):
     prompts = trainer.draw_prompts()
     rollout = trainer.rollout(prompts, step_key(trainer.config.seed, 1), trainer.config.max_generation_steps)
     batch = build_train_batch(rollout, trainer.policy.pad_id)
-    advantages = trainer.advantages(trainer.score(prompts, rollout))
+    advantages = trainer.advantages(trainer.score(prompts, rollout), prompts.group_size)
     return batch, advantages
 
 

@@ -289,9 +289,10 @@ class Trainer:
             kept.append(spares.take(list(range(missing))))
         return Drawn.concat(kept), redrawn
 
-    def advantages(self, scored: Scored) -> mx.array:
-        advantages = self.world.group_advantages(mx.array(scored.scores.total, dtype=mx.float32),
-                                                 self.config.num_generations, self.config.scale_rewards)
+    def advantages(self, scored: Scored, group_size: int) -> mx.array:
+        """Each completion's advantage within its group of `group_size` (the prompts' G)."""
+        advantages = self.world.group_advantages(mx.array(scored.scores.total, dtype=mx.float32), group_size,
+                                                 self.config.scale_rewards)
         mx.eval(advantages)
         return advantages
 
@@ -325,7 +326,7 @@ class Trainer:
                 prompts, rollout, scored = drawn.prompts, drawn.rollout, drawn.scored
                 component_metrics[REDRAWN_PROMPTS] = float(redrawn)
             with meter.phase("advantage"):
-                advantages = group_advantages = self.advantages(scored)
+                advantages = group_advantages = self.advantages(scored, prompts.group_size)
                 trained = rollout
                 if config.sgrpo.enable:  # the serial groups of early exits replace the parallel group
                     trained = run_exits(policy.model, policy.tokenizer, rollout,
@@ -347,7 +348,7 @@ class Trainer:
         if config.sgrpo.enable:
             component_metrics.update(trained.metrics())
         data = StepData(
-            step=step, group_size=config.num_generations,
+            step=step, group_size=prompts.group_size,
             reward_names=scored.scores.names, reward_weights=[f.weight for f in self.reward_fns],
             scores=scored.scores.per_function, total=scored.scores.total, advantages=np.array(group_advantages),
             prompt_lengths=np.array([len(e.tokens) for e in prompts.encoded for _ in range(prompts.group_size)]),

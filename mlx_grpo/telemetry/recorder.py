@@ -52,18 +52,19 @@ class RunRecorder:
     records and alerts. `reward_fns` are the run's reward functions (rewards.RewardFunction): their
     hooks' metrics, alerts, epoch figures and state go through here. `components` are other objects of the step with
     state of their own (`state_dict`/`load_state_dict`, e.g. the adaptive window's controller).
-    `samples_per_step`: how many groups' first completion go to samples.jsonl.
+    `samples_per_step`: how many groups' first completion go to samples.jsonl. `engine`: an alert engine of
+    the caller's (RewardMonitor's, whose rules may change) instead of one over `rules`.
     """
 
     def __init__(self, reward_names: Sequence[str], rules: Sequence[Rule], *, sinks: Any = None,
                  console: Any = None, sampler: Any = None, reward_fns: Sequence[Any] = (),
                  components: Mapping[str, Any] | None = None, hist_every: int = 10, log_every: int = 1,
                  num_steps: int | None = None, num_iterations: int = 1, samples_per_step: int = 4,
-                 clock: Callable[[], float] = time.perf_counter):
+                 engine: AlertEngine | None = None, clock: Callable[[], float] = time.perf_counter):
         self.rewards = RewardTracker(reward_names, hist_every=hist_every)
         self.gen_throughput = ThroughputTracker(GEN_TOKENS_PER_S)
         self.backprop_throughput = ThroughputTracker(BACKPROP_TOKENS_PER_S)
-        self.engine = AlertEngine(rules)
+        self.engine = engine if engine is not None else AlertEngine(rules)
         self._unchecked_rules = list(rules)  # patterns matching nothing are said once, at the first record
         self.sinks, self.console, self.sampler = sinks, console, sampler
         self.reward_fns = list(reward_fns)

@@ -150,9 +150,6 @@ def _load_yaml(path: Path, source: str) -> Any:
     return parse_yaml(read_user_text(path, "alert rules file"), source)
 
 
-ON_ALERT = ("default", "warn", "rollback")
-
-
 def with_on_alert(rules: list[Rule], mode: str) -> list[Rule]:
     """The built-in rules' actions under the config's `on_alert`: "default" as shipped (the collapse and
     memory-pressure rules stop the run), "warn" every built-in rule only reports, "rollback" the built-in

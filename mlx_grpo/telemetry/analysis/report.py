@@ -1,7 +1,8 @@
 """The reward report of a run directory: read it, analyse it, write report.json and report.md, print it.
 
 `write_report(run_dir)` is what the trainer calls at the end of a run and what
-`mlx-grpo report RUN_DIR` runs. The analysis itself is analysis.py. Imports no mlx.
+`mlx-grpo report RUN_DIR` runs. The analysis itself is reward_report.py's and reward_quality.py's, over
+run_data.py. Imports no mlx.
 """
 
 from __future__ import annotations
