@@ -25,9 +25,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-SCALE_MODES = ("group", "batch", "none")
-LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
-IMPORTANCE_LEVELS = ("token", "sequence")
+from .config import IMPORTANCE_LEVELS, LOSS_TYPES, SCALE_MODES
 
 
 def group_advantages(

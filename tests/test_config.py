@@ -202,3 +202,19 @@ def test_every_config_key_has_help_and_is_in_the_readme():
     assert "inspect" not in config_source
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     assert [k for k in top_level_fields() if f"`{k}`" not in readme] == []
+
+
+def test_bounds_and_choices_are_field_metadata_and_help_prints_the_choices():
+    import dataclasses
+    import subprocess
+    import sys
+
+    from mlx_grpo.config import LOSS_TYPES, TrainConfig, key_help
+
+    fields = {f.name: f.metadata for f in dataclasses.fields(TrainConfig)}
+    assert fields["loss_type"]["choices"] == LOSS_TYPES and fields["batch_size"]["check"].expected == "at least 1"
+    assert key_help()["loss_type"].endswith("(grpo | bnpo | dr_grpo | dapo)")
+    assert key_help()["adaptive_window.percentile"] and fields["adaptive_window"]["check"] is None
+    shown = subprocess.run([sys.executable, "-m", "mlx_grpo.cli", "train", "--help"], capture_output=True, text=True,
+                           timeout=120).stdout
+    assert "grpo | bnpo | dr_grpo | dapo" in " ".join(shown.split()) and "group | batch | none" in " ".join(shown.split())
