@@ -42,7 +42,7 @@ from mlx_lm.models.cache import make_prompt_cache
 from . import chips
 from .config import TrainConfig
 from .data import EncodedPrompt, PromptOrder, encode_prompt
-from .errors import UserError
+from .common.errors import UserError
 from .machine import describe, wire_memory, wired_limit
 from .models import count_parameters, resolve_dtype
 from .rollout import Rollout

@@ -30,7 +30,7 @@ import mlx.nn as nn
 import mlx.optimizers as optim
 from mlx.utils import tree_flatten, tree_unflatten
 
-from .errors import UserError
+from .common.errors import UserError
 
 STEP_DIR = re.compile(r"^step_(\d+)$")
 

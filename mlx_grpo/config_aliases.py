@@ -15,7 +15,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import UserError
+from .common.errors import UserError
 
 
 @dataclass(frozen=True)

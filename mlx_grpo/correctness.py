@@ -19,7 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
 
-from .errors import UserError
+from .common.errors import UserError
 from .rewards import load_reward_functions
 from .tasks.answer_format import is_correct
 

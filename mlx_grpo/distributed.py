@@ -41,7 +41,7 @@ from mlx.utils import tree_map
 
 from . import grpo
 from .data import PromptOrder
-from .errors import UserError
+from .common.errors import UserError
 from .telemetry.metrics.step_data import StepData
 from .update import TrainBatch
 

@@ -24,7 +24,7 @@ from mlx.utils import tree_unflatten
 
 from .checkpoint import STEP_DIR, list_checkpoints
 from .config import TrainConfig
-from .errors import UserError
+from .common.errors import UserError
 from .models import apply_adapters, dequantize_base, is_quantized, load_policy, model_config, resolve_model_path
 from .resume import config_for_resume
 from .telemetry.rundir.layout import RunPaths

@@ -22,7 +22,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
-from .errors import UserError
+from .common.errors import UserError
 
 GROUP_SIZE = 32  # every GGUF block type MLX reads holds 32 weights per scale
 

@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from .config import TrainConfig
-from .errors import UserError
-from .telemetry.units import GB, GIB
+from .common.errors import UserError
+from .common.units import GB, GIB
 
 
 # ----------------------------------------------------------------------------- measured constants

@@ -30,7 +30,7 @@ import psutil
 
 from .checkpoint import STEP_DIR, latest_checkpoint
 from .config import TrainConfig, config_from_mapping, nest, top_level_fields
-from .errors import UserError
+from .common.errors import UserError
 from .telemetry.rundir.layout import ALERTS, METRICS, SAMPLES, RunPaths
 from .telemetry.rundir.writer import RunInfo, loads_object, read_run_info
 

@@ -41,7 +41,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from mlx_grpo.errors import UserError
+from mlx_grpo.common.errors import UserError
 from mlx_grpo.tasks.answer_format import (NUMBER_IN_TEXT, TAGS, answer_value, extract_answer, is_correct, last_number,
                                           normalise)
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from .errors import UserError
+from .common.errors import UserError
 from .judge import Judge, JudgeBatch
 from .tasks.answer_format import extract_answer
 

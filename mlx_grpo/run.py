@@ -6,7 +6,6 @@ due, write. The step itself is trainer.py's; this module owns everything around 
 from __future__ import annotations
 
 import dataclasses
-import json
 import sys
 import time
 from dataclasses import dataclass, field
@@ -20,7 +19,7 @@ from .checkpoint import (PendingCheckpoint, latest_checkpoint, list_checkpoints,
 from .config import TrainConfig, config_to_dict
 from .console import TrainingConsole
 from .data import load_datasets
-from .errors import UserError
+from .common.errors import UserError
 from .extras.entropy_dump import EntropyDump, EntropyDumpWriter
 from .distributed import init_world
 from .machine import accel_memory, describe_device, share_memory_with, versions, wire_memory
@@ -36,11 +35,12 @@ from .telemetry.recorder import RunRecorder, StepReport
 from .telemetry.events import Artifact, Flush, Start
 from .telemetry.rundir.completions import truncate_completions
 from .telemetry.rundir.layout import RunPaths
-from .telemetry.rundir.writer import RunDirWriteError, RunInfo, new_run_info, scrub_secrets
+from .common.secrets import scrub_secrets
+from .telemetry.rundir.writer import RunDirWriteError, RunInfo, new_run_info
 from .telemetry.sinks import SinkSet, make_sinks
 from .telemetry.sinks.trackio import TrackioOptions, trackio_store
 from .telemetry.sinks.wandb import WandbOptions
-from .telemetry.terminal import terminal_safe
+from .common.terminal import terminal_safe
 from .trainer import Trainer, remedied
 
 

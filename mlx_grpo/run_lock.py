@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 from typing import IO
 
-from .errors import UserError
+from .common.errors import UserError
 from .telemetry.rundir.layout import RunPaths
 
 def _unused(path: Path) -> bool:

@@ -30,7 +30,7 @@ from .config import TrainConfig
 from .correctness import Check, load_correctness
 from .data import EncodedPrompt, PromptOrder, encode_prompt, extra_columns, load_datasets
 from .distributed import World, init_world
-from .errors import UserError
+from .common.errors import UserError
 from .evaluate import evaluate
 from .extras import entropy_dump
 from .extras.adaptive_window import WindowController

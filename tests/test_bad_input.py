@@ -253,7 +253,7 @@ def test_a_generation_budget_that_cannot_fit_is_refused_by_the_memory_plan(tmp_p
 
 
 def test_reward_totals_that_overflow_stop_the_run_instead_of_skipping_every_update():
-    from mlx_grpo.errors import UserError
+    from mlx_grpo.common.errors import UserError
     from mlx_grpo.rewards import RewardFunction, score_completions
 
     def huge(prompts, completions, answers, **columns):

@@ -6,7 +6,7 @@ import pytest
 
 from mlx_grpo.cli import main
 from mlx_grpo.config import TrainConfig, load_config
-from mlx_grpo.errors import UserError
+from mlx_grpo.common.errors import UserError
 
 CONFIGS = Path(__file__).parent.parent / "configs"
 

@@ -19,7 +19,7 @@ import pytest
 from mlx_grpo.blas import find_openblas
 from mlx_grpo.data import PromptOrder
 from mlx_grpo.distributed import ShardedOrder, World, combine_update_stats, init_world
-from mlx_grpo.errors import UserError
+from mlx_grpo.common.errors import UserError
 from mlx_grpo.telemetry.rundir.writer import read_run_info
 from mlx_grpo.telemetry.metrics.step_data import step_record
 from step_data_builder import make_step_data

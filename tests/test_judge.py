@@ -9,7 +9,7 @@ import time
 import pytest
 
 from judge_server import JudgeServer, chat_reply, user_content
-from mlx_grpo.errors import UserError
+from mlx_grpo.common.errors import UserError
 from mlx_grpo.judge import Judge, JudgeConfig, chat_completions_url, parse_score, render
 from mlx_grpo.rubric import load_rubric
 from mlx_grpo.rubric_reward import RubricReward

@@ -15,15 +15,15 @@ PACKAGE = Path(__file__).resolve().parent.parent / "mlx_grpo"
 # Floors, bottom first: a module may import its own area and the areas on lower floors, never a higher
 # floor nor another area of its own floor. Sub-packages not named here belong to "training".
 FLOORS = [
-    {"errors"},
+    {"common"},
     {"telemetry"},
     {"training", "tui"},  # side by side: the dashboard never imports the trainer, nor the trainer the dashboard
     {"commands", "cli"},
 ]
 # Narrower rules on top of the floors.
 ONLY_IMPORTS = {
-    "telemetry": {"telemetry", "errors"},
-    "tui": {"tui", "telemetry"},
+    "telemetry": {"telemetry", "common"},
+    "tui": {"tui", "telemetry", "common"},
 }
 NO_MLX = {"telemetry", "tui"}  # the dashboard, report and compare run where mlx is not installed
 
@@ -146,13 +146,13 @@ def test_the_checks_catch_a_circle_an_upward_import_and_mlx_in_telemetry():
     graph["mlx_grpo.models"].add("mlx_grpo.rollout")
     assert ["mlx_grpo.models", "mlx_grpo.rollout"] in cycles(graph)
     graph["mlx_grpo.telemetry.recorder"].add("mlx_grpo.trainer")
-    graph["mlx_grpo.tui.board"].add("mlx_grpo.errors")
+    graph["mlx_grpo.tui.board"].add("mlx_grpo.config")
     graph["mlx_grpo.trainer"].add("mlx_grpo.tui.app")
     graph.setdefault("mlx_grpo.telemetry.sinks.wandb", set())
     external = {**external, "mlx_grpo.telemetry.sinks.wandb": {"mlx"}}
     broken = broken_rules(graph, external)
     assert any(line.startswith("mlx_grpo.telemetry.recorder -> mlx_grpo.trainer") for line in broken)
-    assert any(line.startswith("mlx_grpo.tui.board -> mlx_grpo.errors") for line in broken)
+    assert any(line.startswith("mlx_grpo.tui.board -> mlx_grpo.config") for line in broken)
     assert any(line.startswith("mlx_grpo.trainer -> mlx_grpo.tui.app") for line in broken)
     assert "mlx_grpo.telemetry.sinks.wandb imports mlx" in broken
 
@@ -161,4 +161,4 @@ def test_lazy_and_relative_imports_are_arrows():
     graph, _ = import_graph()
     # commands/ import their heavy parts inside run(); `from ..x import` climbs one package up
     assert "mlx_grpo.tui.app" in graph["mlx_grpo.commands.watch"]
-    assert any("mlx_grpo.errors" in graph[m] for m in graph if area(m) == "telemetry")
+    assert any("mlx_grpo.common.errors" in graph[m] for m in graph if area(m) == "telemetry")

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from mlx_grpo.config import load_config
-from mlx_grpo.errors import UserError
+from mlx_grpo.common.errors import UserError
 from mlx_grpo.grpo import LossOptions, grpo_loss
 from mlx_grpo.rollout import Rollout
 from mlx_grpo.trainer import Trainer

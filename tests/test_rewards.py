@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mlx_grpo.errors import UserError
+from mlx_grpo.common.errors import UserError
 from mlx_grpo.rewards import (BUILTINS, answer_check, digit_match, format_approx, format_exact, last_number_check,
                               last_number_digits, load_reward_functions, number_check, score_completions)
 from mlx_grpo.tasks.answer_format import TAGS, extract_answer, is_correct, last_number

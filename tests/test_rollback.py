@@ -120,7 +120,7 @@ def test_built_in_actions_by_on_alert():
 
 
 def test_a_remedy_of_something_else_is_refused_with_the_key(tmp_path):
-    from mlx_grpo.errors import UserError
+    from mlx_grpo.common.errors import UserError
     from mlx_grpo.telemetry.alerts.config import load_alert_rules
 
     (tmp_path / "bad.yaml").write_text("rules:\n  - {name: r, kind: threshold, metric: m, op: '>', value: 1,\n"

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mlx_grpo.errors import UserError
+from mlx_grpo.common.errors import UserError
 from mlx_grpo.rubric import load_rubric
 from mlx_grpo.rubric_reward import SUMMARY_COLUMNS, RubricReward, rubric_metrics
 from mlx_grpo.rubric_scorers import CriterionFailed

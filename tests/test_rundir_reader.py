@@ -15,7 +15,7 @@ import pytest
 from mlx_grpo.telemetry.rundir.jsonl_tail import JsonlTail
 from mlx_grpo.telemetry.rundir.metric_table import table_from_records
 from mlx_grpo.telemetry.rundir.reader import STANDING_RECORDS, RunReader, resolve_run_dirs
-from mlx_grpo.errors import UserError
+from mlx_grpo.common.errors import UserError
 from mlx_grpo.telemetry.analysis.alert_replay import AlertReplay
 from run_writer import RunWriter, metric_record
 

@@ -14,7 +14,8 @@ from tensorboard.backend.event_processing import event_accumulator
 from mlx_grpo.telemetry.rundir.jsonl_tail import JsonlTail
 from mlx_grpo.telemetry.events import AlertEvent, Final, Flush, Samples, Scalars, Sink
 from mlx_grpo.telemetry.rundir.completions import completion_rows
-from mlx_grpo.telemetry.rundir.writer import RunDirWriter, read_run_info, scrub_secrets
+from mlx_grpo.common.secrets import scrub_secrets
+from mlx_grpo.telemetry.rundir.writer import RunDirWriter, read_run_info
 from mlx_grpo.telemetry.sinks.base import samples_markdown
 from mlx_grpo.telemetry.sinks import SinkSet, ThreadedSink
 from mlx_grpo.telemetry.sinks.tensorboard import TensorBoardSink

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..errors import UserError
+from ..common.errors import UserError
 
 USES_MLX = True
 

@@ -43,7 +43,7 @@ def example_prompt(run_dir) -> str | None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from ..errors import UserError
+    from ..common.errors import UserError
     from ..export import export_model
     from ..telemetry.rundir.layout import RunPaths
 

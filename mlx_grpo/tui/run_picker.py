@@ -24,7 +24,7 @@ from textual.widgets.selection_list import Selection
 from ..telemetry.rundir.reader import is_run_dir
 from ..telemetry.rundir.layout import RunPaths
 from ..telemetry.rundir.writer import RunInfo, read_run_info
-from ..telemetry.user_files import open_regular
+from ..common.user_files import open_regular
 from .fmt import fmt_step
 from .palette import MUTED
 

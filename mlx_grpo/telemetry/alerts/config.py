@@ -16,9 +16,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from ...errors import UserError
+from ...common.errors import UserError
 from ..metrics.catalogue import CATALOGUE, find_entry
-from ..user_files import parse_yaml, read_user_text
+from ...common.user_files import parse_yaml, read_user_text
 from .rules import (BaselineRule, DropRule, NonFiniteRule, Rule, SpikeRule, ThresholdRule)
 from .state import metric_pattern
 from .trend_rules import HackingRule, PlateauRule, TrendRule

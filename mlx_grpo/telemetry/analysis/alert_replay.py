@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from ...errors import UserError
+from ...common.errors import UserError
 from ..alerts.alert import Alert
 from ..alerts.config import default_rules, load_alert_rules
 from ..alerts.engine import AlertEngine

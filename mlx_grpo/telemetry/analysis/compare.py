@@ -31,7 +31,7 @@ from typing import Any, Iterable
 from rich.console import Console
 from rich.table import Table
 
-from ...errors import UserError
+from ...common.errors import UserError
 from ..rundir.jsonl_tail import JsonlTail
 from ..rundir.layout import RunPaths
 from ..rundir.writer import RunInfo, read_json_object, read_run_info

@@ -17,7 +17,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from ...errors import UserError
+from ...common.errors import UserError
 from ..alerts.alert import Alert
 from ..alerts.console import format_alert
 from ..rundir.completions import read_all

@@ -523,7 +523,7 @@ def render_markdown() -> list[str]:
         "(final_metrics.json and sink summaries), table / chart / text (TensorBoard or W&B media).",
         "",
         "Units: GB is 10^9 bytes in every `*_gb` metric, as in `mlx-grpo plan` and `mlx-grpo bench`",
-        "(mlx_grpo/telemetry/units.py; runs recorded before issue 28 wrote GiB, 2^30 bytes, under the same names).",
+        "(mlx_grpo/common/units.py; runs recorded before issue 28 wrote GiB, 2^30 bytes, under the same names).",
         "",
     ]
     for group in groups():

@@ -14,7 +14,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from ..units import GB
+from ...common.units import GB
 from .reward_stats import reward_metrics
 from .names import (ACCURACY_TRAIN, EVAL_ACCURACY, EVAL_SECONDS, FINISHED_CORRECT_FRAC, FINISHED_FRAC,
                     GEN_MS_PER_TOKEN, GRAD_NORM, KL, LEARNING_RATE, LOSS, PROMPT_TRUNCATED_FRAC, STEP_TOKENS_PER_S,
@@ -145,7 +145,7 @@ def timing_metrics(data: StepData) -> dict[str, float]:
 
 
 def memory_metrics(data: StepData) -> dict[str, float]:
-    """The peak memory of each phase of this step, in GB (mlx_grpo/telemetry/units.py)."""
+    """The peak memory of each phase of this step, in GB (mlx_grpo/common/units.py)."""
     return {f"memory/{phase}_peak_gb": peak / GB for phase, peak in data.peak_memory.items()}
 
 

@@ -32,7 +32,7 @@ from typing import Callable, Mapping
 
 import psutil
 
-from ..units import GB
+from ...common.units import GB
 from .names import ACCEL_MEMORY_PERCENT, CPU_PERCENT, MEMORY_PERCENT, MEMORY_USED_GB, PROCESS_RSS_GB
 
 _UTILIZATION = re.compile(r'"Device Utilization %"\s*=\s*(\d+(?:\.\d+)?)')

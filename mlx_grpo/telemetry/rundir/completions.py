@@ -34,7 +34,7 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 
 from ..events import Completions, Sink
-from ..user_files import read_regular_bytes
+from ...common.user_files import read_regular_bytes
 from .layout import RunPaths
 from .writer import clipped_text, json_safe, loads_object
 

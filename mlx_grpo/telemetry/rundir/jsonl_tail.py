@@ -26,8 +26,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..terminal import json_may_hold_control, terminal_safe_obj
-from ..user_files import open_regular
+from ...common.terminal import json_may_hold_control, terminal_safe_obj
+from ...common.user_files import open_regular
 
 # Bytes from the start of the file, and just before the offset, remembered to
 # notice a rewrite that left the file at least as long as before.

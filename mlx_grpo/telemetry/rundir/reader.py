@@ -35,7 +35,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ...errors import UserError
+from ...common.errors import UserError
 from ..alerts.alert import Alert
 from .history_loader import HistoryLoader
 from .jsonl_tail import JsonlTail

@@ -34,8 +34,8 @@ from typing import Any, Callable, Sequence
 from ..rundir.completions import CompletionsWriter
 from ..rundir.layout import RunPaths
 from ..rundir.writer import RunDirWriteError, RunDirWriter, json_safe
-from ..terminal import terminal_safe
-from ...errors import install_hint
+from ...common.terminal import terminal_safe
+from ...common.errors import install_hint
 from ..events import AlertEvent, Completions, Final, Flush, Samples, Scalars, Sink, Start
 from .tensorboard import TensorBoardSink
 from .wandb import WandbOptions, WandbSink

@@ -21,7 +21,8 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..rundir.writer import RunInfo, json_safe, scrub_secrets
+from ...common.secrets import scrub_secrets
+from ..rundir.writer import RunInfo, json_safe
 from ..events import Final, Scalars, Sink, Start
 from .base import tracker_config
 

@@ -30,7 +30,8 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ..metrics.names import KL, REWARD_MEAN, SAMPLES_TABLE
-from ..rundir.writer import RunInfo, json_safe, scrub_secrets, scrub_text
+from ...common.secrets import scrub_secrets, scrub_text
+from ..rundir.writer import RunInfo, json_safe
 from ..events import AlertEvent, Artifact, Final, Samples, Scalars, Sink, Start
 from .base import TEXT_LIMIT, _clip, tracker_config
 from ..rundir.completions import order_groups

@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from ..errors import UserError, yaml_error
+from .errors import UserError, yaml_error
 
 MAX_DEPTH = 64  # nesting levels a config, sweep, rubric or alert file may have (ours use 3)
 MAX_BYTES = 16 << 20  # a config of 16 MB is a mistake (a dataset or a model file named by accident)
