@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 FILE_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv", ".tsv", ".txt", ".yaml", ".yml", ".py")
-BUILTIN_NAMES = {"model_id": {"default", "smollm2"}, "dataset": {"arithmetic"}}  # smollm2: tools/smollm2.py
+BUILTIN_NAMES = {"model_id": {"default", "smollm2"}, "dataset": {"arithmetic"}}  # smollm2: smollm2.py
 PRESET_PREFIX = "preset:"  # a published model shape for `mlx-grpo plan` (presets.py), not a path
 
 

@@ -7,7 +7,7 @@ from typing import Any, Callable
 
 import mlx.core as mx
 
-from .correctness import Check, answer_check
+from .rewards.correctness import Check, answer_check
 from .data import encode_prompt, extra_columns
 from .rollout import SamplingSettings, decode_completion, generate
 

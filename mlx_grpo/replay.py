@@ -23,7 +23,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .common.errors import UserError
-from .rewards import RewardFunction, score_completions
+from .rewards.scoring import RewardFunction, score_completions
 from .telemetry.analysis.reward_quality import QualityReport, analyze_quality
 from .telemetry.rundir.completions import completion_steps, read_step
 from .telemetry.metrics.reward_stats import reward_metrics

@@ -27,7 +27,7 @@ from mlx.utils import tree_flatten
 
 from .checkpoint import load_checkpoint
 from .config import TrainConfig
-from .correctness import Check, load_correctness
+from .rewards.correctness import Check, load_correctness
 from .data import EncodedPrompt, PromptOrder, encode_prompt, extra_columns, load_datasets
 from .distributed import World, init_world
 from .common.errors import UserError
@@ -35,8 +35,9 @@ from .evaluate import evaluate
 from .extras import entropy_dump
 from .extras.adaptive_window import WindowController
 from .extras.sgrpo import run_exits
-from .models import ReferencePolicy, apply_adapters, dequantize_base, load_policy, make_reference
-from .rewards import RewardFunction, RewardScores, load_reward_functions, score_completions
+from .models import Policy, ReferencePolicy, load_policy_for_training, make_reference
+from .rewards.loading import load_rewards
+from .rewards.scoring import RewardFunction, RewardScores, score_completions
 from .rollout import Rollout, SamplingSettings, decode_completion, generate
 from .tasks.answer_format import extract_answer, extract_reasoning
 from .telemetry.metrics.step_data import StepData, UpdateStats, eval_record
@@ -47,24 +48,6 @@ from .update import (TrainBatch, UpdateResult, build_train_batch, checkpoint_blo
 
 
 # ----------------------------------------------------------------------------- setup pieces
-
-@dataclass
-class Policy:
-    model: nn.Module
-    tokenizer: Any
-    eos_ids: set[int]
-    pad_id: int
-    load_note: str | None = None  # what loading changed (a dequantized base), said at start
-
-
-def load_policy_for_training(config: TrainConfig, base_dir: Path) -> Policy:
-    model, tokenizer = load_policy(config, base_dir)
-    note = dequantize_base(model, config)
-    apply_adapters(model, config)
-    eos_ids = set(getattr(tokenizer, "eos_token_ids", None) or [tokenizer.eos_token_id])
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos_ids)
-    return Policy(model, tokenizer, eos_ids, pad_id, note)
-
 
 def make_optimizer(config: TrainConfig) -> optim.Optimizer:
     # The schedule advances once per optimiser update, and a step makes num_iterations of them: measured in
@@ -80,19 +63,6 @@ def make_optimizer(config: TrainConfig) -> optim.Optimizer:
         ramp = optim.linear_schedule(config.learning_rate / warmup, config.learning_rate, warmup)
         schedule = optim.join_schedules([ramp, main], [warmup])
     return optim.AdamW(learning_rate=schedule, weight_decay=config.weight_decay)
-
-
-def load_rewards(config: TrainConfig, base_dir: Path) -> list[RewardFunction]:
-    functions = load_reward_functions([(r.name, r.weight) for r in config.rewards], base_dir)
-    if config.rubric_file is not None:
-        from .rubric import load_rubric
-        from .rubric_reward import RubricReward
-
-        path = Path(config.rubric_file)
-        rubric = load_rubric(path if path.is_absolute() else base_dir / path)
-        functions.append(RewardFunction("rubric", RubricReward(rubric, criteria_every=config.log_every),
-                                        config.rubric_weight))
-    return functions
 
 
 def remedied(config: TrainConfig, factors: dict[str, float]) -> TrainConfig:

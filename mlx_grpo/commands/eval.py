@@ -43,10 +43,11 @@ def run(args: argparse.Namespace) -> int:
 
     from ..data import extra_columns, load_datasets, read_dataset_file
     from ..evaluate import evaluate
-    from ..rewards import score_completions
+    from ..models import stop_ids
+    from ..rewards.scoring import score_completions
     from ..telemetry.metrics.names import EVAL_ACCURACY
     from ..telemetry.metrics.step_data import eval_record
-    from ..trainer import load_rewards
+    from ..rewards.loading import load_rewards
 
     if args.limit is not None and args.limit < 1:
         raise UserError(f"--limit {args.limit}: must be at least 1")
@@ -64,8 +65,7 @@ def run(args: argparse.Namespace) -> int:
     if not rows:
         raise UserError(f"--dataset {args.dataset or config.dataset}: no rows to evaluate")
 
-    eos_ids = set(getattr(tokenizer, "eos_token_ids", None) or [tokenizer.eos_token_id])
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos_ids)
+    eos_ids, pad_id = stop_ids(tokenizer)
     start = time.perf_counter()
     with Progress(TextColumn("eval"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
                   console=Console(stderr=True), transient=True, disable=not sys.stderr.isatty()) as bar:

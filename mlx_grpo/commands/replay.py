@@ -51,7 +51,8 @@ def run(args: argparse.Namespace) -> int:
 
     from ..common.errors import UserError
     from ..replay import render, replay, run_settings
-    from ..rewards import RewardFunction, load_reward_functions
+    from ..rewards.loading import load_reward_functions
+    from ..rewards.scoring import RewardFunction
     from ..telemetry.rundir.completions import completion_steps
     from ..telemetry.analysis.report import load_run
 
@@ -68,8 +69,8 @@ def run(args: argparse.Namespace) -> int:
     functions = load_reward_functions(specs, Path.cwd() if args.rewards else base_dir)
     rubric_path = args.rubric_file or (rubric_file if "rubric" not in args.without else None)
     if rubric_path is not None:
-        from ..rubric import load_rubric
-        from ..rubric_reward import RubricReward
+        from ..rewards.rubric import load_rubric
+        from ..rewards.rubric_reward import RubricReward
 
         path = Path(rubric_path)
         if not path.is_absolute():

@@ -23,10 +23,10 @@ from pathlib import Path
 import numpy as np
 
 from .judge import JudgeError
-from .rewards import RewardHooks
+from .scoring import RewardHooks
 from .rubric import Rubric, RubricScores
-from .telemetry.metrics.reward_stats import RunningStats
-from .telemetry.rundir.writer import atomic_write_text
+from ..telemetry.metrics.reward_stats import RunningStats
+from ..telemetry.rundir.writer import atomic_write_text
 
 REWARD_NAME = "rubric"
 SUMMARY_COLUMNS = ("criterion", "mean", "std", "min", "max", "samples")

@@ -19,9 +19,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
 
-from .common.errors import UserError
-from .rewards import load_reward_functions
-from .tasks.answer_format import is_correct
+from ..common.errors import UserError
+from .loading import load_reward_functions
+from ..tasks.answer_format import is_correct
 
 Check = Callable[..., list]
 
