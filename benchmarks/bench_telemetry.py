@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     for owner, name, label in [
-        (sinks.SinkSet, "handle", "sinks.handle (JSONL + TensorBoard + W&B queue; scalars, samples, completions, alerts)"),
+        (sinks.SinkSet, "handle", "sinks.handle (JSONL + TensorBoard + W&B queue, every event)"),
         (reward_stats.RewardTracker, "update", "reward tracker"),
         (reward_stats.RewardTracker, "histograms", "histograms"),
         (reward_stats.ThroughputTracker, "update", "throughput trackers"),

@@ -239,7 +239,8 @@ def check_plan(base_dir: Path, model_dir: Path) -> tuple[Check, Any]:
 
     from .benchmark import Workload
     from .models import resolve_dtype
-    from .plan import MemorySettings, Shapes, predict, read_model_shape
+    from .fitting import read_model_shape
+    from .plan import MemorySettings, Shapes, predict
 
     prompt_length = 16
     config = small_config(model_id=str(model_dir), use_lora=True, lora_layers=-1, batch_size=2,

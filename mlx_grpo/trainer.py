@@ -42,7 +42,7 @@ from .rollout import Rollout, SamplingSettings, decode_completion, generate
 from .tasks.answer_format import extract_answer, extract_reasoning
 from .telemetry.metrics.step_data import StepData, UpdateStats, eval_record
 from .telemetry.metrics.names import REDRAWN_PROMPTS
-from .plan import fit_run
+from .fitting import fit_run
 from .update import (TrainBatch, UpdateResult, build_train_batch, checkpoint_blocks, make_loss_fn, reference_logprobs,
                      update_policy)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-import mlx_grpo.run as run_module
+import mlx_grpo.opening as opening_module
 from mlx_grpo.config import load_config
 from mlx_grpo.machine import accel_memory
 from mlx_grpo.telemetry.rundir.writer import read_run_info
@@ -27,7 +27,7 @@ def read_jsonl(path: Path) -> list[dict]:
 def run_with_working_set(tmp_path: Path, monkeypatch, working_set: int) -> Path:
     """A run on a device that reports `working_set` bytes as its recommended working set (Metal does; the CPU
     backend reports none), every other reading MLX's own."""
-    monkeypatch.setattr(run_module, "accel_memory", lambda: {**accel_memory(), "limit": working_set})
+    monkeypatch.setattr(opening_module, "accel_memory", lambda: {**accel_memory(), "limit": working_set})
     config = load_config(None, {**SMALL, "monitoring_dir": str(tmp_path / "runs")})
     return Path(train(config, tmp_path)["run_dir"])
 

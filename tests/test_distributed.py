@@ -132,18 +132,18 @@ def test_update_statistics_are_token_weighted_and_spreads_pooled():
 
 def test_ranks_other_than_zero_write_nothing(tmp_path, monkeypatch):
     """The run decides that only rank 0 writes: another rank's sinks are a set without sinks."""
-    import mlx_grpo.run as run_module
+    import mlx_grpo.opening as opening_module
     from mlx_grpo.config import load_config
     from mlx_grpo.telemetry.events import AlertEvent, Final, Samples, Scalars
 
     def make_sinks(*args, **kwargs):
         raise AssertionError("rank 1 must not build sinks")
 
-    monkeypatch.setattr(run_module, "make_sinks", make_sinks)
+    monkeypatch.setattr(opening_module, "make_sinks", make_sinks)
     trainer = SimpleNamespace(config=load_config(None, {}), world=World(rank=1, size=2))
     monkeypatch.setattr(World, "describe", lambda self: {"world_size": 2})
     run_dir = tmp_path / "run"
-    sinks, _, info = run_module.open_sinks(trainer, run_dir, tmp_path, {"run_id": "abc"}, None)
+    sinks, _, info = opening_module.open_sinks(trainer, run_dir, tmp_path, {"run_id": "abc"}, None)
     assert info.run_id == "abc" and sinks.active == []
     for event in (Scalars(1, {"tokens/total": 1.0}), Samples(1, [{"prompt": "p"}]), AlertEvent({"step": 1}),
                   Final({"final/steps": 1.0})):

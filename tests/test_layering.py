@@ -37,9 +37,9 @@ INNER_FLOORS = {
         {"", "config", "config_aliases", "config_paths", "name_clash", "machine", "chips", "blas", "tasks"},
         {"grpo", "models", "gguf", "smollm2", "data", "rollout", "rewards", "update", "extras", "evaluate",
          "checkpoint"},  # core: the model, the data, the math, a completion's worth, saving weights
-        {"presets", "plan"},  # what a run needs, predicted before it loads
+        {"presets", "plan", "fitting"},  # what a run needs, predicted before it loads
         {"trainer", "distributed"},  # one step, on one rank or many
-        {"run", "resume", "signals", "run_lock", "console", "export", "replay", "sweep"},  # a run's life
+        {"run", "opening", "resume", "signals", "run_lock", "console", "export", "replay", "sweep"},  # a run's life
         {"benchmark", "selftest", "tools"},  # measuring the rest
     ],
     "mlx_grpo.rewards": [

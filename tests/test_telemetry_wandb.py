@@ -162,6 +162,7 @@ def test_a_real_run_logs_dataset_charts_and_final_model_offline_and_a_failing_wa
 
 
 def test_wandb_is_opt_in_and_an_api_key_in_the_environment_alone_never_turns_it_on(monkeypatch, tmp_path):
+    import mlx_grpo.opening as opening_module
     import mlx_grpo.run as run_module
     from mlx_grpo.config import load_config
 
@@ -174,7 +175,7 @@ def test_wandb_is_opt_in_and_an_api_key_in_the_environment_alone_never_turns_it_
         requested.append(kwargs.get("wandb"))
         raise Stop
 
-    monkeypatch.setattr(run_module, "make_sinks", fake_make_sinks)
+    monkeypatch.setattr(opening_module, "make_sinks", fake_make_sinks)
     monkeypatch.setenv("WANDB_API_KEY", "0123456789abcdef0123456789abcdef01234567")
     settings = {"num_steps": 1, "batch_size": 2, "num_generations": 2, "monitoring_dir": str(tmp_path / "runs")}
     for extra in ({}, {"wandb": True}, {"report_to": "wandb"}):

@@ -22,7 +22,8 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from ..config import load_config, parse_override
-    from ..plan import GB, make_plan
+    from ..fitting import make_plan
+    from ..plan import GB
 
     overrides = dict(parse_override(text) for text in args.overrides)
     config = load_config(args.config, overrides)
@@ -46,7 +47,8 @@ def base_precision(facts: dict) -> str:
 
 
 def format_plan(verdict, facts: dict) -> str:
-    from ..plan import GB, reference_text
+    from ..fitting import reference_text
+    from ..plan import GB
 
     def gb(x: float) -> str:
         return f"{x / GB:.1f} GB"
