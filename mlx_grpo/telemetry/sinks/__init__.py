@@ -18,6 +18,9 @@ tensorboard.py, wandb.py, trackio.py; the run directory's writers are rundir/wri
 - `make_sinks(run_dir, tensorboard=True, tensorboard_dir=None, flush_secs=2, wandb=None, trackio=None,
   warn=None, fsync=False, purge_step=None, completions_max_mb=None, extra=()) -> SinkSet`: the usual set; a
   sink whose library is not installed is left out with a warning.
+- `start_run(sinks, name, config, **fields) -> RunInfo`: a loop of your own starts its SinkSet with this:
+  run.json written (`new_run_info`'s fields: versions, device, total_steps, run_id, resume_step), then every
+  sink told.
 - `base.samples_markdown(samples) -> str`, `base.flatten_config(config) -> dict`: the formatting the sinks share.
 """
 
@@ -29,11 +32,11 @@ import threading
 import time as _time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from ..rundir.completions import CompletionsWriter
 from ..rundir.layout import RunPaths
-from ..rundir.writer import RunDirWriteError, RunDirWriter, json_safe
+from ..rundir.writer import RunDirWriteError, RunDirWriter, RunInfo, json_safe, new_run_info
 from ...common.terminal import terminal_safe
 from ...common.errors import install_hint
 from ..events import AlertEvent, Completions, Final, Flush, Samples, Scalars, Sink, Start
@@ -232,3 +235,10 @@ def make_sinks(run_dir: str | Path, tensorboard: bool = True, tensorboard_dir: s
         except ImportError as exc:
             warn(f"mlx-grpo: warning: Trackio logging is off: {exc} ({install_hint('trackio')})")
     return SinkSet(RunDirWriter(run_dir, fsync=fsync), [*sinks, *extra], warn=warn)
+
+
+def start_run(sinks: SinkSet, name: str, config: Mapping[str, Any], **fields: Any) -> RunInfo:
+    """Start a run on a SinkSet of `make_sinks`: its run.json (`new_run_info` with `fields`), then every sink."""
+    info = new_run_info(sinks.rundir.path, name, config, **fields)
+    sinks.handle(Start(info, sinks.rundir.path))
+    return info
