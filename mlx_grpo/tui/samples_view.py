@@ -19,7 +19,7 @@ import warnings
 import numpy as np
 
 from ..telemetry.rundir.completions import completion_steps, groups, heatmap_matrix, ordered_totals, read_step
-from ..telemetry.sinks.wandb_charts import scale_colour
+from ..telemetry.metrics.charts import scale_colour
 from .board import Board
 from .board_widget import BoardView
 from .fmt import fmt_count, fmt_value

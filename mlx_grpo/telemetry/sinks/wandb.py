@@ -12,8 +12,8 @@ total reward, step x example, as HTML), and with a rubric `charts/criteria_heatm
 (criterion x step, as HTML) with its data as the table `charts/criteria_over_time`, all redrawn every
 `chart_every` steps (0: about ten times per run, wandb_charts.chart_interval) and at the last step;
 alerts through `run.alert`; checkpoints as model artifacts when `log_checkpoints` is set; the
-dataset's rows as a `dataset` artifact (`log_dataset`) and the final model as a `model` artifact
-(`log_model`); final metrics in the run summary. WANDB_MODE=offline (or `mode="offline"`) works
+dataset's rows as a `dataset` artifact and the final model as a `model` artifact (`Artifact` events);
+final metrics in the run summary. WANDB_MODE=offline (or `mode="offline"`) works
 without a network.
 """
 
