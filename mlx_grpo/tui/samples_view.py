@@ -91,7 +91,8 @@ def group_table(group: list[dict], selected: dict) -> Table:
     ranked = sorted(group, key=lambda r: -(r.get("advantage") if isinstance(r.get("advantage"), (int, float))
                                            else float("-inf")))
     for row in ranked:
-        mine = row.get("completion_index") == selected.get("completion_index")
+        # samples.jsonl rows written before they carried it were each group's first completion
+        mine = row.get("completion_index") == selected.get("completion_index", 0)
         rewards = row.get("rewards") if isinstance(row.get("rewards"), dict) else {}
         advantage = row.get("advantage")
         correct = row.get("correct")
