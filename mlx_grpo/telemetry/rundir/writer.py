@@ -71,7 +71,7 @@ def loads_object(data: bytes | str, display: bool = False) -> dict | None:
     """A JSON object from untrusted bytes, or None for anything else: not JSON, not UTF-8, nested too
     deep for the parser (a RecursionError, not a ValueError), or not an object. Every reader of a run
     directory parses through this, so no file content can crash one. `display`: for a reader that
-    prints what it read, control characters in strings are made visible (terminal.py)."""
+    prints what it read, control characters in strings are made visible (common/terminal.py)."""
     try:
         obj = json.loads(data)
     except (ValueError, RecursionError):
