@@ -237,7 +237,7 @@ def check_plan(base_dir: Path, model_dir: Path) -> tuple[Check, Any]:
     """The plan's peak of each phase against the trainer's measured peak, one step at full lengths."""
     import mlx.core as mx
 
-    from .benchmark import Workload
+    from .workload import Workload
     from .models import resolve_dtype
     from .fitting import read_model_shape
     from .plan import MemorySettings, Shapes, predict

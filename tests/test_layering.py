@@ -40,7 +40,7 @@ INNER_FLOORS = {
         {"presets", "plan", "fitting"},  # what a run needs, predicted before it loads
         {"trainer", "distributed"},  # one step, on one rank or many
         {"run", "opening", "resume", "signals", "run_lock", "console", "export", "replay", "sweep"},  # a run's life
-        {"benchmark", "selftest", "tools"},  # measuring the rest
+        {"benchmark", "workload", "selftest", "tools"},  # measuring the rest
     ],
     "mlx_grpo.rewards": [
         {"", "builtin", "judge", "scoring"},

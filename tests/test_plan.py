@@ -247,7 +247,7 @@ def test_the_plan_bounds_each_measured_phase_within_a_quarter(tmp_path):
     (update +90%) and one decode step's logits for the rollout's sampling (rollout below measured)."""
     import mlx.core as mx
 
-    from mlx_grpo.benchmark import Workload
+    from mlx_grpo.workload import Workload
     from mlx_grpo.fitting import read_model_shape
     from tiny_models import make_model_dir
 
