@@ -43,6 +43,8 @@ class RunPaths:
     report_json = property(lambda self: self.root / "report.json")
     report_md = property(lambda self: self.root / "report.md")
     final_model = property(lambda self: self.root / "final_model")  # with wandb_log_model: the fused policy
+    rubric_summary_json = property(lambda self: self.root / "rubric_summary.json")  # with a rubric
+    rubric_summary_md = property(lambda self: self.root / "rubric_summary.md")
 
     def completions_step(self, step: int) -> Path:
         """The file of one step's completions."""
