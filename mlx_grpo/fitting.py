@@ -11,7 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from .common.errors import UserError
-from .common.units import GB, GIB
+from .common.units import GB, GIB, gb_text
 from .config import TrainConfig
 from .data import load_datasets, longest_prompt
 from .machine import device_info, memory_share
@@ -156,7 +156,8 @@ def fit_run(config: TrainConfig, base_dir: Path) -> tuple[TrainConfig, str]:
     peaks, settings = verdict.configured, verdict.settings
     config = replace(config, micro_batch_size=settings.micro_batch_size)
     # an upper bound: every prompt and completion is taken at its longest (prompts: the dataset's longest)
-    line = (f"memory plan: peak at most ~{peaks.peak / GB:.1f} GB of {verdict.budget / GB:.1f} GB "
+    peak_text = "~" + gb_text(peaks.peak) if peaks.peak >= 0.05 * GB else gb_text(peaks.peak)
+    line = (f"memory plan: peak at most {peak_text} of {verdict.budget / GB:.1f} GB "
             f"(rollout {peaks.rollout / GB:.1f}, reference {reference_text(peaks.reference, facts, unit='')}, "
             f"update {peaks.update / GB:.1f}"
             + (f", eval {peaks.evaluation / GB:.1f}" if peaks.evaluation else "") + "; "

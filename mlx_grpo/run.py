@@ -18,6 +18,7 @@ import mlx.core as mx
 from .checkpoint import PendingCheckpoint, latest_checkpoint, list_checkpoints, prepare_checkpoint
 from .common.errors import UserError
 from .common.secrets import scrub_secrets
+from .common.units import plural
 from .config import TrainConfig
 from .extras.entropy_dump import EntropyDump
 from .opening import Run, open_run
@@ -314,11 +315,12 @@ def say_finished(run: Run) -> None:
     try:
         reward_report = write_report(run.run_dir)
     except OSError as err:  # a disk that filled at the very end: the run itself is complete
-        recorder.message(f"finished {step} steps; report.json could not be written ({err.strerror or err}): "
-                         f"mlx-grpo report {run.run_dir} prints it", style="yellow")
+        recorder.message(f"finished {plural(step, 'step')}; report.json could not be written "
+                         f"({err.strerror or err}): mlx-grpo report {run.run_dir} prints it", style="yellow")
         return
-    recorder.message(f"finished {step} steps in {recorder.elapsed():.0f} s: {reward_report.outcome.headline()}"
-                     f"; reward functions' {reward_report.quality.headline()} — run directory: {run.run_dir}")
+    recorder.message(f"finished {plural(step, 'step')} in {recorder.elapsed():.0f} s: "
+                     f"{reward_report.outcome.headline()}; reward functions' {reward_report.quality.headline()} "
+                     f"— run directory: {run.run_dir}")
 
 
 def nonfinite_stop_message(count: int, step: int, run_dir: Path, config: TrainConfig) -> str:

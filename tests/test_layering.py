@@ -40,7 +40,7 @@ INNER_FLOORS = {
         {"presets", "plan", "fitting"},  # what a run needs, predicted before it loads
         {"trainer", "distributed"},  # one step, on one rank or many
         {"run", "opening", "resume", "signals", "run_lock", "console", "export", "replay", "sweep"},  # a run's life
-        {"benchmark", "workload", "selftest", "tools"},  # measuring the rest
+        {"benchmark", "workload", "selftest", "tools", "mcp_server"},  # measuring and serving the rest
     ],
     "mlx_grpo.rewards": [
         {"", "builtin", "judge", "scoring"},
@@ -49,7 +49,7 @@ INNER_FLOORS = {
         {"loading", "correctness"},
     ],
     "mlx_grpo.telemetry": [
-        {"", "events", "metrics", "output", "smoothing"},
+        {"", "events", "metrics", "output", "smoothing", "reward_names"},
         {"alerts"},
         {"rundir"},
         {"analysis"},

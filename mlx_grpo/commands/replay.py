@@ -51,6 +51,7 @@ def run(args: argparse.Namespace) -> int:
 
     from ..common.errors import UserError
     from ..replay import render, replay, run_settings
+    from ..telemetry.reward_names import reward_name
     from ..rewards.loading import load_reward_functions
     from ..rewards.scoring import RewardFunction
     from ..telemetry.rundir.completions import completion_steps
@@ -61,11 +62,12 @@ def run(args: argparse.Namespace) -> int:
     _, metrics, _, _ = load_run(run_dir)
     rewards, rubric_file, rubric_weight, group_size, scale, base_dir = run_settings(run_dir)
     specs = [_spec(s) for s in args.rewards] if args.rewards else rewards
-    unknown = [name for name in args.without if name not in {n for n, _ in specs} | {"rubric"}]
+    # a reward's one name (reward_names.py): a built-in's name, or the function's name
+    names = [reward_name(n) for n, _ in specs]
+    unknown = [name for name in args.without if name not in {*names, "rubric"}]
     if unknown:
-        raise UserError(f"--without {' '.join(unknown)}: not in the reward set ({', '.join(n for n, _ in specs)})")
-    # names as the trainer names them: a built-in's name, or the function's name after the colon
-    specs = [(n, w) for n, w in specs if n.rpartition(":")[2] not in args.without and n not in args.without]
+        raise UserError(f"--without {' '.join(unknown)}: not in the reward set ({', '.join(names)})")
+    specs = [(n, w) for n, w in specs if reward_name(n) not in args.without]
     functions = load_reward_functions(specs, Path.cwd() if args.rewards else base_dir)
     rubric_path = args.rubric_file or (rubric_file if "rubric" not in args.without else None)
     if rubric_path is not None:

@@ -76,9 +76,11 @@ NO_HOOKS = RewardHooks()
 
 def call_reward(fn: Callable, prompts: list, completions: list, answers: list, columns: Mapping[str, list]):
     """Call a reward function by keyword, as TRL does: `prompts`, `completions`, `answers` (and `answer`,
-    TRL's usual column name, for a function that does not take `answers`) and every other dataset column.
-    A function whose parameters do not bind that way is called in the positional form
-    `f(prompts, completions, answers, **columns)`, so both styles work."""
+    TRL's usual column name, for a function that does not take `answers`) and every dataset column under its
+    own name (the answer field's too). A function written in the positional form
+    `f(p, c, a, **columns)`, whose parameters name none of those, is called positionally. A keyword-style
+    function (it names `prompts` or `completions`) with a parameter no column fills is a UserError naming
+    that parameter: calling it anyway would fail on every batch with a misleading TypeError."""
     offered = {"prompts": prompts, "completions": completions, "answers": answers, **columns}
     try:
         signature = inspect.signature(fn)
@@ -94,8 +96,22 @@ def call_reward(fn: Callable, prompts: list, completions: list, answers: list, c
     try:
         signature.bind(**kwargs)
     except TypeError:
+        unfilled = [p.name for p in params.values() if p.name not in kwargs and p.default is p.empty
+                    and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        if unfilled and ({"prompts", "completions"} & set(params)):
+            raise UnfilledParameter(_unfilled_message(unfilled, offered)) from None
         return fn(prompts, completions, answers, **columns)
     return fn(**kwargs)
+
+
+class UnfilledParameter(UserError):
+    """A keyword-style reward function names a parameter that no column of the batch fills."""
+
+
+def _unfilled_message(unfilled: list[str], offered: Mapping[str, list]) -> str:
+    names = ", ".join(f"'{n}'" for n in unfilled)
+    return (f"takes {names} but the batch has no column of that name (it gets: {', '.join(offered)}); rename "
+            "the parameter, or add the column to the dataset")
 
 
 # A reward function that raises on this many batches in a row stops the run with its error.
@@ -177,8 +193,10 @@ def score_completions(
         prompts_in, completions_in = conversational if reward.from_file and conversational else (prompts, completions)
         try:
             raw = call_reward(reward.fn, list(prompts_in), list(completions_in), list(answers), columns)
-        except UserError:
-            raise  # a configuration mistake inside the function (e.g. a rubric criterion): stop the run
+        except UnfilledParameter as exc:
+            raise UserError(f"reward function '{reward.name}' {exc}") from None
+        except UserError:  # a configuration mistake inside the function (e.g. a rubric criterion): stop the run
+            raise
         except (Exception, SystemExit) as exc:  # sys.exit() in a reward function must not end the run
             reward.failures_in_a_row += 1
             if reward.failures_in_a_row >= MAX_FAILED_BATCHES:
