@@ -15,7 +15,7 @@ import sys
 from .blas import reexec_with_openblas
 from .config_aliases import NO_EQUIVALENT
 from .common.errors import UserError
-from .common.terminal import terminal_safe
+from .common.terminal import open_standard_streams, terminal_safe
 from .name_clash import clash_message, clashing_packages
 
 # name -> (module, one-line help)
@@ -88,6 +88,7 @@ def _dashed_flags(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]
 
 
 def main(argv: list[str] | None = None) -> int:
+    open_standard_streams()
     parser = build_parser()
     real_command_line = argv is None
     argv = _dashed_flags(parser, sys.argv[1:] if argv is None else list(argv))

@@ -74,9 +74,24 @@ def read_model_shape(model_id: str, base_dir: Path) -> ModelShape:
     if not config_file.is_file():
         config_file = _hub_config(model_id)
     try:
-        return ModelShape.from_config(json.loads(config_file.read_text()), str(config_file))
+        config = json.loads(config_file.read_text())
+        if isinstance(config, dict):
+            _check_config_types(config, config_file)
+        return ModelShape.from_config(config, str(config_file))
     except (OSError, ValueError) as err:
         raise UserError(f"{config_file}: cannot read the model's shape: {err}") from None
+    except (TypeError, KeyError, AttributeError, RecursionError) as err:  # a value of a shape no model has
+        detail = (str(err).splitlines() or [""])[0][:120]
+        raise UserError(f"{config_file}: cannot read the model's shape ({type(err).__name__}: {detail})") from None
+
+
+def _check_config_types(config: dict, config_file: Path) -> None:
+    """The keys whose type the model libraries assume without checking: one line naming the key."""
+    for key, kind, expected in (("model_type", str, "a string"), ("layer_types", list, "a list"),
+                                ("num_hidden_layers", int, "a whole number")):
+        value = config.get(key)
+        if value is not None and (not isinstance(value, kind) or isinstance(value, bool)):
+            raise UserError(f"{config_file}: '{key}' is {str(value)[:40]}; expected {expected}")
 
 
 def _hub_config(model_id: str) -> Path:

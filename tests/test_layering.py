@@ -34,7 +34,7 @@ NO_MLX = {"telemetry", "tui"}  # the dashboard, report and compare run where mlx
 # "mlx_grpo" covers the training area's rooms (the other areas have the rules above).
 INNER_FLOORS = {
     "mlx_grpo": [
-        {"", "config", "config_aliases", "config_paths", "name_clash", "machine", "chips", "blas", "tasks"},
+        {"", "config", "config_aliases", "config_paths", "name_clash", "run_code", "machine", "chips", "blas", "tasks"},
         {"grpo", "models", "gguf", "smollm2", "data", "rollout", "rewards", "update", "extras", "evaluate",
          "checkpoint"},  # core: the model, the data, the math, a completion's worth, saving weights
         {"presets", "plan", "fitting"},  # what a run needs, predicted before it loads

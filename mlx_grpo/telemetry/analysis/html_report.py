@@ -82,7 +82,9 @@ def _pyplot():
 
     matplotlib.use("Agg")
     matplotlib.rcParams.update({"svg.fonttype": "path", "font.size": 9, "axes.spines.top": False,
-                                "axes.spines.right": False, "svg.hashsalt": "mlx-grpo"})
+                                "axes.spines.right": False, "svg.hashsalt": "mlx-grpo",
+                                # names come from run files: '$...$' in one is text, not mathtext to parse
+                                "text.parse_math": False})
     import matplotlib.pyplot as plt
 
     return plt
