@@ -45,6 +45,12 @@ def parse_memory(text: str) -> float:
     return value
 
 
+def _on_gpu() -> bool:
+    import mlx.core as mx
+
+    return mx.default_device().type == mx.gpu
+
+
 def this_machine_budget() -> tuple[float, str]:
     import mlx.core as mx
     import psutil
@@ -126,13 +132,16 @@ def make_plan(config: TrainConfig, base_dir: Path, memory: str | None = None) ->
         budget, source = mac_working_set(size), f"the recommended working set of a {size:g} GB Mac"
     else:
         budget, source = this_machine_budget()
+    # which machine the dtype, precision and peaks are for: a Mac plans bfloat16 on its GPU, this CPU float32
+    machine = (f"a {parse_memory(memory):g} GB Mac's GPU" if memory is not None else
+               f"this machine's {'GPU' if _on_gpu() else 'CPU'}")
     longest = longest_prompt_tokens(config, base_dir)
     prompt_length = config.max_prompt_length if longest is None else min(longest, config.max_prompt_length)
     shapes = Shapes(config.batch_size, config.num_generations, prompt_length, config.max_generation_steps)
     lora_dtype = resolve_dtype(replace(config, use_lora=True), gpu=True if memory is not None else None)
     verdict = plan(shape, shapes, config, dtype, budget, source, lora_dtype)
     facts = {"model": config.model_id, "parameters": shape.parameters(), "layers": shape.layers,
-             "vocab": shape.vocab, "dtype": dtype, "bits": shape.bits, "dequantized": dequantized,
+             "vocab": shape.vocab, "dtype": dtype, "bits": shape.bits, "dequantized": dequantized, "machine": machine,
              "prompts": shapes.prompts,
              "group_size": shapes.group_size, "prompt_length": shapes.prompt_length,
              "prompt_length_from": "max_prompt_length" if longest is None else "the dataset's longest prompt",

@@ -17,7 +17,7 @@ from .data import load_datasets
 from .distributed import init_world
 from .extras.entropy_dump import EntropyDumpWriter
 from .fitting import fit_run
-from .machine import accel_memory, describe_device, share_memory_with, versions, wire_memory
+from .machine import accel_memory, describe_device, matmul_peak_flops, share_memory_with, versions, wire_memory
 from .models import chunk_ignored, count_parameters, resolve_dtype
 from .resume import last_record, resumable_checkpoint, truncate_logs
 from .run_lock import RunLock, create_run_dir
@@ -72,6 +72,7 @@ def open_run(config: TrainConfig, base_dir: Path, resume_dir: Path | None) -> Ru
     trainer = Trainer.build(remedied(config, remedy), base_dir)
     run_dir, lock = open_directory(trainer, resume_dir)
     memory_warning = wire_memory(trainer.resident_bytes())
+    trainer.peak_flops_per_s = matmul_peak_flops()  # perf/mfu's denominator
     saved = resume_point(trainer, checkpoint, run_dir, resume_dir)
     sinks, console, run_info = open_sinks(trainer, run_dir, base_dir, saved, resume_dir)
     recorder = open_recorder(trainer, rules, sinks, console, saved)

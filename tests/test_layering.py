@@ -35,9 +35,9 @@ NO_MLX = {"telemetry", "tui"}  # the dashboard, report and compare run where mlx
 INNER_FLOORS = {
     "mlx_grpo": [
         {"", "config", "config_aliases", "config_paths", "name_clash", "run_code", "machine", "chips", "blas", "tasks"},
-        {"grpo", "models", "gguf", "smollm2", "data", "rollout", "rewards", "update", "extras", "evaluate",
+        {"grpo", "models", "gguf", "gguf_header", "smollm2", "gemma3", "wheel_files", "data", "rollout", "rewards", "update", "extras", "evaluate",
          "checkpoint"},  # core: the model, the data, the math, a completion's worth, saving weights
-        {"presets", "plan", "fitting"},  # what a run needs, predicted before it loads
+        {"presets", "plan", "fitting", "roofline"},  # what a run needs and can reach, predicted before it loads
         {"trainer", "distributed"},  # one step, on one rank or many
         {"run", "opening", "resume", "signals", "run_lock", "console", "export", "replay", "sweep"},  # a run's life
         {"benchmark", "workload", "selftest", "tools", "mcp_server"},  # measuring and serving the rest
