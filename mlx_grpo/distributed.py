@@ -225,6 +225,7 @@ class World:
             "difficulty": data.difficulty, "trained_tokens": data.trained_tokens, "stats": data.update.stats,
             "texts": data.texts, "prompt_texts": data.prompt_texts, "answers": data.answers,
             "seconds": data.seconds, "peaks": data.peak_memory, "components": data.component_metrics,
+            "update_advantages": None if data.update_advantages is None else data.update_advantages.tolist(),
         })
 
         def joined(key: str, dtype: Any = float) -> np.ndarray:
@@ -247,7 +248,8 @@ class World:
             update=dataclasses.replace(data.update, stats=stats),
             seconds={name: max(p["seconds"][name] for p in parts) for name in data.seconds},
             peak_memory={name: max(p["peaks"][name] for p in parts) for name in data.peak_memory},
-            component_metrics=components)
+            component_metrics=components,
+            update_advantages=None if data.update_advantages is None else joined("update_advantages"))
 
     def sinks(self, make: Callable[[], SinkSet], run_dir: Path) -> SinkSet:
         """Rank 0's sinks from `make()`; other ranks get a set that records nothing."""

@@ -357,6 +357,7 @@ class Trainer:
                                self.optimizer.learning_rate.item(), config.beta, self.reference is not None),
             seconds={**meter.seconds, "update": update.seconds}, peak_memory=meter.peaks,
             component_metrics=component_metrics,
+            update_advantages=np.array(advantages) if config.sgrpo.enable else None,
             samples=self._samples(prompts, scored, np.array(group_advantages), lengths, rollout.truncated),
             new_errors=scored.scores.new_errors,
             texts=scored.texts, prompt_texts=[row["prompt"] for row in prompts.rows],

@@ -407,6 +407,9 @@ def _extension_entries() -> list[MetricSpec]:
         MetricSpec("sgrpo/avg_correct_exit_position", "Mean exit position among correct answers (lower = "
                    "earlier).", "position", "sgrpo", SGRPO),
         MetricSpec("sgrpo/overall_accuracy", "Accuracy over all exits together.", "fraction", "sgrpo", SGRPO),
+        MetricSpec("sgrpo/zero_std_group_frac", "Fraction of serial groups (one sampled path's K exits) whose "
+                   "exits all scored the same: their advantages are 0 and the update learns nothing from them "
+                   "(1.0: the update did nothing).", "fraction", "sgrpo", SGRPO),
     ]
     return out
 

@@ -69,6 +69,14 @@ class StepData:
     answers: list = field(default_factory=list)  # [B] their expected answers
     new_errors: list[str] = field(default_factory=list)  # reward-function failures first seen this step
     entropy_dump: dict[str, np.ndarray] | None = None
+    # [M] the advantages the update used, when they are not `advantages`: S-GRPO trains on the serial groups
+    # of its exits, not on the sampled completions (whose group advantages the completions table keeps)
+    update_advantages: np.ndarray | None = None
+
+    @property
+    def trained_advantages(self) -> np.ndarray:
+        """What the update weighted its sequences by: advantages/* and the histogram describe these."""
+        return self.advantages if self.update_advantages is None else self.update_advantages
 
     @property
     def completion_tokens(self) -> int:
@@ -159,7 +167,7 @@ def peak_share_metrics(peak_memory: Mapping[str, float], working_set_gb: float |
 
 def step_record(data: StepData) -> dict[str, float]:
     """Every per-step metric of the step, computed once from the whole batch's arrays."""
-    adv = np.asarray(data.advantages, dtype=float)
+    adv = np.asarray(data.trained_advantages, dtype=float)
     return {
         **update_metrics(data.update),
         "advantages/mean": float(adv.mean()), "advantages/std": float(adv.std()),
