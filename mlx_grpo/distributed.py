@@ -286,6 +286,8 @@ def combine_update_stats(per_rank: list[dict[str, float]], tokens: list[int]) ->
         mean_name = name[:-len("_std")] + "_mean" if name.endswith("_std") else None
         if name == "pg_loss":
             out[name] = float(np.sum(values))
+        elif name.endswith("_min") or name.endswith("_max"):  # extremes over completions: over ranks too
+            out[name] = float(min(values) if name.endswith("_min") else max(values))
         elif mean_name in per_rank[0]:
             means = [stats[mean_name] for stats in per_rank]
             mean = weighted(means)

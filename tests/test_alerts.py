@@ -119,11 +119,11 @@ def test_measured_length_paying_reward_is_caught_within_a_few_steps():
     assert first["completions_truncated"] <= 31 and first["kl_drift"] <= 35
 
 
-def test_measured_constant_reward_warns_from_step_1():
+def test_measured_constant_reward_warns_from_step_2():
     # Every group on one score from the first step: no gradient (grad_norm exactly 0) and the policy never
-    # leaves the reference (KL 0). Named at step 1 (was 5), the empty updates at 2, the frozen policy at 8.
+    # leaves the reference (KL 0). Named at step 2 (was 5), the empty updates at 2, the frozen policy at 8.
     alerts = [a for a in _replay(_measured("run_constant_reward.jsonl")) if a.level != "info"]
-    assert [(a.step, a.rule) for a in alerts] == [(1, "zero_std_groups"), (2, "zero_gradient"), (8, "kl_flat")]
+    assert [(a.step, a.rule) for a in alerts] == [(2, "zero_std_groups"), (2, "zero_gradient"), (8, "kl_flat")]
 
 
 def test_measured_collapse_after_a_learning_rate_raise_is_caught_in_two_steps():

@@ -110,3 +110,112 @@ def test_held_out_accuracy_falling_is_named():
                                                                [0.32, 0.4, 0.45, 0.5, 0.55, 0.5, 0.6, 0.65, 0.7,
                                                                 0.72, 0.74])]
     assert not [a for a in _fire(rising) if a.rule == "heldout_accuracy_drop"]
+
+
+def _entropy_rule():
+    return [r for r in default_rules() if r.name == "entropy_collapse"]
+
+
+def _entropy_run(reward):
+    # the SmolLM2 recipe's shape: entropy 1.96 -> 0.19 nats in 14 steps
+    entropy = np.linspace(1.96, 0.19, 15)
+    return [{"step": s, "policy/entropy": float(e), "rewards/total/mean": float(r)}
+            for s, (e, r) in enumerate(zip(entropy, reward), start=1)]
+
+
+def test_entropy_falling_while_the_reward_is_flat_is_a_collapse_named_before_the_floor():
+    rng = np.random.default_rng(4)
+    alerts = _fire(_entropy_run(0.33 + rng.normal(0, 0.02, 15)), _entropy_rule())
+    # named at step 11 of 15, at half its start (rldoctor's projection names it at step 9, at 63%, and names
+    # the measured healthy default run too, at step 53, where this rule waits for entropy to halve)
+    assert alerts and alerts[0].level == "warning" and alerts[0].step <= 11
+    assert "reaches 10% of its start in about" in alerts[0].message and "not rising" in alerts[0].message
+
+
+def test_entropy_falling_while_the_reward_climbs_is_convergence():
+    # conditional firing: the same fall with the reward rising is the policy committing to what it learned
+    alerts = _fire(_entropy_run(np.linspace(2.0, 6.0, 15)), _entropy_rule())
+    assert alerts and all(a.level == "info" and a.action == "none" for a in alerts)
+    assert "converging" in alerts[0].message
+
+
+def test_a_recent_share_judges_the_median_of_the_last_values():
+    from mlx_grpo.telemetry.alerts.rules import ThresholdRule
+
+    rule = ThresholdRule(name="z", metric="m", op=">=", value=0.5, recent=5, share=0.6, cooldown=0)
+    values = [0.9, 0.1, 0.1, 0.9, 0.1, 0.9, 0.9, 0.1, 0.1]
+    records = [{"step": i + 1, "m": v} for i, v in enumerate(values)]
+    # step 1: one of one; steps 2-6: never a majority; step 7: 3 of the last 5; an odd 0.1 at 8 keeps it; 9: 2 of 5
+    assert [a.step for a in _fire(records, [rule])] == [1, 7]
+
+
+def test_the_last_line_of_a_hacked_run_says_hacking():
+    # T2: review 3's H-hack ended "...; reward functions' quality 95/100" and never said "hacking"
+    from synthetic_runs import Faults, simulate
+
+    from mlx_grpo.telemetry.analysis.reward_report import analyze_run
+
+    metrics, samples = simulate(150, 1, Faults(fault_step=30, length_reward=True))
+    report = analyze_run(metrics, samples)
+    assert report.hacking.suspected
+    line = report.last_line()
+    assert "but possible reward hacking: " in line and line.startswith(report.outcome.headline())
+
+
+def test_one_reward_up_while_the_total_is_flat_is_not_hacking():
+    # T14: review 3's X: answer_check (the correctness reward's partial credit) rose -0.98 -> -0.83 while the
+    # total was flat and exact accuracy 0: called "possible reward hacking"
+    from mlx_grpo.telemetry.analysis.reward_report import analyze_run
+
+    rng = np.random.default_rng(5)
+    records = []
+    for s in range(1, 15):
+        answer = -0.98 + 0.15 * s / 14 + rng.normal(0, 0.01)
+        judge = 3.6 - 0.15 * s / 14 + rng.normal(0, 0.01)
+        records.append({"step": s, "rewards/answer_check/mean": answer, "rewards/judge/mean": judge,
+                        "rewards/total/mean": answer + judge, "accuracy/train": 0.0})
+    records += [{"step": 0, "eval/accuracy": 0.0}, {"step": 14, "eval/accuracy": 0.0}]
+    report = analyze_run(records)
+    assert not report.hacking.suspected, report.hacking.findings
+    assert report.last_line().endswith("but the task did not improve")
+    assert "held-out accuracy 0.0% -> 0.0% (+0.0 points)" in report.last_line()
+
+
+def test_peer_metrics_terminated_lengths_and_running_token_count():
+    # TRL's completions/*_terminated_length and num_tokens
+    from step_data_builder import make_step_data
+
+    from mlx_grpo.telemetry.metrics.step_data import step_record
+    from mlx_grpo.telemetry.recorder import RunRecorder
+
+    lengths = np.array([4.0, 9.0, 24.0, 24.0] * 4)
+    truncated = np.array([False, False, True, True] * 4)
+    record = step_record(make_step_data(lengths=lengths, truncated=truncated))
+    assert (record["completions/terminated_length/mean"], record["completions/terminated_length/min"],
+            record["completions/terminated_length/max"]) == (6.5, 4.0, 9.0)
+    assert "completions/terminated_length/mean" not in step_record(make_step_data(truncated=np.ones(16, bool)))
+    recorder = RunRecorder(["fmt", "ans"], [])
+    first = recorder.record_step(make_step_data(step=1)).record
+    second = recorder.record_step(make_step_data(step=2, seed=1)).record
+    assert second["tokens/cumulative"] == first["tokens/total"] + second["tokens/total"]
+    resumed = RunRecorder(["fmt", "ans"], [])
+    resumed.load_state_dict(recorder.state_dict())
+    assert resumed.record_step(make_step_data(step=3)).record["tokens/cumulative"] == \
+        second["tokens/cumulative"] + first["tokens/total"]
+
+
+def test_clip_extremes_over_completions_and_a_kl_that_is_never_negative():
+    import mlx.core as mx
+
+    from mlx_grpo import grpo
+
+    logp = mx.log(mx.array([[0.5, 0.5], [0.5, 0.5]]))
+    old = mx.log(mx.array([[0.5, 0.5], [0.2, 0.2]]))  # completion 2's ratio 2.5: past 1 + epsilon
+    stats = grpo.policy_stats(logp, old, None, mx.array([1.0, 1.0]), mx.ones((2, 2)))
+    assert float(stats["clip_frac_high_max"]) == 1.0 and float(stats["clip_frac_low_min"]) == 0.0
+    assert float(stats["clip_frac_high"]) == 0.5
+    # T11: at a learning rate near 0 the policy and reference differ by rounding; k3 read -1e-10, it is >= 0
+    rng = np.random.default_rng(6)
+    base = rng.uniform(-3, -0.1, 10000).astype(np.float32)
+    nudged = base + rng.uniform(-1e-6, 1e-6, 10000).astype(np.float32)
+    assert float(grpo.kl_k3(mx.array(base), mx.array(nudged)).min()) >= 0.0

@@ -98,6 +98,8 @@ def outcome_metrics(data: StepData) -> dict[str, float]:
     out = {f"completions/{k}": v for k, v in _stats("length", lengths).items()}
     out[TRUNCATED_FRAC] = float(truncated.mean())
     out[FINISHED_FRAC] = float(finished.mean())
+    if finished.any():  # the completions that ended by themselves (TRL's *_terminated_length)
+        out.update({f"completions/{k}": v for k, v in _stats("terminated_length", lengths[finished]).items()})
     if data.correct is not None:  # without a correctness check, accuracy is left out (n/a), never 0%
         correct = np.asarray(data.correct, dtype=bool)
         if truncated.any():
