@@ -80,9 +80,12 @@ def ours_first(records: list[dict]) -> dict[str, tuple[int, str, str, str]]:
     return first
 
 
-def compare(path: Path) -> list[dict]:
+def compare(path: Path, cache: dict) -> list[dict]:
     records = read_records(path)
-    theirs, ours = rldoctor_first(records), ours_first(records)
+    key = f"{path.resolve()}:{len(records)}:{records[-1]['step']}"
+    if key not in cache:  # rldoctor's answer depends on the records only: computed once
+        cache[key] = rldoctor_first(records)
+    theirs, ours = {k: tuple(v) for k, v in cache[key].items()}, ours_first(records)
     rows = []
     for detector, rules in COVERS.items():
         fired = sorted((ours[r][0], r) for r in rules if r in ours)
@@ -116,9 +119,13 @@ def main() -> None:
     parser.add_argument("runs", nargs="*", type=Path)
     parser.add_argument("--pathology-runs", type=Path, help="write the synthetic pathology runs here and compare them")
     parser.add_argument("--markdown", action="store_true")
+    parser.add_argument("--cache", type=Path, help="a JSON file keeping rldoctor's steps between invocations")
     args = parser.parse_args()
     runs = list(args.runs) + (write_pathology_runs(args.pathology_runs) if args.pathology_runs else [])
-    rows = [row for path in runs for row in compare(path)]
+    cache = json.loads(args.cache.read_text()) if args.cache and args.cache.is_file() else {}
+    rows = [row for path in runs for row in compare(path, cache)]
+    if args.cache:
+        args.cache.write_text(json.dumps(cache))
     if not args.markdown:
         print(json.dumps(rows, indent=1))
         return

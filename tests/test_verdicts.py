@@ -9,11 +9,12 @@ import pytest
 
 from mlx_grpo.telemetry.alerts.config import default_rules
 from mlx_grpo.telemetry.alerts.engine import AlertEngine
-from mlx_grpo.telemetry.analysis.robust import (change_point, mann_kendall, percent_change, theil_sen, verdict)
 from mlx_grpo.telemetry.analysis.reward_report import trend_of
 
 
 def test_theil_sen_keeps_the_slope_through_wild_points():
+    from mlx_grpo.telemetry.analysis.robust import theil_sen
+
     x = np.arange(50.0)
     y = 2.0 * x + 1.0
     y[::5] = -500.0  # a fifth of the points are garbage
@@ -23,6 +24,8 @@ def test_theil_sen_keeps_the_slope_through_wild_points():
 
 
 def test_mann_kendall_tells_a_trend_from_noise():
+    from mlx_grpo.telemetry.analysis.robust import mann_kendall
+
     rng = np.random.default_rng(0)
     p_up, tau_up = mann_kendall(np.arange(30.0) + rng.normal(0, 3, 30))
     assert p_up < 1e-3 and tau_up > 0.5
@@ -32,6 +35,8 @@ def test_mann_kendall_tells_a_trend_from_noise():
 
 
 def test_change_point_finds_a_level_shift_and_not_one_in_noise():
+    from mlx_grpo.telemetry.analysis.robust import change_point
+
     rng = np.random.default_rng(1)
     y = np.r_[rng.normal(8, 0.3, 10), rng.normal(-3, 0.3, 10)]
     cp = change_point(y)
@@ -54,6 +59,8 @@ def test_a_fall_from_8_to_minus_3_is_falling_not_flat():
 
 
 def test_flat_is_only_said_of_a_series_that_did_not_move():
+    from mlx_grpo.telemetry.analysis.robust import verdict
+
     rng = np.random.default_rng(2)
     steps = np.arange(1, 201)
     assert verdict(steps, 8.5 + rng.normal(0, 0.25, 200)).direction == "flat"
@@ -66,6 +73,8 @@ def test_flat_is_only_said_of_a_series_that_did_not_move():
 
 
 def test_percent_change_is_the_change():
+    from mlx_grpo.telemetry.analysis.robust import percent_change
+
     assert percent_change(0.0, 0.2344) == "-100%"
     assert percent_change(0.5, 0.25) == "+100%"
     assert percent_change(0.3, 0.0) == "+0.3"
@@ -219,3 +228,20 @@ def test_clip_extremes_over_completions_and_a_kl_that_is_never_negative():
     base = rng.uniform(-3, -0.1, 10000).astype(np.float32)
     nudged = base + rng.uniform(-1e-6, 1e-6, 10000).astype(np.float32)
     assert float(grpo.kl_k3(mx.array(base), mx.array(nudged)).min()) >= 0.0
+
+
+def test_sampled_held_out_metrics_are_opt_in_and_count_what_they_name():
+    # verl's mean@N / best@N: N completions per held-out prompt at the run's temperature
+    from pathlib import Path
+
+    from mlx_grpo.config import load_config
+    from mlx_grpo.telemetry.metrics.step_data import eval_record
+    from mlx_grpo.trainer import Trainer
+
+    record = eval_record([True, False], [None, None], 1.0, [[True, False, False], [False, False, False]])
+    assert record["eval/mean@3"] == pytest.approx(1 / 6) and record["eval/pass@3"] == 0.5
+    assert "eval/mean@3" not in eval_record([True], [None], 1.0)
+    config = load_config(None, {"batch_size": 2, "num_generations": 3, "max_generation_steps": 6, "eval_size": 5,
+                                "eval_samples": 3})
+    record = Trainer.build(config, Path.cwd()).evaluate()
+    assert record["eval/num_samples"] == 5 and 0 <= record["eval/mean@3"] <= record["eval/pass@3"] <= 1

@@ -270,6 +270,12 @@ def _outcome_entries() -> list[MetricSpec]:
                    EVAL),
         MetricSpec("eval/num_samples", "Held-out prompts evaluated (each one greedy completion).", "count", "eval",
                    EVAL),
+        MetricSpec("eval/mean@<k>", "With eval_samples k: the share of right answers among k completions sampled "
+                   "per held-out prompt at the run's temperature (verl's mean@N).", "fraction", "eval",
+                   EVAL + ", with eval_samples"),
+        MetricSpec("eval/pass@<k>", "With eval_samples k: the share of held-out prompts with at least one right "
+                   "answer among their k samples (pass@k, verl's best@N for a right/wrong check).", "fraction",
+                   "eval", EVAL + ", with eval_samples"),
         MetricSpec("eval/difficulty/<level>/accuracy", "eval/accuracy restricted to prompts labelled <level>.",
                    "fraction", "eval", EVAL + ", when the data has a difficulty column"),
         MetricSpec("eval/difficulty/<level>/count", "Held-out prompts labelled <level>.", "count", "eval",

@@ -182,10 +182,17 @@ def step_record(data: StepData) -> dict[str, float]:
     }
 
 
-def eval_record(correct: Sequence[bool], levels: Sequence, seconds: float) -> dict[str, float]:
-    """Held-out greedy accuracy (overall and per difficulty level) of every evaluated row."""
+def eval_record(correct: Sequence[bool], levels: Sequence, seconds: float,
+                sampled: Sequence[Sequence[bool]] = ()) -> dict[str, float]:
+    """Held-out greedy accuracy (overall and per difficulty level) of every evaluated row; with `sampled`
+    (each row's N sampled answers, right or not), mean@N and pass@N."""
     out = {EVAL_SECONDS: seconds, "eval/num_samples": float(len(correct))}
     if len(correct):  # an empty held-out set has no accuracy, not 0%
         out[EVAL_ACCURACY] = float(np.mean(np.asarray(correct, dtype=bool)))
+    if len(sampled):
+        right = np.asarray(sampled, dtype=bool)  # [rows, N]
+        n = right.shape[1]
+        out[f"eval/mean@{n}"] = float(right.mean())
+        out[f"eval/pass@{n}"] = float(right.any(axis=1).mean())
     out.update({k.replace("difficulty/", "eval/difficulty/"): v for k, v in difficulty_metrics(levels, correct).items()})
     return out
