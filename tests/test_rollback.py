@@ -131,7 +131,8 @@ def test_built_in_actions_by_on_alert():
     assert stops == {"reward_collapse", "accuracy_collapse", "accel_memory_high", "system_memory_high"}
     assert all(r.action == "none" for r in with_on_alert(rules, "warn"))
     rolling = {r.name for r in with_on_alert(rules, "rollback") if r.action == "rollback"}
-    assert rolling == {"non_finite", "kl_drift", "reward_collapse", "accuracy_collapse", "heldout_accuracy_drop"}
+    assert rolling == {"non_finite", "kl_drift", "kl_high", "reward_collapse", "accuracy_collapse",
+                       "heldout_accuracy_drop"}
     assert dict(next(r for r in rules if r.name == "kl_drift").remedy) == {"learning_rate": 0.5, "beta": 2.0}
 
 
