@@ -98,15 +98,15 @@ def compare(path: Path, cache: dict) -> list[dict]:
 
 
 def write_pathology_runs(out: Path) -> list[Path]:
-    """Synthetic run directories (tests/synthetic_runs.py) for the pathologies no real short run provokes."""
+    """Synthetic run directories (tests/synthetic_runs.py, 90 steps, the fault from step 40) for the
+    pathologies no real short run provokes."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
     from synthetic_runs import Faults, simulate
 
     made = []
-    for fault, steps in (("entropy_collapse", 200), ("kl_blowup", 200), ("stagnant", 200), ("takeover", 200),
-                         ("length_reward", 200), ("collapse", 150), ("nan_loss", 150), ("clip_saturation", 150),
-                         ("zero_gradient", 150), ("stagnant", 200)):
-        records = simulate(steps, 1, Faults(fault_step=60, **{fault: True}))[0]
+    for fault in ("entropy_collapse", "kl_blowup", "takeover", "collapse", "nan_loss", "clip_saturation",
+                  "zero_gradient", "constant_reward"):
+        records = simulate(90, 1, Faults(fault_step=40, **{fault: True}))[0]
         run = out / f"synthetic_{fault}"
         run.mkdir(parents=True, exist_ok=True)
         (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
@@ -121,11 +121,13 @@ def main() -> None:
     parser.add_argument("--markdown", action="store_true")
     parser.add_argument("--cache", type=Path, help="a JSON file keeping rldoctor's steps between invocations")
     args = parser.parse_args()
-    runs = list(args.runs) + (write_pathology_runs(args.pathology_runs) if args.pathology_runs else [])
+    runs = (write_pathology_runs(args.pathology_runs) if args.pathology_runs else []) + list(args.runs)
     cache = json.loads(args.cache.read_text()) if args.cache and args.cache.is_file() else {}
-    rows = [row for path in runs for row in compare(path, cache)]
-    if args.cache:
-        args.cache.write_text(json.dumps(cache))
+    rows = []
+    for path in runs:
+        rows += compare(path, cache)
+        if args.cache:
+            args.cache.write_text(json.dumps(cache))
     if not args.markdown:
         print(json.dumps(rows, indent=1))
         return
