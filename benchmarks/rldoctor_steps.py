@@ -32,7 +32,7 @@ COVERS = {
     "length_pathology": ("length_growth", "completions_truncated"),
     "clip_saturation": ("clip_saturation",),
     "kl_drift": ("kl_drift", "kl_high", "kl_flat"),
-    "grad_pathology": ("non_finite", "zero_gradient", "vanishing_gradient", "grad_norm_spike"),
+    "gradient_pathology": ("non_finite", "zero_gradient", "vanishing_gradient", "grad_norm_spike"),
     "reward_composition": ("reward_dominance", "constant_reward", "reward_takeover"),
     "plateau": ("kl_flat", "not_learning", "reward_stagnation"),
 }
