@@ -212,6 +212,9 @@ class TrainConfig:
     # --- evaluation, checkpoints, logging ---
     eval_every: int = key(25, "held-out greedy accuracy before the first update (step 0), every N steps and at "
                               "the end; 0 = off", check=non_negative(" (0 turns evaluation off)"))
+    eval_samples: int = key(0, "also sample N completions per held-out prompt at the run's temperature: "
+                               "eval/mean@N (mean accuracy) and eval/pass@N (any of the N right); 0 = greedy only",
+                            check=non_negative(" (0: greedy accuracy only)"))
     checkpoint_every: int = key(50, "checkpoint every N steps (and at the end); 0 = only at the end",
                                  check=non_negative(" (0: only at the end)"))
     keep_checkpoints: int = key(3, "newest checkpoints kept", check=at_least(1))

@@ -15,7 +15,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from .checkpoint import PendingCheckpoint, latest_checkpoint, list_checkpoints, prepare_checkpoint
+from .checkpoint import PendingCheckpoint, latest_checkpoint, list_checkpoints, prepare_checkpoint, read_state
 from .common.errors import UserError
 from .common.secrets import scrub_secrets
 from .common.units import plural
@@ -26,7 +26,7 @@ from .resume import log_positions, resume_command
 from .signals import StopRequest, report_stop
 from .telemetry.alerts.alert import Alert
 from .telemetry.events import Artifact, Flush
-from .telemetry.recorder import StepReport
+from .telemetry.recorder import RunRecorder, StepReport
 from .telemetry.rundir.layout import RunPaths
 from .telemetry.rundir.writer import RunDirWriteError
 
@@ -234,6 +234,7 @@ def roll_back(run: Run, alert: Alert, step: int) -> None:
     factors = dict(rule.remedy)
     before = (trainer.config.learning_rate, trainer.config.beta)
     trainer.roll_back(checkpoint, factors)
+    rearm_alert_rules(recorder, checkpoint)
     run.rollbacks += 1
     for key, factor in factors.items():
         run.remedy[key] = run.remedy.get(key, 1.0) * factor
@@ -247,6 +248,14 @@ def roll_back(run: Run, alert: Alert, step: int) -> None:
                           f"(rollback {run.rollbacks} of {trainer.config.max_rollbacks}); {changes}; "
                           f"training goes on at step {step + 1}")
     recorder.alert(event)
+
+
+def rearm_alert_rules(recorder: RunRecorder, checkpoint: Path) -> None:
+    """The alert rules as they were at `checkpoint`: their latches, cooldowns, windows and baselines. The
+    policy is back there, so the rules judge what follows afresh: a second collapse fires again (and rolls
+    back again or, with no rollback left, stops the run) instead of sitting in the first alert's cooldown,
+    and the windows hold no steps of the discarded policy."""
+    recorder.engine.load_state_dict(read_state(checkpoint)["run_state"]["alerts"])
 
 
 def alert_stop_message(rule: str, step: int, run_dir: Path) -> str:
@@ -318,9 +327,8 @@ def say_finished(run: Run) -> None:
         recorder.message(f"finished {plural(step, 'step')}; report.json could not be written "
                          f"({err.strerror or err}): mlx-grpo report {run.run_dir} prints it", style="yellow")
         return
-    recorder.message(f"finished {plural(step, 'step')} in {recorder.elapsed():.0f} s: "
-                     f"{reward_report.outcome.headline()}; reward functions' {reward_report.quality.headline()} "
-                     f"— run directory: {run.run_dir}")
+    recorder.message(f"finished {plural(step, 'step')} in {recorder.elapsed():.0f} s: {reward_report.last_line()}"
+                     f" — run directory: {run.run_dir}")
 
 
 def nonfinite_stop_message(count: int, step: int, run_dir: Path, config: TrainConfig) -> str:
