@@ -31,7 +31,8 @@ from .config import TrainConfig
 from .common.errors import UserError
 from .common.units import GB
 from .models import PLAIN_HEAD_MODELS
-from .update import entropy_stride, vocab_block
+from .head_scores import vocab_block
+from .update import entropy_stride
 
 
 # ----------------------------------------------------------------------------- measured constants
