@@ -173,10 +173,16 @@ class ModelShape:
         return self.parameters() * per_weight
 
     def lora_parameters(self, rank: int, num_layers: int) -> int:
-        """LoRA on every linear of `num_layers` blocks: rank x (inputs + outputs) each."""
+        """LoRA on every linear of `num_layers` blocks: rank x (inputs + outputs) each. In a mixture of experts
+        mlx-lm gives every expert its own adapters (LoRASwitchLinear) and adapts the router too."""
         q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
-        linears = [(self.hidden, q), (self.hidden, kv), (self.hidden, kv), (q, self.hidden),
-                   (self.hidden, self.intermediate), (self.hidden, self.intermediate), (self.intermediate, self.hidden)]
+        linears = [(self.hidden, q), (self.hidden, kv), (self.hidden, kv), (q, self.hidden)]
+        mlp = lambda width: [(self.hidden, width), (self.hidden, width), (width, self.hidden)]  # noqa: E731
+        if self.experts:
+            linears += self.experts * mlp(self.expert_intermediate) + [(self.hidden, self.experts)]
+            linears += mlp(self.shared_intermediate) if self.shared_intermediate else []
+        else:
+            linears += mlp(self.intermediate)
         return num_layers * rank * sum(i + o for i, o in linears)
 
     def with_layers(self, layers: int) -> "ModelShape":
@@ -604,15 +610,15 @@ def longest_prompt_tokens(config: TrainConfig, base_dir: Path) -> int | None:
         return None
 
 
-def fit_run(config: TrainConfig, base_dir: Path) -> tuple[TrainConfig, str]:
-    """At the start of a run, before the model loads: `micro_batch_size: auto` resolved, and the plan's
-    verdict in one line. A run predicted not to fit this machine is refused (UserError naming the
-    settings that would fit) unless `memory_check` is off."""
+def fit_run(config: TrainConfig, base_dir: Path) -> tuple[TrainConfig, str, float | None]:
+    """At the start of a run, before the model loads: `micro_batch_size: auto` resolved, the plan's
+    verdict in one line, and its peak in bytes (None without a plan). A run predicted not to fit this
+    machine is refused (UserError naming the settings that would fit) unless `memory_check` is off."""
     try:
         verdict, facts = make_plan(config, base_dir)
     except UserError as err:  # no config.json to read (a hub model not downloaded yet, offline)
         fallback = 0 if config.micro_batch_size == "auto" else config.micro_batch_size
-        return replace(config, micro_batch_size=fallback), f"memory plan: skipped ({err})"
+        return replace(config, micro_batch_size=fallback), f"memory plan: skipped ({err})", None
     peaks, settings = verdict.configured, verdict.settings
     config = replace(config, micro_batch_size=settings.micro_batch_size)
     # an upper bound: every prompt and completion is taken at its longest (prompts: the dataset's longest)
@@ -623,7 +629,7 @@ def fit_run(config: TrainConfig, base_dir: Path) -> tuple[TrainConfig, str]:
             f"prompts <= {facts['prompt_length']}, completions <= {facts['completion_length']} tokens) "
             f"with {settings.describe()}")
     if verdict.fits or not config.memory_check:
-        return config, line
+        return config, line, peaks.peak
     if verdict.fitting is not None:
         advice = f"it fits with {verdict.fitting.describe()}"
     elif verdict.other_changes:

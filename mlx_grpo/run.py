@@ -87,7 +87,7 @@ def open_run(config: TrainConfig, base_dir: Path, resume_dir: Path | None) -> Ru
     checkpoint = resumable_checkpoint(resume_dir, config.num_steps) if resume_dir is not None else None
     rules = alert_rules(config, base_dir)
     share_memory_with(init_world().ranks_on_this_host())  # before the plan: ranks on one Mac share it
-    config, memory_plan = fit_run(config, base_dir)
+    config, memory_plan, planned_peak = fit_run(config, base_dir)
     remedy: dict[str, float] = {}
     if checkpoint is not None:  # rollbacks before the checkpoint changed the learning rate and beta: keep them
         remedy = json.loads((checkpoint / "state.json").read_text()).get("remedy", {})
@@ -100,7 +100,7 @@ def open_run(config: TrainConfig, base_dir: Path, resume_dir: Path | None) -> Ru
     if world.is_main:
         main_dir, lock = (resume_dir, RunLock(resume_dir).acquire()) if resume_dir else new_run_dir(config)
     run_dir = Path(world.from_main(str(main_dir) if world.is_main else ""))
-    memory_warning = wire_memory(resident_bytes(trainer))
+    memory_warning = wire_memory(resident_bytes(trainer), planned_peak)
     # resume: the checkpoint's weights, optimiser and data order; the logs cut back to it
     saved: dict[str, Any] = {}
     if checkpoint is not None:

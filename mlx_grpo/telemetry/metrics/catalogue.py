@@ -329,6 +329,14 @@ def _system_entries() -> list[MetricSpec]:
                    "out where the backend reports none.", "GB", s, accel),
         MetricSpec(ACCEL_MEMORY_PERCENT, "accel_active_gb as a percentage of accel_limit_gb.", "%", s,
                    accel),
+        MetricSpec("system/accel_held_percent", "accel_active_gb + accel_cache_gb as a percentage of accel_limit_gb: "
+                   "on a Mac the cache stays wired, so it crowds the machine as active memory does.", "%", s,
+                   accel),
+        MetricSpec("system/swap_used_gb", "Swap in use on this machine (psutil.swap_memory): grows when memory runs "
+                   "short.", "GB", s, EVERY_STEP),
+        MetricSpec("system/memory_pressure_level", "macOS's memory-pressure level (kern.memorystatus_vm_pressure_level: "
+                   "1 normal, 2 warning, 4 critical), as Activity Monitor shows it.", "", s,
+                   "every logged step, on macOS"),
         *(MetricSpec(f"memory/{phase}_peak_gb", f"Peak MLX memory during this step's {words} (the counter is "
                      "reset before the phase): what the phase needs, KV cache and activations included.", "GB",
                      "memory", EVERY_STEP)
