@@ -281,8 +281,8 @@ def scatter_adds(arrays: list) -> list[str]:
         return sorted({n for n in re.findall(r'label ="([^"]+)"', dot.read()) if n.startswith("Scatter ")})
 
 
-def lora_backward_scatters(trainer, batch) -> list[str]:
-    """Scatter-adds in the gradient of the trainer's LoRA loss on `batch`'s first micro-batch of whole groups."""
+def backward_scatter_adds(trainer, batch) -> list[str]:
+    """Scatter-adds in the gradient of the trainer's loss (its trainable weights) on `batch`."""
     import mlx.core as mx
     from mlx.utils import tree_flatten
 
@@ -313,7 +313,7 @@ def check_resume(base_dir: Path, work: Path) -> Check:
                           max_generation_steps=8, use_lora=True, lora_rank=8, lora_layers=-1, learning_rate=1e-3,
                           monitoring_dir=str(work / "runs"), run_name="uninterrupted")
     probe = Trainer.build(config, base_dir)
-    scatters = lora_backward_scatters(probe, sample_batch(probe)[0])
+    scatters = backward_scatter_adds(probe, sample_batch(probe)[0])
     whole = Path(train(config, base_dir)["run_dir"])
     resumed = work / "runs" / "resumed"
     shutil.copytree(whole, resumed)
@@ -530,6 +530,7 @@ def check_rollout_flat(work) -> Check:
     import mlx.core as mx
 
     from .benchmark import kv_bytes_per_token
+    from .models import resolve_dtype
     from .trainer import step_key
 
     prompt = max(len(e.tokens) for e in work.fixed.encoded)
@@ -547,7 +548,7 @@ def check_rollout_flat(work) -> Check:
                  f"rollout peak above its KV cache, 8 vs 64 new tokens: {above[8] / 2**20:.1f} -> "
                  f"{above[64] / 2**20:.1f} MiB ({growth:+.1%}, tolerance +{FLAT_GROWTH:.0%})",
                  {"above_kv_bytes": above, "growth": growth, "tolerance": FLAT_GROWTH},
-                 dtype=work.trainer.config.dtype, device=device_name())
+                 dtype=resolve_dtype(work.trainer.config), device=device_name())
 
 
 def check_memory(base_dir: Path, work: Path, initial_cache_limit: int) -> Check:
