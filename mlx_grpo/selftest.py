@@ -210,6 +210,7 @@ def check_precision() -> Check:
 
 
 def check_shared_prompts(trainer, batch) -> Check:
+    from .models import resolve_dtype
     from .update import completion_logprobs, shares_prompts
 
     model, mask, t = trainer.policy.model, np.array(batch.mask), trainer.config.temperature
@@ -220,11 +221,11 @@ def check_shared_prompts(trainer, batch) -> Check:
     diff, tol = max_difference(shared, whole), FP32_TOLERANCE
     return Check("shared_prompts", verdict(diff <= tol),
                  f"log-probs, one pass per prompt vs whole sequences: max |difference| {diff:.1e} (tolerance {tol:g})",
-                 {"max_abs_difference": diff, "tolerance": tol})
+                 {"max_abs_difference": diff, "tolerance": tol}, dtype=resolve_dtype(trainer.config))
 
 
 def check_chunked_head(trainer, batch) -> Check:
-    from .models import has_plain_head
+    from .models import has_plain_head, resolve_dtype
     from .update import completion_logprobs
 
     model, mask, t = trainer.policy.model, np.array(batch.mask), trainer.config.temperature
@@ -235,7 +236,7 @@ def check_chunked_head(trainer, batch) -> Check:
     diff, tol = max_difference(chunked, whole), FP32_TOLERANCE
     return Check("chunked_head", verdict(diff <= tol),
                  f"log-probs, LM head 3 positions at a time vs one pass: max |difference| {diff:.1e} (tolerance {tol:g})",
-                 {"max_abs_difference": diff, "tolerance": tol})
+                 {"max_abs_difference": diff, "tolerance": tol}, dtype=resolve_dtype(trainer.config))
 
 
 def sgd_step(config, base_dir: Path, batch, advantages) -> np.ndarray:
@@ -260,12 +261,15 @@ def relative_difference(a: np.ndarray, b: np.ndarray) -> float:
 
 def check_micro_batches(base_dir: Path, batch, advantages) -> Check:
     """One update of the same weights on the same batch, whole vs in micro-batches of 3 (cutting groups)."""
+    from .models import resolve_dtype
+
     whole = sgd_step(small_config(), base_dir, batch, advantages)
     micro = perturbed("micro_batches", sgd_step(small_config(micro_batch_size=3), base_dir, batch, advantages))
     diff, tol = relative_difference(micro, whole), FP32_TOLERANCE
     return Check("micro_batches", verdict(diff <= tol),
                  f"gradient step of one update, micro-batches of 3 vs the whole batch: max difference {diff:.1e} "
-                 f"of the largest entry (tolerance {tol:g})", {"relative_difference": diff, "tolerance": tol})
+                 f"of the largest entry (tolerance {tol:g})", {"relative_difference": diff, "tolerance": tol},
+                 dtype=resolve_dtype(small_config()))
 
 
 def scatter_adds(arrays: list) -> list[str]:
