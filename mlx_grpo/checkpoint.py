@@ -7,18 +7,25 @@ Layout of `<run dir>/checkpoints/step_<N>/`:
 - `state.json`: step, data order position, MLX's global random key, the run id, the config (no
   secrets), the run's recorder state (`run_state`, see telemetry/recorder.py) and the byte length of each
   run-directory JSONL log at the moment of the checkpoint (resume cuts the logs back to it)
+- `checksums.json`, written last: the size and SHA-256 of every other file
 
 A checkpoint is written into a temporary directory and renamed into place, so a
-crash mid-write never leaves a half checkpoint that looks complete.
+crash mid-write never leaves a half checkpoint that looks complete. A checkpoint verifies itself on
+load: every file against its checksum (opened as a regular file only: a FIFO would block), state.json
+against its schema (`read_state`), every weight and optimiser value finite. Any failure is one line,
+`DamagedCheckpoint`, naming the checkpoint to move aside.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import math
 import os
 import re
 import shlex
 import shutil
+import stat
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -31,8 +38,14 @@ import mlx.optimizers as optim
 from mlx.utils import tree_flatten, tree_unflatten
 
 from .errors import UserError
+from .telemetry.rundir.writer import loads_object
+from .telemetry.user_files import open_regular
 
 STEP_DIR = re.compile(r"^step_(\d+)$")
+STATE = "state.json"
+CHECKSUMS = "checksums.json"
+STATE_LIMIT = 64 << 20  # state.json holds the config and the recorder's trackers: a few hundred KB
+CHECKSUM_FORMAT = 1  # state.json's `checksums`: this checkpoint has checksums.json (older ones do not)
 
 
 def _fsync_dir(path: Path) -> None:
@@ -54,13 +67,17 @@ class PendingCheckpoint:
 
     def commit(self, extra_state: dict[str, Any]) -> Path:
         """Add `extra_state` to its state.json and move it into place; prune old checkpoints."""
-        state_path = self.tmp / "state.json"
+        state_path = self.tmp / STATE
         with _written_or_removed(self.tmp, self.final):
             state = {**json.loads(state_path.read_text()), **extra_state}
             _write_synced(state_path, json.dumps(state))
+            _write_synced(self.tmp / CHECKSUMS, json.dumps(file_checksums(self.tmp)))
             _fsync_dir(self.tmp)
-        shutil.rmtree(self.final, ignore_errors=True)
-        os.replace(self.tmp, self.final)
+            if self.final.is_symlink() or (self.final.exists() and not self.final.is_dir()):
+                # not a checkpoint of ours (nothing we write): kept beside it, never overwritten
+                os.replace(self.final, self.final.with_name(self.final.name + ".not-a-checkpoint"))
+            shutil.rmtree(self.final, ignore_errors=True)
+            os.replace(self.tmp, self.final)
         _fsync_dir(self.final.parent)
         for old in list_checkpoints(self.final.parent)[:-self.keep]:
             shutil.rmtree(old, ignore_errors=True)
@@ -77,9 +94,10 @@ def _written_or_removed(tmp: Path, final: Path) -> Iterator[None]:
         shutil.rmtree(tmp, ignore_errors=True)
         detail = (str(err).splitlines() or [""])[0]
         run_dir = final.parent.parent
-        raise UserError(f"writing checkpoint {final.name} failed ({detail}); the last complete checkpoint is "
-                        f"untouched: free some space, then continue with mlx-grpo train --resume "
-                        f"{shlex.quote(str(run_dir))}") from None
+        kept = ("the last complete checkpoint is untouched" if list_checkpoints(final.parent)
+                else "there is no earlier checkpoint, so a resume starts over")
+        raise UserError(f"writing checkpoint {final.name} failed ({detail}); {kept}: free some space, then continue "
+                        f"with mlx-grpo train --resume {shlex.quote(str(run_dir))}") from None
 
 
 def _write_synced(path: Path, text: str) -> None:
@@ -115,7 +133,8 @@ def prepare_checkpoint(
         else:
             mx.save_safetensors(str(tmp / "model.safetensors"), dict(tree_flatten(model.parameters())))
         mx.save_safetensors(str(tmp / "optimizer.safetensors"), dict(tree_flatten(optimizer.state)))
-        full_state = {**state, "step": step, "rng": [int(x) for x in mx.random.state[0].tolist()]}
+        full_state = {**state, "step": step, "rng": [int(x) for x in mx.random.state[0].tolist()],
+                      "checksums": CHECKSUM_FORMAT}
         (tmp / "state.json").write_text(json.dumps(full_state))
         for name in os.listdir(tmp):
             with open(tmp / name, "rb") as fh:
@@ -165,21 +184,166 @@ def _check_weights_fit(path: Path, weights: dict[str, mx.array], model: nn.Modul
                         "was saved from another model or adapter layout")
 
 
-def load_checkpoint(path: Path, model: nn.Module, optimizer: optim.Optimizer) -> dict[str, Any]:
-    """Restore weights, optimiser state and the global RNG; return the saved trainer state."""
+class DamagedCheckpoint(UserError):
+    """A checkpoint that fails its own checks: one line naming it and how to move it aside."""
+
+    def __init__(self, path: Path, detail: str):
+        aside = path.with_name(f"damaged_{path.name}")
+        super().__init__(f"{path}: checkpoint is damaged ({detail}); move it aside to resume from the one before: "
+                         f"mv {shlex.quote(str(path))} {shlex.quote(str(aside))}")
+
+
+def file_checksums(directory: Path) -> dict[str, Any]:
+    """{name: {"bytes", "sha256"}} of every file of a checkpoint directory but checksums.json itself."""
+    return {"files": {name: {"bytes": (directory / name).stat().st_size, "sha256": _sha256(directory / name)}
+                      for name in sorted(os.listdir(directory)) if name != CHECKSUMS}}
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open_regular(path) as fh:
+        while chunk := fh.read(8 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _read_json(path: Path, what: str) -> dict[str, Any]:
+    """A checkpoint's JSON file as an object: a regular file, bounded, UTF-8, an object; else DamagedCheckpoint."""
     try:
-        state = json.loads((path / "state.json").read_text())
-        weights_file = path / ("adapters.safetensors" if (path / "adapters.safetensors").exists()
-                               else "model.safetensors")
-        weights = mx.load(str(weights_file))
+        with open_regular(path / what) as fh:
+            data = fh.read(STATE_LIMIT + 1)
+    except OSError as err:
+        raise DamagedCheckpoint(path, f"{what}: {err.strerror or err}") from None
+    obj = loads_object(data) if len(data) <= STATE_LIMIT else None
+    if obj is None:
+        raise DamagedCheckpoint(path, f"{what} is not a JSON object" +
+                                (f" of at most {STATE_LIMIT >> 20} MB" if len(data) > STATE_LIMIT else ""))
+    return obj
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _number(value: Any) -> bool:
+    try:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    except OverflowError:  # an int beyond float's range
+        return False
+
+
+# run_state keys the recorder restores, and the type each must have (telemetry/recorder.py state_dict)
+RUN_STATE_KEYS = {"rewards": dict, "throughput": dict, "alerts": dict, "reward_errors_reported": list,
+                  "reward_functions": dict, "nonfinite_in_a_row": int, "elapsed_s": (int, float)}
+
+
+def _schema_problem(state: dict[str, Any], step: int, run_dir: Path | None) -> str | None:
+    """What is wrong with a state.json (None: nothing): its step is its directory's, every field the
+    resume reads is there with its type, the log positions lie within the logs."""
+    if state.get("step") != step or not _whole(state.get("step")):
+        return f"state.json says step {str(state.get('step'))[:40]} in the directory of step {step}"
+    rng = state.get("rng")
+    if not (isinstance(rng, list) and len(rng) == 2 and all(_whole(k) and k < 2**32 for k in rng)):
+        return "state.json 'rng' is not two 32-bit numbers"
+    order = state.get("order")
+    if not (isinstance(order, dict) and _whole(order.get("epoch")) and _whole(order.get("position"))):
+        return "state.json 'order' is not {epoch, position} as whole numbers"
+    run_state = state.get("run_state", {})
+    if not isinstance(run_state, dict):
+        return "state.json 'run_state' is not an object"
+    if run_state:
+        for key, kind in RUN_STATE_KEYS.items():
+            value = run_state.get(key)
+            valid = isinstance(value, kind) and not isinstance(value, bool)
+            if not valid or (kind not in (dict, list) and not _number(value)):
+                return f"state.json 'run_state' has no valid '{key}'"
+    remedy = state.get("remedy", {})
+    if not (isinstance(remedy, dict) and all(_number(v) and v > 0 for v in remedy.values())):
+        return "state.json 'remedy' is not an object of positive factors"
+    for key in ("rollbacks", "world_size"):
+        if key in state and not _whole(state[key]):
+            return f"state.json '{key}' is not a whole number"
+    positions = state.get("log_positions")
+    if positions is not None:
+        if not isinstance(positions, dict) or not all(_whole(v) for v in positions.values()):
+            return "state.json 'log_positions' is not an object of byte counts"
+        for name, position in positions.items():
+            log = run_dir / name if run_dir is not None else None
+            if log is not None and log.is_file() and position > log.stat().st_size:
+                return f"state.json puts the end of {name} at byte {position}, beyond its {log.stat().st_size} bytes"
+    return None
+
+
+def read_state(path: Path, run_dir: Path | None = None) -> dict[str, Any]:
+    """A checkpoint's state.json, verified: its checksum when the checkpoint has them, then its schema
+    (`run_dir`: where its log positions point, checked against the logs). DamagedCheckpoint otherwise."""
+    match = STEP_DIR.match(path.name)
+    if match is None or path.is_symlink() or not path.is_dir():
+        raise DamagedCheckpoint(path, "not a checkpoint directory")
+    state = _read_json(path, STATE)
+    if state.get("checksums") is not None:
+        _verify_file(path, STATE, _read_checksums(path))
+    problem = _schema_problem(state, int(match.group(1)), run_dir)
+    if problem is not None:
+        raise DamagedCheckpoint(path, problem)
+    return state
+
+
+def _read_checksums(path: Path) -> dict[str, Any]:
+    files = _read_json(path, CHECKSUMS).get("files")
+    if not isinstance(files, dict) or not all(isinstance(v, dict) for v in files.values()):
+        raise DamagedCheckpoint(path, f"{CHECKSUMS} has no 'files'")
+    return files
+
+
+def _verify_file(path: Path, name: str, checksums: dict[str, Any]) -> None:
+    """One file against its recorded size and SHA-256 (a regular file only: a FIFO would block)."""
+    expected = checksums.get(name)
+    if expected is None:
+        raise DamagedCheckpoint(path, f"{name} is not in {CHECKSUMS}")
+    try:
+        info = os.lstat(path / name)
+        if not stat.S_ISREG(info.st_mode):
+            raise DamagedCheckpoint(path, f"{name} is not a regular file")
+        if info.st_size != expected.get("bytes"):
+            raise DamagedCheckpoint(path, f"{name} has {info.st_size} bytes, {expected.get('bytes')} were written")
+        if _sha256(path / name) != expected.get("sha256"):
+            raise DamagedCheckpoint(path, f"{name} does not match its checksum (its bytes changed after it was written)")
+    except OSError as err:
+        raise DamagedCheckpoint(path, f"{name}: {err.strerror or err}") from None
+
+
+def _load_arrays(path: Path, name: str, checksums: dict[str, Any] | None) -> dict[str, mx.array]:
+    """A checkpoint's safetensors file, verified (checksum when there are checksums; else a regular file),
+    every floating value finite."""
+    if checksums is not None:
+        _verify_file(path, name, checksums)
+    else:
+        try:
+            open_regular(path / name).close()
+        except OSError as err:
+            raise DamagedCheckpoint(path, f"{name}: {err.strerror or err}") from None
+    arrays = mx.load(str(path / name))
+    for key, value in arrays.items():
+        if mx.issubdtype(value.dtype, mx.floating) and not bool(mx.all(mx.isfinite(value))):
+            raise DamagedCheckpoint(path, f"{name}: '{key}' holds NaN or Inf, which training never saves")
+    return arrays
+
+
+def load_checkpoint(path: Path, model: nn.Module, optimizer: optim.Optimizer) -> dict[str, Any]:
+    """Restore weights, optimiser state and the global RNG from a verified checkpoint; return the saved
+    trainer state."""
+    state = read_state(path)
+    checksums = _read_checksums(path) if state.get("checksums") is not None else None
+    try:
+        weights_name = "adapters.safetensors" if (path / "adapters.safetensors").exists() else "model.safetensors"
+        weights = _load_arrays(path, weights_name, checksums)
         _check_weights_fit(path, weights, model)
         model.load_weights(list(weights.items()), strict=False)
-        optimizer.state = tree_unflatten(list(mx.load(str(path / "optimizer.safetensors")).items()))
+        optimizer.state = tree_unflatten(list(_load_arrays(path, "optimizer.safetensors", checksums).items()))
         restore_rng(state["rng"])
-    except (OSError, ValueError, RuntimeError, KeyError, TypeError) as err:  # RuntimeError: a damaged file;
-        # KeyError/TypeError: a state.json that parses but is not ours (no rng, a list...)
+    except (OSError, ValueError, RuntimeError, KeyError, TypeError) as err:  # RuntimeError: a damaged file
         detail = (str(err).splitlines() or [""])[0]
-        raise UserError(f"{path}: checkpoint cannot be read ({type(err).__name__}: {detail}); move it aside to "
-                        "resume from the one before") from err
+        raise DamagedCheckpoint(path, f"cannot be read: {type(err).__name__}: {detail}") from err
     mx.eval(model.parameters(), optimizer.state)
     return state

@@ -15,7 +15,7 @@ import sys
 from .blas import reexec_with_openblas
 from .config_aliases import NO_EQUIVALENT
 from .errors import UserError
-from .telemetry.terminal import terminal_safe
+from .telemetry.terminal import open_standard_streams, terminal_safe
 from .name_clash import clash_message, clashing_packages
 
 # name -> (module, one-line help)
@@ -33,6 +33,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "compare": ("mlx_grpo.commands.compare", "table of several runs: config differences and final metrics"),
     "export": ("mlx_grpo.commands.export", "write a run's checkpoint as a Hugging Face model directory for mlx-lm"),
     "eval": ("mlx_grpo.commands.eval", "held-out accuracy of a run's checkpoint or a model (greedy, the run's rewards)"),
+    "mcp": ("mlx_grpo.commands.mcp", "MCP server on stdio for coding agents: read runs; with --allow-control, steer them"),
 }
 
 
@@ -68,8 +69,29 @@ def _unknown_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace
     return 2
 
 
+def _dashed_flags(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
+    """`--learning_rate 1e-5` read as `--learning-rate 1e-5`, as TRL's HfArgumentParser reads both spellings;
+    only a flag the command has with dashes is rewritten, and nothing after a bare `--`."""
+    commands = parser.get_default("_subparsers")
+    at = next((i for i, arg in enumerate(argv) if arg in commands), None)
+    if at is None:
+        return argv
+    options = {o for action in commands[argv[at]]._actions for o in action.option_strings}
+    out = argv[:at + 1]
+    for i, arg in enumerate(argv[at + 1:], at + 1):
+        if arg == "--":
+            return out + argv[i:]
+        name, eq, value = arg.partition("=")
+        dashed = name.replace("_", "-")
+        out.append(dashed + eq + value if name.startswith("--") and dashed in options else arg)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
+    open_standard_streams()
     parser = build_parser()
+    real_command_line = argv is None
+    argv = _dashed_flags(parser, sys.argv[1:] if argv is None else list(argv))
     args, extras = parser.parse_known_args(argv)
     if extras and args.command is not None:
         return _unknown_arguments(parser, args, extras)
@@ -82,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"mlx-grpo: warning: {clash_message(package)}", file=sys.stderr)
     module = importlib.import_module(args._module)
     # Only a real command line re-executes; in-process calls (tests, scripts) keep their process.
-    if argv is None and getattr(module, "USES_MLX", False):
+    if real_command_line and getattr(module, "USES_MLX", False):
         reexec_with_openblas()
     try:
         return int(module.run(args) or 0)

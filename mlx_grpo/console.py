@@ -14,17 +14,31 @@ from .telemetry.terminal import terminal_safe
 
 
 class _PipeSafeConsole(Console):
-    """A console whose stdout may go away (`| head`, a pager quit early, a dead log collector): rich's own
-    answer is SystemExit(1) from inside print, which ended training at once with no message and no
-    checkpoint. Here the output goes to /dev/null from then on, and stderr says so once; training goes on."""
+    """A console whose stdout may go away (`| head`, a pager quit early, a dead log collector) or fail (a log
+    file on a full disk): rich's own answer is SystemExit(1) from inside print, or the OSError, which ended
+    training at once with no message and no checkpoint. Here the output goes to /dev/null from then on, and
+    stderr says so once; training goes on."""
 
     def on_broken_pipe(self) -> None:
+        self._stop_printing("it was closed (broken pipe)")
+
+    def _check_buffer(self) -> None:
+        try:
+            super()._check_buffer()
+        except OSError as err:  # a full disk (ENOSPC), an I/O error: output that cannot be written
+            del self._buffer[:]
+            self._stop_printing(f"it cannot be written: {err.strerror or err}")
+
+    def _stop_printing(self, why: str) -> None:
         self.quiet = True
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         os.close(devnull)
-        print("mlx-grpo: warning: standard output was closed (broken pipe); training goes on without printing "
-              "progress, the run directory keeps every record", file=sys.stderr, flush=True)
+        try:
+            print(f"mlx-grpo: warning: standard output stopped ({why}); training goes on without printing "
+                  "progress, the run directory keeps every record", file=sys.stderr, flush=True)
+        except OSError:  # stderr gone too: nothing left to tell
+            pass
 
 
 class TrainingConsole:

@@ -16,12 +16,16 @@ one bool per completion. `correctness` in the config picks it:
 
 from __future__ import annotations
 
+import numbers
 from pathlib import Path
 from typing import Any, Callable
+
+import numpy as np
 
 from .errors import UserError
 from .rewards import load_reward_functions
 from .tasks.answer_format import is_correct
+from .telemetry.terminal import terminal_safe
 
 Check = Callable[..., list]
 
@@ -70,6 +74,18 @@ def user_check(spec: str, fn: Callable) -> Check:
         if len(out) != len(completions):
             raise UserError(f"correctness function {spec} returned {len(out)} values for {len(completions)} "
                             "completions")
+        for i, value in enumerate(out):
+            if not _is_verdict(value):
+                raise UserError(f"correctness function {spec} returned {terminal_safe(repr(value))[:40]} at index {i}; "
+                                "expected True/False (or 1/0) for each completion")
         return [bool(x) for x in out]
 
     return check
+
+
+def _is_verdict(value: Any) -> bool:
+    """True/False, numpy's bools, or the numbers 1 and 0: a string such as "no" is truthy and a NaN is
+    neither, so anything else would count as a verdict it is not."""
+    if isinstance(value, (bool, np.bool_)):
+        return True
+    return isinstance(value, numbers.Number) and not isinstance(value, complex) and value in (0, 1)

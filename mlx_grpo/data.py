@@ -8,11 +8,14 @@ imports no mlx.
 
 from __future__ import annotations
 
+import codecs
 import contextlib
+import io
 import json
 import logging
 import random
 import re
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,7 +65,9 @@ def _row(record: dict, where: str, fmt: str, prompt_field: str, answer_field: st
     else:
         for key in (prompt_field, answer_field):
             if key not in record:
-                raise UserError(f"{where}: missing field '{key}'")
+                # mlx-lm's and TRL's prompt/completion rows name their reference answer `completion`
+                hint = " (set answer_field: completion to read it)" if "completion" in record else ""
+                raise UserError(f"{where}: missing field '{key}'{hint}")
         prompt = record[prompt_field]
         messages = _messages(prompt, where, prompt_field) if isinstance(prompt, list) else None
         if messages is None and not isinstance(prompt, str):
@@ -74,6 +79,8 @@ def _row(record: dict, where: str, fmt: str, prompt_field: str, answer_field: st
                             f"{'null' if answer is None else type(answer).__name__}")
         row = {k: v for k, v in record.items() if k not in (prompt_field, answer_field)}
         row.update(prompt=prompt if messages is None else _transcript(messages), answer=str(answer))
+        if answer_field not in ("answer", *REWARD_ARGUMENTS):
+            row[answer_field] = answer  # TRL passes every column under its own name: `solution` stays `solution`
         if messages is not None:
             row["messages"] = messages
     for key in ("prompt", "answer"):
@@ -90,32 +97,96 @@ def _row(record: dict, where: str, fmt: str, prompt_field: str, answer_field: st
 
 
 def read_jsonl_dataset(path: Path, fmt: str, prompt_field: str, answer_field: str) -> list[dict]:
-    """Rows from a JSONL file; every problem is reported with its line number."""
+    """Rows from a JSONL file, or from one JSON document as pandas' `to_json` writes it (see
+    `_document_records`); every problem is reported with its line number. A byte-order mark is read as
+    editors on Windows write it: UTF-8's is skipped, UTF-16's decodes the file as UTF-16."""
     if not path.is_file():
-        kind = "is not a regular file (a directory, a FIFO or a device)" if path.exists() else "not found"
+        kind = ("is not a regular file (a directory, a FIFO or a device)" if path.exists() else
+                "is a symbolic link that leads nowhere (a loop, or its target is gone)" if path.is_symlink() else
+                "not found")
         raise UserError(f"{path}: dataset file {kind}")
-    rows: list[dict] = []
     with path.open("rb") as fh:
-        for line_no, raw in enumerate(fh, 1):
-            where = f"{path}:{line_no}"
+        head = fh.read(4)
+        source: Any = fh
+        if head.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
             try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as err:
-                raise UserError(f"{where}: not UTF-8 text (byte {err.object[err.start]:#04x})") from None
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise UserError(f"{where}: malformed JSON ({err.msg})") from None
-            except RecursionError:
-                raise UserError(f"{where}: JSON nested too deeply") from None
-            if not isinstance(record, dict):
-                raise UserError(f"{where}: expected a JSON object per line")
-            rows.append(_row(record, where, fmt, prompt_field, answer_field))
+                source = io.BytesIO((head + fh.read()).decode("utf-16").encode("utf-8"))
+            except UnicodeError as err:
+                raise UserError(f"{path}: starts with a UTF-16 mark but is not UTF-16 text ({err.reason})") from None
+        else:
+            fh.seek(3 if head.startswith(codecs.BOM_UTF8) else 0)
+        start = source.tell()
+        if path.suffix.lower() == ".json" or source.read(64).lstrip()[:1] == b"[":
+            source.seek(start)
+            records = _document_records(source.read(), path, prompt_field)
+            if records is not None:
+                return _rows(records, path, fmt, prompt_field, answer_field)
+        source.seek(start)
+        return _jsonl_rows(source, path, fmt, prompt_field, answer_field)
+
+
+def _jsonl_rows(lines: Any, path: Path, fmt: str, prompt_field: str, answer_field: str) -> list[dict]:
+    rows: list[dict] = []
+    for line_no, raw in enumerate(lines, 1):
+        where = f"{path}:{line_no}"
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise UserError(f"{where}: not UTF-8 text (byte {err.object[err.start]:#04x})") from None
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise UserError(f"{where}: malformed JSON ({err.msg})") from None
+        except RecursionError:
+            raise UserError(f"{where}: JSON nested too deeply") from None
+        if not isinstance(record, dict):
+            raise UserError(f"{where}: expected a JSON object per line")
+        rows.append(_row(record, where, fmt, prompt_field, answer_field))
     if not rows:
         raise UserError(f"{path}: dataset is empty")
     return rows
+
+
+def _rows(records: list[dict], path: Path, fmt: str, prompt_field: str, answer_field: str) -> list[dict]:
+    rows = [_row(record, f"{path}: record {n}", fmt, prompt_field, answer_field) for n, record in enumerate(records, 1)]
+    if not rows:
+        raise UserError(f"{path}: dataset is empty")
+    return rows
+
+
+def _document_records(data: bytes, path: Path, prompt_field: str) -> list[dict] | None:
+    """The records of a file that is one JSON document, as pandas reads them back: a list of records
+    (`to_json(orient="records")`, also `datasets`' JSON), columns of {index: value} (pandas' default
+    `to_json`), `orient="index"`, `"split"` and `"table"`. None when the file is not one JSON document
+    (JSONL, read line by line) or is a single record (a one-line JSONL file)."""
+    try:
+        doc = json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as err:
+        line = data[: err.start].count(b"\n") + 1
+        raise UserError(f"{path}:{line}: not UTF-8 text (byte {err.object[err.start]:#04x})") from None
+    except (json.JSONDecodeError, RecursionError):
+        return None
+    if isinstance(doc, list):
+        if not all(isinstance(r, dict) for r in doc):
+            raise UserError(f"{path}: a JSON list must hold one object per row")
+        return doc
+    if not isinstance(doc, dict):
+        raise UserError(f"{path}: expected JSON objects (one per line, or a list of them)")
+    if isinstance(doc.get("data"), list) and ("schema" in doc or "columns" in doc):  # orient table / split
+        if "schema" in doc:
+            return [{k: v for k, v in r.items() if k != "index"} for r in doc["data"] if isinstance(r, dict)]
+        columns = doc.get("columns")
+        if isinstance(columns, list) and all(isinstance(r, list) and len(r) == len(columns) for r in doc["data"]):
+            return [dict(zip(columns, r)) for r in doc["data"]]
+    values = list(doc.values())
+    if values and all(isinstance(v, dict) for v in values):
+        if prompt_field in doc or "question" in doc:  # columns of {index: value}
+            index = list(values[0])
+            return [{column: cells.get(i) for column, cells in doc.items()} for i in index]
+        return values  # orient index: {index: record}
+    return None
 
 
 # Local files read through Hugging Face `datasets` (the `data` extra), by their suffix; anything else is JSONL.
@@ -175,17 +246,54 @@ def read_table_dataset(path: Path, fmt: str, prompt_field: str, answer_field: st
     if not path.is_file():
         raise UserError(f"{path}: dataset file not found")
     datasets = _import_datasets(f"{path}: reading a .{kind} dataset")
+    if kind == "parquet" and _parquet_rows(path) == 0:  # datasets' reader fails on it with an Arrow error
+        raise UserError(f"{path}: dataset is empty (a parquet file with no rows)")
     options = {"converters": {answer_field: str}} if kind == "csv" else {}
     # A throwaway cache: datasets would otherwise keep an Arrow copy of every file it reads under ~/.cache.
     with tempfile.TemporaryDirectory(prefix="mlx-grpo-data-") as cache, _quiet_datasets(datasets):
+        source = _utf8_csv(path, Path(cache)) if kind == "csv" else path
         try:
-            table = datasets.load_dataset(kind, data_files=str(path), split="train", cache_dir=cache,
+            table = datasets.load_dataset(kind, data_files=str(source), split="train", cache_dir=cache,
                                           keep_in_memory=True, **options)
         except Exception as err:  # whatever the reader makes of a broken file, said in one line
             cause = err.__cause__ or err
             detail = " ".join(str(cause).split())[:300]
             raise UserError(f"{path}: not a readable {kind} file ({type(cause).__name__}: {detail})") from None
     return _table_rows(table, str(path), fmt, prompt_field, answer_field)
+
+
+def _parquet_rows(path: Path) -> int | None:
+    """The row count a parquet file's footer gives (None when it cannot be read: the reader then says why)."""
+    try:
+        import pyarrow.parquet as pq
+
+        return pq.read_metadata(path).num_rows
+    except Exception:  # not parquet, damaged, no pyarrow: the datasets reader's own one line follows
+        return None
+
+
+def _utf8_csv(path: Path, scratch: Path) -> Path:
+    """A CSV as UTF-8, which is all `datasets` reads: the file itself when it is (a UTF-8 mark is fine), else a
+    UTF-8 copy in `scratch` of what spreadsheets save: UTF-16 (Excel's "Unicode"), or Windows-1252 (Excel's
+    plain "CSV" on Windows; Latin-1 is its subset), said in a note since that is a guess."""
+    data = path.read_bytes()
+    if data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+        try:
+            text = data.decode("utf-16")
+        except UnicodeError as err:
+            raise UserError(f"{path}: starts with a UTF-16 mark but is not UTF-16 text ({err.reason})") from None
+    else:
+        try:
+            data.decode("utf-8")
+            return path
+        except UnicodeDecodeError as err:
+            line = data[: err.start].count(b"\n") + 1
+            text = data.decode("cp1252", errors="replace")
+            print(f"mlx-grpo: note: {path} is not UTF-8 (line {line}); read as Windows-1252, as Excel saves CSV on "
+                  "Windows. Save it as 'CSV UTF-8' if its text looks wrong", file=sys.stderr)
+    copy = scratch / f"{path.stem}.utf8.csv"
+    copy.write_text(text, encoding="utf-8")
+    return copy
 
 
 def read_hub_dataset(name: str, split: str, fmt: str, prompt_field: str, answer_field: str) -> list[dict]:
@@ -218,9 +326,32 @@ def read_dataset(source: str, base_dir: Path, split: str, config: Any) -> list[d
     # A name whose first part is a local directory is a mistyped path, not a hub dataset: say so at once
     # instead of after the hub's ~20 s of retries.
     local_dir = (base_dir / source.split("/", 1)[0]).is_dir()
+    if path.is_dir():
+        return read_dataset_file(mlx_lm_split(path, split), *fields)
     if path.exists() or path.suffix.lower() in FILE_SUFFIXES or not HUB_NAME.fullmatch(source) or local_dir:
         return read_dataset_file(path, *fields)
     return read_hub_dataset(source, split, *fields)
+
+
+# mlx-lm's data directory: `data: DIR` holds train.jsonl and, for validation, valid.jsonl (test.jsonl is its
+# `--test` set, unused here).
+MLX_LM_SPLITS = {"train": "train.jsonl", "test": "valid.jsonl"}
+
+
+def mlx_lm_split(directory: Path, split: str) -> Path:
+    """The file of `split` in an mlx-lm data directory (train.jsonl; valid.jsonl for held-out)."""
+    path = directory / MLX_LM_SPLITS[split]
+    if not path.is_file():
+        found = ", ".join(sorted(p.name for p in directory.glob("*.jsonl"))) or "no .jsonl files"
+        raise UserError(f"{directory}: a dataset directory is read as mlx-lm reads it, with train.jsonl for "
+                        f"training and valid.jsonl for held-out; it has no {path.name} (found: {found})")
+    return path
+
+
+def _has_valid_split(source: str, base_dir: Path) -> bool:
+    path = Path(source).expanduser()
+    path = path if path.is_absolute() else base_dir / path
+    return path.is_dir() and (path / MLX_LM_SPLITS["test"]).is_file()
 
 
 def load_datasets(config: Any, base_dir: Path) -> tuple[list[dict], list[dict]]:
@@ -232,6 +363,8 @@ def load_datasets(config: Any, base_dir: Path) -> tuple[list[dict], list[dict]]:
         train = read_dataset(config.dataset, base_dir, "train", config)
         if config.eval_dataset is not None:
             heldout = read_dataset(config.eval_dataset, base_dir, "test", config)
+        elif _has_valid_split(config.dataset, base_dir):
+            heldout = read_dataset(config.dataset, base_dir, "test", config)
         else:
             # Hold out a fixed slice so evaluation never sees training prompts.
             shuffled = train[:]
@@ -342,7 +475,8 @@ def longest_prompt(tokenizer: Any, rows: list[dict], config: Any, exact: int = 6
     prompt, cut to max_prompt_length). Every prompt's text is counted in one batch call of the tokenizer;
     the `exact` longest by that count are then encoded exactly."""
     keep_chars = config.max_prompt_length * MAX_CHARS_PER_TOKEN
-    texts = [_transcript(row["messages"]) if row.get("messages") else row["prompt"][-keep_chars:] for row in rows]
+    # a conversation is cut like a plain prompt: a 10 MB message tokenized whole took gigabytes
+    texts = [(_transcript(row["messages"]) if row.get("messages") else row["prompt"])[-keep_chars:] for row in rows]
     counts = [len(ids) for ids in getattr(tokenizer, "_tokenizer", tokenizer)(texts, add_special_tokens=False)["input_ids"]]
     longest = sorted(range(len(rows)), key=counts.__getitem__, reverse=True)[:exact]
     return max((len(encode_prompt(tokenizer, rows[i]["prompt"], config, rows[i].get("messages")).tokens)

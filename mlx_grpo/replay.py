@@ -28,6 +28,7 @@ from .telemetry.analysis.reward_quality import QualityReport, analyze_quality
 from .telemetry.rundir.completions import completion_steps, read_step
 from .telemetry.metrics.reward_stats import reward_metrics
 from .telemetry.rundir.writer import read_run_info
+from .telemetry.terminal import terminal_safe
 
 
 SIGN_TOLERANCE = 1e-4  # advantages closer to 0 than this have no sign
@@ -82,29 +83,59 @@ class ReplayResult:
 
 
 def run_settings(run_dir: Path) -> tuple[list[tuple[str, float]], str | None, float, int, str, Path]:
-    """The run's (rewards, rubric_file, rubric_weight, num_generations, scale_rewards, base_dir) from run.json."""
+    """The run's (rewards, rubric_file, rubric_weight, num_generations, scale_rewards, base_dir) from run.json,
+    every value checked: run.json is data from a run directory, a wrong type is one line naming the key."""
     info = read_run_info(run_dir)
     config = info.config if info is not None and isinstance(info.config, dict) else {}
     if not config:
         raise UserError(f"{run_dir}: run.json has no config; is it an mlx-grpo run directory?")
-    rewards = [(str(r["name"]), float(r.get("weight", 1.0))) for r in config.get("rewards", [])
-               if isinstance(r, dict) and "name" in r]
+    rewards = [(str(r["name"]), _setting(run_dir, f"reward '{r['name']}' weight", r.get("weight", 1.0), float))
+               for r in _list(config.get("rewards")) if isinstance(r, dict) and "name" in r]
+    rubric = config.get("rubric_file")
     base = Path(str(config.get("base_dir") or run_dir))
-    return (rewards, config.get("rubric_file"), float(config.get("rubric_weight", 1.0)),
-            int(config.get("num_generations", 0)), str(config.get("scale_rewards", "group")), base)
+    weight = config.get("rubric_weight")
+    return (rewards, str(rubric) if rubric else None,
+            1.0 if weight is None else _setting(run_dir, "rubric_weight", weight, float),
+            _setting(run_dir, "num_generations", config.get("num_generations", 0), int),
+            str(config.get("scale_rewards", "group")), base)
+
+
+def _list(value: Any) -> list:
+    return value if isinstance(value, list) else []
+
+
+def _setting(run_dir: Path, key: str, value: Any, kind: type) -> Any:
+    """run.json's number as `kind`, or one line naming the key."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and np.isfinite(value)
+    if ok and kind is int and float(value) != int(value):
+        ok = False
+    if not ok:
+        raise UserError(f"{run_dir}/run.json: config {key} is {terminal_safe(repr(value))[:60]}; expected "
+                        f"{'a whole number' if kind is int else 'a finite number'}")
+    return kind(value)
 
 
 def load_steps(run_dir: Path, group_size: int, steps: Sequence[int] | None = None) -> tuple[list[StepRows], list[int]]:
     """The kept steps (whole groups only) and the steps skipped for not holding whole groups."""
     kept, skipped = [], []
     for step in steps if steps is not None else completion_steps(run_dir):
-        rows = sorted(read_step(run_dir, step), key=lambda r: (r["prompt_index"], r.get("completion_index") or 0))
+        rows = sorted(map(_checked_row, read_step(run_dir, step)),
+                      key=lambda r: (r["prompt_index"], r["completion_index"]))
         if not rows or group_size < 1 or len(rows) % group_size:
             skipped.append(step)
             continue
         kept.append(StepRows(step, rows, np.array([_num(r.get("total")) for r in rows]),
                              np.array([_num(r.get("advantage")) for r in rows])))
     return kept, skipped
+
+
+def _checked_row(row: dict) -> dict:
+    """A kept row with the types replay reads: texts as strings ("" when not), scores as a mapping ({} when
+    not), the completion index a whole number (0 when not). A step file is data and may be damaged."""
+    index = row.get("completion_index")
+    return {**row, **{key: row[key] if isinstance(row.get(key), str) else "" for key in ("prompt", "completion", "answer")},
+            "rewards": row["rewards"] if isinstance(row.get("rewards"), dict) else {},
+            "completion_index": index if isinstance(index, int) and not isinstance(index, bool) else 0}
 
 
 def _num(value: Any) -> float:
@@ -140,6 +171,10 @@ def replay(run_dir: str | Path, functions: list[RewardFunction], group_size: int
 
     run_dir = Path(run_dir)
     kept, skipped = load_steps(run_dir, group_size, steps)
+    if not kept and skipped:
+        raise UserError(f"{run_dir}: no kept completions to replay: none of the {len(skipped)} step files in "
+                        f"completions/ holds whole groups of {group_size} (damaged files, or a run.json whose "
+                        "num_generations is not the run's)")
     if not kept:
         raise UserError(f"{run_dir}: no kept completions to replay (completions/ is empty or missing; runs keep "
                         "them unless keep_completions is false)")
@@ -154,12 +189,13 @@ def replay(run_dir: str | Path, functions: list[RewardFunction], group_size: int
         scores = score_completions(functions, [r.get("prompt", "") for r in rows],
                                    [r.get("completion", "") for r in rows], [r.get("answer", "") for r in rows])
         for message in scores.new_errors:
-            print(f"warning: {message}")
+            print(f"warning: {terminal_safe(message)}")
         total = scores.total
         advantages = np.array(group_advantages(mx.array(total, dtype=mx.float32), group_size, scale))
-        old_names = list(dict.fromkeys(fn for r in rows if isinstance(r.get("rewards"), dict) for fn in r["rewards"]))
+        old_names = list(dict.fromkeys(fn for r in rows for fn in r["rewards"]))
         result.names_before = result.names_before or old_names
-        old_scores = np.array([[_num((r.get("rewards") or {}).get(fn)) for r in rows] for fn in old_names])
+        old_scores = np.array([[_num(r["rewards"].get(fn)) for r in rows] for fn in old_names],
+                              dtype=float).reshape(len(old_names), len(rows))
         # the run's own record of the step, with the reward figures recomputed from the kept rows
         base = {k: v for k, v in others.get(part.step, {}).items() if not k.startswith("rewards/")}
         before_records.append({**base, "step": part.step,
@@ -177,7 +213,9 @@ def replay(run_dir: str | Path, functions: list[RewardFunction], group_size: int
             cut = slice(g * group_size, (g + 1) * group_size)
             old_t, new_t = part.total[cut], total[cut]
             result.groups += 1
-            flat_before, flat_after = bool(np.nanmax(old_t) == np.nanmin(old_t)), bool(new_t.max() == new_t.min())
+            finite = old_t[np.isfinite(old_t)]  # a run writes null for a total it could not give
+            flat_before = finite.size == 0 or bool(finite.max() == finite.min())
+            flat_after = bool(new_t.max() == new_t.min())
             result.zero_std_before += flat_before
             result.zero_std_after += flat_after
             if not np.array_equal(_ranks(old_t), _ranks(new_t)):

@@ -28,7 +28,7 @@ from typing import Any
 
 import psutil
 
-from .checkpoint import STEP_DIR, latest_checkpoint
+from .checkpoint import STEP_DIR, DamagedCheckpoint, latest_checkpoint, read_state
 from .config import TrainConfig, config_from_mapping, nest, top_level_fields
 from .errors import UserError
 from .telemetry.rundir.writer import ALERTS, METRICS, RUN_JSON, SAMPLES, RunInfo, loads_object, read_run_info
@@ -111,9 +111,13 @@ def resumable_checkpoint(run_dir: Path, num_steps: int) -> Path | None:
     if checkpoints.is_dir():
         for tmp in checkpoints.glob(".step_*.tmp"):
             shutil.rmtree(tmp, ignore_errors=True)  # a checkpoint cut short by a crash
+        for entry in checkpoints.iterdir():  # a file in place of step_N would end the run when it saves N
+            if STEP_DIR.match(entry.name) and (entry.is_symlink() or not entry.is_dir()):
+                raise DamagedCheckpoint(entry, "not a directory")
     latest = latest_checkpoint(checkpoints)
     if latest is None:
         return None
+    read_state(latest, run_dir)  # verified before anything loads: the resume reads its fields as they are
     step = int(STEP_DIR.match(latest.name).group(1))
     if step > num_steps:
         raise UserError(f"{run_dir}: its last checkpoint is at step {step}, beyond num_steps {num_steps}; "

@@ -27,8 +27,9 @@ This module imports no mlx.
 
 from __future__ import annotations
 
-import inspect
+import difflib
 import hashlib
+import inspect
 import importlib.util
 import math
 import numbers
@@ -42,6 +43,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 import numpy as np
 
 from mlx_grpo.errors import UserError
+from mlx_grpo.telemetry.reward_names import TRL_BUILTINS, TRL_NO_EQUIVALENT, reward_name, translate_reward
 from mlx_grpo.tasks.answer_format import (NUMBER_IN_TEXT, TAGS, answer_value, extract_answer, is_correct, last_number,
                                           normalise)
 
@@ -243,9 +245,11 @@ NO_HOOKS = RewardHooks()
 
 def call_reward(fn: Callable, prompts: list, completions: list, answers: list, columns: Mapping[str, list]):
     """Call a reward function by keyword, as TRL does: `prompts`, `completions`, `answers` (and `answer`,
-    TRL's usual column name, for a function that does not take `answers`) and every other dataset column.
-    A function whose parameters do not bind that way is called in the positional form
-    `f(prompts, completions, answers, **columns)`, so both styles work."""
+    TRL's usual column name, for a function that does not take `answers`) and every dataset column under its
+    own name (the answer field's too). A function written in the positional form
+    `f(p, c, a, **columns)`, whose parameters name none of those, is called positionally. A keyword-style
+    function (it names `prompts` or `completions`) with a parameter no column fills is a UserError naming
+    that parameter: calling it anyway would fail on every batch with a misleading TypeError."""
     offered = {"prompts": prompts, "completions": completions, "answers": answers, **columns}
     try:
         signature = inspect.signature(fn)
@@ -261,8 +265,22 @@ def call_reward(fn: Callable, prompts: list, completions: list, answers: list, c
     try:
         signature.bind(**kwargs)
     except TypeError:
+        unfilled = [p.name for p in params.values() if p.name not in kwargs and p.default is p.empty
+                    and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        if unfilled and ({"prompts", "completions"} & set(params)):
+            raise UnfilledParameter(_unfilled_message(unfilled, offered)) from None
         return fn(prompts, completions, answers, **columns)
     return fn(**kwargs)
+
+
+class UnfilledParameter(UserError):
+    """A keyword-style reward function names a parameter that no column of the batch fills."""
+
+
+def _unfilled_message(unfilled: list[str], offered: Mapping[str, list]) -> str:
+    names = ", ".join(f"'{n}'" for n in unfilled)
+    return (f"takes {names} but the batch has no column of that name (it gets: {', '.join(offered)}); rename "
+            "the parameter, or add the column to the dataset")
 
 
 # A reward function that raises on this many batches in a row stops the run with its error.
@@ -295,28 +313,36 @@ def load_reward_functions(specs: Iterable[tuple[str, float]], base_dir: str | Pa
     """Resolve ``(spec, weight)`` pairs (a dict's ``.items()`` works).
 
     A spec is a built-in name, or ``file.py:function`` with the file relative to
-    ``base_dir`` (normally the config file's folder) or absolute. The reward's
-    name is the built-in name as written or the function name; names must be
-    unique because they become metric names.
+    ``base_dir`` (normally the config file's folder) or absolute; TRL's spellings
+    are read too (reward_names.py). The reward's name is the built-in name as
+    written or the function name; names must be unique because they become
+    metric names.
     """
     modules: dict[Path, object] = {}
     loaded: list[RewardFunction] = []
     for spec, weight in specs:
         if not isinstance(weight, numbers.Real) or not math.isfinite(weight):
             raise UserError(f"reward '{spec}': weight must be a finite number, got {weight!r}")
-        name, fn = _resolve(spec, Path(base_dir), modules)
+        name, fn, from_file = _resolve(spec, Path(base_dir), modules)
         if any(r.name == name for r in loaded):
             raise UserError(f"reward function '{name}' is listed twice")
-        loaded.append(RewardFunction(name, fn, float(weight), from_file=":" in spec))
+        loaded.append(RewardFunction(name, fn, float(weight), from_file=from_file))
     return loaded
 
 
-def _resolve(spec: str, base_dir: Path, modules: dict[Path, object]) -> tuple[str, Callable]:
+def _resolve(spec: str, base_dir: Path, modules: dict[Path, object]) -> tuple[str, Callable, bool]:
+    """(the reward's name, its function, whether it came from a user's file)."""
+    spec, note = translate_reward(spec)
+    if note is not None:
+        print(f"mlx-grpo: note: reward {note}", file=sys.stderr)
     if ":" not in spec:
         if spec not in BUILTINS:
+            if spec in TRL_NO_EQUIVALENT:
+                raise UserError(f"reward function '{spec}' (TRL's) has no equivalent here: {TRL_NO_EQUIVALENT[spec]}")
             known = ", ".join(sorted(BUILTINS))
-            raise UserError(f"unknown reward function '{spec}'; built-ins are {known}, or use 'file.py:function'")
-        return spec, BUILTINS[spec]
+            raise UserError(f"unknown reward function '{spec}'{_did_you_mean(spec, [*BUILTINS, *TRL_BUILTINS])}; "
+                            f"built-ins are {known}, or use 'file.py:function'")
+        return spec, BUILTINS[spec], False
     file_part, _, func_name = spec.rpartition(":")
     if not file_part or not func_name:
         raise UserError(f"reward '{spec}': expected 'path/to/file.py:function_name'")
@@ -325,10 +351,16 @@ def _resolve(spec: str, base_dir: Path, modules: dict[Path, object]) -> tuple[st
         modules[path] = _import_file(path)
     fn = getattr(modules[path], func_name, None)
     if fn is None:
-        raise UserError(f"reward file {path} has no function '{func_name}'")
+        functions = [n for n, v in vars(modules[path]).items() if callable(v) and not n.startswith("_")]
+        raise UserError(f"reward file {path} has no function '{func_name}'{_did_you_mean(func_name, functions)}")
     if not callable(fn):
         raise UserError(f"reward file {path}: '{func_name}' is a {type(fn).__name__}, not a function")
-    return func_name, fn
+    return reward_name(spec), fn, True
+
+
+def _did_you_mean(name: str, candidates: Iterable[str]) -> str:
+    close = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.75)
+    return f" (did you mean '{close[0]}'?)" if close else ""
 
 
 def _import_file(path: Path):
@@ -400,8 +432,10 @@ def score_completions(
         prompts_in, completions_in = conversational if reward.from_file and conversational else (prompts, completions)
         try:
             raw = call_reward(reward.fn, list(prompts_in), list(completions_in), list(answers), columns)
-        except UserError:
-            raise  # a configuration mistake inside the function (e.g. a rubric criterion): stop the run
+        except UnfilledParameter as exc:
+            raise UserError(f"reward function '{reward.name}' {exc}") from None
+        except UserError:  # a configuration mistake inside the function (e.g. a rubric criterion): stop the run
+            raise
         except (Exception, SystemExit) as exc:  # sys.exit() in a reward function must not end the run
             reward.failures_in_a_row += 1
             if reward.failures_in_a_row >= MAX_FAILED_BATCHES:

@@ -36,6 +36,7 @@ from .telemetry.metrics.system import SystemSampler
 from .telemetry.recorder import RunRecorder, StepReport
 from .telemetry.rundir.completions import CompletionsWriter, truncate_completions
 from .telemetry.rundir.writer import RunDirWriteError, scrub_secrets
+from .telemetry.units import plural
 from .telemetry.sinks import make_sinks
 from .telemetry.sinks.trackio import TrackioOptions, trackio_store
 from .telemetry.sinks.wandb import WandbOptions
@@ -401,10 +402,11 @@ def finish(run: Run, step: int, status: str, last_step: StepReport | None) -> di
         try:
             reward_report = write_report(run.run_dir)
         except OSError as err:  # a disk that filled at the very end: the run itself is complete
-            recorder.message(f"finished {step} steps; report.json could not be written ({err.strerror or err}): "
+            recorder.message(f"finished {plural(step, 'step')}; report.json could not be written ({err.strerror or err}): "
                              f"mlx-grpo report {run.run_dir} prints it", style="yellow")
             return final
-        recorder.message(f"finished {step} steps in {recorder.elapsed():.0f} s: {reward_report.outcome.headline()}"
+        recorder.message(f"finished {plural(step, 'step')} in {recorder.elapsed():.0f} s: "
+                         f"{reward_report.outcome.headline()}"
                          f"; reward functions' {reward_report.quality.headline()} — run directory: {run.run_dir}")
     return final
 

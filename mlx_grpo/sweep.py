@@ -164,9 +164,13 @@ def _is_int_key(tp: Any) -> bool:
 
 
 def _number(path: Path, where: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise UserError(f"{path}: key '{where}' is {value!r}; expected a number")
-    return float(value)
+    try:
+        number = None if isinstance(value, bool) or not isinstance(value, (int, float)) else float(value)
+    except OverflowError:  # an int beyond float's range
+        number = None
+    if number is None or not math.isfinite(number):
+        raise UserError(f"{path}: key '{where}' is {str(value)[:40]}; expected a finite number")
+    return number
 
 
 def _parameter(path: Path, key: str, raw: Any) -> Parameter:
@@ -221,7 +225,7 @@ def load_sweep(path: str | Path) -> SweepSpec:
         raise UserError(f"{path}: unknown key '{unknown[0]}'{hint}")
     here = path.resolve().parent
     name = str(raw.get("name") or path.stem)
-    if not name or "/" in name or name.startswith("."):
+    if not name or "/" in name or name.startswith(".") or not name.isprintable():  # printed and made a directory
         raise UserError(f"{path}: key 'name' is {name!r}; expected a plain directory name")
     base = None
     if raw.get("base") is not None:

@@ -185,3 +185,15 @@ def test_replay_finds_no_sign_flips_in_a_group_without_spread(tmp_path):
     assert result.zero_std_before == 1 and result.zero_std_after == 0
     assert [(f.prompt_index, f.completion_index) for f in result.flips] == [(1, 0), (1, 1), (1, 2), (1, 3)]
     assert [c.prompt_index for c in result.reranked] == [0, 1]  # the flat group now has an order
+
+
+def test_replay_drops_a_custom_reward_by_the_name_its_metrics_use(run_dir, tmp_path, capsys, monkeypatch):
+    from mlx_grpo.cli import main
+
+    (tmp_path / "my_rewards.py").write_text("def brevity(completions, **kw):\n    return [-len(c) for c in completions]\n")
+    monkeypatch.chdir(tmp_path)
+    assert main(["replay", str(run_dir), "--rewards", "answer_check", "my_rewards.py:brevity",
+                 "--without", "brevity"]) == 0
+    assert main(["replay", str(run_dir), "--rewards", "answer_check", "my_rewards.py:brevity",
+                 "--without", "brevty"]) == 2
+    assert "not in the reward set (answer_check, brevity)" in capsys.readouterr().err

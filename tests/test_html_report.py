@@ -104,3 +104,31 @@ def test_without_matplotlib_report_html_says_so_before_printing_or_writing_anyth
     captured = capsys.readouterr()
     assert captured.out == "" and "matplotlib" in captured.err and "[report]" in captured.err
     assert not (healthy / "report.json").exists()
+
+
+def test_a_short_run_gets_whole_step_ticks_and_spans_a_reader_can_trust(tmp_path):
+    """A 4-step run (review 3): ticks at 1.0, 1.5, 2.0, a single held-out point over -0.04..0.04 and a constant 0
+    fraction over -0.04..0.04 were drawn; now ticks are whole steps, one point gets a step either side and a
+    never-negative constant starts at 0."""
+    from mlx_grpo.telemetry.analysis.html_report import CHARTS, _pyplot, chart_figure, load_runs
+
+    metrics, samples = simulate(4, 0, Faults())
+    metrics = [{**r, "completions/truncated_frac": 0.0} for r in metrics]
+    metrics[-1]["eval/accuracy"] = 0.5
+    for r in metrics[:-1]:
+        r.pop("eval/accuracy", None)
+    runs = load_runs([write_run_dir(tmp_path / "short", metrics, samples, name="short")])
+    plt = _pyplot()
+    for title in ("Total reward", "Held-out accuracy", "Truncated completions"):
+        _, ylabel, names = next(c for c in CHARTS if c[0] == title)
+        fig = chart_figure(plt, title, ylabel, names, runs)
+        fig.canvas.draw()
+        ax = fig.axes[0]
+        ticks = [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]
+        assert ticks and all(float(t).is_integer() for t in ticks), (title, ticks)
+        low, high = ax.get_ylim()
+        if title == "Held-out accuracy":
+            assert ax.get_xlim()[1] - ax.get_xlim()[0] >= 2 and low >= 0 and high - low >= 0.5
+        if title == "Truncated completions":
+            assert low == 0 and high >= 0.5
+        plt.close(fig)

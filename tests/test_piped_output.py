@@ -1,5 +1,6 @@
-"""Output of report, metrics, bench and compare when piped: each table at the full width of its content
-(rich falls back to 80 columns without a terminal); the training progress line at 80 columns."""
+"""Output of report, metrics, bench and compare when piped: each table at its natural width up to 120 columns,
+long cells wrapped inside their column, no trailing padding (rich falls back to 80 columns without a terminal,
+and the width of the widest cell made 1,800-character lines); the training progress line at 80 columns."""
 
 from __future__ import annotations
 
@@ -15,10 +16,15 @@ def test_metrics_piped_keeps_every_description_whole_on_its_row(capsys):
     from mlx_grpo.telemetry.metrics.catalogue import catalogue_json
 
     assert main(["metrics"]) == 0  # capsys is not a terminal, like `| less`
-    lines = capsys.readouterr().out.splitlines()
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    words = set(out.replace("│", " ").split())
     for row in catalogue_json():
-        assert any(row["name"] in line and row["description"] in line for line in lines), row["name"]
-    assert max(len(line) for line in lines) > 200  # was folded into 80 columns (a 4-character description)
+        assert any(row["name"] in line for line in lines), row["name"]
+        # wrapped in its column, never cut (a word longer than the column is folded across lines)
+        assert {w for w in row["description"].split() if len(w) < 16} <= words, row["name"]
+    assert max(len(line) for line in lines) == 120  # was 1,821 (the widest cell), before that 80 (folded)
+    assert all(line == line.rstrip() for line in lines)  # no padding to the table's width
 
 
 def test_report_and_compare_piped_keep_their_rows_whole(tmp_path, capsys):
@@ -32,12 +38,16 @@ def test_report_and_compare_piped_keep_their_rows_whole(tmp_path, capsys):
     assert main(["report", runs[0], "--no-write"]) == 0
     out = capsys.readouterr().out
     _, report = build_report(runs[0])
+    flat = " ".join(" ".join(line.replace("│", " ").split()) for line in out.splitlines())
     for part in report.quality.parts:
-        assert part.explanation in out, part.name  # one line each, never folded at 80 columns
+        assert {w for w in part.explanation.split() if len(w) < 16} <= set(flat.split()), part.name  # wrapped
+    assert max(len(line) for line in out.splitlines()) <= 120
     assert main(["compare", *runs]) == 0
     out = capsys.readouterr().out
-    for run in runs:
-        assert any(run.rsplit("/", 1)[1] in line for line in out.splitlines())
+    assert max(len(line) for line in out.splitlines()) <= 120 and all(l == l.rstrip() for l in out.splitlines())
+    for run in runs:  # a long name wraps in its cell: every piece of it is there, in order
+        assert run.rsplit("/", 1)[1] in "".join(line.split("│")[1].strip() if "│" in line else ""
+                                                for line in out.splitlines()) or run.rsplit("/", 1)[1][:100] in out
 
 
 def test_a_terminal_still_gets_tables_at_its_own_width():

@@ -283,7 +283,7 @@ def test_a_damaged_checkpoint_is_one_line_naming_it(reference, tmp_path, capsys)
     (latest / "model.safetensors").write_bytes(b"\x00" * 64)
     assert main(["train", "--resume", str(run_dir)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and f"{latest}: checkpoint cannot be read" in err[0] and "move it aside" in err[0]
+    assert len(err) == 1 and f"{latest}: checkpoint is damaged" in err[0] and "move it aside" in err[0]
 
 
 def test_adaptive_window_state_survives_a_resume(setup, tmp_path):

@@ -330,6 +330,8 @@ async def test_arrows_select_tiles_and_charts_and_enter_opens_them(run):
         await pilot.press("down")
         assert app.focused is tile(app, "timing/step_s")
         await pilot.press("down")
+        assert app.focused is chart(app, "accuracy")  # beside total reward: the first row of charts
+        await pilot.press("down")
         assert app.focused is chart(app, "reward per function")
         await pilot.press("enter")
         await wait_for(pilot, lambda: chart_screen(app) is not None)

@@ -132,7 +132,9 @@ async def test_long_alert_messages_wrap_and_samples_show_prompt_and_expected_ans
         await pilot.press("7")  # samples
         await wait_for(pilot, lambda: "What is 12 + 1?" in screen_text(app))
         table = app.active_view().query_one(DataTable)
-        assert [str(c.label) for c in table.columns.values()][5:7] == ["prompt", "expected"]
+        # the answer and the scores first, where a narrow list still shows them; then expected and the prompt
+        assert [str(c.label) for c in table.columns.values()][:6] == ["step", "total", "ok", "completion (its end)",
+                                                                      "expected", "prompt"]
         assert "13" in screen_text(app)
 
 
@@ -150,3 +152,49 @@ async def test_the_filter_takes_pasted_and_fast_typed_text(tmp_path):
             app.post_message(events.Key(character if character != "/" else "slash", character))
         await wait_for(pilot, lambda: app.filter == "policy/grad_norm")  # a second / is text
         assert app.active_view().names == ["policy/grad_norm"]
+
+
+async def test_at_80x24_accuracy_is_on_the_first_screen_alone_with_held_out_and_every_tab_is_listed(tmp_path):
+    a = _writer(tmp_path / "a", "run-a")
+    with open(tmp_path / "a" / "metrics.jsonl", "a") as fh:  # the built-in task's per-difficulty accuracy
+        import json
+
+        fh.write(json.dumps({"step": 13, "time": a.time_of(13), "difficulty/1/accuracy": 0.5,
+                             "difficulty/2/accuracy": 0.4}) + "\n")
+    app = make_app(a)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_for(pilot, lambda: any(c.chart_title == "accuracy" for c in app.active_view().query(MetricChart)))
+        await pilot.pause(0.3)
+        view = app.active_view()
+        first_screen = view.region.y + view.region.height
+        (accuracy,) = [c for c in view.query(MetricChart) if c.chart_title == "accuracy"]
+        assert accuracy.region.height > 0 and accuracy.region.y + accuracy.region.height <= first_screen
+        assert not any("difficulty" in m for m in accuracy.metrics)
+        text = screen_text(app)
+        assert all(f"{i} " in text for i in range(1, 10)) and "9 Metr" in text
+        assert "ETA" in header(app).splitlines()[0]
+
+
+async def test_before_the_first_metrics_the_overview_says_the_held_out_evaluation_is_running(tmp_path):
+    writer = RunWriter(tmp_path / "a", name="run-a", total_steps=200, start_time=1_700_000_000.0)
+    writer.start(config={"num_steps": 200, "eval_every": 25, "eval_size": 200})
+    app = make_app(writer)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: "evaluating held-out accuracy (200 prompts) before the first update"
+                       in screen_text(app))
+        writer.log_step()  # the first record: the note goes, the tiles and charts come
+        await wait_for(pilot, lambda: "evaluating held-out" not in screen_text(app))
+
+
+async def test_an_alerts_view_with_no_alerts_says_so(tmp_path):
+    app = make_app(_writer(tmp_path / "a", "run-a"))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.press("6")
+        await wait_for(pilot, lambda: "no alerts yet" in screen_text(app))
+
+
+def test_the_samples_list_shows_each_completions_answer_not_its_opening_tags():
+    from mlx_grpo.tui.samples_view import PREVIEW, _end
+
+    completion = "<reasoning>" + "carry the one " * 20 + "</reasoning>\n<answer>1065</answer>\n"
+    assert _end(completion, PREVIEW).endswith("<answer>1065") and len(_end(completion, PREVIEW)) == PREVIEW

@@ -68,3 +68,10 @@ def test_metric_opened_as_chart(snap_compare, fixed_runs, keys):
 
 def test_run_browser(snap_compare, fixed_runs):
     assert snap_compare(app_for("demo", main=fixed_runs), run_before=partial(settle, keys=["r"]), terminal_size=SIZE)
+
+
+@pytest.mark.parametrize("size", [(80, 24), (120, 40)], ids=["80x24", "120x40"])
+def test_small_and_common_terminals_keep_every_tab_and_accuracy_on_the_first_screen(snap_compare, fixed_runs, size):
+    """btop-style: at 80x24 the header stays one line a run, every tab is listed (short titles), and total reward
+    and accuracy (train against held-out only) are both on the first screen."""
+    assert snap_compare(app_for("demo", main=fixed_runs), run_before=settle, terminal_size=size)

@@ -3,6 +3,9 @@
 Greedy decoding, the same correctness check and held-out rows as the trainer's `eval/accuracy` (so on a
 run's own held-out split the two agree), and the mean score of each of the run's reward functions. A
 progress bar on stderr; `--json` prints one JSON object on stdout.
+
+A run directory is data (run_code.py): its built-in rewards and checks are used by name; a `file.py:function`
+or rubric it names is imported only when given here with --correctness / --rewards / --rubric-file.
 """
 
 from __future__ import annotations
@@ -28,6 +31,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--limit", type=int, default=None, metavar="N", help="evaluate only the first N rows")
     parser.add_argument("--batch-size", type=int, default=100, metavar="N",
                         help="prompts decoded together (default 100, as in training)")
+    parser.add_argument("--correctness", metavar="CHECK",
+                        help="answer, last_number or file.py:function; default: the run's (or --config's) own. "
+                             "A run's file.py:function check is imported only when named here")
+    parser.add_argument("--rewards", nargs="+", metavar="SPEC[=WEIGHT]",
+                        help="reward functions to score with; default: the run's built-in ones (its file.py:function "
+                             "rewards only when named here)")
+    parser.add_argument("--rubric-file", metavar="FILE", help="score with this rubric too (a run's own only when named here)")
     parser.add_argument("--json", action="store_true", help="print the result as one JSON object")
 
 
@@ -46,7 +56,6 @@ def run(args: argparse.Namespace) -> int:
     from ..rewards import score_completions
     from ..telemetry.metrics.names import EVAL_ACCURACY
     from ..telemetry.metrics.step_data import eval_record
-    from ..trainer import load_rewards
 
     if args.limit is not None and args.limit < 1:
         raise UserError(f"--limit {args.limit}: must be at least 1")
@@ -64,6 +73,7 @@ def run(args: argparse.Namespace) -> int:
     if not rows:
         raise UserError(f"--dataset {args.dataset or config.dataset}: no rows to evaluate")
 
+    check, functions, notes = checks_and_rewards(args, config, base_dir)
     eos_ids = set(getattr(tokenizer, "eos_token_ids", None) or [tokenizer.eos_token_id])
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos_ids)
     start = time.perf_counter()
@@ -71,17 +81,19 @@ def run(args: argparse.Namespace) -> int:
                   console=Console(stderr=True), transient=True, disable=not sys.stderr.isatty()) as bar:
         task = bar.add_task("eval", total=len(rows))
         result = evaluate(model, tokenizer, rows, config, eos_ids, pad_id, batch_size=args.batch_size,
-                          progress=lambda n: bar.advance(task, n))
+                          progress=lambda n: bar.advance(task, n), check=check)
     seconds = time.perf_counter() - start
-    functions = load_rewards(config, base_dir)
     scores = score_completions(functions, [r["prompt"] for r in rows], result.completions,
                                [r["answer"] for r in rows], extra_columns(rows))
     rewards = {name: float(np.nanmean(scores.per_function[i])) for i, name in enumerate(scores.names)}
-    rewards["total"] = float(np.mean(scores.total))
+    if functions and not notes:  # a total of part of the run's reward set would not be the run's total
+        rewards["total"] = float(np.mean(scores.total))
     out = {"target": source, "dataset": args.dataset or config.eval_dataset or f"{config.dataset} (held-out split)",
            "rows": len(rows), "correct": int(sum(result.correct)), **eval_record(result.correct, result.levels,
                                                                                 seconds),
            "rewards": rewards}
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
     if args.json:
         print(json.dumps(out, indent=2))
         return 0
@@ -91,8 +103,59 @@ def run(args: argparse.Namespace) -> int:
         if key.startswith("eval/difficulty/") and key.endswith("/accuracy"):
             level = key.split("/")[2]
             print(f"  difficulty {level}: {value:.1%} of {int(out[f'eval/difficulty/{level}/count'])}")
-    print("  mean reward: " + ", ".join(f"{name} {value:+.3f}" for name, value in rewards.items()))
+    if rewards:
+        print("  mean reward: " + ", ".join(f"{name} {value:+.3f}" for name, value in rewards.items()))
     return 0
+
+
+def checks_and_rewards(args: argparse.Namespace, config, base_dir):
+    """(correctness check, reward functions, notes) for the evaluation. From a run directory: its built-in
+    check and rewards by name; a user file it names is refused (the check: accuracy needs it) or left out with
+    a note (a reward), each naming the file and the flag that passes it. From --config (a file the user named):
+    everything it names, as training does."""
+    from pathlib import Path
+
+    from ..correctness import load_correctness
+    from ..rewards import RewardFunction, load_reward_functions
+    from ..run_code import is_user_code, named_file, refuse_named_code, spec_text
+
+    from_run = (Path(args.target) / "run.json").is_file()
+    reward_names = [r.name for r in config.rewards]
+    setting, where = (args.correctness, Path.cwd()) if args.correctness else (config.correctness, base_dir)
+    if from_run and not args.correctness and is_user_code(setting):
+        raise refuse_named_code(Path(args.target), "eval", "correctness check", setting, base_dir,
+                                f"--correctness {spec_text(setting, 1, base_dir).rpartition('=')[0]}")
+    check = load_correctness(setting, config.dataset, reward_names, where)
+    if check is None:
+        raise UserError(f"{args.target}: the {'run' if from_run else 'config'} has no correctness check "
+                        f"(correctness: {setting}), so accuracy cannot be measured; pass --correctness answer, "
+                        "last_number or file.py:function")
+    notes = []
+    if args.rewards:
+        from .replay import _spec
+
+        functions = load_reward_functions([_spec(s) for s in args.rewards], Path.cwd())
+    else:
+        specs = [(r.name, r.weight) for r in config.rewards]
+        if from_run:
+            left_out = [(n, w) for n, w in specs if is_user_code(n)]
+            specs = [(n, w) for n, w in specs if not is_user_code(n)]
+            notes += [f"the run's reward {n} is user code ({named_file(n, base_dir)}) and was not scored: eval imports "
+                      f"no code a run directory names; pass --rewards {spec_text(n, w, base_dir)} to score it"
+                      for n, w in left_out]
+        functions = load_reward_functions(specs, base_dir)
+    rubric = args.rubric_file or (config.rubric_file if not from_run else None)
+    if from_run and not args.rubric_file and config.rubric_file:
+        notes.append(f"the run's rubric ({named_file(config.rubric_file, base_dir, spec=False)}) was not scored: eval reads no "
+                     "rubric a run directory names; pass --rubric-file FILE to score it")
+    if rubric is not None:
+        from ..rubric import load_rubric
+        from ..rubric_reward import RubricReward
+
+        path = Path(rubric)
+        path = path if path.is_absolute() or args.rubric_file else base_dir / path
+        functions.append(RewardFunction("rubric", RubricReward(load_rubric(path)), config.rubric_weight))
+    return check, functions, notes
 
 
 def load_target(args: argparse.Namespace):

@@ -46,14 +46,12 @@ def base_precision(facts: dict) -> str:
 
 
 def format_plan(verdict, facts: dict) -> str:
-    from ..plan import GB, reference_text
-
-    def gb(x: float) -> str:
-        return f"{x / GB:.1f} GB"
+    from ..plan import reference_text
+    from ..telemetry.units import count_text, gb_text as gb
 
     peaks = verdict.configured
     lines = [
-        f"model     {facts['model']}: {facts['parameters'] / 1e9:.2f}B parameters, {facts['layers']} layers, "
+        f"model     {facts['model']}: {count_text(facts['parameters'])} parameters, {facts['layers']} layers, "
         f"vocabulary {facts['vocab']:,}, {facts['dtype']}{base_precision(facts)}",
         f"batch     {facts['prompts']} prompts x {facts['group_size']} completions, prompts <= "
         f"{facts['prompt_length']} tokens ({facts['prompt_length_from']}), completions <= "

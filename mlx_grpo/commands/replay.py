@@ -11,10 +11,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_dir", metavar="RUN_DIR", help="a run directory with completions/ (kept by default)")
     parser.add_argument("--rewards", nargs="+", metavar="SPEC[=WEIGHT]",
                         help="the reward set to replay: built-in names or file.py:function, each with an optional "
-                             "weight (answer_check=2); default: the run's own")
+                             "weight (answer_check=2); default: the run's own built-in ones (a run's file.py:function rewards "
+                             "are imported only when named here)")
     parser.add_argument("--without", nargs="+", default=[], metavar="NAME",
                         help="drop these reward functions from the set (e.g. --without digit_match)")
-    parser.add_argument("--rubric-file", metavar="FILE", help="add (or replace) the rubric reward with this rubric")
+    parser.add_argument("--rubric-file", metavar="FILE", help="add (or replace) the rubric reward with this rubric; a run's own rubric is used only when "
+                             "named here (a rubric can name code)")
     parser.add_argument("--rubric-weight", type=float, metavar="W", help="the rubric's weight (default: the run's)")
     parser.add_argument("--steps", metavar="A:B", help="only steps A to B (inclusive), e.g. 150:200")
     parser.add_argument("--limit", type=int, default=10, help="changed groups and sign flips listed (default 10)")
@@ -47,35 +49,49 @@ def _steps(text: str | None, available: list[int]) -> list[int] | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import shlex
     from pathlib import Path
 
     from ..errors import UserError
     from ..replay import render, replay, run_settings
     from ..rewards import RewardFunction, load_reward_functions
-    from ..telemetry.rundir.completions import completion_steps
+    from ..run_code import is_user_code, named_file, refuse_named_code, spec_text
     from ..telemetry.analysis.report import load_run
+    from ..telemetry.reward_names import reward_name
+    from ..telemetry.rundir.completions import completion_steps
+    from ..telemetry.terminal import terminal_safe
 
     start = time.perf_counter()
     run_dir = Path(args.run_dir)
     _, metrics, _, _ = load_run(run_dir)
     rewards, rubric_file, rubric_weight, group_size, scale, base_dir = run_settings(run_dir)
     specs = [_spec(s) for s in args.rewards] if args.rewards else rewards
-    unknown = [name for name in args.without if name not in {n for n, _ in specs} | {"rubric"}]
+    # a reward's one name (reward_names.py): a built-in's name, or the function's name
+    names = [reward_name(n) for n, _ in specs]
+    unknown = [name for name in args.without if name not in {*names, "rubric"}]
     if unknown:
-        raise UserError(f"--without {' '.join(unknown)}: not in the reward set ({', '.join(n for n, _ in specs)})")
-    # names as the trainer names them: a built-in's name, or the function's name after the colon
-    specs = [(n, w) for n, w in specs if n.rpartition(":")[2] not in args.without and n not in args.without]
-    functions = load_reward_functions(specs, Path.cwd() if args.rewards else base_dir)
-    rubric_path = args.rubric_file or (rubric_file if "rubric" not in args.without else None)
-    if rubric_path is not None:
+        raise UserError(f"--without {' '.join(unknown)}: not in the reward set ({', '.join(names)})")
+    specs = [(n, w) for n, w in specs if reward_name(n) not in args.without]
+    if not args.rewards:  # the run's own set: built-ins by name; its user files only when named here
+        for name, _ in specs:
+            if is_user_code(name):
+                kept = " ".join(spec_text(n, w, base_dir) for n, w in specs)
+                raise refuse_named_code(run_dir, "replay", "reward", name, base_dir,
+                                        f"--rewards {kept}, or leave it out: --without {reward_name(name)}")
+    functions = load_reward_functions(specs, Path.cwd())
+    if args.rubric_file is None and rubric_file is not None and "rubric" not in args.without:
+        # a rubric can import python scorers and send an API key to its judge's url: the run's is not read
+        raise UserError(f"{run_dir}: the run scored with the rubric {terminal_safe(rubric_file)} "
+                        f"({named_file(rubric_file, base_dir, spec=False)}), which can name python code and a judge endpoint; "
+                        "replay reads no rubric a run directory names. To use it, name it on the command line: "
+                        f"--rubric-file {shlex.quote(named_file(rubric_file, base_dir, spec=False))}, or leave it out: "
+                        "--without rubric")
+    if args.rubric_file is not None:
         from ..rubric import load_rubric
         from ..rubric_reward import RubricReward
 
-        path = Path(rubric_path)
-        if not path.is_absolute():
-            path = (Path.cwd() if args.rubric_file else base_dir) / path
         weight = args.rubric_weight if args.rubric_weight is not None else rubric_weight
-        functions.append(RewardFunction("rubric", RubricReward(load_rubric(path)), weight))
+        functions.append(RewardFunction("rubric", RubricReward(load_rubric(Path(args.rubric_file))), weight))
     if not functions:
         raise UserError("the replayed reward set is empty: name at least one reward function")
     steps = _steps(args.steps, completion_steps(run_dir))

@@ -19,6 +19,7 @@ def run(args: argparse.Namespace) -> int:
     from ..sweep import describe, load_sweep, plan_trials, run_sweep, trial_config, trial_state
     from ..telemetry.analysis.compare import comparison_table, expand_run_dirs, load_summary, table_console
     from ..telemetry.rundir.writer import RUN_JSON
+    from ..telemetry.terminal import terminal_safe
 
     if args.parallel < 1:
         raise UserError(f"--parallel {args.parallel}: expected at least 1")
@@ -30,11 +31,11 @@ def run(args: argparse.Namespace) -> int:
     if args.dry_run:
         for trial in trials:
             state = trial_state(spec.directory / trial.name)
-            console.print(f"{trial.name}  {describe(trial.params)}  ({state})")
-        console.print(f"{len(trials)} trials of sweep '{spec.name}' ({spec.method}) in {spec.directory}")
+            console.print(terminal_safe(f"{trial.name}  {describe(trial.params)}  ({state})"))
+        console.print(terminal_safe(f"{len(trials)} trials of sweep '{spec.name}' ({spec.method}) in {spec.directory}"))
         return 0
-    console.print(f"sweep '{spec.name}': {len(trials)} trials ({spec.method}), {args.parallel} at a time, "
-                  f"in {spec.directory}")
+    console.print(terminal_safe(f"sweep '{spec.name}': {len(trials)} trials ({spec.method}), {args.parallel} at a "
+                                f"time, in {spec.directory}"))
     outcomes = run_sweep(spec, parallel=args.parallel, say=console.print)
     done = [spec.directory / t.name for t in trials if (spec.directory / t.name / RUN_JSON).is_file()]
     if done:

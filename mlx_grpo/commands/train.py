@@ -6,7 +6,7 @@ import argparse
 import types
 import typing
 
-from ..config import key_help, parse_override, top_level_fields
+from ..config import CHOICES, TrainConfig, key_help, parse_override, top_level_fields
 from ..config_aliases import ALIASES, TRANSLATED, help_text
 
 USES_MLX = True
@@ -37,16 +37,52 @@ def _alias_kinds() -> dict[str, str]:
     return {**kinds, **{name: TRANSLATED_KINDS[name] for name in TRANSLATED if name in TRANSLATED_KINDS}}
 
 
-def _add_flag(parser: typing.Any, name: str, kind: str, text: str | None) -> None:
+# What a string key's value is, shown as its flag's metavar.
+TEXT_METAVARS = {"model_id": "MODEL", "dataset": "DATASET", "eval_dataset": "DATASET", "rubric_file": "FILE",
+                 "alerts_file": "FILE", "monitoring_dir": "DIR", "tensorboard_dir": "DIR", "correctness": "CHECK",
+                 "rewards": "REWARD", "lora_keys": "MODULE", "wandb_tags": "TAG", "micro_batch_size": "N|auto",
+                 "output_dir": "DIR", "adapter_path": "DIR", "report_to": "SINK", "reward_weights": "W",
+                 "per_device_train_batch_size": "N"}
+
+
+def _metavar(name: str, tp: typing.Any) -> str:
+    """N, FLOAT, {a,b} or what the text names (MODEL, FILE, ...), so `--help` says what a flag takes."""
+    if name in CHOICES:
+        return "{" + ",".join(CHOICES[name]) + "}"
+    if name in TEXT_METAVARS:
+        return TEXT_METAVARS[name]
+    args = [a for a in (typing.get_args(tp) if typing.get_origin(tp) in (typing.Union, types.UnionType) else (tp,))
+            if a is not type(None)]
+    return {int: "N", float: "FLOAT"}.get(args[0] if args else tp, "TEXT")
+
+
+def _default_text(value: typing.Any) -> str:
+    """A key's default as `--help` shows it: as it would be written in the YAML file."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, list):
+        return " ".join(getattr(v, "name", str(v)) for v in value) or "none"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+def _add_flag(parser: typing.Any, name: str, kind: str, text: str | None, tp: typing.Any = str) -> None:
     flag = "--" + name.replace("_", "-")
+    if text not in (None, argparse.SUPPRESS):
+        default = getattr(TrainConfig(), name, None)
+        if default is not None:
+            text = f"{text} (default: {_default_text(default)})"
+        text = text.replace("%", "%%")  # argparse %-formats help
     if kind == "bool":
         parser.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS,
                             help=text)
     elif kind == "list":
-        parser.add_argument(flag, dest=name, nargs="*", default=argparse.SUPPRESS, metavar="VALUE", help=text)
+        parser.add_argument(flag, dest=name, nargs="*", default=argparse.SUPPRESS, metavar=_metavar(name, tp),
+                            help=text)
     else:
         # Read as YAML so types are checked by the config loader, not argparse.
-        parser.add_argument(flag, dest=name, default=argparse.SUPPRESS, metavar="VALUE", help=text)
+        parser.add_argument(flag, dest=name, default=argparse.SUPPRESS, metavar=_metavar(name, tp), help=text)
 
 
 # The flags are generated from the config dataclass here rather than by tyro, jsonargparse or TRL's
@@ -56,8 +92,10 @@ def _add_flag(parser: typing.Any, name: str, kind: str, text: str | None) -> Non
 # the dataclass's own types give the same flags without a dependency.
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter  # keeps the alias table's lines
+    parser.usage = "mlx-grpo train [CONFIG] [--resume RUN_DIR] [--KEY VALUE ...] [--set KEY=VALUE ...]"
     parser.epilog = help_text()
-    parser.add_argument("config", nargs="?", help="YAML run config (default: the built-in default run)")
+    parser.add_argument("config", nargs="?", metavar="CONFIG",
+                        help="YAML run config (default: the built-in default run)")
     parser.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last checkpoint")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override any config key, nested ones too (e.g. --set adaptive_window.enable=true)")
@@ -72,7 +110,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("config keys (each overrides the YAML file)")
     helps = key_help()
     for name, tp in top_level_fields().items():
-        _add_flag(group, name, _flag_kind(tp), helps.get(name, "").replace("%", "%%") or None)  # help is %-formatted
+        # --alerts and --no-alerts above say the same as --alerts-file and --no-enable-alerts: listed once
+        shown = argparse.SUPPRESS if name in ("alerts_file", "enable_alerts") else helps.get(name) or None
+        _add_flag(group, name, _flag_kind(tp), shown, tp)
     for name, kind in _alias_kinds().items():  # listed once, in the table below the flags (the epilog)
         _add_flag(parser, name, kind, argparse.SUPPRESS)
 

@@ -10,7 +10,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from ..errors import UserError
+from ..errors import UserError, install_hint
 
 # Each --web session is a dashboard process (~0.3 s of CPU to open, tens of MB).
 DEFAULT_MAX_SESSIONS = 4
@@ -49,7 +49,11 @@ def _serve(run_dirs: list[Path], args: argparse.Namespace) -> int:
         raise UserError(f"--port must be between 1 and 65535, got {args.port}")
     if args.max_sessions < 1:
         raise UserError(f"--max-sessions must be at least 1, got {args.max_sessions}")
-    from ..tui.web import WatchServer
+    try:
+        from ..tui.web import WatchServer
+    except ImportError as err:  # textual-serve (and aiohttp) are the [web] extra: most installs never serve
+        raise UserError(f"watch --web serves the dashboard with textual-serve, which is not installed ({err.name}): "
+                        f"{install_hint('web')}") from None
 
     # Each browser tab gets its own dashboard process running this same command.
     command = shlex.join([sys.executable, "-m", "mlx_grpo.cli", "watch", "--refresh", str(args.refresh),

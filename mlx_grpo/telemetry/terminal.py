@@ -9,7 +9,9 @@ report, compare, sweep) goes through it. Imports nothing heavy (the dashboard us
 
 from __future__ import annotations
 
+import os
 import re
+import sys
 from typing import Any
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
@@ -36,3 +38,19 @@ def terminal_safe_obj(obj: Any) -> Any:
 def json_may_hold_control(line: bytes) -> bool:
     """Cheap test on a raw JSON line: False means no string in it can hold a control character."""
     return _JSON_MAY_HOLD_CONTROL.search(line) is not None
+
+
+def open_standard_streams() -> None:
+    """Standard input, output and error, each on /dev/null when it was closed at start (`>&-`, as cron jobs
+    and service managers do). Otherwise the first file the run opens would take the closed descriptor, and
+    whatever is printed would land in it; Python also leaves sys.stdout None, which ended the run at once."""
+    for fd, name, mode in ((0, "stdin", "r"), (1, "stdout", "w"), (2, "stderr", "w")):
+        try:
+            os.fstat(fd)
+        except OSError:
+            devnull = os.open(os.devnull, os.O_RDWR)  # the lowest free descriptor: fd itself
+            if devnull != fd:
+                os.dup2(devnull, fd)
+                os.close(devnull)
+        if getattr(sys, name) is None:
+            setattr(sys, name, open(fd, mode, closefd=False))

@@ -4,8 +4,10 @@
   regular file (a directory, a FIFO, a device such as /dev/zero: opening those would hang or never end),
   too large for its kind, or not UTF-8 (with the line of the first bad byte).
 - `parse_yaml(text, source)`: safe-loaded YAML, or a UserError `source:line: ...` for YAML that does not
-  parse, a key given twice in one mapping (the last would win silently), and nesting deeper than MAX_DEPTH
-  (PyYAML itself recurses, so a file nested 5000 deep ended in a RecursionError).
+  parse, a value PyYAML cannot build (`2020-02-30`, `!!float abc`), a key given twice in one mapping (the
+  last would win silently), nesting deeper than MAX_DEPTH (PyYAML itself recurses, so a file nested 5000
+  deep ended in a RecursionError) and more than MAX_NODES values (PyYAML builds ~360 bytes of Python
+  objects per value: a 6 MB list took 2.2 GB).
 - `load_yaml(text, source)`: the same, but a syntax error stays a yaml.YAMLError (for `--set`, where text
   that is not YAML is taken as a string).
 - `read_yaml_file(path, what)`: both.
@@ -23,9 +25,11 @@ from typing import Any
 import yaml
 
 from ..errors import UserError, yaml_error
+from .terminal import terminal_safe
 
 MAX_DEPTH = 64  # nesting levels a config, sweep, rubric or alert file may have (ours use 3)
-MAX_BYTES = 16 << 20  # a config of 16 MB is a mistake (a dataset or a model file named by accident)
+MAX_BYTES = 1 << 20  # ours are a few KB: a 1 MB config is a mistake (a dataset or a model file named by accident)
+MAX_NODES = 100_000  # values in one YAML document (a sweep of 10,000 trials needs far fewer)
 
 
 def read_regular_bytes(path: Path, limit: int) -> bytes:
@@ -58,7 +62,7 @@ def read_user_text(path: str | os.PathLike, what: str, limit: int = MAX_BYTES) -
         raise UserError(f"{path}: cannot read the {what}: {reason}" +
                         ("; pass a file" if err.errno in (21, 22) else "")) from None
     if len(data) > limit:
-        raise UserError(f"{path}: too large for a {what} (more than {limit >> 20} MB); is it the right file?")
+        raise UserError(f"{path}: too large for a {what} (more than {limit / (1 << 20):g} MB); is it the right file?")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as err:
@@ -70,6 +74,24 @@ class _StrictLoader(yaml.SafeLoader):
     """SafeLoader that refuses a key given twice in one mapping, naming both lines."""
 
     source = "YAML"
+    nodes = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        self.nodes += 1
+        if self.nodes > MAX_NODES:
+            raise UserError(f"{self.source}:{self.peek_event().start_mark.line + 1}: more than {MAX_NODES:,} "
+                            "values in one YAML file; is it the right file?")
+        return super().compose_node(parent, index)
+
+    def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
+        try:
+            return super().construct_object(node, deep=deep)
+        except (ValueError, KeyError, TypeError, OverflowError) as err:  # PyYAML's own, on values it cannot build
+            kind = node.tag.rpartition(":")[2]
+            shown = terminal_safe(repr(node.value))[:60] if isinstance(node.value, str) else "this value"
+            where = self.source if self.source.startswith("--set ") else f"{self.source}:{node.start_mark.line + 1}"
+            raise UserError(f"{where}: not valid YAML: {shown} is not a valid "
+                            f"{kind} ({terminal_safe(str(err))[:80]}); quote it to keep it as text") from None
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
         if isinstance(node, yaml.MappingNode):

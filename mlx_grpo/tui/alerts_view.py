@@ -54,6 +54,10 @@ class AlertsView(BoardView, DataTable):
         self.clear()
         message = self.columns["message"]
         message.auto_width, message.width = False, width
+        if not rows:  # an empty table reads as "not loaded yet"; say that there is nothing to show
+            any_alerts = any(run.alerts for run in board.runs)
+            self.add_row("", "", "", "", "", "", Text("no alerts match the filter" if any_alerts else
+                                                      "no alerts yet", style=FADED))
         for step, _, i, entry, stands in rows:
             a = entry.alert
             color = level_color(a.level)

@@ -38,6 +38,7 @@ from .system_view import SystemView
 from .views import LENGTHS, OVERVIEW, POLICY, THROUGHPUT
 
 NARROW_WIDTH = 120
+SHORT_HEIGHT = 30  # rows; below it charts are lower (watch.tcss: -short)
 SMOOTHING_LEVELS = (0.0, 0.6, 0.9, 0.99)
 REFRESH_LEVELS = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0)
 
@@ -136,7 +137,7 @@ class WatchApp(App[None]):
         self._header = self.query_one(RunHeader)
         self._tabs = self.query_one(TabbedContent)
         self._filter_box = self.query_one("#filter", FilterInput)
-        self._fit_columns(self.size.width)
+        self._fit_columns(self.size.width, self.size.height)
         self.board.poll()
         self.update_views()
         self._focus_view()
@@ -144,13 +145,21 @@ class WatchApp(App[None]):
 
     def on_resize(self, event) -> None:
         """Switch between one and two chart columns with the width."""
-        self._fit_columns(event.size.width)
+        self._fit_columns(event.size.width, event.size.height)
 
-    def _fit_columns(self, width: int) -> None:
-        # Two chart columns when there is room for both to be readable.
+    def _fit_columns(self, width: int, height: int) -> None:
+        # Two chart columns when there is room for both to be readable; lower ones, and short tab titles, on a
+        # small terminal (btop-style: every view stays reachable and accuracy stays on the first screen).
         tabs = getattr(self, "_tabs", None)  # a resize can come before on_mount
         if tabs is not None:
             tabs.set_class(width < NARROW_WIDTH, "-narrow")
+            tabs.set_class(height < SHORT_HEIGHT, "-short")
+            short_titles = width < NARROW_WIDTH
+            for i, ((title, _), key) in enumerate(zip(VIEWS, VIEW_KEYS), 1):
+                tab = tabs.get_tab(key)
+                label = f"{i} {title[:4] if short_titles else title}"
+                if str(tab.label) != label:
+                    tab.label = label
 
     def on_unmount(self) -> None:
         """Close the run readers."""

@@ -10,6 +10,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Grid, Vertical, VerticalScroll
 from textual.widget import Widget
+from textual.widgets import Static
 
 from .board import Board
 from .board_widget import BoardView
@@ -30,6 +31,23 @@ def split_for_runs(title: str, metrics: list[str], runs: int) -> list[tuple[str,
     return [(title, tuple(metrics))]
 
 
+def waiting_text(board: Board) -> str:
+    """What a run with no metric record yet is doing, so the first minutes are not a blank screen: the
+    held-out evaluation before the first update (minutes for a real model), or loading and the first step."""
+    lines = []
+    for run in board.runs:
+        config = run.info.config if run.info is not None and isinstance(run.info.config, dict) else {}
+        if not run.exists:
+            lines.append(f"{run.name}: waiting for the run directory to appear")
+        elif config.get("eval_every"):
+            size = config.get("eval_size")
+            lines.append(f"{run.name}: evaluating held-out accuracy{f' ({size} prompts)' if size else ''} before "
+                         "the first update, then the first step; charts appear with the first metrics")
+        else:
+            lines.append(f"{run.name}: loading the model and running the first step; charts appear with its metrics")
+    return "\n".join(lines)
+
+
 class ChartsView(BoardView, VerticalScroll):
     """A view of metric tiles above charts, as its ViewSpec says; arrows select, enter opens."""
 
@@ -48,6 +66,7 @@ class ChartsView(BoardView, VerticalScroll):
 
     def compose(self) -> ComposeResult:
         """The tiles, the extra widgets of a subclass, and a box the charts are mounted in."""
+        yield Static("", classes="waiting-note")
         yield Grid(*(MetricTile(self.board, label, metric) for label, metric in self.spec.tiles), classes="tiles")
         yield from self.compose_extra()
         yield Vertical(classes="charts")
@@ -72,6 +91,12 @@ class ChartsView(BoardView, VerticalScroll):
         """Show the tiles and charts the runs have data for and the filter keeps; redraw them."""
         board = self.board
         available = set(board.available_metrics())
+        note = self.query_one(".waiting-note", Static)
+        waiting = waiting_text(board) if not available else ""
+        if note.display != bool(waiting):
+            note.display = bool(waiting)
+        if waiting:
+            note.update(waiting)
         for tile in self.query(MetricTile):
             show = tile.metric in available and self.matches(tile.label, tile.metric)
             if tile.display != show:  # assigning display, even unchanged, costs a layout pass

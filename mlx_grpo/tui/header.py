@@ -12,6 +12,7 @@ from .fmt import fmt_duration, fmt_step
 from .palette import HIGHLIGHT, INK, LEVEL_COLORS, MUTED, state_color
 
 BAR_WIDTH = 12
+COMPACT_WIDTH = 100
 
 
 def _bar(step: int | None, total: int | None) -> str:
@@ -46,6 +47,7 @@ class RunHeader(BoardWidget, Static):
             # A line per run and one for the settings; set only when the runs change, so updates need no layout pass.
             self._height = self.styles.height = len(board.runs) + 1
         now = board.clock()
+        compact = 0 < self.size.width < COMPACT_WIDTH  # 80 columns: no bar, no labels, so ETA stays on the line
         text = Text(no_wrap=True, overflow="ellipsis")
         for i, run in enumerate(board.runs):
             status = run.status(now, board.alive)
@@ -53,8 +55,9 @@ class RunHeader(BoardWidget, Static):
             text.append("● ", style=color)
             text.append(run.name, style=f"bold {color}")
             text.append("  " + fmt_step(run.step, run.total_steps))
-            text.append(" " + _bar(run.step, run.total_steps), style=color)
-            text.append(f"  elapsed {fmt_duration(run.elapsed(now, status))}")
+            if not compact:
+                text.append(" " + _bar(run.step, run.total_steps), style=color)
+            text.append(f"  {'' if compact else 'elapsed '}{fmt_duration(run.elapsed(now, status))}")
             eta = run.eta(status)
             if eta is not None:
                 text.append(f"  ETA {fmt_duration(eta)}")

@@ -4,6 +4,8 @@ then its group (the G completions of the same prompt at that step side by side) 
 
 from __future__ import annotations
 
+import re
+
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
@@ -29,6 +31,14 @@ MAX_ROWS = 300
 PREVIEW = 24  # the list fits beside the detail pane (which shows every text in full)
 PROMPT_PREVIEW = 20
 ANSWER_PREVIEW = 8
+
+
+_CLOSING_TAGS = re.compile(r"(\s*</[\w-]+>)+\s*$")
+
+
+def _end(completion: str, width: int) -> str:
+    """The end of a completion, where its answer is, without the closing tags that would fill the column."""
+    return _preview(_CLOSING_TAGS.sub("", " ".join(completion.split())), width, keep_end=True)
 
 
 def _preview(text: str, width: int, keep_end: bool = False) -> str:
@@ -102,7 +112,8 @@ def group_table(group: list[dict], selected: dict) -> Table:
             fmt_value(row.get("total")),
             Text(fmt_value(advantage), style=GOOD if isinstance(advantage, (int, float)) and advantage > 0 else BAD),
             Text("✓", style=GOOD) if correct else Text("✗", style=BAD) if correct is not None else "",
-            " ".join(str(row.get("completion", "")).split()))
+            # its end: where the answer is, the part that differs between the G completions
+            _end(str(row.get("completion", "")), PREVIEW))
     return table
 
 
@@ -192,7 +203,8 @@ class SamplesView(BoardView, Horizontal):
 
     def on_mount(self) -> None:
         """Add the table's columns."""
-        self.query_one(DataTable).add_columns("run", "step", "total", "ok", "len", "prompt", "expected", "completion")
+        self.query_one(DataTable).add_columns("step", "total", "ok", "completion (its end)", "expected", "prompt",
+                                                 "len", "run")  # answer and scores first: they fit a narrow list
 
     def update_data(self) -> None:
         """Add the samples the runs wrote since the last refresh."""
@@ -234,14 +246,14 @@ class SamplesView(BoardView, Horizontal):
         completion = " ".join(str(s.get("completion", "")).split())
         prompt = " ".join(str(s.get("prompt", "")).split())
         table.add_row(
-            Text(board.runs[run_index].name, style=board.color(run_index)),
             Text(fmt_count(s.get("step", 0)), justify="right"),
             Text(fmt_value(s.get("total")), justify="right"),
             Text("✓", style=GOOD) if correct else Text("✗", style=BAD) if correct is not None else "",
-            Text(str(s.get("length", "")), justify="right"),
-            _preview(prompt, PROMPT_PREVIEW, keep_end=True),  # a prompt's question is at its end
+            _end(completion, PREVIEW),  # the answer is at the end; the detail pane shows it all
             _preview(str(s.get("answer", "")), ANSWER_PREVIEW),
-            _preview(completion, PREVIEW),
+            _preview(prompt, PROMPT_PREVIEW, keep_end=True),  # a prompt's question is at its end
+            Text(str(s.get("length", "")), justify="right"),
+            Text(board.runs[run_index].name, style=board.color(run_index)),
             key=key,
         )
         self._rows[key] = (run_index, s)

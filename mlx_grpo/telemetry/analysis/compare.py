@@ -32,6 +32,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ...errors import UserError
+from ..reward_names import reward_file, reward_name
 from ..rundir.jsonl_tail import JsonlTail
 from ..rundir.writer import FINAL_METRICS, METRICS, RUN_JSON, RunInfo, read_json_object, read_run_info
 from ..metrics.names import (ACCURACY_TRAIN, ELAPSED_SECONDS, EVAL_ACCURACY, REWARD_MEAN, REWARD_RECENT_MEAN,
@@ -136,8 +137,26 @@ def load_summary(run_dir: Path) -> RunSummary:
 
 
 def run_config(info: RunInfo) -> dict[str, Any]:
-    """A run's config flattened to dotted keys, with its world size."""
-    return {**_flatten(info.config), "world_size": info.world_size}
+    """A run's config flattened to dotted keys, with its world size; its rewards as their names (a user
+    function by its name, its file beside it), the names metrics and `replay --without` use."""
+    config = dict(info.config)
+    if isinstance(config.get("rewards"), list):
+        config["rewards"] = rewards_text(config["rewards"])
+    return {**_flatten(config), "world_size": info.world_size}
+
+
+def rewards_text(rewards: list) -> str:
+    """`answer_check, brevity x0.5 (my_rewards.py)`: each reward's one name, its weight when not 1, and the
+    file a user function comes from."""
+    parts = []
+    for item in rewards:
+        spec = str(item.get("name", "")) if isinstance(item, dict) else str(item)
+        weight = item.get("weight", 1.0) if isinstance(item, dict) else 1.0
+        text = reward_name(spec) + ("" if weight == 1 else f" x{weight:g}" if isinstance(weight, (int, float))
+                                    else f" x{weight}")
+        file = reward_file(spec)
+        parts.append(text + (f" ({Path(file).name})" if file else ""))
+    return ", ".join(parts)
 
 
 def differing_keys(configs: list[dict[str, Any]]) -> list[str]:

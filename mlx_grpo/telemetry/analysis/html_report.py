@@ -82,7 +82,9 @@ def _pyplot():
 
     matplotlib.use("Agg")
     matplotlib.rcParams.update({"svg.fonttype": "path", "font.size": 9, "axes.spines.top": False,
-                                "axes.spines.right": False, "svg.hashsalt": "mlx-grpo"})
+                                "axes.spines.right": False, "svg.hashsalt": "mlx-grpo",
+                                # names come from run files: '$...$' in one is text, not mathtext to parse
+                                "text.parse_math": False})
     import matplotlib.pyplot as plt
 
     return plt
@@ -151,6 +153,8 @@ def chart_figure(plt, title: str, ylabel: str, patterns: Sequence[str], runs: Se
     ax.set_title(title + (f" (smoothed {smoothing:g})" if smoothing > 0 else ""), loc="left", fontweight="bold")
     ax.set_xlabel("step")
     ax.set_ylabel(ylabel)
+    _sane_spans(ax, np.concatenate([np.asarray(s, float) for s, *_ in lines]),
+                np.concatenate([np.asarray(v, float) for _, v, *_ in lines]))
     ax.grid(alpha=0.3)
     if len(lines) > 1:
         # Under the axes, not beside them: every chart keeps the same plot width, and names are not cut.
@@ -159,8 +163,30 @@ def chart_figure(plt, title: str, ylabel: str, patterns: Sequence[str], runs: Se
     return fig
 
 
+def _sane_spans(ax, steps: np.ndarray, values: np.ndarray) -> None:
+    """Whole-step ticks (steps are integers: no 1.5), and spans a reader can trust: one step gets a step either
+    side, not -0.04..0.04; a constant gets a span around its value; data that is never negative starts at 0."""
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    steps, values = steps[np.isfinite(steps)], values[np.isfinite(values)]
+    if len(steps) and steps.min() == steps.max():
+        ax.set_xlim(steps.min() - 1, steps.max() + 1)
+    if not len(values):
+        return
+    lo, hi = float(values.min()), float(values.max())
+    if hi - lo <= 1e-12 * max(1.0, abs(hi)):
+        pad = abs(hi) * 0.5 if hi else 1.0
+        lo, hi = lo - pad, hi + pad
+        ax.set_ylim(lo, hi)
+    if float(values.min()) >= 0 and ax.get_ylim()[0] < 0:
+        ax.set_ylim(bottom=0)
+
+
 def alert_timeline_svg(plt, runs: Sequence[LoadedRun]) -> str | None:
     """Each run's alerts as marks on a step axis, coloured by level."""
+    from matplotlib.ticker import MaxNLocator
+
     if not any(run.report.alerts for run in runs):
         return None
     fig, ax = plt.subplots(figsize=(6.2, 0.5 + 0.45 * len(runs)))
@@ -172,6 +198,7 @@ def alert_timeline_svg(plt, runs: Sequence[LoadedRun]) -> str | None:
                 ax.scatter(steps, [row] * len(steps), color=colour, s=28, marker="|" if level == "info" else "o",
                            label=None if level in labelled else level)
                 labelled.add(level)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_yticks(range(len(runs)), [run.title for run in runs])
     ax.set_ylim(-0.6, len(runs) - 0.4)
     ax.set_xlabel("step")
@@ -243,6 +270,9 @@ def reward_heatmap_svg(plt, run: LoadedRun) -> str | None:
     image = ax.imshow(np.ma.masked_invalid(matrix), aspect="auto", interpolation="nearest", cmap="viridis",
                       extent=(steps[0] - 0.5, steps[-1] + 0.5, matrix.shape[0], 0))
     fig.colorbar(image, ax=ax, label="total reward")
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_title(f"Reward of every completion: {run.title}", loc="left", fontweight="bold")
     ax.set_xlabel("step")
     ax.set_ylabel("example (groups by mean, best first)")

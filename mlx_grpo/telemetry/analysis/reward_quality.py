@@ -53,6 +53,9 @@ class QualityReport:
         """'quality 72/100', with how many parts it rests on when some could not be scored."""
         if self.score is None:
             return f"quality n/a (none of its {len(self.parts)} parts could be scored)"
+        if 2 * self.parts_scored < len(self.parts):  # a score resting on one part of four reads as a verdict
+            return (f"quality not judged yet ({self.parts_scored} of {len(self.parts)} parts have the "
+                    f"{MIN_POINTS} logged steps they need)")
         note = "" if self.parts_scored == len(self.parts) else f" (from {self.parts_scored} of {len(self.parts)} parts)"
         return f"quality {self.score:.0f}/100{note}"
 

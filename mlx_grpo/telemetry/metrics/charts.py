@@ -22,7 +22,9 @@ CHART_GROUPS: dict[str, dict[str, tuple[str, ...]]] = {
         "reward per function": ("rewards/<fn>/mean",),
         "contribution %": ("rewards/<fn>/contribution_pct",),
         "signal quality": (SIGNAL_TO_NOISE, "rewards/entropy", ZERO_STD_GROUP_FRAC),
-        "accuracy": (ACCURACY_TRAIN, EVAL_ACCURACY, "difficulty/<level>/accuracy"),
+        # train against held-out on a chart of their own; the per-difficulty lines would crowd them
+        "accuracy": (ACCURACY_TRAIN, EVAL_ACCURACY),
+        "accuracy by difficulty": ("difficulty/<level>/accuracy",),
     },
     "policy": {
         "loss": (LOSS, "policy/pg_loss", "policy/kl_penalty"),

@@ -64,7 +64,11 @@ def _describe(prefix: str, values: np.ndarray) -> dict[str, float]:
 
 
 def reward_entropy(total: np.ndarray) -> float:
-    """Entropy (bits) of the batch's total rewards over a fixed number of bins; 0 when all are equal."""
+    """Entropy (bits) of the batch's finite total rewards over a fixed number of bins; 0 when all are equal
+    or none is finite (a run writes null for a total no function could give)."""
+    total = total[np.isfinite(total)]
+    if total.size == 0:
+        return 0.0
     lo, hi = float(total.min()), float(total.max())
     if hi - lo <= ZERO_STD_TOL * max(1.0, abs(lo), abs(hi)):
         return 0.0

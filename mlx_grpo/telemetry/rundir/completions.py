@@ -106,6 +106,7 @@ def completion_steps(run_dir: str | Path) -> list[int]:
 
 
 MAX_STEP_FILE_BYTES = 256 << 20  # compressed; a default step's file is ~2 KB
+MAX_STEP_TEXT_BYTES = 64 << 20  # inflated: a step of 64 MB of completions is a gzip bomb, not a run's
 
 
 def read_step(run_dir: str | Path, step: int, display: bool = False) -> list[dict]:
@@ -116,10 +117,7 @@ def read_step(run_dir: str | Path, step: int, display: bool = False) -> list[dic
         compressed = read_regular_bytes(step_file(run_dir, step), MAX_STEP_FILE_BYTES)
     except OSError:
         return []
-    try:
-        raw = gzip.decompress(compressed)
-    except (OSError, EOFError, zlib.error):
-        raw = _readable_prefix(compressed)
+    raw = inflate(compressed, MAX_STEP_TEXT_BYTES)
     rows = []
     for line in raw.split(b"\n"):
         row = loads_object(line, display) if line else None
@@ -128,13 +126,26 @@ def read_step(run_dir: str | Path, step: int, display: bool = False) -> list[dic
     return rows
 
 
-def _readable_prefix(compressed: bytes) -> bytes:
-    """What a truncated or damaged gzip file yields before the damage."""
-    out = zlib.decompressobj(16 + zlib.MAX_WBITS)
-    try:
-        return out.decompress(compressed)
-    except zlib.error:
-        return b""
+def inflate(compressed: bytes, limit: int) -> bytes:
+    """A gzip file's content, member after member, cut at `limit` bytes (a gzip bomb inflates no further)
+    and at the first damage (a truncated or damaged file yields what comes before it)."""
+    out, size, data = [], 0, compressed
+    while data and size < limit:
+        member = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        try:
+            while size < limit:
+                chunk = member.decompress(data, min(1 << 20, limit - size))
+                data = member.unconsumed_tail
+                out.append(chunk)
+                size += len(chunk)
+                if member.eof or not (chunk or data):
+                    break
+        except zlib.error:
+            break
+        if not member.eof:
+            break
+        data = member.unused_data
+    return b"".join(out)[:limit]
 
 
 def read_all(run_dir: str | Path, steps: Iterable[int] | None = None, display: bool = False) -> list[dict]:
