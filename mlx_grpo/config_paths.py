@@ -4,9 +4,9 @@ typed (the current directory); a path written in a YAML file is relative to that
 `resolve_input_paths(mapping, base)` makes the input paths of one source absolute against its base,
 before the sources are merged, so the trainer never has to guess which source a path came from. Input
 paths are `model_id`, `dataset`, `eval_dataset`, reward files (`file.py:function`), `rubric_file` and
-`alerts_file`. Names that are not paths stay as written: `default`, `smollm2`, `arithmetic`, `preset:NAME`,
-built-in reward names, and hub ids (`owner/name`, `owner/name:config`) unless a local file or folder of that name
-exists. Output locations (`monitoring_dir`, `tensorboard_dir`, a sweep's `output_dir`) always follow
+`alerts_file`. Names that are not paths stay as written: `default`, `smollm2`, `gemma3-270m`, `arithmetic`,
+`preset:NAME`, built-in reward names, and hub ids (`owner/name`, `owner/name:config`) unless a local file or
+folder of that name exists. Output locations (`monitoring_dir`, `tensorboard_dir`, a sweep's `output_dir`) always follow
 the current directory, wherever they are written. Imports no mlx.
 """
 
@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 FILE_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv", ".tsv", ".txt", ".yaml", ".yml", ".py")
-BUILTIN_NAMES = {"model_id": {"default", "smollm2"}, "dataset": {"arithmetic"}}  # smollm2: tools/smollm2.py
+BUILTIN_NAMES = {"model_id": {"default", "smollm2", "gemma3-270m"}, "dataset": {"arithmetic"}}  # tools/smollm2.py, gemma3.py
 PRESET_PREFIX = "preset:"  # a published model shape for `mlx-grpo plan` (presets.py), not a path
 
 

@@ -19,13 +19,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
+import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_unflatten
 
 from .checkpoint import STEP_DIR, list_checkpoints
 from .config import TrainConfig
 from .errors import UserError
-from .models import apply_adapters, dequantize_base, is_quantized, load_policy, model_config, resolve_model_path
+from .models import (apply_adapters, dequantize_base, is_quantized, load_policy, model_config, resolve_dtype,
+                     resolve_model_path)
 from .resume import config_for_resume
 
 ADAPTER_FILES = ("adapters.safetensors", "adapter_config.json")
@@ -92,15 +94,34 @@ def fuse_adapters(model: nn.Module) -> None:
         model.update_modules(tree_unflatten(fused))
 
 
-def _write(out: Path, model: nn.Module, tokenizer: Any, source: Path) -> None:
-    """Weights, the base model's config (architecture, vocabulary, rope... describe the written weights
-    too), the tokenizer files, and a source directory's generation_config.json and model code."""
+FLOAT_DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}
+
+
+def export_dtype(source: Path, config: dict[str, Any], run_dtype: str, float32: bool) -> str:
+    """The dtype written: float32 when asked; else the source's own float dtype (config.json's `torch_dtype`;
+    a GGUF file's quantized or half-precision weights: bfloat16), so an export is the size of its source, not
+    twice it because the run computed in float32 on the CPU; else the run's."""
+    if float32:
+        return "float32"
+    stated = config.get("torch_dtype") or config.get("dtype")
+    if stated in FLOAT_DTYPES:
+        return stated
+    return "bfloat16" if source.suffix.lower() == ".gguf" else run_dtype
+
+
+def _write(out: Path, model: nn.Module, tokenizer: Any, source: Path, dtype: str | None = None) -> None:
+    """Weights (floating ones in `dtype`, when given), the base model's config (architecture, vocabulary,
+    rope... describe the written weights too), the tokenizer files, and a source directory's
+    generation_config.json and model code."""
     from mlx_lm.utils import save_config, save_model
 
     config = model_config(str(source))
     if not is_quantized(model):  # a base dequantized at load (quantized_base) is written plain
         config.pop("quantization", None)
         config.pop("quantization_config", None)
+    if dtype is not None:
+        model.set_dtype(FLOAT_DTYPES[dtype])  # floating weights only: packed quantized ones stay as they are
+        config["torch_dtype"] = dtype
     save_model(out, model, donate_model=False)
     save_config(config, out / "config.json")
     tokenizer.save_pretrained(out)
@@ -144,8 +165,10 @@ def write_fused(out: Path, model: nn.Module, tokenizer: Any, model_id: str, base
     return out
 
 
-def export_model(run_dir: Path, out: Path, step: int | None = None, fuse: bool = False) -> dict[str, Any]:
-    """Write a run's checkpoint as a Hugging Face directory; returns what was written (also export.json)."""
+def export_model(run_dir: Path, out: Path, step: int | None = None, fuse: bool = False,
+                 float32: bool = False) -> dict[str, Any]:
+    """Write a run's checkpoint as a Hugging Face directory, in the source's dtype (`export_dtype`; float32
+    with `float32`); returns what was written (also export.json)."""
     _check_out(out)
     config, base_dir = config_for_resume(run_dir, {})
     checkpoint = find_checkpoint(run_dir, step)
@@ -159,9 +182,11 @@ def export_model(run_dir: Path, out: Path, step: int | None = None, fuse: bool =
         fuse_adapters(model)
     summary = {"run_dir": str(run_dir), "checkpoint": checkpoint.name,
                "step": int(STEP_DIR.match(checkpoint.name).group(1)), "model_id": config.model_id,
-               "use_lora": config.use_lora, "fused": config.use_lora and fuse, "out": str(out)}
+               "use_lora": config.use_lora, "fused": config.use_lora and fuse, "out": str(out),
+               "dtype": export_dtype(source, model_config(str(source)), resolve_dtype(config), float32),
+               "system_prompt": config.system_prompt, "use_chat_template": config.use_chat_template}
     with _whole_or_nothing(out) as tmp:
-        _write(tmp, model, tokenizer, source)  # an unfused LoRA export writes the base weights
+        _write(tmp, model, tokenizer, source, summary["dtype"])  # an unfused LoRA export writes the base weights
         if unfused_lora:
             for name in ADAPTER_FILES:
                 shutil.copy2(checkpoint / name, tmp / name)

@@ -1,46 +1,83 @@
-"""GGUF files (llama.cpp, Ollama, LM Studio) as a model source: a llama-family .gguf as an mlx-lm model and
-its tokenizer.
+"""GGUF files (llama.cpp, Ollama, LM Studio) as a model source: an mlx-lm model and its tokenizer.
 
-MLX reads GGUF's Q4_0, Q4_1 and Q8_0 tensors as its own affine quantization (packed weights, scales and
-biases; groups of 32), F16/F32/BF16 ones as plain arrays. Quantized matrices stay quantized, each at its own
-bits (a file often keeps the token embedding at 8 bits and the rest at 4). llama.cpp's converter
-interleaves the two rotary halves of every q/k head's rows; they are put back, so mlx-lm's usual RoPE
-applies. The tokenizer is rebuilt with the `tokenizers` library from `tokenizer.ggml.*` (byte-level BPE:
-vocabulary, merges, special tokens, bos/eos) with the file's chat template.
+Families: llama (Mistral, SmolLM, TinyLlama; Llama 3.x with its rope scaling), qwen2, qwen3, gemma3, phi3.
+Tensor types: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and Q2_K..Q6_K, mixed freely in one file.
+
+- The header is read by gguf_header.py, bounds-checked; everything a load needs (family, metadata keys and
+  their types, tensor names and types, tokenizer) is checked before any tensor data is read, and a file that
+  cannot load is refused in one line naming every reason.
+- Tensors are dequantized by the `gguf` package (llama.cpp's own numpy code), so each equals llama.cpp's
+  reading. What no library does is here: mlx-lm's names and layout (llama.cpp's rotary row permutation of
+  llama q/k undone, gemma's stored `1 + weight` norms put back), and, when the base stays quantized
+  (`quantized_base: keep`, a Mac's default), MLX affine quantization at the file's bits per tensor and groups
+  of 32, the smallest group MLX has, with the weight error that costs said per matrix kind.
+- The tokenizer is transformers' GGUF converter (byte-level BPE and SentencePiece vocabularies), with the
+  digit-by-digit split llama.cpp's `smollm`/`starcoder` pre-tokenizer does and the file's chat template.
 
 `gguf_config` is the Hugging Face config.json of the file (what `mlx-grpo plan` and `export` read);
-`load_gguf` returns (model, tokenizer, config).
+`load_gguf` returns (model, tokenizer, config, note).
 """
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 
 from .errors import UserError
+from .gguf_header import Header, TensorInfo, read_header, type_name
 
-GROUP_SIZE = 32  # every GGUF block type MLX reads holds 32 weights per scale
+GROUP_SIZE = 32  # MLX's smallest group: nearest to ggml's blocks of 32 and K-quant sub-blocks of 16 or 32
+FLOAT_TYPES = {"F32", "F16", "BF16"}
+# ggml type -> MLX affine bits for a base kept quantized (MLX has 2, 3, 4, 5, 6 and 8)
+QUANT_BITS = {"Q4_0": 4, "Q4_1": 4, "Q5_0": 5, "Q5_1": 5, "Q8_0": 8, "Q2_K": 2, "Q3_K": 3, "Q4_K": 4, "Q5_K": 5,
+              "Q6_K": 6}
+SUPPORTED_TYPES = (*sorted(FLOAT_TYPES), *QUANT_BITS)
 
-# GGUF tensor names -> mlx-lm's llama names
-BLOCK_TENSORS = {
+# llama.cpp's block tensor names -> mlx-lm's, shared by the families
+COMMON_BLOCK = {
     "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
     "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
 }
+QK_NORMS = {"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"}
 TOP_TENSORS = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 
-# tokenizer.ggml.pre -> how text is split before BPE (llama.cpp's names; the regexes are the models' own)
+
+@dataclass(frozen=True)
+class Family:
+    model_type: str  # mlx-lm's
+    block: dict[str, str]
+    permuted_qk: bool = False  # llama.cpp interleaves the rotary halves of llama q/k rows
+    norm_offset: float = 0.0  # gemma's norms are stored as 1 + weight; mlx-lm adds the 1 itself
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+LLAMA = Family("llama", COMMON_BLOCK, permuted_qk=True)
+FAMILIES = {
+    "llama": LLAMA,
+    "mistral": LLAMA,
+    "qwen2": Family("qwen2", COMMON_BLOCK),
+    "qwen3": Family("qwen3", {**COMMON_BLOCK, **QK_NORMS}),
+    "gemma3": Family("gemma3_text", {**COMMON_BLOCK, **QK_NORMS, "ffn_norm": "pre_feedforward_layernorm",
+                                     "post_attention_norm": "post_attention_layernorm",
+                                     "post_ffw_norm": "post_feedforward_layernorm"},
+                     norm_offset=1.0, extra={"sliding_window_pattern": 6, "rope_local_base_freq": 10000.0}),
+    "phi3": Family("phi3", {**{k: v for k, v in COMMON_BLOCK.items() if k not in ("attn_q", "attn_k", "attn_v",
+                                                                                  "ffn_gate", "ffn_up")},
+                            "attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}),
+}
+
+# tokenizer.ggml.pre values split digit by digit, then as GPT-2 does (transformers' converter has no entry)
+DIGITS_PRE = ("smollm", "starcoder", "refact")
 GPT2_PRE = ("default", "gpt-2", "gpt2")
-DIGITS_PRE = ("smollm", "starcoder", "refact")  # every digit alone, then GPT-2's split
-LLAMA3_PRE = ("llama-bpe", "llama3")
-LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-                r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-CONTROL, USER_DEFINED = 3, 4  # tokenizer.ggml.token_type values of special tokens
+CONTROL = 3  # tokenizer.ggml.token_type of a control token
 
 
 def find_gguf(path: Path) -> Path | None:
@@ -57,213 +94,376 @@ def find_gguf(path: Path) -> Path | None:
     return files[0] if files else None
 
 
-def read_gguf(path: Path) -> tuple[dict[str, mx.array], dict[str, Any]]:
-    """The file's tensors and metadata (mx.array scalars made Python values). Kept for the next call (the
-    plan reads the shape and tokenizer, then the run loads the model) until `load_gguf` has built the model."""
+def read_gguf(path: Path) -> Header:
+    """The file's header (metadata and tensor table; no tensor data), kept for the next call: the plan
+    reads the shape and tokenizer, then the run loads the model."""
     stat = path.stat()
     return _read(path, stat.st_mtime_ns, stat.st_size)
 
 
-@lru_cache(maxsize=1)
-def _read(path: Path, mtime_ns: int, size: int) -> tuple[dict[str, mx.array], dict[str, Any]]:
-    try:
-        weights, metadata = mx.load(str(path), return_metadata=True)
-    except (RuntimeError, ValueError, OSError) as err:
-        detail = (str(err).splitlines() or [""])[0]
-        raise UserError(f"{path}: cannot be read as GGUF ({detail}); MLX reads the F32, F16, BF16, Q4_0, Q4_1 and "
-                        "Q8_0 tensor types, not K-quants such as Q4_K_M (convert to one of those with llama.cpp's "
-                        "llama-quantize, or use an MLX model directory)") from None
-    if any(name.endswith(".scales") for name in weights) and _mlx_version() < QUANTIZED_GGUF_MLX:
-        raise UserError(f"{path}: its quantized tensors need MLX >= {'.'.join(map(str, QUANTIZED_GGUF_MLX))} "
-                        f"(this is {'.'.join(map(str, _mlx_version()))}): MLX 0.30.4 read SmolLM2's Q4_1 blocks into "
-                        "other weights than llama.cpp's, which only shows as wrong answers; pip install -U mlx")
-    return weights, {k: _plain(v) for k, v in metadata.items()}
+@lru_cache(maxsize=2)
+def _read(path: Path, mtime_ns: int, size: int) -> Header:
+    return read_header(path)
 
 
-# The oldest MLX whose Q4_0/Q4_1/Q8_0 GGUF reading was checked against an independent conversion
-# (tests/test_gguf.py); 0.30.4, the package's floor, gives different q-projection weights.
-QUANTIZED_GGUF_MLX = (0, 32, 4)
+# ----------------------------------------------------------------------------- checks and the config
 
 
-def _mlx_version() -> tuple[int, ...]:
-    from importlib.metadata import version
+class _Reasons(list):
+    """Every reason a file cannot load, gathered so one line names them all."""
 
-    return tuple(int(part) for part in version("mlx").split(".")[:3] if part.isdigit())
+    def metadata(self, md: dict[str, Any], key: str, kind: type, default: Any = None, positive: bool = True) -> Any:
+        value = md.get(key, default)
+        if value is None:
+            self.append(f"no '{key}' in its metadata")
+            return None
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if not isinstance(value, kind) or isinstance(value, bool) or (positive and not value > 0):
+            self.append(f"'{key}' is {value!r}; expected a positive {'whole ' if kind is int else ''}number")
+            return None
+        return value
 
 
-def _plain(value: Any) -> Any:
-    if isinstance(value, mx.array):
-        return value.item() if value.ndim == 0 else value.tolist()
-    return value
-
-
-def gguf_config(path: Path, metadata: dict[str, Any], weights: dict[str, mx.array]) -> dict[str, Any]:
-    """The Hugging Face config.json (mlx-lm's llama) describing the file's model."""
-    arch = metadata.get("general.architecture")
+def gguf_config(path: Path, header: Header) -> dict[str, Any]:
+    """The Hugging Face config.json (mlx-lm's model) of the file; one UserError naming every reason it
+    cannot load (unknown family, tensor types, tensor names, bad metadata, tokenizer)."""
+    md, tensors = header.metadata, header.tensors
+    reasons = _Reasons()
+    arch = md.get("general.architecture")
+    family = FAMILIES.get(arch) if isinstance(arch, str) else None
     if arch is None:
-        raise UserError(f"{path}: no 'general.architecture' in its metadata: not a model's GGUF file")
-    if arch != "llama":
-        raise UserError(f"{path}: architecture '{arch}': only llama-family GGUF files load (Llama, Mistral, "
-                        "SmolLM, TinyLlama...); for other models use an MLX model directory")
-    unknown = sorted({name for name in weights if _mlx_name(name) is None})
-    if unknown:
-        raise UserError(f"{path}: tensors this loader does not know ({', '.join(unknown[:3])}); only plain "
-                        "llama blocks load (no rope_freqs: Llama 3.1+ rope scaling)")
-
-    def key(name: str) -> Any:
-        try:
-            return metadata[f"llama.{name}"]
-        except KeyError:
-            raise UserError(f"{path}: no 'llama.{name}' in its metadata") from None
-
-    heads = key("attention.head_count")
-    config = {
-        "model_type": "llama",
-        "architectures": ["LlamaForCausalLM"],
-        "hidden_size": key("embedding_length"),
-        "num_hidden_layers": key("block_count"),
-        "intermediate_size": key("feed_forward_length"),
-        "num_attention_heads": heads,
-        "num_key_value_heads": metadata.get("llama.attention.head_count_kv", heads),
-        "head_dim": metadata.get("llama.attention.key_length", key("embedding_length") // heads),
-        "rms_norm_eps": key("attention.layer_norm_rms_epsilon"),
-        "rope_theta": metadata.get("llama.rope.freq_base", 10000.0),
-        "max_position_embeddings": metadata.get("llama.context_length", 4096),
-        "vocab_size": metadata.get("llama.vocab_size", len(metadata.get("tokenizer.ggml.tokens", []))),
-        "tie_word_embeddings": "output.weight" not in weights,
-        "bos_token_id": metadata.get("tokenizer.ggml.bos_token_id"),
-        "eos_token_id": metadata.get("tokenizer.ggml.eos_token_id"),
-    }
-    scaling = metadata.get("llama.rope.scaling.type", "none")
-    if scaling == "linear":
-        config["rope_scaling"] = {"type": "linear", "factor": metadata["llama.rope.scaling.factor"]}
-    elif scaling != "none":
-        raise UserError(f"{path}: rope scaling '{scaling}' is not supported by this loader")
-    bits = {_mlx_name(name).removesuffix(".scales"): _bits(weights, name.removesuffix(".scales"))
-            for name in weights if name.endswith(".scales")}
-    if bits:
-        common = Counter(bits.values()).most_common(1)[0][0]
-        config["quantization"] = {"group_size": GROUP_SIZE, "bits": common, "mode": "affine",
-                                  **{p: {"group_size": GROUP_SIZE, "bits": b, "mode": "affine"}
-                                     for p, b in sorted(bits.items()) if b != common}}
+        reasons.append("no 'general.architecture' in its metadata: not a model's GGUF file")
+    elif family is None:
+        reasons.append(f"architecture '{arch}' (these load: {', '.join(FAMILIES)})")
+    refused = Counter(type_name(t.type_id) for t in tensors.values() if type_name(t.type_id) not in SUPPORTED_TYPES)
+    if refused:
+        reasons.append(f"tensor types {', '.join(f'{n} ({c} tensors)' for n, c in sorted(refused.items()))} "
+                       f"(these load: {', '.join(SUPPORTED_TYPES)})")
+    config: dict[str, Any] = {}
+    if family is not None:
+        unknown = sorted(name for name in tensors if _mlx_name(name, family) is None and name != "rope_freqs.weight")
+        if unknown:
+            reasons.append(f"tensors this loader does not know for {arch} ({', '.join(unknown[:3])}"
+                           f"{', ...' if len(unknown) > 3 else ''})")
+        if "token_embd.weight" not in tensors:
+            reasons.append("no token_embd.weight tensor")
+        config = _family_config(md, tensors, arch, family, reasons)
+    _check_tokenizer(md, reasons)
+    if reasons:
+        raise UserError(f"{path}: cannot load: {'; '.join(reasons)}")
     return config
 
 
-def _bits(weights: dict[str, mx.array], name: str) -> int:
-    packed, scales = weights[f"{name}.weight"], weights[f"{name}.scales"]
-    return packed.shape[-1] * 32 // (scales.shape[-1] * GROUP_SIZE)
+def _family_config(md: dict[str, Any], tensors: dict[str, TensorInfo], arch: str, family: Family,
+                   reasons: _Reasons) -> dict[str, Any]:
+    def key(name: str, kind: type = int, default: Any = None) -> Any:
+        return reasons.metadata(md, f"{arch}.{name}", kind, default)
+
+    hidden, heads = key("embedding_length"), key("attention.head_count")
+    kv_heads = key("attention.head_count_kv", default=heads)
+    head_dim = key("attention.key_length", default=hidden // heads if hidden and heads else None)
+    embedding = tensors.get("token_embd.weight")
+    config = {
+        "model_type": family.model_type,
+        "hidden_size": hidden,
+        "num_hidden_layers": key("block_count"),
+        "intermediate_size": key("feed_forward_length"),
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "head_dim": head_dim,
+        "rms_norm_eps": key("attention.layer_norm_rms_epsilon", float),
+        "rope_theta": key("rope.freq_base", float, 10000.0),
+        "max_position_embeddings": key("context_length", int, 4096),
+        "vocab_size": embedding.shape[0] if embedding is not None else None,
+        "tie_word_embeddings": "output.weight" not in tensors,
+        **family.extra,
+    }
+    for name in ("bos", "eos"):
+        index = md.get(f"tokenizer.ggml.{name}_token_id")
+        config[f"{name}_token_id"] = index if isinstance(index, int) else None
+    if heads and kv_heads and heads % kv_heads:
+        reasons.append(f"{heads} attention heads do not share evenly among {kv_heads} key/value heads")
+    if arch == "gemma3":
+        config["query_pre_attn_scalar"] = head_dim
+        config["sliding_window"] = key("attention.sliding_window", int, 512)
+    scaling = md.get(f"{arch}.rope.scaling.type", "none")
+    if scaling == "linear":
+        factor = key("rope.scaling.factor", float)
+        if factor:
+            config["rope_scaling"] = {"type": "linear", "rope_type": "linear", "factor": factor}
+    elif scaling != "none":
+        reasons.append(f"rope scaling '{scaling}' (none, linear and Llama 3's load)")
+    if "rope_freqs.weight" in tensors:
+        if arch not in ("llama", "mistral"):
+            reasons.append(f"a rope_freqs tensor in a {arch} file")
+        else:
+            config["rope_scaling"] = None  # filled in from the tensor's values at load (`llama3_rope_scaling`)
+    return config
 
 
-def _mlx_name(name: str) -> str | None:
+def _check_tokenizer(md: dict[str, Any], reasons: _Reasons) -> None:
+    kind = md.get("tokenizer.ggml.model")
+    tokens = md.get("tokenizer.ggml.tokens")
+    if kind not in ("gpt2", "llama"):
+        reasons.append(f"tokenizer '{kind}' (byte-level BPE 'gpt2' and SentencePiece 'llama' load)")
+    if not isinstance(tokens, list) or not tokens or not all(isinstance(t, str) for t in tokens):
+        reasons.append("no 'tokenizer.ggml.tokens' list of strings in its metadata")
+        return
+    pre = md.get("tokenizer.ggml.pre", "default")
+    if kind == "gpt2" and pre not in GPT2_PRE + DIGITS_PRE + tuple(_transformers_splits()):
+        reasons.append(f"pre-tokenizer '{pre}' is not one this loader knows")
+    merges = md.get("tokenizer.ggml.merges", [])
+    if kind == "gpt2" and not (isinstance(merges, list) and all(isinstance(m, str) and len(m.split(" ")) == 2
+                                                                 for m in merges)):
+        reasons.append("'tokenizer.ggml.merges' is not a list of 'left right' pairs")
+    for name in ("bos", "eos", "eot", "unknown", "padding"):
+        index = md.get(f"tokenizer.ggml.{name}_token_id")
+        if index is not None and (not isinstance(index, int) or isinstance(index, bool)
+                                  or not 0 <= index < len(tokens)):
+            reasons.append(f"'tokenizer.ggml.{name}_token_id' is {index!r}; expected a token id below {len(tokens)}")
+    types = md.get("tokenizer.ggml.token_type")
+    if types is not None and (not isinstance(types, list) or len(types) != len(tokens)):
+        reasons.append("'tokenizer.ggml.token_type' does not list one type per token")
+    template = md.get("tokenizer.chat_template")
+    if template is not None:
+        from jinja2 import TemplateError
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        try:
+            ImmutableSandboxedEnvironment().parse(template) if isinstance(template, str) else None
+        except TemplateError as err:
+            reasons.append(f"'tokenizer.chat_template' is not a valid Jinja template ({err.message})")
+        if not isinstance(template, str):
+            reasons.append("'tokenizer.chat_template' is not a string")
+
+
+def _transformers_splits() -> dict[str, str]:
+    from transformers.integrations.gguf.gguf_tokenizer_mapping import GGUF_PRE_TOKENIZER_SPLITS
+
+    return GGUF_PRE_TOKENIZER_SPLITS
+
+
+def _mlx_name(name: str, family: Family) -> str | None:
     parts = name.split(".")
-    if parts[0] == "blk" and len(parts) == 4 and parts[2] in BLOCK_TENSORS:
-        return f"model.layers.{parts[1]}.{BLOCK_TENSORS[parts[2]]}.{parts[3]}"
+    if parts[-1] not in ("weight", "bias"):
+        return None
+    if parts[0] == "blk" and len(parts) == 4 and parts[1].isdigit() and parts[2] in family.block:
+        return f"model.layers.{int(parts[1])}.{family.block[parts[2]]}.{parts[3]}"
     if len(parts) == 2 and parts[0] in TOP_TENSORS:
         return f"{TOP_TENSORS[parts[0]]}.{parts[1]}"
     return None
 
 
-def unpermute_rows(rows: mx.array, heads: int) -> mx.array:
-    """Undo llama.cpp's rotary permutation of a q/k projection (weight, scales or biases: rows first).
-    Within each head llama.cpp stores row pairs interleaved (0, d/2, 1, d/2+1, ...); mlx-lm's RoPE, like
-    Hugging Face's, wants the halves one after the other."""
+def quantization(header: Header) -> dict[str, Any] | None:
+    """config.json's `quantization` for the base kept quantized: each matrix at its type's bits."""
+    family = FAMILIES.get(header.metadata.get("general.architecture"))
+    bits = {_mlx_name(name, family).removesuffix(".weight"): QUANT_BITS[type_name(t.type_id)]
+            for name, t in header.tensors.items() if type_name(t.type_id) in QUANT_BITS}
+    if not bits:
+        return None
+    common = Counter(bits.values()).most_common(1)[0][0]
+    return {"group_size": GROUP_SIZE, "bits": common, "mode": "affine",
+            **{p: {"group_size": GROUP_SIZE, "bits": b, "mode": "affine"} for p, b in sorted(bits.items())
+               if b != common}}
+
+
+# ----------------------------------------------------------------------------- tensors
+
+
+def dequantized(path: Path, info: TensorInfo) -> np.ndarray:
+    """One tensor as float32 numpy (llama.cpp's row order), by the gguf package's dequantization."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    raw = np.fromfile(path, dtype=np.uint8, count=info.nbytes, offset=info.offset)
+    rows = int(np.prod(info.shape[:-1]))
+    kind = GGMLQuantizationType(info.type_id)
+    return dequantize(raw.reshape(rows, -1), kind).astype(np.float32, copy=False).reshape(info.shape)
+
+
+def unpermute_rows(rows: np.ndarray, heads: int) -> np.ndarray:
+    """Undo llama.cpp's rotary permutation of a llama q/k projection (rows first). Within each head
+    llama.cpp stores row pairs interleaved (0, d/2, 1, d/2+1, ...); mlx-lm's RoPE, like Hugging Face's,
+    wants the halves one after the other."""
     shape = rows.shape
     return rows.reshape(heads, shape[0] // heads // 2, 2, *shape[1:]).swapaxes(1, 2).reshape(shape)
 
 
-def mlx_weights(weights: dict[str, mx.array], config: dict[str, Any]) -> dict[str, mx.array]:
+def mlx_weights(path: Path, header: Header, config: dict[str, Any]) -> dict[str, mx.array]:
+    """Every tensor under mlx-lm's name and in its layout, float32."""
+    family = FAMILIES[header.metadata["general.architecture"]]
     heads = {"attn_q": config["num_attention_heads"], "attn_k": config["num_key_value_heads"]}
     out = {}
-    for name, value in weights.items():
+    for name, info in header.tensors.items():
+        if name == "rope_freqs.weight":
+            continue
+        value = dequantized(path, info)
         kind = name.split(".")[2] if name.startswith("blk.") else None
-        out[_mlx_name(name)] = unpermute_rows(value, heads[kind]) if kind in heads else value
+        if family.permuted_qk and kind in heads:
+            value = unpermute_rows(value, heads[kind])
+        if family.norm_offset and name.endswith("norm.weight"):
+            value = value - np.float32(family.norm_offset)
+        out[_mlx_name(name, family)] = mx.array(value)
     return out
 
 
+# Llama 3.1-3.3's rope scaling: llama.cpp stores its result (a factor per frequency) as `rope_freqs`, not the
+# parameters. They are found by matching the factors: transformers and mlx-lm take the parameters.
+LLAMA3_CANDIDATES = [(low, high, original) for low in (1.0, 2.0) for high in (4.0, 8.0)
+                     for original in (2048, 4096, 8192, 16384, 32768)]
+
+
+def llama3_factors(dims: int, base: float, factor: float, low: float, high: float, original: int) -> np.ndarray:
+    """The per-frequency divisors Llama 3's rope scaling applies (as llama.cpp's converter writes them)."""
+    wavelengths = 2 * np.pi * base ** (np.arange(0, dims, 2, dtype=np.float64) / dims)
+    smooth = np.clip((original / wavelengths - low) / (high - low), 0.0, 1.0)
+    return 1.0 / ((1 - smooth) / factor + smooth)
+
+
+def llama3_rope_scaling(path: Path, header: Header, config: dict[str, Any]) -> dict[str, Any]:
+    freqs = dequantized(path, header.tensors["rope_freqs.weight"]).astype(np.float64)
+    factor = float(freqs.max())
+    for low, high, original in LLAMA3_CANDIDATES:
+        expected = llama3_factors(config["head_dim"], config["rope_theta"], factor, low, high, original)
+        if expected.shape == freqs.shape and np.allclose(expected, freqs, rtol=1e-4):
+            return {"rope_type": "llama3", "factor": factor, "low_freq_factor": low, "high_freq_factor": high,
+                    "original_max_position_embeddings": original}
+    raise UserError(f"{path}: cannot load: its rope_freqs tensor is not Llama 3's rope scaling")
+
+
 def build_model(config: dict[str, Any], weights: dict[str, mx.array]) -> nn.Module:
-    """mlx-lm's llama with the file's weights; quantized matrices at their own bits."""
-    from mlx_lm.models import llama
+    """mlx-lm's model of the family with the (float) weights."""
+    from mlx_lm.utils import _get_classes
 
-    model = llama.Model(llama.ModelArgs.from_dict(config))
-    quantization = config.get("quantization")
-    if quantization:
-        def per_tensor(path: str, module: nn.Module) -> dict | bool:
-            if f"{path}.scales" not in weights:
-                return False
-            return quantization.get(path, {k: quantization[k] for k in ("group_size", "bits", "mode")})
-
-        nn.quantize(model, group_size=GROUP_SIZE, bits=quantization["bits"], class_predicate=per_tensor)
+    model_class, args_class = _get_classes(config)
+    model = model_class(args_class.from_dict(config))
+    if hasattr(model, "sanitize"):
+        weights = model.sanitize(weights)  # gemma3: no lm_head when the embedding is tied
     model.load_weights(list(weights.items()), strict=True)
     model.eval()
     mx.eval(model.parameters())
     return model
 
 
-def build_tokenizer(path: Path, metadata: dict[str, Any]) -> Any:
-    """The file's tokenizer as a Hugging Face fast tokenizer in mlx-lm's TokenizerWrapper."""
-    from mlx_lm.tokenizer_utils import TokenizerWrapper
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
-    from transformers import PreTrainedTokenizerFast
+def quantize_kept(model: nn.Module, plan: dict[str, Any], paths: set[str]) -> str:
+    """Quantize the matrices at `paths` (those the file holds quantized), each at its bits in `plan` (groups
+    of 32), in place; the weight error that costs against the file's values, per matrix kind (max and RMS
+    of the difference)."""
+    originals = {}
 
-    kind = metadata.get("tokenizer.ggml.model")
-    if kind != "gpt2":
-        raise UserError(f"{path}: tokenizer '{kind}': only byte-level BPE vocabularies ('gpt2') load; SentencePiece "
-                        "ones ('llama') do not yet")
-    pre = metadata.get("tokenizer.ggml.pre", "default")
-    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    if pre in GPT2_PRE:
-        split = byte_level
-    elif pre in DIGITS_PRE:
-        split = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
-    elif pre in LLAMA3_PRE:
-        split = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(LLAMA3_SPLIT), behavior="isolated"),
-                                         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-    else:
-        raise UserError(f"{path}: pre-tokenizer '{pre}' is not one this loader knows "
-                        f"({', '.join(GPT2_PRE + DIGITS_PRE + LLAMA3_PRE)})")
-    tokens = metadata["tokenizer.ggml.tokens"]
-    merges = [tuple(m.split(" ", 1)) for m in metadata.get("tokenizer.ggml.merges", [])]
-    tokenizer = Tokenizer(models.BPE({t: i for i, t in enumerate(tokens)}, merges,
-                                     ignore_merges=pre in LLAMA3_PRE))
-    tokenizer.pre_tokenizer = split
-    tokenizer.decoder = decoders.ByteLevel()
-    types = metadata.get("tokenizer.ggml.token_type") or [1] * len(tokens)
-    special = [AddedToken(t, special=kind_ == CONTROL, normalized=False)
-               for t, kind_ in zip(tokens, types) if kind_ in (CONTROL, USER_DEFINED)]
-    tokenizer.add_tokens(special)
+    def per_tensor(path: str, module: nn.Module) -> dict | bool:
+        if path not in paths:
+            return False
+        originals[path] = module.weight
+        return plan.get(path, {k: plan[k] for k in ("group_size", "bits", "mode")})
+
+    nn.quantize(model, group_size=GROUP_SIZE, bits=plan["bits"], class_predicate=per_tensor)
+    modules = dict(model.named_modules())
+    errors: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0])
+    for path, original in originals.items():
+        m = modules[path]
+        back = mx.dequantize(m.weight, m.scales, m.biases, m.group_size, m.bits)
+        diff = (back - original).astype(mx.float32)
+        kind = path.split(".")[-1] if ".layers." in path else path
+        entry = errors[f"{kind}@{m.bits}"]
+        entry[0] = max(entry[0], mx.abs(diff).max().item())
+        entry[1] += mx.sum(diff * diff).item()
+        entry[2] += diff.size
+    mx.eval(model.parameters())
+    return ", ".join(f"{kind.replace('@', ' ')}b max {e[0]:.2g} rms {(e[1] / e[2]) ** 0.5:.2g}"
+                     for kind, e in sorted(errors.items()))
+
+
+# ----------------------------------------------------------------------------- tokenizer
+
+
+def build_tokenizer(path: Path, header: Header) -> Any:
+    """The file's tokenizer (transformers' GGUF converter) in mlx-lm's TokenizerWrapper."""
+    from mlx_lm.tokenizer_utils import TokenizerWrapper
+    from tokenizers import pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+    from transformers.integrations.gguf.gguf_tokenizer_mapping import GGUF_TOKENIZER_MAPPING, convert_gguf_tokenizer
+
+    md = header.metadata
+    renames = GGUF_TOKENIZER_MAPPING["tokenizer"]
+    tokenizer_dict = {renames[k[len("tokenizer."):]]: v for k, v in md.items()
+                      if k.startswith("tokenizer.") and k[len("tokenizer."):] in renames}
+    try:
+        backend, _ = convert_gguf_tokenizer(md["general.architecture"], tokenizer_dict)
+    except Exception as err:  # noqa: BLE001 - whatever the file's vocabulary makes the converter raise
+        raise UserError(f"{path}: cannot load: its tokenizer cannot be built ({type(err).__name__}: "
+                        f"{(str(err).splitlines() or [''])[0][:200]})") from None
+    if md.get("tokenizer.ggml.pre") in DIGITS_PRE:
+        backend.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
+                                                         pre_tokenizers.ByteLevel(add_prefix_space=False)])
+    tokens = md["tokenizer.ggml.tokens"]
 
     def token_id(key: str) -> int | None:
-        index = metadata.get(f"tokenizer.ggml.{key}_token_id")
-        return index if index is not None and 0 <= index < len(tokens) else None
+        return md.get(f"tokenizer.ggml.{key}_token_id")
 
     def token(key: str) -> str | None:
         return None if token_id(key) is None else tokens[token_id(key)]
 
     bos = token("bos")
-    if metadata.get("tokenizer.ggml.add_bos_token") and bos is not None:
-        tokenizer.post_processor = processors.TemplateProcessing(
+    add_bos = md.get("tokenizer.ggml.add_bos_token", md.get("tokenizer.ggml.model") == "llama")
+    if add_bos and bos is not None:
+        backend.post_processor = processors.TemplateProcessing(
             single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, token_id("bos"))])
-    hf = PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token=bos, eos_token=token("eos"),
+    else:
+        backend.post_processor = None
+    hf = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token=bos, eos_token=token("eos"),
                                  unk_token=token("unknown"), pad_token=token("padding"),
-                                 chat_template=metadata.get("tokenizer.chat_template"),
+                                 chat_template=md.get("tokenizer.chat_template"),
                                  clean_up_tokenization_spaces=False)
-    # a chat model's end of turn (Llama 3's <|eot_id|>) ends a completion like its end of text
-    return TokenizerWrapper(hf, eos_token_ids=[i for i in (token_id("eos"), token_id("eot")) if i is not None])
+    # a chat model's end of turn (Llama 3's <|eot_id|>, gemma's <end_of_turn>) ends a completion too
+    ends = [i for i in (token_id("eos"), token_id("eot")) if i is not None]
+    if "<end_of_turn>" in hf.get_vocab():
+        ends.append(hf.convert_tokens_to_ids("<end_of_turn>"))
+    return TokenizerWrapper(hf, eos_token_ids=sorted(set(ends)))
+
+
+# ----------------------------------------------------------------------------- the three entry points
 
 
 def read_config(path: Path) -> dict[str, Any]:
-    weights, metadata = read_gguf(path)
-    return gguf_config(path, metadata, weights)
+    header = read_gguf(path)
+    config = gguf_config(path, header)
+    if config.get("rope_scaling", False) is None:
+        config["rope_scaling"] = llama3_rope_scaling(path, header, config)
+    quant = quantization(header)
+    if quant:
+        config["quantization"] = quant
+    return config
 
 
 def read_tokenizer(path: Path) -> Any:
-    return build_tokenizer(path, read_gguf(path)[1])
+    header = read_gguf(path)
+    gguf_config(path, header)
+    return build_tokenizer(path, header)
 
 
-def load_gguf(path: Path) -> tuple[nn.Module, Any, dict[str, Any]]:
-    """A llama-family GGUF file as (mlx-lm model, tokenizer, its Hugging Face config)."""
-    weights, metadata = read_gguf(path)
-    _read.cache_clear()  # the model holds what it needs; nothing else keeps the file's arrays alive
-    config = gguf_config(path, metadata, weights)
-    tokenizer = build_tokenizer(path, metadata)
-    return build_model(config, mlx_weights(weights, config)), tokenizer, config
+def load_gguf(path: Path, keep_quantized: bool = True) -> tuple[nn.Module, Any, dict[str, Any], str | None]:
+    """A GGUF file as (mlx-lm model, tokenizer, its Hugging Face config, what loading did). With
+    `keep_quantized`, the matrices the file holds quantized stay quantized (re-quantized to MLX's format);
+    otherwise every weight is the file's value, float32."""
+    header = read_gguf(path)
+    config = read_config(path)
+    tokenizer = build_tokenizer(path, header)
+    plain = {k: v for k, v in config.items() if k != "quantization"}
+    model = build_model(plain, mlx_weights(path, header, config))
+    quant = config.get("quantization")
+    if quant is None:
+        return model, tokenizer, config, None
+    types = ", ".join(sorted({type_name(t.type_id) for t in header.tensors.values()} - FLOAT_TYPES))
+    if not keep_quantized:
+        return model, tokenizer, plain, (f"the file's {types} tensors dequantized to float32 at load (llama.cpp's "
+                                         "values); quantized_base: keep re-quantizes them to MLX's format")
+    error = quantize_kept(model, quant, {p.removesuffix(".weight") for p in _quantized_names(header)})
+    return model, tokenizer, config, (f"the file's {types} tensors re-quantized to MLX affine, groups of "
+                                      f"{GROUP_SIZE}; weight error per kind: {error}")
+
+
+def _quantized_names(header: Header) -> list[str]:
+    family = FAMILIES[header.metadata["general.architecture"]]
+    return [_mlx_name(name, family) for name, t in header.tensors.items() if type_name(t.type_id) in QUANT_BITS]

@@ -113,6 +113,29 @@ def matmul_gflops(size: int = 512, repeats: int = 3) -> float:
     return 2 * size**3 / best / 1e9
 
 
+def matmul_peak_flops() -> float:
+    """The machine's fp32 matmul FLOP/s for the roofline and perf/mfu: the best of five 1024 x 1024 matmuls
+    (large enough for the BLAS to reach its speed, short enough to take well under a second)."""
+    return matmul_gflops(1024, repeats=5) * 1e9
+
+
+def stream_gb_s(megabytes: int = 256, rows: int = 8, repeats: int = 3) -> float:
+    """Best-of-`repeats` rate at which a matmul of `rows` rows reads a `megabytes` fp32 matrix: how fast
+    a decode step can read the weights (each is used once per row, so memory, not arithmetic, bounds it)."""
+    import mlx.core as mx
+
+    side = int((megabytes * 2**20 / 4) ** 0.5)
+    w = mx.random.normal((side, side))
+    x = mx.random.normal((rows, side))
+    mx.eval(w, x @ w)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        mx.eval(x @ w)
+        best = min(best, time.perf_counter() - start)
+    return w.nbytes / best / 1e9
+
+
 @dataclass
 class Machine:
     cpu: str

@@ -2,7 +2,8 @@
 
 Any Hugging Face-format MLX model directory (or hub id, where a hub is reachable)
 goes through `mlx_lm.load`, the shipped default model included; a llama-family GGUF file (or a directory
-holding one) through gguf.py, and `smollm2` names SmolLM2-135M-Instruct's GGUF (tools/smollm2.py).
+holding one) through gguf.py; `smollm2` names SmolLM2-135M-Instruct's GGUF (tools/smollm2.py) and
+`gemma3-270m` gemma-3-270m's (tools/gemma3.py).
 """
 
 from __future__ import annotations
@@ -63,12 +64,15 @@ def resolve_model_path(model_id: str, base_dir: Path, need_weights: bool = True)
     """A local model directory (checked to be a model; `need_weights` False: a config.json is enough), a
     GGUF file, or, failing those, a hub id."""
     from .gguf import find_gguf
+    from .tools.gemma3 import MODEL_ID as GEMMA3, gemma3_path
     from .tools.smollm2 import MODEL_ID as SMOLLM2, smollm2_path
 
     if model_id == DEFAULT_MODEL:
         return str(DEFAULT_MODEL_DIR)
     if model_id == SMOLLM2:
         return str(smollm2_path(download=True))
+    if model_id == GEMMA3:
+        return str(gemma3_path(download=True))
     candidate = Path(model_id).expanduser()
     if not candidate.is_absolute():
         local = base_dir / candidate
@@ -158,7 +162,11 @@ def load_policy(config: TrainConfig, base_dir: Path) -> tuple[nn.Module, Any]:
     path = resolve_model_path(config.model_id, base_dir)
     _refuse_non_object_config(Path(path))
     try:
-        model, tokenizer = load_gguf(Path(path))[:2] if is_gguf(path) else load(path)
+        if is_gguf(path):
+            model, tokenizer, _, note = load_gguf(Path(path), keep_quantized=keeps_gguf_quantized(path, config))
+            model.load_note = note  # said at start by `dequantize_base`
+        else:
+            model, tokenizer = load(path)
     except UserError:
         raise
     except Exception as err:  # noqa: BLE001 - whatever a user's directory makes mlx-lm raise: config keys
@@ -179,15 +187,24 @@ def load_policy(config: TrainConfig, base_dir: Path) -> tuple[nn.Module, Any]:
     return model, tokenizer
 
 
+def keeps_gguf_quantized(path: str, config: TrainConfig) -> bool:
+    """Whether a GGUF file's quantized matrices stay quantized (re-quantized to MLX's format), by the rule
+    `dequantize_base` applies to any quantized base; else they are read as plain float32, the file's values."""
+    from .gguf import read_gguf
+
+    weights = sum(t.size for t in read_gguf(Path(path)).tensors.values())
+    return not dequantizes(config, weights * DTYPES[resolve_dtype(config)].size)
+
+
 def dequantize_base(model: nn.Module, config: TrainConfig) -> str | None:
     """A quantized base made plain (in the run's dtype) when `quantized_base` says so; the line that says
-    what it cost, or None when the model is left as it is."""
+    what it cost (or what loading a GGUF file did), or None when the model is left as it is."""
     if not is_quantized(model):
-        return None
+        return getattr(model, "load_note", None)
     dtype = resolve_dtype(config)
     plain_bytes = count_parameters(model)[0] * DTYPES[dtype].size
     if not dequantizes(config, plain_bytes):
-        return None
+        return getattr(model, "load_note", None)  # a GGUF file's re-quantization and the error it cost
     from mlx_lm.utils import dequantize_model
 
     before = parameter_bytes(model)

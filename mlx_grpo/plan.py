@@ -75,6 +75,19 @@ HEAD_REFERENCE_CHUNKED = 9.5
 HEAD_ENTROPY = 1.25
 # A half-precision head first writes its logits in bf16, then casts them to float32: one more buffer.
 HEAD_HALF_PRECISION = 1.0
+# The streamed head (update.streamed_head_scores: a frozen head's log-probs a block of the vocabulary at a
+# time, the default under LoRA and for every reference pass) holds about this many fp32 values per logit of
+# one block (the logits, their shifted copy and exponentials, the next block's queued; measured 6.2 with the
+# head alone at hidden 64 and 16k vocabulary), plus a few [positions, hidden] fp32 buffers (the hidden
+# states, the targets' rows of the head, the softmax-weighted mean row and its block's part, the gradient).
+HEAD_STREAMED = 6.5
+HEAD_STREAMED_ROWS = 5.0
+# ... and a copy of one block of the head's rows, [block, hidden] (fitted: the reference pass at Qwen2.5-0.5B
+# width, 256 positions, measured 46.2 MB above what stays resident; the formula without it said 31.9)
+HEAD_STREAMED_WEIGHT = 1.1
+# When one block holds the whole vocabulary, the update's streamed head holds its logits about this many
+# times (fitted: tests/test_plan.py's measured step, 4,096-token vocabulary)
+HEAD_STREAMED_ONE_BLOCK = 1.0
 # A decode step's sampling: bytes per fp32 logit of the step's [rows, vocabulary] logits (the logits, their
 # shifted exponentials and cumulative sum, the comparisons that draw the id; the next step's logits are
 # queued while this step's are used). Measured 5.5-5.6 with the prefill's share (SmolLM2's 49k vocabulary,
@@ -303,6 +316,9 @@ def predict(shape: ModelShape, shapes: Shapes, config: TrainConfig, settings: Me
     # after it in the backward pass, so their transient buffers and the head's never coincide: a phase's
     # peak is the larger of the two, on top of what the backward pass keeps.
     chunked = shape.plain_head and 0 < settings.logits_chunk_size < t
+    # a frozen plain head is streamed when no chunk size is set: the reference pass always, the update under LoRA
+    streamed = shape.plain_head and settings.logits_chunk_size == 0
+    from .update import vocab_block
     # a model's own head runs over every position of the sequence, prompt included
     head_positions = settings.logits_chunk_size if chunked else t if shape.plain_head else s
     half = HEAD_HALF_PRECISION if d == 2 else 0.0
@@ -322,14 +338,27 @@ def predict(shape: ModelShape, shapes: Shapes, config: TrainConfig, settings: Me
             if shared and prompts < rows else 0.0
         logits = rows * head_positions * shape.vocab * 4
         entropy_logits = rows * -(-t // entropy_stride(t)) * shape.vocab * 4
-        reference = max(logits * ((HEAD_REFERENCE_CHUNKED if chunked else HEAD_REFERENCE) + half),
+        scored = rows * t  # completion positions whose log-probs the head gives
+        block = min(shape.vocab, vocab_block(scored, shape.hidden))
+        # one block for the whole vocabulary is the whole head's logits, once (no next block queued, no copy)
+        blocks = block < shape.vocab
+        def stream(one_block: float) -> float:
+            return (scored * block * 4 * ((HEAD_STREAMED if blocks else one_block) + half)
+                    + scored * shape.hidden * 4 * HEAD_STREAMED_ROWS
+                    + blocks * block * shape.hidden * 4 * HEAD_STREAMED_WEIGHT)
+        reference_head = stream(HEAD_REFERENCE) if streamed else logits * ((HEAD_REFERENCE_CHUNKED if chunked else HEAD_REFERENCE)
+                                                           + half)
+        reference = max(reference_head,
                         positions * width * act * A_FORWARD + A_ATTENTION_FORWARD * attention + prompt_cache)
         one_block = positions * (width * A_KEPT + A_KEPT_PER_POSITION) * act
         if settings.grad_checkpoint:  # block inputs are kept; each block is recomputed in its backward
             kept, recomputed = trained_layers * positions * shape.hidden * d * A_CHECKPOINTED, one_block
         else:
             kept, recomputed = trained_layers * (one_block + A_ATTENTION_KEPT * attention), 0.0
-        head = logits * ((HEAD_UPDATE_CHUNKED if chunked else HEAD_UPDATE) + half) + entropy_logits * HEAD_ENTROPY
+        if streamed and config.use_lora:  # policy/entropy comes with the streamed log-probs
+            head = stream(HEAD_STREAMED_ONE_BLOCK)
+        else:
+            head = logits * ((HEAD_UPDATE_CHUNKED if chunked else HEAD_UPDATE) + half) + entropy_logits * HEAD_ENTROPY
         update = gradients + kept + max(head, A_ATTENTION_BACKWARD * attention + recomputed + prompt_cache)
         return reference, update
 
@@ -504,6 +533,12 @@ def parse_memory(text: str) -> float:
     return value
 
 
+def _on_gpu() -> bool:
+    import mlx.core as mx
+
+    return mx.default_device().type == mx.gpu
+
+
 def this_machine_budget() -> tuple[float, str]:
     import mlx.core as mx
     import psutil
@@ -590,13 +625,16 @@ def make_plan(config: TrainConfig, base_dir: Path, memory: str | None = None) ->
         budget, source = mac_working_set(size), f"the recommended working set of a {size:g} GB Mac"
     else:
         budget, source = this_machine_budget()
+    # which machine the dtype, precision and peaks are for: a Mac plans bfloat16 on its GPU, this CPU float32
+    machine = (f"a {parse_memory(memory):g} GB Mac's GPU" if memory is not None else
+               f"this machine's {'GPU' if _on_gpu() else 'CPU'}")
     longest = longest_prompt_tokens(config, base_dir)
     prompt_length = config.max_prompt_length if longest is None else min(longest, config.max_prompt_length)
     shapes = Shapes(config.batch_size, config.num_generations, prompt_length, config.max_generation_steps)
     lora_dtype = resolve_dtype(replace(config, use_lora=True), gpu=True if memory is not None else None)
     verdict = plan(shape, shapes, config, dtype, budget, source, lora_dtype)
     facts = {"model": config.model_id, "parameters": shape.parameters(), "layers": shape.layers,
-             "vocab": shape.vocab, "dtype": dtype, "bits": shape.bits, "dequantized": dequantized,
+             "vocab": shape.vocab, "dtype": dtype, "bits": shape.bits, "dequantized": dequantized, "machine": machine,
              "prompts": shapes.prompts,
              "group_size": shapes.group_size, "prompt_length": shapes.prompt_length,
              "prompt_length_from": "max_prompt_length" if longest is None else "the dataset's longest prompt",

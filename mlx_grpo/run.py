@@ -23,7 +23,7 @@ from .data import load_datasets
 from .errors import UserError
 from .extras import entropy_dump
 from .distributed import init_world
-from .machine import accel_memory, describe_device, share_memory_with, versions, wire_memory
+from .machine import accel_memory, describe_device, matmul_peak_flops, share_memory_with, versions, wire_memory
 from .models import chunk_ignored, count_parameters, resolve_dtype
 from .plan import fit_run
 from .resume import last_record, log_positions, resumable_checkpoint, resume_command, truncate_logs
@@ -102,6 +102,7 @@ def open_run(config: TrainConfig, base_dir: Path, resume_dir: Path | None) -> Ru
         main_dir, lock = (resume_dir, RunLock(resume_dir).acquire()) if resume_dir else new_run_dir(config)
     run_dir = Path(world.from_main(str(main_dir) if world.is_main else ""))
     memory_warning = wire_memory(resident_bytes(trainer), planned_peak)
+    trainer.peak_flops_per_s = matmul_peak_flops()  # perf/mfu's denominator
     # resume: the checkpoint's weights, optimiser and data order; the logs cut back to it
     saved: dict[str, Any] = {}
     if checkpoint is not None:

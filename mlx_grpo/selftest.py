@@ -334,7 +334,7 @@ def check_resume(base_dir: Path, work: Path) -> Check:
     a, b = final_weights(whole), final_weights(resumed)
     diff = max(max_difference(perturbed("resume", a[k]), b[k]) for k in a)
     records = [[json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()] for run in (whole, resumed)]
-    clock = ("time", "timing/", "system/", "throughput/", "memory/")  # measured, not computed
+    clock = ("time", "timing/", "system/", "throughput/", "perf/", "memory/")  # measured, not computed
     computed = [[{k: v for k, v in r.items() if not k.startswith(clock)}
                  for r in rs if r.get("step", 0) > 2] for rs in records]
     same_records = computed[0] == computed[1]

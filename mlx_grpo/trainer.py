@@ -38,9 +38,10 @@ from .rollout import Rollout, SamplingSettings, decode_completion, generate
 from .tasks.answer_format import extract_answer, extract_reasoning
 from .telemetry.metrics.step_data import StepData, UpdateStats, eval_record
 from .telemetry.metrics.names import REDRAWN_PROMPTS
-from .plan import fit_run
-from .update import (TrainBatch, UpdateResult, build_train_batch, checkpoint_blocks, make_loss_fn, reference_logprobs,
-                     update_policy)
+from .plan import ModelShape, fit_run, read_model_shape
+from . import roofline
+from .update import (TrainBatch, UpdateResult, build_train_batch, checkpoint_blocks, entropy_stride, make_loss_fn,
+                     reference_logprobs, shares_prompts, update_policy)
 
 
 # ----------------------------------------------------------------------------- setup pieces
@@ -187,6 +188,14 @@ class Drawn:
                      Scored.concat([p.scored for p in parts]))
 
 
+def model_shape(config: TrainConfig, base_dir: Path) -> ModelShape | None:
+    """The model's shape from its config.json, for the step's FLOPs; None where it cannot be read."""
+    try:
+        return read_model_shape(config.model_id, base_dir)
+    except UserError:
+        return None
+
+
 @dataclass
 class Trainer:
     """Everything one step needs, built once per run."""
@@ -204,6 +213,8 @@ class Trainer:
     world: World = field(default_factory=World)  # data-parallel ranks (size 1: one process)
     window: WindowController | None = None  # adaptive generation window, when enabled
     correctness: Check | None = None  # which completions are correct; None: accuracy cannot be measured
+    shape: ModelShape | None = None  # the model's shape, for the step's FLOPs (None: perf/mfu not computed)
+    peak_flops_per_s: float = 0.0  # the machine's measured matmul FLOP/s, set by the run (0: no perf/mfu)
 
     @classmethod
     def build(cls, config: TrainConfig, base_dir: Path, rows: tuple[list[dict], list[dict]] | None = None,
@@ -233,7 +244,19 @@ class Trainer:
                    make_optimizer(config),
                    loss_and_grad=nn.value_and_grad(policy.model, make_loss_fn(config)),
                    settings=SamplingSettings(config.temperature, config.top_p, config.top_k, config.min_p),
-                   world=world, window=window, correctness=correctness)
+                   world=world, window=window, correctness=correctness, shape=model_shape(config, base_dir))
+
+    def step_flops(self, batch: TrainBatch, prompt_length: int) -> float:
+        """The step's floating-point work at its padded lengths (mlx_grpo/roofline.py), 0 without a shape."""
+        if self.shape is None:
+            return 0.0
+        config = self.config
+        training = roofline.Training(config.use_lora, config.lora_rank, config.lora_layers)
+        rows, width = batch.num_sequences, int(batch.mask.shape[1])
+        phases = roofline.step_work(self.shape, training, len(batch.prompts) or rows, rows, prompt_length, width,
+                                    -(-width // entropy_stride(config.max_generation_steps)), config.num_iterations,
+                                    self.reference is not None, shares_prompts(self.policy.model, batch))
+        return sum(work.flops for work in phases.values())
 
     # ------------------------------------------------------------------ phases
 
@@ -365,6 +388,8 @@ class Trainer:
                                                   update.token_stats["token_varentropy"], trained.prompts,
                                                   trained.completions)
                           if update.token_stats and step % config.entropy_logging.every == 0 else None),
+            flops=self.step_flops(batch, max(len(e.tokens) for e in prompts.encoded)),
+            peak_flops_per_s=self.peak_flops_per_s,
         )
         return self.world.gather(data)
 

@@ -181,3 +181,154 @@ def reference_llama(path: Path):
     model.load_weights([(back[name], mx.array(value)) for name, value in tensors.items()], strict=True)
     mx.eval(model.parameters())
     return model
+
+
+# ----------------------------------------------------------------------------- every family, every type
+
+# mlx-lm's module names -> llama.cpp's, per family (llama.cpp's tensor mapping, written out here on their own)
+FAMILY_NAMES = {
+    "llama": GGUF_NAMES,
+    "qwen2": GGUF_NAMES,
+    "qwen3": {**GGUF_NAMES, "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm"},
+    "gemma3": {**GGUF_NAMES, "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
+               "pre_feedforward_layernorm": "ffn_norm", "post_attention_layernorm": "post_attention_norm",
+               "post_feedforward_layernorm": "post_ffw_norm"},
+}
+# where the f16 scales of a K-quant block sit (ggml's block_q*_K structs), so random blocks decode to finite values
+K_SCALE_OFFSETS = {"Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
+
+
+def family_gguf_name(family: str, name: str) -> str:
+    if name.startswith("model.layers."):
+        _, _, index, rest = name.split(".", 3)
+        module, leaf = rest.rsplit(".", 1)
+        return f"blk.{index}.{FAMILY_NAMES[family][module]}.{leaf}"
+    return {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+            "lm_head.weight": "output.weight"}[name]
+
+
+def encode_tensor(values: np.ndarray, type_name: str, rng: np.random.Generator) -> tuple[np.ndarray, object]:
+    """`values` in ggml type `type_name`: float types and the legacy quants by the gguf package's own
+    quantizer; K-quants (which it cannot write) as random blocks with sane scales, the values then being
+    whatever those blocks decode to."""
+    import gguf
+
+    kind = gguf.GGMLQuantizationType[type_name]
+    if type_name == "F32":
+        return values.astype(np.float32), kind
+    if type_name in K_SCALE_OFFSETS:
+        block, size = gguf.GGML_QUANT_SIZES[kind]
+        blocks = rng.integers(0, 256, size=(values.size // block, size), dtype=np.uint8)
+        for offset in K_SCALE_OFFSETS[type_name]:
+            scales = rng.uniform(0.002, 0.02, size=len(blocks)).astype(np.float16)
+            blocks[:, offset:offset + 2] = scales.view(np.uint8).reshape(-1, 2)
+        return blocks.reshape(values.shape[0], -1), kind
+    return gguf.quants.quantize(values.astype(np.float32), kind), kind
+
+
+def llama3_rope_factors(dims: int, base: float, scaling: dict) -> np.ndarray:
+    """llama.cpp's convert_hf_to_gguf `rope_freqs` for Llama 3.1+'s rope scaling."""
+    factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+    original = scaling["original_max_position_embeddings"]
+    factors = []
+    for freq in 1.0 / (base ** (np.arange(0, dims, 2, dtype=np.float64) / dims)):
+        wavelength = 2 * np.pi / freq
+        if wavelength < original / high:
+            factors.append(1.0)
+        elif wavelength > original / low:
+            factors.append(factor)
+        else:
+            smooth = (original / wavelength - low) / (high - low)
+            factors.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(factors, dtype=np.float32)
+
+
+def write_family_gguf(path: Path, family: str, model, config: dict, tokenizer: dict, types=("F32",),
+                      seed: int = 0) -> Path:
+    """`model` (an mlx-lm model of `family`) as llama.cpp writes it, with the gguf package's writer: its
+    names, llama's q/k rows permuted, gemma's norms stored as 1 + weight, Llama 3's rope scaling as a
+    `rope_freqs` tensor. Matrices take the tensor types of `types` in turn (norms and biases stay F32, as
+    llama.cpp keeps them); `tokenizer`: the tokenizer.ggml.* values."""
+    import gguf
+
+    rng = np.random.default_rng(seed)
+    writer = gguf.GGUFWriter(str(path), family)
+    writer.add_block_count(config["num_hidden_layers"])
+    writer.add_context_length(config.get("max_position_embeddings", 2048))
+    writer.add_embedding_length(config["hidden_size"])
+    writer.add_feed_forward_length(config["intermediate_size"])
+    writer.add_head_count(config["num_attention_heads"])
+    writer.add_head_count_kv(config["num_key_value_heads"])
+    writer.add_key_length(config["head_dim"])
+    writer.add_value_length(config["head_dim"])
+    writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
+    writer.add_rope_freq_base(config["rope_theta"])
+    if family == "gemma3":
+        writer.add_sliding_window(config["sliding_window"])
+    writer.add_tokenizer_model(tokenizer["model"])
+    if "pre" in tokenizer:
+        writer.add_tokenizer_pre(tokenizer["pre"])
+    writer.add_token_list(tokenizer["tokens"])
+    writer.add_token_types(tokenizer["types"])
+    if "scores" in tokenizer:
+        writer.add_token_scores(tokenizer["scores"])
+    if "merges" in tokenizer:
+        writer.add_token_merges(tokenizer["merges"])
+    writer.add_bos_token_id(tokenizer["bos"])
+    writer.add_eos_token_id(tokenizer["eos"])
+    writer.add_add_bos_token(tokenizer.get("add_bos", False))
+    if "chat_template" in tokenizer:
+        writer.add_chat_template(tokenizer["chat_template"])
+    if config.get("rope_scaling"):
+        writer.add_tensor("rope_freqs.weight", llama3_rope_factors(config["head_dim"], config["rope_theta"],
+                                                                    config["rope_scaling"]))
+    heads = {"attn_q": config["num_attention_heads"], "attn_k": config["num_key_value_heads"]}
+    matrices = 0
+    for name, value in tree_flatten(model.parameters()):
+        target = family_gguf_name(family, name)
+        array = np.array(value.astype(mx.float32))
+        kind = target.split(".")[2] if target.startswith("blk.") else None
+        if family == "llama" and kind in heads:
+            array = llama_cpp_permute(array, heads[kind])
+        if family == "gemma3" and target.endswith("norm.weight"):
+            array = array + 1
+        if array.ndim == 2:
+            data, raw_dtype = encode_tensor(array, types[matrices % len(types)], rng)
+            matrices += 1
+            writer.add_tensor(target, data, raw_dtype=raw_dtype)
+        else:
+            writer.add_tensor(target, array.astype(np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def sentencepiece_vocab(words: list[str]) -> dict:
+    """A small SentencePiece (BPE, byte fallback) vocabulary as llama.cpp stores gemma's: control tokens,
+    the 256 byte tokens, then pieces (spaces as U+2581) scored in merge order."""
+    tokens = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"]
+    types = [3, 3, 3, 2, 3, 3]
+    tokens += [f"<0x{b:02X}>" for b in range(256)]
+    types += [6] * 256
+    pieces: list[str] = []
+    for word in words:
+        word = "\u2581" + word if not word.startswith("\u2581") else word
+        for end in range(1, len(word) + 1):
+            for start in range(end):
+                piece = word[start:end]
+                if piece not in pieces and piece not in tokens:
+                    pieces.append(piece)
+    pieces.sort(key=len)
+    tokens += pieces
+    types += [1] * len(pieces)
+    scores = [0.0] * (len(tokens) - len(pieces)) + [-float(i) for i in range(len(pieces))]
+    return {"model": "llama", "pre": "default", "tokens": tokens, "types": types, "scores": scores, "bos": 2,
+            "eos": 1, "add_bos": True}
+
+
+def byte_level_tokenizer(words: list[str]) -> dict:
+    tokens, merges = byte_level_vocab(words)
+    return {"model": "gpt2", "pre": "qwen2", "tokens": tokens, "merges": merges,
+            "types": [3, 3, 3] + [1] * (len(tokens) - 3), "bos": 0, "eos": 2, "chat_template": CHATML}

@@ -48,6 +48,13 @@ def test_bench_json_validates_and_every_figure_is_positive(report):
     peaks = report["paths"]["step"]["peak_memory_bytes"]
     assert set(peaks) == {"rollout", "ref", "update"} and min(peaks.values()) > 0
     assert report["machine"]["blas"] in ("OpenBLAS", "reference BLAS", "Accelerate", "other")
+    # the roofline: every timed phase's work from the model's shape; its goals wait for full-speed passes
+    roof = report["roofline"]
+    assert {"rollout", "reference", "update", "step"} <= set(roof["paths"])
+    assert roof["paths"]["step"]["flops"] > roof["paths"]["update"]["flops"] > roof["paths"]["reference"]["flops"] > 0
+    assert roof["paths"]["rollout"]["bytes"] > 0 and roof["peak_flops_per_s"] > 0
+    assert roof["update_pass_flops"] < 5e10 and not any(g["name"].endswith(("of_peak", "of_roofline"))
+                                                         for g in report["goals"])
 
 
 def test_schema_rejects_a_report_missing_figures(report):

@@ -42,6 +42,7 @@ SKIPPED: dict[str, str] = {
     'pip install -e ".[trackio]"': NETWORK,
     "pip install -e '.[report]'": NETWORK,
     "pip install -e '.[data]'": NETWORK,
+    "pip install -e '.[mcp]'": NETWORK,
     'mlx-grpo watch': SCREEN,
     'mlx-grpo train configs/lora_qwen_gsm8k.yaml': NETWORK + "; tests/test_config_paths_aliases.py loads it",
     'mlx-grpo train configs/lora_qwen_gsm8k.yaml --dataset my_gsm8k.jsonl':

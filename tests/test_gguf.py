@@ -45,7 +45,7 @@ def tiny(tmp_path_factory):
 
 def test_a_gguf_file_loads_as_the_model_it_was_written_from(tiny):
     path, source = tiny
-    model, tokenizer, config = load_gguf(path)
+    model, tokenizer, config, _ = load_gguf(path)
     ids = mx.array([[1, 40, 7, 99, 250, 3, 2, 270]])
     # q/k rows un-permuted: the same logits as the source model under mlx-lm's usual RoPE
     assert np.allclose(np.array(model(ids)), np.array(source(ids)), atol=1e-5)
@@ -74,7 +74,7 @@ def test_an_end_of_turn_token_ends_completions_too(tiny, tmp_path):
 def test_unpermuting_undoes_llama_cpp_and_nothing_else(tiny):
     """Without the un-permutation the logits differ: the test above would catch a loader that skipped it."""
     path, source = tiny
-    model, _, _ = load_gguf(path)
+    model = load_gguf(path)[0]
     attn = model.model.layers[0].self_attn
     attn.q_proj.weight = mx.array(llama_cpp_permute(np.array(attn.q_proj.weight), 4))
     ids = mx.array([[5, 6, 7, 8]])
@@ -98,9 +98,9 @@ def test_unsupported_gguf_files_get_one_line(tiny, tmp_path, capsys):
     path, source = tiny
     tokens, merges = byte_level_vocab(WORDS)
     cases = {
-        "arch.gguf": ({"general.architecture": "qwen2"}, "architecture 'qwen2': only llama-family GGUF files load"),
-        "spm.gguf": ({"tokenizer.ggml.model": "llama"}, "tokenizer 'llama': only byte-level BPE"),
-        "pre.gguf": ({"tokenizer.ggml.pre": "qwen2"}, "pre-tokenizer 'qwen2' is not one this loader knows"),
+        "arch.gguf": ({"general.architecture": "mamba"}, "architecture 'mamba' (these load: llama, mistral, qwen2"),
+        "tok.gguf": ({"tokenizer.ggml.model": "bert"}, "tokenizer 'bert' (byte-level BPE 'gpt2' and SentencePiece"),
+        "pre.gguf": ({"tokenizer.ggml.pre": "unknown-pre"}, "pre-tokenizer 'unknown-pre' is not one this loader knows"),
     }
     for name, (metadata, expected) in cases.items():
         bad = write_llama_gguf(tmp_path / name, source, TINY, tokens, merges, metadata)
@@ -108,7 +108,8 @@ def test_unsupported_gguf_files_get_one_line(tiny, tmp_path, capsys):
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and expected in err[0] and "Traceback" not in err[0], err
     for content, expected in ((b"not a model" * 8, "cannot be read as GGUF"),
-                              (b"GGUF" + b"\0" * 64, "no 'general.architecture' in its metadata")):
+                              (b"GGUF" + b"\0" * 64, "GGUF version 0; versions 2 and 3 are read"),
+                              (b"GGUF\3\0\0\0" + b"\0" * 64, "no 'general.architecture' in its metadata")):
         (tmp_path / "junk.gguf").write_bytes(content)
         assert main(["train", "--model-id", str(tmp_path / "junk.gguf"), *FAST]) == 2
         err = capsys.readouterr().err.strip().splitlines()
@@ -118,18 +119,27 @@ def test_unsupported_gguf_files_get_one_line(tiny, tmp_path, capsys):
 def test_train_plan_eval_and_export_of_a_gguf_run(tiny, tmp_path, capsys):
     path, _ = tiny
     runs = tmp_path / "runs"
-    assert main(["train", "--model-id", str(path), *FAST, "--monitoring-dir", str(runs), "--run-name", "g"]) == 0
+    assert main(["train", "--model-id", str(path), *FAST, "--system-prompt", "Be brief.", "--monitoring-dir",
+                 str(runs), "--run-name", "g"]) == 0
     run = runs / "g"
     assert (run / "checkpoints" / "step_1" / "adapters.safetensors").is_file()
     capsys.readouterr()
     assert main(["plan", "--set", f"model_id={path}", "--json"]) in (0, 1)
     plan = json.loads(capsys.readouterr().out)
     assert plan["layers"] == 2 and plan["vocab"] == len(byte_level_vocab(WORDS)[0])
+    assert plan["machine"] == "this machine's CPU" and plan["dtype"] == "float32"  # which machine the figures are for
     assert plan["prompt_length_from"] == "the dataset's longest prompt" and plan["prompt_length"] < 256
     assert main(["eval", str(run), "--limit", "4", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["rows"] == 4
+    half = tmp_path / "export-bf16"  # by default the source's size: a GGUF file's weights as bfloat16
+    assert main(["export", str(run), "--out", str(half), "--fuse"]) == 0
+    printed = capsys.readouterr().out
+    assert "bfloat16" in printed and "--system-prompt 'Be brief.'" in printed  # the try: line, as the run prompted
+    assert json.loads((half / "config.json").read_text())["torch_dtype"] == "bfloat16"
+    assert load(str(half))[0].model.norm.weight.dtype == mx.bfloat16
     out = tmp_path / "export"
-    assert main(["export", str(run), "--out", str(out), "--fuse"]) == 0
+    assert main(["export", str(run), "--out", str(out), "--fuse", "--float32"]) == 0
+    assert (out / "model.safetensors").stat().st_size > 1.9 * (half / "model.safetensors").stat().st_size
     model, tokenizer = load(str(out))  # mlx-lm loads it as any Hugging Face directory
     from mlx_grpo.export import load_trained
 
@@ -219,27 +229,12 @@ MORE_ANSWERS = {"How many legs does a dog have?": "4", "What color is the sky on
 @pytest.fixture(scope="module")
 def smollm2():
     """The GGUF file (downloaded into the cache on first use: `python -m mlx_grpo.tools.smollm2`)."""
-    from mlx_grpo import gguf
     from mlx_grpo.tools.smollm2 import smollm2_path
 
-    if gguf._mlx_version() < gguf.QUANTIZED_GGUF_MLX:  # the floor test: refused, see the test below
-        pytest.skip(f"quantized GGUF files need MLX >= {gguf.QUANTIZED_GGUF_MLX}")
     try:
         return smollm2_path(download=True)
     except UserError as err:  # offline: nothing to test against
         pytest.skip(str(err))
-
-
-def test_an_mlx_that_misreads_quantized_gguf_blocks_is_refused_in_one_line(smollm2, monkeypatch):
-    from mlx_grpo import gguf
-
-    monkeypatch.setattr(gguf, "_mlx_version", lambda: (0, 30, 4))
-    gguf._read.cache_clear()
-    try:
-        with pytest.raises(UserError, match=r"quantized tensors need MLX >= 0\.32\.4 \(this is 0\.30\.4\)"):
-            gguf.read_gguf(smollm2)
-    finally:
-        gguf._read.cache_clear()
 
 
 def test_smollm2_path_says_how_to_get_the_file_when_it_is_not_here(tmp_path, monkeypatch, capsys):
@@ -264,7 +259,8 @@ def greedy(model, tokenizer, question: str, tokens: int) -> str:
 
 
 def test_smollm2_loads_with_its_shape_parameters_and_tokenizer(smollm2):
-    model, tokenizer, config = load_gguf(smollm2)
+    model, tokenizer, config, note = load_gguf(smollm2)
+    assert "Q4_1, Q8_0 tensors re-quantized to MLX affine" in note
     assert (config["num_hidden_layers"], config["hidden_size"], config["num_attention_heads"],
             config["num_key_value_heads"], config["vocab_size"]) == (30, 576, 9, 3, 49152)
     assert config["tie_word_embeddings"] and config["rope_theta"] == 100000.0
@@ -277,29 +273,23 @@ def test_smollm2_loads_with_its_shape_parameters_and_tokenizer(smollm2):
 
 
 def reference_and_ours(path: Path):
-    model, tokenizer, _ = load_gguf(path)
-    config = load_config(None, {"model_id": str(path), "use_lora": True, "quantized_base": "dequantize"})
-    dequantize_base(model, config)  # fp32: fast on the CPU backend
+    model, tokenizer, _, _ = load_gguf(path, keep_quantized=False)  # the file's values in fp32, as on the CPU
     return model, tokenizer, reference_llama(path)
 
 
 def test_smollm2_weights_and_greedy_answers_match_an_independent_conversion(smollm2):
     """The loader against a reference built from the file's bytes with numpy (its own GGUF parser and block
     dequantization, llama.cpp's row order with interleaved RoPE): the same weights, the same greedy text."""
-    model, tokenizer, _ = load_gguf(smollm2)
+    model = load_gguf(smollm2, keep_quantized=False)[0]
     tensors, _ = read_gguf_numpy(smollm2)
     for index, name, heads in ((0, "attn_q", 9), (29, "attn_k", 3), (7, "ffn_down", None)):
         layer = model.model.layers[index]
         module = {"attn_q": layer.self_attn.q_proj, "attn_k": layer.self_attn.k_proj,
                   "ffn_down": layer.mlp.down_proj}[name]
-        weight = np.array(mx.dequantize(module.weight, module.scales.astype(mx.float32),
-                                        module.biases.astype(mx.float32), module.group_size, module.bits))
-        ours = llama_cpp_permute(weight, heads) if heads else weight
+        ours = llama_cpp_permute(np.array(module.weight), heads) if heads else np.array(module.weight)
         assert np.array_equal(ours, tensors[f"blk.{index}.{name}.weight"]), name
-    embedding = model.model.embed_tokens  # Q8_0: 8-bit, beside the 4-bit blocks
-    assert np.array_equal(np.array(mx.dequantize(embedding.weight, embedding.scales.astype(mx.float32),
-                                                 embedding.biases.astype(mx.float32), 32, 8)),
-                          tensors["token_embd.weight"])
+    # Q8_0, beside the Q4_1 blocks
+    assert np.array_equal(np.array(model.model.embed_tokens.weight), tensors["token_embd.weight"])
     del tensors, model
     model, tokenizer, reference = reference_and_ours(smollm2)
     for question, expected in ANSWERS.items():
@@ -333,7 +323,7 @@ def test_smollm2_longer_answers_match_the_reference_and_the_4bit_model_answers_a
     for question, expected in MORE_ANSWERS.items():
         ours, theirs = greedy(model, tokenizer, question, 24), greedy(reference, tokenizer, question, 24)
         assert ours == theirs and expected in ours, (question, ours, theirs)
-    quantized = load_gguf(smollm2)[0]  # as it is: MLX's quantized matmul on the file's Q4_1/Q8_0 blocks
+    quantized = load_gguf(smollm2)[0]  # kept 4-bit: MLX's quantized matmul on the re-quantized Q4_1/Q8_0 blocks
     for question, expected in ANSWERS.items():
         assert expected in greedy(quantized, tokenizer, question, 12), question
 
@@ -351,3 +341,77 @@ def test_smollm2_trains_and_exports_with_the_4bit_base_as_it_is(smollm2, tmp_pat
     assert main(["export", str(runs / "q4"), "--out", str(export), "--fuse"]) == 0
     model, tokenizer = load(str(export))
     assert "Paris" in greedy(model, tokenizer, "What is the capital of France?", 12)
+
+
+# ----------------------------------------------------------------------------- gemma-3-270m (SentencePiece, K-quants)
+
+GEMMA_TEXTS = ["Hello world, 12345 is a number.", "  two spaces  and\ttabs\n\nnewlines", "ünïcödé 日本語 emoji 🤖!",
+               "Q: What is 27 + 25?\nA: 52", "def f(x):\n    return x**2  # code", "   leading", "trailing   ",
+               "a\u00a0b", "The quick brown fox jumps over the lazy dog. " * 3]
+
+
+@pytest.fixture(scope="module")
+def gemma3():
+    from mlx_grpo.tools.gemma3 import gemma3_path
+
+    try:
+        return gemma3_path(download=True)
+    except UserError as err:  # offline: nothing to test against
+        pytest.skip(str(err))
+
+
+def sentencepiece_reference(path: Path):
+    """The `sentencepiece` library itself, running a model built from the file's pieces, scores and types."""
+    import sentencepiece as spm
+    from sentencepiece import sentencepiece_model_pb2 as pb
+
+    from gguf import GGUFReader
+
+    fields = GGUFReader(str(path)).fields
+    value = lambda key: fields[key].contents()  # noqa: E731
+    proto = pb.ModelProto()
+    proto.trainer_spec.model_type = pb.TrainerSpec.BPE
+    proto.trainer_spec.byte_fallback = True
+    for name, key in (("unk_id", "unknown"), ("bos_id", "bos"), ("eos_id", "eos"), ("pad_id", "padding")):
+        setattr(proto.trainer_spec, name, value(f"tokenizer.ggml.{key}_token_id"))
+    proto.normalizer_spec.name = "identity"
+    proto.normalizer_spec.add_dummy_prefix = False
+    proto.normalizer_spec.remove_extra_whitespaces = False
+    proto.normalizer_spec.escape_whitespaces = True
+    for token, score, kind in zip(value("tokenizer.ggml.tokens"), value("tokenizer.ggml.scores"),
+                                  value("tokenizer.ggml.token_type")):
+        piece = proto.pieces.add()
+        piece.piece, piece.score, piece.type = token.replace(" ", "\u2581"), score, kind
+    return spm.SentencePieceProcessor(model_proto=proto.SerializeToString())
+
+
+def test_gemma3_loads_with_its_sentencepiece_vocabulary_token_for_token(gemma3):
+    from mlx_grpo.gguf import read_config, read_tokenizer
+
+    config = read_config(gemma3)
+    assert (config["model_type"], config["num_hidden_layers"], config["hidden_size"], config["vocab_size"],
+            config["sliding_window"]) == ("gemma3_text", 18, 640, 262144, 512)
+    tokenizer, reference = read_tokenizer(gemma3), sentencepiece_reference(gemma3)
+    for text in GEMMA_TEXTS:
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        assert ids == reference.encode(text), text
+        assert tokenizer.decode(ids) == text
+    assert tokenizer.encode("hi")[0] == 2  # <bos> first, once
+    assert tokenizer.encode("<start_of_turn>user", add_special_tokens=False)[0] == 105  # control tokens whole
+    assert {1, 106} <= set(tokenizer.eos_token_ids)  # <eos> and <end_of_turn>
+
+
+@pytest.mark.slow
+def test_gemma3_greedy_text_equals_transformers_float32_conversion(gemma3):
+    """transformers' own GGUF loader (torch, float32) as the reference; skipped where torch is not installed."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("accelerate")
+    from transformers import AutoModelForCausalLM
+
+    model, tokenizer, _, _ = load_gguf(gemma3, keep_quantized=False)
+    reference = AutoModelForCausalLM.from_pretrained(str(gemma3.parent), gguf_file=gemma3.name,
+                                                     dtype=torch.float32)
+    for prompt in ("The capital of France is", "def fibonacci(n):"):
+        ids = tokenizer.encode(prompt)
+        theirs = reference.generate(torch.tensor([ids]), max_new_tokens=16, do_sample=False)[0, len(ids):].tolist()
+        assert generate(model, tokenizer, prompt=prompt, max_tokens=16) == tokenizer.decode(theirs), prompt

@@ -27,7 +27,7 @@ CONFIG = {"num_steps": NUM_STEPS, "batch_size": 2, "num_generations": 4, "max_ge
           "learning_rate": 0.01, "train_size": 6, "eval_every": 4, "eval_size": 4, "checkpoint_every": 3,
           "keep_checkpoints": 2, "histogram_every": 2, "samples_per_step": 1, "seed": 3, "wandb": False}
 # Wall-clock measurements differ between any two runs; everything else must be identical.
-CLOCK_PREFIXES = ("timing/", "system/", "throughput/", "memory/")  # measured, not computed
+CLOCK_PREFIXES = ("timing/", "system/", "throughput/", "perf/", "memory/")  # measured, not computed
 
 
 @pytest.fixture(scope="module")

@@ -115,6 +115,24 @@ def _gb(n: float) -> str:
     return f"{n / 1e9:.2f} GB"
 
 
+def roofline_table(report: dict, roof: dict):
+    """Each path's FLOPs, achieved FLOP/s and share of what the machine allows."""
+    from rich import box
+    from rich.table import Table
+
+    bandwidth = roof["bandwidth_bytes_per_s"]
+    title = (f"roofline: fp32 matmul peak {roof['peak_flops_per_s'] / 1e9:,.0f} GFLOP/s, memory "
+             f"{bandwidth / 1e9:,.1f} GB/s ({roof['bandwidth_source']})")
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD)
+    for header in ("path", "GFLOP", "GB read", "GFLOP/s", "of peak", "of roofline", "bound"):
+        table.add_column(header, justify="left" if header == "path" else "right")
+    for name, r in roof["paths"].items():
+        table.add_row(report["paths"][name]["description"], f"{r['flops'] / 1e9:,.1f}",
+                      f"{r['bytes'] / 1e9:,.2f}" if r["bytes"] else "", f"{r['achieved_flops_per_s'] / 1e9:,.1f}",
+                      f"{r['share_of_peak']:.2f}", f"{r['share_of_attainable']:.2f}", r["bound"])
+    return table
+
+
 def print_report(report: dict, console=None) -> None:
     from rich import box
     from rich.table import Table
@@ -144,6 +162,9 @@ def print_report(report: dict, console=None) -> None:
                       f"{tps['median']:,.0f}", f"{tps['min']:,.0f} - {tps['max']:,.0f}")
     console.print(table)
 
+    roof = report.get("roofline")
+    if roof:
+        console.print(roofline_table(report, roof))
     if report["goals"]:
         goals = Table(title="goals", title_justify="left", box=box.SIMPLE_HEAD)
         for header in ("ratio", "median", "min - max", "best", "target", ""):

@@ -17,6 +17,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fuse", action="store_true",
                         help="LoRA runs: fold the adapters into the weights (default: base weights plus "
                              "adapters.safetensors, loaded with --adapter-path DIR)")
+    parser.add_argument("--float32", action="store_true",
+                        help="write float32 weights (default: the base model's own dtype, e.g. bfloat16, so the "
+                             "export is the size of its source)")
 
 
 def example_prompt(run_dir) -> str | None:
@@ -39,6 +42,17 @@ def example_prompt(run_dir) -> str | None:
     return prompt if isinstance(prompt, str) and "\n" not in prompt and len(prompt) <= 200 else None
 
 
+def has_chat_template(model_dir) -> bool:
+    import json
+
+    if (model_dir / "chat_template.jinja").is_file():
+        return True
+    try:
+        return bool(json.loads((model_dir / "tokenizer_config.json").read_text()).get("chat_template"))
+    except (OSError, ValueError):
+        return False
+
+
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -49,13 +63,17 @@ def run(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir)
     if not (run_dir / RUN_JSON).is_file():
         raise UserError(f"{run_dir}: not a run directory (no run.json)")
-    summary = export_model(run_dir, Path(args.out), args.step, args.fuse)
+    summary = export_model(run_dir, Path(args.out), args.step, args.fuse, args.float32)
     what = ("adapters fused into the weights" if summary["fused"] else
             "base weights plus adapters (mlx_lm: --adapter-path " + summary["out"] + ")" if summary["use_lora"] else
             "fully fine-tuned weights")
-    print(f"exported step {summary['step']} of {run_dir} to {summary['out']}: {what}")
-    prompt = example_prompt(run_dir)
+    print(f"exported step {summary['step']} of {run_dir} to {summary['out']}: {what}, {summary['dtype']}")
+    prompt, system = example_prompt(run_dir), summary.get("system_prompt")
+    if system and not (summary["use_chat_template"] and has_chat_template(Path(summary["out"]))):
+        # the run put the system prompt before the prompt as plain text (data.render_prompt): so does the try line
+        prompt, system = (f"{system}\n{prompt}" if prompt else None), None
     print(f"try: mlx_lm.generate --model {summary['out']}"
           + (f" --adapter-path {summary['out']}" if summary["use_lora"] and not summary["fused"] else "")
+          + (f" --system-prompt {shlex.quote(system)}" if system else "")
           + (f" --prompt {shlex.quote(prompt)}" if prompt else ""))
     return 0

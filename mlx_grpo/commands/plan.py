@@ -52,7 +52,7 @@ def format_plan(verdict, facts: dict) -> str:
     peaks = verdict.configured
     lines = [
         f"model     {facts['model']}: {count_text(facts['parameters'])} parameters, {facts['layers']} layers, "
-        f"vocabulary {facts['vocab']:,}, {facts['dtype']}{base_precision(facts)}",
+        f"vocabulary {facts['vocab']:,}, {facts['dtype']}{base_precision(facts)} on {facts['machine']}",
         f"batch     {facts['prompts']} prompts x {facts['group_size']} completions, prompts <= "
         f"{facts['prompt_length']} tokens ({facts['prompt_length_from']}), completions <= "
         f"{facts['completion_length']} tokens",

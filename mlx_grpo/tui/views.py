@@ -60,8 +60,8 @@ OVERVIEW = view((n.REWARD_MEAN, n.ACCURACY_TRAIN, n.EVAL_ACCURACY, n.KL, n.ENTRO
                 "rewards", ("total reward", "accuracy", "reward per function"))  # accuracy on the first screen
 POLICY = view((n.KL, n.ENTROPY, n.CLIP_FRAC, n.LOSS, n.GRAD_NORM, n.LEARNING_RATE), "policy")
 LENGTHS = view((n.LENGTH_MEAN, n.TRUNCATED_FRAC, n.FINISHED_FRAC, n.PROMPT_LENGTH_MEAN, n.TOKENS_TOTAL), "lengths")
-THROUGHPUT = view((n.GEN_TOKENS_PER_S, n.BACKPROP_TOKENS_PER_S, n.STEP_SECONDS, n.ROLLOUT_SECONDS, n.UPDATE_SECONDS,
-                   n.GEN_MS_PER_TOKEN), "throughput")
+THROUGHPUT = view((n.GEN_TOKENS_PER_S, n.BACKPROP_TOKENS_PER_S, n.MFU, n.STEP_SECONDS, n.ROLLOUT_SECONDS,
+                   n.UPDATE_SECONDS, n.GEN_MS_PER_TOKEN), "throughput")
 SYSTEM = view((n.CPU_PERCENT, n.MEMORY_PERCENT, n.PROCESS_RSS_GB, n.ACCEL_ACTIVE_GB, n.ACCEL_PEAK_GB,
                n.ACCEL_LIMIT_GB), "memory")
 

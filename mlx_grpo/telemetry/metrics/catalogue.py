@@ -34,7 +34,7 @@ from functools import lru_cache
 
 from .names import (ACCEL_ACTIVE_GB, ACCEL_HELD_PERCENT, MEMORY_PRESSURE_LEVEL, SWAP_USED_GB, ACCEL_LIMIT_GB, ACCEL_MEMORY_PERCENT, ACCEL_PEAK_GB, ACCURACY_TRAIN,
                     CHECKPOINT_SECONDS, CLIP_FRAC, CPU_PERCENT, ELAPSED_SECONDS, ENTROPY, EVAL_ACCURACY, EVAL_SECONDS,
-                    FINISHED_CORRECT_FRAC, FINISHED_FRAC, GEN_MS_PER_TOKEN, GRAD_NORM, KL, LEARNING_RATE, LENGTH_MEAN,
+                    FINISHED_CORRECT_FRAC, FINISHED_FRAC, GEN_MS_PER_TOKEN, MFU, GRAD_NORM, KL, LEARNING_RATE, LENGTH_MEAN,
                     LOSS, MEMORY_PERCENT, MEMORY_USED_GB, PROCESS_RSS_GB, PROMPT_LENGTH_MEAN, PROMPT_TRUNCATED_FRAC,
                     REDRAWN_PROMPTS, REWARD_RECENT_MEAN, SAMPLES_TABLE, SIGNAL_TO_NOISE, STEP_SECONDS,
                     STEP_TOKENS_PER_S, TOKENS_TOTAL, TRUNCATED_CORRECT_FRAC, TRUNCATED_FRAC, ZERO_STD_GROUP_FRAC)
@@ -282,6 +282,10 @@ def _performance_entries() -> list[MetricSpec]:
         ]
     out.append(MetricSpec(STEP_TOKENS_PER_S, "tokens/total / timing/step_s: end-to-end tokens per "
                           "second of the whole step.", "tokens/s", th, EVERY_STEP))
+    out.append(MetricSpec(MFU, "Model FLOPs utilisation: the step's floating-point work counted from the model's "
+                          "shape (rollout, reference and update matmuls, 2 per multiply-add; mlx_grpo/roofline.py) "
+                          "per second of timing/step_s, over the fp32 matmul FLOP/s measured at the start of the run. "
+                          "`mlx-grpo bench` gives it per phase.", "fraction", th, EVERY_STEP))
     phases = {
         "rollout": "generating the completions",
         "ref": "reference-model log-probs",

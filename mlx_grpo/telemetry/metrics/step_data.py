@@ -17,7 +17,7 @@ import numpy as np
 from ..units import GB
 from .reward_stats import reward_metrics
 from .names import (ACCURACY_TRAIN, EVAL_ACCURACY, EVAL_SECONDS, FINISHED_CORRECT_FRAC, FINISHED_FRAC,
-                    GEN_MS_PER_TOKEN, GRAD_NORM, KL, LEARNING_RATE, LOSS, PROMPT_TRUNCATED_FRAC, STEP_TOKENS_PER_S,
+                    GEN_MS_PER_TOKEN, GRAD_NORM, MFU, KL, LEARNING_RATE, LOSS, PROMPT_TRUNCATED_FRAC, STEP_TOKENS_PER_S,
                     TOKENS_TOTAL, TRUNCATED_CORRECT_FRAC, TRUNCATED_FRAC)
 
 # grpo.policy_stats' statistics whose record names put the statistic last (policy/ratio/mean, like rewards/<fn>/mean).
@@ -69,6 +69,8 @@ class StepData:
     answers: list = field(default_factory=list)  # [B] their expected answers
     new_errors: list[str] = field(default_factory=list)  # reward-function failures first seen this step
     entropy_dump: dict[str, np.ndarray] | None = None
+    flops: float = 0.0  # the step's floating-point work, from the model's shape (mlx_grpo/roofline.py)
+    peak_flops_per_s: float = 0.0  # the machine's measured fp32 matmul FLOP/s (0: unknown, no perf/mfu)
 
     @property
     def completion_tokens(self) -> int:
@@ -140,6 +142,8 @@ def timing_metrics(data: StepData) -> dict[str, float]:
     for phase in ("update", "ref", "reward", "advantage", "step"):
         out[f"timing/{phase}_ms_per_token"] = 1000 * data.seconds[phase] / trained
     out[STEP_TOKENS_PER_S] = (trained + float(np.sum(data.prompt_lengths))) / data.seconds["step"]
+    if data.flops > 0 and data.peak_flops_per_s > 0:
+        out[MFU] = data.flops / data.seconds["step"] / data.peak_flops_per_s
     return out
 
 
