@@ -159,6 +159,8 @@ class TrainConfig:
     # --- evaluation, checkpoints, logging ---
     eval_every: int = key(25, "held-out greedy accuracy before the first update (step 0), every N steps and at "
                               "the end; 0 = off")
+    eval_samples: int = key(0, "also sample N completions per held-out prompt at the run's temperature: "
+                               "eval/mean@N (mean accuracy) and eval/pass@N (any of the N right); 0 = greedy only")
     checkpoint_every: int = key(50, "checkpoint every N steps (and at the end); 0 = only at the end")
     keep_checkpoints: int = key(3, "newest checkpoints kept")
     run_name: str | None = key(None, "the run directory's name under monitoring_dir (default: grpo-<date>-<time>)")
@@ -240,6 +242,7 @@ class TrainConfig:
             ("lora_dropout", 0 <= self.lora_dropout < 1, "in [0, 1)"),
             ("eval_every", self.eval_every >= 0, "non-negative (0 turns evaluation off)"),
             ("eval_size", self.eval_size >= 1, "at least 1"),
+            ("eval_samples", self.eval_samples >= 0, "non-negative (0: greedy accuracy only)"),
             ("train_size", self.train_size >= 1, "at least 1"),
             ("checkpoint_every", self.checkpoint_every >= 0, "non-negative (0: only at the end)"),
             ("keep_checkpoints", self.keep_checkpoints >= 1, "at least 1"),

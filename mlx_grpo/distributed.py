@@ -225,6 +225,7 @@ class World:
             "difficulty": data.difficulty, "trained_tokens": data.trained_tokens, "stats": data.update.stats,
             "texts": data.texts, "prompt_texts": data.prompt_texts, "answers": data.answers,
             "seconds": data.seconds, "peaks": data.peak_memory, "components": data.component_metrics,
+            "update_advantages": None if data.update_advantages is None else data.update_advantages.tolist(),
         })
 
         def joined(key: str, dtype: Any = float) -> np.ndarray:
@@ -247,7 +248,8 @@ class World:
             update=dataclasses.replace(data.update, stats=stats),
             seconds={name: max(p["seconds"][name] for p in parts) for name in data.seconds},
             peak_memory={name: max(p["peaks"][name] for p in parts) for name in data.peak_memory},
-            component_metrics=components)
+            component_metrics=components,
+            update_advantages=None if data.update_advantages is None else joined("update_advantages"))
 
     def sinks(self, make: Callable[[], SinkSet], run_dir: Path) -> SinkSet:
         """Rank 0's sinks from `make()`; other ranks get a set that records nothing."""
@@ -284,6 +286,8 @@ def combine_update_stats(per_rank: list[dict[str, float]], tokens: list[int]) ->
         mean_name = name[:-len("_std")] + "_mean" if name.endswith("_std") else None
         if name == "pg_loss":
             out[name] = float(np.sum(values))
+        elif name.endswith("_min") or name.endswith("_max"):  # extremes over completions: over ranks too
+            out[name] = float(min(values) if name.endswith("_min") else max(values))
         elif mean_name in per_rank[0]:
             means = [stats[mean_name] for stats in per_rank]
             mean = weighted(means)

@@ -314,6 +314,7 @@ def roll_back(run: Run, alert: Alert, step: int) -> None:
     factors = dict(rule.remedy)
     before = (trainer.config.learning_rate, trainer.config.beta)
     trainer.roll_back(checkpoint, factors)
+    rearm_alert_rules(recorder, checkpoint)
     run.rollbacks += 1
     for key, factor in factors.items():
         run.remedy[key] = run.remedy.get(key, 1.0) * factor
@@ -329,6 +330,15 @@ def roll_back(run: Run, alert: Alert, step: int) -> None:
     if recorder.sinks is not None:
         recorder.sinks.write_alert(event)
     recorder.message(format_alert(event))
+
+
+def rearm_alert_rules(recorder: RunRecorder, checkpoint: Path) -> None:
+    """The alert rules as they were at `checkpoint`: their latches, cooldowns, windows and baselines. The
+    policy is back there, so the rules judge what follows afresh: a second collapse fires again (and rolls
+    back again or, with no rollback left, stops the run) instead of sitting in the first alert's cooldown,
+    and the windows hold no steps of the discarded policy."""
+    saved = json.loads((checkpoint / "state.json").read_text())
+    recorder.engine.load_state_dict(saved["run_state"]["alerts"])
 
 
 def alert_stop_message(rule: str, step: int, run_dir: Path) -> str:
@@ -407,8 +417,7 @@ def finish(run: Run, step: int, status: str, last_step: StepReport | None) -> di
                              f"mlx-grpo report {run.run_dir} prints it", style="yellow")
             return final
         recorder.message(f"finished {plural(step, 'step')} in {recorder.elapsed():.0f} s: "
-                         f"{reward_report.outcome.headline()}"
-                         f"; reward functions' {reward_report.quality.headline()} — run directory: {run.run_dir}")
+                         f"{reward_report.last_line()} — run directory: {run.run_dir}")
     return final
 
 

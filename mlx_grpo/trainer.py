@@ -380,6 +380,7 @@ class Trainer:
                                self.optimizer.learning_rate.item(), config.beta, self.reference is not None),
             seconds={**meter.seconds, "update": update.seconds}, peak_memory=meter.peaks,
             component_metrics=component_metrics,
+            update_advantages=np.array(advantages) if config.sgrpo.enable else None,
             samples=self._samples(prompts, scored, np.array(group_advantages), lengths, rollout.truncated),
             new_errors=scored.scores.new_errors,
             texts=scored.texts, prompt_texts=[row["prompt"] for row in prompts.rows],
@@ -422,12 +423,13 @@ class Trainer:
         with meter.phase("eval", memory=True):
             result = evaluate(self.policy.model, self.policy.tokenizer, self.eval_rows, self.config,
                               self.policy.eos_ids, self.policy.pad_id, check=self.correctness,
-                              batch_size=self.config.batch_size * self.config.num_generations)
+                              batch_size=self.config.batch_size * self.config.num_generations,
+                              samples=self.config.eval_samples, settings=self.settings)
         mx.clear_cache()
         if peaks is not None:
             peaks.update(meter.peaks)
-        correct, levels = self.world.gather_lists(result.correct, result.levels)
-        return eval_record(correct, levels, self.world.slowest(time.perf_counter() - start))
+        correct, levels, sampled = self.world.gather_lists(result.correct, result.levels, result.sampled)
+        return eval_record(correct, levels, self.world.slowest(time.perf_counter() - start), sampled)
 
     def roll_back(self, checkpoint: Path, factors: dict[str, float]) -> None:
         """Restore `checkpoint`'s weights and optimiser state and go on with the learning rate and beta

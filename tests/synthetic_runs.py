@@ -46,6 +46,8 @@ class Faults:
     stagnant: bool = False  # accuracy stays at 30% for the whole run
     rare_success: bool = False  # answers almost never right and no format reward: tiny signal-to-noise
     takeover: bool = False  # format_approx's weight grows while accuracy falls
+    clip_saturation: bool = False  # the PPO clip active on a third of the tokens (num_iterations > 1)
+    zero_gradient: bool = False  # updates with a gradient norm of exactly 0 (nothing to learn from)
 
 
 def _accuracy(step: int, steps: int, faults: Faults, gain: float) -> float:
@@ -142,7 +144,11 @@ def simulate(steps: int = 200, seed: int = 0, faults: Faults | None = None, eval
         grad = 1.3 * math.exp(rng.normal(0.0, 0.32))
         if rng.random() < grad_spike_rate or (faults.grad_spike and step == faults.fault_step):
             grad *= 10
+        if faults.zero_gradient and after:
+            grad = 0.0
         record["policy/grad_norm"] = grad
+        if faults.clip_saturation:
+            record["policy/clip_frac"] = 0.35 if after else float(abs(rng.normal(0.03, 0.01)))
         record["policy/loss"] = float(rng.normal(0, 0.05))
         if faults.nan_loss and step == faults.fault_step:
             for key in ("policy/loss", "policy/grad_norm", "policy/kl", "policy/entropy"):

@@ -98,6 +98,28 @@ def test_offline_wandb_run_completes_with_scalars_tables_charts_alerts_and_artif
     assert read_run_info(offline / "run").status == "finished"
 
 
+def test_a_run_stopped_early_draws_its_charts_at_its_last_step(offline):
+    # T12: charts were drawn at every chart_every-th step and the last planned one only, so a run stopped
+    # after step 3 of 200 had none
+    warnings = []
+    sinks = make_sinks(offline / "run", wandb=WandbOptions(project="mlx-grpo-test", name="stopped", chart_every=10),
+                       warn=warnings.append)
+    sinks.start(name="run", config={}, total_steps=200)
+    tracker = RewardTracker(NAMES)
+    rng = np.random.default_rng(0)
+    for step in range(1, 4):
+        scores = rng.integers(0, 2, size=(2, 8)).astype(float)
+        total = scores.sum(axis=0)
+        scalars = {**reward_metrics(scores, NAMES, [1.0, 1.0], total, group_size=4),
+                   **tracker.update(step, scores, total), "policy/kl": 0.01}
+        sinks.write(step, scalars, {}, rewards={"total": total, **dict(zip(NAMES, scores))})
+    sinks.close()
+    assert warnings == []
+    media = next((offline / "wandb_home" / "wandb").glob("offline-run-*")) / "files" / "media"
+    clouds = list((media / "object3D" / "charts").glob("reward_landscape_3d_3_*.pts.json"))
+    assert len(clouds) == 1
+
+
 def test_without_wandb_installed_training_logs_locally_with_one_warning(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "wandb", None)  # makes `import wandb` raise ImportError
     warnings = []

@@ -25,7 +25,8 @@ from .alerts.config import pattern_warnings
 from .alerts.console import format_alert
 from .alerts.engine import AlertEngine
 from .alerts.rules import Rule
-from .metrics.names import ACCEL_LIMIT_GB, BACKPROP_TOKENS_PER_S, CHECKPOINT_SECONDS, ELAPSED_SECONDS, GEN_TOKENS_PER_S
+from .metrics.names import (ACCEL_LIMIT_GB, BACKPROP_TOKENS_PER_S, CHECKPOINT_SECONDS, ELAPSED_SECONDS,
+                            GEN_TOKENS_PER_S, TOKENS_CUMULATIVE, TOKENS_TOTAL)
 from .metrics.reward_stats import RewardTracker, ThroughputTracker
 from .metrics.step_data import StepData, peak_share_metrics, step_record
 from .rundir.completions import CompletionsWriter, completion_rows
@@ -70,6 +71,7 @@ class RunRecorder:
         self.components = dict(components or {})
         self.log_every, self.num_steps, self.num_iterations = log_every, num_steps, num_iterations
         self.nonfinite_in_a_row = 0  # updates in a row skipped for a NaN/Inf loss or gradient
+        self.tokens_seen = 0.0  # tokens/total over every step so far (a rollback does not give them back)
         self.completions = completions
         self._clock = clock
         self._started = clock()
@@ -91,6 +93,8 @@ class RunRecorder:
         `last`: the run's last step (a partial epoch is reported there)."""
         step = data.step
         record = step_record(data)
+        self.tokens_seen += record[TOKENS_TOTAL]
+        record[TOKENS_CUMULATIVE] = self.tokens_seen
         record.update(self.gen_throughput.update(data.completion_tokens, data.seconds["rollout"]))
         record.update(self.backprop_throughput.update(data.trained_tokens * self.num_iterations,
                                                       data.seconds["update"]))
@@ -104,7 +108,7 @@ class RunRecorder:
         record[ELAPSED_SECONDS] = self.elapsed()
         self.nonfinite_in_a_row = self.nonfinite_in_a_row + 1 if data.update.skipped else 0
         alerts = self.observe(step, record, data.scores, data.total, loss=data.update.loss,
-                              arrays={"advantages/hist": data.advantages, "completions/length/hist": data.lengths})
+                              arrays={"advantages/hist": data.trained_advantages, "completions/length/hist": data.lengths})
         if epoch_ended or (last and self.rewards.epoch_has_data()):
             record.update(self.end_epoch(partial=not epoch_ended))
         for message in data.new_errors:
@@ -191,6 +195,7 @@ class RunRecorder:
                                  if (state := hooks.state_dict()) is not None},
             "components": {name: component.state_dict() for name, component in self.components.items()},
             "nonfinite_in_a_row": self.nonfinite_in_a_row,
+            "tokens_cumulative": self.tokens_seen,
             "elapsed_s": self.elapsed(),
         }
 
@@ -201,6 +206,7 @@ class RunRecorder:
             if tracker.name in state["throughput"]:
                 tracker.load_state_dict(state["throughput"][tracker.name])
         self.engine.load_state_dict(state["alerts"])
+        self.tokens_seen = float(state.get("tokens_cumulative", 0.0))  # checkpoints before it: from 0
         for fn in self.reward_fns:
             fn.error_reported = fn.name in state["reward_errors_reported"]
         for name, hooks in self.hooks.items():

@@ -21,12 +21,13 @@ from ..metrics.catalogue import CATALOGUE, find_entry
 from ..user_files import parse_yaml, read_user_text
 from .rules import (BaselineRule, DropRule, NonFiniteRule, Rule, SpikeRule, ThresholdRule)
 from .state import metric_pattern
+from .pathology_rules import ExhaustionRule
 from .trend_rules import HackingRule, PlateauRule, TrendRule
 
 # The kinds a rule file may name.
 RULE_KINDS: dict[str, type[Rule]] = {
     cls.kind: cls for cls in (ThresholdRule, TrendRule, SpikeRule, BaselineRule, HackingRule, DropRule,
-                              PlateauRule, NonFiniteRule)
+                              PlateauRule, NonFiniteRule, ExhaustionRule)
 }
 
 

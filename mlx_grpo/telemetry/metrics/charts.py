@@ -89,12 +89,19 @@ def label(name: str) -> str:
 
 
 def tensorboard_layout() -> dict[str, dict[str, list]]:
-    """TensorBoard's custom-scalars layout, from CHART_GROUPS (plus the reward's q25..q75 margin chart)."""
+    """TensorBoard's custom-scalars layout, from CHART_GROUPS (plus the reward's q25..q75 margin chart, its
+    variance, and the per-epoch figures)."""
     layout: dict[str, dict[str, list]] = {
         section: {title: ["Multiline", ["^" + name_pattern(n).pattern.removesuffix(r"\Z") + "$" for n in names]]
                   for title, names in charts.items()}
         for section, charts in CHART_GROUPS.items()}
     layout["rewards"] = {"total reward: mean with q25..q75": ["Margin", [REWARD_MEAN, "rewards/total/q25",
                                                                         "rewards/total/q75"]],
-                         **layout["rewards"]}
+                         **layout["rewards"],
+                         "total reward variance": ["Multiline", ["^rewards/total/variance$", "^rewards/total/std$"]]}
+    # seed 004's "Reward Analysis" and "Loss Analysis": the per-epoch figures (the dashboard has no epoch view)
+    layout["epoch"] = {"epoch reward": ["Multiline", ["^epoch/reward/mean$", "^epoch/reward/variance$",
+                                                      "^epoch/reward/trend$"]],
+                       "epoch loss": ["Multiline", ["^epoch/loss/mean$", "^epoch/loss/trend$"]],
+                       "epoch samples": ["Multiline", ["^epoch/num_samples$", "^epoch/api_tokens$"]]}
     return layout

@@ -32,6 +32,7 @@ TRUNCATED_CORRECT_FRAC = "completions/truncated_correct_frac"
 PROMPT_LENGTH_MEAN = "prompts/length/mean"
 PROMPT_TRUNCATED_FRAC = "prompts/truncated_frac"
 TOKENS_TOTAL = "tokens/total"
+TOKENS_CUMULATIVE = "tokens/cumulative"
 
 # throughput and timing
 GEN_TOKENS_PER_S = "throughput/gen_tokens_per_s"

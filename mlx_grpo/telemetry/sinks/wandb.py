@@ -74,6 +74,7 @@ class WandbSink(Sink):
         self._examples: dict[int, np.ndarray] = {}  # step -> its total rewards in the heatmap's order
         self._group_size = 0
         self._chart_every = options.chart_every
+        self._undrawn: tuple[int, dict] | None = None  # the last step written without its charts
         self._total_steps: int | None = None
 
     def start(self, info: RunInfo, run_dir: Path) -> None:
@@ -112,8 +113,11 @@ class WandbSink(Sink):
         for name, value in scalars.items():
             if name.startswith("criteria/") and name.endswith("/mean") and value is not None:
                 self._criteria.setdefault(name[len("criteria/"):-len("/mean")], {})[step] = float(value)
-        if step % self._chart_every == 0 or step == self._total_steps:
+        drawn = step % self._chart_every == 0 or step == self._total_steps
+        if drawn:
             data.update(self._charts(scalars))
+        # a run that stops early (an alert's stop, Ctrl-C) draws its charts at its last step on close
+        self._undrawn = None if drawn else (step, dict(scalars))
         self.run.log(data, step=step)
 
     def _add_rewards(self, step: int, rewards: Mapping[str, np.ndarray]) -> None:
@@ -270,7 +274,10 @@ class WandbSink(Sink):
         self.run.log_artifact(artifact, aliases=["final", f"step_{step}"])
 
     def close(self, status: str) -> None:
-        """Finish the W&B run."""
+        """Draw the charts at the last step if they were not (a run stopped early), and finish the W&B run."""
+        if self._undrawn is not None:
+            step, scalars = self._undrawn
+            self.run.log(self._charts(scalars), step=step)
         self.run.finish(exit_code=0 if status == "finished" else 1)
 
 
