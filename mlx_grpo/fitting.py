@@ -51,6 +51,12 @@ def _on_gpu() -> bool:
     return mx.default_device().type == mx.gpu
 
 
+def _on_gpu() -> bool:
+    import mlx.core as mx
+
+    return mx.default_device().type == mx.gpu
+
+
 def this_machine_budget() -> tuple[float, str]:
     import mlx.core as mx
     import psutil
@@ -168,15 +174,15 @@ def longest_prompt_tokens(config: TrainConfig, base_dir: Path) -> int | None:
         return None
 
 
-def fit_run(config: TrainConfig, base_dir: Path) -> tuple[TrainConfig, str]:
-    """At the start of a run, before the model loads: `micro_batch_size: auto` resolved, and the plan's
-    verdict in one line. A run predicted not to fit this machine is refused (UserError naming the
-    settings that would fit) unless `memory_check` is off."""
+def fit_run(config: TrainConfig, base_dir: Path) -> tuple[TrainConfig, str, float | None]:
+    """At the start of a run, before the model loads: `micro_batch_size: auto` resolved, the plan's
+    verdict in one line, and its peak in bytes (None without a plan). A run predicted not to fit this
+    machine is refused (UserError naming the settings that would fit) unless `memory_check` is off."""
     try:
         verdict, facts = make_plan(config, base_dir)
     except UserError as err:  # no config.json to read (a hub model not downloaded yet, offline)
         fallback = 0 if config.micro_batch_size == "auto" else config.micro_batch_size
-        return replace(config, micro_batch_size=fallback), f"memory plan: skipped ({err})"
+        return replace(config, micro_batch_size=fallback), f"memory plan: skipped ({err})", None
     peaks, settings = verdict.configured, verdict.settings
     config = replace(config, micro_batch_size=settings.micro_batch_size)
     # an upper bound: every prompt and completion is taken at its longest (prompts: the dataset's longest)
@@ -188,7 +194,7 @@ def fit_run(config: TrainConfig, base_dir: Path) -> tuple[TrainConfig, str]:
             f"prompts <= {facts['prompt_length']}, completions <= {facts['completion_length']} tokens) "
             f"with {settings.describe()}")
     if verdict.fits or not config.memory_check:
-        return config, line
+        return config, line, peaks.peak, peaks.peak
     if verdict.fitting is not None:
         advice = f"it fits with {verdict.fitting.describe()}"
     elif verdict.other_changes:

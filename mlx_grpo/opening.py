@@ -67,11 +67,11 @@ def open_run(config: TrainConfig, base_dir: Path, resume_dir: Path | None) -> Ru
     checkpoint = resumable_checkpoint(resume_dir, config.num_steps) if resume_dir is not None else None
     rules = alert_rules(config, base_dir)
     share_memory_with(init_world().ranks_on_this_host())  # before the plan: ranks on one Mac share it
-    config, memory_plan = fit_run(config, base_dir)
+    config, memory_plan, planned_peak = fit_run(config, base_dir)
     remedy = saved_remedy(checkpoint)  # rollbacks before the checkpoint changed the learning rate and beta
     trainer = Trainer.build(remedied(config, remedy), base_dir)
     run_dir, lock = open_directory(trainer, resume_dir)
-    memory_warning = wire_memory(trainer.resident_bytes())
+    memory_warning = wire_memory(trainer.resident_bytes(), planned_peak)
     trainer.peak_flops_per_s = matmul_peak_flops()  # perf/mfu's denominator
     saved = resume_point(trainer, checkpoint, run_dir, resume_dir)
     sinks, console, run_info = open_sinks(trainer, run_dir, base_dir, saved, resume_dir)

@@ -186,10 +186,16 @@ class ModelShape:
         return self.parameters() * per_weight
 
     def lora_parameters(self, rank: int, num_layers: int) -> int:
-        """LoRA on every linear of `num_layers` blocks: rank x (inputs + outputs) each."""
+        """LoRA on every linear of `num_layers` blocks: rank x (inputs + outputs) each. In a mixture of experts
+        mlx-lm gives every expert its own adapters (LoRASwitchLinear) and adapts the router too."""
         q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
-        linears = [(self.hidden, q), (self.hidden, kv), (self.hidden, kv), (q, self.hidden),
-                   (self.hidden, self.intermediate), (self.hidden, self.intermediate), (self.intermediate, self.hidden)]
+        linears = [(self.hidden, q), (self.hidden, kv), (self.hidden, kv), (q, self.hidden)]
+        mlp = lambda width: [(self.hidden, width), (self.hidden, width), (width, self.hidden)]  # noqa: E731
+        if self.experts:
+            linears += self.experts * mlp(self.expert_intermediate) + [(self.hidden, self.experts)]
+            linears += mlp(self.shared_intermediate) if self.shared_intermediate else []
+        else:
+            linears += mlp(self.intermediate)
         return num_layers * rank * sum(i + o for i, o in linears)
 
 

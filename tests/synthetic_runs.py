@@ -40,6 +40,8 @@ class Faults:
     throughput_drop: bool = False
     memory_high: bool = False  # the step's peak near the accelerator's working set
     system_memory_high: bool = False  # the machine nearly out of memory
+    cache_held_high: bool = False  # MLX's live arrays and buffer cache fill the working set (wired on a Mac)
+    memory_pressure: bool = False  # macOS reports memory pressure "warning"
     collapse: bool = False  # the policy breaks: accuracy to 0 and the format rewards mostly lost at once
     stagnant: bool = False  # accuracy stays at 30% for the whole run
     rare_success: bool = False  # answers almost never right and no format reward: tiny signal-to-noise
@@ -161,6 +163,10 @@ def simulate(steps: int = 200, seed: int = 0, faults: Faults | None = None, eval
         record["system/accel_memory_percent"] = memory
         record["memory/peak_percent"] = 95.0 if faults.memory_high and after else 1.6 * memory
         record["system/memory_percent"] = 95.0 if faults.system_memory_high and after else 55.0 + 0.05 * memory
+        if faults.cache_held_high:  # only in the runs that test it: the others' records stay as they were
+            record["system/accel_held_percent"] = 97.0 if after else memory + 20.0
+        if faults.memory_pressure:
+            record["system/memory_pressure_level"] = 2.0 if after else 1.0
         if eval_every and step % eval_every == 0:
             record["eval/accuracy"] = float(np.clip(acc + rng.normal(0, 0.035), 0, 1))
         metrics.append(record)

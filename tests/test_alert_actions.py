@@ -77,7 +77,8 @@ def test_a_rule_with_action_stop_checkpoints_closes_the_logs_and_exits_3_with_th
                          "checkpoint saved; continue with: mlx-grpo train --resume runs/stopped"]
     assert "Traceback" not in result.stderr
     assert [r["step"] for r in read_jsonl(run_dir / "metrics.jsonl")] == [1, 2, 3]
-    assert [(a["step"], a["rule"], a["action"]) for a in read_jsonl(run_dir / "alerts.jsonl")] == [
+    # built-in warnings may fire too (a 4-row batch's KL is high); the only alert that acted is the stop rule's
+    assert [(a["step"], a["rule"], a["action"]) for a in read_jsonl(run_dir / "alerts.jsonl") if "action" in a] == [
         (3, "stop_at_three", "stop")]
     assert read_run_info(run_dir).status == "interrupted"
     assert (run_dir / "checkpoints" / "step_3").is_dir()

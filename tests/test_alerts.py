@@ -74,6 +74,8 @@ FAULTS = [
     ("throughput_drop", "throughput_drop", 100, 110),
     ("memory_high", "accel_memory_high", 100, 102),
     ("system_memory_high", "system_memory_high", 100, 103),
+    ("cache_held_high", "accel_held_high", 100, 103),
+    ("memory_pressure", "memory_pressure_high", 100, 103),
     ("collapse", "reward_collapse", 100, 102),
     ("collapse", "accuracy_collapse", 100, 102),
     ("stagnant", "not_learning", 150, 180),

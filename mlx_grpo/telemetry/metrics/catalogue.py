@@ -32,7 +32,7 @@ import re
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 
-from .names import (ACCEL_ACTIVE_GB, ACCEL_LIMIT_GB, ACCEL_MEMORY_PERCENT, ACCEL_PEAK_GB, ACCURACY_TRAIN,
+from .names import (ACCEL_ACTIVE_GB, ACCEL_HELD_PERCENT, MEMORY_PRESSURE_LEVEL, SWAP_USED_GB, ACCEL_LIMIT_GB, ACCEL_MEMORY_PERCENT, ACCEL_PEAK_GB, ACCURACY_TRAIN,
                     CHECKPOINT_SECONDS, CLIP_FRAC, CPU_PERCENT, ELAPSED_SECONDS, ENTROPY, EVAL_ACCURACY, EVAL_SECONDS,
                     FINISHED_CORRECT_FRAC, FINISHED_FRAC, GEN_MS_PER_TOKEN, MFU, GRAD_NORM, KL, LEARNING_RATE, LENGTH_MEAN,
                     LOSS, MEMORY_PERCENT, MEMORY_USED_GB, PROCESS_RSS_GB, PROMPT_LENGTH_MEAN, PROMPT_TRUNCATED_FRAC,
@@ -354,6 +354,14 @@ def _system_entries() -> list[MetricSpec]:
                    "out where the backend reports none.", "GB", s, accel),
         MetricSpec(ACCEL_MEMORY_PERCENT, "accel_active_gb as a percentage of accel_limit_gb.", "%", s,
                    accel),
+        MetricSpec(ACCEL_HELD_PERCENT, "accel_active_gb + accel_cache_gb as a percentage of accel_limit_gb: "
+                   "on a Mac the cache stays wired, so it crowds the machine as active memory does.", "%", s,
+                   accel),
+        MetricSpec(SWAP_USED_GB, "Swap in use on this machine (psutil.swap_memory): grows when memory runs "
+                   "short.", "GB", s, EVERY_STEP),
+        MetricSpec(MEMORY_PRESSURE_LEVEL, "macOS's memory-pressure level (kern.memorystatus_vm_pressure_level: "
+                   "1 normal, 2 warning, 4 critical), as Activity Monitor shows it.", "", s,
+                   "every logged step, on macOS"),
         *(MetricSpec(f"memory/{phase}_peak_gb", f"Peak MLX memory during this step's {words} (the counter is "
                      "reset before the phase): what the phase needs, KV cache and activations included.", "GB",
                      "memory", EVERY_STEP)
