@@ -194,7 +194,7 @@ def fit_run(config: TrainConfig, base_dir: Path) -> tuple[TrainConfig, str, floa
             f"prompts <= {facts['prompt_length']}, completions <= {facts['completion_length']} tokens) "
             f"with {settings.describe()}")
     if verdict.fits or not config.memory_check:
-        return config, line, peaks.peak, peaks.peak
+        return config, line, peaks.peak
     if verdict.fitting is not None:
         advice = f"it fits with {verdict.fitting.describe()}"
     elif verdict.other_changes:
