@@ -144,6 +144,7 @@ def open_sinks(trainer: Trainer, run_dir: Path, base_dir: Path, saved: dict[str,
     console = TrainingConsole(config.num_steps, start_step)
     console.console.quiet = not writes  # rank 0 speaks for the run
     info = RunInfo(name=run_dir.name, run_id=saved.get("run_id"))
+    device = {**describe_device(resolve_dtype(config)), **trainer.world.describe()}  # every rank: a collective
     sinks = SinkSet(None)
     if writes:
         sinks = make_sinks(run_dir, tensorboard=config.tensorboard, tensorboard_dir=config.tensorboard_dir,
@@ -153,8 +154,7 @@ def open_sinks(trainer: Trainer, run_dir: Path, base_dir: Path, saved: dict[str,
                            completions_max_mb=config.completions_max_mb if config.keep_completions else None,
                            extra=[EntropyDumpWriter(run_dir)])
         info = new_run_info(run_dir, run_dir.name, {**config_to_dict(config), "base_dir": str(base_dir)},
-                            versions(), {**describe_device(resolve_dtype(config)), **trainer.world.describe()},
-                            config.num_steps, run_id=saved.get("run_id"),
+                            versions(), device, config.num_steps, run_id=saved.get("run_id"),
                             resume_step=start_step if resume_dir is not None else None)
     sinks.handle(Start(info, run_dir))
     if config.wandb and config.wandb_log_dataset and resume_dir is None and writes:
