@@ -25,6 +25,9 @@ NAMES = ["format_exact", "answer_check"]
 
 @pytest.fixture
 def offline(monkeypatch, tmp_path):
+    import wandb
+
+    wandb.teardown()  # W&B reads WANDB_DIR once per process: a fresh setup so this test's files land in its tmp_path
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     monkeypatch.delenv("WANDB_API_KEY", raising=False)

@@ -229,6 +229,8 @@ class SamplesView(BoardView, Horizontal):
             del self._rows[oldest]
         if added and following and table.row_count:
             table.move_cursor(row=table.row_count - 1)
+            # again once the new rows are laid out: a scroll computed before a scrollbar appears hides the last row
+            table.call_after_refresh(lambda: table.move_cursor(row=table.row_count - 1))
             self._show(table.cursor_row)
 
     def _add_row(self, table: DataTable, run_index: int, s: dict) -> None:
