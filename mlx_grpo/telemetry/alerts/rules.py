@@ -321,7 +321,9 @@ class DropRule(Rule):
     baseline metric's first value (the held-out evaluation made before the first update), or the metric's
     own first value when that is the more modest (lower for down, higher for up): a greedy held-out
     accuracy can sit far above accuracy sampled at temperature 1. A policy broken by its first updates is
-    caught at once (the median of a run that collapsed at step 2 is the collapse itself).
+    caught at once (the median of a run that collapsed at step 2 is the collapse itself). Against the start,
+    one sampled value, `early_fall` (when set) replaces `fall`: a batch of a few completions moves its mean by
+    a third between steps with no harm done.
     """
 
     kind: ClassVar[str] = "drop"
@@ -332,6 +334,7 @@ class DropRule(Rule):
     min_scale: float = 1e-9
     min_points: int = 0  # 0: the whole window
     baseline: str = ""  # before min_points values, compare with this metric's first value
+    early_fall: float = 0.0  # the fall that counts against the start (0: `fall`)
     previous: dict[str, deque] = state()
     baseline_first: dict[str, tuple[float, int]] = state()  # the baseline metric's first (value, step)
     first: dict[str, tuple[float, int]] = state()  # each metric's own first (value, step)
@@ -367,17 +370,19 @@ class DropRule(Rule):
             if previous is None:
                 previous = self.previous[name] = deque(maxlen=self.window)
             level, reference, span = None, "its recent median", f", last {len(previous)} logged steps"
+            fall = self.fall
             if len(previous) >= self.min_points:
                 level = median(previous)
             elif start is not None:
                 level, reference, span = start[0], f"the start's {self.baseline}", f", step {start[1]}"
+                fall = self.early_fall or self.fall
                 own, own_step = self.first.setdefault(name, (value, step))
                 if (own < level) if self.direction == "down" else (own > level):
                     level, reference, span = own, "its first value", f", step {own_step}"
             if level is not None:
                 moved = level - value if self.direction == "down" else value - level
                 scale = max(abs(level), self.min_scale) if self.relative else 1.0
-                if self.fire(moved / scale >= self.fall, name, step):
+                if self.fire(moved / scale >= fall, name, step):
                     verb = "fell" if self.direction == "down" else "jumped"
                     # the change it is, signed like the move: a fall to zero reads -100%, whatever min_scale asked
                     amount = percent_change(value, level) if self.relative else f"{value - level:+.4g}"
