@@ -157,7 +157,7 @@ class TrainConfig:
                                check=at_least(2, " (group advantages need a group)"))
     num_iterations: int = key(2, "optimiser updates per rollout (the second is PPO-clipped); 1 halves the update time",
                               check=at_least(1))
-    learning_rate: float = key(5e-5, "AdamW's peak learning rate", check=Bound(lambda v: 0 < v < 1, "between 0 and 1"))
+    learning_rate: float = key(5e-5, "AdamW's peak learning rate", check=Bound(lambda v: 0 <= v < 1, "at least 0 and below 1"))
     lr_schedule: str = key("cosine", "the learning rate after the warm-up", choices=("cosine", "constant"))
     warmup_fraction: float = key(0.05, "share of the steps the learning rate warms up over", check=within(0, 1, "[)"))
     weight_decay: float = key(0.0, "AdamW's decoupled weight decay", check=non_negative())
