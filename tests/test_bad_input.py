@@ -58,7 +58,7 @@ def test_unknown_key_names_it_and_suggests_the_right_one(tmp_path, capsys):
 @pytest.mark.parametrize("text, expected", [
     ("num_steps: many\n", "key 'num_steps' is 'many'; expected an integer"),
     ("use_lora: maybe\n", "key 'use_lora' is 'maybe'; expected true/false"),
-    ("learning_rate: 2\n", "key 'learning_rate' is 2.0; expected between 0 and 1"),
+    ("learning_rate: 2\n", "key 'learning_rate' is 2.0; expected at least 0 and below 1"),
     ("num_generations: 1\n", "key 'num_generations' is 1; expected at least 2"),
     ("loss_type: ppo\n", "key 'loss_type' is 'ppo'; expected one of grpo, bnpo, dr_grpo, dapo"),
 ])
