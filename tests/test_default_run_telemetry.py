@@ -26,7 +26,9 @@ MAC_ONLY = {"system/gpu_utilization_percent", "memory/peak_percent", "system/acc
 # a judge server: tests/test_judge.py
 JUDGE_ONLY = {"judge/api_tokens", "judge/api_tokens_total", "judge/failed_requests"}
 WHEN_AN_ALERT_FIRES = {"alerts"}  # a healthy run fires none: tests/test_telemetry_sinks.py
-NOT_IN_THESE_RUNS = WANDB_ONLY | MAC_ONLY | JUDGE_ONLY | WHEN_AN_ALERT_FIRES | DEPENDS_ON_THE_BATCH
+# opt-in sampled held-out metrics (eval_samples: N), which cost N more decodes per prompt: tests/test_verdicts.py
+OPT_IN = {"eval/mean@<k>", "eval/pass@<k>"}
+NOT_IN_THESE_RUNS = WANDB_ONLY | MAC_ONLY | JUDGE_ONLY | WHEN_AN_ALERT_FIRES | DEPENDS_ON_THE_BATCH | OPT_IN
 
 
 def expected_every_step_names(reward_names):
