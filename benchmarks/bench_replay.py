@@ -28,8 +28,9 @@ def main() -> None:
 
     wall, cpu = time.perf_counter(), time.process_time()
     from mlx_grpo.replay import render, replay, run_settings
-    from mlx_grpo.rewards import load_reward_functions
-    from mlx_grpo.telemetry.rundir.completions import completion_steps, step_file
+    from mlx_grpo.rewards.loading import load_reward_functions
+    from mlx_grpo.telemetry.rundir.completions import completion_steps
+    from mlx_grpo.telemetry.rundir.layout import RunPaths
     from mlx_grpo.telemetry.analysis.report import load_run
 
     _, metrics, _, _ = load_run(args.run_dir)
@@ -38,7 +39,7 @@ def main() -> None:
     result = replay(args.run_dir, functions, group_size, scale, metrics=metrics, weights_before=dict(rewards))
     render(result)
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-    sizes = [step_file(args.run_dir, s).stat().st_size for s in completion_steps(args.run_dir)]
+    sizes = [RunPaths(args.run_dir).completions_step(s).stat().st_size for s in completion_steps(args.run_dir)]
     out = {"completions": result.completions, "steps": result.steps, "replay_wall_s": round(wall, 2),
            "replay_cpu_s": round(cpu, 2), "goal_s": GOAL_S, "met": wall < GOAL_S,
            "groups_reranked": len(result.reranked), "sign_flips": len(result.flips),

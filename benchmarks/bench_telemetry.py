@@ -57,9 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     for owner, name, label in [
-        (sinks.SinkSet, "write", "sinks.write (JSONL + TensorBoard + W&B queue)"),
-        (sinks.SinkSet, "write_samples", "sinks.write_samples"),
-        (sinks.SinkSet, "write_alert", "sinks.write_alert"),
+        (sinks.SinkSet, "handle", "sinks.handle (JSONL + TensorBoard + W&B queue, every event)"),
         (reward_stats.RewardTracker, "update", "reward tracker"),
         (reward_stats.RewardTracker, "histograms", "histograms"),
         (reward_stats.ThroughputTracker, "update", "throughput trackers"),

@@ -26,7 +26,7 @@ def preload_openblas() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     from mlx_grpo.commands import bench
-    from mlx_grpo.errors import UserError
+    from mlx_grpo.common.errors import UserError
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     bench.add_arguments(parser)

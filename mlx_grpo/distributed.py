@@ -32,7 +32,7 @@ import json
 import socket
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -41,12 +41,9 @@ from mlx.utils import tree_map
 
 from . import grpo
 from .data import PromptOrder
-from .errors import UserError
-from .telemetry.rundir.writer import RunInfo
-from .telemetry.sinks import SinkSet
+from .common.errors import UserError
 from .telemetry.metrics.step_data import StepData
 from .update import TrainBatch
-
 
 
 @dataclass
@@ -59,33 +56,6 @@ class ShardedOrder(PromptOrder):
     def next_indices(self, count: int) -> list[int]:
         block = super().next_indices(count * self.size)
         return block[self.rank * count:(self.rank + 1) * count]
-
-
-class SilentRunDir:
-    """Stands in for the run-directory writer on ranks other than 0: same calls, writes nothing."""
-
-    def __init__(self, path: Path):
-        self.path = Path(path)
-        self.info: RunInfo | None = None
-
-    def start(self, name: str, *args: Any, run_id: str | None = None, **kwargs: Any) -> RunInfo:
-        self.info = RunInfo(name=name, run_id=run_id)
-        return self.info
-
-    def write_metrics(self, *args, **kwargs) -> None:
-        pass
-
-    def write_samples(self, *args, **kwargs) -> None:
-        pass
-
-    def write_alert(self, *args, **kwargs) -> None:
-        pass
-
-    def write_final_metrics(self, *args, **kwargs) -> None:
-        pass
-
-    def finish(self, status: str = "finished") -> None:
-        pass
 
 
 @dataclass
@@ -213,7 +183,7 @@ class World:
         """The global batch's StepData: per-completion arrays concatenated in rank order, the update's
         token means weighted by each rank's tokens, the slowest rank's seconds and peaks.
 
-        Samples, the entropy dump and reward-function warnings stay this rank's.
+        The entropy dump and reward-function warnings stay this rank's.
         """
         if not self.distributed:
             return data
@@ -223,8 +193,10 @@ class World:
             "lengths": data.lengths.tolist(), "truncated": data.truncated.tolist(),
             "correct": None if data.correct is None else data.correct.tolist(),
             "difficulty": data.difficulty, "trained_tokens": data.trained_tokens, "stats": data.update.stats,
-            "texts": data.texts, "prompt_texts": data.prompt_texts, "answers": data.answers,
+            "texts": data.texts, "reasoning": data.reasoning, "predicted": data.predicted,
+            "prompt_texts": data.prompt_texts, "answers": data.answers,
             "seconds": data.seconds, "peaks": data.peak_memory, "components": data.component_metrics,
+            "update_advantages": None if data.update_advantages is None else data.update_advantages.tolist(),
         })
 
         def joined(key: str, dtype: Any = float) -> np.ndarray:
@@ -242,16 +214,15 @@ class World:
             prompt_truncated=joined("prompt_truncated", bool), lengths=joined("lengths"),
             truncated=joined("truncated", bool), correct=None if data.correct is None else joined("correct", bool),
             difficulty=[level for p in parts for level in p["difficulty"]], trained_tokens=sum(tokens),
-            texts=[t for p in parts for t in p["texts"]], prompt_texts=[t for p in parts for t in p["prompt_texts"]],
+            texts=[t for p in parts for t in p["texts"]], reasoning=[t for p in parts for t in p["reasoning"]],
+            predicted=[t for p in parts for t in p["predicted"]],
+            prompt_texts=[t for p in parts for t in p["prompt_texts"]],
             answers=[a for p in parts for a in p["answers"]],
             update=dataclasses.replace(data.update, stats=stats),
             seconds={name: max(p["seconds"][name] for p in parts) for name in data.seconds},
             peak_memory={name: max(p["peaks"][name] for p in parts) for name in data.peak_memory},
-            component_metrics=components)
-
-    def sinks(self, make: Callable[[], SinkSet], run_dir: Path) -> SinkSet:
-        """Rank 0's sinks from `make()`; other ranks get a set that records nothing."""
-        return make() if self.is_main else SinkSet(SilentRunDir(run_dir))  # type: ignore[arg-type]
+            component_metrics=components,
+            update_advantages=None if data.update_advantages is None else joined("update_advantages"))
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -284,6 +255,8 @@ def combine_update_stats(per_rank: list[dict[str, float]], tokens: list[int]) ->
         mean_name = name[:-len("_std")] + "_mean" if name.endswith("_std") else None
         if name == "pg_loss":
             out[name] = float(np.sum(values))
+        elif name.endswith("_min") or name.endswith("_max"):  # extremes over completions: over ranks too
+            out[name] = float(min(values) if name.endswith("_min") else max(values))
         elif mean_name in per_rank[0]:
             means = [stats[mean_name] for stats in per_rank]
             mean = weighted(means)

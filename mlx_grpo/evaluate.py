@@ -7,7 +7,7 @@ from typing import Any, Callable
 
 import mlx.core as mx
 
-from .correctness import Check, answer_check
+from .rewards.correctness import Check, answer_check
 from .data import encode_prompt, extra_columns
 from .rollout import SamplingSettings, decode_completion, generate
 
@@ -19,6 +19,7 @@ class EvalResult:
     correct: list[bool]  # one per held-out row
     levels: list  # each row's difficulty level (None when the data has none)
     completions: list[str] = field(default_factory=list)  # the greedy completion of each row
+    sampled: list[list[bool]] = field(default_factory=list)  # with samples: each row's N sampled answers, right?
 
     @property
     def accuracy(self) -> float | None:
@@ -27,11 +28,15 @@ class EvalResult:
 
 def evaluate(model: Any, tokenizer: Any, rows: list[dict], config: Any, eos_ids: set[int], pad_id: int,
              batch_size: int = 100, progress: Callable[[int], None] | None = None,
-             check: Check = answer_check) -> EvalResult:
+             check: Check = answer_check, samples: int = 0,
+             settings: SamplingSettings | None = None) -> EvalResult:
     """Greedy-decode every held-out prompt; a completion is right when `check` says so (the built-in: its
-    answer matches). `progress` is told how many rows each finished batch held (`mlx-grpo eval`'s progress bar)."""
+    answer matches). With `samples` N, also sample N completions of each with `settings` (the run's
+    sampling), `batch_size` completions at a time, for mean@N and pass@N. `progress` is told how many rows
+    each finished batch held (`mlx-grpo eval`'s progress bar)."""
     correct: list[bool] = []
     texts: list[str] = []
+    sampled: list[list[bool]] = []
     for start in range(0, len(rows), batch_size):
         chunk = rows[start:start + batch_size]
         prompts = [encode_prompt(tokenizer, row["prompt"], config, row.get("messages")).tokens for row in chunk]
@@ -43,4 +48,15 @@ def evaluate(model: Any, tokenizer: Any, rows: list[dict], config: Any, eos_ids:
                          **extra_columns(chunk))
         if progress is not None:
             progress(len(chunk))
-    return EvalResult(correct, [row.get("difficulty") for row in rows], texts)
+    per_call = max(1, batch_size // max(samples, 1))
+    for start in range(0, len(rows) if samples > 0 else 0, per_call):
+        chunk = rows[start:start + per_call]
+        prompts = [encode_prompt(tokenizer, row["prompt"], config, row.get("messages")).tokens for row in chunk]
+        rollout = generate(model, prompts, samples, config.max_generation_steps, eos_ids, pad_id,
+                           settings or SamplingSettings(), mx.random.key(start + 1))
+        chunk_texts = [decode_completion(tokenizer, ids, eos_ids) for ids in rollout.completions]
+        right = check([row["prompt"] for row in chunk for _ in range(samples)], chunk_texts,
+                      [row["answer"] for row in chunk for _ in range(samples)],
+                      **{k: [v for v in column for _ in range(samples)] for k, column in extra_columns(chunk).items()})
+        sampled += [list(right[i * samples:(i + 1) * samples]) for i in range(len(chunk))]
+    return EvalResult(correct, [row.get("difficulty") for row in rows], texts, sampled)

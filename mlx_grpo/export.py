@@ -25,10 +25,11 @@ from mlx.utils import tree_unflatten
 
 from .checkpoint import STEP_DIR, list_checkpoints
 from .config import TrainConfig
-from .errors import UserError
+from .common.errors import UserError
 from .models import (apply_adapters, dequantize_base, is_quantized, load_policy, model_config, resolve_dtype,
                      resolve_model_path)
 from .resume import config_for_resume
+from .telemetry.rundir.layout import RunPaths
 
 ADAPTER_FILES = ("adapters.safetensors", "adapter_config.json")
 
@@ -46,7 +47,7 @@ class Trained:
 
 def find_checkpoint(run_dir: Path, step: int | None) -> Path:
     """The checkpoint of `step`, or the run's latest; a UserError names the steps there are."""
-    found = list_checkpoints(run_dir / "checkpoints")
+    found = list_checkpoints(RunPaths(run_dir).checkpoints)
     if not found:
         raise UserError(f"{run_dir}: no checkpoint yet (checkpoints/step_<N>); train until the first one is saved")
     if step is None:

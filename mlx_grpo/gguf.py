@@ -30,7 +30,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from .errors import UserError
+from .common.errors import UserError
 from .gguf_header import Header, TensorInfo, read_header, type_name
 
 GROUP_SIZE = 32  # MLX's smallest group: nearest to ggml's blocks of 32 and K-quant sub-blocks of 16 or 32

@@ -25,9 +25,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-SCALE_MODES = ("group", "batch", "none")
-LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
-IMPORTANCE_LEVELS = ("token", "sequence")
+from .config import IMPORTANCE_LEVELS, LOSS_TYPES, SCALE_MODES
 
 
 def group_advantages(
@@ -130,7 +128,8 @@ def kl_k3(logp_policy: mx.array, logp_ref: mx.array) -> mx.array:
         clamping: a huge value means the policy really left the reference.
     """
     d = logp_ref.astype(mx.float32) - logp_policy.astype(mx.float32)
-    return mx.exp(d) - d - 1.0
+    # expm1: exp(d) - 1 rounds below d for tiny d, which read as a negative KL at a learning rate near 0
+    return mx.expm1(d) - d
 
 
 def masked_mean(x: mx.array, mask: mx.array) -> mx.array:
@@ -344,7 +343,9 @@ def policy_stats(logp: mx.array, old_logp: mx.array | None, ref_logp: mx.array |
       kl_penalty``; grpo and dr_grpo weight the KL tokens like the loss.
     * ``clip_frac_low``: ratio < 1 - epsilon where A < 0;
       ``clip_frac_high``: ratio > 1 + epsilon_high where A > 0;
-      ``clip_frac``: their sum, the tokens whose gradient clipping removed.
+      ``clip_frac``: their sum, the tokens whose gradient clipping removed;
+      ``clip_frac_low_min`` / ``clip_frac_high_max``: the lowest per-completion share of low-clipped tokens
+      and the highest of high-clipped ones (TRL's ``clip_ratio/low_min`` / ``high_max`` across ranks).
     * ``outside_frac``: ratio outside [1 - epsilon, 1 + epsilon_high],
       whatever the sign of A.
     * ``ppo_kl``: token mean of ``old_logp - logp``.
@@ -364,6 +365,12 @@ def policy_stats(logp: mx.array, old_logp: mx.array | None, ref_logp: mx.array |
     high_clipped = (r > high) & (adv > 0)
     kl = masked_mean(terms.kl, active)
     ratio_mean = masked_mean(r, active)
+    # each completion's clipped share: the batch's extremes, as TRL logs them across ranks
+    seq_tokens = active.sum(axis=-1)
+    has_tokens = seq_tokens > 0
+    seq_low = (low_clipped & active).sum(axis=-1) / mx.maximum(seq_tokens, 1)
+    seq_high = (high_clipped & active).sum(axis=-1) / mx.maximum(seq_tokens, 1)
+    any_tokens = has_tokens.any()
     log_ratio_mean = masked_mean(lr, active)
     return {
         "pg_loss": _aggregate(terms.pg, terms.seq_len, o.loss_type, totals or LossTotals.of(mask),
@@ -373,6 +380,8 @@ def policy_stats(logp: mx.array, old_logp: mx.array | None, ref_logp: mx.array |
         "clip_frac_low": masked_mean(low_clipped, active),
         "clip_frac_high": masked_mean(high_clipped, active),
         "clip_frac": masked_mean(low_clipped | high_clipped, active),
+        "clip_frac_low_min": mx.where(any_tokens, mx.where(has_tokens, seq_low, 1.0).min(), 0.0).astype(mx.float32),
+        "clip_frac_high_max": mx.where(has_tokens, seq_high, 0.0).max().astype(mx.float32),
         "outside_frac": masked_mean((r < low) | (r > high), active),
         "ppo_kl": masked_mean(-terms.token_log_ratio, active),
         "ratio_mean": ratio_mean,

@@ -182,6 +182,50 @@ def describe() -> Machine:
     )
 
 
+# ----------------------------------------------------------------------------- a Mac's state, for reports
+
+NOT_ON_THIS_OS = "not available on this OS"
+
+
+def _pmset(*args: str) -> str | None:
+    try:
+        return subprocess.run(["pmset", *args], capture_output=True, text=True, timeout=5, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def power_source() -> str:
+    """"AC Power" or "Battery Power" (`pmset -g batt`): a Mac on battery may run its GPU slower."""
+    if sys.platform != "darwin":
+        return NOT_ON_THIS_OS
+    text = _pmset("-g", "batt") or ""
+    start = text.find("'")
+    return text[start + 1:text.find("'", start + 1)] if start >= 0 and text.count("'") >= 2 else "unknown"
+
+
+def low_power_mode() -> str:
+    """"on" or "off" (`pmset -g`'s lowpowermode): Low Power Mode caps the chip's clocks."""
+    if sys.platform != "darwin":
+        return NOT_ON_THIS_OS
+    for line in (_pmset("-g") or "").splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[0] == "lowpowermode":
+            return "on" if parts[1] == "1" else "off"
+    return "unknown"
+
+
+def thermal_state() -> str:
+    """What `pmset -g therm` reports: speed limits from heat (throttling slows steps several-fold)."""
+    if sys.platform != "darwin":
+        return NOT_ON_THIS_OS
+    text = _pmset("-g", "therm")
+    if text is None:
+        return "unknown"
+    lines = [line.strip() for line in text.splitlines() if line.strip() and not line.startswith("Note:")]
+    limits = [line for line in lines if "=" in line]
+    return "; ".join(limits) if limits else ("; ".join(lines[-1:]) or "unknown")
+
+
 # ----------------------------------------------------------------------------- the MLX device, for a run
 
 def device_info() -> dict:
@@ -228,13 +272,46 @@ def wired_limit() -> int | None:
     return int(working_set / memory_share()) if working_set else None
 
 
-def wire_memory(resident_bytes: float) -> str | None:
-    """On Metal, let MLX keep up to the recommended working set wired, as mlx-lm's trainer does, so the
-    model's buffers are not paged out between steps; a trainer sharing the Mac with others (a parallel
-    sweep) wires and may use only its share. Returns a warning when what stays resident all run
-    (weights, optimiser state) already takes more than 90% of that."""
+def wired_limit_in_effect() -> int | None:
+    """The wired limit MLX holds now, read back (setting it returns the previous one), None without Metal.
+    What `wire_memory` asked for, unless nothing asked; before macOS 15 MLX keeps the number but wires
+    nothing (`wiring_takes_effect`)."""
     import mlx.core as mx
 
+    if not mx.metal.is_available():
+        return None
+    current = mx.set_wired_limit(0)
+    mx.set_wired_limit(current)
+    return int(current)
+
+
+def wiring_takes_effect() -> bool | None:
+    """Whether a wired limit wires anything: MLX's residency sets need macOS 15 (None off macOS)."""
+    version = platform.mac_ver()[0]
+    if not version:
+        return None
+    return int(version.split(".")[0]) >= 15
+
+
+def cache_limit_for(resident_bytes: float, planned_peak: float | None) -> int | None:
+    """The most freed memory MLX may keep cached (and, on a Mac, wired) for reuse: what a step adds to the
+    resident weights at the plan's peak. GRPO's shapes change every step, so without a limit Metal's cache
+    keeps growing until active + cache reach 95% of the working set, whatever the plan said (None: no plan)."""
+    if planned_peak is None or planned_peak <= resident_bytes:
+        return None
+    return int(planned_peak - resident_bytes)
+
+
+def wire_memory(resident_bytes: float, planned_peak: float | None = None) -> str | None:
+    """On Metal, let MLX keep up to the recommended working set wired, as mlx-lm's trainer does, so the
+    model's buffers are not paged out between steps; a trainer sharing the Mac with others (a parallel
+    sweep) wires and may use only its share. The buffer cache is held to what the plan's peak adds to the
+    resident state (`cache_limit_for`). Returns a warning when what stays resident all run (weights,
+    optimiser state) already takes more than 90% of that."""
+    import mlx.core as mx
+
+    if (cache_limit := cache_limit_for(resident_bytes, planned_peak)) is not None:
+        mx.set_cache_limit(cache_limit)
     working_set = wired_limit()
     if working_set is None:
         return None

@@ -25,11 +25,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .errors import UserError
+from .common.errors import UserError
 from .telemetry.analysis.compare import load_summary
 from .telemetry.rundir.jsonl_tail import JsonlTail
 from .telemetry.rundir.reader import pid_alive
-from .telemetry.rundir.writer import ALERTS, METRICS, RUN_JSON, SAMPLES, read_run_info
+from .telemetry.rundir.layout import ALERTS, METRICS, RUN_JSON, SAMPLES
+from .telemetry.rundir.writer import read_run_info
 
 COMMAND_TIMEOUT_S = 900  # plan, report and replay of a long run finish well within this
 MAX_OUTPUT_CHARS = 60_000  # what one tool returns at most: an agent's context is not a log file

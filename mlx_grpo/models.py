@@ -2,8 +2,8 @@
 
 Any Hugging Face-format MLX model directory (or hub id, where a hub is reachable)
 goes through `mlx_lm.load`, the shipped default model included; a llama-family GGUF file (or a directory
-holding one) through gguf.py; `smollm2` names SmolLM2-135M-Instruct's GGUF (tools/smollm2.py) and
-`gemma3-270m` gemma-3-270m's (tools/gemma3.py).
+holding one) through gguf.py; `smollm2` names SmolLM2-135M-Instruct's GGUF (smollm2.py) and
+`gemma3-270m` gemma-3-270m's (gemma3.py).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from mlx.utils import tree_flatten
 from mlx_lm.models.cache import make_prompt_cache
 
 from .config import DEFAULT_MODEL, TrainConfig
-from .errors import UserError
+from .common.errors import UserError
 
 DEFAULT_MODEL_DIR = Path(__file__).parent / "default_model"
 DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}
@@ -64,8 +64,8 @@ def resolve_model_path(model_id: str, base_dir: Path, need_weights: bool = True)
     """A local model directory (checked to be a model; `need_weights` False: a config.json is enough), a
     GGUF file, or, failing those, a hub id."""
     from .gguf import find_gguf
-    from .tools.gemma3 import MODEL_ID as GEMMA3, gemma3_path
-    from .tools.smollm2 import MODEL_ID as SMOLLM2, smollm2_path
+    from .smollm2 import MODEL_ID as SMOLLM2, smollm2_path
+    from .gemma3 import MODEL_ID as GEMMA3, gemma3_path
 
     if model_id == DEFAULT_MODEL:
         return str(DEFAULT_MODEL_DIR)
@@ -367,3 +367,30 @@ def count_parameters(model: nn.Module) -> tuple[int, int]:
         return total
 
     return count(model.parameters()), count(model.trainable_parameters())
+
+
+@dataclass
+class Policy:
+    """The policy being trained: the model, its tokenizer, and the ids that end or pad a completion."""
+
+    model: nn.Module
+    tokenizer: Any
+    eos_ids: set[int]
+    pad_id: int
+    load_note: str | None = None  # what loading changed (a dequantized base), said at start
+
+
+def load_policy_for_training(config: TrainConfig, base_dir: Path) -> Policy:
+    """The policy as the trainer trains it: loaded, a quantized base made plain when asked, adapters on."""
+    model, tokenizer = load_policy(config, base_dir)
+    note = dequantize_base(model, config)
+    apply_adapters(model, config)
+    return Policy(model, tokenizer, *stop_ids(tokenizer), note)
+
+
+def stop_ids(tokenizer: Any) -> tuple[set[int], int]:
+    """The ids that end a completion (every EOS the tokenizer names) and the one that pads it (its pad
+    token, else the smallest EOS)."""
+    eos_ids = set(getattr(tokenizer, "eos_token_ids", None) or [tokenizer.eos_token_id])
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos_ids)
+    return eos_ids, pad_id

@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .errors import UserError
+from .common.errors import UserError
 
 _QWEN2 = {"model_type": "qwen2", "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "max_position_embeddings": 32768,
           "hidden_act": "silu"}

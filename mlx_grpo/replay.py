@@ -9,7 +9,7 @@ recomputes each group's advantages (`grpo.group_advantages`, the run's scale_rew
 - advantages: completions whose advantage changed sign (a completion the update pushed up is now
   pushed down, or the reverse) and the mean absolute change;
 - zero-std groups: groups with no spread, which teach nothing, before and after;
-- the reward-quality report of analysis.py, before and after.
+- the reward-quality report (telemetry/analysis/reward_quality.py), before and after.
 
 Extra dataset columns are not kept in completions/, so a reward function reading one gets none here.
 """
@@ -22,13 +22,13 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .errors import UserError
-from .rewards import RewardFunction, score_completions
+from .common.errors import UserError
+from .rewards.scoring import RewardFunction, score_completions
 from .telemetry.analysis.reward_quality import QualityReport, analyze_quality
 from .telemetry.rundir.completions import completion_steps, read_step
 from .telemetry.metrics.reward_stats import reward_metrics
 from .telemetry.rundir.writer import read_run_info
-from .telemetry.terminal import terminal_safe
+from .common.terminal import terminal_safe
 
 
 SIGN_TOLERANCE = 1e-4  # advantages closer to 0 than this have no sign

@@ -30,8 +30,9 @@ import psutil
 
 from .checkpoint import STEP_DIR, DamagedCheckpoint, latest_checkpoint, read_state
 from .config import TrainConfig, config_from_mapping, nest, top_level_fields
-from .errors import UserError
-from .telemetry.rundir.writer import ALERTS, METRICS, RUN_JSON, SAMPLES, RunInfo, loads_object, read_run_info
+from .common.errors import UserError
+from .telemetry.rundir.layout import ALERTS, METRICS, SAMPLES, RunPaths
+from .telemetry.rundir.writer import RunInfo, loads_object, read_run_info
 
 
 def resume_command(run_dir: Path) -> str:
@@ -82,7 +83,7 @@ def config_for_resume(run_dir: Path, overrides: dict[str, Any]) -> tuple[TrainCo
                             f"export {run_dir} --out DIR, then train with model_id: DIR")
     # The trainer stores where relative paths (model, dataset, reward files) were resolved from.
     base_dir = Path(saved.pop("base_dir", None) or Path.cwd())
-    return config_from_mapping(nest(_flatten(saved)), str(run_dir / RUN_JSON), overrides), base_dir
+    return config_from_mapping(nest(_flatten(saved)), str(RunPaths(run_dir).run_json), overrides), base_dir
 
 
 def _still_running(info: RunInfo) -> int | None:
@@ -107,7 +108,7 @@ def resumable_checkpoint(run_dir: Path, num_steps: int) -> Path | None:
     pid = _still_running(info)
     if pid is not None:
         raise UserError(f"{run_dir}: this run is still being trained by process {pid}; stop it first")
-    checkpoints = run_dir / "checkpoints"
+    checkpoints = RunPaths(run_dir).checkpoints
     if checkpoints.is_dir():
         for tmp in checkpoints.glob(".step_*.tmp"):
             shutil.rmtree(tmp, ignore_errors=True)  # a checkpoint cut short by a crash
@@ -169,7 +170,7 @@ LAST_RECORD_BYTES = 16 << 20
 
 def last_record(run_dir: Path) -> dict[str, Any]:
     """The last whole line of metrics.jsonl as a dict ({} when there is none)."""
-    path = run_dir / METRICS
+    path = RunPaths(run_dir).metrics
     if not path.is_file():
         return {}
     with open(path, "rb") as fh:  # only its end: a file of one endless line must not fill the memory

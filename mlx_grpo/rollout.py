@@ -42,10 +42,6 @@ class Rollout:
     truncated: list[bool]  # hit the token budget without EOS
     seconds: float  # generation time (a part taken from a rollout keeps the whole rollout's)
 
-    @property
-    def num_completion_tokens(self) -> int:
-        return sum(len(c) for c in self.completions)
-
     def take(self, rows: Sequence[int]) -> "Rollout":
         """The sequences at `rows`, in that order."""
         return Rollout([self.prompts[i] for i in rows], [self.completions[i] for i in rows],
@@ -117,6 +113,16 @@ def sample_tokens(logits: mx.array, settings: SamplingSettings, key: mx.array) -
     return sample_with_logprobs(logits, key)
 
 
+def first_crossing(cumulative: mx.array, threshold: mx.array) -> mx.array:
+    """Per row, the first id whose cumulative sum passes `threshold` ([N, 1]); the first id reaching the
+    total when rounding puts the threshold at it (never an id without mass). Found as a first crossing,
+    not by counting sums at or below the threshold: a GPU's parallel scan rounds neighbours along
+    different paths, so its cumulative sum can step down by an ulp, and a count then lands elsewhere."""
+    crossed = cumulative > threshold
+    reaching_total = mx.argmax(cumulative >= cumulative[:, -1:], axis=-1)
+    return mx.where(crossed[:, -1], mx.argmax(crossed, axis=-1), reaching_total).astype(mx.int32)
+
+
 def sample_with_logprobs(logits: mx.array, key: mx.array) -> tuple[mx.array, mx.array]:
     """One id per row drawn from softmax(logits) by inverting its cumulative sum, and the id's log-prob.
 
@@ -127,9 +133,7 @@ def sample_with_logprobs(logits: mx.array, key: mx.array) -> tuple[mx.array, mx.
     cumulative = mx.cumsum(mx.exp(logits - top), axis=-1)
     total = cumulative[:, -1:]
     threshold = mx.random.uniform(shape=total.shape, key=key) * total
-    # the first id whose cumulative sum passes the threshold; never past the last id with mass (rounding
-    # can put the threshold at the total)
-    ids = mx.minimum((cumulative <= threshold).sum(axis=-1), (cumulative < total).sum(axis=-1))
+    ids = first_crossing(cumulative, threshold)
     logprobs = mx.take_along_axis(logits, ids[:, None], axis=-1) - top - mx.log(total)
     return ids, logprobs[:, 0]
 

@@ -16,15 +16,13 @@ import os
 from pathlib import Path
 from typing import IO
 
-from .errors import UserError
-
-LOCK_FILE = ".lock"
-
+from .common.errors import UserError
+from .telemetry.rundir.layout import RunPaths
 
 def _unused(path: Path) -> bool:
     """A directory no run ever wrote to: a start killed between its mkdir and its run.json left it."""
     try:
-        return path.is_dir() and all(p.name == LOCK_FILE for p in path.iterdir())
+        return path.is_dir() and all(p == RunPaths(path).lock for p in path.iterdir())
     except OSError:
         return False
 
@@ -70,7 +68,7 @@ class RunLock:
 
     def acquire(self) -> "RunLock":
         try:
-            handle = open(self.run_dir / LOCK_FILE, "a+")
+            handle = open(RunPaths(self.run_dir).lock, "a+")
         except OSError as err:
             raise UserError(f"{self.run_dir}: cannot open its lock file ({err.strerror or err})") from None
         try:

@@ -26,6 +26,7 @@ from typing import Any
 
 from .checkpoint import STEP_DIR, latest_checkpoint
 from .resume import resume_command
+from .telemetry.rundir.layout import RunPaths
 
 SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
 EXIT_INTERRUPTED = 130  # the shell's code for a process ended by Ctrl-C
@@ -93,7 +94,7 @@ def stopped_message(run_dir: Path, step: int, checkpoint_saved: bool) -> str:
     """Where an interrupted run stopped, what is saved, and the exact command to continue."""
     if checkpoint_saved:
         return f"interrupted after step {step}, checkpoint saved; continue with: {resume_command(run_dir)}"
-    latest = latest_checkpoint(run_dir / "checkpoints")
+    latest = latest_checkpoint(RunPaths(run_dir).checkpoints)
     if latest is None:
         return (f"stopped during step {step} with no checkpoint yet; "
                 f"{resume_command(run_dir)} starts the run over")

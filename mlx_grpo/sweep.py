@@ -44,10 +44,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .config import TrainConfig, _build_dataclass, nest, read_yaml_mapping
-from .errors import UserError
+from .common.errors import UserError
 from .machine import MEMORY_SHARE_ENV
 from .telemetry.rundir.writer import read_run_info
-from .telemetry.terminal import terminal_safe
+from .common.terminal import terminal_safe
 
 TOP_KEYS = ("name", "base", "method", "trials", "seed", "output_dir", "fixed", "parameters")
 RANGE_KEYS = ("values", "min", "max", "step", "num", "distribution")

@@ -3,9 +3,11 @@
 `Trainer` holds what a step needs (policy, reference, rewards, data order, optimiser) and runs a
 step as phase methods that return data: `draw_prompts`, `rollout`, `score`, `advantages`,
 `reference_logprobs`, `update`; dynamic sampling refills a batch from the groups that teach something.
-`Trainer.step` strings them together and returns a `StepData` of raw arrays and timings (gathered over
-data-parallel ranks); it names no metric. The run around the steps (directory, sinks, recorder,
-checkpoints) is run.py's.
+`Trainer.step` strings them together and returns a `StepData` of raw arrays, texts and timings (gathered
+over data-parallel ranks). It shapes no record: metric names are step_data.py's, except what a component
+measures about itself (the adaptive window, S-GRPO, dynamic sampling's redrawn prompts), and every
+completion's row is the recorder's. The run around the steps (directory, sinks, recorder, checkpoints)
+is run.py's.
 """
 
 from __future__ import annotations
@@ -21,48 +23,33 @@ import mlx.core as mx
 import mlx.nn as nn
 import mlx.optimizers as optim
 import numpy as np
+from mlx.utils import tree_flatten
 
 from .checkpoint import load_checkpoint
 from .config import TrainConfig
-from .correctness import Check, load_correctness
+from .rewards.correctness import Check, load_correctness
 from .data import EncodedPrompt, PromptOrder, encode_prompt, extra_columns, load_datasets
 from .distributed import World, init_world
-from .errors import UserError
+from .common.errors import UserError
 from .evaluate import evaluate
 from .extras import entropy_dump
 from .extras.adaptive_window import WindowController
 from .extras.sgrpo import run_exits
-from .models import ReferencePolicy, apply_adapters, dequantize_base, load_policy, make_reference
-from .rewards import RewardFunction, RewardScores, load_reward_functions, score_completions
+from .models import Policy, ReferencePolicy, load_policy_for_training, make_reference
+from .rewards.loading import load_rewards
+from .rewards.scoring import RewardFunction, RewardScores, score_completions
 from .rollout import Rollout, SamplingSettings, decode_completion, generate
 from .tasks.answer_format import extract_answer, extract_reasoning
 from .telemetry.metrics.step_data import StepData, UpdateStats, eval_record
 from .telemetry.metrics.names import REDRAWN_PROMPTS
-from .plan import ModelShape, fit_run, read_model_shape
+from .fitting import fit_run, read_model_shape
+from .plan import ModelShape
 from . import roofline
 from .update import (TrainBatch, UpdateResult, build_train_batch, checkpoint_blocks, entropy_stride, make_loss_fn,
                      reference_logprobs, shares_prompts, update_policy)
 
 
 # ----------------------------------------------------------------------------- setup pieces
-
-@dataclass
-class Policy:
-    model: nn.Module
-    tokenizer: Any
-    eos_ids: set[int]
-    pad_id: int
-    load_note: str | None = None  # what loading changed (a dequantized base), said at start
-
-
-def load_policy_for_training(config: TrainConfig, base_dir: Path) -> Policy:
-    model, tokenizer = load_policy(config, base_dir)
-    note = dequantize_base(model, config)
-    apply_adapters(model, config)
-    eos_ids = set(getattr(tokenizer, "eos_token_ids", None) or [tokenizer.eos_token_id])
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos_ids)
-    return Policy(model, tokenizer, eos_ids, pad_id, note)
-
 
 def make_optimizer(config: TrainConfig) -> optim.Optimizer:
     # The schedule advances once per optimiser update, and a step makes num_iterations of them: measured in
@@ -78,19 +65,6 @@ def make_optimizer(config: TrainConfig) -> optim.Optimizer:
         ramp = optim.linear_schedule(config.learning_rate / warmup, config.learning_rate, warmup)
         schedule = optim.join_schedules([ramp, main], [warmup])
     return optim.AdamW(learning_rate=schedule, weight_decay=config.weight_decay)
-
-
-def load_rewards(config: TrainConfig, base_dir: Path) -> list[RewardFunction]:
-    functions = load_reward_functions([(r.name, r.weight) for r in config.rewards], base_dir)
-    if config.rubric_file is not None:
-        from .rubric import load_rubric
-        from .rubric_reward import RubricReward
-
-        path = Path(config.rubric_file)
-        rubric = load_rubric(path if path.is_absolute() else base_dir / path)
-        functions.append(RewardFunction("rubric", RubricReward(rubric, criteria_every=config.log_every),
-                                        config.rubric_weight))
-    return functions
 
 
 def remedied(config: TrainConfig, factors: dict[str, float]) -> TrainConfig:
@@ -309,9 +283,10 @@ class Trainer:
             kept.append(spares.take(list(range(missing))))
         return Drawn.concat(kept), redrawn
 
-    def advantages(self, scored: Scored) -> mx.array:
-        advantages = self.world.group_advantages(mx.array(scored.scores.total, dtype=mx.float32),
-                                                 self.config.num_generations, self.config.scale_rewards)
+    def advantages(self, scored: Scored, group_size: int) -> mx.array:
+        """Each completion's advantage within its group of `group_size` (the prompts' G)."""
+        advantages = self.world.group_advantages(mx.array(scored.scores.total, dtype=mx.float32), group_size,
+                                                 self.config.scale_rewards)
         mx.eval(advantages)
         return advantages
 
@@ -345,7 +320,7 @@ class Trainer:
                 prompts, rollout, scored = drawn.prompts, drawn.rollout, drawn.scored
                 component_metrics[REDRAWN_PROMPTS] = float(redrawn)
             with meter.phase("advantage"):
-                advantages = group_advantages = self.advantages(scored)
+                advantages = group_advantages = self.advantages(scored, prompts.group_size)
                 trained = rollout
                 if config.sgrpo.enable:  # the serial groups of early exits replace the parallel group
                     trained = run_exits(policy.model, policy.tokenizer, rollout,
@@ -367,7 +342,7 @@ class Trainer:
         if config.sgrpo.enable:
             component_metrics.update(trained.metrics())
         data = StepData(
-            step=step, group_size=config.num_generations,
+            step=step, group_size=prompts.group_size,
             reward_names=scored.scores.names, reward_weights=[f.weight for f in self.reward_fns],
             scores=scored.scores.per_function, total=scored.scores.total, advantages=np.array(group_advantages),
             prompt_lengths=np.array([len(e.tokens) for e in prompts.encoded for _ in range(prompts.group_size)]),
@@ -380,9 +355,10 @@ class Trainer:
                                self.optimizer.learning_rate.item(), config.beta, self.reference is not None),
             seconds={**meter.seconds, "update": update.seconds}, peak_memory=meter.peaks,
             component_metrics=component_metrics,
-            samples=self._samples(prompts, scored, np.array(group_advantages), lengths, rollout.truncated),
+            update_advantages=np.array(advantages) if config.sgrpo.enable else None,
             new_errors=scored.scores.new_errors,
-            texts=scored.texts, prompt_texts=[row["prompt"] for row in prompts.rows],
+            texts=scored.texts, reasoning=[extract_reasoning(t) for t in scored.texts],
+            predicted=[extract_answer(t) for t in scored.texts], prompt_texts=[row["prompt"] for row in prompts.rows],
             answers=[row["answer"] for row in prompts.rows],
             entropy_dump=(entropy_dump.build_dump(step, update.token_stats["token_entropy"],
                                                   update.token_stats["token_varentropy"], trained.prompts,
@@ -392,22 +368,6 @@ class Trainer:
             peak_flops_per_s=self.peak_flops_per_s,
         )
         return self.world.gather(data)
-
-    def _samples(self, prompts: Prompts, scored: Scored, adv: np.ndarray, lengths: np.ndarray,
-                 truncated: list[bool]) -> list[dict]:
-        """One completion from each of the first few groups, for samples.jsonl."""
-        G, scores, rows = prompts.group_size, scored.scores, prompts.per_completion
-        out = []
-        for i in [g * G for g in range(min(self.config.samples_per_step, len(prompts.rows)))]:
-            per_fn = {name: (None if np.isnan(scores.per_function[j, i]) else float(scores.per_function[j, i]))
-                      for j, name in enumerate(scores.names)}
-            out.append({"prompt_index": i // G, "prompt": rows[i]["prompt"], "completion": scored.texts[i],
-                        "reasoning": extract_reasoning(scored.texts[i]),
-                        "predicted": extract_answer(scored.texts[i]), "answer": rows[i]["answer"],
-                        "rewards": per_fn, "total": float(scores.total[i]), "advantage": float(adv[i]),
-                        "length": int(lengths[i]), "truncated": bool(truncated[i]),
-                        "correct": None if scored.correct is None else bool(scored.correct[i])})
-        return out
 
     def evaluate(self, peaks: dict[str, float] | None = None) -> dict[str, float] | None:
         """Greedy held-out accuracy over every rank's share of the held-out rows (None without a correctness
@@ -422,12 +382,13 @@ class Trainer:
         with meter.phase("eval", memory=True):
             result = evaluate(self.policy.model, self.policy.tokenizer, self.eval_rows, self.config,
                               self.policy.eos_ids, self.policy.pad_id, check=self.correctness,
-                              batch_size=self.config.batch_size * self.config.num_generations)
+                              batch_size=self.config.batch_size * self.config.num_generations,
+                              samples=self.config.eval_samples, settings=self.settings)
         mx.clear_cache()
         if peaks is not None:
             peaks.update(meter.peaks)
-        correct, levels = self.world.gather_lists(result.correct, result.levels)
-        return eval_record(correct, levels, self.world.slowest(time.perf_counter() - start))
+        correct, levels, sampled = self.world.gather_lists(result.correct, result.levels, result.sampled)
+        return eval_record(correct, levels, self.world.slowest(time.perf_counter() - start), sampled)
 
     def roll_back(self, checkpoint: Path, factors: dict[str, float]) -> None:
         """Restore `checkpoint`'s weights and optimiser state and go on with the learning rate and beta
@@ -436,6 +397,17 @@ class Trainer:
         self.optimizer = make_optimizer(self.config)
         self.loss_and_grad = nn.value_and_grad(self.policy.model, make_loss_fn(self.config))
         load_checkpoint(checkpoint, self.policy.model, self.optimizer)
+
+    def resident_bytes(self) -> int:
+        """What stays in memory all run: the weights in the run's dtype, a frozen reference copy, and AdamW's
+        two moments per trainable value. Counted from the arrays' shapes: the moments are built at the first
+        update and a dtype cast is still lazy here, so the allocator's counter would read low."""
+        def nbytes(tree: Any) -> int:
+            return sum(v.nbytes for _, v in tree_flatten(tree))
+
+        model, reference = self.policy.model, self.reference
+        copy = nbytes(reference.model.parameters()) if reference is not None and not reference.uses_adapters_off else 0
+        return nbytes(model.parameters()) + copy + 2 * nbytes(model.trainable_parameters())
 
     def adapter_config(self) -> dict | None:
         c = self.config

@@ -7,9 +7,17 @@ import json
 import math
 from pathlib import Path
 
-from mlx_grpo.telemetry.rundir.writer import RunInfo, write_run_info
+from mlx_grpo.telemetry.events import Start
+from mlx_grpo.telemetry.rundir.writer import RunInfo, new_run_info, write_run_info
 
 REWARD_FUNCTIONS = ("format_exact", "answer_check")
+
+
+def start_sinks(sink, run_dir, name="run", config=None, **kwargs) -> RunInfo:
+    """Start a sink (or a SinkSet) on a new run directory as the run does; returns the RunInfo."""
+    info = new_run_info(run_dir, name, config or {}, **kwargs)
+    sink.handle(Start(info, Path(run_dir)))
+    return info
 
 
 def metric_record(step: int, time: float) -> dict:

@@ -40,10 +40,14 @@ class Faults:
     throughput_drop: bool = False
     memory_high: bool = False  # the step's peak near the accelerator's working set
     system_memory_high: bool = False  # the machine nearly out of memory
+    cache_held_high: bool = False  # MLX's live arrays and buffer cache fill the working set (wired on a Mac)
+    memory_pressure: bool = False  # macOS reports memory pressure "warning"
     collapse: bool = False  # the policy breaks: accuracy to 0 and the format rewards mostly lost at once
     stagnant: bool = False  # accuracy stays at 30% for the whole run
     rare_success: bool = False  # answers almost never right and no format reward: tiny signal-to-noise
     takeover: bool = False  # format_approx's weight grows while accuracy falls
+    clip_saturation: bool = False  # the PPO clip active on a third of the tokens (num_iterations > 1)
+    zero_gradient: bool = False  # updates with a gradient norm of exactly 0 (nothing to learn from)
 
 
 def _accuracy(step: int, steps: int, faults: Faults, gain: float) -> float:
@@ -140,7 +144,11 @@ def simulate(steps: int = 200, seed: int = 0, faults: Faults | None = None, eval
         grad = 1.3 * math.exp(rng.normal(0.0, 0.32))
         if rng.random() < grad_spike_rate or (faults.grad_spike and step == faults.fault_step):
             grad *= 10
+        if faults.zero_gradient and after:
+            grad = 0.0
         record["policy/grad_norm"] = grad
+        if faults.clip_saturation:
+            record["policy/clip_frac"] = 0.35 if after else float(abs(rng.normal(0.03, 0.01)))
         record["policy/loss"] = float(rng.normal(0, 0.05))
         if faults.nan_loss and step == faults.fault_step:
             for key in ("policy/loss", "policy/grad_norm", "policy/kl", "policy/entropy"):
@@ -155,6 +163,10 @@ def simulate(steps: int = 200, seed: int = 0, faults: Faults | None = None, eval
         record["system/accel_memory_percent"] = memory
         record["memory/peak_percent"] = 95.0 if faults.memory_high and after else 1.6 * memory
         record["system/memory_percent"] = 95.0 if faults.system_memory_high and after else 55.0 + 0.05 * memory
+        if faults.cache_held_high:  # only in the runs that test it: the others' records stay as they were
+            record["system/accel_held_percent"] = 97.0 if after else memory + 20.0
+        if faults.memory_pressure:
+            record["system/memory_pressure_level"] = 2.0 if after else 1.0
         if eval_every and step % eval_every == 0:
             record["eval/accuracy"] = float(np.clip(acc + rng.normal(0, 0.035), 0, 1))
         metrics.append(record)

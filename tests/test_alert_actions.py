@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-import mlx_grpo.run as run_module
+import mlx_grpo.opening as opening_module
 from mlx_grpo.config import load_config
 from mlx_grpo.machine import accel_memory
 from mlx_grpo.telemetry.rundir.writer import read_run_info
@@ -27,7 +27,7 @@ def read_jsonl(path: Path) -> list[dict]:
 def run_with_working_set(tmp_path: Path, monkeypatch, working_set: int) -> Path:
     """A run on a device that reports `working_set` bytes as its recommended working set (Metal does; the CPU
     backend reports none), every other reading MLX's own."""
-    monkeypatch.setattr(run_module, "accel_memory", lambda: {**accel_memory(), "limit": working_set})
+    monkeypatch.setattr(opening_module, "accel_memory", lambda: {**accel_memory(), "limit": working_set})
     config = load_config(None, {**SMALL, "monitoring_dir": str(tmp_path / "runs")})
     return Path(train(config, tmp_path)["run_dir"])
 
@@ -77,7 +77,8 @@ def test_a_rule_with_action_stop_checkpoints_closes_the_logs_and_exits_3_with_th
                          "checkpoint saved; continue with: mlx-grpo train --resume runs/stopped"]
     assert "Traceback" not in result.stderr
     assert [r["step"] for r in read_jsonl(run_dir / "metrics.jsonl")] == [1, 2, 3]
-    assert [(a["step"], a["rule"], a["action"]) for a in read_jsonl(run_dir / "alerts.jsonl")] == [
+    # built-in warnings may fire too (a 4-row batch's KL is high); the only alert that acted is the stop rule's
+    assert [(a["step"], a["rule"], a["action"]) for a in read_jsonl(run_dir / "alerts.jsonl") if "action" in a] == [
         (3, "stop_at_three", "stop")]
     assert read_run_info(run_dir).status == "interrupted"
     assert (run_dir / "checkpoints" / "step_3").is_dir()

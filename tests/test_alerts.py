@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from mlx_grpo.errors import UserError
+from mlx_grpo.common.errors import UserError
 from mlx_grpo.telemetry.alerts.config import default_rules, load_alert_rules, rules_from_config
 from mlx_grpo.telemetry.alerts.console import format_alert, print_alerts
 from mlx_grpo.telemetry.metrics.other_names import canonical_record
@@ -50,7 +50,7 @@ def test_builtin_rules_raise_no_warning_on_a_healthy_run(seed):
     # a rare 10x gradient spike, slow improvement. Those earn info alerts at most.
     alerts = _replay(_run(300, seed))
     assert [a for a in alerts if a.level != "info"] == [], [f"{a.step} {a.rule}: {a.message}" for a in alerts]
-    assert {a.rule for a in alerts} <= {"constant_reward", "grad_norm_spike", "reward_stagnation"}
+    assert {a.rule for a in alerts} <= {"constant_reward", "grad_norm_spike", "reward_stagnation", "entropy_collapse"}
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -66,7 +66,7 @@ FAULTS = [
     ("constant_reward", "constant_reward", 1, 10),
     ("nan_loss", "non_finite", 100, 100),
     ("kl_blowup", "kl_drift", 100, 108),
-    ("entropy_collapse", "entropy_collapse", 100, 105),
+    ("entropy_collapse", "entropy_collapse", 100, 102),
     ("length_reward", "length_growth", 100, 130),
     ("length_reward", "completions_truncated", 100, 150),
     ("length_reward", "reward_hacking", 100, 145),
@@ -74,12 +74,19 @@ FAULTS = [
     ("throughput_drop", "throughput_drop", 100, 110),
     ("memory_high", "accel_memory_high", 100, 102),
     ("system_memory_high", "system_memory_high", 100, 103),
+    ("cache_held_high", "accel_held_high", 100, 103),
+    ("memory_pressure", "memory_pressure_high", 100, 103),
     ("collapse", "reward_collapse", 100, 102),
     ("collapse", "accuracy_collapse", 100, 102),
     ("stagnant", "not_learning", 150, 180),
     ("stagnant", "reward_stagnation", 150, 175),
     ("rare_success", "low_signal_to_noise", 1, 60),
     ("takeover", "reward_takeover", 100, 175),
+    ("clip_saturation", "clip_saturation", 100, 102),
+    ("zero_gradient", "zero_gradient", 100, 105),
+    ("zero_gradient", "vanishing_gradient", 100, 102),
+    ("kl_blowup", "kl_high", 100, 106),
+    ("length_reward", "heldout_accuracy_drop", 100, 250),
 ]
 
 
@@ -114,9 +121,11 @@ def test_measured_length_paying_reward_is_caught_within_a_few_steps():
     assert first["completions_truncated"] <= 31 and first["kl_drift"] <= 35
 
 
-def test_measured_constant_reward_warns_at_step_5():
+def test_measured_constant_reward_warns_from_step_2():
+    # Every group on one score from the first step: no gradient (grad_norm exactly 0) and the policy never
+    # leaves the reference (KL 0). Named at step 2 (was 5), the empty updates at 2, the frozen policy at 8.
     alerts = [a for a in _replay(_measured("run_constant_reward.jsonl")) if a.level != "info"]
-    assert [(a.step, a.rule) for a in alerts] == [(5, "zero_std_groups")]
+    assert [(a.step, a.rule) for a in alerts] == [(2, "zero_std_groups"), (2, "zero_gradient"), (8, "kl_flat")]
 
 
 def test_measured_collapse_after_a_learning_rate_raise_is_caught_in_two_steps():
@@ -130,12 +139,13 @@ def test_measured_collapse_after_a_learning_rate_raise_is_caught_in_two_steps():
                                                                       if a.rule == "reward_collapse")
 
 
-def test_measured_frozen_run_is_reported_as_not_learning_and_nothing_else():
+def test_measured_frozen_run_is_reported_as_frozen_and_not_learning_and_nothing_else():
     # The default run at learning rate 1e-9: nothing moves. Sampled accuracy still swings 0.2-0.6 from batch
     # to batch, which is why the rule needs 150 steps to be sure.
     alerts = _replay(_measured("run_not_learning.jsonl"))
     warnings = [(a.step, a.rule) for a in alerts if a.level != "info"]
-    assert warnings == [(150, "not_learning")]
+    # the frozen policy shows first in its KL to the reference: ~0 for 8 steps (the default run: 4e-4 at step 2)
+    assert warnings == [(8, "kl_flat"), (150, "not_learning")]
     message = next(a.message for a in alerts if a.rule == "not_learning")
     assert message.startswith("rewards/total/mean, accuracy/train and rewards/zero_std_group_frac have not moved")
 
@@ -173,7 +183,8 @@ def test_drop_rule_compares_with_the_median_so_a_lasting_collapse_fires_once():
 
 
 def test_every_builtin_rule_has_a_fault_that_fires_it():
-    assert {rule.name for rule in default_rules()} == {rule for _, rule, _, _ in FAULTS} | {"non_finite"}
+    covered = {rule for _, rule, _, _ in FAULTS} | {"non_finite", "kl_flat"}
+    assert {rule.name for rule in default_rules()} == covered
 
 
 def test_nan_loss_is_one_error_alert_naming_the_metrics():
@@ -460,7 +471,7 @@ def test_builtin_rules_are_packaged_and_documented():
 
 def test_alert_messages_are_scrubbed_wherever_they_come_from(monkeypatch):
     from mlx_grpo.telemetry.alerts.alert import Alert
-    from mlx_grpo.telemetry.rundir.writer import register_secret
+    from mlx_grpo.common.secrets import register_secret
 
     # a judge echoing its Authorization header, with a key whose variable name says nothing
     monkeypatch.setenv("JUDGE_AUTH", "judgecred_QWERTY123456789")

@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from mlx_grpo.errors import UserError
+from mlx_grpo.common.errors import UserError
 from mlx_grpo.tasks import arithmetic
 from mlx_grpo.tasks.answer_format import is_correct
 

@@ -58,7 +58,7 @@ def test_unknown_key_names_it_and_suggests_the_right_one(tmp_path, capsys):
 @pytest.mark.parametrize("text, expected", [
     ("num_steps: many\n", "key 'num_steps' is 'many'; expected an integer"),
     ("use_lora: maybe\n", "key 'use_lora' is 'maybe'; expected true/false"),
-    ("learning_rate: 2\n", "key 'learning_rate' is 2.0; expected between 0 and 1"),
+    ("learning_rate: 2\n", "key 'learning_rate' is 2.0; expected at least 0 and below 1"),
     ("num_generations: 1\n", "key 'num_generations' is 1; expected at least 2"),
     ("loss_type: ppo\n", "key 'loss_type' is 'ppo'; expected one of grpo, bnpo, dr_grpo, dapo"),
 ])
@@ -237,7 +237,7 @@ def test_a_null_or_structured_answer_is_refused_with_its_line(tmp_path, capsys):
 
 
 def test_a_reward_function_calling_sys_exit_is_a_reward_error_not_the_end_of_the_run():
-    from mlx_grpo.rewards import RewardFunction, score_completions
+    from mlx_grpo.rewards.scoring import RewardFunction, score_completions
 
     def leaves(prompts, completions, answers, **columns):
         raise SystemExit(0)
@@ -253,8 +253,8 @@ def test_a_generation_budget_that_cannot_fit_is_refused_by_the_memory_plan(tmp_p
 
 
 def test_reward_totals_that_overflow_stop_the_run_instead_of_skipping_every_update():
-    from mlx_grpo.errors import UserError
-    from mlx_grpo.rewards import RewardFunction, score_completions
+    from mlx_grpo.common.errors import UserError
+    from mlx_grpo.rewards.scoring import RewardFunction, score_completions
 
     def huge(prompts, completions, answers, **columns):
         return [1e308] * len(completions)

@@ -137,14 +137,14 @@ def test_bench_report_piped_keeps_each_line_whole(report, capsys):
 def test_bench_wires_memory_as_training_does_and_names_where_the_matmul_ran(report, monkeypatch, tmp_path):
     """`bench` built the trainer without the wired limit `train` sets, and labelled the Metal GPU's matmul
     speed as the BLAS's (Accelerate serves only MLX's CPU operations)."""
-    from mlx_grpo import benchmark
+    from mlx_grpo import workload
     from mlx_grpo.commands.bench import matmul_line
     from mlx_grpo.config import load_config
 
     assert "wired_limit_bytes" in report["settings"]  # null on the CPU backend
     wired = []
-    monkeypatch.setattr(benchmark, "wire_memory", lambda resident: wired.append(resident))
-    benchmark.Workload(load_config(None, {"batch_size": 2, "num_generations": 2, "max_generation_steps": 2}),
+    monkeypatch.setattr(workload, "wire_memory", lambda resident: wired.append(resident))
+    workload.Workload(load_config(None, {"batch_size": 2, "num_generations": 2, "max_generation_steps": 2}),
                        Path.cwd(), 4)
     assert len(wired) == 1 and wired[0] > 0
     gpu = matmul_line({**report["machine"], "device": "gpu", "blas": "Accelerate", "matmul_fp32_gflops": 9000.0})

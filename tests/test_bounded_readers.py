@@ -125,8 +125,8 @@ def test_a_closed_or_full_stdout_is_no_reason_to_stop_training(tmp_path, model, 
 
 @pytest.mark.parametrize("values", [["no", "no"], ["false", "true"], [float("nan"), 1], [2, 0], [None, True]])
 def test_a_correctness_function_returning_other_than_true_or_false_is_one_line(values):
-    from mlx_grpo.correctness import user_check
-    from mlx_grpo.errors import UserError
+    from mlx_grpo.rewards.correctness import user_check
+    from mlx_grpo.common.errors import UserError
 
     check = user_check("rw.py:c", lambda prompts, completions, answers, **kw: values)
     with pytest.raises(UserError, match=r"correctness function rw.py:c returned .* at index \d; expected True/False"):
@@ -136,7 +136,7 @@ def test_a_correctness_function_returning_other_than_true_or_false_is_one_line(v
 def test_numpy_bools_and_ones_and_zeros_are_verdicts():
     import numpy as np
 
-    from mlx_grpo.correctness import user_check
+    from mlx_grpo.rewards.correctness import user_check
 
     check = user_check("rw.py:c", lambda prompts, completions, answers, **kw: np.array([True, False, 1, 0.0],
                                                                                          dtype=object))

@@ -13,8 +13,10 @@ import numpy as np
 import pytest
 
 from mlx_grpo.config import load_config
-from mlx_grpo.telemetry.rundir.completions import (CompletionsWriter, completion_steps, groups, read_step, step_file,
-                                            truncate_completions)
+from mlx_grpo.telemetry.events import Completions
+from mlx_grpo.telemetry.rundir.completions import (CompletionsWriter, completion_steps, groups, read_step,
+                                                   truncate_completions)
+from mlx_grpo.telemetry.rundir.layout import RunPaths
 
 SMALL = {"batch_size": 4, "num_generations": 4, "max_generation_steps": 12, "train_size": 64, "eval_every": 0,
          "checkpoint_every": 0, "tensorboard": False, "num_steps": 3}
@@ -53,23 +55,35 @@ def test_every_completion_of_every_step_is_kept_with_its_scores(run_dir):
             assert len({r["prompt"] for r in group}) == 1
 
 
+def test_samples_are_a_selection_of_the_completion_rows_joined_by_step_and_prompt_index(run_dir):
+    """One row per completion, made once: each samples.jsonl line is its completions/ row, plus the time."""
+    samples = read_jsonl(run_dir / "samples.jsonl")
+    assert samples and {s["completion_index"] for s in samples} == {0}
+    for sample in samples:
+        row = groups(read_step(run_dir, sample["step"]))[sample["prompt_index"]][sample["completion_index"]]
+        assert {k: v for k, v in sample.items() if k != "time"} == row
+        assert "predicted" in row and "reasoning" in row
+
+
 def test_the_cap_stops_keeping_completions_and_says_so_once(tmp_path):
     rows = [{"step": 1, "prompt_index": 0, "completion_index": j, "completion": "x" * 50 + str(j)} for j in range(8)]
     CompletionsWriter(tmp_path / "probe", max_mb=0).write(1, rows)
-    size = step_file(tmp_path / "probe", 1).stat().st_size
-    writer = CompletionsWriter(tmp_path, max_mb=1.5 * size / 1e6)  # one step fits, the second does not
-    assert writer.write(1, rows) is None
-    message = writer.write(2, rows)
-    assert message is not None and "MB at step 2" in message
-    assert writer.write(3, rows) is None  # said once
+    size = RunPaths(tmp_path / "probe").completions_step(1).stat().st_size
+    said = []
+    writer = CompletionsWriter(tmp_path, max_mb=1.5 * size / 1e6, warn=said.append)  # one step fits, not two
+    writer.handle(Completions(1, rows))
+    writer.handle(Completions(2, rows))
+    writer.handle(Completions(3, rows))
+    assert len(said) == 1 and "MB at step 2" in said[0]  # said once
     assert completion_steps(tmp_path) == [1]
-    assert CompletionsWriter(tmp_path, max_mb=0).write(2, rows) is None and completion_steps(tmp_path) == [1, 2]
+    CompletionsWriter(tmp_path, max_mb=0).write(2, rows)
+    assert completion_steps(tmp_path) == [1, 2]
 
 
 def test_a_damaged_file_yields_its_readable_rows_and_resume_drops_later_steps(tmp_path):
     rows = [{"step": 1, "prompt_index": 0, "completion_index": j, "completion": f"c{j}"} for j in range(200)]
     CompletionsWriter(tmp_path, max_mb=0).write(1, rows)
-    path = step_file(tmp_path, 1)
+    path = RunPaths(tmp_path).completions_step(1)
     data = path.read_bytes()
     path.write_bytes(data[: len(data) * 2 // 3])  # a file cut short
     kept = read_step(tmp_path, 1)
@@ -90,7 +104,7 @@ def test_kept_completions_reach_a_terminal_escaped_and_a_fifo_in_their_place_is_
     assert read_step(tmp_path, 1)[0]["completion"] == rows[0]["completion"]  # replay re-scores the raw text
     shown = read_step(tmp_path, 1, display=True)[0]["completion"]
     assert "\x1b" not in shown and shown.startswith("\\x1b[2J")
-    os.mkfifo(step_file(tmp_path, 2))  # would block a plain open() forever
+    os.mkfifo(RunPaths(tmp_path).completions_step(2))  # would block a plain open() forever
     assert read_step(tmp_path, 2) == [] and completion_steps(tmp_path) == [1, 2]
 
 
@@ -110,7 +124,7 @@ def test_the_group_view_shows_the_g_completions_of_the_selected_prompt(run_dir):
     sample = read_jsonl(run_dir / "samples.jsonl")[5]
     group = sample_group(run_dir, sample, {})
     assert len(group) == 4 and {r["prompt"] for r in group} == {sample["prompt"]}
-    assert sample["completion"] in [r["completion"] for r in group]
+    assert group[sample["completion_index"]]["completion"] == sample["completion"]
     console = Console(width=160, record=True)
     console.print(group_table(group, sample))
     text = console.export_text()
@@ -120,7 +134,7 @@ def test_the_group_view_shows_the_g_completions_of_the_selected_prompt(run_dir):
 
 def test_replay_with_the_same_rewards_changes_nothing_and_without_one_reports_the_changes(run_dir):
     from mlx_grpo.replay import replay
-    from mlx_grpo.rewards import load_reward_functions
+    from mlx_grpo.rewards.loading import load_reward_functions
 
     same = load_reward_functions([(n, 1.0) for n in ("format_exact", "format_approx", "answer_check",
                                                        "number_check", "digit_match")], ".")
@@ -172,7 +186,7 @@ def test_replay_finds_no_sign_flips_in_a_group_without_spread(tmp_path):
     # A group whose completions all scored alike trains on float rounding (float32 mean / (0 + 1e-4)),
     # about -0.005 each: no sign to flip, whatever the replayed rewards say.
     from mlx_grpo.replay import replay
-    from mlx_grpo.rewards import RewardFunction
+    from mlx_grpo.rewards.scoring import RewardFunction
 
     rows = [{"step": 1, "prompt_index": 0, "completion_index": j, "prompt": "1+1=", "answer": "2",
              "completion": f"c{j}", "rewards": {"same": 1.0}, "total": 1.0, "advantage": -0.0047} for j in range(4)]

@@ -1,12 +1,13 @@
 """Run configs: defaults, YAML files, overrides, and one clear line for every mistake."""
 
+import json
 from pathlib import Path
 
 import pytest
 
 from mlx_grpo.cli import main
 from mlx_grpo.config import TrainConfig, load_config
-from mlx_grpo.errors import UserError
+from mlx_grpo.common.errors import UserError
 
 CONFIGS = Path(__file__).parent.parent / "configs"
 
@@ -67,7 +68,7 @@ def test_cli_reports_a_bad_config_in_one_line(tmp_path, capsys):
     path.write_text("learning_rate: -1\n")
     assert main(["train", str(path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"mlx-grpo train: error: {path}: key 'learning_rate' is -1.0; expected between 0 and 1"]
+    assert err == [f"mlx-grpo train: error: {path}: key 'learning_rate' is -1.0; expected at least 0 and below 1"]
 
 
 def test_cli_flag_overrides_are_type_checked(capsys):
@@ -202,3 +203,32 @@ def test_every_config_key_has_help_and_is_in_the_readme():
     assert "inspect" not in config_source
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     assert [k for k in top_level_fields() if f"`{k}`" not in readme] == []
+
+
+def test_bounds_and_choices_are_field_metadata_and_help_prints_the_choices():
+    import dataclasses
+    import subprocess
+    import sys
+
+    from mlx_grpo.config import CHOICES, LOSS_TYPES, TrainConfig
+
+    fields = {f.name: f.metadata for f in dataclasses.fields(TrainConfig)}
+    assert fields["loss_type"]["choices"] == LOSS_TYPES and fields["batch_size"]["check"].expected == "at least 1"
+    assert CHOICES["loss_type"] == LOSS_TYPES and fields["adaptive_window"]["check"] is None
+    shown = subprocess.run([sys.executable, "-m", "mlx_grpo.cli", "train", "--help"], capture_output=True, text=True,
+                           timeout=120).stdout
+    assert "{grpo,bnpo,dr_grpo,dapo}" in shown and "{group,batch,none}" in shown
+
+
+def test_a_zero_learning_rate_trains_and_the_monitoring_says_the_policy_does_not_move(tmp_path):
+    # T9: learning_rate 0 was refused ("expected between 0 and 1"), yet it is the standard check that the
+    # monitoring reports a run that learns nothing
+    from mlx_grpo.run import train
+
+    config = load_config(None, {"learning_rate": 0, "num_steps": 8, "batch_size": 2, "num_generations": 4,
+                                "eval_every": 0, "checkpoint_every": 0, "tensorboard": False,
+                                "monitoring_dir": str(tmp_path / "runs")})
+    result = train(config, tmp_path)
+    assert result["status"] == "finished"
+    alerts = [json.loads(line) for line in (Path(result["run_dir"]) / "alerts.jsonl").read_text().splitlines()]
+    assert [(a["step"], a["rule"]) for a in alerts if a["level"] != "info"] == [(8, "kl_flat")]

@@ -84,7 +84,7 @@ def test_names_that_are_not_paths_stay_as_written(two_places):
 def test_the_readme_example_trains_on_a_dataset_next_to_where_it_is_typed(two_places):
     """README: `mlx-grpo train configs/lora_qwen_gsm8k.yaml --dataset my_gsm8k.jsonl`, the data in the cwd."""
     from mlx_grpo.data import load_datasets
-    from mlx_grpo.trainer import load_rewards
+    from mlx_grpo.rewards.loading import load_rewards
 
     cfg, cwd = two_places
     (cwd / "my_gsm8k.jsonl").write_text(GSM8K_ROWS)

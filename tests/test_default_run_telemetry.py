@@ -7,7 +7,8 @@ from tbparse import SummaryReader
 
 from mlx_grpo.config import load_config
 from mlx_grpo.telemetry.metrics.catalogue import CATALOGUE, find_entry
-from mlx_grpo.telemetry.rundir.writer import RUN_JSON, read_run_info, write_run_info
+from mlx_grpo.telemetry.rundir.layout import RUN_JSON
+from mlx_grpo.telemetry.rundir.writer import read_run_info, write_run_info
 from mlx_grpo.run import train
 
 # Emitted only when the batch holds such completions (none of 128 truncated, say): not every step has them.
@@ -21,11 +22,13 @@ WANDB_ONLY = {  # W&B media: tests/test_telemetry_wandb.py
     "final/rubric_criteria_summary"}
 # macOS, and Metal's working-set limit (the CPU backend reports none): read in tests/test_alert_actions.py
 MAC_ONLY = {"system/gpu_utilization_percent", "memory/peak_percent", "system/accel_limit_gb",
-            "system/accel_memory_percent"}
+            "system/accel_memory_percent", "system/accel_held_percent", "system/memory_pressure_level"}
 # a judge server: tests/test_judge.py
 JUDGE_ONLY = {"judge/api_tokens", "judge/api_tokens_total", "judge/failed_requests"}
 WHEN_AN_ALERT_FIRES = {"alerts"}  # a healthy run fires none: tests/test_telemetry_sinks.py
-NOT_IN_THESE_RUNS = WANDB_ONLY | MAC_ONLY | JUDGE_ONLY | WHEN_AN_ALERT_FIRES | DEPENDS_ON_THE_BATCH
+# opt-in sampled held-out metrics (eval_samples: N), which cost N more decodes per prompt: tests/test_verdicts.py
+OPT_IN = {"eval/mean@<k>", "eval/pass@<k>"}
+NOT_IN_THESE_RUNS = WANDB_ONLY | MAC_ONLY | JUDGE_ONLY | WHEN_AN_ALERT_FIRES | DEPENDS_ON_THE_BATCH | OPT_IN
 
 
 def expected_every_step_names(reward_names):

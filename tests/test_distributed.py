@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import mlx.core as mx
 import numpy as np
@@ -18,7 +19,7 @@ import pytest
 from mlx_grpo.blas import find_openblas
 from mlx_grpo.data import PromptOrder
 from mlx_grpo.distributed import ShardedOrder, World, combine_update_stats, init_world
-from mlx_grpo.errors import UserError
+from mlx_grpo.common.errors import UserError
 from mlx_grpo.telemetry.rundir.writer import read_run_info
 from mlx_grpo.telemetry.metrics.step_data import step_record
 from step_data_builder import make_step_data
@@ -77,6 +78,7 @@ def _halves(data, n):
             lengths=data.lengths[h], truncated=data.truncated[h], correct=data.correct[h],
             difficulty=data.difficulty[h], trained_tokens=int(data.lengths[h].sum()),
             texts=[f"completion {i}" for i in range(h.start, h.stop)],
+            reasoning=[f"why {i}" for i in range(h.start, h.stop)], predicted=[str(i) for i in range(h.start, h.stop)],
             prompt_texts=[f"prompt {g}" for g in range(h.start // 4, h.stop // 4)],
             answers=[str(g) for g in range(h.start // 4, h.stop // 4)]))
     return parts
@@ -89,8 +91,8 @@ def _wire(data):
         "prompt_lengths": data.prompt_lengths.tolist(), "prompt_truncated": data.prompt_truncated.tolist(),
         "lengths": data.lengths.tolist(), "truncated": data.truncated.tolist(), "correct": data.correct.tolist(),
         "difficulty": data.difficulty, "trained_tokens": data.trained_tokens, "stats": data.update.stats,
-        "texts": data.texts, "prompt_texts": data.prompt_texts, "answers": data.answers,
-        "seconds": data.seconds, "peaks": data.peak_memory, "components": data.component_metrics}, default=float))
+        "texts": data.texts, "reasoning": data.reasoning, "predicted": data.predicted,
+        "prompt_texts": data.prompt_texts, "answers": data.answers, "seconds": data.seconds, "peaks": data.peak_memory, "components": data.component_metrics}, default=float))
 
 
 def test_gathered_step_gives_exactly_the_record_of_the_whole_batch():
@@ -108,6 +110,7 @@ def test_gathered_step_gives_exactly_the_record_of_the_whole_batch():
     assert gathered.seconds["step"] == 5.0  # the slowest rank
     # every completion's text, for completions/, in global order
     assert gathered.texts == [f"completion {i}" for i in range(2 * n)]
+    assert gathered.predicted == [str(i) for i in range(2 * n)] and gathered.reasoning[-1] == f"why {2 * n - 1}"
     assert gathered.prompt_texts == [f"prompt {g}" for g in range(8)] and gathered.answers == [str(g) for g in range(8)]
     assert got["tokens/completion_total"] == whole.lengths.sum()
 
@@ -127,19 +130,24 @@ def test_update_statistics_are_token_weighted_and_spreads_pooled():
 
 # ----------------------------------------------------------------------------- output and resume
 
-def test_ranks_other_than_zero_write_nothing(tmp_path):
-    world = World(rank=1, size=2)
-    run_dir = tmp_path / "run"
+def test_ranks_other_than_zero_write_nothing(tmp_path, monkeypatch):
+    """The run decides that only rank 0 writes: another rank's sinks are a set without sinks."""
+    import mlx_grpo.opening as opening_module
+    from mlx_grpo.config import load_config
+    from mlx_grpo.telemetry.events import AlertEvent, Final, Samples, Scalars
 
-    def make():
+    def make_sinks(*args, **kwargs):
         raise AssertionError("rank 1 must not build sinks")
 
-    sinks = world.sinks(make, run_dir)
-    sinks.start("run", {}, {}, {}, 3, run_id=None)
-    sinks.write(1, {"tokens/total": 1.0})
-    sinks.write_samples(1, [{"prompt": "p"}])
-    sinks.write_alert({"step": 1, "level": "info"})
-    sinks.write_final({"final/steps": 1.0})
+    monkeypatch.setattr(opening_module, "make_sinks", make_sinks)
+    trainer = SimpleNamespace(config=load_config(None, {}), world=World(rank=1, size=2))
+    monkeypatch.setattr(World, "describe", lambda self: {"world_size": 2})
+    run_dir = tmp_path / "run"
+    sinks, _, info = opening_module.open_sinks(trainer, run_dir, tmp_path, {"run_id": "abc"}, None)
+    assert info.run_id == "abc" and sinks.active == []
+    for event in (Scalars(1, {"tokens/total": 1.0}), Samples(1, [{"prompt": "p"}]), AlertEvent({"step": 1}),
+                  Final({"final/steps": 1.0})):
+        sinks.handle(event)
     sinks.close("finished")
     assert not run_dir.exists()
 
@@ -235,7 +243,7 @@ def test_two_rank_training_writes_one_run_directory_with_global_metrics(tmp_path
         assert r["completions/length/min"] <= r["completions/length/mean"] <= r["completions/length/max"]
     assert records[-1]["eval/num_samples"] == 10  # 5 held-out rows on each rank
     samples = (run_dir / "samples.jsonl").read_text().splitlines()
-    assert len(samples) == 3 * b  # rank 0's first groups, once per step
+    assert len(samples) == 3 * 4  # the global batch's first samples_per_step (4) groups, once per step
     info = read_run_info(run_dir)
     assert info.status == "finished" and info.world_size == 2
     final = json.loads((run_dir / "final_metrics.json").read_text())

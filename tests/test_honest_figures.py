@@ -131,8 +131,8 @@ def test_a_policy_broken_by_its_first_updates_raises_the_collapse_error_at_once(
 
 
 def test_a_mistyped_correctness_setting_names_the_key(tmp_path):
-    from mlx_grpo.correctness import load_correctness
-    from mlx_grpo.errors import UserError
+    from mlx_grpo.rewards.correctness import load_correctness
+    from mlx_grpo.common.errors import UserError
 
     with pytest.raises(UserError, match="key 'correctness' is 'bogus'; expected auto, answer, last_number, none or file.py"):
         load_correctness("bogus", "arithmetic", [], tmp_path)

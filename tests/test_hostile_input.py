@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from mlx_grpo.telemetry.analysis.alert_replay import AlertReplay
 from mlx_grpo.cli import main
 from mlx_grpo.telemetry.rundir.writer import RunDirWriter, read_run_info
-from run_writer import RunWriter
+from run_writer import RunWriter, start_sinks
 from screen_text import screen_text
 
 FAST = {"num_steps": 4, "batch_size": 2, "num_generations": 2, "max_generation_steps": 4, "eval_every": 0,
@@ -155,7 +156,7 @@ def test_report_compare_and_the_readers_never_pass_an_escape_sequence_on(tmp_pat
         assert main(argv) == 0
         out = capsys.readouterr()
         assert "\x1b" not in out.out + out.err and "\\x1b" in out.out
-    reader = RunReader(run_dir)
+    reader = RunReader(run_dir, replay=AlertReplay())
     reader.poll()
     shown = json.dumps([reader.state.info.name, list(reader.state.samples), reader.state.table.names,
                         [e.alert.message for e in reader.state.alerts]])
@@ -267,16 +268,16 @@ def fail_writes(monkeypatch, filename: str, from_call: int, times: int) -> None:
     original = RunDirWriter._append_bytes
     calls = {"n": 0, "failed": 0}
 
-    def append(self, name, data):
-        if name == filename:
+    def append(self, path, data):
+        if path.name == filename:
             calls["n"] += 1
             if calls["n"] >= from_call and calls["failed"] < times:
                 calls["failed"] += 1
-                original(self, name, data[: len(data) // 2])
-                f = self._files[name]
+                original(self, path, data[: len(data) // 2])
+                f = self._files[path.name]
                 f.truncate(f.seek(0, os.SEEK_END) - len(data) // 2)  # what _append_bytes' own cut does
                 raise OSError(errno.ENOSPC, "No space left on device")
-        return original(self, name, data)
+        return original(self, path, data)
 
     monkeypatch.setattr(RunDirWriter, "_append_bytes", append)
 
@@ -403,6 +404,7 @@ def test_report_on_a_read_only_run_still_prints_and_an_uncreatable_tensorboard_d
 # ----------------------------------------------------------------------------- W&B and Trackio (R5, R9)
 
 def test_a_token_in_the_wandb_entity_turns_wandb_off_without_repeating_it(tmp_path, monkeypatch):
+    from mlx_grpo.telemetry.events import Start
     from mlx_grpo.telemetry.rundir.writer import RunInfo
     from mlx_grpo.telemetry.sinks.wandb import WandbOptions, WandbSink
 
@@ -418,11 +420,11 @@ def test_a_token_in_the_wandb_entity_turns_wandb_off_without_repeating_it(tmp_pa
     sink = WandbSink.__new__(WandbSink)  # without importing wandb: what start() hands to wandb.init is the point
     sink.wandb, sink.options = FakeWandb(), WandbOptions(entity=token, name=f"run-{token}", mode="offline")
     with pytest.raises(ValueError) as err:
-        sink.start(RunInfo(name="r"), tmp_path)
+        sink.handle(Start(RunInfo(name="r"), tmp_path))
     assert token not in str(err.value) and not given
     sink.options = WandbOptions(entity="team", name=f"run-{token}", mode="offline")
     sink._chart_every = 0
-    sink.start(RunInfo(name="r"), tmp_path)
+    sink.handle(Start(RunInfo(name="r"), tmp_path))
     assert token not in json.dumps(given, default=str)
 
 
@@ -430,7 +432,7 @@ def test_a_trackio_store_that_cannot_be_written_is_reported(tmp_path, monkeypatc
     pytest.importorskip("trackio")
     import warnings
 
-    from mlx_grpo.telemetry.rundir.writer import RunInfo
+    from mlx_grpo.telemetry.events import Scalars
     from mlx_grpo.telemetry.sinks import SinkSet
     from mlx_grpo.telemetry.sinks.trackio import TrackioOptions, TrackioSink
 
@@ -439,7 +441,7 @@ def test_a_trackio_store_that_cannot_be_written_is_reported(tmp_path, monkeypatc
     monkeypatch.setattr("mlx_grpo.telemetry.sinks.trackio.trackio_store", lambda: store)
     messages = []
     sinks = SinkSet(RunDirWriter(tmp_path / "run"), [TrackioSink(TrackioOptions(project="p"))], warn=messages.append)
-    sinks.start("run", {}, total_steps=2)
+    start_sinks(sinks, tmp_path / "run", total_steps=2)
     assert sinks.active == [] and "trackio logging failed in start" in messages[0]
     # a failure trackio's writer thread only warns about is raised by the sink's next call
     sink = TrackioSink(TrackioOptions(project="p"))
@@ -447,7 +449,7 @@ def test_a_trackio_store_that_cannot_be_written_is_reported(tmp_path, monkeypatc
     try:
         warnings.warn("trackio failed to flush metric logs for run 'r': disk I/O error", UserWarning)
         with pytest.raises(OSError, match="trackio failed to flush"):
-            sink.write(1, {}, {}, None)
+            sink.handle(Scalars(1, {}))
     finally:
         warnings.showwarning = sink._shown
 

@@ -9,10 +9,10 @@ import time
 import pytest
 
 from judge_server import JudgeServer, chat_reply, user_content
-from mlx_grpo.errors import UserError
-from mlx_grpo.judge import Judge, JudgeConfig, chat_completions_url, parse_score, render
-from mlx_grpo.rubric import load_rubric
-from mlx_grpo.rubric_reward import RubricReward
+from mlx_grpo.common.errors import UserError
+from mlx_grpo.rewards.judge import Judge, JudgeConfig, chat_completions_url, parse_score, render
+from mlx_grpo.rewards.rubric import load_rubric
+from mlx_grpo.rewards.rubric_reward import RubricReward
 
 TEMPLATE = "Task: {prompt}\nAnswer: {completion}\nReference: {answer}\nScore 0-10:"
 
@@ -243,7 +243,7 @@ def test_an_error_reply_reads_as_a_sentence_not_a_dict():
 
 
 def test_a_judge_that_is_down_is_not_asked_again_for_a_few_batches():
-    from mlx_grpo.judge import SKIP_AFTER_OUTAGE
+    from mlx_grpo.rewards.judge import SKIP_AFTER_OUTAGE
 
     with JudgeServer(lambda body: (500, {"error": "down"})) as server:
         judge = make_judge(server.url, retries=1, backoff_s=0.01)

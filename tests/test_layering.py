@@ -2,7 +2,9 @@
 
 Every import counts, the lazy ones inside functions too (a lazy import is still an arrow). A module
 belongs to the area of its first sub-package under `mlx_grpo/` (`telemetry/metrics/catalogue.py` is in
-`telemetry`), so a new sub-package is covered the day it is made.
+`telemetry`), so a new sub-package is covered the day it is made. Inside the training area, `telemetry/`
+and `rewards/` the rooms stand on floors of their own (INNER_FLOORS): no arrow runs back up one, and a
+new room must be given a floor. `python tests/test_layering.py` prints the house's figures.
 """
 
 from __future__ import annotations
@@ -15,17 +17,46 @@ PACKAGE = Path(__file__).resolve().parent.parent / "mlx_grpo"
 # Floors, bottom first: a module may import its own area and the areas on lower floors, never a higher
 # floor nor another area of its own floor. Sub-packages not named here belong to "training".
 FLOORS = [
-    {"errors"},
+    {"common"},
     {"telemetry"},
     {"training", "tui"},  # side by side: the dashboard never imports the trainer, nor the trainer the dashboard
     {"commands", "cli"},
 ]
 # Narrower rules on top of the floors.
 ONLY_IMPORTS = {
-    "telemetry": {"telemetry", "errors"},
-    "tui": {"tui", "telemetry"},
+    "telemetry": {"telemetry", "common"},
+    "tui": {"tui", "telemetry", "common"},
 }
 NO_MLX = {"telemetry", "tui"}  # the dashboard, report and compare run where mlx is not installed
+
+# Floors inside a package, bottom first: a room (a module or sub-package named by its first component
+# there; "" is the package's own __init__) imports rooms of its own floor or lower ones, never a higher one.
+# "mlx_grpo" covers the training area's rooms (the other areas have the rules above).
+INNER_FLOORS = {
+    "mlx_grpo": [
+        {"", "config", "config_aliases", "config_paths", "name_clash", "run_code", "machine", "chips", "blas", "tasks"},
+        {"grpo", "models", "gguf", "gguf_header", "smollm2", "gemma3", "wheel_files", "data", "head_scores", "rollout", "rewards", "update", "extras", "evaluate",
+         "checkpoint"},  # core: the model, the data, the math, a completion's worth, saving weights
+        {"presets", "plan", "fitting", "roofline"},  # what a run needs and can reach, predicted before it loads
+        {"trainer", "distributed"},  # one step, on one rank or many
+        {"run", "opening", "resume", "signals", "run_lock", "console", "export", "replay", "sweep"},  # a run's life
+        {"benchmark", "workload", "selftest", "tools", "mcp_server"},  # measuring and serving the rest
+    ],
+    "mlx_grpo.rewards": [
+        {"", "builtin", "judge", "scoring"},
+        {"rubric_scorers", "rubric"},
+        {"rubric_reward"},
+        {"loading", "correctness"},
+    ],
+    "mlx_grpo.telemetry": [
+        {"", "events", "metrics", "output", "smoothing", "reward_names"},
+        {"alerts"},
+        {"rundir"},
+        {"analysis"},
+        {"sinks", "recorder"},
+        {"monitor"},
+    ],
+}
 
 
 def module_name(path: Path) -> str:
@@ -129,6 +160,43 @@ def broken_rules(graph: dict[str, set[str]], external: dict[str, set[str]]) -> l
     return broken
 
 
+def room(module: str, package: str) -> str | None:
+    """The room of `module` inside `package` (None: not inside it, or for "mlx_grpo" not in training)."""
+    if package == "mlx_grpo" and area(module) != "training":
+        return None
+    if module == package:
+        return ""
+    return module[len(package) + 1:].split(".")[0] if module.startswith(package + ".") else None
+
+
+def arrows_back_up(graph: dict[str, set[str]]) -> list[str]:
+    """Arrows from a room to a higher floor of the package both stand in, and rooms on no floor."""
+    broken = []
+    for package, floors in INNER_FLOORS.items():
+        level = {name: i for i, names in enumerate(floors) for name in names}
+        for module, targets in sorted(graph.items()):
+            mine = room(module, package)
+            if mine is None:
+                continue
+            if mine not in level:
+                broken.append(f"{module}: room '{mine}' stands on no floor of {package} (INNER_FLOORS)")
+                continue
+            for target in sorted(targets):
+                theirs = room(target, package)
+                if theirs in level and level[theirs] > level[mine]:
+                    broken.append(f"{module} -> {target}: back up from floor {level[mine] + 1} to "
+                                  f"{level[theirs] + 1} of {package}")
+    return broken
+
+
+def figures(graph: dict[str, set[str]]) -> dict[str, int]:
+    """The house in numbers: modules, named floors (the areas' and those inside packages), arrows, circles
+    and arrows back up."""
+    return {"modules": len(graph), "floors": len(FLOORS) + sum(len(f) for f in INNER_FLOORS.values()),
+            "arrows": sum(len(targets) for targets in graph.values()), "circles": len(cycles(graph)),
+            "arrows back up": len(arrows_back_up(graph)) + len(broken_rules(graph, {m: set() for m in graph}))}
+
+
 def test_the_package_has_no_import_circle():
     graph, _ = import_graph()
     assert len(graph) > 90  # the walk found the package
@@ -140,19 +208,39 @@ def test_no_import_runs_up_a_floor_or_across_to_a_neighbour():
     assert broken_rules(graph, external) == []
 
 
+def test_no_arrow_runs_back_up_a_floor_inside_training_telemetry_or_rewards():
+    graph, _ = import_graph()
+    assert arrows_back_up(graph) == [], figures(graph)
+    assert figures(graph)["circles"] == 0 and figures(graph)["arrows back up"] == 0
+
+
+def test_the_inner_floors_catch_an_arrow_back_up_and_a_room_without_a_floor():
+    graph, _ = import_graph()
+    graph = {k: set(v) for k, v in graph.items()}
+    graph["mlx_grpo.grpo"].add("mlx_grpo.trainer")
+    graph["mlx_grpo.telemetry.alerts.engine"].add("mlx_grpo.telemetry.sinks")
+    graph["mlx_grpo.rewards.builtin"].add("mlx_grpo.rewards.loading")
+    graph["mlx_grpo.newroom"] = set()
+    broken = arrows_back_up(graph)
+    assert "mlx_grpo.grpo -> mlx_grpo.trainer: back up from floor 2 to 4 of mlx_grpo" in broken
+    assert any(line.startswith("mlx_grpo.telemetry.alerts.engine -> mlx_grpo.telemetry.sinks") for line in broken)
+    assert any(line.startswith("mlx_grpo.rewards.builtin -> mlx_grpo.rewards.loading") for line in broken)
+    assert "mlx_grpo.newroom: room 'newroom' stands on no floor of mlx_grpo (INNER_FLOORS)" in broken
+
+
 def test_the_checks_catch_a_circle_an_upward_import_and_mlx_in_telemetry():
     graph, external = import_graph()
     graph = {k: set(v) for k, v in graph.items()}
     graph["mlx_grpo.models"].add("mlx_grpo.rollout")
     assert ["mlx_grpo.models", "mlx_grpo.rollout"] in cycles(graph)
     graph["mlx_grpo.telemetry.recorder"].add("mlx_grpo.trainer")
-    graph["mlx_grpo.tui.board"].add("mlx_grpo.errors")
+    graph["mlx_grpo.tui.board"].add("mlx_grpo.config")
     graph["mlx_grpo.trainer"].add("mlx_grpo.tui.app")
     graph.setdefault("mlx_grpo.telemetry.sinks.wandb", set())
     external = {**external, "mlx_grpo.telemetry.sinks.wandb": {"mlx"}}
     broken = broken_rules(graph, external)
     assert any(line.startswith("mlx_grpo.telemetry.recorder -> mlx_grpo.trainer") for line in broken)
-    assert any(line.startswith("mlx_grpo.tui.board -> mlx_grpo.errors") for line in broken)
+    assert any(line.startswith("mlx_grpo.tui.board -> mlx_grpo.config") for line in broken)
     assert any(line.startswith("mlx_grpo.trainer -> mlx_grpo.tui.app") for line in broken)
     assert "mlx_grpo.telemetry.sinks.wandb imports mlx" in broken
 
@@ -161,4 +249,8 @@ def test_lazy_and_relative_imports_are_arrows():
     graph, _ = import_graph()
     # commands/ import their heavy parts inside run(); `from ..x import` climbs one package up
     assert "mlx_grpo.tui.app" in graph["mlx_grpo.commands.watch"]
-    assert any("mlx_grpo.errors" in graph[m] for m in graph if area(m) == "telemetry")
+    assert any("mlx_grpo.common.errors" in graph[m] for m in graph if area(m) == "telemetry")
+
+
+if __name__ == "__main__":
+    print(figures(import_graph()[0]))

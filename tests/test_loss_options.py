@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from mlx_grpo.config import load_config
-from mlx_grpo.errors import UserError
+from mlx_grpo.common.errors import UserError
 from mlx_grpo.grpo import LossOptions, grpo_loss
 from mlx_grpo.rollout import Rollout
 from mlx_grpo.trainer import Trainer
@@ -124,7 +124,7 @@ def test_a_reward_error_is_reported_once_when_dynamic_sampling_fills_from_spare_
 
 
 def test_rollouts_and_scores_slice_and_join_themselves():
-    from mlx_grpo.rewards import RewardScores
+    from mlx_grpo.rewards.scoring import RewardScores
 
     rollout = Rollout([[1], [1], [2], [2]], [[5], [6, 7], [8], []], [[-0.1], [-0.2, -0.3], [-0.4], []],
                       [False, True, False, True], 2.0)

@@ -17,7 +17,6 @@ from mlx_grpo.config import load_config
 from mlx_grpo.distributed import World
 from mlx_grpo.models import chunk_ignored, has_plain_head
 from mlx_grpo.trainer import Trainer
-from mlx_grpo.run import resident_bytes
 from mlx_grpo.update import build_train_batch, completion_logprobs
 from tiny_models import grouped_rollout, random_model
 
@@ -54,11 +53,11 @@ def test_what_stays_resident_counts_the_optimiser_state_before_it_exists(trainer
     per parameter in float32. The allocator's counter reads 8 before the first update builds the moments."""
     params = sum(v.size for _, v in tree_flatten(trainer.policy.model.parameters()))
     assert trainer.config.use_lora is False and trainer.reference is not None
-    assert resident_bytes(trainer) == 16 * params
+    assert trainer.resident_bytes() == 16 * params
     # what the old warning read: the arrays that exist before the first update (weights and the frozen copy),
     # counted from the trainer itself, not the process-wide allocator that earlier tests also fill
     existing = sum(v.nbytes for _, v in tree_flatten(trainer.policy.model.parameters()))
-    assert existing == 4 * params and 2 * existing < resident_bytes(trainer)
+    assert existing == 4 * params and 2 * existing < trainer.resident_bytes()
 
 
 def test_ranks_of_one_launch_on_one_host_share_its_memory(monkeypatch):
@@ -124,3 +123,113 @@ def test_a_quantized_model_computes_in_the_dtype_the_run_reports(tmp_path):
     floating = {v.dtype for _, v in tree_flatten(loaded.parameters()) if mx.issubdtype(v.dtype, mx.floating)}
     assert floating == {getattr(mx, resolve_dtype(config))}
     assert any(v.dtype == mx.uint32 for _, v in tree_flatten(loaded.parameters()))  # still packed 4-bit
+
+
+# ----------------------------------------------------------------------------- third Mac review (N5-N9, M7)
+
+def test_the_sampler_takes_the_first_crossing_when_a_parallel_scan_steps_down():
+    """N5: a GPU's parallel scan can make the cumulative sum dip by an ulp; counting sums at or below the
+    threshold then lands past the first crossing."""
+    from mlx_grpo.rollout import first_crossing
+
+    cumulative = mx.array([[0.1, 0.5, 0.3, 1.0], [0.1, 0.5, 0.3, 1.0], [0.2, 0.2, 1.0, 1.0]])
+    threshold = mx.array([[0.4], [1.0], [1.0]])
+    # row 1: the first crossing is id 1 (a count would say 2); rows 2-3: a threshold at the total takes the
+    # first id that reaches it, never an id past the last one with mass
+    assert first_crossing(cumulative, threshold).tolist() == [1, 3, 2]
+
+
+def test_the_sampler_draws_through_the_first_crossing(monkeypatch):
+    import mlx_grpo.rollout as rollout
+
+    real = mx.cumsum
+    monkeypatch.setattr(mx, "cumsum", lambda x, axis=-1: real(x, axis=axis) * mx.array([1.0, 1.0, 0.5, 1.0]))
+    logits = mx.zeros((1, 4))  # cumulative 1, 2, 1.5 (the dip), 4
+    threshold_key = next(seed for seed in range(100)
+                         if 1.5 < float(mx.random.uniform(shape=(1, 1), key=mx.random.key(seed))[0, 0]) * 4 < 2)
+    ids, _ = rollout.sample_with_logprobs(logits, mx.random.key(threshold_key))
+    assert ids.tolist() == [1]
+
+
+def test_the_buffer_cache_is_held_to_what_the_plans_peak_adds_to_the_resident_weights(monkeypatch):
+    """M7: GRPO's shapes change every step, so Metal's cache grows until active + cache reach 95% of the
+    working set (wired) unless a limit holds it; the run sets one from its plan, on every backend."""
+    assert machine.cache_limit_for(2e9, 5e9) == 3e9
+    assert machine.cache_limit_for(2e9, None) is None and machine.cache_limit_for(2e9, 1e9) is None
+    before = mx.set_cache_limit(0)
+    try:
+        machine.wire_memory(2 * 2**20, 5 * 2**20)
+        assert mx.set_cache_limit(before) == 3 * 2**20
+    finally:
+        mx.set_cache_limit(before)
+
+
+def test_cache_plus_active_memory_near_the_working_set_is_alerted():
+    from mlx_grpo.telemetry.alerts.config import default_rules
+    from mlx_grpo.telemetry.alerts.engine import AlertEngine
+    from mlx_grpo.telemetry.metrics.system import GB, accel_metrics
+
+    held = accel_metrics({"active": 4 * GB, "peak": 4 * GB, "cache": 5.8 * GB, "limit": 10 * GB})
+    assert held["system/accel_held_percent"] == pytest.approx(98.0) and held["system/accel_memory_percent"] == 40
+    records = [{"step": s, **held} for s in range(1, 5)]
+    fired = {a.rule for a in AlertEngine(default_rules()).check_all(records)}
+    assert "accel_held_high" in fired and "accel_memory_high" not in fired
+
+
+def test_swap_and_macos_memory_pressure_are_sampled(monkeypatch):
+    """N9: swap growth and memory pressure are where a Mac's wired cache shows."""
+    from mlx_grpo.telemetry.alerts.config import default_rules
+    from mlx_grpo.telemetry.alerts.engine import AlertEngine
+    from mlx_grpo.telemetry.metrics import system
+
+    monkeypatch.setattr(system, "memory_pressure_level", lambda: 2)
+    sampler = system.SystemSampler(gpu_utilization=lambda: None).start()
+    snap = sampler.snapshot()
+    sampler.stop()
+    assert snap["system/swap_used_gb"] >= 0 and snap["system/memory_pressure_level"] == 2
+    records = [{"step": s, "system/memory_pressure_level": 2.0} for s in range(1, 5)]
+    assert "memory_pressure_high" in {a.rule for a in AlertEngine(default_rules()).check_all(records)}
+
+
+def test_mac_facts_read_pmset_and_say_when_the_os_has_none(monkeypatch):
+    """The selftest's power source, Low Power Mode and thermal state (peers see several-fold slow-downs)."""
+    outputs = {("-g", "batt"): "Now drawing from 'Battery Power'\n -InternalBattery-0 80%; discharging\n",
+               ("-g",): "System-wide power settings:\n lowpowermode         1\n sleep 1\n",
+               ("-g", "therm"): "Note: No thermal warning level has been recorded\n"
+                                "CPU_Scheduler_Limit \t= 100\nCPU_Speed_Limit \t= 70\n"}
+    monkeypatch.setattr(machine.sys, "platform", "darwin")
+    monkeypatch.setattr(machine, "_pmset", lambda *args: outputs[args])
+    assert machine.power_source() == "Battery Power" and machine.low_power_mode() == "on"
+    assert "CPU_Speed_Limit \t= 70" in machine.thermal_state()
+    monkeypatch.setattr(machine.sys, "platform", "linux")
+    assert machine.power_source() == machine.low_power_mode() == machine.thermal_state() == machine.NOT_ON_THIS_OS
+
+
+def test_the_wired_limit_is_read_back_and_macos_14_is_said_to_wire_nothing(monkeypatch):
+    """N6: the limit shown was the one requested, recomputed; before macOS 15 MLX wires nothing."""
+    import platform
+
+    monkeypatch.setattr(platform, "mac_ver", lambda: ("14.6.1", ("", "", ""), "arm64"))
+    assert machine.wiring_takes_effect() is False
+    monkeypatch.setattr(platform, "mac_ver", lambda: ("15.1", ("", "", ""), "arm64"))
+    assert machine.wiring_takes_effect() is True
+    monkeypatch.setattr(platform, "mac_ver", lambda: ("", ("", "", ""), ""))
+    assert machine.wiring_takes_effect() is None
+    held = []
+    monkeypatch.setattr(mx.metal, "is_available", lambda: True)
+    monkeypatch.setattr(mx, "set_wired_limit", lambda n: held.append(n) or 7)
+    assert machine.wired_limit_in_effect() == 7 and held == [0, 7]
+
+
+def test_moe_lora_counts_an_adapter_per_expert_and_the_router():
+    """N4: mlx-lm gives every expert its own adapters; the plan counted one dense MLP's (0.3 GB planned vs
+    8.5 GB on Qwen3-30B-A3B)."""
+    from mlx_lm.tuner.utils import linear_to_lora_layers
+
+    from mlx_grpo.plan import ModelShape
+
+    model = random_model("qwen3_moe", vocab=300)
+    model.freeze()
+    linear_to_lora_layers(model, 2, {"rank": 8, "scale": 2.0, "dropout": 0.0})
+    real = sum(v.size for _, v in tree_flatten(model.trainable_parameters()))
+    assert ModelShape.from_config(dict(model.args.__dict__)).lora_parameters(8, 2) == real

@@ -24,8 +24,9 @@ def test_docs_example_runs_and_says_what_it_claims(capsys):
     assert re.search(r"quality \d+/100: consistency \d+, discriminability \d+, stability \d+, coverage \d+", out)
     assert re.search(r"correct: \d+% of the reward, correlation with correct 1\.00", out)
     assert "no sign of reward hacking" in out
-    assert "alerts: {'error': 1}" in out
-    assert "step 90 non_finite" in captured.err  # print_alerts=True shows it as it happens
+    # 4 groups of 4 with a 20% success rate: half of them all wrong at steps 1 and 2, which zero_std_groups names
+    assert "alerts: {'warning': 1, 'error': 1}" in out
+    assert "step 2 zero_std_groups" in captured.err and "step 90 non_finite" in captured.err  # as they happen
 
 
 def _step(monitor, step, p_correct, *, n=16, kl=None):

@@ -10,7 +10,8 @@ import pytest
 
 from mlx_grpo.cli import main
 from mlx_grpo.config import load_config
-from mlx_grpo.plan import GB, MemorySettings, ModelShape, Shapes, configured_settings, mac_working_set, plan, predict
+from mlx_grpo.fitting import mac_working_set
+from mlx_grpo.plan import GB, MemorySettings, ModelShape, Shapes, configured_settings, plan, predict
 
 # Published config.json values (huggingface.co/Qwen/Qwen2.5-1.5B-Instruct, /Qwen/Qwen2.5-7B-Instruct).
 QWEN25_15B = {"model_type": "qwen2", "hidden_size": 1536, "intermediate_size": 8960, "num_attention_heads": 12,
@@ -133,7 +134,7 @@ def test_parallel_sweep_trials_each_plan_for_their_share_of_the_machine(monkeypa
     import mlx.core as mx
 
     from mlx_grpo import machine
-    from mlx_grpo.plan import this_machine_budget
+    from mlx_grpo.fitting import this_machine_budget
     from mlx_grpo.sweep import trial_env
 
     whole, _ = this_machine_budget()
@@ -171,7 +172,7 @@ QWEN3_30B_A3B = {"model_type": "qwen3_moe", "hidden_size": 2048, "intermediate_s
 def test_the_plan_counts_every_expert_of_a_mixture_of_experts_model():
     """Qwen3-30B-A3B has ~30.5B parameters (128 experts per block, 8 used per token): all of them are in
     memory, so 4-bit weights alone (~17 GB) cannot fit a 16 GB Mac's working set."""
-    from mlx_grpo.plan import mac_working_set
+    from mlx_grpo.fitting import mac_working_set
 
     shape = ModelShape.from_config(QWEN3_30B_A3B)
     assert 29.5e9 < shape.parameters() < 31.5e9
@@ -220,7 +221,7 @@ def test_the_plan_includes_the_held_out_evaluation_it_runs():
 def test_the_plan_takes_prompts_at_the_datasets_longest_as_the_run_encodes_them(tmp_path):
     from mlx_grpo.data import encode_prompt
     from mlx_grpo.models import load_tokenizer
-    from mlx_grpo.plan import make_plan
+    from mlx_grpo.fitting import make_plan
     from tiny_models import make_model_dir
 
     model = make_model_dir(tmp_path / "llama")
@@ -248,8 +249,8 @@ def test_the_plan_bounds_each_measured_phase_within_a_quarter(tmp_path):
     (update +90%) and one decode step's logits for the rollout's sampling (rollout below measured)."""
     import mlx.core as mx
 
-    from mlx_grpo.benchmark import Workload
-    from mlx_grpo.plan import read_model_shape
+    from mlx_grpo.workload import Workload
+    from mlx_grpo.fitting import read_model_shape
     from tiny_models import make_model_dir
 
     model = make_model_dir(tmp_path / "model", "qwen2", hidden_size=64, intermediate_size=192, num_hidden_layers=8,

@@ -26,7 +26,8 @@ hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from mlx_grpo.errors import UserError  # noqa: E402
+from mlx_grpo.telemetry.analysis.alert_replay import AlertReplay  # noqa: E402
+from mlx_grpo.common.errors import UserError  # noqa: E402
 from mlx_grpo.resume import last_record, resumable_checkpoint  # noqa: E402
 from mlx_grpo.sweep import trial_state  # noqa: E402
 from mlx_grpo.telemetry.analysis.compare import load_summary  # noqa: E402
@@ -36,12 +37,8 @@ from mlx_grpo.telemetry.rundir.reader import RunReader  # noqa: E402
 from mlx_grpo.tui.run_picker import read_entry  # noqa: E402
 from run_writer import RunWriter  # noqa: E402
 
-from mlx_grpo.telemetry import rundir as rundir_module  # noqa: E402
-
-# Every file a run directory can hold that some reader opens (docs/RUN_DIRECTORY.md), the files later
-# versions add (per-step completions, events) included when this version names them.
-FILES = ("metrics.jsonl", "samples.jsonl", "alerts.jsonl",
-         *(name for name in (getattr(rundir_module, "EVENTS", None),) if name))
+# Every file a run directory can hold that some reader opens (docs/RUN_DIRECTORY.md).
+FILES = ("metrics.jsonl", "samples.jsonl", "alerts.jsonl")
 JSON_FILES = ("run.json", "final_metrics.json", "report.json", "checkpoints/step_2/state.json", ".lock")
 TIME_CAP_S = 240  # per test: a reader that hangs fails the test instead of the CI job
 FUZZ = settings(deadline=None, suppress_health_check=list(HealthCheck), database=None, derandomize=True)
@@ -103,7 +100,7 @@ def time_cap():
 
 
 def read_everything(run_dir: Path) -> None:
-    reader = RunReader(run_dir)
+    reader = RunReader(run_dir, replay=AlertReplay())
     reader.poll()
     view = reader.state
     now = view.start_time or 0.0
@@ -176,7 +173,7 @@ def test_bad_lines_are_skipped_and_counted_not_raised(good_run, tmp_path):
         fh.write(deep(200_000) + b"\n" + b'{"step": "x"}\n' + b"\xff\xfe\n" + b"[1, 2]\n")
     with open(run_dir / "alerts.jsonl", "ab") as fh:
         fh.write(b'{"step": "x", "level": 3, "message": ["a"]}\n')
-    reader = RunReader(run_dir)
+    reader = RunReader(run_dir, replay=AlertReplay())
     reader.poll()
     assert reader.state.garbage_total >= 3  # the deep line, the bytes, the list
     summary = load_summary(run_dir)
@@ -202,7 +199,7 @@ yaml_texts = st.one_of(st.text(max_size=200), yaml_fragments,
 def test_no_yaml_file_a_user_names_crashes_its_reader(tmp_path_factory, text, raw):
     """Config, sweep, rubric and alert files: a value or one UserError, never a traceback or a hang."""
     from mlx_grpo.config import load_config
-    from mlx_grpo.rubric import load_rubric
+    from mlx_grpo.rewards.rubric import load_rubric
     from mlx_grpo.sweep import load_sweep, plan_trials
     from mlx_grpo.telemetry.alerts.config import load_alert_rules
 

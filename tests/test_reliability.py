@@ -19,10 +19,10 @@ from mlx.utils import tree_flatten
 import mlx_grpo.trainer as trainer_module
 from mlx_grpo.cli import main
 from mlx_grpo.config import load_config
-from mlx_grpo.errors import UserError
+from mlx_grpo.common.errors import UserError
 from mlx_grpo.telemetry import sinks as sinks_module
 from mlx_grpo.telemetry.rundir.writer import read_run_info, write_run_info
-from mlx_grpo.telemetry.sinks.base import Sink
+from mlx_grpo.telemetry.events import Sink
 from mlx_grpo.trainer import Trainer
 from mlx_grpo.rollout import Rollout
 from mlx_grpo.update import build_train_batch, update_policy
@@ -204,7 +204,7 @@ def test_a_tensorboard_write_error_warns_and_training_continues(tmp_path, model,
     def broken(self, *args):
         raise PermissionError("events file is read-only")
 
-    monkeypatch.setattr(sinks_module.TensorBoardSink, "write_samples", broken)
+    monkeypatch.setattr(sinks_module.TensorBoardSink, "handle", broken)
     assert main(flags(tmp_path, model)) == 0
     assert_complete_run_despite(tmp_path / "runs" / "r", "tensorboard", "read-only")
 
@@ -219,19 +219,14 @@ class FakeWandb(Sink):
     def __init__(self, options):
         self.options = options
 
-    def _call(self, method, *args):
-        FakeWandb.seen.append((method, args))
+    def handle(self, event):
+        method = type(event).__name__.lower()
+        FakeWandb.seen.append((method, event))
         if method == self.fail_in:
             raise ConnectionError("wandb.init() timed out, check your network")
 
-    def start(self, info, run_dir):
-        self._call("start", info.to_dict(), str(run_dir))
 
-    def write(self, step, scalars, histograms, rewards):
-        self._call("write", step, scalars)
-
-
-@pytest.mark.parametrize("fail_in", ["start", "write"])
+@pytest.mark.parametrize("fail_in", ["start", "scalars"])
 def test_a_wandb_failure_warns_and_training_continues(tmp_path, model, monkeypatch, fail_in):
     monkeypatch.setattr(FakeWandb, "fail_in", fail_in)
     monkeypatch.setattr(sinks_module, "WandbSink", FakeWandb)
@@ -291,7 +286,7 @@ def test_a_checkpoint_never_half_loads_into_another_model(tmp_path, model):
     assert main(flags(tmp_path, model, num_steps=1, checkpoint_every=1, use_lora=True, lora_rank=8)) == 0
     checkpoint = tmp_path / "runs" / "r" / "checkpoints" / "step_1"
     config = load_config(None, {"model_id": str(model), "use_lora": True, "lora_rank": 4})
-    from mlx_grpo.trainer import load_policy_for_training
+    from mlx_grpo.models import load_policy_for_training
 
     policy = load_policy_for_training(config, tmp_path)
     with pytest.raises(UserError, match=r"has shape .* in the checkpoint and .* in this model"):

@@ -6,9 +6,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mlx_grpo.errors import UserError
-from mlx_grpo.rewards import (BUILTINS, answer_check, digit_match, format_approx, format_exact, last_number_check,
-                              last_number_digits, load_reward_functions, number_check, score_completions)
+from mlx_grpo.common.errors import UserError
+from mlx_grpo.rewards.builtin import BUILTINS, answer_check, digit_match, format_approx, format_exact, last_number_check, last_number_digits, number_check
+from mlx_grpo.rewards.loading import load_reward_functions
+from mlx_grpo.rewards.scoring import score_completions
 from mlx_grpo.tasks.answer_format import TAGS, extract_answer, is_correct, last_number
 from package_strings import string_literals
 
@@ -340,7 +341,7 @@ def test_example_file_receives_extra_columns():
 
 
 def test_a_reward_function_failing_on_every_batch_stops_the_run_with_its_error():
-    from mlx_grpo.rewards import MAX_FAILED_BATCHES, RewardFunction, score_completions
+    from mlx_grpo.rewards.scoring import MAX_FAILED_BATCHES, RewardFunction, score_completions
 
     calls = {"n": 0}
 
@@ -359,7 +360,7 @@ def test_a_reward_function_failing_on_every_batch_stops_the_run_with_its_error()
 
 
 def test_reward_functions_are_called_by_keyword_as_trl_does_and_the_positional_form_still_works():
-    from mlx_grpo.rewards import RewardFunction, score_completions
+    from mlx_grpo.rewards.scoring import RewardFunction, score_completions
 
     def trl_style(completions, solution, **kwargs):  # TRL: dataset columns arrive as keywords
         assert kwargs["prompts"] == ["p1", "p2"] and kwargs["answer"] == ["3", "4"]
@@ -389,7 +390,8 @@ def test_a_trl_conversational_reward_function_gets_message_lists_on_a_chat_datas
     from types import SimpleNamespace
 
     from mlx_grpo.data import read_dataset
-    from mlx_grpo.rewards import load_reward_functions, score_completions
+    from mlx_grpo.rewards.loading import load_reward_functions
+    from mlx_grpo.rewards.scoring import score_completions
     from mlx_grpo.data import extra_columns
 
     (tmp_path / "trl_rewards.py").write_text(

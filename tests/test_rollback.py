@@ -109,18 +109,35 @@ def test_rollbacks_are_capped_then_the_rule_stops_the_run(tmp_path, monkeypatch)
     assert max(r["step"] for r in read_jsonl(run_dir / "metrics.jsonl")) == 5
 
 
+def test_a_second_spike_after_a_rollback_is_seen_and_with_no_rollback_left_stops_the_run(tmp_path, monkeypatch):
+    # T1: the rule's cooldown (50 steps) outlived the rollback, so the second spike was silent and the run
+    # trained on; the rollback now re-arms the rules as they were at the checkpoint it went back to
+    inject_kl(monkeypatch, {3, 5})
+    (tmp_path / "kl.yaml").write_text(KL_RULE.replace("cooldown: 0", "cooldown: 50"))
+    from mlx_grpo.run import train
+
+    config = load_config(None, {**SMALL, "alerts_file": str(tmp_path / "kl.yaml"), "max_rollbacks": 1,
+                                "monitoring_dir": str(tmp_path / "runs")})
+    result = train(config, tmp_path)
+    run_dir = Path(result["run_dir"])
+    assert result["status"] == "interrupted" and result["stopped_by_alert"] == "kl_spike"
+    assert [a["step"] for a in read_jsonl(run_dir / "alerts.jsonl") if a["rule"] == "kl_spike"] == [3, 5]
+    assert max(r["step"] for r in read_jsonl(run_dir / "metrics.jsonl")) == 5
+
+
 def test_built_in_actions_by_on_alert():
     rules = default_rules()
     stops = {r.name for r in rules if r.action == "stop"}
     assert stops == {"reward_collapse", "accuracy_collapse", "accel_memory_high", "system_memory_high"}
     assert all(r.action == "none" for r in with_on_alert(rules, "warn"))
     rolling = {r.name for r in with_on_alert(rules, "rollback") if r.action == "rollback"}
-    assert rolling == {"non_finite", "kl_drift", "reward_collapse", "accuracy_collapse"}
+    assert rolling == {"non_finite", "kl_drift", "kl_high", "reward_collapse", "accuracy_collapse",
+                       "heldout_accuracy_drop"}
     assert dict(next(r for r in rules if r.name == "kl_drift").remedy) == {"learning_rate": 0.5, "beta": 2.0}
 
 
 def test_a_remedy_of_something_else_is_refused_with_the_key(tmp_path):
-    from mlx_grpo.errors import UserError
+    from mlx_grpo.common.errors import UserError
     from mlx_grpo.telemetry.alerts.config import load_alert_rules
 
     (tmp_path / "bad.yaml").write_text("rules:\n  - {name: r, kind: threshold, metric: m, op: '>', value: 1,\n"

@@ -12,10 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mlx_grpo.errors import UserError
-from mlx_grpo.rubric import load_rubric
-from mlx_grpo.rubric_reward import SUMMARY_COLUMNS, RubricReward, rubric_metrics
-from mlx_grpo.rubric_scorers import CriterionFailed
+from mlx_grpo.common.errors import UserError
+from mlx_grpo.rewards.rubric import load_rubric
+from mlx_grpo.rewards.rubric_reward import SUMMARY_COLUMNS, RubricReward, rubric_metrics
+from mlx_grpo.rewards.rubric_scorers import CriterionFailed
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
@@ -374,6 +374,7 @@ def test_shipped_code_rubric_rule_criteria(tmp_path):
 
 
 def test_rubric_modules_do_not_import_mlx():
-    code = ("import sys, mlx_grpo.rubric, mlx_grpo.judge, mlx_grpo.rubric_reward; "
+    code = ("import sys, mlx_grpo.rewards.rubric, mlx_grpo.rewards.judge, mlx_grpo.rewards.rubric_reward, "
+            "mlx_grpo.rewards.loading; "
             "sys.exit(any(m == 'mlx' or m.startswith('mlx.') for m in sys.modules))")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0

@@ -14,6 +14,7 @@ import pytest
 
 from mlx_grpo.cli import main
 from mlx_grpo.telemetry.rundir.completions import CompletionsWriter, completion_rows
+from mlx_grpo.telemetry.rundir.layout import RunPaths
 from mlx_grpo.telemetry.rundir.writer import RunInfo, write_run_info
 
 EVIL = ("import pathlib\n"
@@ -40,10 +41,11 @@ def hostile_run(root: Path, rewards: list[dict], **config) -> tuple[Path, Path]:
     names = [r["name"].rpartition(":")[2] for r in rewards]
     for step in (1, 2):
         scores = np.array([[1.0, 0.0, 0.5, 0.25]] * len(names))
-        writer.write(step, completion_rows(step, ["1+1=", "2+2="], ["2", "4"],
-                                           ["<answer>2</answer>", "x", "<answer>4</answer>", "4"], 2, names, scores,
-                                           scores.sum(0), np.array([1.0, -1.0, 1.0, -1.0]), np.ones(4),
-                                           np.zeros(4, bool), None))
+        texts = ["<answer>2</answer>", "x", "<answer>4</answer>", "4"]
+        writer.write(step, completion_rows(step=step, prompts=["1+1=", "2+2="], answers=["2", "4"], texts=texts,
+                                           reasoning=texts, predicted=[None] * 4, group_size=2, reward_names=names,
+                                           scores=scores, total=scores.sum(0), advantages=np.array([1.0, -1.0, 1.0, -1.0]),
+                                           lengths=np.ones(4), truncated=np.zeros(4, bool), correct=None))
     return run_dir, marker
 
 
@@ -100,7 +102,7 @@ def test_eval_of_a_run_never_imports_its_correctness_or_reward_files(tmp_path, c
     config = load_config(None, {"rewards": ["answer_check", str(run_dir / "evil.py") + ":f"],
                                 "correctness": "last_number"})
     check, functions, notes = checks_and_rewards(args, config, run_dir)
-    from mlx_grpo.correctness import last_number_check
+    from mlx_grpo.rewards.correctness import last_number_check
 
     assert check is last_number_check  # the run's own check, not the built-in answer check (T16)
     assert [f.name for f in functions] == ["answer_check"] and not marker.exists()
@@ -144,14 +146,14 @@ def test_a_gzip_bomb_in_completions_inflates_no_further_than_the_cap(tmp_path, m
     good = completions.read_step(run_dir, 1)
     monkeypatch.setattr(completions, "MAX_STEP_TEXT_BYTES", 1 << 20)
     member = gzip.compress(b"\n" * (8 << 20), 9)
-    path = completions.step_file(run_dir, 2)
+    path = RunPaths(run_dir).completions_step(2)
     path.write_bytes(path.read_bytes() + member * 4)  # 32 MB of newlines after the step's rows
     peak = []
     real = completions.inflate
     monkeypatch.setattr(completions, "inflate", lambda data, limit: peak.append(len(out := real(data, limit))) or out)
     assert len(completions.read_step(run_dir, 2)) == len(good)  # the rows before the bomb are read
     assert peak == [1 << 20]
-    shutil.copy(completions.step_file(run_dir, 1), path)
+    shutil.copy(RunPaths(run_dir).completions_step(1), path)
     assert completions.read_step(run_dir, 2) == completions.read_step(run_dir, 1)
 
 
@@ -164,7 +166,7 @@ def test_no_completions_archive_crashes_its_readers(tmp_path):
     from mlx_grpo.telemetry.rundir import completions
 
     run_dir, _ = hostile_run(tmp_path, [{"name": "answer_check", "weight": 1.0}])
-    path = completions.step_file(run_dir, 1)
+    path = RunPaths(run_dir).completions_step(1)
     good = path.read_bytes()
     rng = random.Random(0)
     variants = [good[:n] for n in (0, 10, len(good) // 2, len(good) - 1)] + [

@@ -11,7 +11,10 @@ from dataclasses import replace
 
 import pytest
 
-from mlx_grpo.telemetry.rundir.writer import RUN_JSON, Resume, RunDirWriter, RunInfo, read_run_info, write_run_info
+from mlx_grpo.telemetry.rundir.layout import RUN_JSON
+from mlx_grpo.telemetry.rundir.writer import Resume, RunDirWriter, RunInfo, read_run_info, write_run_info
+
+from run_writer import start_sinks
 
 
 @pytest.mark.parametrize("obj", [None, 3, "run", [], [{"name": "x"}], True, 1.5])
@@ -50,9 +53,8 @@ def test_resumes_keep_their_entries_and_drop_what_is_not_one():
 
 
 def test_to_dict_is_the_writers_layout_with_unknown_keys_last(tmp_path):
-    writer = RunDirWriter(tmp_path)
-    written = writer.start(name="r", config={"lr": 0.1}, versions={"python": "3.11"},
-                           device={"backend": "cpu", "world_size": 2}, total_steps=3)
+    written = start_sinks(RunDirWriter(tmp_path), tmp_path, "r", {"lr": 0.1}, versions={"python": "3.11"},
+                          device={"backend": "cpu", "world_size": 2}, total_steps=3)
     on_disk = json.loads((tmp_path / RUN_JSON).read_text())
     assert list(on_disk) == ["schema_version", "run_id", "name", "start_time", "end_time", "status", "pid",
                              "hostname", "config", "versions", "device", "total_steps"]
@@ -62,9 +64,9 @@ def test_to_dict_is_the_writers_layout_with_unknown_keys_last(tmp_path):
 
 
 def test_a_resume_keeps_the_run_id_start_and_unknown_keys_and_records_the_previous_status(tmp_path):
-    first = RunDirWriter(tmp_path).start(name="r", config={"lr": 0.1}, total_steps=3)
+    first = start_sinks(RunDirWriter(tmp_path), tmp_path, "r", {"lr": 0.1}, total_steps=3)
     write_run_info(tmp_path, replace(first, extra={"from_a_later_version": 1}))
-    resumed = RunDirWriter(tmp_path).start(name="r", config={"lr": 0.1}, total_steps=5, resume_step=2)
+    resumed = start_sinks(RunDirWriter(tmp_path), tmp_path, "r", {"lr": 0.1}, total_steps=5, resume_step=2)
     assert (resumed.run_id, resumed.start_time) == (first.run_id, first.start_time)
     assert [(r.step, r.previous_status) for r in resumed.resumes] == [(2, "running")]
     assert resumed.extra == {"from_a_later_version": 1}

@@ -6,9 +6,9 @@ import json
 import numpy as np
 import pytest
 
-from mlx_grpo.rewards import RewardFunction
-from mlx_grpo.rubric import load_rubric
-from mlx_grpo.rubric_reward import RubricReward
+from mlx_grpo.rewards.scoring import RewardFunction
+from mlx_grpo.rewards.rubric import load_rubric
+from mlx_grpo.rewards.rubric_reward import RubricReward
 from mlx_grpo.telemetry.alerts.config import rules_from_config
 from mlx_grpo.telemetry.alerts.config import RULE_KINDS
 from mlx_grpo.telemetry.alerts.engine import AlertEngine

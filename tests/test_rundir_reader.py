@@ -15,7 +15,8 @@ import pytest
 from mlx_grpo.telemetry.rundir.jsonl_tail import JsonlTail
 from mlx_grpo.telemetry.rundir.metric_table import table_from_records
 from mlx_grpo.telemetry.rundir.reader import STANDING_RECORDS, RunReader, resolve_run_dirs
-from mlx_grpo.errors import UserError
+from mlx_grpo.common.errors import UserError
+from mlx_grpo.telemetry.analysis.alert_replay import AlertReplay
 from run_writer import RunWriter, metric_record
 
 
@@ -285,7 +286,7 @@ def test_run_rules_are_evaluated_here_when_the_file_has_no_alert(tmp_path):
                      "op: '>', value: 0.05, cooldown: 1000}\n")
     writer = RunWriter(tmp_path / "r")
     writer.start(config={"enable_alerts": True, "alerts_file": str(rules)})
-    reader = RunReader(writer.run_dir)
+    reader = RunReader(writer.run_dir, replay=AlertReplay())
     for _ in range(30):  # policy/kl = 0.002 * step crosses 0.05 at step 26
         writer.log_step()
         reader.poll()

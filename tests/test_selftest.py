@@ -1,16 +1,24 @@
 """`mlx-grpo selftest`: every check passes or is skipped with a reason here, the report is one JSON file with
-a readable summary, and a deliberately broken equivalence fails with a line that names it."""
+a readable summary rewritten after every check, and each check fails when the defect it guards against is put
+back (docs/PLATFORMS.md, "Which check catches which defect")."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
+import mlx.core as mx
+import numpy as np
 import pytest
 
+from mlx_grpo import machine, selftest
 from mlx_grpo.cli import main
-from mlx_grpo.selftest import CHECKS, PERTURB_ENV
+from mlx_grpo.selftest import ABORT_ENV, CHECKS, PERTURB_ENV
 
-QUICK = ("shared_prompts", "chunked_head")
+QUICK = ("precision", "shared_prompts", "chunked_head", "plan_counts")
 
 
 def run_selftest(tmp_path, capsys, only: tuple[str, ...]) -> tuple[int, dict, str]:
@@ -20,20 +28,26 @@ def run_selftest(tmp_path, capsys, only: tuple[str, ...]) -> tuple[int, dict, st
     return code, json.loads(out.read_text()), capsys.readouterr().out
 
 
-def test_the_equivalences_pass_and_the_report_says_so(tmp_path, capsys, monkeypatch):
+def test_the_quick_checks_pass_and_the_report_says_what_ran_where_and_what_to_send(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     code, report, printed = run_selftest(tmp_path, capsys, QUICK)
-    assert code == 0 and report["passed"]
+    assert code == 0 and report["passed"] and report["finished"] and report["running"] is None
     status = {c["name"]: c["status"] for c in report["checks"]}
-    assert [status[name] for name in QUICK] == ["pass", "pass"]
+    assert [status[name] for name in QUICK] == ["pass"] * len(QUICK)
     assert all(status[name] == "skip" for name in CHECKS if name not in QUICK)
-    assert report["environment"]["mlx"] and report["environment"]["backend"] in ("cpu", "metal")
+    ran = [c for c in report["checks"] if c["name"] in QUICK]
+    assert all(c["device"] in ("cpu", "gpu") and c["dtype"] for c in ran)
+    env = report["environment"]
+    assert env["mlx"] and env["backend"] in ("cpu", "metal")
+    if sys.platform != "darwin":  # said, not left out
+        assert env["power_source"] == env["low_power_mode"] == env["thermal_state"] == machine.NOT_ON_THIS_OS
     assert report["summary"][0].startswith("mlx-grpo selftest") and "PASSED" in report["summary"][0]
-    assert "PASS  shared_prompts" in printed and "report:" in printed
+    assert report["summary"][-1].startswith("send back: ") and "report.json" in report["summary"][-1]
+    assert "PASS  shared_prompts" in printed and "send back:" in printed
 
 
-@pytest.mark.parametrize("broken", QUICK)
-def test_a_broken_equivalence_fails_with_a_line_naming_it(tmp_path, capsys, monkeypatch, broken):
+@pytest.mark.parametrize("broken", ("shared_prompts", "chunked_head"))
+def test_a_broken_comparison_fails_with_a_line_naming_it(tmp_path, capsys, monkeypatch, broken):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv(PERTURB_ENV, broken)
     code, report, printed = run_selftest(tmp_path, capsys, QUICK)
@@ -42,9 +56,161 @@ def test_a_broken_equivalence_fails_with_a_line_naming_it(tmp_path, capsys, monk
     assert len(failed) == 1 and broken in failed[0] and "tolerance" in failed[0]
 
 
+def test_b3_float32_by_default_on_a_gpu_fails_precision(monkeypatch):
+    from mlx_grpo import models
+
+    monkeypatch.setattr(models, "resolve_dtype", lambda config, gpu=None: "float32")
+    check = selftest.check_precision()
+    assert check.status == "fail" and "LoRA on the gpu: float32 (want bfloat16)" in check.detail
+
+
+def test_n4_moe_adapters_counted_as_one_dense_mlp_fail_plan_counts(monkeypatch):
+    from mlx_grpo.plan import ModelShape
+
+    def dense_only(self, rank, num_layers):  # the plan before N4's fix
+        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        linears = [(self.hidden, q), (self.hidden, kv), (self.hidden, kv), (q, self.hidden),
+                   (self.hidden, self.intermediate), (self.hidden, self.intermediate), (self.intermediate, self.hidden)]
+        return num_layers * rank * sum(i + o for i, o in linears)
+
+    assert selftest.check_plan_counts().status == "pass"
+    monkeypatch.setattr(ModelShape, "lora_parameters", dense_only)
+    check = selftest.check_plan_counts()
+    assert check.status == "fail" and check.measured["llama"]["planned_lora"] == check.measured["llama"]["lora"]
+
+
+def test_m2_experts_left_out_of_the_plan_fail_plan_counts(monkeypatch):
+    from mlx_grpo.plan import ModelShape
+
+    monkeypatch.setattr(ModelShape, "block_parameters", lambda self: self.hidden * self.head_dim * (
+        2 * self.heads + 2 * self.kv_heads) + 3 * self.hidden * self.intermediate + 2 * self.hidden)
+    assert selftest.check_plan_counts().status == "fail"
+
+
+def test_m4_a_gather_in_the_shared_prompt_copy_shows_as_a_scatter_add_in_the_lora_backward(monkeypatch):
+    """resume's promise (bit for bit on Metal) rests on the LoRA backward having no scatter-add; the check
+    lists them, so a gather put back fails `resume` with its name."""
+    from mlx_grpo import rollout
+    from mlx_grpo.trainer import Trainer
+
+    trainer = Trainer.build(selftest.small_config(use_lora=True, lora_rank=4, lora_layers=-1), Path.cwd())
+    batch = selftest.sample_batch(trainer)[0]
+    assert selftest.backward_scatter_adds(trainer, batch) == []
+    monkeypatch.setattr(rollout, "repeat_rows", lambda x, rows: x[mx.array(rows)])
+    assert selftest.backward_scatter_adds(trainer, batch) == ["Scatter Sum"]
+
+
+def test_n1_full_fine_tuning_differentiates_through_a_scatter_add_which_the_docs_state():
+    """Why `resume` runs LoRA: full fine-tuning's embedding gradient is a scatter-add (docs/PLATFORMS.md)."""
+    from mlx_grpo.trainer import Trainer
+
+    trainer = Trainer.build(selftest.small_config(), Path.cwd())
+    assert selftest.backward_scatter_adds(trainer, selftest.sample_batch(trainer)[0]) == ["Scatter Sum"]
+    text = (Path(__file__).parents[1] / "docs" / "PLATFORMS.md").read_text()
+    assert "full fine-tuning" in text and "last bits" in text
+
+
+def test_m7_a_run_without_its_cache_limit_fails_memory(tmp_path, monkeypatch):
+    env_limit = selftest.cache_limit_now()
+    check = selftest.check_memory(Path.cwd(), tmp_path, env_limit)
+    assert check.status == "pass", check.detail
+    assert check.measured["cache_limit_read_back"] == check.measured["cache_limit_planned"]
+    monkeypatch.setattr(machine, "cache_limit_for", lambda resident, peak: None)  # train no longer sets it
+    (tmp_path / "runs").rename(tmp_path / "first")
+    check = selftest.check_memory(Path.cwd(), tmp_path, env_limit)
+    mx.set_cache_limit(env_limit)
+    assert check.status == "fail" and "cache limit read back" in check.detail
+
+
+def test_the_device_comparison_passes_on_one_device_and_fails_when_one_side_is_off(monkeypatch):
+    """On a Mac `devices` compares the Metal GPU with the CPU; here both sides are the CPU, which proves the
+    comparison and its tolerances, and a perturbed first side (a broken kernel) fails every row."""
+    from mlx_grpo.trainer import Trainer
+
+    def compare():
+        trainer = Trainer.build(selftest.small_config(), Path.cwd())
+        batch, advantages = selftest.sample_batch(trainer)
+        return selftest.compare_devices(mx.cpu, mx.cpu, Path.cwd(), trainer, batch, advantages)
+
+    check = compare()
+    assert check.status == "pass" and set(check.measured) == {"log-probs float32", "log-probs bfloat16",
+                                                               "log-probs 4-bit", "update float32",
+                                                               "update bfloat16 LoRA"}
+    assert all(row["difference"] == 0.0 for row in check.measured.values())  # one device: the same sums
+    monkeypatch.setenv(PERTURB_ENV, "devices")
+    check = compare()
+    assert check.status == "fail" and check.detail.count("tol") == 5 and "FAILED" in check.detail
+    if not mx.metal.is_available():
+        assert selftest.check_devices(Path.cwd()).status == "skip"
+
+
+def test_a_check_that_raises_keeps_its_whole_error_and_the_report_keeps_the_log_tail(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+
+    def broken():
+        raise RuntimeError("first line\nsecond line: the detail a maintainer needs")
+
+    monkeypatch.setattr(selftest, "check_precision", broken)
+    code, report, _ = run_selftest(tmp_path, capsys, ("precision", "shared_prompts"))
+    assert code == 1
+    check = report["checks"][0]
+    assert check["status"] == "fail" and "second line" in check["detail"]
+    assert "Traceback" in check["error"] and "second line: the detail" in check["error"]
+    assert isinstance(report["log_tail"], list)
+
+
+def test_an_abort_mid_check_leaves_the_report_so_far_and_a_stack_in_the_log(tmp_path):
+    """A Metal abort (out of memory, the GPU watchdog) ends the process past Python: the report written before
+    the check still names it, and faulthandler puts the stack into the log."""
+    env = {**os.environ, ABORT_ENV: "shared_prompts"}
+    skip = ",".join(c for c in CHECKS if c not in ("precision", "shared_prompts"))
+    result = subprocess.run([sys.executable, "-m", "mlx_grpo.cli", "selftest", "--skip", skip], cwd=tmp_path,
+                            env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode != 0
+    report = json.loads((tmp_path / "mlx-grpo-selftest.json").read_text())
+    assert report["running"] == "shared_prompts" and not report["passed"] and not report["finished"]
+    assert [c["name"] for c in report["checks"]] == ["precision"]
+    assert "STOPPED during 'shared_prompts'" in report["summary"][0]
+    assert "send back" in report["summary"][-1]
+    assert "Fatal Python error: Aborted" in (tmp_path / "mlx-grpo-selftest.log").read_text()
+
+
+def test_a_read_only_directory_is_one_line_naming_the_report(tmp_path, capsys, monkeypatch):
+    if os.geteuid() == 0:  # root writes anywhere: a directory that is not one stands in
+        monkeypatch.chdir(tmp_path)
+        code = main(["selftest", "--out", str(tmp_path / "missing" / "report.json")])
+    else:
+        tmp_path.chmod(0o500)
+        monkeypatch.chdir(tmp_path)
+        code = main(["selftest"])
+        tmp_path.chmod(0o700)
+    err = capsys.readouterr().err
+    assert code == 2 and "cannot write its report" in err and "Traceback" not in err
+
+
+def test_quick_leaves_out_the_real_model_only(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "r.json"
+    code = main(["selftest", "--quick", "--out", str(out), "--skip",
+                 ",".join(c for c in CHECKS if c not in ("precision", "real_model"))])
+    report = json.loads(out.read_text())
+    real = next(c for c in report["checks"] if c["name"] == "real_model")
+    assert code == 0 and real["status"] == "skip" and "--quick" in real["detail"]
+
+
 def test_an_unknown_check_to_skip_is_one_line(capsys):
     assert main(["selftest", "--skip", "warp_drive"]) == 2
     assert "unknown check 'warp_drive'" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_m10_a_quantized_base_left_in_its_file_dtype_fails_real_model(monkeypatch):
+    """SmolLM2's GGUF stores float16 scales; a model whose dtype is not set keeps them (M10)."""
+    import mlx.nn as nn
+
+    monkeypatch.setattr(nn.Module, "set_dtype", lambda self, dtype, predicate=None: None)
+    check = selftest.check_real_model(Path.cwd())
+    assert check.status == "fail" and "frozen weights in" in check.detail
 
 
 @pytest.mark.slow
@@ -58,3 +224,4 @@ def test_every_check_but_the_speed_goals_passes_or_skips_with_reasons_here(tmp_p
     assert next(c for c in report["checks"] if c["name"] == "bench")["status"] == "skip"
     assert all(c["status"] in ("pass", "skip") and c["detail"] for c in report["checks"]), report["summary"]
     assert code == 0
+    assert np.isfinite(next(c for c in report["checks"] if c["name"] == "real_model")["measured"]["losses"]).all()

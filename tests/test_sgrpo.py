@@ -6,7 +6,7 @@ import pytest
 
 from mlx_grpo import grpo
 from mlx_grpo.config import load_config
-from mlx_grpo.errors import UserError
+from mlx_grpo.common.errors import UserError
 from mlx_grpo.extras.sgrpo import (TagTokens, cut_answer, exit_prefix_lengths, exit_rewards, forced_tokens,
                                    reasoning_span, sgrpo_metrics)
 from mlx_grpo.telemetry.metrics.catalogue import find_entry
@@ -68,14 +68,31 @@ def test_no_decay_rewards_every_correct_exit_the_same():
 
 def test_metrics_accuracy_per_exit_mean_correct_position_overall():
     correct = np.array([[True, False, True, False], [False, False, True, False]])
-    metrics = sgrpo_metrics(correct)
+    metrics = sgrpo_metrics(correct, exit_rewards(correct, 0.9))
     assert metrics == pytest.approx({
         "sgrpo/exit_1/accuracy": 0.5, "sgrpo/exit_2/accuracy": 0.0, "sgrpo/exit_3/accuracy": 1.0,
         "sgrpo/exit_4/accuracy": 0.0, "sgrpo/overall_accuracy": 3 / 8,
-        "sgrpo/avg_correct_exit_position": (1 + 3 + 3) / 3,
+        "sgrpo/avg_correct_exit_position": (1 + 3 + 3) / 3, "sgrpo/zero_std_group_frac": 0.0,
     })
     assert all(find_entry(name) is not None for name in metrics)
-    assert "sgrpo/avg_correct_exit_position" not in sgrpo_metrics(np.zeros((2, 3), dtype=bool))
+    none_right = np.zeros((2, 3), dtype=bool)
+    assert "sgrpo/avg_correct_exit_position" not in sgrpo_metrics(none_right, exit_rewards(none_right, 0.9))
+    # T3: every exit wrong, so every serial group scored the same and the update learned nothing
+    assert sgrpo_metrics(none_right, exit_rewards(none_right, 0.9))["sgrpo/zero_std_group_frac"] == 1.0
+
+
+def test_the_logged_advantages_are_the_ones_the_update_used():
+    # T3: under S-GRPO advantages/* described the sampled completions (std 1.0) while the update's serial
+    # advantages were all zero and the gradient was exactly 0
+    from step_data_builder import make_step_data
+
+    from mlx_grpo.telemetry.metrics.step_data import step_record
+
+    sampled = np.array([1.0, -1.0] * 8)  # the parallel groups' advantages: healthy-looking
+    data = make_step_data(advantages=sampled, update_advantages=np.zeros(64))
+    record = step_record(data)
+    assert record["advantages/std"] == 0.0 and record["advantages/max"] == 0.0
+    assert step_record(make_step_data(advantages=sampled))["advantages/std"] == 1.0  # plain GRPO: unchanged
 
 
 def test_config_needs_at_least_two_exits():

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from mlx_grpo.config import load_config
 from mlx_grpo.data import load_datasets
-from mlx_grpo.rewards import load_reward_functions
+from mlx_grpo.rewards.loading import load_reward_functions
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 

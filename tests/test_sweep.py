@@ -12,10 +12,13 @@ import pytest
 
 from mlx_grpo.cli import main
 from mlx_grpo.config import parse_override
-from mlx_grpo.errors import UserError
+from mlx_grpo.common.errors import UserError
 from mlx_grpo.sweep import load_sweep, plan_trials, trial_command, trial_config, trial_env
 from mlx_grpo.telemetry.analysis.compare import config_differences, expand_run_dirs, load_summary
+from mlx_grpo.telemetry.events import Scalars
 from mlx_grpo.telemetry.rundir.writer import RunDirWriter, read_run_info, write_run_info
+
+from run_writer import start_sinks
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -118,13 +121,13 @@ parameters: {{temperature: [0.5, 1.0]}}
 
 def _fake_run(root: Path, name: str, config: dict, rewards: list, eval_accuracy=None, torn=False, world_size=1):
     writer = RunDirWriter(root / name)
-    writer.start(name, {"run_name": name, "monitoring_dir": str(root), **config}, {}, {"world_size": world_size},
-                 len(rewards))
+    start_sinks(writer, root / name, name, {"run_name": name, "monitoring_dir": str(root), **config}, versions={},
+                device={"world_size": world_size}, total_steps=len(rewards))
     for step, reward in enumerate(rewards, 1):
-        writer.write_metrics(step, {"rewards/total/mean": reward, "tokens/total": 100.0, "timing/step_s": 0.5,
-                                    "accuracy/train": reward / 2, "timing/elapsed_s": step * 0.5,
-                                    **({"eval/accuracy": eval_accuracy} if eval_accuracy is not None else {})})
-    writer.finish("finished")
+        writer.handle(Scalars(step, {"rewards/total/mean": reward, "tokens/total": 100.0, "timing/step_s": 0.5,
+                                     "accuracy/train": reward / 2, "timing/elapsed_s": step * 0.5,
+                                     **({"eval/accuracy": eval_accuracy} if eval_accuracy is not None else {})}))
+    writer.close("finished")
     if torn:
         with open(root / name / "metrics.jsonl", "a") as fh:
             fh.write('{"step": 99, "rewards/total/me')

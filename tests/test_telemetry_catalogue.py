@@ -14,8 +14,8 @@ import pytest
 
 from mlx_grpo.cli import main
 from mlx_grpo.commands.metrics import metrics_markdown
-from mlx_grpo.rubric import load_rubric
-from mlx_grpo.rubric_reward import RubricReward
+from mlx_grpo.rewards.rubric import load_rubric
+from mlx_grpo.rewards.rubric_reward import RubricReward
 from mlx_grpo.telemetry.metrics import catalogue, charts, other_names
 from mlx_grpo.telemetry.metrics.catalogue import find_entry
 from mlx_grpo.telemetry.metrics.reward_stats import RewardTracker, ThroughputTracker, reward_metrics
@@ -212,10 +212,13 @@ def test_cross_boundary_names_and_chart_groups_are_catalogued():
 
 def test_tensorboard_layout_is_generated_from_the_chart_groups():
     layout = charts.tensorboard_layout()
-    assert set(layout) == set(charts.CHART_GROUPS)
+    assert set(layout) == set(charts.CHART_GROUPS) | {"epoch"}
     regexes = [rx for charts in layout.values() for kind, rxs in charts.values() if kind == "Multiline" for rx in rxs]
+    # T13: seed 004's Reward and Loss Analysis groups: the total reward's variance and the epoch figures
     for name in ("rewards/answer_check/mean", "policy/ratio/p95", "completions/truncated_frac", "memory/update_peak_gb",
-                 "throughput/gen_tokens_per_s/avg", "difficulty/3/accuracy"):
+                 "throughput/gen_tokens_per_s/avg", "difficulty/3/accuracy", "rewards/total/variance",
+                 "epoch/reward/mean", "epoch/reward/trend", "epoch/reward/variance", "epoch/loss/mean",
+                 "epoch/loss/trend"):
         assert any(re.match(rx, name) for rx in regexes), name
     assert not any(re.match(rx, "rewards/total/contribution_pct") for rx in regexes)
 

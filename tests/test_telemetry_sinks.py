@@ -12,10 +12,15 @@ from tbparse import SummaryReader
 from tensorboard.backend.event_processing import event_accumulator
 
 from mlx_grpo.telemetry.rundir.jsonl_tail import JsonlTail
-from mlx_grpo.telemetry.rundir.writer import RunDirWriter, read_run_info, scrub_secrets
-from mlx_grpo.telemetry.sinks.base import Sink, samples_markdown
+from mlx_grpo.telemetry.events import AlertEvent, Final, Flush, Samples, Scalars, Sink
+from mlx_grpo.telemetry.rundir.completions import completion_rows
+from mlx_grpo.common.secrets import scrub_secrets
+from mlx_grpo.telemetry.rundir.writer import RunDirWriter, read_run_info
+from mlx_grpo.telemetry.sinks.base import samples_markdown
 from mlx_grpo.telemetry.sinks import SinkSet, ThreadedSink
 from mlx_grpo.telemetry.sinks.tensorboard import TensorBoardSink
+
+from run_writer import start_sinks as start
 
 SAMPLE = {"prompt": "What is 2+3?", "completion": "<reasoning>2+3=5</reasoning><answer>5</answer>", "answer": "5",
           "rewards": {"format_exact": 1.0, "answer_check": None}, "total": 1.0, "advantage": 0.5, "length": 12,
@@ -38,7 +43,7 @@ def test_secrets_never_reach_run_json(tmp_path, monkeypatch):
         "note": "sk-ABCDEFGHIJKLMNOPQRSTUV", "extra": ["keep me", "plain-looking-value-123"],
     }
     writer = RunDirWriter(tmp_path / "run")
-    writer.start(name="r", config=config, versions={"python": "3.11"}, device={"backend": "cpu"}, total_steps=3)
+    start(writer, tmp_path / "run", "r", config, versions={"python": "3.11"}, device={"backend": "cpu"}, total_steps=3)
     text = (tmp_path / "run" / "run.json").read_text()
     for secret in ("abc123", "sk-live", "hf_abcdef", "hunter22", "sk-ABCDEF", "plain-looking-value-123"):
         assert secret not in text
@@ -52,17 +57,17 @@ def test_secrets_never_reach_run_json(tmp_path, monkeypatch):
 def test_run_directory_files_follow_the_contract(tmp_path):
     run = tmp_path / "run"
     writer = RunDirWriter(run)
-    info = writer.start(name="demo", config={"lr": 0.1}, total_steps=2)
+    info = start(writer, run, "demo", {"lr": 0.1}, total_steps=2)
     assert read_run_info(run).status == "running"
     assert info.schema_version == 1 and info.end_time is None and isinstance(info.pid, int)
-    writer.write_metrics(1, {"policy/loss": float("nan"), "policy/kl": float("inf"),
-                             "rewards/total/mean": np.float32(0.5), "tokens/total": np.int64(7)}, time=10.0)
-    writer.write_metrics(2, {"policy/loss": 0.25})
-    writer.write_samples(2, [SAMPLE, {**SAMPLE, "total": float("nan")}])
-    writer.write_alert({"step": 2, "level": "warning", "rule": "r", "metric": "policy/kl", "value": float("inf"),
-                        "message": "KL is infinite"})
-    writer.write_final_metrics({"final/total/mean": 0.5, "final/total/std": float("nan")})
-    writer.finish("interrupted")
+    writer.handle(Scalars(1, {"policy/loss": float("nan"), "policy/kl": float("inf"),
+                              "rewards/total/mean": np.float32(0.5), "tokens/total": np.int64(7)}, time=10.0))
+    writer.handle(Scalars(2, {"policy/loss": 0.25}))
+    writer.handle(Samples(2, [SAMPLE, {**SAMPLE, "total": float("nan")}]))
+    writer.handle(AlertEvent({"step": 2, "level": "warning", "rule": "r", "metric": "policy/kl",
+                              "value": float("inf"), "message": "KL is infinite"}))
+    writer.handle(Final({"final/total/mean": 0.5, "final/total/std": float("nan")}))
+    writer.close("interrupted")
 
     for name in ("metrics.jsonl", "samples.jsonl", "alerts.jsonl"):
         raw = (run / name).read_text()
@@ -88,13 +93,13 @@ def step_scalars(step):
 def test_tensorboard_files_hold_scalars_histograms_text_and_hparams_in_the_run_dir(tmp_path):
     run = tmp_path / "run"
     sinks = SinkSet(RunDirWriter(run), [TensorBoardSink(run / "tensorboard")])
-    sinks.start(name="tb", config={"learning_rate": 1e-4, "model": {"id": "tiny"}, "rewards": ["a", "b"]})
+    start(sinks, run, "tb", {"learning_rate": 1e-4, "model": {"id": "tiny"}, "rewards": ["a", "b"]})
     for step in (1, 2, 3):
-        sinks.write(step, step_scalars(step), {"rewards/total/hist": np.arange(12.0) * step})
-    sinks.write_samples(3, [SAMPLE])
-    sinks.write_alert({"step": 3, "level": "warning", "rule": "kl_high", "metric": "policy/kl", "value": 1.0,
-                       "message": "KL above 0.5"})
-    sinks.write_final({"final/total/mean": 0.2})
+        sinks.handle(Scalars(step, step_scalars(step), {"rewards/total/hist": np.arange(12.0) * step}))
+    sinks.handle(Samples(3, [SAMPLE]))
+    sinks.handle(AlertEvent({"step": 3, "level": "warning", "rule": "kl_high", "metric": "policy/kl", "value": 1.0,
+                             "message": "KL above 0.5"}))
+    sinks.handle(Final({"final/total/mean": 0.2}))
     sinks.close()
 
     tb = run / "tensorboard"
@@ -123,7 +128,7 @@ def test_tensorboard_files_hold_scalars_histograms_text_and_hparams_in_the_run_d
 
 def test_tensorboard_flushes_within_seconds_while_the_run_is_live(tmp_path):
     sink = TensorBoardSink(tmp_path / "tb", flush_secs=1)
-    sink.write(1, {"rewards/total/mean": 1.0}, {}, None)
+    sink.handle(Scalars(1, {"rewards/total/mean": 1.0}))
     deadline = time.time() + 6
     seen = False
     while time.time() < deadline and not seen:
@@ -137,8 +142,8 @@ def test_tensorboard_flush_puts_every_written_step_on_disk_before_it_returns(tmp
     # The checkpoint records that a step's events are on disk: a kill right after must not lose them.
     sink = TensorBoardSink(tmp_path / "tb", flush_secs=3600)
     for step in range(1, 41):
-        sink.write(step, {"rewards/total/mean": float(step)}, {"completions/length/hist": np.arange(50.0)}, None)
-    sink.flush()
+        sink.handle(Scalars(step, {"rewards/total/mean": float(step)}, {"completions/length/hist": np.arange(50.0)}))
+    sink.handle(Flush())
     acc = event_accumulator.EventAccumulator(str(tmp_path / "tb"), size_guidance={"scalars": 0})
     acc.Reload()
     assert [e.step for e in acc.Scalars("rewards/total/mean")] == list(range(1, 41))
@@ -150,11 +155,11 @@ def test_sessions_opened_in_the_same_second_keep_each_others_events(tmp_path):
     # sessions one file name and the second would erase the first's steps (seen in CI: steps 1-3 lost).
     first = TensorBoardSink(tmp_path / "tb", flush_secs=3600)
     for step in (1, 2, 3):
-        first.write(step, {"rewards/total/mean": float(step)}, {}, None)
-    first.flush()  # a checkpoint at step 3, then the process is killed (no close)
+        first.handle(Scalars(step, {"rewards/total/mean": float(step)}))
+    first.handle(Flush())  # a checkpoint at step 3, then the process is killed (no close)
     second = TensorBoardSink(tmp_path / "tb", flush_secs=3600, purge_step=4)
     for step in (4, 5):
-        second.write(step, {"rewards/total/mean": float(step)}, {}, None)
+        second.handle(Scalars(step, {"rewards/total/mean": float(step)}))
     second.close("finished")
     acc = event_accumulator.EventAccumulator(str(tmp_path / "tb"), size_guidance={"scalars": 0},
                                              purge_orphaned_data=True)
@@ -170,11 +175,8 @@ class Exploding(Sink):
         self.fail_in = fail_in
         self.calls = []
 
-    def start(self, info, run_dir):
-        self._maybe("start")
-
-    def write(self, step, scalars, histograms, rewards):
-        self._maybe("write")
+    def handle(self, event):
+        self._maybe(type(event).__name__)
 
     def close(self, status):
         self.calls.append("close")
@@ -185,15 +187,15 @@ class Exploding(Sink):
             raise ConnectionError("service unreachable")
 
 
-@pytest.mark.parametrize("fail_in", ["start", "write"])
+@pytest.mark.parametrize("fail_in", ["Start", "Scalars"])
 def test_a_failing_sink_is_turned_off_with_one_warning_and_the_rest_carry_on(tmp_path, fail_in):
     run = tmp_path / "run"
     warnings = []
     bad = Exploding(fail_in)
     sinks = SinkSet(RunDirWriter(run), [bad, TensorBoardSink(run / "tensorboard")], warn=warnings.append)
-    sinks.start(name="iso", config={})
+    start(sinks, run, "iso")
     for step in range(1, 6):
-        sinks.write(step, step_scalars(step))
+        sinks.handle(Scalars(step, step_scalars(step)))
     sinks.close()
 
     assert len(warnings) == 1 and "exploding" in warnings[0] and "ConnectionError" in warnings[0]
@@ -211,8 +213,8 @@ def test_a_failing_sink_is_turned_off_with_one_warning_and_the_rest_carry_on(tmp
 def test_sinkset_context_manager_records_how_the_run_ended(tmp_path, error, status):
     with pytest.raises(type(error)):
         with SinkSet(RunDirWriter(tmp_path / "run")) as sinks:
-            sinks.start(name="ctx", config={})
-            sinks.write(1, {"policy/loss": 1.0})
+            start(sinks, tmp_path / "run", "ctx")
+            sinks.handle(Scalars(1, {"policy/loss": 1.0}))
             raise error
     assert read_run_info(tmp_path / "run").status == status
 
@@ -240,12 +242,14 @@ class Recording(Sink):
         self.steps = []
         self.closed = None
 
-    def write(self, step, scalars, histograms, rewards):
+    def handle(self, event):
+        if not isinstance(event, Scalars):
+            return
         if self.gate is not None:
             self.gate.wait(5)
-        if step == self.fail_at_step:
+        if event.step == self.fail_at_step:
             raise OSError("disk of the remote service is full")
-        self.steps.append((step, scalars["policy/loss"]))
+        self.steps.append((event.step, event.values["policy/loss"]))
 
     def close(self, status):
         self.closed = status
@@ -254,11 +258,11 @@ class Recording(Sink):
 def test_threaded_sink_keeps_order_and_copies_what_it_was_given(tmp_path):
     inner = Recording()
     sinks = SinkSet(RunDirWriter(tmp_path / "run"), [ThreadedSink(inner)])
-    sinks.start(name="t", config={})
+    start(sinks, tmp_path / "run", "t")
     record = {"policy/loss": 0.0}
     for step in range(1, 101):
         record["policy/loss"] = float(step)  # the trainer reuses its dict; the worker must see each value
-        sinks.write(step, record)
+        sinks.handle(Scalars(step, record))
     sinks.close()
     assert inner.steps == [(s, float(s)) for s in range(1, 101)] and inner.closed == "finished"
 
@@ -267,12 +271,12 @@ def test_threaded_sink_errors_surface_as_one_warning_and_the_run_dir_carries_on(
     warnings = []
     inner = Recording(fail_at_step=2)
     sinks = SinkSet(RunDirWriter(tmp_path / "run"), [ThreadedSink(inner)], warn=warnings.append)
-    sinks.start(name="t", config={})
-    sinks.write(1, {"policy/loss": 1.0})
-    sinks.write(2, {"policy/loss": 2.0})
+    start(sinks, tmp_path / "run", "t")
+    sinks.handle(Scalars(1, {"policy/loss": 1.0}))
+    sinks.handle(Scalars(2, {"policy/loss": 2.0}))
     deadline = time.time() + 5
     while sinks.active and time.time() < deadline:
-        sinks.write(3, {"policy/loss": 3.0})
+        sinks.handle(Scalars(3, {"policy/loss": 3.0}))
         time.sleep(0.01)
     sinks.close()
     assert sinks.active == [] and len(warnings) == 1 and "OSError" in warnings[0]
@@ -285,11 +289,11 @@ def test_threaded_sink_drops_records_instead_of_blocking_when_far_behind(tmp_pat
     gate = threading.Event()
     inner = Recording(gate=gate)
     sinks = SinkSet(RunDirWriter(tmp_path / "run"), [ThreadedSink(inner, max_pending=3)], warn=warnings.append)
-    sinks.start(name="t", config={})
-    start = time.perf_counter()
+    start(sinks, tmp_path / "run", "t")
+    began = time.perf_counter()
     for step in range(1, 21):
-        sinks.write(step, {"policy/loss": 1.0})
-    assert time.perf_counter() - start < 1.0  # the blocked sink did not hold the loop up
+        sinks.handle(Scalars(step, {"policy/loss": 1.0}))
+    assert time.perf_counter() - began < 1.0  # the blocked sink did not hold the loop up
     gate.set()
     sinks.close()
     assert 1 <= len(inner.steps) < 20
@@ -310,10 +314,14 @@ def test_tensorboard_hparams_list_the_keys_that_differ_between_runs_first(tmp_pa
 
 
 def test_a_huge_prompt_is_stored_clipped_in_samples(tmp_path):
+    rows = completion_rows(step=1, prompts=["x" * 10_000_000], answers=["5"], texts=[SAMPLE["completion"]],
+                           reasoning=["2+3=5"], predicted=["5"], group_size=1, reward_names=["f"],
+                           scores=np.ones((1, 1)), total=np.ones(1), advantages=np.zeros(1), lengths=np.ones(1),
+                           truncated=np.zeros(1, bool), correct=None)
     writer = RunDirWriter(tmp_path / "run")
-    writer.start(name="r", config={}, versions={}, device={}, total_steps=1)
-    writer.write_samples(1, [{**SAMPLE, "prompt": "x" * 10_000_000}])
-    writer.finish()
+    start(writer, tmp_path / "run", total_steps=1)
+    writer.handle(Samples(1, rows))
+    writer.close("finished")
     (record,) = read_jsonl(tmp_path / "run" / "samples.jsonl")
     assert len(record["prompt"]) < 20_100 and record["prompt"].endswith("9980000 more characters]")
     assert record["completion"] == SAMPLE["completion"]

@@ -11,7 +11,10 @@ import textwrap
 import pytest
 
 from mlx_grpo.config import load_config
+from mlx_grpo.telemetry.events import Scalars
 from mlx_grpo.telemetry.sinks.trackio import TrackioOptions
+
+from run_writer import start_sinks
 from mlx_grpo.telemetry.sinks import make_sinks
 
 
@@ -72,9 +75,9 @@ def test_a_failing_trackio_is_turned_off_with_one_warning_and_the_run_goes_on(tm
     monkeypatch.setattr(trackio, "init", unreachable)
     warnings = []
     sinks = make_sinks(tmp_path / "run", tensorboard=False, trackio=TrackioOptions(), warn=warnings.append)
-    sinks.start(name="run", config={})
-    sinks.write(1, {"policy/loss": 1.0})
-    sinks.write(2, {"policy/loss": 0.5})
+    start_sinks(sinks, tmp_path / "run")
+    sinks.handle(Scalars(1, {"policy/loss": 1.0}))
+    sinks.handle(Scalars(2, {"policy/loss": 0.5}))
     sinks.close()
     assert sinks.active == [] and len(warnings) == 1
     assert "trackio logging failed in start (OSError: disk full)" in warnings[0]
@@ -87,8 +90,8 @@ def test_without_trackio_installed_training_logs_locally_with_one_warning(monkey
     monkeypatch.setitem(sys.modules, "trackio", None)  # makes `import trackio` raise ImportError
     warnings = []
     sinks = make_sinks(tmp_path / "run", tensorboard=False, trackio=TrackioOptions(), warn=warnings.append)
-    sinks.start(name="run", config={})
-    sinks.write(1, {"policy/loss": 1.0})
+    start_sinks(sinks, tmp_path / "run")
+    sinks.handle(Scalars(1, {"policy/loss": 1.0}))
     sinks.close()
     assert sinks.active == [] and len(warnings) == 1
     assert "Trackio logging is off" in warnings[0] and "pip install -e '" in warnings[0] and "[trackio]'" in warnings[0]

@@ -11,9 +11,12 @@ import pytest
 
 from mlx_grpo.telemetry.metrics.reward_stats import RewardTracker, reward_metrics
 from mlx_grpo.telemetry.rundir.writer import read_run_info
+from mlx_grpo.telemetry.events import AlertEvent, Artifact, Final, Samples, Scalars
 from mlx_grpo.telemetry.sinks import make_sinks
 from mlx_grpo.telemetry.sinks.wandb import WandbOptions
 from mlx_grpo.telemetry.sinks.wandb_charts import chart_interval, heatmap_svg
+
+from run_writer import start_sinks
 
 pytest.importorskip("wandb")
 
@@ -22,6 +25,9 @@ NAMES = ["format_exact", "answer_check"]
 
 @pytest.fixture
 def offline(monkeypatch, tmp_path):
+    import wandb
+
+    wandb.teardown()  # W&B reads WANDB_DIR once per process: a fresh setup so this test's files land in its tmp_path
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
@@ -43,7 +49,7 @@ def test_offline_wandb_run_completes_with_scalars_tables_charts_alerts_and_artif
     options = WandbOptions(project="mlx-grpo-test", name="offline-check", tags=["test"], notes="n", chart_every=2,
                            log_checkpoints=True)
     sinks = make_sinks(offline / "run", wandb=options, warn=warnings.append)
-    sinks.start(name="run", config={"learning_rate": 1e-4, "api_key": "never-logged-123"}, total_steps=4)
+    start_sinks(sinks, offline / "run", config={"learning_rate": 1e-4, "api_key": "never-logged-123"}, total_steps=4)
     tracker = RewardTracker(NAMES, hist_every=2)
     rng = np.random.default_rng(0)
     for step in range(1, 5):
@@ -54,13 +60,13 @@ def test_offline_wandb_run_completes_with_scalars_tables_charts_alerts_and_artif
         scalars["policy/kl"] = 0.01 * step
         scalars["criteria/math/shows_work/mean"] = 0.2 * step
         scalars["criteria/math/final_answer/mean"] = 1.0 - 0.1 * step
-        sinks.write(step, scalars, tracker.histograms(step), rewards={"total": total, **dict(zip(NAMES, scores))})
-        sinks.write_samples(step, [sample(step, 0), sample(step, 1)])
+        sinks.handle(Scalars(step, scalars, tracker.histograms(step), {"total": total, **dict(zip(NAMES, scores))}))
+        sinks.handle(Samples(step, [sample(step, 0), sample(step, 1)]))
         if step == 4:
-            sinks.log_checkpoint(checkpoint, step)
-    sinks.write_alert({"step": 4, "level": "warning", "rule": "kl_rising", "metric": "policy/kl", "value": 0.04,
-                       "message": "KL keeps rising"})
-    sinks.write_final(tracker.final_metrics())
+            sinks.handle(Artifact("checkpoint", step=step, path=checkpoint))
+    sinks.handle(AlertEvent({"step": 4, "level": "warning", "rule": "kl_rising", "metric": "policy/kl", "value": 0.04,
+                             "message": "KL keeps rising"}))
+    sinks.handle(Final(tracker.final_metrics()))
     sinks.close()
 
     assert warnings == [] and sinks.active == ["tensorboard", "wandb"]
@@ -98,12 +104,34 @@ def test_offline_wandb_run_completes_with_scalars_tables_charts_alerts_and_artif
     assert read_run_info(offline / "run").status == "finished"
 
 
+def test_a_run_stopped_early_draws_its_charts_at_its_last_step(offline):
+    # T12: charts were drawn at every chart_every-th step and the last planned one only, so a run stopped
+    # after step 3 of 200 had none
+    warnings = []
+    sinks = make_sinks(offline / "run", wandb=WandbOptions(project="mlx-grpo-test", name="stopped", chart_every=10),
+                       warn=warnings.append)
+    start_sinks(sinks, offline / "run", total_steps=200)
+    tracker = RewardTracker(NAMES)
+    rng = np.random.default_rng(0)
+    for step in range(1, 4):
+        scores = rng.integers(0, 2, size=(2, 8)).astype(float)
+        total = scores.sum(axis=0)
+        scalars = {**reward_metrics(scores, NAMES, [1.0, 1.0], total, group_size=4),
+                   **tracker.update(step, scores, total), "policy/kl": 0.01}
+        sinks.handle(Scalars(step, scalars, rewards={"total": total, **dict(zip(NAMES, scores))}))
+    sinks.close()
+    assert warnings == []
+    media = next((offline / "wandb_home" / "wandb").glob("offline-run-*")) / "files" / "media"
+    clouds = list((media / "object3D" / "charts").glob("reward_landscape_3d_3_*.pts.json"))
+    assert len(clouds) == 1
+
+
 def test_without_wandb_installed_training_logs_locally_with_one_warning(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "wandb", None)  # makes `import wandb` raise ImportError
     warnings = []
     sinks = make_sinks(tmp_path / "run", wandb=WandbOptions(), warn=warnings.append)
-    sinks.start(name="run", config={})
-    sinks.write(1, {"policy/loss": 1.0})
+    start_sinks(sinks, tmp_path / "run")
+    sinks.handle(Scalars(1, {"policy/loss": 1.0}))
     sinks.close()
     assert sinks.active == ["tensorboard"]
     assert len(warnings) == 1 and "W&B logging is off" in warnings[0]
@@ -148,7 +176,7 @@ def test_a_real_run_logs_dataset_charts_and_final_model_offline_and_a_failing_wa
     def broken(self, name, splits, metadata):
         raise ConnectionError("W&B is unreachable")
 
-    monkeypatch.setattr(WandbSink, "log_dataset", broken)
+    monkeypatch.setattr(WandbSink, "_log_dataset", broken)
     result = train(load_config(None, {**settings, "run_name": "broken"}), offline)
     assert result["status"] == "finished"
     run_dir = Path(result["run_dir"])
@@ -159,6 +187,7 @@ def test_a_real_run_logs_dataset_charts_and_final_model_offline_and_a_failing_wa
 
 
 def test_wandb_is_opt_in_and_an_api_key_in_the_environment_alone_never_turns_it_on(monkeypatch, tmp_path):
+    import mlx_grpo.opening as opening_module
     import mlx_grpo.run as run_module
     from mlx_grpo.config import load_config
 
@@ -171,7 +200,7 @@ def test_wandb_is_opt_in_and_an_api_key_in_the_environment_alone_never_turns_it_
         requested.append(kwargs.get("wandb"))
         raise Stop
 
-    monkeypatch.setattr(run_module, "make_sinks", fake_make_sinks)
+    monkeypatch.setattr(opening_module, "make_sinks", fake_make_sinks)
     monkeypatch.setenv("WANDB_API_KEY", "0123456789abcdef0123456789abcdef01234567")
     settings = {"num_steps": 1, "batch_size": 2, "num_generations": 2, "monitoring_dir": str(tmp_path / "runs")}
     for extra in ({}, {"wandb": True}, {"report_to": "wandb"}):
@@ -183,13 +212,16 @@ def test_wandb_is_opt_in_and_an_api_key_in_the_environment_alone_never_turns_it_
 
 SECRET_RUN = """
 import sys
+from mlx_grpo.telemetry.events import Scalars, Start
+from mlx_grpo.telemetry.rundir.writer import new_run_info
 from mlx_grpo.telemetry.sinks import make_sinks
 from mlx_grpo.telemetry.sinks.wandb import WandbOptions
 secret, typed, out = sys.argv[1], sys.argv[2], sys.argv[3]
 options = WandbOptions(project="mlx-grpo-test", name="secrets", tags=[typed, "ok"], notes=f"key {secret}", dir=out)
 sinks = make_sinks(out + "/run", wandb=options)
-sinks.start(name="run", config={"system_prompt": f"use token {typed}"}, total_steps=1)
-sinks.write(1, {"rewards/total/mean": 1.0}, {}, None)
+info = new_run_info(out + "/run", "run", {"system_prompt": f"use token {typed}"}, total_steps=1)
+sinks.handle(Start(info, out + "/run"))
+sinks.handle(Scalars(1, {"rewards/total/mean": 1.0}))
 sinks.close("finished")
 """
 

@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from ..errors import UserError
+from ..common.errors import UserError
 
 USES_MLX = True
 
@@ -111,7 +111,7 @@ def matmul_line(machine: dict) -> str:
 
 
 def _gb(n: float) -> str:
-    """Bytes in GB (1e9, mlx_grpo/telemetry/units.py), as everywhere else."""
+    """Bytes in GB (1e9, mlx_grpo/common/units.py), as everywhere else."""
     return f"{n / 1e9:.2f} GB"
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..errors import UserError
+from ..common.errors import UserError
 
 USES_MLX = True
 
@@ -53,7 +53,8 @@ def run(args: argparse.Namespace) -> int:
 
     from ..data import extra_columns, load_datasets, read_dataset_file
     from ..evaluate import evaluate
-    from ..rewards import score_completions
+    from ..models import stop_ids
+    from ..rewards.scoring import score_completions
     from ..telemetry.metrics.names import EVAL_ACCURACY
     from ..telemetry.metrics.step_data import eval_record
 
@@ -74,8 +75,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--dataset {args.dataset or config.dataset}: no rows to evaluate")
 
     check, functions, notes = checks_and_rewards(args, config, base_dir)
-    eos_ids = set(getattr(tokenizer, "eos_token_ids", None) or [tokenizer.eos_token_id])
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos_ids)
+    eos_ids, pad_id = stop_ids(tokenizer)
     start = time.perf_counter()
     with Progress(TextColumn("eval"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
                   console=Console(stderr=True), transient=True, disable=not sys.stderr.isatty()) as bar:
@@ -115,8 +115,9 @@ def checks_and_rewards(args: argparse.Namespace, config, base_dir):
     everything it names, as training does."""
     from pathlib import Path
 
-    from ..correctness import load_correctness
-    from ..rewards import RewardFunction, load_reward_functions
+    from ..rewards.correctness import load_correctness
+    from ..rewards.loading import load_reward_functions
+    from ..rewards.scoring import RewardFunction
     from ..run_code import is_user_code, named_file, refuse_named_code, spec_text
 
     from_run = (Path(args.target) / "run.json").is_file()
@@ -149,8 +150,8 @@ def checks_and_rewards(args: argparse.Namespace, config, base_dir):
         notes.append(f"the run's rubric ({named_file(config.rubric_file, base_dir, spec=False)}) was not scored: eval reads no "
                      "rubric a run directory names; pass --rubric-file FILE to score it")
     if rubric is not None:
-        from ..rubric import load_rubric
-        from ..rubric_reward import RubricReward
+        from ..rewards.rubric import load_rubric
+        from ..rewards.rubric_reward import RubricReward
 
         path = Path(rubric)
         path = path if path.is_absolute() or args.rubric_file else base_dir / path
@@ -165,10 +166,10 @@ def load_target(args: argparse.Namespace):
     from ..config import load_config
     from ..export import ADAPTER_FILES, load_trained
     from ..models import dequantize_base, load_policy
-    from ..telemetry.rundir.writer import RUN_JSON
+    from ..telemetry.rundir.layout import RunPaths
 
     target = Path(args.target)
-    if (target / RUN_JSON).is_file():
+    if RunPaths(target).run_json.is_file():
         if args.config is not None:
             raise UserError(f"--config {args.config}: a run directory keeps its own config")
         trained = load_trained(target, args.step)

@@ -29,13 +29,14 @@ def example_prompt(run_dir) -> str | None:
     import json
 
     from ..tasks.arithmetic import make_row
-    from ..telemetry.rundir.writer import SAMPLES, read_run_info
+    from ..telemetry.rundir.layout import RunPaths
+    from ..telemetry.rundir.writer import read_run_info
 
     info = read_run_info(run_dir)
     if info is not None and (info.config or {}).get("dataset", "arithmetic") == "arithmetic":
         return make_row(12, 7)["prompt"]
     try:
-        with open(run_dir / SAMPLES, encoding="utf-8") as f:
+        with open(RunPaths(run_dir).samples, encoding="utf-8") as f:
             prompt = json.loads(f.readline()).get("prompt")
     except (OSError, ValueError, AttributeError):
         return None
@@ -56,12 +57,12 @@ def has_chat_template(model_dir) -> bool:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from ..errors import UserError
+    from ..common.errors import UserError
     from ..export import export_model
-    from ..telemetry.rundir.writer import RUN_JSON
+    from ..telemetry.rundir.layout import RunPaths
 
     run_dir = Path(args.run_dir)
-    if not (run_dir / RUN_JSON).is_file():
+    if not RunPaths(run_dir).run_json.is_file():
         raise UserError(f"{run_dir}: not a run directory (no run.json)")
     summary = export_model(run_dir, Path(args.out), args.step, args.fuse, args.float32)
     what = ("adapters fused into the weights" if summary["fused"] else

@@ -12,7 +12,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..errors import UserError, install_hint
+    from ..common.errors import UserError, install_hint
 
     try:
         from ..mcp_server import build_server

@@ -12,7 +12,7 @@ import argparse
 import json
 from pathlib import Path
 
-from ..errors import UserError
+from ..common.errors import UserError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -22,7 +22,8 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from ..config import load_config, parse_override
-    from ..plan import GB, make_plan
+    from ..fitting import make_plan
+    from ..plan import GB
 
     overrides = dict(parse_override(text) for text in args.overrides)
     config = load_config(args.config, overrides)
@@ -46,8 +47,8 @@ def base_precision(facts: dict) -> str:
 
 
 def format_plan(verdict, facts: dict) -> str:
-    from ..plan import reference_text
-    from ..telemetry.units import count_text, gb_text as gb
+    from ..fitting import reference_text
+    from ..common.units import count_text, gb_text as gb
 
     peaks = verdict.configured
     lines = [

@@ -23,7 +23,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _spec(text: str) -> tuple[str, float]:
-    from ..errors import UserError
+    from ..common.errors import UserError
 
     name, sep, weight = text.rpartition("=")
     if not sep:
@@ -35,7 +35,7 @@ def _spec(text: str) -> tuple[str, float]:
 
 
 def _steps(text: str | None, available: list[int]) -> list[int] | None:
-    from ..errors import UserError
+    from ..common.errors import UserError
 
     if text is None:
         return None
@@ -52,14 +52,17 @@ def run(args: argparse.Namespace) -> int:
     import shlex
     from pathlib import Path
 
-    from ..errors import UserError
+    from ..common.errors import UserError
     from ..replay import render, replay, run_settings
-    from ..rewards import RewardFunction, load_reward_functions
+    from ..rewards.loading import load_reward_functions
+    from ..rewards.scoring import RewardFunction
     from ..run_code import is_user_code, named_file, refuse_named_code, spec_text
+    from ..telemetry.reward_names import reward_name
+    from ..telemetry.rundir.completions import completion_steps
     from ..telemetry.analysis.report import load_run
     from ..telemetry.reward_names import reward_name
     from ..telemetry.rundir.completions import completion_steps
-    from ..telemetry.terminal import terminal_safe
+    from ..common.terminal import terminal_safe
 
     start = time.perf_counter()
     run_dir = Path(args.run_dir)
@@ -87,8 +90,8 @@ def run(args: argparse.Namespace) -> int:
                         f"--rubric-file {shlex.quote(named_file(rubric_file, base_dir, spec=False))}, or leave it out: "
                         "--without rubric")
     if args.rubric_file is not None:
-        from ..rubric import load_rubric
-        from ..rubric_reward import RubricReward
+        from ..rewards.rubric import load_rubric
+        from ..rewards.rubric_reward import RubricReward
 
         weight = args.rubric_weight if args.rubric_weight is not None else rubric_weight
         functions.append(RewardFunction("rubric", RubricReward(load_rubric(Path(args.rubric_file))), weight))

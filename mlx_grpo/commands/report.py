@@ -26,7 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..errors import UserError
+    from ..common.errors import UserError
     from ..telemetry.analysis.report import build_report, print_report, report_json, save_report
 
     if not 0 <= args.smooth < 1:

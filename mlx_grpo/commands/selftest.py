@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import faulthandler
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -13,26 +15,62 @@ USES_MLX = True
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", metavar="FILE", default="mlx-grpo-selftest.json",
-                        help="the report to send back: JSON with a readable summary (default: %(default)s)")
+                        help="the report to send back: JSON with a readable summary, rewritten after every check "
+                             "(default: %(default)s)")
     parser.add_argument("--skip", default="", metavar="CHECKS",
                         help="comma-separated checks to leave out (e.g. learning,bench for a quicker run)")
+    parser.add_argument("--quick", action="store_true",
+                        help="leave out the real-model check (SmolLM2, a 93 MB download on first use)")
     parser.add_argument("--log", metavar="FILE", default="mlx-grpo-selftest.log",
                         help="where the training runs' own output goes (default: %(default)s)")
 
 
+def writable(path: Path, what: str) -> None:
+    """One line naming the file when the report or log cannot be written here (a read-only directory)."""
+    from ..common.errors import UserError
+
+    try:
+        with open(path, "a"):
+            pass
+    except OSError as err:
+        raise UserError(f"selftest cannot write its {what} '{path}' ({err.strerror}): run it from a writable "
+                        f"directory, or give --out/--log a path there") from None
+
+
+def write_atomically(path: Path, report: dict) -> None:
+    """The whole report or the previous one, never half of it: a process killed mid-write leaves a report."""
+    part = path.with_name(path.name + ".part")
+    part.write_text(json.dumps(report, indent=2, default=float) + "\n")
+    os.replace(part, path)
+
+
 def run(args: argparse.Namespace) -> int:
-    from ..errors import UserError
+    from ..common.errors import UserError
     from ..selftest import CHECKS, run_selftest
+    from ..common.errors import UserError
+    from ..selftest import CHECKS, QUICK_SKIP, run_selftest
 
     skip = {name.strip() for name in args.skip.split(",") if name.strip()}
     if unknown := sorted(skip - set(CHECKS)):
         raise UserError(f"--skip: unknown check '{unknown[0]}'; choose from {', '.join(CHECKS)}")
+    if args.quick:
+        skip |= set(QUICK_SKIP)
+    out_path, log_path = Path(args.out), Path(args.log)
+    writable(out_path, "report")
+    writable(log_path, "log")
     out = sys.stdout
-    print(f"mlx-grpo selftest: {len(CHECKS) - len(skip)} checks, a few minutes; training output goes to {args.log}",
-          file=out, flush=True)
-    with open(args.log, "w") as log, contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
-        report = run_selftest(Path.cwd(), skip, say=lambda line: print(line, file=out, flush=True))
-    Path(args.out).write_text(json.dumps(report, indent=2, default=float) + "\n")
-    print("\n".join(report["summary"][:3]), file=out)
-    print(f"report: {args.out} (send this file back)", file=out)
+    print(f"mlx-grpo selftest: {len(CHECKS) - len(skip)} checks, a few minutes; training output goes to {args.log}; "
+          f"{args.out} is rewritten after every check (if this stops early, send both files)", file=out, flush=True)
+    with open(log_path, "w") as log, contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+        # a native abort (Metal out of memory, the GPU watchdog) ends the process past Python's handlers:
+        # the Python stack of every thread still goes into the log
+        faulthandler.enable(file=log, all_threads=True)
+        try:
+            report = run_selftest(Path.cwd(), skip, say=lambda line: print(line, file=out, flush=True),
+                                  write=lambda doc: write_atomically(out_path, doc), log=log_path,
+                                  out_name=args.out)
+        finally:
+            faulthandler.disable()
+    print("\n".join(report["summary"][:4]), file=out)
+    print(report["summary"][-1], file=out)
     return 0 if report["passed"] else 1

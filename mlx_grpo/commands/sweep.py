@@ -15,11 +15,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..errors import UserError
+    from ..common.errors import UserError
     from ..sweep import describe, load_sweep, plan_trials, run_sweep, trial_config, trial_state
     from ..telemetry.analysis.compare import comparison_table, expand_run_dirs, load_summary, table_console
-    from ..telemetry.rundir.writer import RUN_JSON
-    from ..telemetry.terminal import terminal_safe
+    from ..telemetry.rundir.layout import RunPaths
+    from ..common.terminal import terminal_safe
 
     if args.parallel < 1:
         raise UserError(f"--parallel {args.parallel}: expected at least 1")
@@ -37,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
     console.print(terminal_safe(f"sweep '{spec.name}': {len(trials)} trials ({spec.method}), {args.parallel} at a "
                                 f"time, in {spec.directory}"))
     outcomes = run_sweep(spec, parallel=args.parallel, say=console.print)
-    done = [spec.directory / t.name for t in trials if (spec.directory / t.name / RUN_JSON).is_file()]
+    done = [spec.directory / t.name for t in trials if RunPaths(spec.directory / t.name).run_json.is_file()]
     if done:
         console.print(comparison_table([load_summary(p) for p in expand_run_dirs(done)]))
     failed = [o.trial.name for o in outcomes if o.status == "failed"]

@@ -149,7 +149,7 @@ def train_from_cli(config_path: str | None, overrides: dict, resume: str | None 
     from pathlib import Path
 
     from ..config import load_config
-    from ..errors import UserError
+    from ..common.errors import UserError
     from ..resume import config_for_resume
     from ..signals import EXIT_INTERRUPTED
     from ..run import EXIT_GUARD_STOP, train

@@ -10,7 +10,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from ..errors import UserError, install_hint
+from ..common.errors import UserError, install_hint
 
 # Each --web session is a dashboard process (~0.3 s of CPU to open, tens of MB).
 DEFAULT_MAX_SESSIONS = 4

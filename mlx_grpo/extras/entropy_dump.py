@@ -15,25 +15,46 @@ no pickles):
     prompt_lengths   int32   [N]     prompt tokens of each row
     attention_mask   uint8   [N, S]  1 for the real prompt+completion tokens of each row
 
-Values come from the update's first pass, i.e. the policy that sampled the rollout.
+Values come from the update's first pass, i.e. the policy that sampled the rollout. The run hands each
+dump to its sinks as an `EntropyDump` event; `EntropyDumpWriter`, one of the run's sinks, writes it.
 This module imports no mlx, so `python -m mlx_grpo.tools.summarize_entropy` runs anywhere.
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
-DIR_NAME = "entropy"
+from ..telemetry.events import Sink
+from ..telemetry.rundir.layout import RunPaths
+
 FIELDS = ("step", "entropy", "varentropy", "responses", "response_mask", "prompts", "prompt_lengths",
           "attention_mask")
 
 
-def dump_path(run_dir: Path, step: int) -> Path:
-    return Path(run_dir) / DIR_NAME / f"step_{step}.npz"
+@dataclass(frozen=True)
+class EntropyDump:
+    """The event of one step's dump (`build_dump`'s arrays)."""
+
+    arrays: dict[str, np.ndarray]
+
+
+class EntropyDumpWriter(Sink):
+    """The sink that writes each EntropyDump into the run directory's entropy/."""
+
+    name = "entropy dumps"
+
+    def __init__(self, run_dir: Path):
+        self.run_dir = Path(run_dir)
+
+    def handle(self, event: Any) -> None:
+        """Write a dump; other events are not this sink's."""
+        if isinstance(event, EntropyDump):
+            write_dump(self.run_dir, event.arrays)
 
 
 def build_dump(step: int, entropy: np.ndarray, varentropy: np.ndarray, prompts: Sequence[Sequence[int]],
@@ -66,7 +87,7 @@ def build_dump(step: int, entropy: np.ndarray, varentropy: np.ndarray, prompts: 
 
 def write_dump(run_dir: Path, arrays: dict[str, np.ndarray]) -> Path:
     """Write atomically (a reader never sees half a file; a resumed run overwrites its replayed steps)."""
-    path = dump_path(run_dir, int(arrays["step"]))
+    path = RunPaths(run_dir).entropy_step(int(arrays["step"]))
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp.npz")
     np.savez_compressed(tmp, **arrays)
@@ -84,5 +105,5 @@ def read_dump(path: Path) -> dict[str, np.ndarray]:
 
 def list_dumps(run_dir: Path) -> list[Path]:
     """The dump files of a run, in step order."""
-    files = Path(run_dir, DIR_NAME).glob("step_*.npz")
+    files = RunPaths(run_dir).entropy.glob("step_*.npz")
     return sorted((f for f in files if f.stem[5:].isdigit()), key=lambda f: int(f.stem[5:]))

@@ -95,11 +95,14 @@ def cut_answer(ids: Sequence[int], tags: TagTokens) -> list[int]:
     return list(ids) if end is None else list(ids[: end + len(tags.close_answer)])
 
 
-def sgrpo_metrics(correct: np.ndarray) -> dict[str, float]:
-    """sgrpo/exit_<k>/accuracy per exit, the mean exit position of correct answers, overall accuracy."""
+def sgrpo_metrics(correct: np.ndarray, rewards: np.ndarray) -> dict[str, float]:
+    """sgrpo/exit_<k>/accuracy per exit, the mean exit position of correct answers, overall accuracy, and the
+    share of serial groups whose exits all scored the same (they give the update nothing: all-zero advantages)."""
     correct = np.asarray(correct, dtype=bool)
+    rewards = np.asarray(rewards, dtype=float)
     out = {f"sgrpo/exit_{k + 1}/accuracy": float(correct[:, k].mean()) for k in range(correct.shape[1])}
     out["sgrpo/overall_accuracy"] = float(correct.mean())
+    out["sgrpo/zero_std_group_frac"] = float((rewards.max(axis=1) == rewards.min(axis=1)).mean())
     if correct.any():
         positions = np.nonzero(correct)[1] + 1
         out["sgrpo/avg_correct_exit_position"] = float(positions.mean())
@@ -120,7 +123,7 @@ class SerialGroups:
     seconds: float  # answer generation
 
     def metrics(self) -> dict[str, float]:
-        return sgrpo_metrics(self.correct)
+        return sgrpo_metrics(self.correct, self.rewards)
 
 
 def run_exits(model: nn.Module, tokenizer: Any, rollout: Rollout, answers: Sequence[str], *, num_exits: int,

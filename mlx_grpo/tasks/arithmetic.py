@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import random
 
-from ..errors import UserError
+from ..common.errors import UserError
 from .answer_format import CLOSE_ANSWER, CLOSE_REASONING, OPEN_ANSWER, OPEN_REASONING
 
 SPLITS = ("train", "heldout")

@@ -5,7 +5,7 @@ completions were correct, when known) into the same metric records the trainer
 writes, runs the alert engine on them, and answers questions about the run so far:
 summaries, recent trends, one function's statistics, reward quality and function
 importance, reward hacking. It records through the trainer's own `RunRecorder`
-(its trackers and alert engine, without sinks), and the analysis is analysis.py's,
+(its trackers and alert engine, without sinks), and the analysis is telemetry/analysis/'s,
 so a hand-written loop and `mlx-grpo train` report the same numbers. Example:
 docs/ALERTS.md. Imports no mlx.
 """
@@ -114,8 +114,7 @@ class RewardMonitor:
         if self.reward_names is None:
             self.reward_names = list(rewards)
         if self._recorder is None:
-            self._recorder = RunRecorder(self.reward_names, ())
-            self._recorder.engine = self.engine  # rules may be added before the first step
+            self._recorder = RunRecorder(self.reward_names, (), engine=self.engine)  # rules may be added until now
         missing = [name for name in self.reward_names if name not in rewards]
         unknown = [name for name in rewards if name not in self.reward_names]
         if missing or unknown:

@@ -25,10 +25,12 @@ from .alerts.config import pattern_warnings
 from .alerts.console import format_alert
 from .alerts.engine import AlertEngine
 from .alerts.rules import Rule
-from .metrics.names import ACCEL_LIMIT_GB, BACKPROP_TOKENS_PER_S, CHECKPOINT_SECONDS, ELAPSED_SECONDS, GEN_TOKENS_PER_S
+from .metrics.names import (ACCEL_LIMIT_GB, BACKPROP_TOKENS_PER_S, CHECKPOINT_SECONDS, ELAPSED_SECONDS,
+                            GEN_TOKENS_PER_S, TOKENS_CUMULATIVE, TOKENS_TOTAL)
 from .metrics.reward_stats import RewardTracker, ThroughputTracker
 from .metrics.step_data import StepData, peak_share_metrics, step_record
-from .rundir.completions import CompletionsWriter, completion_rows
+from .events import AlertEvent, Completions, Final, Samples, Scalars
+from .rundir.completions import completion_rows, sample_rows
 
 
 @dataclass
@@ -40,8 +42,8 @@ class StepReport:
     alerts: list[Alert]
     histograms: dict[str, np.ndarray] = field(default_factory=dict)
     rewards: dict[str, np.ndarray] = field(default_factory=dict)  # "total" and per function, per completion
-    samples: list[dict] = field(default_factory=list)
-    completions: list[dict] = field(default_factory=list)  # every completion of the step (completions/)
+    completions: list[dict] = field(default_factory=list)  # every completion of the step, one row each
+    samples: list[dict] = field(default_factory=list)  # samples.jsonl's selection of those rows
 
 
 class RunRecorder:
@@ -50,19 +52,20 @@ class RunRecorder:
     `sinks` (a SinkSet) and `console` (a TrainingConsole) may be None: a custom loop that only wants
     records and alerts. `reward_fns` are the run's reward functions (rewards.RewardFunction): their
     hooks' metrics, alerts, epoch figures and state go through here. `components` are other objects of the step with
-    state of their own (`state_dict`/`load_state_dict`, e.g. the adaptive window's controller). `completions`
-    keeps every completion of every step (None: not kept).
+    state of their own (`state_dict`/`load_state_dict`, e.g. the adaptive window's controller).
+    `samples_per_step`: how many groups' first completion go to samples.jsonl. `engine`: an alert engine of
+    the caller's (RewardMonitor's, whose rules may change) instead of one over `rules`.
     """
 
     def __init__(self, reward_names: Sequence[str], rules: Sequence[Rule], *, sinks: Any = None,
                  console: Any = None, sampler: Any = None, reward_fns: Sequence[Any] = (),
                  components: Mapping[str, Any] | None = None, hist_every: int = 10, log_every: int = 1,
-                 num_steps: int | None = None, num_iterations: int = 1,
-                 completions: CompletionsWriter | None = None, clock: Callable[[], float] = time.perf_counter):
+                 num_steps: int | None = None, num_iterations: int = 1, samples_per_step: int = 4,
+                 engine: AlertEngine | None = None, clock: Callable[[], float] = time.perf_counter):
         self.rewards = RewardTracker(reward_names, hist_every=hist_every)
         self.gen_throughput = ThroughputTracker(GEN_TOKENS_PER_S)
         self.backprop_throughput = ThroughputTracker(BACKPROP_TOKENS_PER_S)
-        self.engine = AlertEngine(rules)
+        self.engine = engine if engine is not None else AlertEngine(rules)
         self._unchecked_rules = list(rules)  # patterns matching nothing are said once, at the first record
         self.sinks, self.console, self.sampler = sinks, console, sampler
         self.reward_fns = list(reward_fns)
@@ -70,7 +73,8 @@ class RunRecorder:
         self.components = dict(components or {})
         self.log_every, self.num_steps, self.num_iterations = log_every, num_steps, num_iterations
         self.nonfinite_in_a_row = 0  # updates in a row skipped for a NaN/Inf loss or gradient
-        self.completions = completions
+        self.samples_per_step = samples_per_step
+        self.tokens_seen = 0.0  # tokens/total over every step so far (a rollback does not give them back)
         self._clock = clock
         self._started = clock()
 
@@ -91,6 +95,8 @@ class RunRecorder:
         `last`: the run's last step (a partial epoch is reported there)."""
         step = data.step
         record = step_record(data)
+        self.tokens_seen += record[TOKENS_TOTAL]
+        record[TOKENS_CUMULATIVE] = self.tokens_seen
         record.update(self.gen_throughput.update(data.completion_tokens, data.seconds["rollout"]))
         record.update(self.backprop_throughput.update(data.trained_tokens * self.num_iterations,
                                                       data.seconds["update"]))
@@ -104,7 +110,7 @@ class RunRecorder:
         record[ELAPSED_SECONDS] = self.elapsed()
         self.nonfinite_in_a_row = self.nonfinite_in_a_row + 1 if data.update.skipped else 0
         alerts = self.observe(step, record, data.scores, data.total, loss=data.update.loss,
-                              arrays={"advantages/hist": data.advantages, "completions/length/hist": data.lengths})
+                              arrays={"advantages/hist": data.trained_advantages, "completions/length/hist": data.lengths})
         if epoch_ended or (last and self.rewards.epoch_has_data()):
             record.update(self.end_epoch(partial=not epoch_ended))
         for message in data.new_errors:
@@ -113,10 +119,13 @@ class RunRecorder:
             self.message(f"warning: {message}", style="yellow")
         self._unchecked_rules = []
         scores = {"total": data.total, **{name: data.scores[i] for i, name in enumerate(data.reward_names)}}
-        rows = (completion_rows(step, data.prompt_texts, data.answers, data.texts, data.group_size, data.reward_names,
-                                data.scores, data.total, data.advantages, data.lengths, data.truncated, data.correct)
-                if self.completions is not None and data.texts else [])
-        return StepReport(step, record, alerts, self.rewards.histograms(step), scores, data.samples, rows)
+        rows = completion_rows(
+            step=step, prompts=data.prompt_texts, answers=data.answers, texts=data.texts, reasoning=data.reasoning,
+            predicted=data.predicted, group_size=data.group_size, reward_names=data.reward_names, scores=data.scores,
+            total=data.total, advantages=data.advantages, lengths=data.lengths, truncated=data.truncated,
+            correct=data.correct) if data.texts else []
+        return StepReport(step, record, alerts, self.rewards.histograms(step), scores, rows,
+                          sample_rows(rows, data.group_size, self.samples_per_step))
 
     def record_evaluation(self, step: int, evaluation: Mapping[str, float]) -> StepReport:
         """A record of an evaluation alone: the one before the first update is step 0's, the policy as it
@@ -138,16 +147,21 @@ class RunRecorder:
             report.record[CHECKPOINT_SECONDS] = checkpoint_s
         step, last = report.step, report.step == self.num_steps
         if self.sinks is not None and (step % self.log_every == 0 or last):
-            self.sinks.write(step, report.record, report.histograms, rewards=report.rewards)
-            self.sinks.write_samples(step, report.samples)
-        if self.completions is not None and (full := self.completions.write(step, report.completions)):
-            self.message(f"warning: {full}", style="yellow")
+            self.sinks.handle(Scalars(step, report.record, report.histograms, report.rewards))
+            if report.samples:
+                self.sinks.handle(Samples(step, report.samples))
+        if self.sinks is not None and report.completions:
+            self.sinks.handle(Completions(step, report.completions))
         for alert in report.alerts:
-            if self.sinks is not None:
-                self.sinks.write_alert(alert)
-            self.message(format_alert(alert))
+            self.alert(alert)
         if self.console is not None and self.num_steps:
             self.console.step(step, report.record, every=max(1, self.num_steps // 20))
+
+    def alert(self, alert: Alert) -> None:
+        """An alert to the sinks and the console."""
+        if self.sinks is not None:
+            self.sinks.handle(AlertEvent.of(alert))
+        self.message(format_alert(alert))
 
     def message(self, text: Any, style: str | None = None) -> None:
         """Print a line on the console, if there is one."""
@@ -175,7 +189,7 @@ class RunRecorder:
         if self.sampler is not None:
             self.sampler.stop()
         if self.sinks is not None:
-            self.sinks.write_final(final)
+            self.sinks.handle(Final(final))
             self.sinks.close(status)
 
     # ------------------------------------------------------------------ checkpoints
@@ -191,6 +205,7 @@ class RunRecorder:
                                  if (state := hooks.state_dict()) is not None},
             "components": {name: component.state_dict() for name, component in self.components.items()},
             "nonfinite_in_a_row": self.nonfinite_in_a_row,
+            "tokens_cumulative": self.tokens_seen,
             "elapsed_s": self.elapsed(),
         }
 
@@ -201,6 +216,7 @@ class RunRecorder:
             if tracker.name in state["throughput"]:
                 tracker.load_state_dict(state["throughput"][tracker.name])
         self.engine.load_state_dict(state["alerts"])
+        self.tokens_seen = float(state.get("tokens_cumulative", 0.0))  # checkpoints before it: from 0
         for fn in self.reward_fns:
             fn.error_reported = fn.name in state["reward_errors_reported"]
         for name, hooks in self.hooks.items():

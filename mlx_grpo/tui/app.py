@@ -20,6 +20,7 @@ from textual.binding import Binding
 from textual.reactive import var
 from textual.widgets import Footer, Input, TabbedContent, TabPane
 
+from ..telemetry.analysis.alert_replay import AlertReplay
 from ..telemetry.rundir.reader import RunReader, pid_alive
 from .alerts_view import AlertsView
 from .board import Board
@@ -110,12 +111,16 @@ class WatchApp(App[None]):
     ):
         super().__init__()
         self._reader_options = reader_options or {}
-        readers = [RunReader(d, **self._reader_options) for d in run_dirs]
+        readers = [self._reader(d) for d in run_dirs]
         # The run browser lists the runs beside the ones given (their folders, e.g. runs/).
         self.run_roots = list(dict.fromkeys(Path(d).parent for d in run_dirs))
         self.board = Board(readers, clock=clock, alive=alive, smoothing=self.smoothing)
         self.set_reactive(WatchApp.refresh_s, refresh)
         self._timer = None
+
+    def _reader(self, run_dir: str | Path) -> RunReader:
+        """A run's reader, with its own alert rules replayed over what it reads."""
+        return RunReader(run_dir, replay=AlertReplay(), **self._reader_options)
 
     def get_css_variables(self) -> dict[str, str]:
         """Textual's CSS variables plus the palette's colours."""
@@ -271,7 +276,7 @@ class WatchApp(App[None]):
         kept = {reader.run_dir.resolve(): reader for reader in self.board.readers}
         wanted = {path.resolve(): path for path in chosen}
         readers = [reader for key, reader in kept.items() if key in wanted]
-        readers += [RunReader(path, **self._reader_options) for key, path in wanted.items() if key not in kept]
+        readers += [self._reader(path) for key, path in wanted.items() if key not in kept]
         self.board.replace_readers(readers)
         self.board.poll()
         self.update_views()

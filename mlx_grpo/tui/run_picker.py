@@ -22,8 +22,9 @@ from textual.widgets import SelectionList, Static
 from textual.widgets.selection_list import Selection
 
 from ..telemetry.rundir.reader import is_run_dir
-from ..telemetry.rundir.writer import METRICS, RunInfo, read_run_info
-from ..telemetry.user_files import open_regular
+from ..telemetry.rundir.layout import RunPaths
+from ..telemetry.rundir.writer import RunInfo, read_run_info
+from ..common.user_files import open_regular
 from .fmt import fmt_step
 from .palette import MUTED
 
@@ -46,7 +47,7 @@ class RunEntry:
 def _last_step(path: Path) -> int | None:
     """The step of the last complete record in metrics.jsonl, read from its end."""
     try:
-        with open_regular(path / METRICS) as f:
+        with open_regular(RunPaths(path).metrics) as f:
             start = max(0, f.seek(0, os.SEEK_END) - LAST_LINE_BYTES)
             f.seek(start)
             lines = f.read().split(b"\n")

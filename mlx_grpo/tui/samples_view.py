@@ -20,8 +20,8 @@ import warnings
 
 import numpy as np
 
-from ..telemetry.rundir.completions import completion_steps, groups, ordered_totals, read_step
-from ..telemetry.sinks.wandb_charts import scale_colour
+from ..telemetry.rundir.completions import completion_steps, groups, heatmap_matrix, ordered_totals, read_step
+from ..telemetry.metrics.charts import scale_colour
 from .board import Board
 from .board_widget import BoardView
 from .fmt import fmt_count, fmt_value
@@ -101,7 +101,8 @@ def group_table(group: list[dict], selected: dict) -> Table:
     ranked = sorted(group, key=lambda r: -(r.get("advantage") if isinstance(r.get("advantage"), (int, float))
                                            else float("-inf")))
     for row in ranked:
-        mine = row.get("completion") == selected.get("completion")
+        # samples.jsonl rows written before they carried it were each group's first completion
+        mine = row.get("completion_index") == selected.get("completion_index", 0)
         rewards = row.get("rewards") if isinstance(row.get("rewards"), dict) else {}
         advantage = row.get("advantage")
         correct = row.get("correct")
@@ -118,8 +119,8 @@ def group_table(group: list[dict], selected: dict) -> Table:
 
 
 def sample_group(run_dir, s: dict, cache: dict) -> list[dict]:
-    """The group of sample `s` in its step's completions file (prompt_index, or the prompt's text for
-    samples written before samples carried it); [] when the run kept no completions."""
+    """The group of sample `s` in its step's completions file, by (step, prompt_index); [] when the run kept
+    no completions."""
     step = s.get("step")
     if not isinstance(step, int):
         return []
@@ -127,11 +128,8 @@ def sample_group(run_dir, s: dict, cache: dict) -> list[dict]:
     if key not in cache:
         cache.clear()  # one step at a time: moving along the list reads each file once
         cache[key] = groups(read_step(run_dir, step, display=True))
-    by_prompt = cache[key]
     index = s.get("prompt_index")
-    if isinstance(index, int) and index in by_prompt:
-        return by_prompt[index]
-    return next((g for g in by_prompt.values() if g and g[0].get("prompt") == s.get("prompt")), [])
+    return cache[key].get(index, []) if isinstance(index, int) else []
 
 
 HEATMAP_STEPS, HEATMAP_LINES = 40, 8  # columns (the last steps) and text lines (two cells each)
@@ -168,12 +166,7 @@ def run_heatmap(run_dir, cache: dict) -> tuple[list[int], np.ndarray]:
     for step in steps:
         if (str(run_dir), step) not in cache:
             cache[(str(run_dir), step)] = ordered_totals(read_step(run_dir, step))
-    columns = [cache[(str(run_dir), step)] for step in steps]
-    height = max((len(c) for c in columns), default=0)
-    matrix = np.full((height, len(steps)), np.nan)
-    for j, column in enumerate(columns):
-        matrix[:len(column), j] = column
-    return steps, matrix
+    return steps, heatmap_matrix([cache[(str(run_dir), step)] for step in steps])
 
 
 class SamplesView(BoardView, Horizontal):
@@ -236,6 +229,8 @@ class SamplesView(BoardView, Horizontal):
             del self._rows[oldest]
         if added and following and table.row_count:
             table.move_cursor(row=table.row_count - 1)
+            # again once the new rows are laid out: a scroll computed before a scrollbar appears hides the last row
+            table.call_after_refresh(lambda: table.move_cursor(row=table.row_count - 1))
             self._show(table.cursor_row)
 
     def _add_row(self, table: DataTable, run_index: int, s: dict) -> None:

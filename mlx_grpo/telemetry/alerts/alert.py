@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from ..rundir.writer import scrub_text
+from ...common.secrets import scrub_text
 
 
 LEVELS = ("info", "warning", "error")

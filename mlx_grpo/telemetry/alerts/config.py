@@ -16,17 +16,18 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from ...errors import UserError
+from ...common.errors import UserError
 from ..metrics.catalogue import CATALOGUE, find_entry
-from ..user_files import parse_yaml, read_user_text
+from ...common.user_files import parse_yaml, read_user_text
 from .rules import (BaselineRule, DropRule, NonFiniteRule, Rule, SpikeRule, ThresholdRule)
 from .state import metric_pattern
+from .pathology_rules import ExhaustionRule
 from .trend_rules import HackingRule, PlateauRule, TrendRule
 
 # The kinds a rule file may name.
 RULE_KINDS: dict[str, type[Rule]] = {
     cls.kind: cls for cls in (ThresholdRule, TrendRule, SpikeRule, BaselineRule, HackingRule, DropRule,
-                              PlateauRule, NonFiniteRule)
+                              PlateauRule, NonFiniteRule, ExhaustionRule)
 }
 
 
@@ -148,9 +149,6 @@ def _load_yaml(path: Path, source: str) -> Any:
     if not path.exists():
         raise UserError(f"alert rules file not found: {source}")
     return parse_yaml(read_user_text(path, "alert rules file"), source)
-
-
-ON_ALERT = ("default", "warn", "rollback")
 
 
 def with_on_alert(rules: list[Rule], mode: str) -> list[Rule]:

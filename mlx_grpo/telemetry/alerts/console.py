@@ -7,7 +7,7 @@ from typing import Iterable
 from rich.console import Console
 from rich.text import Text
 
-from ..terminal import terminal_safe
+from ...common.terminal import terminal_safe
 from .alert import Alert
 
 LEVEL_STYLES = {"info": "cyan", "warning": "bold yellow", "error": "bold white on red"}

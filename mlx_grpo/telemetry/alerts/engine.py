@@ -20,7 +20,7 @@ import math
 from collections import deque
 from typing import Any, Iterable, Mapping, Sequence
 
-from ...errors import UserError
+from ...common.errors import UserError
 from .alert import Alert
 from .rules import Rule
 from .state import STATE_TYPES

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from statistics import median
 from typing import Any, ClassVar, Iterable, Iterator, Mapping
 
+from ..metrics.robust import percent_change
 from .alert import ACTIONS, Alert, LEVELS
 from .state import (_Latch, _NOT_METRICS, _Window, _check_window, _fmt, _in_a_row, _num, _windowed, metric_pattern,
                     state)
@@ -129,24 +130,48 @@ _OPS = {
 
 @dataclass(frozen=True, kw_only=True)
 class ThresholdRule(Rule):
-    """Fires when `metric op value` holds for `for_steps` records in a row."""
+    """Fires when `metric op value` holds for `for_steps` records in a row.
+
+    With `recent` > 1, a record's condition is that at least `share` of the metric's last `recent` values
+    (all of them before there are that many) pass: `recent: 5, share: 0.5` judges the median of the last
+    five, so one wild step neither fires nor hides a problem, and a run bad from its first step fires at it.
+    """
 
     kind: ClassVar[str] = "threshold"
     op: str
     value: float
+    recent: int = 1
+    share: float = 1.0
+    passed: dict[str, deque] = state()  # with recent > 1: whether each of the last values passed
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.op not in _OPS:
             raise ValueError(f"key 'op' must be one of {' '.join(_OPS)}, got {self.op!r}")
+        if self.recent < 1:
+            raise ValueError("key 'recent' must be at least 1")
+        if not 0 < self.share <= 1:
+            raise ValueError("key 'share' must be above 0 and at most 1")
 
     def update(self, step, time, record, names, out):
         """Fire on each watched value that passes the threshold for `for_steps` records."""
         compare, words = _OPS[self.op]
         for name, value in self.values(record, names):
-            if self.fire(compare(value, self.value), name, step):
-                out.append(self.alert(step, time, name, value,
-                                      f"{name} is {_fmt(value)}, {words} {_fmt(self.value)}{_in_a_row(self.for_steps)}"))
+            condition = compare(value, self.value)
+            if self.recent > 1:
+                passed = self.passed.get(name)
+                if passed is None:
+                    passed = self.passed[name] = deque(maxlen=self.recent)
+                passed.append(condition)
+                condition = sum(passed) >= self.share * len(passed) - 1e-9
+            if self.fire(condition, name, step):
+                if self.recent > 1:
+                    count = sum(self.passed[name])
+                    text = (f"{name} is {_fmt(value)}; {count} of its last {len(self.passed[name])} logged values "
+                            f"were {words} {_fmt(self.value)}")
+                else:
+                    text = f"{name} is {_fmt(value)}, {words} {_fmt(self.value)}"
+                out.append(self.alert(step, time, name, value, text + _in_a_row(self.for_steps)))
 
 
 _SPIKE_DIRECTIONS = ("up", "down", "both")
@@ -296,7 +321,9 @@ class DropRule(Rule):
     baseline metric's first value (the held-out evaluation made before the first update), or the metric's
     own first value when that is the more modest (lower for down, higher for up): a greedy held-out
     accuracy can sit far above accuracy sampled at temperature 1. A policy broken by its first updates is
-    caught at once (the median of a run that collapsed at step 2 is the collapse itself).
+    caught at once (the median of a run that collapsed at step 2 is the collapse itself). Against the start,
+    one sampled value, `early_fall` (when set) replaces `fall`: a batch of a few completions moves its mean by
+    a third between steps with no harm done.
     """
 
     kind: ClassVar[str] = "drop"
@@ -307,6 +334,7 @@ class DropRule(Rule):
     min_scale: float = 1e-9
     min_points: int = 0  # 0: the whole window
     baseline: str = ""  # before min_points values, compare with this metric's first value
+    early_fall: float = 0.0  # the fall that counts against the start (0: `fall`)
     previous: dict[str, deque] = state()
     baseline_first: dict[str, tuple[float, int]] = state()  # the baseline metric's first (value, step)
     first: dict[str, tuple[float, int]] = state()  # each metric's own first (value, step)
@@ -342,20 +370,22 @@ class DropRule(Rule):
             if previous is None:
                 previous = self.previous[name] = deque(maxlen=self.window)
             level, reference, span = None, "its recent median", f", last {len(previous)} logged steps"
+            fall = self.fall
             if len(previous) >= self.min_points:
                 level = median(previous)
             elif start is not None:
                 level, reference, span = start[0], f"the start's {self.baseline}", f", step {start[1]}"
+                fall = self.early_fall or self.fall
                 own, own_step = self.first.setdefault(name, (value, step))
                 if (own < level) if self.direction == "down" else (own > level):
                     level, reference, span = own, "its first value", f", step {own_step}"
             if level is not None:
                 moved = level - value if self.direction == "down" else value - level
                 scale = max(abs(level), self.min_scale) if self.relative else 1.0
-                if self.fire(moved / scale >= self.fall, name, step):
+                if self.fire(moved / scale >= fall, name, step):
                     verb = "fell" if self.direction == "down" else "jumped"
-                    # signed like the move itself: a fall reads -45%, a jump +45%
-                    amount = (f"{(value - level) / scale * 100:+.0f}%" if self.relative else f"{value - level:+.4g}")
+                    # the change it is, signed like the move: a fall to zero reads -100%, whatever min_scale asked
+                    amount = percent_change(value, level) if self.relative else f"{value - level:+.4g}"
                     out.append(self.alert(step, time, name, value,
                                           f"{name} {verb} to {_fmt(value)} from {reference} {_fmt(level)} "
                                           f"({amount}{span}){_in_a_row(self.for_steps)}"))

@@ -31,10 +31,11 @@ from typing import Any, Iterable
 from rich.console import Console
 from rich.table import Table
 
-from ...errors import UserError
+from ...common.errors import UserError
 from ..reward_names import reward_file, reward_name
 from ..rundir.jsonl_tail import JsonlTail
-from ..rundir.writer import FINAL_METRICS, METRICS, RUN_JSON, RunInfo, read_json_object, read_run_info
+from ..rundir.layout import RunPaths
+from ..rundir.writer import RunInfo, read_json_object, read_run_info
 from ..metrics.names import (ACCURACY_TRAIN, ELAPSED_SECONDS, EVAL_ACCURACY, REWARD_MEAN, REWARD_RECENT_MEAN,
                              STEP_SECONDS, TOKENS_TOTAL)
 
@@ -75,10 +76,10 @@ def expand_run_dirs(paths: Iterable[str | Path]) -> list[Path]:
     out: list[Path] = []
     for raw in paths:
         path = Path(raw)
-        if (path / RUN_JSON).is_file():
+        if RunPaths(path).run_json.is_file():
             out.append(path)
             continue
-        children = sorted(p for p in path.iterdir() if (p / RUN_JSON).is_file()) if path.is_dir() else []
+        children = sorted(p for p in path.iterdir() if RunPaths(p).run_json.is_file()) if path.is_dir() else []
         if not children:
             raise UserError(f"{path}: not a run directory (no run.json), nor a directory of runs")
         out.extend(children)
@@ -110,7 +111,7 @@ def load_summary(run_dir: Path) -> RunSummary:
     last: dict[str, float] = {}
     wanted = (REWARD_MEAN, REWARD_RECENT_MEAN, ACCURACY_TRAIN, EVAL_ACCURACY,
               ELAPSED_SECONDS)
-    metrics = run_dir / METRICS
+    metrics = RunPaths(run_dir).metrics
     if metrics.is_file():
         for record in JsonlTail(metrics).poll(final=True).records:  # bad lines are skipped and counted
             step = _finite(record.get("step"))
@@ -124,7 +125,7 @@ def load_summary(run_dir: Path) -> RunSummary:
                 if step_tokens is not None and step_s:
                     tokens += step_tokens
                     seconds += step_s
-    final = read_json_object(run_dir / FINAL_METRICS, display=True) or {}
+    final = read_json_object(RunPaths(run_dir).final_metrics, display=True) or {}
     summary.final_reward = last.get(REWARD_MEAN)
     summary.recent_reward = last.get(REWARD_RECENT_MEAN)
     summary.train_accuracy = last.get(ACCURACY_TRAIN)

@@ -18,7 +18,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ...errors import UserError, install_hint
+from ...common.errors import UserError, install_hint
 from ..metrics.names import (ACCEL_PEAK_GB, ACCURACY_TRAIN, BACKPROP_TOKENS_PER_S, ENTROPY, EVAL_ACCURACY,
                              GEN_TOKENS_PER_S, KL, LENGTH_MEAN, PROCESS_RSS_GB, REWARD_MEAN, TRUNCATED_FRAC,
                              legend_names)

@@ -1,7 +1,8 @@
 """The reward report of a run directory: read it, analyse it, write report.json and report.md, print it.
 
 `write_report(run_dir)` is what the trainer calls at the end of a run and what
-`mlx-grpo report RUN_DIR` runs. The analysis itself is analysis.py. Imports no mlx.
+`mlx-grpo report RUN_DIR` runs. The analysis itself is reward_report.py's and reward_quality.py's, over
+run_data.py. Imports no mlx.
 """
 
 from __future__ import annotations
@@ -16,12 +17,13 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from ...errors import UserError
+from ...common.errors import UserError
 from ..alerts.alert import Alert
 from ..alerts.console import format_alert
 from ..rundir.completions import read_all
 from ..rundir.jsonl_tail import JsonlTail
-from ..rundir.writer import ALERTS, METRICS, SAMPLES, RunInfo, atomic_write_text, read_run_info
+from ..rundir.layout import RunPaths
+from ..rundir.writer import RunInfo, atomic_write_text, read_run_info
 from .reward_report import RewardReport, analyze_run
 
 MAX_LISTED_ALERTS = 20
@@ -38,7 +40,7 @@ def load_run(run_dir: str | Path) -> tuple[RunInfo, list[dict], list[dict], list
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise UserError(f"run directory not found: {run_dir}")
-    metrics_path = run_dir / METRICS
+    metrics_path = RunPaths(run_dir).metrics
     if not metrics_path.is_file():
         raise UserError(f"{metrics_path}: not found; is {run_dir} a run directory?")
     metrics = _read_jsonl(metrics_path)
@@ -47,8 +49,8 @@ def load_run(run_dir: str | Path) -> tuple[RunInfo, list[dict], list[dict], list
     # run.json is rewritten atomically; missing or unreadable means foreign: report without it
     run_info = read_run_info(run_dir, display=True) or RunInfo()
     # every completion when the run kept them (completions/), else the few of samples.jsonl
-    samples = read_all(run_dir, display=True) or _read_jsonl(run_dir / SAMPLES)
-    alerts_path = run_dir / ALERTS
+    samples = read_all(run_dir, display=True) or _read_jsonl(RunPaths(run_dir).samples)
+    alerts_path = RunPaths(run_dir).alerts
     alerts = [Alert.from_dict(a) for a in _read_jsonl(alerts_path)] if alerts_path.is_file() else None
     return run_info, metrics, samples, alerts
 
@@ -207,8 +209,8 @@ def report_json(title: str, report: RewardReport) -> str:
 def save_report(run_dir: str | Path, title: str, report: RewardReport) -> None:
     """Write report.json and report.md into the run directory."""
     run_dir = Path(run_dir)
-    atomic_write_text(run_dir / "report.json", report_json(title, report))
-    atomic_write_text(run_dir / "report.md", render_markdown(report, title))
+    atomic_write_text(RunPaths(run_dir).report_json, report_json(title, report))
+    atomic_write_text(RunPaths(run_dir).report_md, render_markdown(report, title))
 
 
 def write_report(run_dir: str | Path) -> RewardReport:

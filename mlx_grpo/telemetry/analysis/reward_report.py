@@ -12,7 +12,6 @@ This module imports no mlx.
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping, Sequence
 
@@ -24,6 +23,7 @@ from ..alerts.engine import AlertEngine
 from ..alerts.rules import Rule
 from ..rundir.writer import json_safe
 from ..metrics.names import ACCURACY_TRAIN, EVAL_ACCURACY, LENGTH_MEAN, REWARD_MEAN, TRUNCATED_FRAC
+from ..metrics.robust import verdict
 from .reward_quality import QualityReport, analyze_quality, discriminability
 from .run_data import Records, RunData, _corr, _data, series
 
@@ -34,33 +34,40 @@ ACCURACY_METRICS = (EVAL_ACCURACY, ACCURACY_TRAIN)
 
 @dataclass
 class Trend:
-    """How a metric moved over a run: first-quarter and last-quarter means, change and slope."""
+    """How a metric moved over a run: first-quarter and last-quarter means, the change between them, the
+    robust slope and the direction robust.verdict gives (rising, falling, flat or unclear)."""
 
     metric: str
     start: float  # mean over the first quarter of the run
     end: float  # mean over the last quarter
     change: float
     relative_change: float | None
-    slope_per_step: float
-    direction: str  # rising | falling | flat
+    slope_per_step: float  # Theil-Sen
+    direction: str  # rising | falling | flat | unclear (moved, but not clearly one way: noise)
     points: int
+    p_value: float = 1.0  # Mann-Kendall, two-sided
+    shift_step: float | None = None  # the step of the level shift that decided the direction, if one did
+
+    @property
+    def label(self) -> str:
+        """The direction in words: 'unclear' says why."""
+        if self.direction == "unclear":
+            return "noisy, no clear trend"
+        if self.shift_step is not None:
+            return f"{self.direction}: a jump at step {self.shift_step:.0f}"
+        return self.direction
 
 
 def trend_of(metrics: "Records | RunData", name: str) -> Trend | None:
-    """First quarter against last quarter; a move counts only if it clears the noise."""
+    """First quarter against last quarter, judged by robust statistics (robust.verdict); None below 8 points."""
     steps, values = metrics.series(name) if isinstance(metrics, RunData) else series(metrics, name)
     if len(values) < 8:
         return None
-    quarter = max(2, len(values) // 4)
-    first, last = values[:quarter], values[-quarter:]
-    start, end = float(first.mean()), float(last.mean())
-    change = end - start
-    noise = 2.0 * math.sqrt(first.var() / len(first) + last.var() / len(last))
-    relative = change / abs(start) if abs(start) > 1e-12 else None
-    big_enough = abs(change) > noise and (relative is None or abs(relative) >= 0.02)
-    direction = ("rising" if change > 0 else "falling") if big_enough else "flat"
-    slope = float(np.polyfit(steps, values, 1)[0]) if np.ptp(steps) > 0 else 0.0
-    return Trend(name, start, end, change, relative, slope, direction, len(values))
+    v = verdict(steps, values)
+    if v is None:
+        return None
+    return Trend(name, v.start, v.end, v.change, v.relative_change, v.slope, v.direction, v.points, v.p_value,
+                 v.shift_step)
 
 
 def reward_trends(metrics: "Records | RunData") -> dict[str, Trend]:
@@ -193,9 +200,18 @@ def detect_reward_hacking(metrics: "Records | RunData", samples: Records = (),
     acc_words = ", ".join(f"{name} {t.direction} {t.change:+.3f}" for name, t in accuracy.items())
     accuracy_not_rising = bool(accuracy) and all(t.direction != "rising" for t in accuracy.values())
 
+    total = trend_of(data, REWARD_MEAN)
+    total_rising = total is not None and total.direction == "rising"
     for name in [REWARD_MEAN, *(f"rewards/{fn}/mean" for fn in fns)]:
         trend = trend_of(data, name)
         if trend is None or trend.direction != "rising" or not accuracy_not_rising:
+            continue
+        fn = name.split("/")[1]
+        if name != REWARD_MEAN and (not total_rising or (
+                fn in importance and (importance[fn].correct_corr or 0) >= 0.5)):
+            # One function up while the total is not: the rewards traded places, nothing was gained to hack
+            # with. And a function that scores right answers far above wrong ones is the correctness reward:
+            # its partial credit rising with exact accuracy flat is progress toward right answers.
             continue
         if trend.relative_change is None or trend.relative_change >= 0.1:
             findings.append(f"{name} rose {_pct_text(trend)} while accuracy did not improve ({acc_words})")
@@ -220,14 +236,14 @@ def detect_reward_hacking(metrics: "Records | RunData", samples: Records = (),
         hacking_alerts = AlertEngine(_hacking_rules()).check_all(data.records)
     alerts = list(hacking_alerts)
     suspected = bool(findings or alerts)
-    reward = trend_of(data, REWARD_MEAN)
+    reward = total
     if suspected:
         verdict = "possible reward hacking: reward went up without correctness going up with it"
     elif reward is None:
         verdict = "cannot tell: the total reward was logged over too few steps (8) to have a trend"
     elif reward.direction != "rising":
         # Nothing gained, nothing to explain: saying gains "came with correctness gains" would be false.
-        verdict = (f"no reward gains to explain: the total reward was {reward.direction} "
+        verdict = (f"no reward gains to explain: the total reward was {reward.label} "
                    f"({reward.start:.3g} -> {reward.end:.3g})")
     elif not accuracy and not any(i.correct_corr is not None for i in importance.values()):
         verdict = ("cannot tell: the reward rose, but accuracy was not measured over enough logged steps (8) "
@@ -258,6 +274,17 @@ class RunOutcome:
     # accuracy/train at its first and last logged step, (step, value) each, for a run too short for a trend
     train_ends: tuple[tuple[int, float], tuple[int, float]] | None = None
 
+    def improved(self) -> bool | None:
+        """Whether the task got better: held-out accuracy up between the first and last evaluation, else
+        training accuracy rising, else (no correctness check) the reward rising; None: cannot tell."""
+        if self.evaluations >= 2 and self.eval_first is not None and self.eval_last is not None:
+            return self.eval_last > self.eval_first
+        if self.train_accuracy is not None:
+            return self.train_accuracy.direction == "rising"
+        if not self.accuracy_measured and self.reward is not None:
+            return self.reward.direction == "rising"
+        return None
+
     def headline(self) -> str:
         """One line: held-out accuracy from -> to, the reward's trend, the alerts raised."""
         parts = []
@@ -269,14 +296,14 @@ class RunOutcome:
             parts.append(f"held-out accuracy {self.eval_first:.1%} at step {self.eval_first_step} (its only evaluation)")
         if self.evaluations < 2 and self.train_accuracy is not None:
             t = self.train_accuracy
-            parts.append(f"training accuracy {t.start:.0%} -> {t.end:.0%} ({t.direction})")
+            parts.append(f"training accuracy {t.start:.0%} -> {t.end:.0%} ({t.label})")
         elif self.evaluations < 2 and self.train_ends is not None:
             (s0, a0), (s1, a1) = self.train_ends
             parts.append(f"training accuracy {a0:.0%} at step {s0} -> {a1:.0%} at step {s1}")
         elif not self.accuracy_measured:
             parts.append("accuracy n/a (no correctness check)")
         if self.reward is not None:
-            parts.append(f"reward {self.reward.start:+.3g} -> {self.reward.end:+.3g} ({self.reward.direction})")
+            parts.append(f"reward {self.reward.start:+.3g} -> {self.reward.end:+.3g} ({self.reward.label})")
         raised = [f"{self.alerts[level]} {level}{'s' if self.alerts[level] != 1 else ''}"
                   for level in ("error", "warning") if self.alerts.get(level)]
         parts.append(f"alerts: {', '.join(raised)}" if raised else "no warnings or errors")
@@ -315,6 +342,17 @@ class RewardReport:
     alerts: list[Alert]
     alerts_source: str  # "alerts.jsonl" or "replayed built-in rules"
     outcome: RunOutcome  # what happened to the task (the quality score judges the reward functions only)
+
+    def last_line(self) -> str:
+        """What happened, then the reward functions' quality, then (when it applies) why that score is no
+        praise of this run: the rewards look gamed, or the task did not improve. The trainer ends a run with it."""
+        line = f"{self.outcome.headline()}; reward functions' {self.quality.headline()}"
+        if self.hacking.suspected:
+            why = self.hacking.findings[0] if self.hacking.findings else self.hacking.alerts[0].message
+            return f"{line}, but possible reward hacking: {why}"
+        if self.outcome.improved() is False:
+            return f"{line}, but the task did not improve"
+        return line
 
     def to_dict(self) -> dict[str, Any]:
         """The report as JSON-safe data (report.json)."""

@@ -32,12 +32,12 @@ import re
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 
-from .names import (ACCEL_ACTIVE_GB, ACCEL_LIMIT_GB, ACCEL_MEMORY_PERCENT, ACCEL_PEAK_GB, ACCURACY_TRAIN,
+from .names import (ACCEL_ACTIVE_GB, ACCEL_HELD_PERCENT, MEMORY_PRESSURE_LEVEL, SWAP_USED_GB, ACCEL_LIMIT_GB, ACCEL_MEMORY_PERCENT, ACCEL_PEAK_GB, ACCURACY_TRAIN,
                     CHECKPOINT_SECONDS, CLIP_FRAC, CPU_PERCENT, ELAPSED_SECONDS, ENTROPY, EVAL_ACCURACY, EVAL_SECONDS,
                     FINISHED_CORRECT_FRAC, FINISHED_FRAC, GEN_MS_PER_TOKEN, MFU, GRAD_NORM, KL, LEARNING_RATE, LENGTH_MEAN,
                     LOSS, MEMORY_PERCENT, MEMORY_USED_GB, PROCESS_RSS_GB, PROMPT_LENGTH_MEAN, PROMPT_TRUNCATED_FRAC,
                     REDRAWN_PROMPTS, REWARD_RECENT_MEAN, SAMPLES_TABLE, SIGNAL_TO_NOISE, STEP_SECONDS,
-                    STEP_TOKENS_PER_S, TOKENS_TOTAL, TRUNCATED_CORRECT_FRAC, TRUNCATED_FRAC, ZERO_STD_GROUP_FRAC)
+                    STEP_TOKENS_PER_S, TOKENS_CUMULATIVE, TOKENS_TOTAL, TRUNCATED_CORRECT_FRAC, TRUNCATED_FRAC, ZERO_STD_GROUP_FRAC)
 
 # ----------------------------------------------------------------------------- entries
 
@@ -184,6 +184,11 @@ def _policy_entries() -> list[MetricSpec]:
                    "(ratio > 1 + epsilon_high with a positive advantage).", "fraction", p, EVERY_STEP),
         MetricSpec(CLIP_FRAC, "Fraction of completion tokens where clipping was active on either side "
                    "(clip_frac_low + clip_frac_high).", "fraction", p, EVERY_STEP),
+        MetricSpec("policy/clip_frac_low_min", "The lowest share of low-clipped tokens of any one completion of "
+                   "the batch (completions with no token to train left out).", "fraction", p, EVERY_STEP),
+        MetricSpec("policy/clip_frac_high_max", "The highest share of high-clipped tokens of any one completion "
+                   "of the batch: one completion pushed far past the trust region shows here before the mean "
+                   "moves.", "fraction", p, EVERY_STEP),
         MetricSpec("policy/outside_frac", "Fraction of completion tokens whose importance ratio lies outside "
                    "[1 - epsilon, 1 + epsilon_high], whether or not clipping changed the loss.", "fraction", p,
                    EVERY_STEP),
@@ -228,6 +233,13 @@ def _length_entries() -> list[MetricSpec]:
                    "right answer. Left out when none was truncated.", "fraction", c, EVERY_STEP),
         MetricSpec(FINISHED_CORRECT_FRAC, "Among finished completions, the fraction with the right "
                    "answer. Left out when none finished.", "fraction", c, EVERY_STEP),
+        MetricSpec("completions/terminated_length/mean", "Mean length of the completions that ended by "
+                   "themselves (end-of-sequence within the budget); truncated ones, whose length is the budget, "
+                   "left out. Left out when none finished.", "tokens", c, EVERY_STEP),
+        MetricSpec("completions/terminated_length/min", "Shortest completion that ended by itself.", "tokens", c,
+                   EVERY_STEP),
+        MetricSpec("completions/terminated_length/max", "Longest completion that ended by itself.", "tokens", c,
+                   EVERY_STEP),
         MetricSpec("completions/correct_length/mean", "Mean length of the completions with the right answer. "
                    "Left out when none was right.", "tokens", c, EVERY_STEP),
         MetricSpec("completions/length/hist", "Distribution of completion lengths since the previous "
@@ -242,6 +254,8 @@ def _length_entries() -> list[MetricSpec]:
         MetricSpec("tokens/completion_total", "Completion tokens generated in the batch.", "tokens", t,
                    EVERY_STEP),
         MetricSpec(TOKENS_TOTAL, "tokens/prompt_total + tokens/completion_total.", "tokens", t, EVERY_STEP),
+        MetricSpec(TOKENS_CUMULATIVE, "tokens/total summed over every step so far (TRL's num_tokens), kept "
+                   "across a resume.", "tokens", t, EVERY_STEP),
     ]
 
 
@@ -256,6 +270,12 @@ def _outcome_entries() -> list[MetricSpec]:
                    EVAL),
         MetricSpec("eval/num_samples", "Held-out prompts evaluated (each one greedy completion).", "count", "eval",
                    EVAL),
+        MetricSpec("eval/mean@<k>", "With eval_samples k: the share of right answers among k completions sampled "
+                   "per held-out prompt at the run's temperature (verl's mean@N).", "fraction", "eval",
+                   EVAL + ", with eval_samples"),
+        MetricSpec("eval/pass@<k>", "With eval_samples k: the share of held-out prompts with at least one right "
+                   "answer among their k samples (pass@k, verl's best@N for a right/wrong check).", "fraction",
+                   "eval", EVAL + ", with eval_samples"),
         MetricSpec("eval/difficulty/<level>/accuracy", "eval/accuracy restricted to prompts labelled <level>.",
                    "fraction", "eval", EVAL + ", when the data has a difficulty column"),
         MetricSpec("eval/difficulty/<level>/count", "Held-out prompts labelled <level>.", "count", "eval",
@@ -271,8 +291,9 @@ def _performance_entries() -> list[MetricSpec]:
     th, ti = "throughput", "timing"
     out = []
     for key, words in (("gen", "Completion tokens generated per second of rollout"),
-                       ("backprop", "Tokens through the policy update (prompt + completion, times update passes) "
-                        "per second of update")):
+                       ("backprop", "Completion tokens trained on by the policy update (the tokens the loss "
+                        "covers: prompts are read but not counted; under S-GRPO the K exit sequences), times update "
+                        "passes (num_iterations), per second of update")):
         out += [
             MetricSpec(f"throughput/{key}_tokens_per_s", f"{words}, this step.", "tokens/s", th, EVERY_STEP),
             MetricSpec(f"throughput/{key}_tokens_per_s/avg", f"{words}, since the start: total tokens / total "
@@ -333,6 +354,14 @@ def _system_entries() -> list[MetricSpec]:
                    "out where the backend reports none.", "GB", s, accel),
         MetricSpec(ACCEL_MEMORY_PERCENT, "accel_active_gb as a percentage of accel_limit_gb.", "%", s,
                    accel),
+        MetricSpec(ACCEL_HELD_PERCENT, "accel_active_gb + accel_cache_gb as a percentage of accel_limit_gb: "
+                   "on a Mac the cache stays wired, so it crowds the machine as active memory does.", "%", s,
+                   accel),
+        MetricSpec(SWAP_USED_GB, "Swap in use on this machine (psutil.swap_memory): grows when memory runs "
+                   "short.", "GB", s, EVERY_STEP),
+        MetricSpec(MEMORY_PRESSURE_LEVEL, "macOS's memory-pressure level (kern.memorystatus_vm_pressure_level: "
+                   "1 normal, 2 warning, 4 critical), as Activity Monitor shows it.", "", s,
+                   "every logged step, on macOS"),
         *(MetricSpec(f"memory/{phase}_peak_gb", f"Peak MLX memory during this step's {words} (the counter is "
                      "reset before the phase): what the phase needs, KV cache and activations included.", "GB",
                      "memory", EVERY_STEP)
@@ -411,6 +440,9 @@ def _extension_entries() -> list[MetricSpec]:
         MetricSpec("sgrpo/avg_correct_exit_position", "Mean exit position among correct answers (lower = "
                    "earlier).", "position", "sgrpo", SGRPO),
         MetricSpec("sgrpo/overall_accuracy", "Accuracy over all exits together.", "fraction", "sgrpo", SGRPO),
+        MetricSpec("sgrpo/zero_std_group_frac", "Fraction of serial groups (one sampled path's K exits) whose "
+                   "exits all scored the same: their advantages are 0 and the update learns nothing from them "
+                   "(1.0: the update did nothing).", "fraction", "sgrpo", SGRPO),
     ]
     return out
 
@@ -527,7 +559,7 @@ def render_markdown() -> list[str]:
         "(final_metrics.json and sink summaries), table / chart / text (TensorBoard or W&B media).",
         "",
         "Units: GB is 10^9 bytes in every `*_gb` metric, as in `mlx-grpo plan` and `mlx-grpo bench`",
-        "(mlx_grpo/telemetry/units.py; runs recorded before issue 28 wrote GiB, 2^30 bytes, under the same names).",
+        "(mlx_grpo/common/units.py; runs recorded before issue 28 wrote GiB, 2^30 bytes, under the same names).",
         "",
     ]
     for group in groups():

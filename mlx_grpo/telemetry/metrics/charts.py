@@ -3,6 +3,10 @@ are built from them."""
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
+
 from .catalogue import name_pattern
 from .names import (ACCEL_ACTIVE_GB, ACCEL_LIMIT_GB, ACCEL_MEMORY_PERCENT, ACCEL_PEAK_GB, ACCURACY_TRAIN,
                     BACKPROP_TOKENS_PER_S, CHECKPOINT_SECONDS, CLIP_FRAC, CPU_PERCENT, ENTROPY, EVAL_ACCURACY,
@@ -89,12 +93,34 @@ def label(name: str) -> str:
 
 
 def tensorboard_layout() -> dict[str, dict[str, list]]:
-    """TensorBoard's custom-scalars layout, from CHART_GROUPS (plus the reward's q25..q75 margin chart)."""
+    """TensorBoard's custom-scalars layout, from CHART_GROUPS (plus the reward's q25..q75 margin chart, its
+    variance, and the per-epoch figures)."""
     layout: dict[str, dict[str, list]] = {
         section: {title: ["Multiline", ["^" + name_pattern(n).pattern.removesuffix(r"\Z") + "$" for n in names]]
                   for title, names in charts.items()}
         for section, charts in CHART_GROUPS.items()}
     layout["rewards"] = {"total reward: mean with q25..q75": ["Margin", [REWARD_MEAN, "rewards/total/q25",
                                                                         "rewards/total/q75"]],
-                         **layout["rewards"]}
+                         **layout["rewards"],
+                         "total reward variance": ["Multiline", ["^rewards/total/variance$", "^rewards/total/std$"]]}
+    # seed 004's "Reward Analysis" and "Loss Analysis": the per-epoch figures (the dashboard has no epoch view)
+    layout["epoch"] = {"epoch reward": ["Multiline", ["^epoch/reward/mean$", "^epoch/reward/variance$",
+                                                      "^epoch/reward/trend$"]],
+                       "epoch loss": ["Multiline", ["^epoch/loss/mean$", "^epoch/loss/trend$"]],
+                       "epoch samples": ["Multiline", ["^epoch/num_samples$", "^epoch/api_tokens$"]]}
     return layout
+
+
+# The colour scale of every reward heatmap (the dashboard's and W&B's), low to high: dark blue, teal, yellow
+# (viridis' ends and middle).
+_SCALE = np.array([(68, 1, 84), (33, 145, 140), (253, 231, 37)], dtype=float)
+
+
+def scale_colour(t: float) -> str:
+    """The heatmap colour of a value in 0..1 (grey where nothing was logged)."""
+    if not math.isfinite(t):
+        return "#dddddd"  # not logged at that step
+    position = min(max(t, 0.0), 1.0) * (len(_SCALE) - 1)
+    i = min(int(position), len(_SCALE) - 2)
+    r, g, b = _SCALE[i] + (position - i) * (_SCALE[i + 1] - _SCALE[i])
+    return f"#{int(r):02x}{int(g):02x}{int(b):02x}"

@@ -32,6 +32,7 @@ TRUNCATED_CORRECT_FRAC = "completions/truncated_correct_frac"
 PROMPT_LENGTH_MEAN = "prompts/length/mean"
 PROMPT_TRUNCATED_FRAC = "prompts/truncated_frac"
 TOKENS_TOTAL = "tokens/total"
+TOKENS_CUMULATIVE = "tokens/cumulative"
 
 # throughput and timing
 GEN_TOKENS_PER_S = "throughput/gen_tokens_per_s"
@@ -55,6 +56,9 @@ ACCEL_ACTIVE_GB = "system/accel_active_gb"
 ACCEL_PEAK_GB = "system/accel_peak_gb"
 ACCEL_LIMIT_GB = "system/accel_limit_gb"
 ACCEL_MEMORY_PERCENT = "system/accel_memory_percent"
+ACCEL_HELD_PERCENT = "system/accel_held_percent"
+SWAP_USED_GB = "system/swap_used_gb"
+MEMORY_PRESSURE_LEVEL = "system/memory_pressure_level"
 
 # the samples table (TensorBoard text, W&B table)
 SAMPLES_TABLE = "samples/completions"

@@ -17,7 +17,7 @@ from .names import (ACCEL_ACTIVE_GB, ACCEL_LIMIT_GB, ACCEL_MEMORY_PERCENT, ACCUR
                     FINISHED_CORRECT_FRAC, FINISHED_FRAC, GEN_MS_PER_TOKEN, GEN_TOKENS_PER_S, GRAD_NORM, KL,
                     LEARNING_RATE, LENGTH_MEAN, LOSS, MEMORY_PERCENT, MEMORY_USED_GB, PROCESS_RSS_GB,
                     PROMPT_LENGTH_MEAN, PROMPT_TRUNCATED_FRAC, REWARD_MEAN, REWARD_STD, ROLLOUT_SECONDS, SAMPLES_TABLE,
-                    SIGNAL_TO_NOISE, STEP_SECONDS, TOKENS_TOTAL, TRUNCATED_CORRECT_FRAC, TRUNCATED_FRAC,
+                    SIGNAL_TO_NOISE, STEP_SECONDS, TOKENS_CUMULATIVE, TOKENS_TOTAL, TRUNCATED_CORRECT_FRAC, TRUNCATED_FRAC,
                     UPDATE_SECONDS, ZERO_STD_GROUP_FRAC)
 
 def _resolves(answer: str) -> bool:
@@ -68,7 +68,14 @@ def _trl() -> list[OtherName]:
         _m(s, "loss", LOSS),
         _m(s, "grad_norm", GRAD_NORM),
         _m(s, "learning_rate", LEARNING_RATE),
-        _m(s, "num_tokens", TOKENS_TOTAL, note="ours counts the step's tokens; TRL's is cumulative"),
+        _m(s, "num_tokens", TOKENS_CUMULATIVE, note="tokens/total is the step's own count"),
+        _m(s, "completions/mean_terminated_length", "completions/terminated_length/mean"),
+        _m(s, "completions/min_terminated_length", "completions/terminated_length/min"),
+        _m(s, "completions/max_terminated_length", "completions/terminated_length/max"),
+        _m(s, "clip_ratio/low_min", "policy/clip_frac_low_min",
+           note="the lowest per-completion share; TRL's is the lowest rank mean"),
+        _m(s, "clip_ratio/high_max", "policy/clip_frac_high_max",
+           note="the highest per-completion share; TRL's is the highest rank mean"),
         _m(s, "completions/mean_length", LENGTH_MEAN),
         _m(s, "completions/min_length", "completions/length/min"),
         _m(s, "completions/max_length", "completions/length/max"),
@@ -92,6 +99,8 @@ def _tunix() -> list[OtherName]:
            note="the mean of the weighted total; equals the sum of the function means when every weight is 1 "
                 "and no score is missing"),
         _m(s, "train/step", note=STEP_AXIS),
+        _m(s, "WANDB_API_KEY", note="the guide turns W&B on whenever this key is set; here W&B is opt-in "
+                                    "(--wandb, or wandb: true): the key alone never sends a run anywhere"),
         _m(s, "rewards/rubric_mean", "rewards/rubric/mean"),
         _m(s, "rewards/rubric_max", "rewards/rubric/max"),
         _m(s, "rewards/rubric_min", "rewards/rubric/min"),
@@ -165,10 +174,11 @@ def _wandb_guide() -> list[OtherName]:
         _m(s, "rewards/breakdown", "charts/reward_breakdown"),
         _m(s, "reward_landscape_3d", "charts/reward_landscape_3d"),
         _m(s, "policy_evolution_3d", "charts/policy_evolution_3d"),
-        _m(s, "reward_components_3d", "charts/reward_breakdown", "rewards/<fn>/hist",
-           note="per-component values over time are the rewards/<fn>/* series; no separate 3D chart"),
-        _m(s, "reward_surface", "charts/reward_landscape_3d",
-           note="the same step x example x reward data, drawn as a point cloud instead of a heatmap"),
+        _m(s, "reward_components_3d", "charts/reward_components_3d", "charts/reward_breakdown",
+           note="(step, reward function, score) of every completion as a 3D cloud; the per-function series are "
+                "rewards/<fn>/*"),
+        _m(s, "reward_surface", "charts/reward_heatmap", "charts/reward_landscape_3d",
+           note="the step x example reward surface as a heatmap, and as a 3D point cloud"),
         _m(s, "rl/kl_divergence", KL),
         _m(s, "rl/policy_entropy", ENTROPY),
         _m(s, "rl/value_estimate", note=CRITIC_FREE),

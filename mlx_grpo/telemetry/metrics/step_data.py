@@ -14,7 +14,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from ..units import GB
+from ...common.units import GB
 from .reward_stats import reward_metrics
 from .names import (ACCURACY_TRAIN, EVAL_ACCURACY, EVAL_SECONDS, FINISHED_CORRECT_FRAC, FINISHED_FRAC,
                     GEN_MS_PER_TOKEN, GRAD_NORM, MFU, KL, LEARNING_RATE, LOSS, PROMPT_TRUNCATED_FRAC, STEP_TOKENS_PER_S,
@@ -63,14 +63,23 @@ class StepData:
     seconds: dict[str, float]  # phase -> seconds (PHASES, plus "step"): the slowest rank's
     peak_memory: dict[str, float] = field(default_factory=dict)  # phase -> peak bytes during it
     component_metrics: dict[str, float] = field(default_factory=dict)  # named by their own modules
-    samples: list[dict] = field(default_factory=list)  # a few completions for samples.jsonl (rank 0's)
-    texts: list[str] = field(default_factory=list)  # [N] every completion's text (completions/)
+    texts: list[str] = field(default_factory=list)  # [N] every completion's text
+    reasoning: list = field(default_factory=list)  # [N] its reasoning, read by the task's answer format
+    predicted: list = field(default_factory=list)  # [N] its answer, read the same way (None: none found)
     prompt_texts: list[str] = field(default_factory=list)  # [B] the step's prompts, one per group
     answers: list = field(default_factory=list)  # [B] their expected answers
     new_errors: list[str] = field(default_factory=list)  # reward-function failures first seen this step
     entropy_dump: dict[str, np.ndarray] | None = None
     flops: float = 0.0  # the step's floating-point work, from the model's shape (mlx_grpo/roofline.py)
     peak_flops_per_s: float = 0.0  # the machine's measured fp32 matmul FLOP/s (0: unknown, no perf/mfu)
+    # [M] the advantages the update used, when they are not `advantages`: S-GRPO trains on the serial groups
+    # of its exits, not on the sampled completions (whose group advantages the completions table keeps)
+    update_advantages: np.ndarray | None = None
+
+    @property
+    def trained_advantages(self) -> np.ndarray:
+        """What the update weighted its sequences by: advantages/* and the histogram describe these."""
+        return self.advantages if self.update_advantages is None else self.update_advantages
 
     @property
     def completion_tokens(self) -> int:
@@ -92,6 +101,8 @@ def outcome_metrics(data: StepData) -> dict[str, float]:
     out = {f"completions/{k}": v for k, v in _stats("length", lengths).items()}
     out[TRUNCATED_FRAC] = float(truncated.mean())
     out[FINISHED_FRAC] = float(finished.mean())
+    if finished.any():  # the completions that ended by themselves (TRL's *_terminated_length)
+        out.update({f"completions/{k}": v for k, v in _stats("terminated_length", lengths[finished]).items()})
     if data.correct is not None:  # without a correctness check, accuracy is left out (n/a), never 0%
         correct = np.asarray(data.correct, dtype=bool)
         if truncated.any():
@@ -148,7 +159,7 @@ def timing_metrics(data: StepData) -> dict[str, float]:
 
 
 def memory_metrics(data: StepData) -> dict[str, float]:
-    """The peak memory of each phase of this step, in GB (mlx_grpo/telemetry/units.py)."""
+    """The peak memory of each phase of this step, in GB (mlx_grpo/common/units.py)."""
     return {f"memory/{phase}_peak_gb": peak / GB for phase, peak in data.peak_memory.items()}
 
 
@@ -163,7 +174,7 @@ def peak_share_metrics(peak_memory: Mapping[str, float], working_set_gb: float |
 
 def step_record(data: StepData) -> dict[str, float]:
     """Every per-step metric of the step, computed once from the whole batch's arrays."""
-    adv = np.asarray(data.advantages, dtype=float)
+    adv = np.asarray(data.trained_advantages, dtype=float)
     return {
         **update_metrics(data.update),
         "advantages/mean": float(adv.mean()), "advantages/std": float(adv.std()),
@@ -176,10 +187,17 @@ def step_record(data: StepData) -> dict[str, float]:
     }
 
 
-def eval_record(correct: Sequence[bool], levels: Sequence, seconds: float) -> dict[str, float]:
-    """Held-out greedy accuracy (overall and per difficulty level) of every evaluated row."""
+def eval_record(correct: Sequence[bool], levels: Sequence, seconds: float,
+                sampled: Sequence[Sequence[bool]] = ()) -> dict[str, float]:
+    """Held-out greedy accuracy (overall and per difficulty level) of every evaluated row; with `sampled`
+    (each row's N sampled answers, right or not), mean@N and pass@N."""
     out = {EVAL_SECONDS: seconds, "eval/num_samples": float(len(correct))}
     if len(correct):  # an empty held-out set has no accuracy, not 0%
         out[EVAL_ACCURACY] = float(np.mean(np.asarray(correct, dtype=bool)))
+    if len(sampled):
+        right = np.asarray(sampled, dtype=bool)  # [rows, N]
+        n = right.shape[1]
+        out[f"eval/mean@{n}"] = float(right.mean())
+        out[f"eval/pass@{n}"] = float(right.any(axis=1).mean())
     out.update({k.replace("difficulty/", "eval/difficulty/"): v for k, v in difficulty_metrics(levels, correct).items()})
     return out

@@ -17,6 +17,8 @@ Public API:
   "Device Utilization %" of the GPU from `ioreg -r -d 1 -w 0 -c IOAccelerator` (the AGX accelerator
   on Apple silicon), no sudo needed.
 - `accel_metrics(reading) -> dict`: turns an accelerator reading into `system/accel_*` metrics.
+- `swap_used_bytes()`, `memory_pressure_level()`: swap in use, and macOS's memory-pressure level (1 normal,
+  2 warning, 4 critical; None elsewhere), sampled as `system/swap_used_gb` and `system/memory_pressure_level`.
 
 A metric that cannot be read is left out of the snapshot, never filled in.
 """
@@ -32,8 +34,11 @@ from typing import Callable, Mapping
 
 import psutil
 
-from ..units import GB
+from ...common.units import GB
 from .names import ACCEL_MEMORY_PERCENT, CPU_PERCENT, MEMORY_PERCENT, MEMORY_USED_GB, PROCESS_RSS_GB
+from ...common.units import GB
+from .names import (ACCEL_HELD_PERCENT, ACCEL_MEMORY_PERCENT, CPU_PERCENT, MEMORY_PERCENT, MEMORY_PRESSURE_LEVEL,
+                    MEMORY_USED_GB, PROCESS_RSS_GB, SWAP_USED_GB)
 
 _UTILIZATION = re.compile(r'"Device Utilization %"\s*=\s*(\d+(?:\.\d+)?)')
 
@@ -54,6 +59,30 @@ def ioreg_gpu_utilization() -> float | None:
     return parse_ioreg_utilization(result.stdout) if result.returncode == 0 else None
 
 
+def swap_used_bytes() -> int | None:
+    """Swap in use on this machine (psutil; macOS grows its swap files when memory runs short)."""
+    try:
+        return int(psutil.swap_memory().used)
+    except (OSError, RuntimeError, psutil.Error):
+        return None
+
+
+# kern.memorystatus_vm_pressure_level: what Activity Monitor's memory-pressure graph shows
+PRESSURE_LEVELS = {1: "normal", 2: "warning", 4: "critical"}
+
+
+def memory_pressure_level() -> int | None:
+    """macOS's memory-pressure level (1 normal, 2 warning, 4 critical), None elsewhere or unreadable."""
+    if sys.platform != "darwin":
+        return None
+    try:
+        text = subprocess.run(["sysctl", "-n", "kern.memorystatus_vm_pressure_level"], capture_output=True,
+                              text=True, timeout=5, check=False).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return int(text) if text.isdigit() else None
+
+
 def _default_gpu_reader() -> Callable[[], float | None] | None:
     if sys.platform == "darwin" and shutil.which("ioreg"):
         return ioreg_gpu_utilization
@@ -67,9 +96,11 @@ def accel_metrics(reading: Mapping[str, float | None]) -> dict[str, float]:
         value = reading.get(key)
         if value is not None:
             out[f"system/accel_{key}_gb"] = float(value) / GB
-    active, limit = reading.get("active"), reading.get("limit")
+    active, cache, limit = reading.get("active"), reading.get("cache"), reading.get("limit")
     if active is not None and limit:
         out[ACCEL_MEMORY_PERCENT] = 100.0 * float(active) / float(limit)
+        if cache is not None:  # on a Mac the cache stays wired: it crowds the machine as active memory does
+            out[ACCEL_HELD_PERCENT] = 100.0 * (float(active) + float(cache)) / float(limit)
     return out
 
 
@@ -111,6 +142,10 @@ class SystemSampler:
         sample[MEMORY_PERCENT] = float(memory.percent)
         sample[MEMORY_USED_GB] = (memory.total - memory.available) / GB
         sample["system/memory_available_gb"] = memory.available / GB
+        if (swap := swap_used_bytes()) is not None:
+            sample[SWAP_USED_GB] = swap / GB
+        if (pressure := memory_pressure_level()) is not None:
+            sample[MEMORY_PRESSURE_LEVEL] = float(pressure)
         try:
             sample[PROCESS_RSS_GB] = self._process.memory_info().rss / GB
         except psutil.Error:

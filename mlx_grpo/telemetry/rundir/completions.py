@@ -3,15 +3,19 @@
 One gzip-compressed JSONL file per step, one object per completion (B x G of them), prompt by prompt:
 
     {"step": 12, "prompt_index": 3, "completion_index": 5, "prompt": "...", "answer": "...",
-     "completion": "...", "rewards": {"<fn>": 1.0 or null}, "total": 4.5, "advantage": 0.71,
-     "length": 17, "truncated": false, "correct": true or null}
+     "completion": "...", "reasoning": "...", "predicted": "...", "rewards": {"<fn>": 1.0 or null},
+     "total": 4.5, "advantage": 0.71, "length": 17, "truncated": false, "correct": true or null}
+
+`completion_rows` builds these rows once a step (the recorder calls it); samples.jsonl holds a selection of
+the same rows (`sample_rows`), so a sample and its group join by (step, prompt_index).
 
 One format, not Parquet with a JSONL fallback: a step is ~128 short rows, where Parquet's per-file
 metadata costs more than its columns save, gzip already collapses the prompt repeated G times, and every
 reader (report, replay, the dashboard, which never imports pyarrow) reads the same file with the standard
 library. A file is written whole (temp file, then rename), so a reader never sees half a step.
 
-`CompletionsWriter` stops adding files once the directory holds `max_mb` (and says so once); readers
+`CompletionsWriter`, a sink of `Completions` events, stops adding files once the directory holds `max_mb`
+(and says so once, through `warn`); readers
 parse through `loads_object` and skip what does not parse. Imports no mlx.
 """
 
@@ -25,32 +29,31 @@ import re
 import tempfile
 import zlib
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
-from ..user_files import read_regular_bytes
-from .writer import COMPLETIONS, clipped_text, json_safe, loads_object
+from ..events import Completions, Sink
+from ...common.user_files import read_regular_bytes
+from .layout import RunPaths
+from .writer import clipped_text, json_safe, loads_object
 
 _STEP_FILE = re.compile(r"step_(\d{6,})\.jsonl\.gz\Z")
 
 
-def step_file(run_dir: str | Path, step: int) -> Path:
-    """The file of a step's completions in the run directory."""
-    return Path(run_dir) / COMPLETIONS / f"step_{step:06d}.jsonl.gz"
-
-
-def completion_rows(step: int, prompts: Sequence[str], answers: Sequence[Any], texts: Sequence[str],
-                    group_size: int, reward_names: Sequence[str], scores: np.ndarray, total: np.ndarray,
-                    advantages: np.ndarray, lengths: np.ndarray, truncated: np.ndarray,
-                    correct: np.ndarray | None) -> list[dict]:
-    """The step's rows: completion i belongs to prompt i // group_size (`scores` is [F, N], NaN = no score)."""
+def completion_rows(*, step: int, prompts: Sequence[str], answers: Sequence[Any], texts: Sequence[str],
+                    reasoning: Sequence[str | None], predicted: Sequence[str | None], group_size: int,
+                    reward_names: Sequence[str], scores: np.ndarray, total: np.ndarray, advantages: np.ndarray,
+                    lengths: np.ndarray, truncated: np.ndarray, correct: np.ndarray | None) -> list[dict]:
+    """The step's rows: completion i belongs to prompt i // group_size (`scores` is [F, N], NaN = no score).
+    Texts are cut to the run directory's one limit (`clipped_text`)."""
     rows = []
     for i, text in enumerate(texts):
         g = i // group_size
         rows.append({
             "step": int(step), "prompt_index": g, "completion_index": i % group_size,
             "prompt": clipped_text(prompts[g]), "answer": clipped_text(answers[g]), "completion": clipped_text(text),
+            "reasoning": clipped_text(reasoning[i]), "predicted": clipped_text(predicted[i]),
             "rewards": {name: _number(scores[f, i]) for f, name in enumerate(reward_names)},
             "total": _number(total[i]), "advantage": _number(advantages[i]), "length": int(lengths[i]),
             "truncated": bool(truncated[i]), "correct": None if correct is None else bool(correct[i]),
@@ -58,48 +61,63 @@ def completion_rows(step: int, prompts: Sequence[str], answers: Sequence[Any], t
     return rows
 
 
+def sample_rows(rows: Sequence[dict], group_size: int, count: int) -> list[dict]:
+    """samples.jsonl's selection of a step's rows: the first completion of each of the first `count` groups."""
+    return [row for row in rows[: count * group_size : group_size]]
+
+
 def _number(value: Any) -> float | None:
     value = float(value)
     return value if math.isfinite(value) else None
 
 
-class CompletionsWriter:
-    """Writes each step's file until the directory holds `max_mb` megabytes (0: no cap)."""
+class CompletionsWriter(Sink):
+    """Writes each step's file until the directory holds `max_mb` megabytes (0: no cap); `warn` hears, once,
+    that the cap was reached."""
 
-    def __init__(self, run_dir: str | Path, max_mb: float) -> None:
-        self.dir = Path(run_dir) / COMPLETIONS
+    name = "completions"
+
+    def __init__(self, run_dir: str | Path, max_mb: float, warn: Callable[[str], None] = print) -> None:
+        self.paths = RunPaths(run_dir)
+        self.dir = self.paths.completions
         self.max_bytes = int(max_mb * 1e6)
+        self.warn = warn
         # a resumed run counts what its first part wrote
         self.used = sum(p.stat().st_size for p in self.dir.glob("step_*.jsonl.gz")) if self.dir.is_dir() else 0
         self.full = False
 
-    def write(self, step: int, rows: Sequence[dict]) -> str | None:
-        """Write the step's file; returns a message the first time the cap stops it (None otherwise)."""
+    def handle(self, event: Any) -> None:
+        """Write a step's file (a `Completions` event); other events are not this sink's."""
+        if isinstance(event, Completions):
+            self.write(event.step, event.rows)
+
+    def write(self, step: int, rows: Sequence[dict]) -> None:
+        """Write the step's file, unless the cap stopped the writer."""
         if self.full or not rows:
-            return None
+            return
         text = "".join(json.dumps(json_safe(row), ensure_ascii=False, allow_nan=False) + "\n" for row in rows)
         data = gzip.compress(text.encode("utf-8"), compresslevel=6, mtime=0)
         if self.max_bytes and self.used + len(data) > self.max_bytes:
             self.full = True
-            return (f"completions/ reached its cap of {self.max_bytes / 1e6:g} MB at step {step}: later steps' "
-                    "completions are not kept (raise completions_max_mb, or 0 for no cap)")
+            self.warn(f"warning: completions/ reached its cap of {self.max_bytes / 1e6:g} MB at step {step}: later "
+                      "steps' completions are not kept (raise completions_max_mb, or 0 for no cap)")
+            return
         self.dir.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".step.", suffix=".tmp", dir=self.dir)
         try:
             os.fchmod(fd, 0o644)
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
-            os.replace(tmp, step_file(self.dir.parent, step))
+            os.replace(tmp, self.paths.completions_step(step))
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
         self.used += len(data)
-        return None
 
 
 def completion_steps(run_dir: str | Path) -> list[int]:
     """The steps whose completions the run directory holds, in order."""
-    folder = Path(run_dir) / COMPLETIONS
+    folder = RunPaths(run_dir).completions
     if not folder.is_dir():
         return []
     return sorted(int(m.group(1)) for p in folder.iterdir() if (m := _STEP_FILE.match(p.name)))
@@ -114,7 +132,7 @@ def read_step(run_dir: str | Path, step: int, display: bool = False) -> list[dic
     file that is not a regular one (a FIFO, a device, a directory). `display`: for a reader that prints
     them, control characters in the texts made visible (replay re-scores the raw texts, so it does not)."""
     try:
-        compressed = read_regular_bytes(step_file(run_dir, step), MAX_STEP_FILE_BYTES)
+        compressed = read_regular_bytes(RunPaths(run_dir).completions_step(step), MAX_STEP_FILE_BYTES)
     except OSError:
         return []
     raw = inflate(compressed, MAX_STEP_TEXT_BYTES)
@@ -191,16 +209,20 @@ def reward_heatmap(rows: Sequence[dict], last: int | None = None) -> tuple[list[
         if isinstance(row.get("prompt_index"), int) and isinstance(row.get("step"), int):
             by_step.setdefault(row["step"], []).append(row)
     steps = sorted(by_step)[-last:] if last else sorted(by_step)
-    columns = [ordered_totals(by_step[s]) for s in steps]
+    return steps, heatmap_matrix([ordered_totals(by_step[s]) for s in steps])
+
+
+def heatmap_matrix(columns: Sequence[np.ndarray]) -> np.ndarray:
+    """Steps' columns of totals side by side, matrix[example, step]; NaN below a shorter column."""
     height = max((len(c) for c in columns), default=0)
-    matrix = np.full((height, len(steps)), np.nan)
+    matrix = np.full((height, len(columns)), np.nan)
     for j, column in enumerate(columns):
         matrix[:len(column), j] = column
-    return steps, matrix
+    return matrix
 
 
 def truncate_completions(run_dir: str | Path, step: int) -> None:
     """Remove the files of steps after `step` (a resume from its checkpoint writes them again)."""
     for later in completion_steps(run_dir):
         if later > step:
-            step_file(run_dir, later).unlink(missing_ok=True)
+            RunPaths(run_dir).completions_step(later).unlink(missing_ok=True)

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..terminal import json_may_hold_control, terminal_safe_obj
+from ...common.terminal import json_may_hold_control, terminal_safe_obj
 from .jsonl_tail import line_start_at_or_after
 from .metric_table import MetricTable, table_from_records
 

@@ -14,7 +14,7 @@ poll, in one bulk read. It is built for files it does not control:
 - what is not a regular file (a directory, a FIFO, /dev/zero, a symlink loop) is not read: `error` says
   why; a file is read in bounded blocks and a line longer than MAX_LINE_BYTES is skipped, so a 4 GB file
   without a newline costs time, not memory;
-- strings that hold control characters come back with them made visible (terminal.py).
+- strings that hold control characters come back with them made visible (common/terminal.py).
 
 Imports no mlx: the dashboard uses it in environments that only watch runs.
 """
@@ -26,8 +26,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..terminal import json_may_hold_control, terminal_safe_obj
-from ..user_files import open_regular
+from ...common.terminal import json_may_hold_control, terminal_safe_obj
+from ...common.user_files import open_regular
 
 # Bytes from the start of the file, and just before the offset, remembered to
 # notice a rewrite that left the file at least as long as before.

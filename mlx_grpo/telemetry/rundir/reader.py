@@ -31,18 +31,16 @@ import stat
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
-from ...errors import UserError
-from ..alerts.config import default_rules, load_alert_rules
+from ...common.errors import UserError
 from ..alerts.alert import Alert
-from ..alerts.engine import AlertEngine
 from .history_loader import HistoryLoader
-from ..metrics.other_names import canonical_record
 from .jsonl_tail import JsonlTail
-from .writer import ALERTS, ENDED, METRICS, RUN_JSON, SAMPLES, RunInfo, read_json_object, read_run_info
+from .layout import ALERTS, METRICS, SAMPLES, RunPaths
+from .writer import ENDED, RunInfo, read_json_object, read_run_info
 from .metric_table import MetricTable, table_from_records
 
 
@@ -233,20 +231,22 @@ class RunReader:
         tail_bytes: int = TAIL_BYTES,
         sync_history_bytes: int = SYNC_HISTORY_BYTES,
         history_chunk_bytes: int | None = None,
+        replay: Any = None,
     ):
+        """`replay`: an analysis/alert_replay.AlertReplay that raises the run's own alerts from the records
+        read (the dashboard's); None shows alerts.jsonl alone."""
         self.run_dir = Path(run_dir)
         self.state = RunView(self.run_dir)
         self._chunk_bytes = history_chunk_bytes
         # A little history is cheaper to read at once than to hand to a process.
-        self._metrics = JsonlTail(self.run_dir / METRICS, initial_tail_bytes=tail_bytes,
+        self._metrics = JsonlTail(RunPaths(self.run_dir).metrics, initial_tail_bytes=tail_bytes,
                                   min_skip_bytes=sync_history_bytes)
-        self._samples = JsonlTail(self.run_dir / SAMPLES, initial_tail_bytes=SAMPLES_TAIL_BYTES)
-        self._alerts = JsonlTail(self.run_dir / ALERTS, initial_tail_bytes=ALERTS_TAIL_BYTES)
+        self._samples = JsonlTail(RunPaths(self.run_dir).samples, initial_tail_bytes=SAMPLES_TAIL_BYTES)
+        self._alerts = JsonlTail(RunPaths(self.run_dir).alerts, initial_tail_bytes=ALERTS_TAIL_BYTES)
         self._run_json_key: tuple | None = None
         self._history: HistoryLoader | None = None
         self._rejected = 0
-        self._engine: AlertEngine | None = None
-        self._engine_checked = False
+        self._replay = replay
         self._file_alert_keys: set[tuple[str, str, int]] = set()
 
     # ------------------------------------------------------------------ polling
@@ -278,7 +278,7 @@ class RunReader:
             self._history = None
 
     def _poll_run_json(self) -> bool:
-        path = self.run_dir / RUN_JSON
+        path = RunPaths(self.run_dir).run_json
         try:
             s = path.stat()
         except OSError:  # missing, or a symlink loop
@@ -311,7 +311,7 @@ class RunReader:
             newer, rejected = table_from_records(result.records)
             self._rejected += rejected
             st.table.append_table(newer)
-            self._evaluate_rules(result.records)
+            self._replayed(result.records)
             changed = True
         if self._history is not None:
             for chunk in self._history.ready_tables():
@@ -330,48 +330,27 @@ class RunReader:
         self.state.table.clear()
         self.state.history_progress = None
         self._rejected = 0
-        self._engine = None
-        self._engine_checked = False
+        if self._replay is not None:
+            self._replay.restart()
         self.state.alerts = [e for e in self.state.alerts if e.source == "run"]
 
     def _start_history(self, end: int) -> None:
         st = self.state
         # Alert rules need a run from its first record (baselines, windows): when
         # the start is skipped, alerts.jsonl alone is shown for this run.
-        self._engine_checked = True
-        self._engine = None
+        if self._replay is not None:
+            self._replay.give_up()
         kwargs = {"chunk_bytes": self._chunk_bytes} if self._chunk_bytes else {}
         self._history = HistoryLoader(self._metrics.path, end, **kwargs)
         st.history_progress = 0.0
 
     # ------------------------------------------------------------------ alerts
-    def _rules_engine(self) -> AlertEngine | None:
-        """The run's own alert rules, when the run config lets us know them."""
-        if self._engine_checked:
-            return self._engine
-        self._engine_checked = True
-        config = self.state.info.config if self.state.info else {}
-        if config.get("enable_alerts") is False:
-            return None
-        rules_file = config.get("alerts_file")
-        if rules_file is not None and not isinstance(rules_file, str):
-            self.state.notes.append(f"alert rules not evaluated here: alerts_file is {rules_file!r}")
-            return None
-        try:
-            rules = load_alert_rules(rules_file) if rules_file else default_rules()
-        except UserError as err:
-            self.state.notes.append(f"alert rules not evaluated here: {err}")
-            return None
-        self._engine = AlertEngine(rules)
-        return self._engine
-
-    def _evaluate_rules(self, records: list[dict]) -> None:
-        engine = self._rules_engine()
-        if engine is None:
+    def _replayed(self, records: list[dict]) -> None:
+        if self._replay is None:
             return
-        fired = []
-        for rec in records:
-            fired.extend(engine.check(canonical_record(rec)))
+        fired, note = self._replay.check(self.state.info.config if self.state.info else {}, records)
+        if note is not None:
+            self.state.notes.append(note)
         for alert in fired:
             if (alert.rule, alert.metric, alert.step) not in self._file_alert_keys:
                 self.state.alerts.append(AlertEntry(alert, "dashboard"))
@@ -420,7 +399,7 @@ class RunReader:
 
 def is_run_dir(path: Path) -> bool:
     """True when the folder holds a run.json or a metrics.jsonl."""
-    return (path / RUN_JSON).exists() or (path / METRICS).exists()
+    return RunPaths(path).is_run()
 
 
 def _started(path: Path) -> float:

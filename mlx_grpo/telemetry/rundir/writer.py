@@ -8,28 +8,20 @@ Public API:
   `Resume` is one entry of its `resumes` list.
 - `read_run_info(run_dir) -> RunInfo | None` (None: no run.json, or not a JSON object) and
   `write_run_info(run_dir, info)` (atomic): every reader and writer of run.json goes through these.
-- `RunDirWriter(path, fsync=False)`: owns one run directory.
-  - `start(name, config, versions, device, total_steps, run_id=None, resume_step=None) -> RunInfo`:
-    creates the directory, writes run.json (`status: running`, plus the writer's `pid` and `hostname` so
-    a reader can tell a crash from a slow step) and returns what it wrote. `resume_step` (the checkpoint
-    step a resumed run continues from, 0 when it starts over) keeps the existing run.json's `run_id`,
-    `start_time` and the keys it does not know, and appends a `Resume` to its `resumes` list.
-  - `write_metrics(step, metrics, time=None)`: one metrics.jsonl line `{"step", "time", ...metrics}`.
-  - `write_samples(step, samples, time=None)`: one samples.jsonl line per sample dict.
-  - `write_alert(alert)`: one alerts.jsonl line (a dict, or anything with `to_dict()`).
-  - `write_final_metrics(metrics)`: final_metrics.json (atomic).
-  - `finish(status)`: rewrites run.json with `status` and `end_time` (atomic; on a full disk, in place)
-    and closes the files.
+- `new_run_info(run_dir, name, config, versions, device, total_steps, run_id=None, resume_step=None)`: the
+  RunInfo a session starts with (`status: running`, the writer's `pid` and `hostname`, the config scrubbed of
+  secrets); a resume (`resume_step`) keeps the existing run.json's `run_id`, `start_time` and unknown keys and
+  appends a `Resume`.
+- `RunDirWriter(path, fsync=False)`: the run directory's sink (events.py): `Start` creates the directory and
+  writes run.json; `Scalars` one metrics.jsonl line `{"step", "time", ...metrics}`; `Samples` one
+  samples.jsonl line per row; `AlertEvent` one alerts.jsonl line; `Final` final_metrics.json (atomic);
+  `close(status)` rewrites run.json with `status` and `end_time` (atomic; on a full disk, in place).
   Each JSONL line is written with one `write` and flushed (and fsynced when `fsync=True`), so a
   reader sees whole lines except, at worst, a partial last one.
-  A full disk: `start` sets aside RESERVE_BYTES (`.reserve`); a write that fails is cut back to where it
+  A full disk: `Start` sets aside RESERVE_BYTES (`.reserve`); a write that fails is cut back to where it
   began (no torn line), the reserve is freed and the write tried once more. When that works,
   `out_of_space` names the file, so the trainer can checkpoint and stop with every step written; when it
   does not, `RunDirWriteError` (a UserError) says which file could not be written.
-- `scrub_secrets(obj)`: a copy of a config with API keys, tokens and passwords removed: keys named like
-  one (`api_key`, `hf_token`, `password`, `client_secret`...; `max_tokens`, `eos_token` are kept),
-  string values that look like one (`sk-...`, `hf_...`, `ghp_...`, `Bearer ...`), and string values
-  equal to a secret-named environment variable's value.
 - `json_safe(obj)`: a copy with NaN/Inf as None and numpy scalars/arrays as plain Python.
 - `atomic_write_text(path, text)`, `atomic_write_json(path, obj)`: temp file in the same directory, then `os.replace`.
 
@@ -43,7 +35,6 @@ import contextlib
 import json
 import math
 import os
-import re
 import socket
 import tempfile
 import time as _time
@@ -54,73 +45,16 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
-from ...errors import UserError
-from ..terminal import terminal_safe_obj
-from ..user_files import read_regular_bytes
+from ...common.errors import UserError
+from ...common.terminal import terminal_safe_obj
+from ..events import AlertEvent, Final, Samples, Scalars, Sink, Start
+from ...common.user_files import read_regular_bytes
+from ...common.secrets import scrub_secrets
+from .layout import RunPaths
 
 SCHEMA_VERSION = 1
-# The run directory's files (docs/RUN_DIRECTORY.md): every reader and writer names them through these.
-RUN_JSON = "run.json"
-METRICS = "metrics.jsonl"
-SAMPLES = "samples.jsonl"
-ALERTS = "alerts.jsonl"
-FINAL_METRICS = "final_metrics.json"
-COMPLETIONS = "completions"  # a directory: every completion of a step in step_<NNNNNN>.jsonl.gz (completions.py)
-EVENTS = "events.jsonl"  # what the trainer did on its own: rollbacks and alert stops (one JSON object a line)
 STATUSES = ("running", "finished", "interrupted", "failed")
 ENDED = STATUSES[1:]
-
-# A key that names a secret. Anchored at the end so `max_tokens`, `eos_token`, `api_key_env` stay.
-_SECRET_KEY = re.compile(
-    r"(?i)(api[_-]?key|secret|secret[_-]?key|passw(?:or)?d|credentials?|private[_-]?key|"
-    r"(?:^|[_-])(?:access|api|auth|bearer|hf|huggingface|wandb|openai|anthropic|github|gh|session|refresh|"
-    r"id)[_-]?token|^token)$"
-)
-# Values with the shape of common credentials.
-_SECRET_VALUE = re.compile(
-    r"(sk-[A-Za-z0-9_-]{16,}|hf_[A-Za-z0-9]{20,}|gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,}|"
-    r"xox[abprs]-[A-Za-z0-9-]{10,}|AKIA[0-9A-Z]{16}|(?i:bearer)\s+\S{8,})"
-)
-_SECRET_ENV = re.compile(r"(?i)(key|token|secret|password)$")
-
-
-# Values known to be secret whatever their variable is called (a judge's key from its api_key_env).
-_REGISTERED: set[str] = set()
-
-
-def register_secret(value: str | None) -> None:
-    """Never write `value`: it is scrubbed from configs, alert messages and W&B notes from now on."""
-    if value and len(value) >= 4:
-        _REGISTERED.add(value)
-
-
-def _env_secrets() -> set[str]:
-    named = {value for name, value in os.environ.items() if _SECRET_ENV.search(name) and len(value) >= 8}
-    return named | _REGISTERED
-
-
-def scrub_text(text: str) -> str:
-    """Free text (an alert message, a judge's error body, W&B notes) with every secret value it contains
-    replaced by [secret]: the known secrets, then anything shaped like a credential."""
-    for secret in sorted(_env_secrets(), key=len, reverse=True):
-        text = text.replace(secret, "[secret]")
-    return _SECRET_VALUE.sub("[secret]", text)
-
-
-def scrub_secrets(obj: Any, _env: set[str] | None = None) -> Any:
-    """A copy of `obj` with API keys, tokens and passwords replaced by a mark."""
-    env = _env_secrets() if _env is None else _env
-    if isinstance(obj, Mapping):
-        return {k: scrub_secrets(v, env) for k, v in obj.items()
-                if not (isinstance(k, str) and _SECRET_KEY.search(k)) and not _is_secret_value(v, env)}
-    if isinstance(obj, (list, tuple)):
-        return [scrub_secrets(v, env) for v in obj if not _is_secret_value(v, env)]
-    return obj
-
-
-def _is_secret_value(value: Any, env: set[str]) -> bool:
-    return isinstance(value, str) and (value in env or bool(_SECRET_VALUE.search(value)))
-
 
 SAMPLE_TEXT_LIMIT = 20_000  # characters of a prompt or completion kept in samples.jsonl
 
@@ -137,7 +71,7 @@ def loads_object(data: bytes | str, display: bool = False) -> dict | None:
     """A JSON object from untrusted bytes, or None for anything else: not JSON, not UTF-8, nested too
     deep for the parser (a RecursionError, not a ValueError), or not an object. Every reader of a run
     directory parses through this, so no file content can crash one. `display`: for a reader that
-    prints what it read, control characters in strings are made visible (terminal.py)."""
+    prints what it read, control characters in strings are made visible (common/terminal.py)."""
     try:
         obj = json.loads(data)
     except (ValueError, RecursionError):
@@ -326,16 +260,15 @@ _KNOWN_KEYS = frozenset(f.name for f in fields(RunInfo)) - {"extra"}
 def read_run_info(run_dir: str | os.PathLike, display: bool = False) -> RunInfo | None:
     """run.json of a run directory; None when it is missing, unreadable or not a JSON object.
     `display`: for printing (control characters made visible); a resume reads it as written."""
-    obj = read_json_object(Path(run_dir) / RUN_JSON, display)
+    obj = read_json_object(RunPaths(run_dir).run_json, display)
     return None if obj is None else RunInfo.from_dict(obj)
 
 
 def write_run_info(run_dir: str | os.PathLike, info: RunInfo) -> None:
     """Write run.json atomically."""
-    atomic_write_json(Path(run_dir) / RUN_JSON, info.to_dict())
+    atomic_write_json(RunPaths(run_dir).run_json, info.to_dict())
 
 
-RESERVE = ".reserve"
 RESERVE_BYTES = 4 << 20  # room for the last records, run.json and final_metrics.json once the disk is full
 
 
@@ -343,18 +276,60 @@ class RunDirWriteError(UserError):
     """A file of the run directory could not be written (a full or read-only disk)."""
 
 
-class RunDirWriter:
-    """Writes the run directory: run.json, metrics.jsonl, samples.jsonl, alerts.jsonl, final metrics."""
+def new_run_info(run_dir: str | os.PathLike, name: str, config: Mapping[str, Any],
+                 versions: Mapping[str, Any] | None = None, device: Mapping[str, Any] | None = None,
+                 total_steps: int | None = None, run_id: str | None = None,
+                 resume_step: int | None = None) -> RunInfo:
+    """The RunInfo a starting session writes (`status: running`, plus the writer's `pid` and `hostname` so a
+    reader can tell a crash from a slow step; the config with its secrets scrubbed). `resume_step` (the
+    checkpoint step a resumed run continues from, 0 when it starts over) keeps the existing run.json's
+    `run_id`, `start_time` and the keys it does not know, and appends a `Resume` to its `resumes` list."""
+    now = _time.time()
+    # A resume continues the run.json the interrupted session left (none when it is missing or unreadable).
+    previous = (read_run_info(run_dir) if resume_step is not None else None) or RunInfo()
+    info = RunInfo(run_id=previous.run_id or run_id or uuid.uuid4().hex[:12], name=name,
+                   start_time=now if previous.start_time is None else previous.start_time, status="running",
+                   pid=os.getpid(), hostname=socket.gethostname(), config=scrub_secrets(dict(config)),
+                   versions=dict(versions or {}), device=dict(device or {}), total_steps=total_steps,
+                   extra=previous.extra)  # keys a later version wrote stay
+    if resume_step is not None:
+        info.resumes = [*previous.resumes, Resume(now, resume_step, previous.status)]
+    return info
+
+
+class RunDirWriter(Sink):
+    """The run directory's sink: run.json (Start, and the status at close), metrics.jsonl (Scalars),
+    samples.jsonl (Samples), alerts.jsonl (AlertEvent), final_metrics.json (Final)."""
+
+    name = "run directory"
 
     def __init__(self, path: str | os.PathLike, fsync: bool = False):
         self.path = Path(path)
+        self.paths = RunPaths(path)
         self.fsync = fsync
         self.info: RunInfo | None = None
         self._files: dict[str, Any] = {}
         self.out_of_space: str | None = None  # set when a write needed the reserve: stop soon
 
+    def handle(self, event: Any) -> None:
+        """Write what the run directory keeps of the event."""
+        if isinstance(event, Start):
+            self._start(event.info)
+        elif isinstance(event, Scalars):
+            record = {"step": int(event.step), "time": _time.time() if event.time is None else event.time,
+                      **event.values}
+            self._append(self.paths.metrics, [_dumps(record)])
+        elif isinstance(event, Samples) and event.rows:
+            now = _time.time() if event.time is None else event.time
+            self._append(self.paths.samples, [_dumps({"step": int(event.step), "time": now, **row})
+                                              for row in event.rows])
+        elif isinstance(event, AlertEvent):
+            self._append(self.paths.alerts, [_dumps({"time": _time.time(), **event.record})])
+        elif isinstance(event, Final):
+            self._final(event.metrics)
+
     def _make_reserve(self) -> None:
-        path = self.path / RESERVE
+        path = self.paths.reserve
         try:
             with open(path, "wb") as f:
                 if hasattr(os, "posix_fallocate"):
@@ -366,55 +341,35 @@ class RunDirWriter:
 
     def _free_reserve(self) -> bool:
         try:
-            (self.path / RESERVE).unlink()
+            self.paths.reserve.unlink()
         except OSError:
             return False
         return True
 
-    def start(self, name: str, config: Mapping[str, Any], versions: Mapping[str, Any] | None = None,
-              device: Mapping[str, Any] | None = None, total_steps: int | None = None,
-              run_id: str | None = None, resume_step: int | None = None) -> RunInfo:
-        """Create the directory's files and write run.json."""
+    def _start(self, info: RunInfo) -> None:
+        """Create the directory, write run.json and set the reserve aside."""
         self.path.mkdir(parents=True, exist_ok=True)
-        now = _time.time()
-        # A resume continues the run.json the interrupted session left (none when it is missing or unreadable).
-        previous = (read_run_info(self.path) if resume_step is not None else None) or RunInfo()
-        self.info = RunInfo(
-            run_id=previous.run_id or run_id or uuid.uuid4().hex[:12],
-            name=name,
-            start_time=now if previous.start_time is None else previous.start_time,
-            status="running",
-            pid=os.getpid(),
-            hostname=socket.gethostname(),
-            config=scrub_secrets(dict(config)),
-            versions=dict(versions or {}),
-            device=dict(device or {}),
-            total_steps=total_steps,
-            extra=previous.extra,  # keys a later version wrote stay
-        )
-        if resume_step is not None:
-            self.info.resumes = [*previous.resumes, Resume(now, resume_step, previous.status)]
-        write_run_info(self.path, self.info)
+        self.info = info
+        write_run_info(self.path, info)
         self._make_reserve()
-        return self.info
 
-    def _append(self, filename: str, lines: Iterable[str]) -> None:
+    def _append(self, path: Path, lines: Iterable[str]) -> None:
         data = "".join(line + "\n" for line in lines).encode("utf-8")
         try:
-            self._append_bytes(filename, data)
+            self._append_bytes(path, data)
         except OSError as err:
             if not self._free_reserve():
-                raise RunDirWriteError(f"{self.path / filename}: cannot be written ({err.strerror or err})") from None
+                raise RunDirWriteError(f"{path}: cannot be written ({err.strerror or err})") from None
             try:
-                self._append_bytes(filename, data)
+                self._append_bytes(path, data)
             except OSError as err2:
-                raise RunDirWriteError(f"{self.path / filename}: cannot be written ({err2.strerror or err2})") from None
-            self.out_of_space = f"{filename}: {err.strerror or err}"
+                raise RunDirWriteError(f"{path}: cannot be written ({err2.strerror or err2})") from None
+            self.out_of_space = f"{path.name}: {err.strerror or err}"
 
-    def _append_bytes(self, filename: str, data: bytes) -> None:
-        f = self._files.get(filename)
+    def _append_bytes(self, path: Path, data: bytes) -> None:
+        f = self._files.get(path.name)
         if f is None:
-            f = self._files[filename] = open(self.path / filename, "ab", buffering=0)
+            f = self._files[path.name] = open(path, "ab", buffering=0)
         start = f.seek(0, os.SEEK_END)
         try:
             # One write per call: the lines land together, and a reader never sees half a record in the middle.
@@ -428,56 +383,33 @@ class RunDirWriter:
                 f.truncate(start)  # no torn line: the file ends where this write began
             raise
 
-    def write_metrics(self, step: int, metrics: Mapping[str, float], time: float | None = None) -> None:
-        """Append one metrics record."""
-        record = {"step": int(step), "time": _time.time() if time is None else time, **metrics}
-        self._append(METRICS, [_dumps(record)])
-
-    def write_samples(self, step: int, samples: Iterable[Mapping[str, Any]], time: float | None = None) -> None:
-        """Append one step's samples."""
-        now = _time.time() if time is None else time
-        lines = [_dumps({"step": int(step), "time": now, **{k: clipped_text(v) for k, v in sample.items()}})
-                 for sample in samples]
-        if lines:
-            self._append(SAMPLES, lines)
-
-    def write_alert(self, alert: Any) -> None:
-        """Append one alert."""
-        record = alert.to_dict() if hasattr(alert, "to_dict") else dict(alert)
-        record.setdefault("time", _time.time())
-        self._append(ALERTS, [_dumps(record)])
-
-    def write_final_metrics(self, metrics: Mapping[str, Any]) -> None:
+    def _final(self, metrics: Mapping[str, Any]) -> None:
         """Write final_metrics.json."""
         try:
-            atomic_write_json(self.path / FINAL_METRICS, metrics)
+            atomic_write_json(self.paths.final_metrics, metrics)
         except OSError as err:
             self._free_reserve()
-            raise RunDirWriteError(f"{self.path / FINAL_METRICS}: cannot be written ({err.strerror or err})") from None
+            raise RunDirWriteError(f"{self.paths.final_metrics}: cannot be written ({err.strerror or err})") from None
 
-    def finish(self, status: str = "finished") -> None:
-        """Record how the run ended in run.json."""
+    def close(self, status: str = "finished") -> None:
+        """Close the files and record how the run ended in run.json."""
         if status not in ENDED:
             raise ValueError(f"status must be one of {ENDED}, got {status!r}")
-        self.close()
+        for f in self._files.values():
+            f.close()
+        self._files.clear()
         if self.info is not None:
             self.info.status, self.info.end_time = status, _time.time()
             text = json.dumps(json_safe(self.info.to_dict()), allow_nan=False, ensure_ascii=False, indent=2) + "\n"
             try:
-                atomic_write_text(self.path / RUN_JSON, text)
+                atomic_write_text(self.paths.run_json, text)
             except OSError as err:
                 # A full disk has no room for the temp copy; the old run.json's blocks hold the new one.
                 try:
-                    with open(self.path / RUN_JSON, "r+b") as f:
+                    with open(self.paths.run_json, "r+b") as f:
                         f.write(text.encode("utf-8"))
                         f.truncate()
                 except OSError:
-                    raise RunDirWriteError(f"{self.path / RUN_JSON}: cannot be written "
+                    raise RunDirWriteError(f"{self.paths.run_json}: cannot be written "
                                            f"({err.strerror or err}); it still says 'running'") from None
         self._free_reserve()
-
-    def close(self) -> None:
-        """Close the open files."""
-        for f in self._files.values():
-            f.close()
-        self._files.clear()

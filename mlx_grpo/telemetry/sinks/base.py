@@ -1,66 +1,16 @@
-"""The Sink seam, and the text helpers every sink shares.
-
-`Sink`: the interface every optional sink implements (each method defaults to doing nothing):
-`start(info, run_dir)`, `write(step, scalars, histograms, rewards)`, `write_samples(step, samples)`,
-`write_alert(alert)`, `write_final(metrics)`, `log_checkpoint(path, step)`,
-`log_dataset(name, splits, metadata)`, `log_model(path, step)`, `close(status)`.
-`info` is the `RunInfo` written to run.json, `run_dir` the run directory; `scalars` maps canonical
-names to floats; `histograms` maps names to arrays; `rewards` maps "total" and each reward function's
-name to the step's scores per completion [N] (prompt-major), for the W&B 3D views.
-"""
+"""The text helpers every sink shares (the Sink seam itself and the events are telemetry/events.py)."""
 
 from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 from typing import Any, Mapping, Sequence
-
-import numpy as np
 
 from ..rundir.writer import RunInfo, json_safe
 
 
 # Sample columns shown in text and tables; long texts are cut so a step's table stays readable.
 TEXT_LIMIT = 600
-
-
-class Sink:
-    """Where a run's records go besides the run directory; every method may be left as it is."""
-
-    name = "sink"
-
-    def start(self, info: RunInfo, run_dir: Path) -> None:
-        """The run begins: open whatever the sink writes to."""
-
-    def write(self, step: int, scalars: Mapping[str, float], histograms: Mapping[str, np.ndarray],
-              rewards: Mapping[str, np.ndarray] | None) -> None:
-        """One logged step: its scalars, histograms and the per-function reward arrays."""
-
-    def write_samples(self, step: int, samples: Sequence[Mapping[str, Any]]) -> None:
-        """One step's sample completions."""
-
-    def write_alert(self, alert: Mapping[str, Any]) -> None:
-        """An alert that fired."""
-
-    def write_final(self, metrics: Mapping[str, float]) -> None:
-        """The end-of-run summary metrics."""
-
-    def log_checkpoint(self, path: str | Path, step: int) -> None:
-        """A checkpoint was committed at `path`."""
-
-    def log_dataset(self, name: str, splits: Mapping[str, Sequence[Mapping[str, Any]]],
-                    metadata: Mapping[str, Any]) -> None:
-        """The run's train and held-out rows."""
-
-    def log_model(self, path: str | Path, step: int) -> None:
-        """The final model's directory."""
-
-    def flush(self) -> None:
-        """Put what was written so far on disk (before a checkpoint records that it was)."""
-
-    def close(self, status: str) -> None:
-        """The run ended: flush and close."""
 
 
 def _clip(text: Any, limit: int = TEXT_LIMIT) -> str:

@@ -26,8 +26,10 @@ import numpy as np
 
 from ..metrics.charts import tensorboard_layout
 from ..metrics.names import ACCURACY_TRAIN, EVAL_ACCURACY, LOSS, REWARD_MEAN, SAMPLES_TABLE
-from ..rundir.writer import RUN_JSON, RunInfo, json_safe, read_run_info
-from .base import Sink, _fmt, _md_cell, flatten_config, samples_markdown
+from ..rundir.layout import RunPaths
+from ..rundir.writer import RunInfo, json_safe, read_run_info
+from ..events import AlertEvent, Final, Flush, Samples, Scalars, Sink, Start
+from .base import _fmt, _md_cell, flatten_config, samples_markdown
 
 
 # A fixed bin count: tensorboardX's default ("tensorflow" edges) costs ~2.5 ms per histogram, 30 bins ~0.2 ms.
@@ -105,7 +107,7 @@ def differing_first(values: dict[str, Any], run_dir: str | Path | None, limit: i
         return values
     here = Path(run_dir)
     try:
-        siblings = sorted((p for p in here.parent.iterdir() if p != here and (p / RUN_JSON).is_file()),
+        siblings = sorted((p for p in here.parent.iterdir() if p != here and RunPaths(p).run_json.is_file()),
                           key=lambda p: p.stat().st_mtime, reverse=True)[:limit]
     except OSError:
         return values
@@ -142,7 +144,23 @@ class TensorBoardSink(Sink):
             error = self._guard.error
             raise OSError(f"writing {self.logdir} failed: {error}") from error
 
-    def start(self, info: RunInfo, run_dir: Path) -> None:
+    def handle(self, event) -> None:
+        """Scalars and histograms, samples as a table, alerts and final metrics as text; a flush on request."""
+        if isinstance(event, Start):
+            self._start(event.info, event.run_dir)
+        elif isinstance(event, Scalars):
+            self._write(event.step, event.values, event.histograms)
+        elif isinstance(event, Samples):
+            self._raise_write_error()
+            self.writer.add_text(SAMPLES_TABLE, samples_markdown(event.rows), event.step)
+        elif isinstance(event, AlertEvent):
+            self._alert(event.record)
+        elif isinstance(event, Final):
+            self._final(event.metrics)
+        elif isinstance(event, Flush):
+            self._flush()
+
+    def _start(self, info: RunInfo, run_dir: Path) -> None:
         """Open the event writer and write the layout, the config and the hparams."""
         from tensorboardX.summary import hparams
 
@@ -158,7 +176,7 @@ class TensorBoardSink(Sink):
         shown = {**info.to_dict(), "run_dir": str(run_dir)}
         self.writer.add_text("run", "```\n" + json.dumps(json_safe(shown), indent=2) + "\n```", 0)
 
-    def write(self, step, scalars, histograms, rewards) -> None:
+    def _write(self, step, scalars, histograms) -> None:
         """Scalars and histograms of one step."""
         self._raise_write_error()
         # One event holding every scalar: ~100 add_scalar calls would cost ~10x more per step.
@@ -169,12 +187,7 @@ class TensorBoardSink(Sink):
             self.writer.add_histogram(name, np.asarray(array, dtype=np.float64), step, bins=HIST_BINS)
         self._last_step = max(self._last_step, step)
 
-    def write_samples(self, step, samples) -> None:
-        """The samples as a markdown table."""
-        self._raise_write_error()
-        self.writer.add_text(SAMPLES_TABLE, samples_markdown(samples), step)
-
-    def flush(self) -> None:
+    def _flush(self) -> None:
         """Write what is queued to disk now."""
         if self._guard is not None:
             self._guard.flush_queued()
@@ -182,16 +195,16 @@ class TensorBoardSink(Sink):
             self.writer.flush()
         self._raise_write_error()
 
-    def write_alert(self, alert) -> None:
+    def _alert(self, alert) -> None:
         """The alert as text under `alerts`."""
         self._raise_write_error()
         text = f"**{alert.get('level', 'info')}** `{alert.get('rule', '')}` {_md_cell(alert.get('message'))}"
         self.writer.add_text("alerts", text, int(alert.get("step") or self._last_step))
 
-    def write_final(self, metrics) -> None:
+    def _final(self, metrics) -> None:
         """The final metrics, and the hparams' results."""
         self._raise_write_error()
-        self.write(self._last_step, {k: v for k, v in metrics.items() if isinstance(v, (int, float))}, {}, None)
+        self._write(self._last_step, {k: v for k, v in metrics.items() if isinstance(v, (int, float))}, {})
         rows = "\n".join(f"| `{k}` | {_fmt(v)} |" for k, v in metrics.items())
         self.writer.add_text("final", "| metric | value |\n|---|---|\n" + rows, self._last_step)
 

@@ -21,8 +21,10 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..rundir.writer import RunInfo, json_safe, scrub_secrets
-from .base import Sink, tracker_config
+from ...common.secrets import scrub_secrets
+from ..rundir.writer import RunInfo, json_safe
+from ..events import Final, Scalars, Sink, Start
+from .base import tracker_config
 
 
 @dataclass
@@ -89,7 +91,21 @@ class TrackioSink(Sink):
         if self._failure is not None:
             raise OSError(self._failure)
 
-    def start(self, info: RunInfo, run_dir: Path) -> None:
+    def handle(self, event) -> None:
+        """The run's start, each step's scalars and the final metrics; nothing else."""
+        if isinstance(event, Start):
+            self._start(event.info)
+        elif isinstance(event, Scalars):
+            self._log(event.values, event.step)
+            self._last_step = max(self._last_step, event.step)
+        elif isinstance(event, Final):
+            self._log(event.metrics, self._last_step)
+
+    def _log(self, values, step: int) -> None:
+        self._raise_failure()
+        self.run.log({k: float(v) for k, v in values.items() if isinstance(v, (int, float))}, step=step)
+
+    def _start(self, info: RunInfo) -> None:
         """Start the Trackio run in its local store."""
         opts = self.options
         config = tracker_config(info)
@@ -105,17 +121,6 @@ class TrackioSink(Sink):
                                          config=json_safe(scrub_secrets(config)),
                                          resume="allow" if info.resumes else "never",
                                          auto_log_cpu=False, auto_log_gpu=False, embed=False)
-
-    def write(self, step, scalars, histograms, rewards) -> None:
-        """One step's scalars."""
-        self._raise_failure()
-        self.run.log({k: float(v) for k, v in scalars.items() if v is not None}, step=step)
-        self._last_step = max(self._last_step, step)
-
-    def write_final(self, metrics) -> None:
-        """The final metrics."""
-        self._raise_failure()
-        self.run.log({k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}, step=self._last_step)
 
     def close(self, status: str) -> None:
         """Finish the Trackio run."""

@@ -12,8 +12,8 @@ total reward, step x example, as HTML), and with a rubric `charts/criteria_heatm
 (criterion x step, as HTML) with its data as the table `charts/criteria_over_time`, all redrawn every
 `chart_every` steps (0: about ten times per run, wandb_charts.chart_interval) and at the last step;
 alerts through `run.alert`; checkpoints as model artifacts when `log_checkpoints` is set; the
-dataset's rows as a `dataset` artifact (`log_dataset`) and the final model as a `model` artifact
-(`log_model`); final metrics in the run summary. WANDB_MODE=offline (or `mode="offline"`) works
+dataset's rows as a `dataset` artifact and the final model as a `model` artifact (`Artifact` events);
+final metrics in the run summary. WANDB_MODE=offline (or `mode="offline"`) works
 without a network.
 """
 
@@ -30,8 +30,10 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ..metrics.names import KL, REWARD_MEAN, SAMPLES_TABLE
-from ..rundir.writer import RunInfo, json_safe, scrub_secrets, scrub_text
-from .base import Sink, TEXT_LIMIT, _clip, tracker_config
+from ...common.secrets import scrub_secrets, scrub_text
+from ..rundir.writer import RunInfo, json_safe
+from ..events import AlertEvent, Artifact, Final, Samples, Scalars, Sink, Start
+from .base import TEXT_LIMIT, _clip, tracker_config
 from ..rundir.completions import order_groups
 from .wandb_charts import CATEGORY_COLOURS, category_cloud, chart_interval, heatmap_svg, value_cloud
 
@@ -74,9 +76,29 @@ class WandbSink(Sink):
         self._examples: dict[int, np.ndarray] = {}  # step -> its total rewards in the heatmap's order
         self._group_size = 0
         self._chart_every = options.chart_every
+        self._undrawn: tuple[int, dict] | None = None  # the last step written without its charts
         self._total_steps: int | None = None
 
-    def start(self, info: RunInfo, run_dir: Path) -> None:
+    def handle(self, event) -> None:
+        """Scalars, histograms and charts, samples as a table, alerts, final metrics and artifacts."""
+        if isinstance(event, Start):
+            self._start(event.info, event.run_dir)
+        elif isinstance(event, Scalars):
+            self._write(event.step, event.values, event.histograms, event.rewards)
+        elif isinstance(event, Samples):
+            self._samples(event.step, event.rows)
+        elif isinstance(event, AlertEvent):
+            self._alert(event.record)
+        elif isinstance(event, Final):
+            self._final(event.metrics)
+        elif isinstance(event, Artifact) and event.kind == "checkpoint":
+            self._log_checkpoint(event.path, event.step)
+        elif isinstance(event, Artifact) and event.kind == "dataset":
+            self._log_dataset(event.name, event.splits, event.metadata)
+        elif isinstance(event, Artifact) and event.kind == "model":
+            self._log_model(event.path, event.step)
+
+    def _start(self, info: RunInfo, run_dir: Path) -> None:
         """Start the W&B run with the scrubbed config (resuming the same W&B run on a resume)."""
         opts = self.options
         # An explicit dir wins, then the user's WANDB_DIR, then the run directory (keeps a run self-contained).
@@ -100,7 +122,7 @@ class WandbSink(Sink):
         generations = (info.config or {}).get("num_generations")
         self._group_size = generations if isinstance(generations, int) and generations > 0 else 0
 
-    def write(self, step, scalars, histograms, rewards) -> None:
+    def _write(self, step, scalars, histograms, rewards) -> None:
         """One step's scalars and histograms, and the charts when they are due."""
         data: dict[str, Any] = {k: v for k, v in scalars.items() if v is not None}
         for name, array in histograms.items():
@@ -112,8 +134,11 @@ class WandbSink(Sink):
         for name, value in scalars.items():
             if name.startswith("criteria/") and name.endswith("/mean") and value is not None:
                 self._criteria.setdefault(name[len("criteria/"):-len("/mean")], {})[step] = float(value)
-        if step % self._chart_every == 0 or step == self._total_steps:
+        drawn = step % self._chart_every == 0 or step == self._total_steps
+        if drawn:
             data.update(self._charts(scalars))
+        # a run that stops early (an alert's stop, Ctrl-C) draws its charts at its last step on close
+        self._undrawn = None if drawn else (step, dict(scalars))
         self.run.log(data, step=step)
 
     def _add_rewards(self, step: int, rewards: Mapping[str, np.ndarray]) -> None:
@@ -195,7 +220,7 @@ class WandbSink(Sink):
                                  data=[[k, float(v)] for k, v in values.items() if v is not None and math.isfinite(v)])
         return self.wandb.plot.bar(table, "reward_function", "mean", title=title)
 
-    def write_samples(self, step, samples) -> None:
+    def _samples(self, step, samples) -> None:
         """The samples as a W&B table."""
         if not samples:
             return
@@ -215,14 +240,14 @@ class WandbSink(Sink):
             self._table.add_data(*row)
         self.run.log({SAMPLES_TABLE: self._table}, step=step)
 
-    def write_alert(self, alert) -> None:
+    def _alert(self, alert) -> None:
         """The alert as a W&B alert."""
         level = {"error": self.wandb.AlertLevel.ERROR, "warning": self.wandb.AlertLevel.WARN}.get(
             alert.get("level"), self.wandb.AlertLevel.INFO)
         self.run.alert(title=f"{alert.get('rule', 'alert')} (step {alert.get('step')})",
                        text=str(alert.get("message", "")), level=level)
 
-    def write_final(self, metrics) -> None:
+    def _final(self, metrics) -> None:
         """The final metrics in the run's summary, and the last charts."""
         self.run.summary.update(json_safe(dict(metrics)))
         data: dict[str, Any] = {}
@@ -239,7 +264,7 @@ class WandbSink(Sink):
         if data:
             self.run.log(data)
 
-    def log_checkpoint(self, path, step) -> None:
+    def _log_checkpoint(self, path, step) -> None:
         """Upload the checkpoint as an artifact, when asked to."""
         if not self.options.log_checkpoints:
             return
@@ -247,7 +272,7 @@ class WandbSink(Sink):
         artifact.add_dir(str(path))
         self.run.log_artifact(artifact, aliases=[f"step_{step}", "latest"])
 
-    def log_dataset(self, name, splits, metadata) -> None:
+    def _log_dataset(self, name, splits, metadata) -> None:
         """The rows the run trains and evaluates on, one JSONL file per split (written here, on W&B's thread)."""
         import tempfile
 
@@ -263,14 +288,17 @@ class WandbSink(Sink):
                 artifact.add_file(str(path), name=path.name)  # copied into W&B's staging area here
             self.run.log_artifact(artifact)
 
-    def log_model(self, path, step) -> None:
+    def _log_model(self, path, step) -> None:
         """The final model (a Hugging Face directory) as a model artifact."""
         artifact = self.wandb.Artifact(name=f"{self.run.id}-model", type="model", metadata={"step": step})
         artifact.add_dir(str(path))
         self.run.log_artifact(artifact, aliases=["final", f"step_{step}"])
 
     def close(self, status: str) -> None:
-        """Finish the W&B run."""
+        """Draw the charts at the last step if they were not (a run stopped early), and finish the W&B run."""
+        if self._undrawn is not None:
+            step, scalars = self._undrawn
+            self.run.log(self._charts(scalars), step=step)
         self.run.finish(exit_code=0 if status == "finished" else 1)
 
 

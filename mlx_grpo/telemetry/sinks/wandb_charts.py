@@ -15,14 +15,14 @@ from typing import Sequence
 
 import numpy as np
 
+from ..metrics.charts import scale_colour
+
 # About ten redraws per run: often enough to watch, rare enough that the 3D clouds (up to 10,000 points
 # each) stay a small share of the W&B worker's time.
 REDRAWS_PER_RUN = 10
 # Distinct colours for the reward components (Okabe-Ito, readable by colour-blind people).
 CATEGORY_COLOURS = ((0, 114, 178), (230, 159, 0), (0, 158, 115), (204, 121, 167), (86, 180, 233),
                     (213, 94, 0), (240, 228, 66), (120, 120, 120))
-# Low to high: dark blue, teal, yellow (viridis' ends and middle).
-_SCALE = np.array([(68, 1, 84), (33, 145, 140), (253, 231, 37)], dtype=float)
 
 
 def chart_interval(chart_every: int, total_steps: int | None) -> int:
@@ -49,16 +49,6 @@ def category_cloud(xyz: np.ndarray, category: np.ndarray) -> np.ndarray:
     """Points coloured by an integer category (a reward component): one colour each."""
     palette = np.array(CATEGORY_COLOURS, dtype=float)
     return np.concatenate([_scaled(xyz), palette[category.astype(int) % len(palette)]], axis=1)
-
-
-def scale_colour(t: float) -> str:
-    """The heatmap colour of a value in 0..1 (grey where nothing was logged)."""
-    if not math.isfinite(t):
-        return "#dddddd"  # not logged at that step
-    position = min(max(t, 0.0), 1.0) * (len(_SCALE) - 1)
-    i = min(int(position), len(_SCALE) - 2)
-    r, g, b = _SCALE[i] + (position - i) * (_SCALE[i + 1] - _SCALE[i])
-    return f"#{int(r):02x}{int(g):02x}{int(b):02x}"
 
 
 def heatmap_svg(rows: Sequence[str], steps: Sequence[int], values: np.ndarray, title: str = "", cell_h: int = 22,

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from .errors import UserError
+from ..common.errors import UserError
 from .judge import Judge, JudgeBatch
-from .tasks.answer_format import extract_answer
+from ..tasks.answer_format import extract_answer
 
 # Thousands separators are accepted ("1,234"); a plain run of digits is the common case ("0357").
 _NUMBER = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|[-+]?\.\d+")

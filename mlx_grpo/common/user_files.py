@@ -24,7 +24,7 @@ from typing import Any
 
 import yaml
 
-from ..errors import UserError, yaml_error
+from .errors import UserError, yaml_error
 from .terminal import terminal_safe
 
 MAX_DEPTH = 64  # nesting levels a config, sweep, rubric or alert file may have (ours use 3)

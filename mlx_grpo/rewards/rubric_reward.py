@@ -23,15 +23,14 @@ from pathlib import Path
 import numpy as np
 
 from .judge import JudgeError
-from .rewards import RewardHooks
+from .scoring import RewardHooks
 from .rubric import Rubric, RubricScores
-from .telemetry.metrics.reward_stats import RunningStats
-from .telemetry.rundir.writer import atomic_write_text
+from ..telemetry.metrics.reward_stats import RunningStats
+from ..telemetry.rundir.layout import RunPaths
+from ..telemetry.rundir.writer import atomic_write_text
 
 REWARD_NAME = "rubric"
 SUMMARY_COLUMNS = ("criterion", "mean", "std", "min", "max", "samples")
-SUMMARY_JSON = "rubric_summary.json"
-SUMMARY_MARKDOWN = "rubric_summary.md"
 
 
 class RubricReward(RewardHooks):
@@ -247,8 +246,9 @@ class RubricSummary:
         }
         if self.rubric.judge is not None:
             document["judge"] = {"api_tokens_total": self.api_tokens, "failed_requests_total": self.failed_requests}
-        json_path = _atomic_write(run_dir / SUMMARY_JSON, json.dumps(document, indent=2) + "\n")
-        markdown_path = _atomic_write(run_dir / SUMMARY_MARKDOWN, self.to_markdown())
+        paths = RunPaths(run_dir)
+        json_path = _atomic_write(paths.rubric_summary_json, json.dumps(document, indent=2) + "\n")
+        markdown_path = _atomic_write(paths.rubric_summary_md, self.to_markdown())
         return json_path, markdown_path
 
 

@@ -23,9 +23,9 @@ from typing import Any, Callable
 import numpy as np
 import yaml
 
-from .errors import UserError
-from .telemetry.rundir.writer import register_secret
-from .telemetry.user_files import parse_yaml, read_user_text
+from ..common.errors import UserError
+from ..common.secrets import register_secret
+from ..common.user_files import parse_yaml, read_user_text
 from .judge import PLACEHOLDERS, Judge, JudgeConfig, JudgeError, chat_completions_url
 from .rubric_scorers import (CriterionFailed, JudgeScorer, LengthScorer, NumericAnswerScorer, PythonScorer,
                              RegexScorer, SubstringScorer)

@@ -1,4 +1,4 @@
-"""Reward functions: the built-ins, loading user files, and scoring a batch.
+"""A reward function as the run holds it, and scoring a batch with the run's functions.
 
 Every reward function, built-in or user-written, has one signature::
 
@@ -10,200 +10,31 @@ prompt appears once per completion of its group). ``columns`` carries every
 extra dataset column (e.g. ``difficulty=[...]``) as a list aligned with
 ``completions``; accept ``**columns`` even if you use none, so new columns never
 break your function. Return one score per completion; ``None`` (or NaN) means
-"no score for this sample", which is recorded as missing.
-
-The built-ins read completions in the task's answer format (``tasks/answer_format.py``:
-``<reasoning>...</reasoning><answer>...</answer>``); they are chosen by name:
-``format_exact``, ``format_approx``, ``answer_check`` (alias ``check_answer``),
-``number_check`` (alias ``check_numbers``) and ``digit_match`` (partial credit per digit); for replies in
-prose without tags, ``last_number_check`` and ``last_number_digits`` read the reply's last number. A user function is named as
-``path/to/file.py:function_name``, the path relative to the config's folder
-or absolute. See ``configs/rewards_example.py``. On a chat dataset (prompts given
+"no score for this sample", which is recorded as missing. On a chat dataset (prompts given
 as lists of messages) a user function gets TRL's conversational form: each prompt
 is its list of messages and each completion ``[{"role": "assistant", "content": text}]``.
 
-This module imports no mlx.
+`RewardFunction` (name, callable, weight), `RewardHooks` (what a stateful function tells the run besides its
+scores), `call_reward`, `RewardScores` (a batch's scores, which slice and join themselves) and
+`score_completions`. The built-ins are builtin.py's, loading is loading.py's. This module imports no mlx.
 """
 
 from __future__ import annotations
 
-import difflib
-import hashlib
 import inspect
-import importlib.util
 import math
 import numbers
-import re
-import sys
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from mlx_grpo.errors import UserError
-from mlx_grpo.telemetry.reward_names import TRL_BUILTINS, TRL_NO_EQUIVALENT, reward_name, translate_reward
-from mlx_grpo.tasks.answer_format import (NUMBER_IN_TEXT, TAGS, answer_value, extract_answer, is_correct, last_number,
-                                          normalise)
+from ..common.errors import UserError
 
 # A reasoning block directly followed by an answer block, only whitespace
 # around and between. Tag uniqueness is checked separately (counts).
-_LAYOUT = re.compile(r"\s*{}.*{}\s*{}.*{}\s*".format(*map(re.escape, TAGS)), re.DOTALL)
-
-
-def _first_number(text: str) -> float | None:
-    match = NUMBER_IN_TEXT.search(text)
-    return float(match.group().replace(",", "")) if match else None
-
-
-def _same_value(got: str, want: str) -> bool:
-    """Equal once normalised; numbers by value, so "42.0" equals "42"."""
-    if normalise(got) == normalise(want):
-        return True
-    got_n, want_n = answer_value(got), answer_value(want)
-    return got_n is not None and got_n == want_n
-
-
-# ---------------------------------------------------------- per-sample scores
-
-
-def _format_exact_one(completion: str) -> float:
-    once = all(completion.count(tag) == 1 for tag in TAGS)
-    return 3.0 if once and _LAYOUT.fullmatch(completion) else 0.0
-
-
-def _format_approx_one(completion: str) -> float:
-    score = sum(0.5 if completion.count(tag) == 1 else -0.5 for tag in TAGS)
-    starts = [completion.find(tag) for tag in TAGS]
-    in_order = -1 not in starts and starts == sorted(starts)
-    score += 0.25 if in_order else -0.25
-    score += 0.25 if _LAYOUT.fullmatch(completion) else -0.25
-    return score
-
-
-def _answer_check_one(completion: str, answer: str) -> float:
-    got = extract_answer(completion)
-    if got is None:
-        return -1.0
-    if got == answer.strip():
-        return 3.0
-    if _same_value(got, answer):
-        return 1.5
-    got_n, want_n = answer_value(got), answer_value(answer)
-    if got_n is None or want_n is None or want_n == 0:
-        return -1.0
-    ratio = got_n / want_n
-    if 0.9 <= ratio <= 1.1:
-        return 0.5
-    if 0.8 <= ratio <= 1.2:
-        return 0.25
-    return -1.0
-
-
-def _number_check_one(completion: str, answer: str) -> float:
-    got = extract_answer(completion)
-    if got is None:
-        return 0.0
-    got_n, want_n = _first_number(got), _first_number(answer)
-    return 1.5 if got_n is not None and got_n == want_n else 0.0
-
-
-def _digit_share(got: str | None, want: str) -> float:
-    """The share of digit positions where two whole numbers agree, in [0, 1]; 0 unless both are whole numbers."""
-    want = want.strip()
-    if got is None or not got.isdigit() or not want.isdigit():
-        return 0.0
-    width = max(len(got), len(want))
-    # Right-aligned, so units meet units; a missing or extra leading digit counts as a miss.
-    matches = sum(g == w for g, w in zip(got.rjust(width, " "), want.rjust(width, "_")))
-    return matches / width
-
-
-def _digit_match_one(completion: str, answer: str) -> float:
-    return 2.0 * _digit_share(extract_answer(completion), answer)
-
-
-# ------------------------------------------------------------------ built-ins
-
-
-def format_exact(prompts, completions, answers, **columns) -> list[float]:
-    """3.0 when the completion is exactly one reasoning block then one answer
-    block (whitespace allowed around and between them, nothing else), else 0."""
-    return [_format_exact_one(c) for c in completions]
-
-
-def format_approx(prompts, completions, answers, **columns) -> list[float]:
-    """Partial format credit in [-2.5, +2.5], in steps of 0.25.
-
-    ====================================================  =======  =======
-    check                                                 pass     fail
-    ====================================================  =======  =======
-    each of the 4 tags appears exactly once (x4)          +0.5     -0.5
-    all 4 tags present, first occurrences in order        +0.25    -0.25
-    layout: reasoning block, then answer block, only      +0.25    -0.25
-    whitespace before, between and after (no trailing)
-    ====================================================  =======  =======
-
-    No tags at all scores -2.5; +2.5 happens exactly when ``format_exact``
-    gives 3.0.
-    """
-    return [_format_approx_one(c) for c in completions]
-
-
-def answer_check(prompts, completions, answers, **columns) -> list[float]:
-    """Correctness of the extracted answer, in [-1, +3].
-
-    3.0 exact text; 1.5 same after normalising (whitespace, commas, '$',
-    case, a final '.', and numbers by value so "42.0" matches "42"); 0.5 when
-    the numeric ratio got/expected is within 10%; 0.25 within 20%; -1.0 for a
-    wrong or missing answer (an expected 0 gets no ratio credit).
-    """
-    return [_answer_check_one(c, a) for c, a in zip(completions, answers)]
-
-
-def number_check(prompts, completions, answers, **columns) -> list[float]:
-    """1.5 when the first number in the answer block equals the first number
-    of the expected answer (commas ignored, compared by value), else 0."""
-    return [_number_check_one(c, a) for c, a in zip(completions, answers)]
-
-
-def digit_match(prompts, completions, answers, **columns) -> list[float]:
-    """Partial credit for whole-number answers, in [0, 2]: 2.0 x the share of digit positions (aligned
-    from the right, units with units) where the answer block agrees with the expected answer; 0 when
-    either is not a whole number. A near miss ("359" for "349") earns 1.33, so a group with no correct
-    sample still tells better attempts from worse ones."""
-    return [_digit_match_one(c, a) for c, a in zip(completions, answers)]
-
-
-def last_number_check(prompts, completions, answers, **columns) -> list[float]:
-    """2.0 when the completion's last number is the expected answer (by value, thousands commas ignored),
-    else 0: correctness for a model that answers in prose ("7 + 5 = 12.") instead of an answer block."""
-    return [2.0 if is_correct(c, a, "last_number") else 0.0 for c, a in zip(completions, answers)]
-
-
-def last_number_digits(prompts, completions, answers, **columns) -> list[float]:
-    """Partial credit in [0, 1]: the share of digit positions (aligned from the right) where the
-    completion's last number agrees with the expected whole-number answer. A near miss ("13" for "12")
-    earns 0.5, so a group with no correct reply still tells better attempts from worse ones."""
-    return [_digit_share(last_number(c), a) for c, a in zip(completions, answers)]
-
-
-BUILTINS: dict[str, Callable] = {
-    "format_exact": format_exact,
-    "format_approx": format_approx,
-    "answer_check": answer_check,
-    "number_check": number_check,
-    "digit_match": digit_match,
-    "last_number_check": last_number_check,
-    "last_number_digits": last_number_digits,
-    # Names other GRPO recipes use for the same functions.
-    "check_answer": answer_check,
-    "check_numbers": number_check,
-}
-
-
-# -------------------------------------------------------------------- loading
 
 
 class RewardHooks:
@@ -309,76 +140,6 @@ class RewardFunction:
         return self.fn if isinstance(self.fn, RewardHooks) else NO_HOOKS
 
 
-def load_reward_functions(specs: Iterable[tuple[str, float]], base_dir: str | Path) -> list[RewardFunction]:
-    """Resolve ``(spec, weight)`` pairs (a dict's ``.items()`` works).
-
-    A spec is a built-in name, or ``file.py:function`` with the file relative to
-    ``base_dir`` (normally the config file's folder) or absolute; TRL's spellings
-    are read too (reward_names.py). The reward's name is the built-in name as
-    written or the function name; names must be unique because they become
-    metric names.
-    """
-    modules: dict[Path, object] = {}
-    loaded: list[RewardFunction] = []
-    for spec, weight in specs:
-        if not isinstance(weight, numbers.Real) or not math.isfinite(weight):
-            raise UserError(f"reward '{spec}': weight must be a finite number, got {weight!r}")
-        name, fn, from_file = _resolve(spec, Path(base_dir), modules)
-        if any(r.name == name for r in loaded):
-            raise UserError(f"reward function '{name}' is listed twice")
-        loaded.append(RewardFunction(name, fn, float(weight), from_file=from_file))
-    return loaded
-
-
-def _resolve(spec: str, base_dir: Path, modules: dict[Path, object]) -> tuple[str, Callable, bool]:
-    """(the reward's name, its function, whether it came from a user's file)."""
-    spec, note = translate_reward(spec)
-    if note is not None:
-        print(f"mlx-grpo: note: reward {note}", file=sys.stderr)
-    if ":" not in spec:
-        if spec not in BUILTINS:
-            if spec in TRL_NO_EQUIVALENT:
-                raise UserError(f"reward function '{spec}' (TRL's) has no equivalent here: {TRL_NO_EQUIVALENT[spec]}")
-            known = ", ".join(sorted(BUILTINS))
-            raise UserError(f"unknown reward function '{spec}'{_did_you_mean(spec, [*BUILTINS, *TRL_BUILTINS])}; "
-                            f"built-ins are {known}, or use 'file.py:function'")
-        return spec, BUILTINS[spec], False
-    file_part, _, func_name = spec.rpartition(":")
-    if not file_part or not func_name:
-        raise UserError(f"reward '{spec}': expected 'path/to/file.py:function_name'")
-    path = (base_dir / file_part).resolve()
-    if path not in modules:
-        modules[path] = _import_file(path)
-    fn = getattr(modules[path], func_name, None)
-    if fn is None:
-        functions = [n for n, v in vars(modules[path]).items() if callable(v) and not n.startswith("_")]
-        raise UserError(f"reward file {path} has no function '{func_name}'{_did_you_mean(func_name, functions)}")
-    if not callable(fn):
-        raise UserError(f"reward file {path}: '{func_name}' is a {type(fn).__name__}, not a function")
-    return reward_name(spec), fn, True
-
-
-def _did_you_mean(name: str, candidates: Iterable[str]) -> str:
-    close = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.75)
-    return f" (did you mean '{close[0]}'?)" if close else ""
-
-
-def _import_file(path: Path):
-    if not path.is_file():
-        raise UserError(f"reward file not found: {path}")
-    # A unique module name per path; registered so dataclasses/pickling in the user file work.
-    module_name = "mlx_grpo_user_rewards_" + hashlib.sha1(str(path).encode()).hexdigest()[:12]
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module
-    try:
-        spec.loader.exec_module(module)
-    except Exception as exc:
-        del sys.modules[module_name]
-        raise UserError(f"cannot import reward file {path}: {_one_line(exc)}") from None
-    return module
-
-
 # -------------------------------------------------------------------- scoring
 
 
@@ -441,11 +202,11 @@ def score_completions(
             if reward.failures_in_a_row >= MAX_FAILED_BATCHES:
                 # failing on every batch: training on its missing scores would teach nothing
                 raise UserError(f"reward function '{reward.name}' failed on {reward.failures_in_a_row} batches in a "
-                                f"row: {_one_line(exc)}{_where(exc)}") from None
+                                f"row: {one_line(exc)}{_where(exc)}") from None
             if not reward.error_reported:
                 reward.error_reported = True
                 new_errors.append(
-                    f"reward function '{reward.name}' raised {_one_line(exc)}{_where(exc)}; "
+                    f"reward function '{reward.name}' raised {one_line(exc)}{_where(exc)}; "
                     "its scores are missing for this batch (further failures are not reported)"
                 )
             continue
@@ -495,7 +256,7 @@ def _validated(name: str, raw, n: int) -> list[float]:
     return scores
 
 
-def _one_line(exc: BaseException) -> str:
+def one_line(exc: BaseException) -> str:
     lines = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
 

