@@ -49,6 +49,9 @@ SKIPPED: dict[str, str] = {
         NETWORK + " (the Qwen model); tests/test_config_paths_aliases.py reads the file next to where it is typed",
     'mlx-grpo train --model-id ~/models/Llama-3.2-1B-Instruct-4bit --use-lora --dataset data.jsonl':
         "needs a model you downloaded to ~/models",
+    'mlx-grpo train --model-id ~/models/qwen2.5-0.5b-instruct-q4_k_m.gguf --use-lora --dataset data.jsonl':
+        "needs a model you downloaded to ~/models",
+    'mlx-grpo selftest --quick': "minutes of training runs; tests/test_selftest.py runs the self-test",
     'mlx-grpo plan configs/lora_qwen_gsm8k.yaml --memory 16GB': NETWORK + " (the model's config.json)",
     'mlx.launch --hostfile hosts.json --backend ring -- ~/grpo-venv/bin/mlx-grpo train ~/grpo/my_run.yaml '
     '--batch-size 8': MAC,
@@ -78,10 +81,7 @@ SKIPPED: dict[str, str] = {
         "runs sweeps end to end",
     'mlx-grpo compare sweeps/lr-beta --sort eval_accuracy': "reads the sweep above",
     'mlx-grpo watch sweeps/lr-beta/trial-*': SCREEN,
-    'mlx-grpo train --model-id ~/models/SmolLM2-135M-Instruct.Q4_1.gguf --use-lora --dataset data.jsonl':
-        "needs a GGUF file you keep in ~/models; tests/test_gguf.py trains on SmolLM2's",
     'mlx-grpo plan --set model_id=~/models/my-model.Q4_0.gguf --memory 16GB': "needs a GGUF file you keep in ~/models",
-    'mlx_lm.convert': "mlx-lm's command, named in a sentence",
     'mlx_lm.generate': "mlx-lm's command, named in a sentence; tests/test_gguf.py loads an export with mlx_lm",
     'mlx-grpo export': "the command's name in a sentence (its synopsis, with RUN_DIR, is checked)",
     'mlx-grpo eval': "the command's name in a sentence (its synopsis, with RUN_DIR, is checked)",
