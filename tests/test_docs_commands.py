@@ -49,9 +49,6 @@ SKIPPED: dict[str, str] = {
         NETWORK + " (the Qwen model); tests/test_config_paths_aliases.py reads the file next to where it is typed",
     'mlx-grpo train --model-id ~/models/Llama-3.2-1B-Instruct-4bit --use-lora --dataset data.jsonl':
         "needs a model you downloaded to ~/models",
-    'mlx-grpo train --model-id ~/models/qwen2.5-0.5b-instruct-q4_k_m.gguf --use-lora --dataset data.jsonl':
-        "needs a model you downloaded to ~/models",
-    'mlx-grpo selftest --quick': "minutes of training runs; tests/test_selftest.py runs the self-test",
     'mlx-grpo plan configs/lora_qwen_gsm8k.yaml --memory 16GB': NETWORK + " (the model's config.json)",
     'mlx.launch --hostfile hosts.json --backend ring -- ~/grpo-venv/bin/mlx-grpo train ~/grpo/my_run.yaml '
     '--batch-size 8': MAC,
@@ -91,7 +88,6 @@ SKIPPED: dict[str, str] = {
     'mlx-grpo selftest --quick': "the selftest without the real model (~2 min idle); tests/test_selftest.py runs its checks",
     'mlx-grpo train --model-id ~/models/qwen2.5-0.5b-instruct-q4_k_m.gguf --use-lora --dataset data.jsonl':
         "a user's own file; tests/test_gguf_families.py loads qwen2 GGUF files of every tensor type",
-    'mlx-grpo train configs/gemma3_sums.yaml --seed 0': NETWORK + " on first use (the gemma3 wheels), and ~10 min of training",
     'scripts/test_at_floor.sh': NETWORK + " (installs the floor versions of mlx and mlx-lm in a fresh venv)",
     'pip install -e .': NETWORK,
     'mlx-grpo doctor --config configs/lora_qwen_gsm8k.yaml': NETWORK + " (the Qwen model's config.json)",
