@@ -36,7 +36,8 @@ from mlx_grpo.models import apply_adapters, lm_head, make_reference  # noqa: E40
 from mlx_grpo.presets import preset_model  # noqa: E402
 from mlx_grpo.rollout import Rollout  # noqa: E402
 from mlx_grpo.trainer import make_optimizer  # noqa: E402
-from mlx_grpo.head_scores import target_logprobs
+from mlx_grpo import head_scores
+from mlx_grpo.head_scores import exp_nonpositive, streamed_head_scores, target_logprobs
 from mlx_grpo.update import build_train_batch, completion_states, entropy_stride, make_loss_fn, reference_logprobs, update_policy
 
 
@@ -101,6 +102,27 @@ def main(argv: list[str] | None = None) -> None:
     def body_backward():
         return body_grad(model)
 
+    flat_logits = logits.reshape(-1, vocab)
+    shifted = flat_logits - flat_logits.max(axis=-1, keepdims=True)
+    mx.eval(shifted)
+
+    def with_exp(run, exp):
+        """`run` with the streamed head's exponential replaced: mx.exp (before the polynomial), or none at
+        all (what the head costs without its exponentials)."""
+        def replaced():
+            head_scores.exp_nonpositive = exp
+            try:
+                return run()
+            finally:
+                head_scores.exp_nonpositive = exp_nonpositive
+        return replaced
+
+    def streamed_reference():
+        return streamed_head_scores(hidden, targets, head, gradient=False)[0]
+
+    def streamed_update():
+        return mx.grad(lambda h: streamed_head_scores(h, targets, head)[0].sum())(hidden)
+
     def head_grad(logprobs):
         return mx.grad(lambda h: logprobs(head.as_linear(h), targets).sum())(hidden)
 
@@ -112,6 +134,14 @@ def main(argv: list[str] | None = None) -> None:
         "body forward, shared prompt": lambda: completion_states(model, batch, targets, hidden=True),
         "body forward + LoRA backward": body_backward,
         "head matmul [N,T,H] x [H,V]": lambda: head.as_linear(hidden),
+        "exp over the [N*T, V] logits, mx.exp": lambda: mx.exp(shifted),
+        "exp over the [N*T, V] logits, polynomial (ours)": lambda: exp_nonpositive(shifted),
+        "streamed head, log-probs (reference's head)": streamed_reference,
+        "streamed head, log-probs, mx.exp": with_exp(streamed_reference, mx.exp),
+        "streamed head, log-probs, exp skipped": with_exp(streamed_reference, lambda x: x),
+        "streamed head + backward (update's head)": streamed_update,
+        "streamed head + backward, mx.exp": with_exp(streamed_update, mx.exp),
+        "streamed head + backward, exp skipped": with_exp(streamed_update, lambda x: x),
         "log-probs forward, ours": lambda: target_logprobs(logits, targets),
         "log-probs forward, old": lambda: grpo.token_logprobs(logits, targets),
         "log-probs + head backward, ours": lambda: head_grad(target_logprobs),

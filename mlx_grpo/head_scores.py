@@ -5,12 +5,52 @@ these; plan.py sizes the streamed block with `vocab_block`."""
 
 from __future__ import annotations
 
+import math
+
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
 from .extras import token_entropy
 from .models import project_to_vocab
+
+
+_LOG2E = math.log2(math.e)
+# ln 2 split in two (Cody and Waite): n * _LN2_HIGH is exact in float32 for the n used here, so x - n ln 2
+# keeps its digits at any x
+_LN2_HIGH, _LN2_LOW = 0.693359375, -2.12194440e-4
+# e^r by its Taylor series to degree 7: relative error under 1e-8 on |r| <= ln(2) / 2
+_EXP_TAYLOR = tuple(1.0 / math.factorial(k) for k in range(8))
+# adding then subtracting 1.5 * 2^23 rounds a float32 of magnitude below 2^22 to the nearest integer
+_ROUND = 12582912.0
+
+
+def _exp_by_polynomial(x: mx.array) -> mx.array:
+    """exp(x) of float32 x <= 0 (or NaN) as 2^n e^r with n = round(x / ln 2), |r| <= ln(2) / 2: a polynomial in
+    r times 2^n, whose bits are n + 127 in the exponent field. Only multiplies and adds (no floor, no
+    shift), so compiled it runs as a few fused loops. Within two float32 rounding steps of exp; 0 below
+    -88 (where float32's normal numbers end), as mx.exp gives."""
+    x = mx.maximum(x, -88.0)  # there n = -127: a zero exponent field, so 0 (and -inf gives 0, not NaN)
+    n = (x * _LOG2E + _ROUND) - _ROUND
+    r = (x - n * _LN2_HIGH) - n * _LN2_LOW
+    p = _EXP_TAYLOR[-1]
+    for c in reversed(_EXP_TAYLOR[:-1]):
+        p = p * r + c
+    two_to_n = ((n + 127.0) * 2.0**23).astype(mx.int32).view(mx.float32)
+    return p * two_to_n
+
+
+_compiled_exp = mx.compile(_exp_by_polynomial)
+
+
+def exp_nonpositive(x: mx.array) -> mx.array:
+    """exp(x) for float32 x <= 0, for the streamed head's blocks of logits (about a million each): the
+    softmax's exponentials over the vocabulary, the costliest elementwise work of a scored position. MLX's
+    CPU exp costs more per logit than the head's matmul; this compiled polynomial, on blocks that stay in
+    the caches, about a third of it (docs/PERFORMANCE.md, "The exponential over the vocabulary"). Not for
+    arrays of hundreds of MB: there its loops' full-size intermediates make it slower than mx.exp. On a
+    GPU, exp is a hardware instruction: mx.exp."""
+    return _compiled_exp(x) if mx.default_device() == mx.cpu else mx.exp(x)
 
 
 def _logprob_parts(logits: mx.array, targets: mx.array) -> tuple[mx.array, mx.array, mx.array]:
@@ -169,14 +209,14 @@ def _streamed_head(hidden: mx.array, target_rows: mx.array, head: nn.Module, exp
         part = hidden if top is None else _after(hidden, total, *([mean_row] if expected else []))
         logits = (part @ rows.T).astype(mx.float32)
         new_top = logits.max(axis=-1) if top is None else mx.maximum(top, logits.max(axis=-1))
-        unnormalised = mx.exp(logits - new_top[:, None])
+        unnormalised = exp_nonpositive(logits - new_top[:, None])
         block_sum = unnormalised.sum(axis=-1)
         block_mean = unnormalised @ (rows if rows.dtype == mx.float32 else rows.astype(mx.float32)) \
             if expected else None
         if top is None:
             total, mean_row = block_sum, block_mean
         else:
-            rescale = mx.exp(top - new_top)
+            rescale = exp_nonpositive(top - new_top)
             total = total * rescale + block_sum
             if expected:
                 mean_row = mean_row * rescale[:, None] + block_mean

@@ -10,9 +10,22 @@ import numpy as np
 
 from mlx_grpo import grpo
 from mlx_grpo.rollout import Rollout
-from mlx_grpo.head_scores import target_logprobs
+from mlx_grpo.head_scores import exp_nonpositive, target_logprobs
 from mlx_grpo.update import build_train_batch, completion_scores, entropy_stride
 from tiny_models import random_model
+
+
+def test_the_heads_exponential_matches_exp_to_a_rounding_step_and_keeps_its_edges():
+    rng = np.random.default_rng(2)
+    x = np.concatenate([-rng.exponential(scale=s, size=20_000) for s in (0.01, 1.0, 10.0, 40.0)]).astype(np.float32)
+    edges = np.array([0.0, -1e-8, -0.5, -87.0, -88.0, -104.0, -1e30, -np.inf], dtype=np.float32)
+    ours = np.array(exp_nonpositive(mx.array(np.concatenate([x, edges]))))
+    exact = np.exp(np.concatenate([x, edges]).astype(np.float64))
+    normal = exact >= np.finfo(np.float32).tiny
+    assert np.all(np.abs(ours[normal] - exact[normal]) <= 2.5e-7 * exact[normal])
+    assert np.all(ours[~normal] <= np.finfo(np.float32).tiny)  # underflow: zero, never garbage
+    assert ours[-1] == 0.0 and ours[len(x)] == 1.0
+    assert np.isnan(np.array(exp_nonpositive(mx.array([np.nan], dtype=mx.float32))))[0]
 
 
 def test_hand_written_backward_equals_autodiff_of_the_log_softmax():
