@@ -41,7 +41,8 @@ from . import chips, roofline
 from .config import TrainConfig
 from .common.errors import UserError
 from .machine import describe, matmul_peak_flops, stream_gb_s
-from .models import count_parameters, resolve_dtype
+from .head_scores import exp_nonpositive, streams_head, vocab_block
+from .models import count_parameters, lm_head, resolve_dtype
 from .trainer import step_key
 from .update import build_train_batch, entropy_stride, shares_prompts
 from .workload import STEP_PHASES, Workload, decode_ceiling, make_update_ceiling
@@ -165,17 +166,63 @@ def machine_limits(chip: chips.Chip | None) -> tuple[roofline.Limits, str]:
     return roofline.Limits(peak, stream_gb_s() * 1e9), "measured: 8-row matmul over a 256 MB matrix"
 
 
+def vocabulary_costs(positions: int, hidden: int, repeats: int = 5) -> dict:
+    """Seconds per logit of the streamed head's work over the vocabulary besides its matmul (the running
+    maximum, the softmax's exponentials, their sum: elementwise work the FLOP count leaves out), and of the
+    head matmul itself, timed on one block of the shape the streamed head uses (`positions` scored at once),
+    best of `repeats`."""
+    block = vocab_block(positions, hidden)
+    h, w = mx.random.normal((positions, hidden)), mx.random.normal((block, hidden))
+    logits = h @ w.T
+    mx.eval(h, w, logits)
+
+    def elementwise():
+        top = logits.max(axis=-1)
+        return exp_nonpositive(logits - top[:, None]).sum(axis=-1)
+
+    def best(run: Callable[[], mx.array]) -> float:
+        mx.eval(run())
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            mx.eval(run())
+            times.append(time.perf_counter() - start)
+        return min(times) / (positions * block)
+
+    return {"block": [positions, block], "seconds_per_logit": best(elementwise),
+            "matmul_seconds_per_logit": best(lambda: h @ w.T)}
+
+
+def vocabulary_shares(costs: dict, paths: dict, logits: dict[str, float], peak: float) -> dict:
+    """For the reference and update paths: the seconds their vocabulary sweeps take at the measured cost per
+    logit, and the share of the matmul peak of the rest of the path's time: which bound holds."""
+    out = {}
+    for name, count in logits.items():
+        if name in paths:
+            path = paths[name]
+            seconds = count * costs["seconds_per_logit"]
+            rest = path["seconds"] - seconds
+            out[name] = {"logits": count, "seconds": seconds,
+                         "share_of_peak_without": path["flops"] / rest / peak if rest > 0 and peak > 0 else 0.0}
+    return {**costs, "paths": out}
+
+
 def roofline_report(measured: dict, phases: dict[str, roofline.Work], limits: roofline.Limits,
-                    bandwidth_source: str, pass_flops: float) -> dict:
-    """Each measured path's work, achieved FLOP/s and share of the machine's ceilings (median time)."""
-    return {
+                    bandwidth_source: str, pass_flops: float, vocabulary: tuple[dict, dict] | None = None) -> dict:
+    """Each measured path's work, achieved FLOP/s and share of the machine's ceilings (median time); with
+    `vocabulary` ((costs, logits per path)), the share the head's sweeps over the vocabulary take."""
+    paths = {name: roofline.share(phases[name], statistics.median(measured[name]["seconds"]), limits)
+             for name in PATHS if name in phases and name in measured}
+    report = {
         "peak_flops_per_s": limits.flops_per_s,
         "bandwidth_bytes_per_s": limits.bytes_per_s,
         "bandwidth_source": bandwidth_source,
         "update_pass_flops": pass_flops,
-        "paths": {name: roofline.share(phases[name], statistics.median(measured[name]["seconds"]), limits)
-                  for name in PATHS if name in phases and name in measured},
+        "paths": paths,
     }
+    if vocabulary is not None:
+        report["vocabulary"] = vocabulary_shares(vocabulary[0], paths, vocabulary[1], limits.flops_per_s)
+    return report
 
 
 def measure_paths(options: BenchOptions) -> tuple[dict, dict, dict | None, dict]:
@@ -260,7 +307,14 @@ def measure_paths(options: BenchOptions) -> tuple[dict, dict, dict | None, dict]
     resolved = work.trainer.config.micro_batch_size  # `auto` resolved by the trainer's plan
     micro = resolved if isinstance(resolved, int) and resolved > 0 else work.sequences
     pass_flops = phases["update"].flops / config.num_iterations * min(1.0, micro / work.sequences)
-    return settings, measured, bandwidth, roofline_report(measured, phases, limits, source, pass_flops)
+    vocabulary = None
+    if streams_head(lm_head(model)) and {"reference", "update"} & set(measured):
+        # the streamed head scores a micro-batch's completion positions at once, one vocabulary sweep each
+        shape = read_model_shape(config.model_id, options.base_dir)
+        sweep = work.sequences * T * shape.vocab
+        costs = vocabulary_costs(min(micro, work.sequences) * T, shape.hidden)
+        vocabulary = (costs, {"reference": sweep, "update": sweep * config.num_iterations})
+    return settings, measured, bandwidth, roofline_report(measured, phases, limits, source, pass_flops, vocabulary)
 
 
 def measure_memory(options: BenchOptions) -> dict:

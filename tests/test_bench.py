@@ -57,6 +57,25 @@ def test_bench_json_validates_and_every_figure_is_positive(report):
                                                          for g in report["goals"])
 
 
+def test_bench_under_lora_says_what_the_heads_sweep_over_the_vocabulary_takes(tmp_path):
+    model = make_model_dir(tmp_path / "model", "llama")
+    out = tmp_path / "bench.json"
+    result = mlx_grpo("bench", "--model", str(model), "--lora", "--batch-size", "2", "--group-size", "2",
+                      "--completion-length", "8", "--repetitions", "1", "--warmup", "0", "--no-memory",
+                      "--only", "reference,update", "--output", str(out))
+    assert result.returncode == 0, result.stderr
+    report = json.loads(out.read_text())
+    jsonschema.validate(report, SCHEMA)
+    vocabulary = report["roofline"]["vocabulary"]
+    assert vocabulary["seconds_per_logit"] > 0 and vocabulary["matmul_seconds_per_logit"] > 0
+    assert set(vocabulary["paths"]) == {"reference", "update"}
+    # 2 x 2 completions of 8 tokens over the vocabulary; the update's num_iterations passes each sweep it again
+    sweep = 2 * 2 * 8 * json.loads((model / "config.json").read_text())["vocab_size"]
+    assert vocabulary["paths"]["reference"]["logits"] == sweep
+    assert vocabulary["paths"]["update"]["logits"] == sweep * report["settings"]["num_iterations"]
+    assert "sweep over the vocabulary" in result.stdout and "of the matmul peak" in result.stdout
+
+
 def test_schema_rejects_a_report_missing_figures(report):
     broken = copy.deepcopy(report)
     del broken["paths"]["rollout"]["tokens_per_s"]

@@ -133,6 +133,21 @@ def roofline_table(report: dict, roof: dict):
     return table
 
 
+def vocabulary_lines(vocabulary: dict | None) -> list[str]:
+    """Which bound holds for the reference and update: the streamed head's sweeps over the vocabulary
+    (exponentials and reductions, not FLOPs) against the matmuls around them."""
+    if not vocabulary or not vocabulary["paths"]:
+        return []
+    per_logit, matmul = vocabulary["seconds_per_logit"], vocabulary["matmul_seconds_per_logit"]
+    lines = [f"the head's sweep over the vocabulary (maximum, exponentials, sum; not FLOPs): "
+             f"{per_logit * 1e9:.2f} ns per logit, {per_logit / matmul:.2f}x its matmul's time per logit "
+             f"(one [{vocabulary['block'][0]}, {vocabulary['block'][1]}] block, best of 5)"]
+    for name, v in vocabulary["paths"].items():
+        lines.append(f"  {name}: {v['seconds']:.2f} s of it for {v['logits'] / 1e6:,.0f}M logits; "
+                     f"the rest of the {name} at {v['share_of_peak_without']:.2f} of the matmul peak")
+    return lines
+
+
 def print_report(report: dict, console=None) -> None:
     from rich import box
     from rich.table import Table
@@ -165,6 +180,8 @@ def print_report(report: dict, console=None) -> None:
     roof = report.get("roofline")
     if roof:
         console.print(roofline_table(report, roof))
+        for line in vocabulary_lines(roof.get("vocabulary")):
+            console.print(line)
     if report["goals"]:
         goals = Table(title="goals", title_justify="left", box=box.SIMPLE_HEAD)
         for header in ("ratio", "median", "min - max", "best", "target", ""):
