@@ -133,10 +133,13 @@ def test_micro_batches_and_head_chunks_cut_the_update_peak_to_a_fraction():
     logits_bytes = 8 * 96 * 16384 * 4  # the whole batch's fp32 logits, 50 MB
     whole = peak_update_bytes({})
     # the streamed head (the default under LoRA): the batch's logits never exist, not even once (measured
-    # 36 MB; 229 MB, 4.5 copies of them, when the head built them whole)
-    assert whole < 0.8 * logits_bytes
+    # 48 MB: a few blocks of ~1M logits at a time, the block, its exponentials and the CPU polynomial's
+    # intermediates (36 MB with mx.exp); 229 MB, 4.5 copies of them, when the head built them whole)
+    assert whole < logits_bytes
     one_at_a_time = peak_update_bytes({"micro_batch_size": 1})
-    assert one_at_a_time < whole / 2  # 8 completions, one at a time (measured 14.4 MB)
+    # 8 completions, one at a time (measured 33 MB; 14.4 MB with mx.exp: at this small shape the streamed
+    # head's few blocks of ~1M logits, a constant, weigh more than the 8x fewer positions save)
+    assert one_at_a_time < 0.75 * whole
     chunked = peak_update_bytes({"micro_batch_size": 1, "logits_chunk_size": 16})
     assert chunked < one_at_a_time  # 16 of 96 positions at a time (measured 11.1 MB)
 
