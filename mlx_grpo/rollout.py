@@ -265,7 +265,9 @@ def _generate(model: nn.Module, prompts: list[list[int]], group_size: int, max_t
             break
     ids_np = np.array(mx.stack(step_ids, axis=1))
     logprobs_np = np.array(mx.stack(step_logprobs, axis=1))
+    del cache, logits  # before the kept states are joined: the KV cache is the rollout's largest buffer
     prefix = _captured(recorded, prefilled, prompts, rows) if recorded else None
+    recorded.clear()  # the per-step pieces, now joined
 
     completions, completion_logprobs, truncated = [], [], []
     for row_ids, row_lps in zip(ids_np.tolist(), logprobs_np.tolist()):
