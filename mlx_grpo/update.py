@@ -14,7 +14,9 @@ divides its loss by the sizes of the whole update (`grpo.LossTotals`), so the su
 whole batch's gradient for every loss type, and the statistics are computed once from the gathered
 log-probs. `grad_checkpoint` also recomputes each transformer block instead of keeping its activations.
 
-Speed. A group's G completions share one pass over their prompt (`completion_states`), as in the rollout.
+Speed. A group's G completions share one pass over their prompt (`completion_states`), as in the rollout;
+with LoRA on the last blocks the pass starts at the first adapted one, from the states the rollout kept
+(frozen_prefix.py).
 """
 
 from __future__ import annotations
