@@ -1,4 +1,5 @@
-"""Frozen-prefix reuse on and off in one process, interleaved: the reference pass and the update, their
+"""Frozen-prefix reuse on and off in one process, interleaved: the rollout (which keeps the states when on),
+the reference pass and the update, their
 FLOPs (mlx_grpo/roofline.py), achieved FLOP/s and share of the matmul peak, and each phase's peak memory.
 
 `mlx-grpo bench` measures one setting per run; on a shared machine two runs minutes apart see different
@@ -55,11 +56,16 @@ def main() -> None:
     for name in works:
         works[name].batch = batches[name]
     peak = matmul_peak_flops()
-    seconds: dict[str, dict[str, list[float]]] = {n: {"reference": [], "update": []} for n in works}
+    seconds: dict[str, dict[str, list[float]]] = {n: {"rollout": [], "reference": [], "update": []} for n in works}
     peaks: dict[str, dict[str, float]] = {n: {} for n in works}
     for rep in range(args.repetitions + 1):  # the first is a warm-up
         for name, work in works.items():
             batch = batches[name]
+            start = time.perf_counter()
+            rollout = work.rollout(step_key(base.seed, 1 + rep))  # "on" keeps the frozen blocks' output
+            if rep:
+                seconds[name]["rollout"].append(time.perf_counter() - start)
+            del rollout
             mx.reset_peak_memory()
             before = mx.get_active_memory()
             start = time.perf_counter()
@@ -89,6 +95,7 @@ def main() -> None:
     for name, work in works.items():
         flops = phase_work(work, BenchOptions(config=work.config, prompt_length=args.prompt_length))
         report[name] = {}
+        report[name]["rollout_seconds"] = statistics.median(seconds[name]["rollout"])
         for phase in ("reference", "update"):
             median = statistics.median(seconds[name][phase])
             report[name][phase] = {"seconds": median, "all": seconds[name][phase], "gflop": flops[phase].flops / 1e9,
@@ -96,6 +103,7 @@ def main() -> None:
                                    "share_of_peak": flops[phase].flops / median / peak}
         # each phase's peak above what was allocated when it started (both models' weights, the batch)
         report[name]["peak_memory_above_start_gb"] = {k: v / 1e9 for k, v in peaks[name].items()}
+    report["rollout_time_on_over_off"] = report["on"]["rollout_seconds"] / report["off"]["rollout_seconds"]
     for phase in ("reference", "update"):
         report[f"{phase}_time_on_over_off"] = report["on"][phase]["seconds"] / report["off"][phase]["seconds"]
     print(json.dumps(report, indent=2))

@@ -109,7 +109,8 @@ def _probe(model: nn.Module, tap: PrefixTap) -> str | None:
     was_training = model.training
     model.eval()
     try:
-        tokens = mx.array([[(7 * i + 3) % 100 + 1 for i in range(PROBE_TOKENS)]])
+        vocab = getattr(getattr(model, "args", None), "vocab_size", None) or 16
+        tokens = mx.array([[(7 * i + 3) % min(vocab, 100) for i in range(PROBE_TOKENS)]])
         with recording(model) as recorded:
             full = model(tokens)
         if len(recorded) != 1 or recorded[0].shape[:2] != tokens.shape:

@@ -188,3 +188,25 @@ def test_a_model_whose_forward_is_not_blocks_in_a_row_keeps_the_full_forward(mon
     assert note is not None and "could not start at block 2" in note and "run every block" in note
     assert frozen_prefix.first_block(model) == 0
     assert not any(getattr(block, "prefix_tapped", False) for block in model.layers)
+
+
+def test_a_training_step_on_the_shipped_model_gives_the_same_loss_and_kl_with_and_without_reuse():
+    """The trainer as `mlx-grpo train` builds it (LoRA on the last 2 of the shipped model's 4 blocks): reuse is
+    on by default, its rollout keeps the states, and the step's loss, KL and gradient norm are the full
+    forward's. (A probe on token ids beyond the shipped 20-token vocabulary once turned it off silently.)"""
+    from pathlib import Path
+
+    from mlx_grpo.selftest import small_config
+    from mlx_grpo.trainer import Trainer
+
+    results = {}
+    for reuse in (True, False):
+        trainer = Trainer.build(small_config(use_lora=True, lora_layers=2, frozen_prefix_reuse=reuse, num_steps=2),
+                                Path.cwd())
+        assert trainer.prefix_note is None
+        assert frozen_prefix.first_block(trainer.policy.model) == (2 if reuse else 0)
+        results[reuse] = [trainer.step(step).update for step in (1, 2)]
+    for on, off in zip(results[True], results[False]):
+        assert on.loss == pytest.approx(off.loss, abs=1e-5)
+        assert on.stats["kl"] == pytest.approx(off.stats["kl"], abs=1e-6)
+        assert on.grad_norm == pytest.approx(off.grad_norm, rel=1e-4)
