@@ -91,7 +91,9 @@ def test_every_head_layout_and_lora_give_the_same_update_in_parts(model_type, us
     assert lean.loss == pytest.approx(whole.loss, rel=1e-5, abs=1e-6)  # abs: the loss is a sum of terms of size ~1 that nearly cancel
     scale = max(np.abs(v).max() for v in whole_moved.values())
     for name, delta in whole_moved.items():
-        np.testing.assert_allclose(lean_moved[name], delta, rtol=1e-5, atol=1e-5 * scale, err_msg=name)
+        # atol 5e-5 of the largest step: on OpenBLAS gemma3's scaled, tied embedding rows differed by 2e-5 of it
+        # (sums in another order); a wrong micro-batch weighting moves steps by a tenth or more
+        np.testing.assert_allclose(lean_moved[name], delta, rtol=1e-5, atol=5e-5 * scale, err_msg=name)
 
 
 def test_chunked_head_log_probs_equal_the_plain_ones():
