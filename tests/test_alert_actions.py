@@ -15,7 +15,7 @@ from mlx_grpo.machine import accel_memory
 from mlx_grpo.telemetry.rundir.writer import read_run_info
 from mlx_grpo.run import train
 
-SMALL = {"num_steps": 5, "batch_size": 4, "num_generations": 4, "num_iterations": 1, "eval_every": 0,
+SMALL = {"num_steps": 5, "batch_size": 4, "num_generations": 4, "num_iterations": 1, "train_size": 20, "eval_every": 0,
          "checkpoint_every": 0, "tensorboard": False, "samples_per_step": 1}
 MIB = 2**20
 
