@@ -90,6 +90,10 @@ def test_a_rule_with_action_stop_checkpoints_closes_the_logs_and_exits_3_with_th
     assert read_run_info(run_dir).status == "finished"
 
 
+# slow (two subprocess runs, 24 steps): the default set keeps the detection on this run's measured series
+# (test_alerts.py::test_measured_collapse_after_a_learning_rate_raise_is_caught_in_two_steps) and `action: stop`
+# in a real run (test_a_rule_with_action_stop_checkpoints_closes_the_logs_and_exits_3_with_the_resume_command)
+@pytest.mark.slow
 def test_an_injected_reward_collapse_is_caught_in_two_steps_and_its_stop_rule_ends_the_run(tmp_path):
     """The shipped model trains 10 healthy steps; resumed with the learning rate raised to 3e-3 its reward
     falls from ~7 to below 0 and accuracy to 0 at once (measured: 7.05, 7.16, then -2.67 at step 12). The
