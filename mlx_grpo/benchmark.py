@@ -46,6 +46,7 @@ from .trainer import step_key
 from .update import build_train_batch, entropy_stride, shares_prompts
 from .workload import STEP_PHASES, Workload, decode_ceiling, make_update_ceiling
 from .fitting import read_model_shape
+from .frozen_prefix import first_block
 from .plan import FULL_SPEED_FLOPS, dtype_bytes
 
 SCHEMA_VERSION = 1
@@ -149,7 +150,8 @@ def phase_work(work: Workload, options: BenchOptions) -> dict[str, roofline.Work
     shape = read_model_shape(config.model_id, options.base_dir)
     B, N, p, T = config.batch_size, work.sequences, options.prompt_length, config.max_generation_steps
     shared = shares_prompts(work.model, work.batch)
-    training = roofline.Training(config.use_lora, config.lora_rank, config.lora_layers)
+    training = roofline.Training(config.use_lora, config.lora_rank, config.lora_layers,
+                                 work.batch.prefix is not None and first_block(work.model) > 0)
     phases = roofline.step_work(shape, training, B, N, p, T, -(-T // entropy_stride(T)), config.num_iterations,
                                 work.reference is not None, shared, dtype_bytes(resolve_dtype(config)))
     return {**phases, "rollout_ceiling": phases["rollout"], "step": sum(phases.values(), roofline.Work(0.0))}

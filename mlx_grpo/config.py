@@ -173,6 +173,8 @@ class TrainConfig:
     logits_chunk_size: int = key(0, "completion positions per LM-head pass (152k-vocab logits are big); 0 = all",
                                   check=non_negative(" (0: every position at once)"))
     grad_checkpoint: bool = key(False, "recompute each transformer block in the backward pass instead of keeping it")
+    frozen_prefix_reuse: bool = key(True, "LoRA on the last blocks: keep the frozen blocks' output from the rollout; the "
+                                    "reference pass and the update start at the first adapted block")
     memory_check: bool = key(True, "refuse a run `mlx-grpo plan` predicts will not fit in memory")
     beta: float = key(0.04, "KL coefficient; 0 computes no reference policy at all", check=non_negative())
     epsilon: float = key(0.2, "the ratio is clipped to [1 - epsilon, 1 + epsilon_high]",

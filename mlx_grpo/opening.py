@@ -201,6 +201,8 @@ def announce(run: Run, memory_plan: str, memory_warning: str | None) -> None:
     say(memory_plan)
     if trainer.policy.load_note is not None:
         say(trainer.policy.load_note)
+    if trainer.prefix_note is not None:
+        say(trainer.prefix_note)
     if config.trackio and "trackio" in run.recorder.sinks.active:
         say(f"trackio: run {run.run_dir.name} of project {config.trackio_project}, stored offline in "
             f"{trackio_store()} (trackio show --project {config.trackio_project})")

@@ -7,6 +7,8 @@ plus what the phase builds on top:
 - rollout: the KV cache of every completion at full length, the prompts' prefill (block activations;
   logits at the last position only) and one decode step's sampling arrays;
 - reference: one micro-batch's forward pass (transient, one block at a time), then its LM-head logits;
+- with frozen-prefix reuse (LoRA on the last blocks), the rollout's kept states of the frozen blocks' output
+  in every phase from the rollout on, and the keys and values of the trained blocks only;
 - update: one micro-batch's activations kept for the backward pass in every trained block (with LoRA,
   the adapted ones only; only the block inputs with `grad_checkpoint`), then the larger of the LM head's
   buffers (logits with their softmax and gradient, whole or one chunk at a time, and policy/entropy's
@@ -292,18 +294,24 @@ def predict(shape: ModelShape, shapes: Shapes, config: TrainConfig, settings: Me
 
     act = activation_bytes(dtype, config.use_lora)
     width = shape.hidden + shape.intermediate
+    # Frozen-prefix reuse (frozen_prefix.py): the rollout keeps the frozen blocks' output at every position
+    # it computed (each prompt once, every row's completion), held until the update ends; the reference pass
+    # and the update start after the frozen blocks, which then get no keys and values of their own.
+    prefix = config.use_lora and config.frozen_prefix_reuse and 0 < trained_layers < shape.layers
+    captured = (shapes.prompts * p + n * t) * shape.hidden * d if prefix else 0.0
+    cached_layers = trained_layers if prefix else shape.layers
 
     # rollout: KV cache of every sequence at full length, the prompts' prefill (one block at a time;
     # logits at the last position only, or at every prompt position for a model's own head), then one
     # decode step's logits and its sampling arrays
     kv = n * s * shape.layers * 2 * shape.kv_heads * shape.head_dim * d
 
-    def rollout_of(prompts: int) -> float:
+    def rollout_of(prompts: int, kept_states: float = 0.0) -> float:
         prefill = prompts * p * width * act * A_FORWARD + A_ATTENTION_FORWARD * prompts * shape.heads * p * p * d \
             + (0 if shape.plain_head else prompts * p * shape.vocab * 4)
-        return resident + kv + prefill + SAMPLING * n * shape.vocab * 4
+        return resident + kv + prefill + SAMPLING * n * shape.vocab * 4 + kept_states
 
-    rollout = rollout_of(shapes.prompts)
+    rollout = rollout_of(shapes.prompts, captured)  # the held-out evaluation keeps no states
     # held-out evaluation decodes B x G rows at a time, one completion each: as many prompts prefilled
     evaluation = rollout_of(n) if config.eval_every > 0 else 0.0
 
@@ -328,8 +336,10 @@ def predict(shape: ModelShape, shapes: Shapes, config: TrainConfig, settings: Me
             positions, scores = rows * s, rows * s * s
         attention = shape.heads * scores * d  # one [heads, queries, keys] score buffer
         # the shared prompt's keys and values, copied to every row, exist for every block at once
-        prompt_cache = shape.layers * rows * s * 2 * shape.kv_heads * shape.head_dim * d \
+        prompt_cache = cached_layers * rows * s * 2 * shape.kv_heads * shape.head_dim * d \
             if shared and prompts < rows else 0.0
+        # the kept states, and this micro-batch's padded copy of its part (the prompts', then the completions')
+        kept_states = captured + (positions * shape.hidden * d if prefix else 0.0)
         logits = rows * head_positions * shape.vocab * 4
         entropy_logits = rows * -(-t // entropy_stride(t)) * shape.vocab * 4
         scored = rows * t  # completion positions whose log-probs the head gives
@@ -342,8 +352,8 @@ def predict(shape: ModelShape, shapes: Shapes, config: TrainConfig, settings: Me
                     + blocks * block * shape.hidden * 4 * HEAD_STREAMED_WEIGHT)
         reference_head = stream(HEAD_REFERENCE) if streamed else logits * ((HEAD_REFERENCE_CHUNKED if chunked else HEAD_REFERENCE)
                                                            + half)
-        reference = max(reference_head,
-                        positions * width * act * A_FORWARD + A_ATTENTION_FORWARD * attention + prompt_cache)
+        reference = kept_states + max(reference_head, positions * width * act * A_FORWARD
+                                      + A_ATTENTION_FORWARD * attention + prompt_cache)
         one_block = positions * (width * A_KEPT + A_KEPT_PER_POSITION) * act
         if settings.grad_checkpoint:  # block inputs are kept; each block is recomputed in its backward
             kept, recomputed = trained_layers * positions * shape.hidden * d * A_CHECKPOINTED, one_block
@@ -353,7 +363,8 @@ def predict(shape: ModelShape, shapes: Shapes, config: TrainConfig, settings: Me
             head = stream(HEAD_STREAMED_ONE_BLOCK)
         else:
             head = logits * ((HEAD_UPDATE_CHUNKED if chunked else HEAD_UPDATE) + half) + entropy_logits * HEAD_ENTROPY
-        update = gradients + kept + max(head, A_ATTENTION_BACKWARD * attention + recomputed + prompt_cache)
+        update = gradients + kept + kept_states + max(head, A_ATTENTION_BACKWARD * attention + recomputed
+                                                      + prompt_cache)
         return reference, update
 
     reference, update = (max(values) for values in zip(*(phases(rows, prompts) for rows, prompts

@@ -9,6 +9,7 @@ distribution are kept; completions are never re-tokenized from text.
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -17,6 +18,8 @@ import mlx.nn as nn
 import numpy as np
 from mlx_lm.models.cache import BatchKVCache, KVCache, make_prompt_cache
 
+from . import frozen_prefix
+from .frozen_prefix import Captured
 from .models import has_plain_head, lm_head, project_to_vocab
 
 
@@ -41,18 +44,21 @@ class Rollout:
     logprobs: list[list[float]]  # log-probability of each sampled id under the sampling distribution
     truncated: list[bool]  # hit the token budget without EOS
     seconds: float  # generation time (a part taken from a rollout keeps the whole rollout's)
+    # the frozen blocks' output at every position decoded (frozen_prefix.py), when captured
+    prefix: Captured | None = None
 
     def take(self, rows: Sequence[int]) -> "Rollout":
         """The sequences at `rows`, in that order."""
         return Rollout([self.prompts[i] for i in rows], [self.completions[i] for i in rows],
-                       [self.logprobs[i] for i in rows], [self.truncated[i] for i in rows], self.seconds)
+                       [self.logprobs[i] for i in rows], [self.truncated[i] for i in rows], self.seconds,
+                       None if self.prefix is None else self.prefix.take(rows))
 
     @staticmethod
     def concat(parts: Sequence["Rollout"]) -> "Rollout":
         """The parts' sequences one after another; their generation times add up."""
         return Rollout([x for p in parts for x in p.prompts], [x for p in parts for x in p.completions],
                        [x for p in parts for x in p.logprobs], [x for p in parts for x in p.truncated],
-                       sum(p.seconds for p in parts))
+                       sum(p.seconds for p in parts), Captured.concat([p.prefix for p in parts]))
 
 
 def filter_logits(logits: mx.array, settings: SamplingSettings) -> mx.array:
@@ -166,22 +172,25 @@ def repeat_rows(x: mx.array, rows: np.ndarray) -> mx.array:
 
 
 def prefill_plain(model: nn.Module, prompts: list[list[int]], pad_id: int, capacity: int, rows: np.ndarray,
-                  hidden: bool = False) -> tuple[mx.array, list]:
+                  hidden: bool = False, first_block: int = 0) -> tuple[mx.array, list]:
     """Every prompt in one left-padded forward pass, then each prompt's cache copied per row (row i
     continues prompt rows[i]; `rows` sorted, every prompt used). Returns the last prompt position's logits
     per row ([R, V]; with `hidden`, for a plain-head model, its hidden state, [R, H]) and the cache.
     Differentiable: the update runs its completions on this cache, so a group's G completions share one
-    pass over their prompt."""
+    pass over their prompt. `first_block` > 0: the blocks before it hand on a kept state
+    (frozen_prefix.injecting) and get no cache of their own; their entries are the first computed block's
+    cache, which the model's attention mask is then made from."""
     longest = max(len(p) for p in prompts)
     left_padding = [longest - len(p) for p in prompts]
     inputs = mx.array([[pad_id] * pad + p for pad, p in zip(left_padding, prompts)])
-    cache = [BatchKVCache(left_padding) if any(left_padding) else KVCache() for _ in model.layers]
+    cache = [BatchKVCache(left_padding) if any(left_padding) else KVCache() for _ in model.layers[first_block:]]
     for layer_cache in cache:
         # mlx-lm grows caches in blocks of 256 positions; one block of exactly the needed size
         # cuts rollout peak memory ~3.5x at the default shapes.
         layer_cache.step = max(1, capacity)
+    computed, cache = cache, [cache[0]] * first_block + cache
     last = model.model(inputs, cache=cache)[:, -1, :] if hidden else last_position_logits(model, inputs, cache)
-    for layer_cache in cache:
+    for layer_cache in computed:
         layer_cache.keys = repeat_rows(layer_cache.keys, rows)
         layer_cache.values = repeat_rows(layer_cache.values, rows)
         if isinstance(layer_cache, BatchKVCache):
@@ -217,14 +226,23 @@ def generate(
     pad_id: int,
     settings: SamplingSettings,
     key: mx.array,
+    capture: bool = False,
 ) -> Rollout:
-    """Sample `group_size` completions for each prompt, all in one batch."""
+    """Sample `group_size` completions for each prompt, all in one batch. `capture`: keep the frozen blocks'
+    output at every position (frozen_prefix.py; the model must have been given frozen_prefix.install)."""
+    with frozen_prefix.recording(model) if capture else nullcontext([]) as recorded:
+        return _generate(model, prompts, group_size, max_tokens, eos_ids, pad_id, settings, key, recorded)
+
+
+def _generate(model: nn.Module, prompts: list[list[int]], group_size: int, max_tokens: int, eos_ids: set[int],
+              pad_id: int, settings: SamplingSettings, key: mx.array, recorded: list[mx.array]) -> Rollout:
     start = time.perf_counter()
     rows = np.repeat(np.arange(len(prompts)), group_size)
     if has_plain_kv_cache(model):
         logits, cache = prefill_plain(model, prompts, pad_id, max(len(p) for p in prompts) + max_tokens, rows)
     else:
         logits, cache = _prefill_merged(model, prompts, rows)
+    prefilled = len(recorded)
 
     n = len(prompts) * group_size
     eos = mx.array(sorted(eos_ids))
@@ -247,6 +265,9 @@ def generate(
             break
     ids_np = np.array(mx.stack(step_ids, axis=1))
     logprobs_np = np.array(mx.stack(step_logprobs, axis=1))
+    del cache, logits  # before the kept states are joined: the KV cache is the rollout's largest buffer
+    prefix = _captured(recorded, prefilled, prompts, rows) if recorded else None
+    recorded.clear()  # the per-step pieces, now joined
 
     completions, completion_logprobs, truncated = [], [], []
     for row_ids, row_lps in zip(ids_np.tolist(), logprobs_np.tolist()):
@@ -265,7 +286,21 @@ def generate(
         logprobs=completion_logprobs,
         truncated=truncated,
         seconds=time.perf_counter() - start,
+        prefix=prefix,
     )
+
+
+def _captured(recorded: list[mx.array], prefilled: int, prompts: list[list[int]], rows: np.ndarray) -> Captured:
+    """The recorded frozen-block outputs as per-row states: the prefill's (per prompt), then one per decode
+    step (the fed-back completion tokens)."""
+    per_prompt = frozen_prefix.capture_from_prefill(recorded[:prefilled], prompts)
+    steps = recorded[prefilled:]
+    if steps:
+        decoded = mx.concatenate(steps, axis=1)
+    else:
+        decoded = mx.zeros((len(rows), 0, per_prompt[0].shape[-1]), dtype=per_prompt[0].dtype)
+    mx.eval(decoded, per_prompt)
+    return Captured([per_prompt[i] for i in rows.tolist()], [decoded[i] for i in range(len(rows))])
 
 
 def decode_completion(tokenizer, ids: list[int], eos_ids: set[int]) -> str:

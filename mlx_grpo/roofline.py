@@ -9,7 +9,8 @@ exponentials), not block recompute under `grad_checkpoint`. The shapes are the t
 - rollout: one prefill per prompt (LM head at its last position), then one forward pass per new token for
   every row, each attending to the prompt and the tokens before it;
 - reference: one pass per prompt, then every row's completion on its keys and values (update.shares_prompts;
-  else every row's whole sequence), the LM head at the completion positions;
+  else every row's whole sequence), the LM head at the completion positions; with frozen-prefix reuse
+  (frozen_prefix.py) this pass and the update's forward run only the blocks from the first adapted one on;
 - update, per pass (`num_iterations` of them): that forward pass, policy/entropy's head at its sampled
   positions, and the backward pass: through the head to the hidden states (and into the head's weight when
   it trains), through every trained block (input gradients, and weight gradients of what trains: the whole
@@ -48,11 +49,18 @@ class Training:
     use_lora: bool
     lora_rank: int = 8
     lora_layers: int = -1
+    # the reference pass and the update start at the first adapted block with the rollout's kept states
+    # (frozen_prefix.py), so their forward runs the trained blocks only
+    frozen_prefix: bool = False
 
     def trained_layers(self, shape: ModelShape) -> int:
         if not self.use_lora or self.lora_layers < 0:
             return shape.layers
         return min(self.lora_layers, shape.layers)
+
+    def scored_layers(self, shape: ModelShape) -> int:
+        """The blocks the reference pass and the update's forward run."""
+        return self.trained_layers(shape) if self.frozen_prefix and self.use_lora else shape.layers
 
 
 def block_linear_flops(shape: ModelShape) -> float:
@@ -120,8 +128,8 @@ def scoring_forward(shape: ModelShape, prompts: int, rows: int, prompt_length: i
 
 
 def reference(shape: ModelShape, prompts: int, rows: int, prompt_length: int, completion_length: int,
-              shared: bool = True) -> Work:
-    return Work(scoring_forward(shape, prompts, rows, prompt_length, completion_length, shared))
+              shared: bool = True, layers: int | None = None) -> Work:
+    return Work(scoring_forward(shape, prompts, rows, prompt_length, completion_length, shared, layers))
 
 
 def lora_flops_per_position(shape: ModelShape, rank: int) -> float:
@@ -140,7 +148,8 @@ def update(shape: ModelShape, training: Training, prompts: int, rows: int, promp
     else:
         positions = rows * (p + t - 1)
         context = rows * causal_context(0, p + t - 1)
-    fwd = scoring_forward(shape, prompts, rows, p, t, shared) + rows * entropy_positions * head_flops(shape)
+    fwd = (scoring_forward(shape, prompts, rows, p, t, shared, training.scored_layers(shape))
+           + rows * entropy_positions * head_flops(shape))
     head_backward = rows * t * head_flops(shape) * (1 if training.use_lora else 2)  # input grads (+ weight's)
     linear = positions * block_linear_flops(shape)
     if training.use_lora:
@@ -194,5 +203,5 @@ def step_work(shape: ModelShape, training: Training, prompts: int, rows: int, pr
         "update": update(shape, training, prompts, rows, prompt_length, t, entropy_positions, passes, shared),
     }
     if with_reference:
-        phases["reference"] = reference(shape, prompts, rows, prompt_length, t, shared)
+        phases["reference"] = reference(shape, prompts, rows, prompt_length, t, shared, training.scored_layers(shape))
     return phases

@@ -44,7 +44,7 @@ from .telemetry.metrics.step_data import StepData, UpdateStats, eval_record
 from .telemetry.metrics.names import REDRAWN_PROMPTS
 from .fitting import fit_run, read_model_shape
 from .plan import ModelShape
-from . import roofline
+from . import frozen_prefix, roofline
 from .update import (TrainBatch, UpdateResult, build_train_batch, checkpoint_blocks, entropy_stride, make_loss_fn,
                      reference_logprobs, shares_prompts, update_policy)
 
@@ -189,6 +189,7 @@ class Trainer:
     correctness: Check | None = None  # which completions are correct; None: accuracy cannot be measured
     shape: ModelShape | None = None  # the model's shape, for the step's FLOPs (None: perf/mfu not computed)
     peak_flops_per_s: float = 0.0  # the machine's measured matmul FLOP/s, set by the run (0: no perf/mfu)
+    prefix_note: str | None = None  # why frozen-prefix reuse is off though asked for (said at start)
 
     @classmethod
     def build(cls, config: TrainConfig, base_dir: Path, rows: tuple[list[dict], list[dict]] | None = None,
@@ -205,6 +206,8 @@ class Trainer:
         world.broadcast_parameters(policy.model)
         if config.grad_checkpoint:
             checkpoint_blocks(policy.model)
+        # the rollout keeps the frozen blocks' output; the reference pass and the update start after them
+        prefix_note = frozen_prefix.install(policy.model) if config.use_lora and config.frozen_prefix_reuse else None
         reward_fns = load_rewards(config, base_dir)
         correctness = load_correctness(config.correctness, config.dataset, [r.name for r in config.rewards], base_dir)
         if correctness is None and config.adaptive_window.enable:
@@ -218,14 +221,16 @@ class Trainer:
                    make_optimizer(config),
                    loss_and_grad=nn.value_and_grad(policy.model, make_loss_fn(config)),
                    settings=SamplingSettings(config.temperature, config.top_p, config.top_k, config.min_p),
-                   world=world, window=window, correctness=correctness, shape=model_shape(config, base_dir))
+                   world=world, window=window, correctness=correctness, shape=model_shape(config, base_dir),
+                   prefix_note=prefix_note)
 
     def step_flops(self, batch: TrainBatch, prompt_length: int) -> float:
         """The step's floating-point work at its padded lengths (mlx_grpo/roofline.py), 0 without a shape."""
         if self.shape is None:
             return 0.0
         config = self.config
-        training = roofline.Training(config.use_lora, config.lora_rank, config.lora_layers)
+        training = roofline.Training(config.use_lora, config.lora_rank, config.lora_layers,
+                                     batch.prefix is not None and frozen_prefix.first_block(self.policy.model) > 0)
         rows, width = batch.num_sequences, int(batch.mask.shape[1])
         phases = roofline.step_work(self.shape, training, len(batch.prompts) or rows, rows, prompt_length, width,
                                     -(-width // entropy_stride(config.max_generation_steps)), config.num_iterations,
@@ -243,8 +248,10 @@ class Trainer:
     def rollout(self, prompts: Prompts, key: mx.array, max_tokens: int) -> Rollout:
         """B prompts x G completions of at most `max_tokens` tokens, over a shared-prefill KV cache."""
         self.policy.model.eval()
-        return generate(self.policy.model, [e.tokens for e in prompts.encoded], prompts.group_size, max_tokens,
-                        self.policy.eos_ids, self.policy.pad_id, self.settings, key)
+        model = self.policy.model
+        return generate(model, [e.tokens for e in prompts.encoded], prompts.group_size, max_tokens,
+                        self.policy.eos_ids, self.policy.pad_id, self.settings, key,
+                        capture=frozen_prefix.first_block(model) > 0)
 
     def score(self, prompts: Prompts, rollout: Rollout) -> Scored:
         policy = self.policy

@@ -14,7 +14,9 @@ divides its loss by the sizes of the whole update (`grpo.LossTotals`), so the su
 whole batch's gradient for every loss type, and the statistics are computed once from the gathered
 log-probs. `grad_checkpoint` also recomputes each transformer block instead of keeping its activations.
 
-Speed. A group's G completions share one pass over their prompt (`completion_states`), as in the rollout.
+Speed. A group's G completions share one pass over their prompt (`completion_states`), as in the rollout;
+with LoRA on the last blocks the pass starts at the first adapted one, from the states the rollout kept
+(frozen_prefix.py).
 """
 
 from __future__ import annotations
@@ -31,11 +33,12 @@ import mlx.optimizers as optim
 import numpy as np
 from mlx.utils import tree_flatten, tree_map
 
-from . import grpo
+from . import frozen_prefix, grpo
 from .config import TrainConfig
 from .extras import token_entropy
 from .head_scores import chunked_head_logprobs, head_token_stats, scaled, streamed_head_scores, streams_head, target_logprobs
 from .models import has_plain_head, lm_head, project_to_vocab
+from .frozen_prefix import Captured
 from .rollout import Rollout, has_plain_kv_cache, prefill_plain
 
 
@@ -55,6 +58,9 @@ class TrainBatch:
     # Empty: each row is scored over its whole sequence.
     prompts: list[list[int]] = field(default_factory=list)
     prompt_of_row: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
+    # The rollout's frozen-block outputs for these rows (frozen_prefix.py): the reference pass and the update
+    # start at the first adapted block with them. None: every block runs.
+    prefix: Captured | None = None
 
     @property
     def num_sequences(self) -> int:
@@ -71,7 +77,8 @@ class TrainBatch:
         return replace(self, inputs=self.inputs[start:stop, :width], targets=self.targets[start:stop, :width],
                        positions=self.positions[start:stop, :completion], mask=mask[:, :completion],
                        num_tokens=int(mask.sum().item()), sequence_lengths=self.sequence_lengths[start:stop],
-                       prompts=self.prompts[first:last], prompt_of_row=of_row - first)
+                       prompts=self.prompts[first:last], prompt_of_row=of_row - first,
+                       prefix=None if self.prefix is None else self.prefix.take(range(start, stop)))
 
     def micro_batches(self, size: int | str) -> Iterator[tuple[slice, "TrainBatch"]]:
         """(rows, micro-batch) pairs of at most `size` sequences (0: the whole batch in one). `auto` is
@@ -102,7 +109,7 @@ def build_train_batch(rollout: Rollout, pad_id: int, mask_truncated: bool = Fals
     return TrainBatch(mx.array(tokens[:, :-1]), mx.array(tokens[:, 1:]), mx.array(positions), mx.array(mask),
                       int(mask.sum()), np.array([len(s) for s in seqs], dtype=np.int32),
                       [list(p) for p, new in zip(rollout.prompts, new_prompt) if new],
-                      np.cumsum(new_prompt, dtype=np.int32) - 1)
+                      np.cumsum(new_prompt, dtype=np.int32) - 1, rollout.prefix)
 
 
 # ----------------------------------------------------------------------------- scoring completions
@@ -145,16 +152,36 @@ def completion_states(model: nn.Module, batch: TrainBatch, targets: mx.array, hi
     its keys and values are copied to the G rows, which then run only their completion tokens on that
     cache (the rollout's own prefill, differentiated). At the default run's shape (9-token prompts,
     ~11-token completions, G = 8) that is 40% fewer tokens and ~40% less time per pass; gradients equal
-    the whole-sequence pass's to float rounding (tests/test_shared_prompts.py)."""
+    the whole-sequence pass's to float rounding (tests/test_shared_prompts.py).
+
+    With the rollout's frozen-block outputs (`batch.prefix`) the forward starts at the first adapted block
+    (frozen_prefix.py): the same tokens, masks and positions, without the frozen blocks' work."""
+    first = frozen_prefix.first_block(model) if batch.prefix is not None else 0
+    prefix = batch.prefix if first else None
     if shares_prompts(model, batch):
         width = targets.shape[1]
-        last, cache = prefill_plain(model, batch.prompts, 0, max(map(len, batch.prompts)) + width,
-                                    batch.prompt_of_row, hidden)
+        prompt_states = None
+        if prefix is not None:
+            firsts = np.searchsorted(batch.prompt_of_row, np.arange(len(batch.prompts)))
+            prompt_states = frozen_prefix.left_padded([prefix.prompt[i] for i in firsts.tolist()])
+        with frozen_prefix.injecting(model, prompt_states):
+            last, cache = prefill_plain(model, batch.prompts, 0, max(map(len, batch.prompts)) + width,
+                                        batch.prompt_of_row, hidden, first)
         if width == 1:
             return last[:, None, :]
         run = model.model if hidden else model
-        return mx.concatenate([last[:, None, :], run(targets[:, :-1], cache=cache)], axis=1)
-    states = model.model(batch.inputs) if hidden else model(batch.inputs)
+        fed = None if prefix is None else frozen_prefix.right_padded(prefix.completion, width - 1)
+        with frozen_prefix.injecting(model, fed):
+            rest = run(targets[:, :-1], cache=cache)
+        return mx.concatenate([last[:, None, :], rest], axis=1)
+    fed = None
+    if prefix is not None:  # each row's prompt then its fed-back completion tokens, right-padded
+        lengths = batch.sequence_lengths - 1
+        fed = frozen_prefix.right_padded(
+            [mx.concatenate([p, c[:n - p.shape[0]]]) for p, c, n in zip(prefix.prompt, prefix.completion,
+                                                                        lengths.tolist())], batch.inputs.shape[1])
+    with frozen_prefix.injecting(model, fed):
+        states = model.model(batch.inputs) if hidden else model(batch.inputs)
     return mx.take_along_axis(states, batch.positions[:, :, None], axis=1)
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from mlx_grpo.cli import main
-from mlx_grpo.config import load_config
+from mlx_grpo.config import TrainConfig, load_config
 from mlx_grpo.fitting import mac_working_set
 from mlx_grpo.plan import GB, MemorySettings, ModelShape, Shapes, configured_settings, plan, predict
 
@@ -241,7 +241,28 @@ def test_the_plan_takes_prompts_at_the_datasets_longest_as_the_run_encodes_them(
     assert facts["prompt_length"] == 256 and facts["prompt_length_from"] == "max_prompt_length"
 
 
-def test_the_plan_bounds_each_measured_phase_within_a_quarter(tmp_path):
+def test_frozen_prefix_reuse_keeps_states_for_the_step_and_drops_the_frozen_blocks_prompt_cache():
+    """LoRA on the last 8 of 24 blocks at Qwen2.5-0.5B's shape, 4 prompts x 8 completions of 64 + 256 tokens:
+    the rollout keeps the frozen blocks' output (each prompt once, every completion: hidden x positions),
+    which stays through the reference pass and the update; those start at block 16, so the prompt's keys
+    and values copied to every row exist for the 8 trained blocks only."""
+    shape = ModelShape(vocab=151936, hidden=896, layers=24, heads=14, kv_heads=2, head_dim=64, intermediate=4864,
+                       tied=True)
+    shapes = Shapes(4, 8, 64, 256)
+    settings = MemorySettings(0, 0, False)
+    on = predict(shape, shapes, TrainConfig(use_lora=True, lora_layers=8), settings, "float32")
+    off = predict(shape, shapes, TrainConfig(use_lora=True, lora_layers=8, frozen_prefix_reuse=False), settings,
+                  "float32")
+    kept = (4 * 64 + 32 * 256) * shape.hidden * 4
+    assert on.rollout - off.rollout == pytest.approx(kept)
+    assert on.update < off.update and on.reference < off.reference
+    # every block adapted: nothing is frozen below, nothing kept
+    every = predict(shape, shapes, TrainConfig(use_lora=True), settings, "float32")
+    assert every == predict(shape, shapes, TrainConfig(use_lora=True, frozen_prefix_reuse=False), settings, "float32")
+
+
+@pytest.mark.parametrize("reuse", [True, False])  # frozen_prefix_reuse: LoRA on the last 3 of 8 blocks
+def test_the_plan_bounds_each_measured_phase_within_a_quarter(tmp_path, reuse):
     """The trainer's own step, measured (MLX's peak counter is exact on every backend), against the plan:
     each phase within +25% / -0% (issues 23 and 28). The shape has what SmolLM2's recipe has in small:
     tiny completions on a tied-embedding head, LoRA on only the last blocks, micro-batches of 4 rows that
@@ -259,7 +280,7 @@ def test_the_plan_bounds_each_measured_phase_within_a_quarter(tmp_path):
     config = load_config(None, {"model_id": str(model), "use_lora": True, "lora_rank": 8, "lora_layers": 3,
                                 "batch_size": 2, "num_generations": 8, "max_generation_steps": 12,
                                 "max_prompt_length": prompt_length, "micro_batch_size": 4, "beta": 0.04,
-                                "dtype": "float32", "eval_every": 0})
+                                "dtype": "float32", "eval_every": 0, "frozen_prefix_reuse": reuse})
     already_alive = mx.get_active_memory()  # the peak counter is process-wide: earlier tests' arrays are not ours
     work = Workload(config, tmp_path, prompt_length)
     measured: dict[str, float] = {}

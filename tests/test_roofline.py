@@ -42,6 +42,27 @@ def test_update_backward_stops_at_the_first_adapted_block():
     assert twice == pytest.approx(2 * update(2))
 
 
+def test_frozen_prefix_reuse_takes_the_frozen_blocks_forward_out_of_the_reference_and_the_update():
+    """LoRA on 2 of 6 blocks: the reference pass and the update's forward start at block 4 (frozen_prefix.py),
+    so the 4 frozen blocks' forward over the batch leaves both counts, once per update pass; the rollout,
+    which computes those states, keeps its count."""
+    shape = ModelShape(vocab=1000, hidden=64, layers=6, heads=4, kv_heads=2, head_dim=16, intermediate=128, tied=True)
+    prompts, rows, p, t, passes = 2, 8, 10, 20, 2
+
+    def phases(reuse):
+        return roofline.step_work(shape, roofline.Training(True, 8, 2, reuse), prompts, rows, p, t, t, passes, True)
+
+    full, reused = phases(False), phases(True)
+    frozen = (prompts * roofline.forward(shape, p, roofline.causal_context(0, p), 0, 4)
+              + rows * roofline.forward(shape, t - 1, roofline.causal_context(p, t - 1), 0, 4))
+    assert full["reference"].flops - reused["reference"].flops == pytest.approx(frozen)
+    assert full["update"].flops - reused["update"].flops == pytest.approx(passes * frozen)
+    assert full["rollout"] == reused["rollout"]
+    # full fine-tuning trains every block: nothing to reuse
+    everything = roofline.Training(False, frozen_prefix=True)
+    assert everything.scored_layers(shape) == 6
+
+
 def test_decode_is_memory_bound_when_few_rows_read_the_weights():
     shape = ModelShape(vocab=151936, hidden=896, layers=2, heads=14, kv_heads=2, head_dim=64, intermediate=4864,
                        tied=True)

@@ -1,10 +1,13 @@
-"""The real-model recipe's data (configs/smollm2_sums.yaml): reproducible, and its held-out sums never trained on."""
+"""The real-model recipes' data (configs/smollm2_sums.yaml, configs/gemma3_subtraction.yaml): reproducible, and
+their held-out questions never trained on."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
 from pathlib import Path
+
+import pytest
 
 from mlx_grpo.config import load_config
 from mlx_grpo.data import load_datasets
@@ -13,12 +16,14 @@ from mlx_grpo.rewards.loading import load_reward_functions
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 
-def test_shipped_files_are_what_the_generator_writes(tmp_path):
-    spec = importlib.util.spec_from_file_location("make_sums", CONFIGS / "data" / "make_sums.py")
+@pytest.mark.parametrize("stem", ["sums", "subtraction"])
+def test_shipped_files_are_what_the_generator_writes(tmp_path, monkeypatch, stem):
+    monkeypatch.syspath_prepend(str(CONFIGS / "data"))  # as when run as a script: make_subtraction imports make_sums
+    spec = importlib.util.spec_from_file_location(f"make_{stem}", CONFIGS / "data" / f"make_{stem}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     module.main(tmp_path)
-    for name in ("sums_train.jsonl", "sums_heldout.jsonl"):
+    for name in (f"{stem}_train.jsonl", f"{stem}_heldout.jsonl"):
         assert (tmp_path / name).read_text() == (CONFIGS / "data" / name).read_text()
 
 
@@ -32,3 +37,15 @@ def test_recipe_holds_out_200_distinct_sums_never_trained_in_either_order():
     assert config.correctness == "last_number"
     assert [f.name for f in load_reward_functions([(s.name, s.weight) for s in config.rewards], CONFIGS)] == [
         "last_number_check", "last_number_digits"]
+
+
+def test_gemma_recipe_holds_out_100_distinct_differences_never_trained_on():
+    config = load_config(CONFIGS / "gemma3_subtraction.yaml")
+    train, heldout = load_datasets(config, CONFIGS)
+    operands = lambda row: [int(x) for x in row["prompt"].removesuffix(" =").split(" - ")]
+    assert len(heldout) == 100 and len({row["prompt"] for row in heldout}) == 100
+    assert not {row["prompt"] for row in heldout} & {row["prompt"] for row in train}
+    assert all(str(a - b) == row["answer"] and 5 <= a <= 30 and 1 <= b <= min(9, a)
+               for row in train + heldout for a, b in [operands(row)])
+    assert [f.name for f in load_reward_functions([(s.name, s.weight) for s in config.rewards], CONFIGS)] == [
+        "first_line_check"]

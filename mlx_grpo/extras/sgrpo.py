@@ -121,6 +121,8 @@ class SerialGroups:
     rewards: np.ndarray  # [paths, K]
     advantages: mx.array  # [paths * K]
     seconds: float  # answer generation
+    # other tokens than the rollout's: the update runs the whole forward (no kept frozen-block states)
+    prefix = None
 
     def metrics(self) -> dict[str, float]:
         return sgrpo_metrics(self.correct, self.rewards)
