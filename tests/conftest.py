@@ -1,10 +1,22 @@
+import ctypes
+import os
 import sys
 from pathlib import Path
 
 import pytest
 
+from mlx_grpo import blas
+
 # tests share small helpers (tiny_models) that are not part of the package
 sys.path.insert(0, str(Path(__file__).parent))
+
+# Train in-process on the BLAS the `mlx-grpo` command uses (it re-executes itself with OpenBLAS preloaded):
+# MLX's Linux wheel otherwise runs fp32 matmuls on its reference BLAS, ~30x slower, which made the suite's
+# in-process runs most of its time. Loaded with global symbols before anything imports mlx, MLX's matmuls
+# bind to it as they would under LD_PRELOAD. MLX_GRPO_OPENBLAS=0 tests on the reference BLAS instead.
+if sys.platform.startswith("linux") and os.environ.get(blas.SWITCH, "1") != "0" and blas.find_openblas():
+    assert "mlx.core" not in sys.modules, "conftest.py must load OpenBLAS before mlx is imported"
+    ctypes.CDLL(blas.find_openblas(), mode=os.RTLD_GLOBAL)
 
 
 @pytest.fixture(scope="session")

@@ -15,7 +15,7 @@ from mlx_grpo.machine import accel_memory
 from mlx_grpo.telemetry.rundir.writer import read_run_info
 from mlx_grpo.run import train
 
-SMALL = {"num_steps": 5, "batch_size": 4, "num_generations": 4, "num_iterations": 1, "eval_every": 0,
+SMALL = {"num_steps": 5, "batch_size": 4, "num_generations": 4, "num_iterations": 1, "train_size": 20, "eval_every": 0,
          "checkpoint_every": 0, "tensorboard": False, "samples_per_step": 1}
 MIB = 2**20
 
@@ -90,6 +90,10 @@ def test_a_rule_with_action_stop_checkpoints_closes_the_logs_and_exits_3_with_th
     assert read_run_info(run_dir).status == "finished"
 
 
+# slow (two subprocess runs, 24 steps): the default set keeps the detection on this run's measured series
+# (test_alerts.py::test_measured_collapse_after_a_learning_rate_raise_is_caught_in_two_steps) and `action: stop`
+# in a real run (test_a_rule_with_action_stop_checkpoints_closes_the_logs_and_exits_3_with_the_resume_command)
+@pytest.mark.slow
 def test_an_injected_reward_collapse_is_caught_in_two_steps_and_its_stop_rule_ends_the_run(tmp_path):
     """The shipped model trains 10 healthy steps; resumed with the learning rate raised to 3e-3 its reward
     falls from ~7 to below 0 and accuracy to 0 at once (measured: 7.05, 7.16, then -2.67 at step 12). The

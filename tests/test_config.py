@@ -137,9 +137,9 @@ def test_every_config_key_works_as_a_flag():
     from mlx_grpo.config import top_level_fields
 
     samples = {bool: ("--{}", True), int: ("7", 7), float: ("0.5", 0.5), str: ("x", "x")}
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
     for name, tp in top_level_fields().items():
-        parser = argparse.ArgumentParser()
-        add_arguments(parser)
         flag = "--" + name.replace("_", "-")
         args = typing.get_args(tp)
         base = next((a for a in args if a is not type(None)), tp) if typing.get_origin(tp) is not list else tp
@@ -226,7 +226,7 @@ def test_a_zero_learning_rate_trains_and_the_monitoring_says_the_policy_does_not
     from mlx_grpo.run import train
 
     config = load_config(None, {"learning_rate": 0, "num_steps": 8, "batch_size": 2, "num_generations": 4,
-                                "eval_every": 0, "checkpoint_every": 0, "tensorboard": False,
+                                "train_size": 16, "eval_every": 0, "checkpoint_every": 0, "tensorboard": False,
                                 "monitoring_dir": str(tmp_path / "runs")})
     result = train(config, tmp_path)
     assert result["status"] == "finished"

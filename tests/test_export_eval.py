@@ -17,7 +17,7 @@ from mlx_grpo.config import load_config
 from mlx_grpo.export import load_trained
 from mlx_grpo.run import train
 
-SMALL = {"num_steps": 3, "batch_size": 4, "num_generations": 4, "eval_every": 3, "eval_size": 40,
+SMALL = {"num_steps": 3, "batch_size": 4, "num_generations": 4, "train_size": 12, "eval_every": 3, "eval_size": 40,
          "checkpoint_every": 2, "tensorboard": False, "samples_per_step": 1, "learning_rate": 1e-3}
 
 

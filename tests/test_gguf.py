@@ -277,6 +277,9 @@ def reference_and_ours(path: Path):
     return model, tokenizer, reference_llama(path)
 
 
+# slow (two 135M models in float32): the default set keeps SmolLM2's load and training step here, and every
+# tensor type (Q4_1, Q8_0 among them) against the gguf package's dequantizer in test_gguf_families.py
+@pytest.mark.slow
 def test_smollm2_weights_and_greedy_answers_match_an_independent_conversion(smollm2):
     """The loader against a reference built from the file's bytes with numpy (its own GGUF parser and block
     dequantization, llama.cpp's row order with interleaved RoPE): the same weights, the same greedy text."""
@@ -385,6 +388,9 @@ def sentencepiece_reference(path: Path):
     return spm.SentencePieceProcessor(model_proto=proto.SerializeToString())
 
 
+# slow (a 262,144-piece vocabulary read twice): the default set keeps gemma3's SentencePiece layout on a small
+# vocabulary (test_gguf_families.py)
+@pytest.mark.slow
 def test_gemma3_loads_with_its_sentencepiece_vocabulary_token_for_token(gemma3):
     from mlx_grpo.gguf import read_config, read_tokenizer
 

@@ -91,7 +91,9 @@ def test_every_head_layout_and_lora_give_the_same_update_in_parts(model_type, us
     assert lean.loss == pytest.approx(whole.loss, rel=1e-5, abs=1e-6)  # abs: the loss is a sum of terms of size ~1 that nearly cancel
     scale = max(np.abs(v).max() for v in whole_moved.values())
     for name, delta in whole_moved.items():
-        np.testing.assert_allclose(lean_moved[name], delta, rtol=1e-5, atol=1e-5 * scale, err_msg=name)
+        # atol 5e-5 of the largest step: on OpenBLAS gemma3's scaled, tied embedding rows differed by 2e-5 of it
+        # (sums in another order); a wrong micro-batch weighting moves steps by a tenth or more
+        np.testing.assert_allclose(lean_moved[name], delta, rtol=1e-5, atol=5e-5 * scale, err_msg=name)
 
 
 def test_chunked_head_log_probs_equal_the_plain_ones():
@@ -145,12 +147,14 @@ def test_micro_batches_and_head_chunks_cut_the_update_peak_to_a_fraction():
 
 
 def test_a_micro_batched_default_run_ends_with_the_same_weights(tmp_path):
-    """5 steps of the default run (full fine-tuning of the shipped model, KL on), 4 prompts x 8 a step."""
+    """5 steps of the default run (full fine-tuning of the shipped model, KL on), 4 prompts x 8 a step (20 rows:
+    each prompt once, without building the default 20,000)."""
     from mlx_grpo.run import train
 
     def final_weights(name, **overrides):
         config = load_config(None, {"num_steps": 5, "eval_every": 0, "checkpoint_every": 0, "tensorboard": False,
-                                    "batch_size": 4, "monitoring_dir": str(tmp_path / "runs"), "run_name": name,
+                                    "batch_size": 4, "train_size": 20, "monitoring_dir": str(tmp_path / "runs"),
+                                    "run_name": name,
                                     **overrides})
         run_dir = Path(train(config, tmp_path)["run_dir"])
         return mx.load(str(run_dir / "checkpoints" / "step_5" / "model.safetensors")), run_dir
