@@ -163,10 +163,12 @@ def test_the_update_from_kept_states_moves_the_adapters_as_the_full_forward_does
     batch = build_train_batch(rollout_of(model), 0)
     loss, stats, moves = one_update(model, batch, config)
     full_loss, full_stats, full_moves = one_update(model, replace(batch, prefix=None), config)
-    assert abs(loss - full_loss) < 1e-5 and abs(stats["kl"] - full_stats["kl"]) < 1e-5
+    # the KL against a zero reference is ~260 nats, summed in the BLAS's own order: compared relatively
+    assert abs(loss - full_loss) < 1e-5
+    assert abs(stats["kl"] - full_stats["kl"]) < 1e-6 * max(1.0, abs(full_stats["kl"]))
     for name, move in moves.items():
         assert np.abs(move).max() > 0
-        np.testing.assert_allclose(move, full_moves[name], atol=1e-6)
+        np.testing.assert_allclose(move, full_moves[name], atol=1e-5)  # AdamW steps are ~1e-3: 1% of one
 
 
 def test_a_model_whose_forward_is_not_blocks_in_a_row_keeps_the_full_forward(monkeypatch):
