@@ -88,8 +88,13 @@ HEAD_STREAMED_ROWS = 5.0
 # width, 256 positions, measured 46.2 MB above what stays resident; the formula without it said 31.9)
 HEAD_STREAMED_WEIGHT = 1.1
 # When one block holds the whole vocabulary, the update's streamed head holds its logits about this many
-# times (fitted: tests/test_plan.py's measured step, 4,096-token vocabulary)
-HEAD_STREAMED_ONE_BLOCK = 1.0
+# times (fitted: tests/test_plan.py's measured step, 4,096-token vocabulary; 1.0 before the polynomial
+# exponential, whose compiled intermediates stay alive: 10.9 MB measured against 8.1 planned with 1.0)
+HEAD_STREAMED_ONE_BLOCK = 5.5
+# ... and the reference pass's, whose one block of logits goes through the compiled polynomial exponential
+# (head_scores.exp_nonpositive) with its intermediates alive (fitted: the same measured step, 8.24 MB against
+# 6.12 planned with HEAD_REFERENCE's 3.8: 6.5 units reach it; 7.0 keeps the plan above)
+HEAD_STREAMED_REFERENCE_ONE_BLOCK = 7.0
 # A decode step's sampling: bytes per fp32 logit of the step's [rows, vocabulary] logits (the logits, their
 # shifted exponentials and cumulative sum, the comparisons that draw the id; the next step's logits are
 # queued while this step's are used). Measured 5.5-5.6 with the prefill's share (SmolLM2's 49k vocabulary,
@@ -350,7 +355,7 @@ def predict(shape: ModelShape, shapes: Shapes, config: TrainConfig, settings: Me
             return (scored * block * 4 * ((HEAD_STREAMED if blocks else one_block) + half)
                     + scored * shape.hidden * 4 * HEAD_STREAMED_ROWS
                     + blocks * block * shape.hidden * 4 * HEAD_STREAMED_WEIGHT)
-        reference_head = stream(HEAD_REFERENCE) if streamed else logits * ((HEAD_REFERENCE_CHUNKED if chunked else HEAD_REFERENCE)
+        reference_head = stream(HEAD_STREAMED_REFERENCE_ONE_BLOCK) if streamed else logits * ((HEAD_REFERENCE_CHUNKED if chunked else HEAD_REFERENCE)
                                                            + half)
         reference = kept_states + max(reference_head, positions * width * act * A_FORWARD
                                       + A_ATTENTION_FORWARD * attention + prompt_cache)
