@@ -94,7 +94,9 @@ def run_ours(args: argparse.Namespace) -> dict:
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     # The run's final checkpoint, as `mlx-grpo eval RUN_DIR` loads it.
     trained = load_trained(run_dir)
-    out = {"step_seconds": [r["timing/step_s"] for r in records if "timing/step_s" in r], "peak_gb": peak,
+    steps = [r for r in records if "timing/step_s" in r]
+    out = {"step_seconds": [r["timing/step_s"] for r in steps], "rollout_seconds": [r["timing/rollout_s"] for r in steps],
+           "update_seconds": [r.get("timing/ref_s", 0.0) + r["timing/update_s"] for r in steps], "peak_gb": peak,
            "train_wall_s": wall, "train_cpu_s": cpu, "run_dir": str(run_dir), "checkpoint": str(trained.checkpoint)}
     out.update(heldout(config, base_dir, trained.model, trained.tokenizer, args.limit))
     return out
@@ -108,6 +110,7 @@ def run_mlx_lm_lora(args: argparse.Namespace) -> dict:
     from mlx_lm.tuner.callbacks import TrainingCallback
     from mlx_lm.tuner.utils import linear_to_lora_layers
     from mlx_lm_lora.trainer.datasets import GRPODataset
+    from mlx_lm_lora.trainer import grpo_trainer
     from mlx_lm_lora.trainer.grpo_trainer import GRPOTrainingArgs, train_grpo
 
     from mlx_grpo.data import encode_prompt, load_datasets, render_prompt
@@ -155,6 +158,20 @@ def run_mlx_lm_lora(args: argparse.Namespace) -> dict:
             self.last = now
 
     timer = Timer()
+    phases = {"rollout": [], "update": []}
+
+    def timed(name, function):  # the phase's seconds in each step, its lazy results evaluated
+        def wrapped(*a, **k):
+            start = time.perf_counter()
+            result = function(*a, **k)
+            mx.eval(result)
+            phases[name].append(time.perf_counter() - start)
+            return result
+        return wrapped
+
+    # train_grpo looks these up in its module at each call
+    grpo_trainer.generate_grpo = timed("rollout", grpo_trainer.generate_grpo)
+    grpo_trainer._grpo_value_and_grad = timed("update", grpo_trainer._grpo_value_and_grad)
     training_args = GRPOTrainingArgs(
         batch_size=config.batch_size, iters=config.num_steps, group_size=config.num_generations,
         beta=config.beta, epsilon=config.epsilon, max_completion_length=config.max_generation_steps,
@@ -173,7 +190,8 @@ def run_mlx_lm_lora(args: argparse.Namespace) -> dict:
                training_callback=timer, end_answer_token="")
     wall, cpu = time.perf_counter() - started, time.process_time() - cpu
     peak = mx.get_peak_memory() / 1e9
-    out = {"step_seconds": timer.step_seconds, "peak_gb": peak, "train_wall_s": wall, "train_cpu_s": cpu,
+    out = {"step_seconds": timer.step_seconds, "rollout_seconds": phases["rollout"],
+           "update_seconds": phases["update"], "peak_gb": peak, "train_wall_s": wall, "train_cpu_s": cpu,
            "versions": {name: version(name) for name in ("mlx", "mlx-lm", "mlx-lm-lora")}}
     out.update(heldout(config, base_dir, model, tokenizer, args.limit))
     return out
@@ -217,6 +235,8 @@ def summary(result: dict) -> dict:
     # CPU seconds of the process per step (all threads): less sensitive than wall time to other work on a
     # shared machine.
     return {"s_per_step_median": statistics.median(later), "s_per_step_mean_all": statistics.mean(result["step_seconds"]),
+            "rollout_s_median": statistics.median(result["rollout_seconds"][1:] or result["rollout_seconds"]),
+            "update_s_median": statistics.median(result["update_seconds"][1:] or result["update_seconds"]),
             "cpu_s_per_step": result["train_cpu_s"] / steps, "peak_gb": result["peak_gb"],
             "max_rss_gb": result["max_rss_gb"], "heldout_accuracy": result["heldout_accuracy"]}
 
@@ -278,11 +298,11 @@ def main() -> int:
               "versions": {name: version(name) for name in ("mlx", "mlx-lm", "mlx-grpo", "mlx-lm-lora")
                            if _installed(name)},
               "machine": f"{platform.machine()} {platform.system()}, {mx.default_device()}", "results": results}
-    print(f"\n{'tool':<12} {'s/step (median)':>16} {'CPU s/step':>11} {'peak GB':>8} {'max RSS GB':>10} "
-          f"{'held-out acc':>13}")
+    print(f"\n{'tool':<12} {'s/step (median)':>16} {'rollout s':>9} {'ref+update s':>12} {'CPU s/step':>11} "
+          f"{'peak GB':>8} {'max RSS GB':>10} {'held-out acc':>13}")
     for tool, r in results.items():
-        print(f"{tool:<12} {r['s_per_step_median']:>16.2f} {r['cpu_s_per_step']:>11.2f} {r['peak_gb']:>8.2f} "
-              f"{r['max_rss_gb']:>10.2f} {r['heldout_accuracy']:>12.1%}")
+        print(f"{tool:<12} {r['s_per_step_median']:>16.2f} {r['rollout_s_median']:>9.2f} {r['update_s_median']:>12.2f} "
+              f"{r['cpu_s_per_step']:>11.2f} {r['peak_gb']:>8.2f} {r['max_rss_gb']:>10.2f} {r['heldout_accuracy']:>12.1%}")
     if len(results) == 2:
         ours, theirs = results["mlx-grpo"], results["mlx-lm-lora"]
         report["speedup"] = theirs["s_per_step_median"] / ours["s_per_step_median"]
