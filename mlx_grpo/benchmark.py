@@ -41,7 +41,7 @@ from . import chips, roofline
 from .config import TrainConfig
 from .common.errors import UserError
 from .machine import describe, matmul_peak_flops, stream_gb_s
-from .head_scores import exp_nonpositive, streams_head, vocab_block
+from .head_scores import block_exponentials, streams_head, vocab_block
 from .models import count_parameters, lm_head, resolve_dtype
 from .trainer import step_key
 from .update import build_train_batch, entropy_stride, shares_prompts
@@ -179,8 +179,7 @@ def vocabulary_costs(positions: int, hidden: int, repeats: int = 5) -> dict:
     mx.eval(h, w, logits)
 
     def elementwise():
-        top = logits.max(axis=-1)
-        return exp_nonpositive(logits - top[:, None]).sum(axis=-1)
+        return block_exponentials(logits, None)[2]
 
     def best(run: Callable[[], mx.array]) -> float:
         mx.eval(run())

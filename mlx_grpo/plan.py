@@ -92,7 +92,7 @@ HEAD_STREAMED_WEIGHT = 1.1
 # exponential, whose compiled intermediates stay alive: 10.9 MB measured against 8.1 planned with 1.0)
 HEAD_STREAMED_ONE_BLOCK = 5.5
 # ... and the reference pass's, whose one block of logits goes through the compiled polynomial exponential
-# (head_scores.exp_nonpositive) with its intermediates alive (fitted: the same measured step, 8.24 MB against
+# (head_scores.shifted_exp) with its intermediates alive (fitted: the same measured step, 8.24 MB against
 # 6.12 planned with HEAD_REFERENCE's 3.8: 6.5 units reach it; 7.0 keeps the plan above)
 HEAD_STREAMED_REFERENCE_ONE_BLOCK = 7.0
 # A decode step's sampling: bytes per fp32 logit of the step's [rows, vocabulary] logits (the logits, their
