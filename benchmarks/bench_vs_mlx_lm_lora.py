@@ -8,13 +8,21 @@ held-out check (`mlx_grpo.evaluate`, what `mlx-grpo eval` runs). mlx-lm-lora is 
     pip install "mlx-lm-lora>=5.10,<5.11"
     python benchmarks/bench_vs_mlx_lm_lora.py --steps 5 --model-id /path/to/hf-dir
 
---model-id is a Hugging Face-format directory of SmolLM2-135M-Instruct that both tools load (mlx-lm-lora
-reads no GGUF; the figures in docs/PERFORMANCE.md used an fp32 conversion of the recipe's GGUF).
+--model-id is a Hugging Face-format directory that both tools load. Without it, the recipe's own model
+(a GGUF file or a named model such as `gemma3-270m`, which mlx-lm-lora cannot read) is loaded once by
+mlx-grpo's loader, its base dequantized, and written as a float32 Hugging Face directory in --workdir;
+greedy held-out accuracy of that untrained model is printed as the "before" figure. --peer-python runs
+mlx-lm-lora from its own environment (it needs mlx-grpo importable too); --wrap runs each training
+process (and the conversion) under a command, e.g. `measured` (a machine-wide lock for timed work):
+
+    python benchmarks/bench_vs_mlx_lm_lora.py --config configs/gemma3_subtraction.yaml --steps 30 \
+        --peer-python /path/to/venv-with-mlx-lm-lora/bin/python --wrap measured
 
 Prints a table and one JSON object (--out FILE writes it too). Seconds per step are the median of the
 steps after the first (the first pays for compilation and warm-up); peak memory is MLX's peak counter
-of the process over model load and training (exact on the CPU backend too). Both processes run with
-OpenBLAS preloaded when it is installed (mlx-grpo's own re-exec).
+of the process over model load and training (exact on the CPU backend too), max RSS the process's own
+over its whole life (training and the held-out check). Both processes run with OpenBLAS preloaded when
+it is installed (mlx-grpo's own re-exec).
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import resource
 import statistics
 import subprocess
 import sys
@@ -85,7 +94,9 @@ def run_ours(args: argparse.Namespace) -> dict:
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     # The run's final checkpoint, as `mlx-grpo eval RUN_DIR` loads it.
     trained = load_trained(run_dir)
-    out = {"step_seconds": [r["timing/step_s"] for r in records if "timing/step_s" in r], "peak_gb": peak,
+    steps = [r for r in records if "timing/step_s" in r]
+    out = {"step_seconds": [r["timing/step_s"] for r in steps], "rollout_seconds": [r["timing/rollout_s"] for r in steps],
+           "update_seconds": [r.get("timing/ref_s", 0.0) + r["timing/update_s"] for r in steps], "peak_gb": peak,
            "train_wall_s": wall, "train_cpu_s": cpu, "run_dir": str(run_dir), "checkpoint": str(trained.checkpoint)}
     out.update(heldout(config, base_dir, trained.model, trained.tokenizer, args.limit))
     return out
@@ -99,10 +110,11 @@ def run_mlx_lm_lora(args: argparse.Namespace) -> dict:
     from mlx_lm.tuner.callbacks import TrainingCallback
     from mlx_lm.tuner.utils import linear_to_lora_layers
     from mlx_lm_lora.trainer.datasets import GRPODataset
+    from mlx_lm_lora.trainer import grpo_trainer
     from mlx_lm_lora.trainer.grpo_trainer import GRPOTrainingArgs, train_grpo
 
-    from mlx_grpo.data import encode_prompt, load_datasets
-    from mlx_grpo.rewards.builtin import BUILTINS
+    from mlx_grpo.data import encode_prompt, load_datasets, render_prompt
+    from mlx_grpo.rewards.loading import load_reward_functions
 
     config = recipe(args)
     base_dir = args.config.resolve().parent
@@ -115,22 +127,25 @@ def run_mlx_lm_lora(args: argparse.Namespace) -> dict:
                                                       "keys": config.lora_keys})
 
     train_rows, _ = load_datasets(config, base_dir)
-    # mlx-lm-lora always sends a system message; give it the one the chat template adds by itself, so both
-    # tools see the same prompt tokens (checked below).
-    system = config.system_prompt or _template_default_system(tokenizer)
-    dataset = GRPODataset([{"prompt": r["prompt"], "answer": r["answer"], "system": system} for r in train_rows],
-                          tokenizer)
+    if config.use_chat_template and getattr(tokenizer, "chat_template", None):
+        # mlx-lm-lora always sends a system message; give it the one the chat template adds by itself, so
+        # both tools see the same prompt tokens (checked below).
+        system = config.system_prompt or _template_default_system(tokenizer)
+        dataset = GRPODataset([{"prompt": r["prompt"], "answer": r["answer"], "system": system}
+                               for r in train_rows], tokenizer)
+    else:  # a base model's document: mlx-lm-lora encodes the text as mlx-grpo renders it
+        dataset = GRPODataset([{"prompt": r["prompt"], "answer": r["answer"],
+                                "text": render_prompt(tokenizer, r["prompt"], config.system_prompt, False)}
+                               for r in train_rows], tokenizer, text_completion_key="text")
     ours = encode_prompt(tokenizer, train_rows[0]["prompt"], config).tokens
     if list(dataset[0][0]) != ours:
         raise SystemExit("mlx-lm-lora's prompt tokens differ from mlx-grpo's; the comparison would not be fair")
 
-    def wrap(name):
-        fn = BUILTINS[name]
-
+    def wrap(function):
         def reward(prompts, completions, answer, types=None):
-            return fn(prompts, completions, answer)
+            return function.fn(prompts, completions, answer)
 
-        reward.__name__ = name
+        reward.__name__ = function.name
         return reward
 
     class Timer(TrainingCallback):
@@ -143,6 +158,20 @@ def run_mlx_lm_lora(args: argparse.Namespace) -> dict:
             self.last = now
 
     timer = Timer()
+    phases = {"rollout": [], "update": []}
+
+    def timed(name, function):  # the phase's seconds in each step, its lazy results evaluated
+        def wrapped(*a, **k):
+            start = time.perf_counter()
+            result = function(*a, **k)
+            mx.eval(result)
+            phases[name].append(time.perf_counter() - start)
+            return result
+        return wrapped
+
+    # train_grpo looks these up in its module at each call
+    grpo_trainer.generate_grpo = timed("rollout", grpo_trainer.generate_grpo)
+    grpo_trainer._grpo_value_and_grad = timed("update", grpo_trainer._grpo_value_and_grad)
     training_args = GRPOTrainingArgs(
         batch_size=config.batch_size, iters=config.num_steps, group_size=config.num_generations,
         beta=config.beta, epsilon=config.epsilon, max_completion_length=config.max_generation_steps,
@@ -152,17 +181,38 @@ def run_mlx_lm_lora(args: argparse.Namespace) -> dict:
         max_seq_length=config.max_prompt_length + config.max_generation_steps,
         adapter_file=str(Path(args.workdir) / "mlx-lm-lora-adapters.safetensors"),
         reward_weights=[spec.weight for spec in config.rewards])
+    rewards = load_reward_functions([(spec.name, spec.weight) for spec in config.rewards], base_dir)
     optimizer = optim.AdamW(learning_rate=config.learning_rate, weight_decay=config.weight_decay)
     started, cpu = time.perf_counter(), time.process_time()
     timer.last = started
     train_grpo(model=model, ref_model=None, tokenizer=tokenizer, optimizer=optimizer, train_dataset=dataset,
-               val_dataset=None, reward_funcs=[wrap(spec.name) for spec in config.rewards], args=training_args,
+               val_dataset=None, reward_funcs=[wrap(function) for function in rewards], args=training_args,
                training_callback=timer, end_answer_token="")
     wall, cpu = time.perf_counter() - started, time.process_time() - cpu
     peak = mx.get_peak_memory() / 1e9
-    out = {"step_seconds": timer.step_seconds, "peak_gb": peak, "train_wall_s": wall, "train_cpu_s": cpu}
+    out = {"step_seconds": timer.step_seconds, "rollout_seconds": phases["rollout"],
+           "update_seconds": phases["update"], "peak_gb": peak, "train_wall_s": wall, "train_cpu_s": cpu,
+           "versions": {name: version(name) for name in ("mlx", "mlx-lm", "mlx-lm-lora")}}
     out.update(heldout(config, base_dir, model, tokenizer, args.limit))
     return out
+
+
+def write_model(args: argparse.Namespace) -> dict:
+    """The recipe's model as mlx-grpo loads it (base dequantized, float32 on the CPU), written as a Hugging
+    Face directory for both tools, and its greedy held-out accuracy before training."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
+    from mlx_grpo.export import write_fused
+    from mlx_grpo.models import dequantize_base, load_policy
+
+    config = recipe(args)
+    base_dir = args.config.resolve().parent
+    model, tokenizer = load_policy(config, base_dir)
+    dequantize_base(model, config)
+    dtypes = sorted({str(v.dtype) for _, v in tree_flatten(model.parameters()) if mx.issubdtype(v.dtype, mx.floating)})
+    out = write_fused(Path(args.workdir) / "model", model, tokenizer, config.model_id, base_dir)
+    return {"model_dir": str(out), "dtypes": dtypes, **heldout(config, base_dir, model, tokenizer, args.limit)}
 
 
 def _template_default_system(tokenizer) -> str | None:
@@ -173,6 +223,7 @@ def _template_default_system(tokenizer) -> str | None:
 
 
 WORKERS = {"mlx-grpo": run_ours, "mlx-lm-lora": run_mlx_lm_lora}
+JOBS = {**WORKERS, "write-model": write_model}
 
 
 # ------------------------------------------------------------------ driver
@@ -184,8 +235,10 @@ def summary(result: dict) -> dict:
     # CPU seconds of the process per step (all threads): less sensitive than wall time to other work on a
     # shared machine.
     return {"s_per_step_median": statistics.median(later), "s_per_step_mean_all": statistics.mean(result["step_seconds"]),
+            "rollout_s_median": statistics.median(result["rollout_seconds"][1:] or result["rollout_seconds"]),
+            "update_s_median": statistics.median(result["update_seconds"][1:] or result["update_seconds"]),
             "cpu_s_per_step": result["train_cpu_s"] / steps, "peak_gb": result["peak_gb"],
-            "heldout_accuracy": result["heldout_accuracy"]}
+            "max_rss_gb": result["max_rss_gb"], "heldout_accuracy": result["heldout_accuracy"]}
 
 
 def uptime() -> str:
@@ -205,43 +258,51 @@ def main() -> int:
     parser.add_argument("--workdir", default=None, help="where run directories and adapters go (default: a temp dir)")
     parser.add_argument("--limit", type=int, default=None, help="score only the first N held-out rows (smoke tests)")
     parser.add_argument("--out", type=Path, default=None, help="also write the JSON result here")
-    parser.add_argument("--worker", choices=list(WORKERS), help=argparse.SUPPRESS)
+    parser.add_argument("--peer-python", default=sys.executable,
+                        help="the Python that runs mlx-lm-lora (it needs mlx-grpo importable too)")
+    parser.add_argument("--wrap", default="", help="a command to run each training process under, e.g. 'measured'")
+    parser.add_argument("--worker", choices=list(JOBS), help=argparse.SUPPRESS)
     args = parser.parse_args()
 
     if args.worker:
-        print("RESULT " + json.dumps(WORKERS[args.worker](args)), flush=True)
+        result = JOBS[args.worker](args)
+        result["max_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9  # Linux: KB
+        print("RESULT " + json.dumps(result), flush=True)
         return 0
 
     workdir = args.workdir or tempfile.mkdtemp(prefix="bench-vs-mlx-lm-lora-")
+    Path(workdir).mkdir(parents=True, exist_ok=True)
+    before = None
+    model_id = Path(recipe(args).model_id).expanduser()
+    if not args.model_id and not (args.config.resolve().parent / model_id / "config.json").is_file():
+        print("writing the recipe's model as a float32 Hugging Face directory ...", flush=True)
+        # under --wrap too: on a shared machine a low-priority job can wait a long time for the CPU
+        before = job(args, "write-model", workdir, sys.executable, args.wrap.split())
+        args.model_id = before["model_dir"]
+        print(f"  {before['model_dir']} ({', '.join(before['dtypes'])}); held-out accuracy before training: "
+              f"{before['heldout_accuracy']:.1%} of {before['heldout_rows']}", flush=True)
     results = {}
     for tool in args.tools:
         load_before = uptime()
-        command = [sys.executable, str(Path(__file__).resolve()), "--worker", tool, "--config", str(args.config),
-                   "--steps", str(args.steps), "--seed", str(args.seed), "--workdir", workdir]
-        if args.limit:
-            command += ["--limit", str(args.limit)]
-        if args.model_id:
-            command += ["--model-id", args.model_id]
         print(f"{tool}: {args.steps} steps (load average {load_before}) ...", flush=True)
-        done = subprocess.run(command, capture_output=True, text=True)
-        lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
-        if done.returncode != 0 or not lines:
-            print(done.stdout[-3000:], done.stderr[-3000:], sep="\n", file=sys.stderr)
-            raise SystemExit(f"{tool}: worker failed (exit {done.returncode})")
-        raw = json.loads(lines[-1][len("RESULT "):])
+        python = args.peer_python if tool == "mlx-lm-lora" else sys.executable
+        started = time.strftime("%H:%M:%S", time.gmtime())
+        raw = job(args, tool, workdir, python, args.wrap.split())
         results[tool] = {**summary(raw), "raw": raw, "load_average_before": load_before,
-                         "load_average_after": uptime()}
+                         "load_average_after": uptime(), "started_utc": started}
 
     import mlx.core as mx
 
     report = {"steps": args.steps, "seed": args.seed, "config": str(args.config), "model_id": args.model_id,
+              "before": before,
               "versions": {name: version(name) for name in ("mlx", "mlx-lm", "mlx-grpo", "mlx-lm-lora")
                            if _installed(name)},
               "machine": f"{platform.machine()} {platform.system()}, {mx.default_device()}", "results": results}
-    print(f"\n{'tool':<12} {'s/step (median)':>16} {'CPU s/step':>11} {'peak GB':>8} {'held-out acc':>13}")
+    print(f"\n{'tool':<12} {'s/step (median)':>16} {'rollout s':>9} {'ref+update s':>12} {'CPU s/step':>11} "
+          f"{'peak GB':>8} {'max RSS GB':>10} {'held-out acc':>13}")
     for tool, r in results.items():
-        print(f"{tool:<12} {r['s_per_step_median']:>16.2f} {r['cpu_s_per_step']:>11.2f} {r['peak_gb']:>8.2f} "
-              f"{r['heldout_accuracy']:>12.1%}")
+        print(f"{tool:<12} {r['s_per_step_median']:>16.2f} {r['rollout_s_median']:>9.2f} {r['update_s_median']:>12.2f} "
+              f"{r['cpu_s_per_step']:>11.2f} {r['peak_gb']:>8.2f} {r['max_rss_gb']:>10.2f} {r['heldout_accuracy']:>12.1%}")
     if len(results) == 2:
         ours, theirs = results["mlx-grpo"], results["mlx-lm-lora"]
         report["speedup"] = theirs["s_per_step_median"] / ours["s_per_step_median"]
@@ -251,6 +312,22 @@ def main() -> int:
     if args.out:
         args.out.write_text(json.dumps(report, indent=1) + "\n")
     return 0
+
+
+def job(args: argparse.Namespace, name: str, workdir: str, python: str, wrap: list[str]) -> dict:
+    """Run one worker in a fresh process (under `wrap`) and return its RESULT line."""
+    command = [*wrap, python, str(Path(__file__).resolve()), "--worker", name, "--config", str(args.config),
+               "--steps", str(args.steps), "--seed", str(args.seed), "--workdir", workdir]
+    if args.limit:
+        command += ["--limit", str(args.limit)]
+    if args.model_id:
+        command += ["--model-id", args.model_id]
+    done = subprocess.run(command, capture_output=True, text=True)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    if done.returncode != 0 or not lines:
+        print(done.stdout[-3000:], done.stderr[-3000:], sep="\n", file=sys.stderr)
+        raise SystemExit(f"{name}: worker failed (exit {done.returncode})")
+    return json.loads(lines[-1][len("RESULT "):])
 
 
 def _installed(name: str) -> bool:

@@ -200,6 +200,8 @@ class TrainConfig:
                        check=within(0, 1, "[)"))
     max_prompt_length: int = key(256, "prompt tokens kept (cut from the left)", check=at_least(1))
     max_generation_steps: int = key(24, "completion tokens at most (TRL: max_completion_length)", check=at_least(1))
+    stop_at_newline: bool = key(False, "a completion ends at its first line break (for a base model that goes on "
+                                "writing the next line of a document)")
     seed: int = key(0, "data order, sampling and initialisation",
                     check=Bound(lambda v: 0 <= v < 2**31, "an integer in [0, 2^31)"))
 

@@ -385,12 +385,28 @@ def load_policy_for_training(config: TrainConfig, base_dir: Path) -> Policy:
     model, tokenizer = load_policy(config, base_dir)
     note = dequantize_base(model, config)
     apply_adapters(model, config)
-    return Policy(model, tokenizer, *stop_ids(tokenizer), note)
+    return Policy(model, tokenizer, *stop_ids(tokenizer, config.stop_at_newline), note)
 
 
-def stop_ids(tokenizer: Any) -> tuple[set[int], int]:
-    """The ids that end a completion (every EOS the tokenizer names) and the one that pads it (its pad
-    token, else the smallest EOS)."""
+def stop_ids(tokenizer: Any, stop_at_newline: bool = False) -> tuple[set[int], int]:
+    """The ids that end a completion (every EOS the tokenizer names, and with `stop_at_newline` every token
+    that is only line breaks and spaces) and the one that pads it (its pad token, else the smallest EOS)."""
     eos_ids = set(getattr(tokenizer, "eos_token_ids", None) or [tokenizer.eos_token_id])
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos_ids)
-    return eos_ids, pad_id
+    return eos_ids | (line_break_ids(tokenizer) if stop_at_newline else set()), pad_id
+
+
+LINE_BREAK_PIECES = ("\n", "\u010a", "<0x0A>")
+
+
+def line_break_ids(tokenizer: Any) -> set[int]:
+    """Tokens whose text is line breaks and spaces only ("\n", "\n\n", " \n"): ending a completion there,
+    and leaving the token out of its text, drops no character of the line."""
+    # decoding all 262,144 pieces of gemma's vocabulary takes seconds: decode only the pieces that can hold a
+    # line break as byte-level BPE ("Ċ") or SentencePiece (itself or its byte fallback "<0x0A>") writes it
+    candidates = [i for piece, i in tokenizer.get_vocab().items() if any(m in piece for m in LINE_BREAK_PIECES)]
+    found = {i for i in candidates if "\n" in (text := tokenizer.decode([i])) and not text.strip()}
+    if not found:
+        raise UserError("stop_at_newline: this model's tokenizer has no token that is a line break, so no "
+                        "completion could end at one; remove the key")
+    return found

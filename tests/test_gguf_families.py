@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import struct
 import time
+from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -262,3 +263,41 @@ def test_two_bad_values_are_named_together(files, tmp_path):
                                                             "tokenizer.ggml.bos_token_id": "1"})
     with pytest.raises(UserError, match=r"head_count' is 0.*bos_token_id' is '1'"):
         read_config(__import__("pathlib").Path(path))
+
+
+@pytest.mark.parametrize("family", ["qwen2", "gemma3"])  # byte-level BPE ("Ċ") and SentencePiece ("<0x0A>")
+def test_stop_at_newline_stops_at_every_line_break_token_and_no_other(files, family):
+    from mlx_grpo.models import stop_ids
+
+    _, tokenizer, _, _ = load_gguf(files[family][2], keep_quantized=False)
+    eos, _ = stop_ids(tokenizer)
+    line_ends = stop_ids(tokenizer, stop_at_newline=True)[0] - eos
+    assert tokenizer.encode("\n", add_special_tokens=False)[-1] in line_ends
+    assert all(tokenizer.decode([i]).strip() == "" and "\n" in tokenizer.decode([i]) for i in line_ends)
+    assert not any("\n" in tokenizer.decode([i]) for i in set(range(len(tokenizer))) - line_ends - eos
+                   if tokenizer.decode([i]).strip() == "")
+
+
+def test_stop_at_newline_ends_completions_at_their_first_line_break(files, tmp_path):
+    """A base model goes on writing the next line of its document; with stop_at_newline the rollout stops at
+    the first line break, so the completion is its first line and nothing after it is trained on."""
+    import gzip
+    import json
+
+    from mlx_grpo.config import load_config
+    from mlx_grpo.run import train
+
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps({"prompt": f"hello {i}", "answer": "12"}) + "\n"
+                                              for i in range(8)))
+    texts = {}
+    for stop in (False, True):
+        config = load_config(None, {
+            "model_id": str(files["qwen2"][2]), "dataset": str(tmp_path / "d.jsonl"), "correctness": "answer",
+            "num_steps": 1, "batch_size": 2, "num_generations": 8, "max_generation_steps": 32, "eval_every": 0,
+            "checkpoint_every": 0, "temperature": 2.0, "stop_at_newline": stop, "monitoring_dir": str(tmp_path),
+            "run_name": f"stop-{stop}", "wandb": False})
+        run_dir = Path(train(config, tmp_path)["run_dir"])
+        rows = [json.loads(line) for line in gzip.open(run_dir / "completions" / "step_000001.jsonl.gz")]
+        texts[stop] = [r["completion"] for r in rows]
+    assert any("\n" in t.rstrip() for t in texts[False])  # the random model writes line breaks mid-completion
+    assert not any("\n" in t for t in texts[True])

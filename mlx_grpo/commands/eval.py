@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--dataset {args.dataset or config.dataset}: no rows to evaluate")
 
     check, functions, notes = checks_and_rewards(args, config, base_dir)
-    eos_ids, pad_id = stop_ids(tokenizer)
+    eos_ids, pad_id = stop_ids(tokenizer, config.stop_at_newline)
     start = time.perf_counter()
     with Progress(TextColumn("eval"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
                   console=Console(stderr=True), transient=True, disable=not sys.stderr.isatty()) as bar:
