@@ -37,7 +37,7 @@ from mlx_grpo.presets import preset_model  # noqa: E402
 from mlx_grpo.rollout import Rollout  # noqa: E402
 from mlx_grpo.trainer import make_optimizer  # noqa: E402
 from mlx_grpo import head_scores
-from mlx_grpo.head_scores import exp_nonpositive, streamed_head_scores, target_logprobs
+from mlx_grpo.head_scores import shifted_exp, streamed_head_scores, target_logprobs
 from mlx_grpo.update import build_train_batch, completion_states, entropy_stride, make_loss_fn, reference_logprobs, update_policy
 
 
@@ -110,11 +110,11 @@ def main(argv: list[str] | None = None) -> None:
         """`run` with the streamed head's exponential replaced: mx.exp (before the polynomial), or none at
         all (what the head costs without its exponentials)."""
         def replaced():
-            head_scores.exp_nonpositive = exp
+            head_scores.shifted_exp = lambda x, shift: exp(x - shift)
             try:
                 return run()
             finally:
-                head_scores.exp_nonpositive = exp_nonpositive
+                head_scores.shifted_exp = shifted_exp
         return replaced
 
     def streamed_reference():
@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> None:
         "body forward + LoRA backward": body_backward,
         "head matmul [N,T,H] x [H,V]": lambda: head.as_linear(hidden),
         "exp over the [N*T, V] logits, mx.exp": lambda: mx.exp(shifted),
-        "exp over the [N*T, V] logits, polynomial (ours)": lambda: exp_nonpositive(shifted),
+        "exp over the [N*T, V] logits, polynomial (ours)": lambda: shifted_exp(shifted, mx.array(0.0)),
         "streamed head, log-probs (reference's head)": streamed_reference,
         "streamed head, log-probs, mx.exp": with_exp(streamed_reference, mx.exp),
         "streamed head, log-probs, exp skipped": with_exp(streamed_reference, lambda x: x),

@@ -41,7 +41,7 @@ from . import chips, roofline
 from .config import TrainConfig
 from .common.errors import UserError
 from .machine import describe, matmul_peak_flops, stream_gb_s
-from .head_scores import exp_nonpositive, streams_head, vocab_block
+from .head_scores import block_exponentials, streams_head, vocab_block
 from .models import count_parameters, lm_head, resolve_dtype
 from .trainer import step_key
 from .update import build_train_batch, entropy_stride, shares_prompts
@@ -178,9 +178,8 @@ def vocabulary_costs(positions: int, hidden: int, repeats: int = 5) -> dict:
     logits = h @ w.T
     mx.eval(h, w, logits)
 
-    def elementwise():
-        top = logits.max(axis=-1)
-        return exp_nonpositive(logits - top[:, None]).sum(axis=-1)
+    def elementwise(traced: bool = False):
+        return block_exponentials(logits, None, traced)[2]
 
     def best(run: Callable[[], mx.array]) -> float:
         mx.eval(run())
@@ -192,6 +191,7 @@ def vocabulary_costs(positions: int, hidden: int, repeats: int = 5) -> dict:
         return min(times) / (positions * block)
 
     return {"block": [positions, block], "seconds_per_logit": best(elementwise),
+            "update_seconds_per_logit": best(lambda: elementwise(traced=True)),
             "matmul_seconds_per_logit": best(lambda: h @ w.T)}
 
 
@@ -202,7 +202,8 @@ def vocabulary_shares(costs: dict, paths: dict, logits: dict[str, float], peak: 
     for name, count in logits.items():
         if name in paths:
             path = paths[name]
-            seconds = count * costs["seconds_per_logit"]
+            # under mx.grad the update's sweep runs its operations one at a time (head_scores.shifted_exp)
+            seconds = count * costs["update_seconds_per_logit" if name == "update" else "seconds_per_logit"]
             rest = path["seconds"] - seconds
             out[name] = {"logits": count, "seconds": seconds,
                          "share_of_peak_without": path["flops"] / rest / peak if rest > 0 and peak > 0 else 0.0}

@@ -21,36 +21,73 @@ _LOG2E = math.log2(math.e)
 _LN2_HIGH, _LN2_LOW = 0.693359375, -2.12194440e-4
 # e^r by its Taylor series to degree 7: relative error under 1e-8 on |r| <= ln(2) / 2
 _EXP_TAYLOR = tuple(1.0 / math.factorial(k) for k in range(8))
+# e^r on |r| <= ln(2) / 2 by a polynomial of degree 6 fitted for relative error (Lawson's weighted least
+# squares on Chebyshev nodes; with these float32 coefficients the error is under 2e-8)
+_EXP_POLY = (1.0, 1.0, 0.49999991059303284, 0.16666419804096222, 0.04166822507977486, 0.008374815806746483,
+             0.0013836848083883524)
 # adding then subtracting 1.5 * 2^23 rounds a float32 of magnitude below 2^22 to the nearest integer
 _ROUND = 12582912.0
 
 
 def _exp_by_polynomial(x: mx.array) -> mx.array:
     """exp(x) of float32 x <= 0 (or NaN) as 2^n e^r with n = round(x / ln 2), |r| <= ln(2) / 2: a polynomial in
-    r times 2^n, whose bits are n + 127 in the exponent field. Only multiplies and adds (no floor, no
-    shift), so compiled it runs as a few fused loops. Within two float32 rounding steps of exp; 0 below
-    -88 (where float32's normal numbers end), as mx.exp gives."""
-    x = mx.maximum(x, -88.0)  # there n = -127: a zero exponent field, so 0 (and -inf gives 0, not NaN)
-    n = (x * _LOG2E + _ROUND) - _ROUND
-    r = (x - n * _LN2_HIGH) - n * _LN2_LOW
-    p = _EXP_TAYLOR[-1]
-    for c in reversed(_EXP_TAYLOR[:-1]):
-        p = p * r + c
-    two_to_n = ((n + 127.0) * 2.0**23).astype(mx.int32).view(mx.float32)
-    return p * two_to_n
+    r times 2^n, whose bits are n + 127 in the exponent field. Only multiplies and adds (no floor, no shift),
+    so compiled it runs as two fused loops over the block: one writes the exponent fields, the other reads
+    them back (as 2^n, and as n for r) and evaluates the polynomial. MLX fuses chains of at most 11
+    operations and keeps apart any intermediate that two loops need, so n is never written on its own
+    (r takes it from the exponent field) and the polynomial is in Estrin's form (depth 5, Horner's 12).
+    Within two float32 rounding steps of exp; 0 below -88 (where float32's normal numbers end), as mx.exp
+    gives."""
+    # n + 127 from the rounding constant plus 128 (an even offset keeps round-half-to-even's choice), at
+    # least 0: below -88 the exponent field is zero, so the result is 0 (and -inf gives 0, not NaN)
+    biased = (x * _LOG2E + (_ROUND + 128.0)) - (_ROUND + 1.0)
+    biased = (biased + mx.abs(biased)) * 0.5  # max(biased, 0) without a branch, which would keep the loop scalar
+    field = (biased * 2.0**23).astype(mx.int32)
+    # n ln 2 in two parts from the field; the high part is exact, so r keeps its digits at any x
+    scaled = field.astype(mx.float32)
+    n_high = scaled * (_LN2_HIGH / 2.0**23) - 127.0 * _LN2_HIGH
+    n_low = scaled * (_LN2_LOW / 2.0**23) - 127.0 * _LN2_LOW
+    r = (mx.where(x < -88.0, -88.0, x) - n_high) - n_low
+    c = _EXP_POLY
+    r2 = r * r
+    p = ((c[0] + c[1] * r) + r2 * (c[2] + c[3] * r)) + (r2 * r2) * ((c[4] + c[5] * r) + c[6] * r2)
+    return p * field.view(mx.float32)
 
 
 _compiled_exp = mx.compile(_exp_by_polynomial)
 
 
-def exp_nonpositive(x: mx.array) -> mx.array:
-    """exp(x) for float32 x <= 0, for the streamed head's blocks of logits (about a million each): the
-    softmax's exponentials over the vocabulary, the costliest elementwise work of a scored position. MLX's
-    CPU exp costs more per logit than the head's matmul; this compiled polynomial, on blocks that stay in
-    the caches, about a third of it (docs/PERFORMANCE.md, "The exponential over the vocabulary"). Not for
-    arrays of hundreds of MB: there its loops' full-size intermediates make it slower than mx.exp. On a
-    GPU, exp is a hardware instruction: mx.exp."""
-    return _compiled_exp(x) if mx.default_device() == mx.cpu else mx.exp(x)
+def _exp_in_fewest_operations(x: mx.array) -> mx.array:
+    """exp(x) of float32 x <= 0 by the same 2^n e^r, with e^r by Horner's rule on the Taylor series: the
+    fewest operations and live intermediates, for the update's streamed head. Under mx.grad, MLX did not
+    fuse `_exp_by_polynomial` as it does outside (measured: the update's head took about as long with
+    compilation disabled), and there its branch-free clamps and its n from the exponent field cost 9% more
+    time and 50% more memory (tests/test_update_memory.py) than this, the formulation before them."""
+    x = mx.maximum(x, -88.0)
+    n = (x * _LOG2E + _ROUND) - _ROUND
+    r = (x - n * _LN2_HIGH) - n * _LN2_LOW
+    p = _EXP_TAYLOR[-1]
+    for c in reversed(_EXP_TAYLOR[:-1]):
+        p = p * r + c
+    return p * ((n + 127.0) * 2.0**23).astype(mx.int32).view(mx.float32)
+
+
+_compiled_exp_in_fewest_operations = mx.compile(_exp_in_fewest_operations)
+
+
+def shifted_exp(x: mx.array, shift: mx.array, traced: bool = False) -> mx.array:
+    """exp(x - shift) for float32 x <= shift (`shift` broadcasts against x), for the streamed head's blocks
+    of logits (about a million each) less their running maximum: the softmax's exponentials over the
+    vocabulary, the costliest elementwise work of a scored position. MLX's CPU exp costs more per logit
+    than the head's matmul; this compiled polynomial, on blocks that stay in the caches, a fraction of it
+    (docs/PERFORMANCE.md, "The exponential over the vocabulary"). The subtraction runs before it, as MLX's
+    own vectorised loop: inside, the broadcast would make both compiled loops strided. `traced`: called
+    under mx.grad (`_exp_in_fewest_operations`). Not for arrays of
+    hundreds of MB: there its loops' full-size intermediates make it slower than mx.exp. On a GPU, exp is
+    a hardware instruction: mx.exp."""
+    if mx.default_device() != mx.cpu:
+        return mx.exp(x - shift)
+    return (_compiled_exp_in_fewest_operations if traced else _compiled_exp)(x - shift)
 
 
 def _logprob_parts(logits: mx.array, targets: mx.array) -> tuple[mx.array, mx.array, mx.array]:
@@ -190,6 +227,20 @@ def _head_rows(head: nn.Module, rows) -> mx.array:
     return head.weight[rows]
 
 
+def block_exponentials(logits: mx.array, top: mx.array | None,
+                       traced: bool = False) -> tuple[mx.array, mx.array, mx.array]:
+    """The streamed head's elementwise work on one block of float32 logits [P, block], given the running
+    maximum of the blocks before it (None for the first): (the new running maximum, exp(logits - it), their
+    row sums). The row sums are a matrix-vector product: the BLAS reads the block with vector loads on
+    every core, about four times faster than MLX's CPU sum, whose loop is scalar. `traced`: under mx.grad,
+    as the update runs it (`shifted_exp`; there the matrix-vector product measured no faster)."""
+    block_top = logits.max(axis=-1)
+    new_top = block_top if top is None else mx.maximum(top, block_top)
+    unnormalised = shifted_exp(logits, new_top[:, None], traced)
+    total = unnormalised.sum(axis=-1) if traced else unnormalised @ mx.ones((logits.shape[-1],), mx.float32)
+    return new_top, unnormalised, total
+
+
 def _streamed_head(hidden: mx.array, target_rows: mx.array, head: nn.Module, expected: bool):
     """One pass over the vocabulary in blocks, each block's logits freed before the next is built: the
     log-sum-exp of every position's logits (a running maximum rescales the running sum), and with
@@ -207,16 +258,13 @@ def _streamed_head(hidden: mx.array, target_rows: mx.array, head: nn.Module, exp
         # each block waits for the one before it (its running sum and mean row), so one block's logits
         # exist at a time: MLX evaluates independent branches side by side
         part = hidden if top is None else _after(hidden, total, *([mean_row] if expected else []))
-        logits = (part @ rows.T).astype(mx.float32)
-        new_top = logits.max(axis=-1) if top is None else mx.maximum(top, logits.max(axis=-1))
-        unnormalised = exp_nonpositive(logits - new_top[:, None])
-        block_sum = unnormalised.sum(axis=-1)
+        new_top, unnormalised, block_sum = block_exponentials((part @ rows.T).astype(mx.float32), top, expected)
         block_mean = unnormalised @ (rows if rows.dtype == mx.float32 else rows.astype(mx.float32)) \
             if expected else None
         if top is None:
             total, mean_row = block_sum, block_mean
         else:
-            rescale = exp_nonpositive(top - new_top)
+            rescale = shifted_exp(top, new_top, expected)
             total = total * rescale + block_sum
             if expected:
                 mean_row = mean_row * rescale[:, None] + block_mean

@@ -92,9 +92,10 @@ HEAD_STREAMED_WEIGHT = 1.1
 # exponential, whose compiled intermediates stay alive: 10.9 MB measured against 8.1 planned with 1.0)
 HEAD_STREAMED_ONE_BLOCK = 5.5
 # ... and the reference pass's, whose one block of logits goes through the compiled polynomial exponential
-# (head_scores.exp_nonpositive) with its intermediates alive (fitted: the same measured step, 8.24 MB against
-# 6.12 planned with HEAD_REFERENCE's 3.8: 6.5 units reach it; 7.0 keeps the plan above)
-HEAD_STREAMED_REFERENCE_ONE_BLOCK = 7.0
+# (head_scores.shifted_exp) with its intermediates alive (fitted: the same measured step, 6.67 MB since that
+# exponential runs as two loops instead of six; 8.24 MB before, planned with 7.0; 5.5 keeps the plan above
+# by 12%)
+HEAD_STREAMED_REFERENCE_ONE_BLOCK = 5.5
 # A decode step's sampling: bytes per fp32 logit of the step's [rows, vocabulary] logits (the logits, their
 # shifted exponentials and cumulative sum, the comparisons that draw the id; the next step's logits are
 # queued while this step's are used). Measured 5.5-5.6 with the prefill's share (SmolLM2's 49k vocabulary,

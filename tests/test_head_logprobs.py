@@ -10,7 +10,7 @@ import numpy as np
 
 from mlx_grpo import grpo
 from mlx_grpo.rollout import Rollout
-from mlx_grpo.head_scores import exp_nonpositive, target_logprobs
+from mlx_grpo.head_scores import shifted_exp, target_logprobs
 from mlx_grpo.update import build_train_batch, completion_scores, entropy_stride
 from tiny_models import random_model
 
@@ -19,13 +19,28 @@ def test_the_heads_exponential_matches_exp_to_a_rounding_step_and_keeps_its_edge
     rng = np.random.default_rng(2)
     x = np.concatenate([-rng.exponential(scale=s, size=20_000) for s in (0.01, 1.0, 10.0, 40.0)]).astype(np.float32)
     edges = np.array([0.0, -1e-8, -0.5, -87.0, -88.0, -104.0, -1e30, -np.inf], dtype=np.float32)
-    ours = np.array(exp_nonpositive(mx.array(np.concatenate([x, edges]))))
+    zero = mx.array(0.0)
+    ours = np.array(shifted_exp(mx.array(np.concatenate([x, edges])), zero))
     exact = np.exp(np.concatenate([x, edges]).astype(np.float64))
     normal = exact >= np.finfo(np.float32).tiny
     assert np.all(np.abs(ours[normal] - exact[normal]) <= 2.5e-7 * exact[normal])
     assert np.all(ours[~normal] <= np.finfo(np.float32).tiny)  # underflow: zero, never garbage
     assert ours[-1] == 0.0 and ours[len(x)] == 1.0
-    assert np.isnan(np.array(exp_nonpositive(mx.array([np.nan], dtype=mx.float32))))[0]
+    assert np.isnan(np.array(shifted_exp(mx.array([np.nan], dtype=mx.float32), zero)))[0]
+
+
+def test_the_heads_exponential_subtracts_each_rows_own_shift():
+    """The streamed head's exponentials of a block of logits less each row's maximum: exp of the same
+    float32 differences, whatever the rows' scale (half-way cases of x / ln 2 included)."""
+    rng = np.random.default_rng(3)
+    logits = (rng.normal(size=(6, 700)) * np.array([[0.1], [1.0], [5.0], [30.0], [1e3], [1.0]])).astype(np.float32)
+    logits[5, :40] = -np.log(2.0) * (np.arange(40) + 0.5)  # x / ln 2 at half-way points: n rounds to even
+    top = logits.max(axis=-1, keepdims=True)
+    ours = np.array(shifted_exp(mx.array(logits), mx.array(top)))
+    exact = np.exp((logits - top).astype(np.float64))  # the float32 differences, exponentiated exactly
+    normal = exact >= np.finfo(np.float32).tiny
+    assert np.all(np.abs(ours[normal] - exact[normal]) <= 2.5e-7 * exact[normal])
+    assert np.all(ours[~normal] <= np.finfo(np.float32).tiny)
 
 
 def test_hand_written_backward_equals_autodiff_of_the_log_softmax():

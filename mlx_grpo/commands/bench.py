@@ -141,7 +141,8 @@ def vocabulary_lines(vocabulary: dict | None) -> list[str]:
     per_logit, matmul = vocabulary["seconds_per_logit"], vocabulary["matmul_seconds_per_logit"]
     lines = [f"the head's sweep over the vocabulary (maximum, exponentials, sum; not FLOPs): "
              f"{per_logit * 1e9:.2f} ns per logit, {per_logit / matmul:.2f}x its matmul's time per logit "
-             f"(one [{vocabulary['block'][0]}, {vocabulary['block'][1]}] block, best of 5)"]
+             f"(one [{vocabulary['block'][0]}, {vocabulary['block'][1]}] block, best of 5); "
+             f"{vocabulary['update_seconds_per_logit'] * 1e9:.2f} ns per logit as the update runs it (under mx.grad)"]
     for name, v in vocabulary["paths"].items():
         lines.append(f"  {name}: {v['seconds']:.2f} s of it for {v['logits'] / 1e6:,.0f}M logits; "
                      f"the rest of the {name} at {v['share_of_peak_without']:.2f} of the matmul peak")
