@@ -215,6 +215,9 @@ def test_two_ranks_with_batch_b_update_like_one_rank_with_batch_2b(tmp_path, tin
     assert naive["max_weight_diff"] > 0.1 * naive["update_size"]
 
 
+# slow (two processes each loading MLX, 11 s): test_two_ranks_with_batch_b_update_like_one_rank_with_batch_2b keeps
+# two ranks in the default suite
+@pytest.mark.slow
 def test_two_rank_training_writes_one_run_directory_with_global_metrics(tmp_path, tiny_model):
     runs = tmp_path / "runs"
     b, g = 2, 4

@@ -253,8 +253,10 @@ async def test_the_dashboard_survives_hostile_file_types_and_the_run_browser_too
     cases = hostile_runs(tmp_path / "h", good_run)
     for name, run_dir in cases.items():
         app = WatchApp([run_dir], refresh=0.1, clock=lambda: 1e12)
+        # each run's views; the run browser lists every hostile sibling, so it is opened from the last one only
+        keys = ("1", "6", "7", "r") if name == list(cases)[-1] else ("1", "6", "7")
         async with app.run_test(size=(140, 45)) as pilot:
-            for key in ("1", "6", "7", "r"):  # views, then the run browser over every hostile sibling
+            for key in keys:
                 await pilot.press(key)
                 await pilot.pause(0.2)
             assert app.is_running, name

@@ -223,6 +223,7 @@ parameters:
         main(["--debug", "sweep", str(path)])
 
 
+@pytest.mark.slow  # 8 s: trains a trial twice; test_resume.py keeps resuming itself in the default suite
 def test_an_unfinished_trial_is_resumed_not_restarted(tmp_path, tiny_model, capsys):
     path = write_sweep(tmp_path, f"""
 name: one
