@@ -115,6 +115,7 @@ def run_mlx_lm_lora(args: argparse.Namespace) -> dict:
 
     from mlx_grpo.data import encode_prompt, load_datasets, render_prompt
     from mlx_grpo.rewards.loading import load_reward_functions
+    from phase_timer import timed_phase
 
     config = recipe(args)
     base_dir = args.config.resolve().parent
@@ -160,18 +161,9 @@ def run_mlx_lm_lora(args: argparse.Namespace) -> dict:
     timer = Timer()
     phases = {"rollout": [], "update": []}
 
-    def timed(name, function):  # the phase's seconds in each step, its lazy results evaluated
-        def wrapped(*a, **k):
-            start = time.perf_counter()
-            result = function(*a, **k)
-            mx.eval(result)
-            phases[name].append(time.perf_counter() - start)
-            return result
-        return wrapped
-
     # train_grpo looks these up in its module at each call
-    grpo_trainer.generate_grpo = timed("rollout", grpo_trainer.generate_grpo)
-    grpo_trainer._grpo_value_and_grad = timed("update", grpo_trainer._grpo_value_and_grad)
+    grpo_trainer.generate_grpo = timed_phase(phases["rollout"], grpo_trainer.generate_grpo)
+    grpo_trainer._grpo_value_and_grad = timed_phase(phases["update"], grpo_trainer._grpo_value_and_grad)
     training_args = GRPOTrainingArgs(
         batch_size=config.batch_size, iters=config.num_steps, group_size=config.num_generations,
         beta=config.beta, epsilon=config.epsilon, max_completion_length=config.max_generation_steps,

@@ -135,7 +135,7 @@ def ours_inside(argv: list[str]) -> None:
     from mlx_grpo import cli, models
 
     stop_ids = models.stop_ids
-    models.stop_ids = lambda tokenizer: (set(), stop_ids(tokenizer)[1])
+    models.stop_ids = lambda tokenizer, *_: (set(), stop_ids(tokenizer)[1])
     raise SystemExit(cli.main(argv))
 
 
@@ -145,18 +145,10 @@ def peer_inside(argv: list[str]) -> None:
     import mlx.core as mx
     from mlx_lm_lora import train
     from mlx_lm_lora.trainer import grpo_trainer
+    from phase_timer import timed_phase
 
     times = {"rollout_s": [], "rewards_s": [], "train_s": []}
     lengths = []
-
-    def timer(name, function):
-        def wrapped(*a, **k):
-            start = time.perf_counter()
-            result = function(*a, **k)
-            mx.eval(result)
-            times[name].append(time.perf_counter() - start)
-            return result
-        return wrapped
 
     def without_stops(function):
         def wrapped(*a, **k):
@@ -170,9 +162,9 @@ def peer_inside(argv: list[str]) -> None:
             return completions, texts, indices
         return wrapped
 
-    grpo_trainer.generate_grpo = timer("rollout_s", without_stops(grpo_trainer.generate_grpo))
-    grpo_trainer._rollout_rewards = timer("rewards_s", grpo_trainer._rollout_rewards)
-    grpo_trainer._grpo_value_and_grad = timer("train_s", grpo_trainer._grpo_value_and_grad)
+    grpo_trainer.generate_grpo = timed_phase(times["rollout_s"], without_stops(grpo_trainer.generate_grpo))
+    grpo_trainer._rollout_rewards = timed_phase(times["rewards_s"], grpo_trainer._rollout_rewards)
+    grpo_trainer._grpo_value_and_grad = timed_phase(times["train_s"], grpo_trainer._grpo_value_and_grad)
     grpo_trainer.evaluate_grpo = lambda **kwargs: (0.0, 0, {})  # validation is not part of a training step
     sys.argv = ["mlx_lm_lora.train", *argv]
     train.main()
