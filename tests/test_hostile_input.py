@@ -227,12 +227,31 @@ def good_run(tmp_path):
     return writer.run_dir
 
 
+# Runs each command through the CLI's main(), one process for all of them (a process per command cost ~0.5 s
+# each) but not the test's own, so that a hang is a timeout rather than a stuck suite. It notes each command's
+# start and exit code in a file (their own output goes to stdout and stderr).
+EACH_COMMAND = """
+import json, sys
+from mlx_grpo.cli import main
+with open(sys.argv[2], "a") as notes:
+    for name, argv in json.loads(sys.argv[1]):
+        print(name, "started", file=notes, flush=True)
+        print(name, main(argv), file=notes, flush=True)
+"""
+
+
 def test_report_and_compare_refuse_hostile_file_types_without_hanging(tmp_path, good_run):
-    for name, run_dir in hostile_runs(tmp_path / "h", good_run).items():
-        for command in (["report", "--no-write", str(run_dir)], ["compare", str(run_dir), str(good_run)]):
-            done = subprocess.run([sys.executable, "-m", "mlx_grpo.cli", *command], capture_output=True, text=True,
-                                  timeout=60)
-            assert done.returncode in (0, 2) and "Traceback" not in done.stderr, (name, command, done.stderr)
+    cases = [(f"{name}-{argv[0]}", argv) for name, run_dir in hostile_runs(tmp_path / "h", good_run).items()
+             for argv in (["report", "--no-write", str(run_dir)], ["compare", str(run_dir), str(good_run)])]
+    notes = tmp_path / "exit_codes.txt"
+    try:
+        done = subprocess.run([sys.executable, "-c", EACH_COMMAND, json.dumps(cases), str(notes)],
+                              capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"hung: {notes.read_text().splitlines()[-1]}") from None
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    codes = dict(line.split() for line in notes.read_text().splitlines() if not line.endswith(" started"))
+    assert list(codes) == [name for name, _ in cases] and set(codes.values()) <= {"0", "2"}, codes
 
 
 def test_a_line_longer_than_the_limit_is_skipped_not_held_in_memory(tmp_path, monkeypatch):
