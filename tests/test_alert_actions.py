@@ -70,7 +70,7 @@ def test_a_rule_with_action_stop_checkpoints_closes_the_logs_and_exits_3_with_th
         "     for_steps: 3, action: stop, hint: stopped on purpose}\n")
     run_dir = tmp_path / "runs" / "stopped"
     flags = ["--num-steps", "6", "--batch-size", "4", "--num-generations", "4", "--eval-every", "0",
-             "--checkpoint-every", "0", "--no-tensorboard", "--monitoring-dir", "runs"]
+             "--checkpoint-every", "0", "--no-tensorboard", "--monitoring-dir", "runs", "--train-size", "64"]
     result = mlx_grpo_cli("train", "--alerts", "stop.yaml", "--run-name", "stopped", *flags, cwd=tmp_path)
     assert result.returncode == 3, result.stderr
     stop_line = [line for line in result.stderr.splitlines() if "action: stop" in line]

@@ -19,8 +19,9 @@ from mlx_grpo.telemetry.rundir.writer import RunDirWriter, read_run_info
 from run_writer import RunWriter, start_sinks
 from screen_text import screen_text
 
+# train_size: not the default 20,000 rows, whose drawing and tokenizing took ~1 s of each short run
 FAST = {"num_steps": 4, "batch_size": 2, "num_generations": 2, "max_generation_steps": 4, "eval_every": 0,
-        "checkpoint_every": 2, "tensorboard": False, "wandb": False}
+        "checkpoint_every": 2, "tensorboard": False, "wandb": False, "train_size": 64}
 ESC = "\x1b]0;PWNED\x07 \x1b[2J"
 
 
@@ -56,15 +57,26 @@ def yaml_surfaces(tmp_path: Path, text: str) -> list[list[str]]:
             ["eval", str(tmp_path), "--config", str(path)]]
 
 
+def nested(levels: int) -> str:
+    return "[" * levels + "]" * levels
+
+
+# 100 levels are past the limit (64) for every reader; past Python's recursion limit (R4: a RecursionError)
+# the one parser every reader shares is tried from a file and from --set below (~0.8 s a reader at that depth)
 @pytest.mark.parametrize("text, words", [
-    ("a: " + "[" * 5000 + "]" * 5000 + "\n", ("nested more than 64 levels",)),  # R4: was a RecursionError
+    ("a: " + nested(100) + "\n", ("nested more than 64 levels",)),
     ("num_steps: 2\nnum_steps: 3\n", (":2:", "'num_steps' is given twice", "lines 1 and 2")),  # R14: last won
 ], ids=["deep", "duplicate_key"])
 def test_every_yaml_reader_refuses_deep_nesting_and_duplicate_keys_in_one_line(tmp_path, capsys, text, words):
     for argv in yaml_surfaces(tmp_path, text):
         one_line_error(capsys, main(argv), *words)
-    deep = "[" * 5000 + "]" * 5000
-    one_line_error(capsys, main(["train", "--set", f"seed={deep}"]), "--set seed", "nested")
+    one_line_error(capsys, main(["train", "--set", f"seed={nested(100)}"]), "--set seed", "nested")
+
+
+def test_yaml_nested_past_the_recursion_limit_is_one_line_too(tmp_path, capsys):
+    deep = "a: " + nested(5000) + "\n"  # R4: was a RecursionError
+    one_line_error(capsys, main(yaml_surfaces(tmp_path, deep)[0]), "nested more than 64 levels")
+    one_line_error(capsys, main(["train", "--set", f"seed={nested(5000)}"]), "--set seed", "nested")
 
 
 def test_binary_fifo_and_directory_yaml_files_are_one_line(tmp_path, capsys):
