@@ -480,3 +480,20 @@ def test_alert_messages_are_scrubbed_wherever_they_come_from(monkeypatch):
                   message="judge answered 401: {'auth': 'Bearer judgecred_QWERTY123456789', 'x': 'sk-abcdefghijklmnopqrstuv'}")
     assert "judgecred" not in alert.message and "sk-abcdefghijklmnopqrstuv" not in alert.message
     assert "judge answered 401" in alert.message and "[secret]" in alert.to_dict()["message"]
+
+
+def test_measured_gemma_run_that_learned_is_reported_as_learned_not_as_faults():
+    # configs/gemma3_larger.yaml, seed 0: held-out 46% -> 87% (step 15) -> 97% (step 30). From step 10 most of
+    # its groups are answered right by every completion: flat groups, a zero gradient and near-greedy sampling
+    # are then the task learnt, and it fired four warnings with remedies ("raise num_generations") for them.
+    records = _measured("run_gemma_larger_solved.jsonl")
+    alerts = _replay(records)
+    assert [(a.step, a.rule) for a in alerts if a.level != "info"] == []
+    solved = [a for a in alerts if "the task learnt" in a.message]
+    assert {a.rule for a in solved} == {"zero_std_groups", "vanishing_gradient", "zero_gradient", "entropy_collapse"}
+    assert all(a.action == "none" and "num_generations" not in a.message for a in solved)
+    # The same metrics with every flat group a wrong one: the faults these rules are for, as before.
+    unsolved = [{**r, "accuracy/solved_group_frac": 0.0} if "accuracy/solved_group_frac" in r else r
+                for r in records]
+    assert [(a.step, a.rule) for a in _replay(unsolved) if a.level == "warning"] == [
+        (10, "zero_std_groups"), (13, "vanishing_gradient"), (18, "zero_gradient"), (24, "entropy_collapse")]

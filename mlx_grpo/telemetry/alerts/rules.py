@@ -20,6 +20,9 @@ from .state import (_Latch, _NOT_METRICS, _Window, _check_window, _fmt, _in_a_ro
 
 # What a remedy may change, each by a factor: the learning rate and beta (the KL coefficient).
 REMEDY_KEYS = ("learning_rate", "beta")
+# How many of `solved_metric`'s last values a rule judges "solved" on (their median), and the fewest it needs.
+SOLVED_RECENT = 5
+SOLVED_MIN_POINTS = 3
 
 
 # --------------------------------------------------------------------------- evaluation helpers
@@ -45,7 +48,13 @@ class Rule:
     action: str = field(default="none", repr=False)
     # With action rollback: factors applied on each rollback, e.g. (("learning_rate", 0.5), ("beta", 2.0)).
     remedy: tuple[tuple[str, float], ...] = field(default=(), repr=False)
+    # Flat groups, a zero gradient and low entropy are also what a policy that has solved its prompts looks
+    # like. With `solved_metric` (e.g. accuracy/solved_group_frac), when the median of its last values is at
+    # least `solved_at` the rule reports that as info with no action, not as a fault with remedies.
+    solved_metric: str = ""
+    solved_at: float = 0.5
     latches: dict[str, _Latch] = state()
+    solved_values: deque = state(lambda: deque(maxlen=SOLVED_RECENT))
 
     def __post_init__(self) -> None:
         if self.action not in ACTIONS:
@@ -59,6 +68,8 @@ class Rule:
             raise ValueError("key 'name' must not be empty")
         if not self.metric:
             raise ValueError("key 'metric' must not be empty")
+        if not 0 < self.solved_at <= 1:
+            raise ValueError("key 'solved_at' must be above 0 and at most 1")
         if self.level not in LEVELS:
             raise ValueError(f"key 'level' must be one of {', '.join(LEVELS)}, got {self.level!r}")
         if self.for_steps < 1:
@@ -96,6 +107,20 @@ class Rule:
             if value is not None:
                 yield name, value
 
+    def observe(self, record: Mapping) -> None:
+        """Keep `solved_metric`'s value from a record the rule is evaluated on."""
+        if self.solved_metric:
+            value = _num(record.get(self.solved_metric))
+            if value is not None:
+                self.solved_values.append(value)
+
+    def solved(self) -> float | None:
+        """The median of `solved_metric`'s last values when it reaches `solved_at`, else None."""
+        if len(self.solved_values) < SOLVED_MIN_POINTS:
+            return None
+        value = median(self.solved_values)
+        return value if value >= self.solved_at else None
+
     def fire(self, condition: bool, name: str, step: int) -> bool:
         """Feed the condition to the latch of `name`; True when an alert is due."""
         latch = self.latches.get(name)
@@ -109,7 +134,15 @@ class Rule:
         return latch.update(True, step, self.for_steps, self.cooldown)
 
     def alert(self, step: int, time: float | None, name: str, value: float | None, text: str) -> Alert:
-        """The alert this rule raises on `name`, with the hint after the text."""
+        """The alert this rule raises on `name`, with the hint after the text; info without the hint or the
+        action when the policy has solved its prompts (`solved_metric`)."""
+        solved = self.solved()
+        if solved is not None:
+            return Alert(step=step, time=time, level="info", rule=self.name, metric=name, value=value, action="none",
+                         message=f"{text}; but {self.solved_metric} is {_fmt(solved)} (median of its last "
+                                 f"{len(self.solved_values)} logged values): most groups are answered right by every "
+                                 f"completion, so this is the task learnt, not a fault. These prompts have little left "
+                                 f"to teach: keep the checkpoint and stop, or give harder prompts")
         return Alert(step=step, time=time, level=self.level, rule=self.name, metric=name, value=value,
                      message=f"{text}. {self.hint}" if self.hint else text, action=self.action)
 

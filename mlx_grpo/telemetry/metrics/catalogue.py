@@ -32,7 +32,7 @@ import re
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 
-from .names import (ACCEL_ACTIVE_GB, ACCEL_HELD_PERCENT, MEMORY_PRESSURE_LEVEL, SWAP_USED_GB, ACCEL_LIMIT_GB, ACCEL_MEMORY_PERCENT, ACCEL_PEAK_GB, ACCURACY_TRAIN,
+from .names import (ACCEL_ACTIVE_GB, ACCEL_HELD_PERCENT, MEMORY_PRESSURE_LEVEL, SWAP_USED_GB, ACCEL_LIMIT_GB, ACCEL_MEMORY_PERCENT, ACCEL_PEAK_GB, ACCURACY_TRAIN, SOLVED_GROUP_FRAC,
                     CHECKPOINT_SECONDS, CLIP_FRAC, CPU_PERCENT, ELAPSED_SECONDS, ENTROPY, EVAL_ACCURACY, EVAL_SECONDS,
                     FINISHED_CORRECT_FRAC, FINISHED_FRAC, GEN_MS_PER_TOKEN, MFU, GRAD_NORM, KL, LEARNING_RATE, LENGTH_MEAN,
                     LOSS, MEMORY_PERCENT, MEMORY_USED_GB, PROCESS_RSS_GB, PROMPT_LENGTH_MEAN, PROMPT_TRUNCATED_FRAC,
@@ -264,6 +264,11 @@ def _outcome_entries() -> list[MetricSpec]:
         MetricSpec(ACCURACY_TRAIN, "Fraction of this step's sampled completions with the right answer (the "
                    "config's `correctness` check). Left out, with every other accuracy figure and the held-out "
                    "evaluation, when the run has no correctness check: n/a, never 0%.",
+                   "fraction", "accuracy", EVERY_STEP),
+        MetricSpec(SOLVED_GROUP_FRAC, "Fraction of this step's groups whose every completion is right: prompts "
+                   "the policy has solved, which give no learning signal any more. When most flat groups "
+                   "(rewards/zero_std_group_frac) are solved ones, the run has learnt what these prompts teach; "
+                   "the zero-gradient, flat-group and entropy alerts then report it as info, not as a fault.",
                    "fraction", "accuracy", EVERY_STEP),
         MetricSpec(EVAL_ACCURACY, "Held-out accuracy: greedy completions of the evaluation prompts with the "
                    "right answer; the first is measured before the first update (step 0).", "fraction", "eval",

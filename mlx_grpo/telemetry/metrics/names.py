@@ -13,6 +13,7 @@ REWARD_RECENT_MEAN = "rewards/total/recent_mean"
 SIGNAL_TO_NOISE = "rewards/signal_to_noise"
 ZERO_STD_GROUP_FRAC = "rewards/zero_std_group_frac"
 ACCURACY_TRAIN = "accuracy/train"
+SOLVED_GROUP_FRAC = "accuracy/solved_group_frac"
 EVAL_ACCURACY = "eval/accuracy"
 
 # policy

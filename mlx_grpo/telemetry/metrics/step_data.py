@@ -16,7 +16,7 @@ import numpy as np
 
 from ...common.units import GB
 from .reward_stats import reward_metrics
-from .names import (ACCURACY_TRAIN, EVAL_ACCURACY, EVAL_SECONDS, FINISHED_CORRECT_FRAC, FINISHED_FRAC,
+from .names import (ACCURACY_TRAIN, SOLVED_GROUP_FRAC, EVAL_ACCURACY, EVAL_SECONDS, FINISHED_CORRECT_FRAC, FINISHED_FRAC,
                     GEN_MS_PER_TOKEN, GRAD_NORM, MFU, KL, LEARNING_RATE, LOSS, PROMPT_TRUNCATED_FRAC, STEP_TOKENS_PER_S,
                     TOKENS_TOTAL, TRUNCATED_CORRECT_FRAC, TRUNCATED_FRAC)
 
@@ -112,6 +112,8 @@ def outcome_metrics(data: StepData) -> dict[str, float]:
         if correct.any():
             out["completions/correct_length/mean"] = float(lengths[correct].mean())
         out[ACCURACY_TRAIN] = float(correct.mean())
+        if correct.size % data.group_size == 0:
+            out[SOLVED_GROUP_FRAC] = float(correct.reshape(-1, data.group_size).all(axis=1).mean())
         out.update(difficulty_metrics(data.difficulty, correct))
     out.update({f"prompts/{k}": v for k, v in _stats("length", prompt_lengths).items()})
     out[PROMPT_TRUNCATED_FRAC] = float(np.asarray(data.prompt_truncated, dtype=bool).mean())
