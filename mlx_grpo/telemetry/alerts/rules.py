@@ -356,7 +356,10 @@ class DropRule(Rule):
     accuracy can sit far above accuracy sampled at temperature 1. A policy broken by its first updates is
     caught at once (the median of a run that collapsed at step 2 is the collapse itself). Against the start,
     one sampled value, `early_fall` (when set) replaces `fall`: a batch of a few completions moves its mean by
-    a third between steps with no harm done.
+    a third between steps with no harm done. With `noise` (the name of a metric of the same record giving the
+    standard error of the watched value, e.g. rewards/total/mean_stderr), a fall must also be at least
+    `noise_z` of them: a policy that answers each of 4 prompts the same way every time moves its batch mean
+    by a whole prompt between steps, which is which prompts were drawn, not a collapse.
     """
 
     kind: ClassVar[str] = "drop"
@@ -368,6 +371,8 @@ class DropRule(Rule):
     min_points: int = 0  # 0: the whole window
     baseline: str = ""  # before min_points values, compare with this metric's first value
     early_fall: float = 0.0  # the fall that counts against the start (0: `fall`)
+    noise: str = ""  # a metric holding the watched value's standard error in the same record
+    noise_z: float = 3.0  # the fewest standard errors a fall must span
     previous: dict[str, deque] = state()
     baseline_first: dict[str, tuple[float, int]] = state()  # the baseline metric's first (value, step)
     first: dict[str, tuple[float, int]] = state()  # each metric's own first (value, step)
@@ -383,6 +388,10 @@ class DropRule(Rule):
             raise ValueError("key 'min_scale' must be positive")
         if metric_pattern(self.baseline) is not None:
             raise ValueError("key 'baseline' takes a plain metric name, not a pattern")
+        if metric_pattern(self.noise) is not None:
+            raise ValueError("key 'noise' takes a plain metric name, not a pattern")
+        if self.noise_z <= 0:
+            raise ValueError("key 'noise_z' must be positive")
 
     def plan(self, keys: tuple[str, ...]) -> tuple[str, ...] | None:
         """The watched metrics of the record; the baseline may arrive in a record of its own (the evaluation
@@ -398,6 +407,7 @@ class DropRule(Rule):
         if self.baseline and not self.baseline_first and (first := _num(record.get(self.baseline))) is not None:
             self.baseline_first[self.baseline] = (first, step)
         start = self.baseline_first.get(self.baseline)
+        noise = _num(record.get(self.noise)) if self.noise else None
         for name, value in self.values(record, names):
             previous = self.previous.get(name)
             if previous is None:
@@ -415,13 +425,15 @@ class DropRule(Rule):
             if level is not None:
                 moved = level - value if self.direction == "down" else value - level
                 scale = max(abs(level), self.min_scale) if self.relative else 1.0
-                if self.fire(moved / scale >= fall, name, step):
+                beyond_noise = noise is None or moved >= self.noise_z * noise
+                if self.fire(moved / scale >= fall and beyond_noise, name, step):
                     verb = "fell" if self.direction == "down" else "jumped"
                     # the change it is, signed like the move: a fall to zero reads -100%, whatever min_scale asked
                     amount = percent_change(value, level) if self.relative else f"{value - level:+.4g}"
+                    errors = f", {moved / noise:.0f} standard errors of the step's {name}" if noise else ""
                     out.append(self.alert(step, time, name, value,
                                           f"{name} {verb} to {_fmt(value)} from {reference} {_fmt(level)} "
-                                          f"({amount}{span}){_in_a_row(self.for_steps)}"))
+                                          f"({amount}{span}{errors}){_in_a_row(self.for_steps)}"))
             previous.append(value)
 
 
