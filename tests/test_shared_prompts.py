@@ -95,8 +95,11 @@ def test_a_shared_prompt_update_equals_the_whole_sequence_update(model_type, use
     shared = weight_moves(model_type, batch, overrides, use_lora, shape)
     scale = max(np.abs(v).max() for v in whole.values())
     assert scale > 1e-4  # the update really moved the weights
+    # gemma3's steps differ by up to 1.5e-5 of the largest (its scaled embedding and four norms per block round
+    # differently over left-padded prompts), as in test_update_memory; a wrong pass moves them by a tenth or more
+    atol = (5e-5 if model_type == "gemma3_text" else 1e-5) * scale
     for name, delta in whole.items():
-        np.testing.assert_allclose(shared[name], delta, rtol=1e-4, atol=1e-5 * scale, err_msg=name)
+        np.testing.assert_allclose(shared[name], delta, rtol=1e-4, atol=atol, err_msg=name)
 
 
 def test_models_and_batches_that_cannot_share_a_prompt_pass_use_whole_sequences():
