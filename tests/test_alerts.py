@@ -480,3 +480,48 @@ def test_alert_messages_are_scrubbed_wherever_they_come_from(monkeypatch):
                   message="judge answered 401: {'auth': 'Bearer judgecred_QWERTY123456789', 'x': 'sk-abcdefghijklmnopqrstuv'}")
     assert "judgecred" not in alert.message and "sk-abcdefghijklmnopqrstuv" not in alert.message
     assert "judge answered 401" in alert.message and "[secret]" in alert.to_dict()["message"]
+
+
+def test_measured_gemma_run_that_learned_is_reported_as_learned_not_as_faults():
+    # configs/gemma3_larger.yaml, seed 0: held-out 46% -> 87% (step 15) -> 97% (step 30). From step 10 most of
+    # its groups are answered right by every completion: flat groups, a zero gradient and near-greedy sampling
+    # are then the task learnt, and it fired four warnings with remedies ("raise num_generations") for them.
+    records = _measured("run_gemma_larger_solved.jsonl")
+    alerts = _replay(records)
+    assert [(a.step, a.rule) for a in alerts if a.level != "info"] == []
+    solved = [a for a in alerts if "the task learnt" in a.message]
+    assert {a.rule for a in solved} == {"zero_std_groups", "vanishing_gradient", "zero_gradient", "entropy_collapse"}
+    assert all(a.action == "none" and "num_generations" not in a.message for a in solved)
+    # The same metrics with every flat group a wrong one: the faults these rules are for, as before.
+    unsolved = [{**r, "accuracy/solved_group_frac": 0.0} if "accuracy/solved_group_frac" in r else r
+                for r in records]
+    assert [(a.step, a.rule) for a in _replay(unsolved) if a.level == "warning"] == [
+        (10, "zero_std_groups"), (13, "vanishing_gradient"), (18, "zero_gradient"), (24, "entropy_collapse")]
+
+
+def test_a_small_batch_drawing_prompts_it_gets_wrong_is_not_a_collapse():
+    # configs/gemma3_larger.yaml, seed 1: 4 prompts a step, each answered the same way by all 8 completions by
+    # step 15 (held-out 91%). Steps 16 and 17 drew 2 of 4 prompts it got wrong (reward 1.8 -> 1.3 -> 1.0, 1.25 and
+    # 1.4 standard errors of the step's mean over its prompts); reward_collapse stopped the run there, and the
+    # stopped checkpoint scored 94% held-out. A fall must now also span 3 standard errors.
+    records = _measured("run_gemma_larger_seed1_small_batch.jsonl")
+    assert [(a.step, a.rule) for a in _replay(records) if a.level != "info"] == []
+    without_noise = [{k: v for k, v in r.items() if not k.endswith("_stderr")} for r in records]
+    assert [(a.step, a.rule) for a in _replay(without_noise) if a.level == "error"] == [(17, "reward_collapse")]
+
+
+def test_a_real_collapse_spans_hundreds_of_standard_errors_and_still_stops_at_once():
+    # The default run at learning rate 1e-2: reward 7.8 -> -3.1 at step 2, 275 standard errors.
+    alerts = [a for a in _replay(_measured("run_lr_1e-2_collapse.jsonl")) if a.level == "error"]
+    assert [(a.step, a.rule, a.action) for a in alerts] == [(3, "reward_collapse", "stop"),
+                                                            (3, "accuracy_collapse", "stop")]
+    assert "275 standard errors of the step's rewards/total/mean" in alerts[0].message
+
+
+def test_drop_rule_needs_the_fall_to_span_noise_z_standard_errors():
+    rule = DropRule(name="d", metric="m", window=5, fall=0.3, relative=True, noise="m_se", noise_z=3)
+    steady = [{"step": s, "m": 2.0, "m_se": 0.1} for s in range(1, 6)]
+    assert _replay(steady + [{"step": 6, "m": 1.0, "m_se": 0.4}], [rule]) == []  # 2.5 standard errors
+    fired = _replay(steady + [{"step": 6, "m": 1.0, "m_se": 0.3}], [rule])  # 3.3
+    assert [a.step for a in fired] == [6] and "3 standard errors" in fired[0].message
+    assert [a.step for a in _replay(steady + [{"step": 6, "m": 1.0}], [rule])] == [6]  # no error known: as before

@@ -37,3 +37,12 @@ def test_evaluation_reports_accuracy_per_level_and_no_accuracy_for_an_empty_held
                       "eval/difficulty/easy/accuracy": 1.0, "eval/difficulty/easy/count": 2.0,
                       "eval/difficulty/hard/accuracy": 0.0, "eval/difficulty/hard/count": 1.0}
     assert "eval/accuracy" not in eval_record([], [], seconds=0.1)
+
+
+def test_solved_groups_are_those_every_completion_of_which_is_right():
+    import numpy as np
+    correct = np.array([True, True, False, True, True, True, False, False])  # groups of 2: solved, mixed, solved, wrong
+    record = step_record(make_step_data(8, 2, correct=correct))
+    assert record["accuracy/solved_group_frac"] == 0.5
+    assert step_record(make_step_data(8, 4, correct=correct))["accuracy/solved_group_frac"] == 0.0
+    assert "accuracy/solved_group_frac" not in step_record(make_step_data(8, 2, correct=None))

@@ -59,6 +59,9 @@ SKIPPED: dict[str, str] = {
     'python benchmarks/bench_learning.py --seeds 0 1 2': "three 200-step runs per arm (~25 min); a benchmark",
     'python benchmarks/plan_check.py configs/smollm2_sums.yaml':
         "two steps of the SmolLM2 recipe (~2-8 min); tests/test_plan.py checks plan against measured at a small shape",
+    'mlx-grpo train configs/gemma3_larger.yaml':
+        NETWORK + " on first use (the model); 30 steps (~12 min); tests/test_gguf_families.py trains the gemma3 "
+        "architecture and tests/test_sums_recipe.py checks the recipe's data",
     'python -m pytest': "the test suite itself",
     'python -m pytest -m slow': "the test suite itself",
     'python -m pytest -m ""': "the test suite itself",

@@ -71,6 +71,7 @@ class AlertEngine:
             self._plans[keys] = plan
         out: list[Alert] = []
         for rule, names in plan:
+            rule.observe(record)
             rule.update(step, time, record, names, out)
         return out
 

@@ -20,6 +20,9 @@ from .state import (_Latch, _NOT_METRICS, _Window, _check_window, _fmt, _in_a_ro
 
 # What a remedy may change, each by a factor: the learning rate and beta (the KL coefficient).
 REMEDY_KEYS = ("learning_rate", "beta")
+# How many of `solved_metric`'s last values a rule judges "solved" on (their median), and the fewest it needs.
+SOLVED_RECENT = 5
+SOLVED_MIN_POINTS = 3
 
 
 # --------------------------------------------------------------------------- evaluation helpers
@@ -45,7 +48,13 @@ class Rule:
     action: str = field(default="none", repr=False)
     # With action rollback: factors applied on each rollback, e.g. (("learning_rate", 0.5), ("beta", 2.0)).
     remedy: tuple[tuple[str, float], ...] = field(default=(), repr=False)
+    # Flat groups, a zero gradient and low entropy are also what a policy that has solved its prompts looks
+    # like. With `solved_metric` (e.g. accuracy/solved_group_frac), when the median of its last values is at
+    # least `solved_at` the rule reports that as info with no action, not as a fault with remedies.
+    solved_metric: str = ""
+    solved_at: float = 0.5
     latches: dict[str, _Latch] = state()
+    solved_values: deque = state(lambda: deque(maxlen=SOLVED_RECENT))
 
     def __post_init__(self) -> None:
         if self.action not in ACTIONS:
@@ -59,6 +68,8 @@ class Rule:
             raise ValueError("key 'name' must not be empty")
         if not self.metric:
             raise ValueError("key 'metric' must not be empty")
+        if not 0 < self.solved_at <= 1:
+            raise ValueError("key 'solved_at' must be above 0 and at most 1")
         if self.level not in LEVELS:
             raise ValueError(f"key 'level' must be one of {', '.join(LEVELS)}, got {self.level!r}")
         if self.for_steps < 1:
@@ -96,6 +107,20 @@ class Rule:
             if value is not None:
                 yield name, value
 
+    def observe(self, record: Mapping) -> None:
+        """Keep `solved_metric`'s value from a record the rule is evaluated on."""
+        if self.solved_metric:
+            value = _num(record.get(self.solved_metric))
+            if value is not None:
+                self.solved_values.append(value)
+
+    def solved(self) -> float | None:
+        """The median of `solved_metric`'s last values when it reaches `solved_at`, else None."""
+        if len(self.solved_values) < SOLVED_MIN_POINTS:
+            return None
+        value = median(self.solved_values)
+        return value if value >= self.solved_at else None
+
     def fire(self, condition: bool, name: str, step: int) -> bool:
         """Feed the condition to the latch of `name`; True when an alert is due."""
         latch = self.latches.get(name)
@@ -109,7 +134,15 @@ class Rule:
         return latch.update(True, step, self.for_steps, self.cooldown)
 
     def alert(self, step: int, time: float | None, name: str, value: float | None, text: str) -> Alert:
-        """The alert this rule raises on `name`, with the hint after the text."""
+        """The alert this rule raises on `name`, with the hint after the text; info without the hint or the
+        action when the policy has solved its prompts (`solved_metric`)."""
+        solved = self.solved()
+        if solved is not None:
+            return Alert(step=step, time=time, level="info", rule=self.name, metric=name, value=value, action="none",
+                         message=f"{text}; but {self.solved_metric} is {_fmt(solved)} (median of its last "
+                                 f"{len(self.solved_values)} logged values): most groups are answered right by every "
+                                 f"completion, so this is the task learnt, not a fault. These prompts have little left "
+                                 f"to teach: keep the checkpoint and stop, or give harder prompts")
         return Alert(step=step, time=time, level=self.level, rule=self.name, metric=name, value=value,
                      message=f"{text}. {self.hint}" if self.hint else text, action=self.action)
 
@@ -323,7 +356,10 @@ class DropRule(Rule):
     accuracy can sit far above accuracy sampled at temperature 1. A policy broken by its first updates is
     caught at once (the median of a run that collapsed at step 2 is the collapse itself). Against the start,
     one sampled value, `early_fall` (when set) replaces `fall`: a batch of a few completions moves its mean by
-    a third between steps with no harm done.
+    a third between steps with no harm done. With `noise` (the name of a metric of the same record giving the
+    standard error of the watched value, e.g. rewards/total/mean_stderr), a fall must also be at least
+    `noise_z` of them: a policy that answers each of 4 prompts the same way every time moves its batch mean
+    by a whole prompt between steps, which is which prompts were drawn, not a collapse.
     """
 
     kind: ClassVar[str] = "drop"
@@ -335,6 +371,8 @@ class DropRule(Rule):
     min_points: int = 0  # 0: the whole window
     baseline: str = ""  # before min_points values, compare with this metric's first value
     early_fall: float = 0.0  # the fall that counts against the start (0: `fall`)
+    noise: str = ""  # a metric holding the watched value's standard error in the same record
+    noise_z: float = 3.0  # the fewest standard errors a fall must span
     previous: dict[str, deque] = state()
     baseline_first: dict[str, tuple[float, int]] = state()  # the baseline metric's first (value, step)
     first: dict[str, tuple[float, int]] = state()  # each metric's own first (value, step)
@@ -350,6 +388,10 @@ class DropRule(Rule):
             raise ValueError("key 'min_scale' must be positive")
         if metric_pattern(self.baseline) is not None:
             raise ValueError("key 'baseline' takes a plain metric name, not a pattern")
+        if metric_pattern(self.noise) is not None:
+            raise ValueError("key 'noise' takes a plain metric name, not a pattern")
+        if self.noise_z <= 0:
+            raise ValueError("key 'noise_z' must be positive")
 
     def plan(self, keys: tuple[str, ...]) -> tuple[str, ...] | None:
         """The watched metrics of the record; the baseline may arrive in a record of its own (the evaluation
@@ -365,6 +407,7 @@ class DropRule(Rule):
         if self.baseline and not self.baseline_first and (first := _num(record.get(self.baseline))) is not None:
             self.baseline_first[self.baseline] = (first, step)
         start = self.baseline_first.get(self.baseline)
+        noise = _num(record.get(self.noise)) if self.noise else None
         for name, value in self.values(record, names):
             previous = self.previous.get(name)
             if previous is None:
@@ -382,13 +425,15 @@ class DropRule(Rule):
             if level is not None:
                 moved = level - value if self.direction == "down" else value - level
                 scale = max(abs(level), self.min_scale) if self.relative else 1.0
-                if self.fire(moved / scale >= fall, name, step):
+                beyond_noise = noise is None or moved >= self.noise_z * noise
+                if self.fire(moved / scale >= fall and beyond_noise, name, step):
                     verb = "fell" if self.direction == "down" else "jumped"
                     # the change it is, signed like the move: a fall to zero reads -100%, whatever min_scale asked
                     amount = percent_change(value, level) if self.relative else f"{value - level:+.4g}"
+                    errors = f", {moved / noise:.0f} standard errors of the step's {name}" if noise else ""
                     out.append(self.alert(step, time, name, value,
                                           f"{name} {verb} to {_fmt(value)} from {reference} {_fmt(level)} "
-                                          f"({amount}{span}){_in_a_row(self.for_steps)}"))
+                                          f"({amount}{span}{errors}){_in_a_row(self.for_steps)}"))
             previous.append(value)
 
 

@@ -32,12 +32,12 @@ import re
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 
-from .names import (ACCEL_ACTIVE_GB, ACCEL_HELD_PERCENT, MEMORY_PRESSURE_LEVEL, SWAP_USED_GB, ACCEL_LIMIT_GB, ACCEL_MEMORY_PERCENT, ACCEL_PEAK_GB, ACCURACY_TRAIN,
+from .names import (ACCEL_ACTIVE_GB, ACCEL_HELD_PERCENT, MEMORY_PRESSURE_LEVEL, SWAP_USED_GB, ACCEL_LIMIT_GB, ACCEL_MEMORY_PERCENT, ACCEL_PEAK_GB, ACCURACY_TRAIN, ACCURACY_TRAIN_STDERR, SOLVED_GROUP_FRAC,
                     CHECKPOINT_SECONDS, CLIP_FRAC, CPU_PERCENT, ELAPSED_SECONDS, ENTROPY, EVAL_ACCURACY, EVAL_SECONDS,
                     FINISHED_CORRECT_FRAC, FINISHED_FRAC, GEN_MS_PER_TOKEN, MFU, GRAD_NORM, KL, LEARNING_RATE, LENGTH_MEAN,
                     LOSS, MEMORY_PERCENT, MEMORY_USED_GB, PROCESS_RSS_GB, PROMPT_LENGTH_MEAN, PROMPT_TRUNCATED_FRAC,
                     REDRAWN_PROMPTS, REWARD_RECENT_MEAN, SAMPLES_TABLE, SIGNAL_TO_NOISE, STEP_SECONDS,
-                    STEP_TOKENS_PER_S, TOKENS_CUMULATIVE, TOKENS_TOTAL, TRUNCATED_CORRECT_FRAC, TRUNCATED_FRAC, ZERO_STD_GROUP_FRAC)
+                    STEP_TOKENS_PER_S, TOKENS_CUMULATIVE, TOKENS_TOTAL, TRUNCATED_CORRECT_FRAC, TRUNCATED_FRAC, ZERO_STD_GROUP_FRAC, REWARD_MEAN_STDERR)
 
 # ----------------------------------------------------------------------------- entries
 
@@ -90,6 +90,10 @@ def _reward_entries() -> list[MetricSpec]:
                               f"Batch {words} of the weighted total reward of each completion.",
                               "reward", "rewards", EVERY_STEP))
     out += [
+        MetricSpec(REWARD_MEAN_STDERR, "Standard error of rewards/total/mean over the step's prompts: the "
+                   "standard deviation of the groups' mean rewards over the square root of their number. How far "
+                   "the batch mean moves between steps from which prompts were drawn alone; the collapse rule "
+                   "needs a fall larger than that. Left out with a single group.", "reward", "rewards", EVERY_STEP),
         MetricSpec("rewards/total/variance", "Batch variance of the weighted total reward (std squared).",
                    "reward^2", "rewards", EVERY_STEP),
         MetricSpec(REWARD_RECENT_MEAN, "Mean of rewards/total/mean over the last 10 logged steps "
@@ -264,6 +268,14 @@ def _outcome_entries() -> list[MetricSpec]:
         MetricSpec(ACCURACY_TRAIN, "Fraction of this step's sampled completions with the right answer (the "
                    "config's `correctness` check). Left out, with every other accuracy figure and the held-out "
                    "evaluation, when the run has no correctness check: n/a, never 0%.",
+                   "fraction", "accuracy", EVERY_STEP),
+        MetricSpec(ACCURACY_TRAIN_STDERR, "Standard error of accuracy/train over the step's prompts (as "
+                   "rewards/total/mean_stderr): with 4 prompts a policy that answers each the same way every time "
+                   "moves it by 0.25 a prompt.", "fraction", "accuracy", EVERY_STEP),
+        MetricSpec(SOLVED_GROUP_FRAC, "Fraction of this step's groups whose every completion is right: prompts "
+                   "the policy has solved, which give no learning signal any more. When most flat groups "
+                   "(rewards/zero_std_group_frac) are solved ones, the run has learnt what these prompts teach; "
+                   "the zero-gradient, flat-group and entropy alerts then report it as info, not as a fault.",
                    "fraction", "accuracy", EVERY_STEP),
         MetricSpec(EVAL_ACCURACY, "Held-out accuracy: greedy completions of the evaluation prompts with the "
                    "right answer; the first is measured before the first update (step 0).", "fraction", "eval",

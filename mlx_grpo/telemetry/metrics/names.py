@@ -9,10 +9,13 @@ A name used in one module only stays a literal where it is made (step_data.py, r
 # rewards and accuracy
 REWARD_MEAN = "rewards/total/mean"
 REWARD_STD = "rewards/total/std"
+REWARD_MEAN_STDERR = "rewards/total/mean_stderr"
 REWARD_RECENT_MEAN = "rewards/total/recent_mean"
 SIGNAL_TO_NOISE = "rewards/signal_to_noise"
 ZERO_STD_GROUP_FRAC = "rewards/zero_std_group_frac"
 ACCURACY_TRAIN = "accuracy/train"
+SOLVED_GROUP_FRAC = "accuracy/solved_group_frac"
+ACCURACY_TRAIN_STDERR = "accuracy/train_stderr"
 EVAL_ACCURACY = "eval/accuracy"
 
 # policy

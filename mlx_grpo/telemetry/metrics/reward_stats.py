@@ -43,7 +43,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from .names import REWARD_MEAN, REWARD_RECENT_MEAN, REWARD_STD, SIGNAL_TO_NOISE, ZERO_STD_GROUP_FRAC
+from .names import REWARD_MEAN, REWARD_MEAN_STDERR, REWARD_RECENT_MEAN, REWARD_STD, SIGNAL_TO_NOISE, ZERO_STD_GROUP_FRAC
 
 ENTROPY_BINS = 10
 # Totals closer than this count as equal when deciding that a group has zero spread.
@@ -124,7 +124,17 @@ def reward_metrics(
     spread = groups.max(axis=1) - groups.min(axis=1)
     scale = np.maximum(1.0, np.abs(groups).max(axis=1))
     out[ZERO_STD_GROUP_FRAC] = float((spread <= ZERO_STD_TOL * scale).mean())
+    if len(groups) > 1:
+        out[REWARD_MEAN_STDERR] = group_stderr(groups)
     return out
+
+
+def group_stderr(groups: np.ndarray) -> float:
+    """Standard error of a batch mean over its prompts: the spread of the [B, G] groups' means / sqrt(B).
+    The prompts drawn are the batch's sampling noise; a policy that answers each prompt the same way
+    every time moves its batch mean by whole groups from one step to the next."""
+    means = np.asarray(groups, dtype=np.float64).mean(axis=1)
+    return float(means.std(ddof=1) / np.sqrt(len(means)))
 
 
 class RunningStats:

@@ -15,8 +15,8 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from ...common.units import GB
-from .reward_stats import reward_metrics
-from .names import (ACCURACY_TRAIN, EVAL_ACCURACY, EVAL_SECONDS, FINISHED_CORRECT_FRAC, FINISHED_FRAC,
+from .reward_stats import group_stderr, reward_metrics
+from .names import (ACCURACY_TRAIN, ACCURACY_TRAIN_STDERR, SOLVED_GROUP_FRAC, EVAL_ACCURACY, EVAL_SECONDS, FINISHED_CORRECT_FRAC, FINISHED_FRAC,
                     GEN_MS_PER_TOKEN, GRAD_NORM, MFU, KL, LEARNING_RATE, LOSS, PROMPT_TRUNCATED_FRAC, STEP_TOKENS_PER_S,
                     TOKENS_TOTAL, TRUNCATED_CORRECT_FRAC, TRUNCATED_FRAC)
 
@@ -112,6 +112,11 @@ def outcome_metrics(data: StepData) -> dict[str, float]:
         if correct.any():
             out["completions/correct_length/mean"] = float(lengths[correct].mean())
         out[ACCURACY_TRAIN] = float(correct.mean())
+        if correct.size % data.group_size == 0:
+            groups = correct.reshape(-1, data.group_size)
+            out[SOLVED_GROUP_FRAC] = float(groups.all(axis=1).mean())
+            if len(groups) > 1:
+                out[ACCURACY_TRAIN_STDERR] = group_stderr(groups)
         out.update(difficulty_metrics(data.difficulty, correct))
     out.update({f"prompts/{k}": v for k, v in _stats("length", prompt_lengths).items()})
     out[PROMPT_TRUNCATED_FRAC] = float(np.asarray(data.prompt_truncated, dtype=bool).mean())
