@@ -20,7 +20,8 @@ process (and the conversion) under a command, e.g. `measured` (a machine-wide lo
 
 Prints a table and one JSON object (--out FILE writes it too). Seconds per step are the median of the
 steps after the first (the first pays for compilation and warm-up); peak memory is MLX's peak counter
-of the process over model load and training (exact on the CPU backend too), max RSS the process's own
+of the process over model load and training (exact on the CPU backend too; mlx-grpo's per-phase resets of
+it are undone), max RSS the process's own
 over its whole life (training and the held-out check). Both processes run with OpenBLAS preloaded when
 it is installed (mlx-grpo's own re-exec).
 """
@@ -87,10 +88,20 @@ def run_ours(args: argparse.Namespace) -> dict:
     config = recipe(args)
     base_dir = args.config.resolve().parent
     config.run_name, config.monitoring_dir = f"bench-mlx-grpo-seed{args.seed}", args.workdir
+    # The trainer resets MLX's peak counter at each phase (its per-phase peaks): keep each reset's peak, so
+    # the figure is the whole process's, as mlx-lm-lora's (which never resets it) is.
+    peaks, reset = [], mx.reset_peak_memory
+
+    def reset_keeping_peak():
+        peaks.append(mx.get_peak_memory())
+        reset()
+
+    mx.reset_peak_memory = reset_keeping_peak
     started, cpu = time.perf_counter(), time.process_time()
     run_dir = Path(train(config, base_dir)["run_dir"])
     wall, cpu = time.perf_counter() - started, time.process_time() - cpu
-    peak = mx.get_peak_memory() / 1e9
+    mx.reset_peak_memory = reset
+    peak = max([mx.get_peak_memory(), *peaks]) / 1e9
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     # The run's final checkpoint, as `mlx-grpo eval RUN_DIR` loads it.
     trained = load_trained(run_dir)

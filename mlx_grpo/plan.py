@@ -136,6 +136,9 @@ class ModelShape:
     # Every block caches plain keys and values (no sliding window): the G completions of a prompt then share
     # one pass over it in the reference pass and the update (update.shares_prompts); else whole sequences
     plain_cache: bool = True
+    # A family of plain caches but for sliding windows of this many positions (0: none): its caches are
+    # plain over sequences that fit in the window (rollout.has_plain_kv_cache), so those share prompts too
+    window: int = 0
 
     @classmethod
     def from_config(cls, config: Any, source: str = "config.json") -> "ModelShape":
@@ -168,8 +171,8 @@ class ModelShape:
                        group_size=int(quant.get("group_size", 64)), experts=experts,
                        expert_intermediate=expert_width, shared_intermediate=shared_width,
                        plain_head=merged.get("model_type", "llama") in plain_head_models(),
-                       plain_cache=merged.get("model_type", "llama") in plain_head_models()
-                       and "sliding_attention" not in (merged.get("layer_types") or []))
+                       plain_cache=merged.get("model_type", "llama") in plain_head_models() and not sliding(merged),
+                       window=sliding_window(merged))
         except KeyError as err:
             raise UserError(f"{source}: no '{err.args[0]}': mlx-grpo plan reads the model's shape from it") from None
 
@@ -205,6 +208,22 @@ class ModelShape:
         else:
             linears += mlp(self.intermediate)
         return num_layers * rank * sum(i + o for i, o in linears)
+
+
+def sliding(config: dict) -> bool:
+    """Whether some layers attend over a sliding window (mlx-lm gives them a RotatingKVCache): named in
+    `layer_types`, or every `sliding_window_pattern`-th layer global (gemma3_text's default pattern is 6)."""
+    pattern = config.get("sliding_window_pattern")
+    if pattern is None:
+        pattern = 6 if config.get("model_type") == "gemma3_text" else 1
+    return "sliding_attention" in (config.get("layer_types") or []) or (type(pattern) is int and pattern > 1)
+
+
+def sliding_window(config: dict) -> int:
+    """The window of a plain-head family's sliding layers (0: none, or not a whole number)."""
+    window = config.get("sliding_window")
+    plain = config.get("model_type", "llama") in plain_head_models()
+    return window if plain and sliding(config) and type(window) is int and window > 0 else 0
 
 
 def plain_head_models() -> set[str]:
@@ -332,7 +351,7 @@ def predict(shape: ModelShape, shapes: Shapes, config: TrainConfig, settings: Me
     half = HEAD_HALF_PRECISION if d == 2 else 0.0
     # rows that share a prompt run it once and their completions on its keys and values (update.shares_prompts:
     # plain caches, blocks not recomputed); else every row runs its whole sequence
-    shared = shape.plain_cache and not settings.grad_checkpoint
+    shared = (shape.plain_cache or 0 < s <= shape.window) and not settings.grad_checkpoint
 
     def phases(rows: int, prompts: int) -> tuple[float, float]:
         """What one micro-batch's reference pass and update add to what is resident."""

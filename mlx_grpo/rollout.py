@@ -16,7 +16,7 @@ from typing import Sequence
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
-from mlx_lm.models.cache import BatchKVCache, KVCache, make_prompt_cache
+from mlx_lm.models.cache import BatchKVCache, KVCache, RotatingKVCache, make_prompt_cache
 
 from . import frozen_prefix
 from .frozen_prefix import Captured
@@ -152,10 +152,15 @@ def last_position_logits(model: nn.Module, inputs: mx.array, cache: list) -> mx.
     return model(inputs, cache=cache)[:, -1, :]
 
 
-def has_plain_kv_cache(model: nn.Module) -> bool:
-    """Every layer caches plain keys and values (no sliding window, no recurrent state): prompts can then
-    be prefilled together, left-padded, and a prompt's cache copied to many rows."""
-    return all(type(c) is KVCache for c in make_prompt_cache(model))
+def has_plain_kv_cache(model: nn.Module, length: int = 0) -> bool:
+    """Every layer can cache plain keys and values over sequences of `length` positions (no recurrent
+    state): prompts can then be prefilled together, left-padded, and a prompt's cache copied to many rows.
+    A sliding window's cache (RotatingKVCache) counts when it holds `length` positions: it then never drops
+    a key, so a plain cache holds the same ones (and the model still makes its window's attention mask from
+    it). gemma-3-270m's window is 512: its short-prompt rollouts and updates batch their prompts, where
+    per-prompt rotating caches merged for 32 rows took 0.5 GB and a third of the rollout's time."""
+    return all(type(c) is KVCache or (type(c) is RotatingKVCache and 0 < length <= c.max_size)
+               for c in make_prompt_cache(model))
 
 
 def repeat_rows(x: mx.array, rows: np.ndarray) -> mx.array:
@@ -255,8 +260,9 @@ def _generate(model: nn.Module, prompts: list[list[int]], group_size: int, max_t
               pad_id: int, settings: SamplingSettings, key: mx.array, recorded: list[mx.array]) -> Rollout:
     start = time.perf_counter()
     rows = np.repeat(np.arange(len(prompts)), group_size)
-    if has_plain_kv_cache(model):
-        logits, cache = prefill_plain(model, prompts, pad_id, max(len(p) for p in prompts) + max_tokens, rows)
+    capacity = max(len(p) for p in prompts) + max_tokens
+    if has_plain_kv_cache(model, capacity):
+        logits, cache = prefill_plain(model, prompts, pad_id, capacity, rows)
         batches = [list(range(len(prompts)))]  # one left-padded pass
     else:
         logits, cache, batches = _prefill_merged(model, prompts, rows)

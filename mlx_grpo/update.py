@@ -138,9 +138,11 @@ class CompletionScores:
 
 def shares_prompts(model: nn.Module, batch: TrainBatch) -> bool:
     """Whether the batch's completions can share one pass per prompt: rows with a common prompt, every
-    prompt non-empty, plain key/value caches, and no per-block recompute (`mx.checkpoint` takes arrays,
-    not caches)."""
-    return (0 < len(batch.prompts) < batch.num_sequences and all(batch.prompts) and has_plain_kv_cache(model)
+    prompt non-empty, plain key/value caches over its longest sequence (a sliding window at least that
+    long counts), and no per-block recompute (`mx.checkpoint` takes arrays, not caches)."""
+    longest = int(batch.sequence_lengths.max()) if batch.sequence_lengths.size else int(batch.inputs.shape[1]) + 1
+    return (0 < len(batch.prompts) < batch.num_sequences and all(batch.prompts)
+            and has_plain_kv_cache(model, longest)
             and not any(getattr(block, "grad_checkpointed", False) for block in getattr(model, "layers", [])))
 
 

@@ -82,9 +82,10 @@ def test_the_memory_alert_reads_against_this_trainers_share(monkeypatch):
 
 def test_a_logits_chunk_the_models_head_cannot_honour_is_said_once():
     config = load_config(None, {"logits_chunk_size": 16})
-    assert chunk_ignored(random_model("gemma3_text"), config) is not None
+    assert chunk_ignored(random_model("gemma2"), config) is not None  # its soft-capped logits
     assert chunk_ignored(random_model("llama"), config) is None
-    assert chunk_ignored(random_model("gemma3_text"), replace(config, logits_chunk_size=0)) is None
+    assert chunk_ignored(random_model("gemma3_text"), config) is None  # the tied embedding, plain
+    assert chunk_ignored(random_model("gemma2"), replace(config, logits_chunk_size=0)) is None
 
 
 def test_a_mixture_of_experts_head_is_chunked_and_scores_as_one_pass():

@@ -183,27 +183,49 @@ def test_the_plan_counts_every_expert_of_a_mixture_of_experts_model():
 
 GEMMA3_1B = {"model_type": "gemma3_text", "hidden_size": 1152, "intermediate_size": 6912, "num_hidden_layers": 26,
              "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 256, "vocab_size": 262144,
-             "tie_word_embeddings": True}
+             "tie_word_embeddings": True, "sliding_window": 512, "sliding_window_pattern": 6}
+# the same size with gemma2's head: its logits soft-capped, so the model's own head makes them
+GEMMA2_SIZED = {**GEMMA3_1B, "model_type": "gemma2"}
 
 
 def test_the_plan_credits_logits_chunks_only_to_families_whose_head_is_chunked():
-    """gemma3's own head makes logits at every position at once, so logits_chunk_size saves nothing there
-    (measured: 32.7 MiB update peak with and without chunks) and the plan must not count it; a qwen3 head
-    of the same size is chunked, or by default (no chunk size, LoRA) streamed, leaner still."""
+    """gemma2's own head makes logits at every position at once, so logits_chunk_size saves nothing there
+    (measured on such a head: 32.7 MiB update peak with and without chunks) and the plan must not count it;
+    a qwen3 or gemma3 head of the same size is chunked, or by default (no chunk size, LoRA) streamed, leaner
+    still."""
     config = load_config(None, {"use_lora": True, "beta": 0.04})
     shapes = Shapes(4, 8, 256, 512)
-    gemma_whole, gemma_chunked = (predict(ModelShape.from_config(GEMMA3_1B), shapes, config,
-                                          MemorySettings(4, chunk, False), "bfloat16") for chunk in (0, 64))
-    assert gemma_chunked.update == gemma_whole.update
-    streamed, chunked = (predict(ModelShape.from_config({**GEMMA3_1B, "model_type": "qwen3"}), shapes, config,
-                                 MemorySettings(4, chunk, False), "bfloat16") for chunk in (0, 64))
-    assert streamed.update < chunked.update < 0.8 * gemma_whole.update
-    gemma = ModelShape.from_config(GEMMA3_1B)
+    own_whole, own_chunked = (predict(ModelShape.from_config(GEMMA2_SIZED), shapes, config,
+                                      MemorySettings(4, chunk, False), "bfloat16") for chunk in (0, 64))
+    assert own_chunked.update == own_whole.update
+    for plain in ({**GEMMA3_1B, "model_type": "qwen3"}, GEMMA3_1B):
+        streamed, chunked = (predict(ModelShape.from_config(plain), shapes, config,
+                                     MemorySettings(4, chunk, False), "bfloat16") for chunk in (0, 64))
+        assert streamed.update < chunked.update < 0.8 * own_whole.update
+    own = ModelShape.from_config(GEMMA2_SIZED)
     qwen = ModelShape.from_config({**GEMMA3_1B, "model_type": "qwen3"})
     # its logits cover the whole sequence (prompt included), not the completion only
     unchunked = MemorySettings(4, 0, False)
-    assert predict(gemma, shapes, config, unchunked, "bfloat16").update > \
+    assert predict(own, shapes, config, unchunked, "bfloat16").update > \
         predict(qwen, shapes, config, unchunked, "bfloat16").update
+
+
+def test_a_sliding_window_that_covers_the_sequences_shares_prompts_like_a_plain_cache():
+    """gemma3's caches are plain over sequences no longer than its 512-position window (the rollout and the
+    update then share each prompt's pass, rollout.has_plain_kv_cache); longer ones run whole sequences."""
+    config = load_config(None, {"use_lora": True, "beta": 0.0})
+    settings = MemorySettings(8, 0, False)
+    gemma = ModelShape.from_config(GEMMA3_1B)
+    assert gemma.plain_head and not gemma.plain_cache and gemma.window == 512
+    unsaid = {key: value for key, value in GEMMA3_1B.items() if key != "sliding_window_pattern"}
+    assert ModelShape.from_config(unsaid).window == 512  # mlx-lm's default pattern, 6
+    short = Shapes(4, 8, 40, 4)  # gemma-3-270m's recipe: 4-token answers after 40-token prompts
+    within = predict(gemma, short, config, settings, "float32").update
+    beyond = predict(ModelShape.from_config({**GEMMA3_1B, "sliding_window": 32}), short, config, settings,
+                     "float32").update
+    plain = predict(ModelShape.from_config({**GEMMA3_1B, "model_type": "qwen3"}), short, config, settings,
+                    "float32").update
+    assert within == plain < beyond
 
 
 def test_the_plan_includes_the_held_out_evaluation_it_runs():

@@ -63,8 +63,11 @@ def make_model_dir(out: Path, model_type: str = "llama", seed: int = 0, **shape)
 IN_MEMORY = {  # random_model's architectures: one of each head layout
     "llama": {"rope_theta": 10000.0, "tie_word_embeddings": False},  # its own LM head
     "qwen2": {"rope_theta": 1000000.0, "tie_word_embeddings": True},  # the head is the embedding
-    "gemma3_text": {"head_dim": 16, "query_pre_attn_scalar": 16, "sliding_window": 6,  # full-logits path
+    # the tied embedding as its head, scaled on the way in; sliding windows (shorter than most test sequences)
+    "gemma3_text": {"head_dim": 16, "query_pre_attn_scalar": 16, "sliding_window": 6,
                     "sliding_window_pattern": 2, "rope_theta": 1000000.0},
+    # its own head: the tied embedding's logits soft-capped (tanh), so they exist at every position at once
+    "gemma2": {"head_dim": 16, "query_pre_attn_scalar": 16, "final_logit_softcapping": 2.0},
     # mixture of experts, its own LM head (a plain head since mlx-grpo reads it as one)
     "qwen3_moe": {"rope_theta": 1000000.0, "tie_word_embeddings": False, "head_dim": 16, "num_experts": 4,
                   "num_experts_per_tok": 2, "moe_intermediate_size": 32, "decoder_sparse_step": 1,
@@ -72,12 +75,13 @@ IN_MEMORY = {  # random_model's architectures: one of each head layout
 }
 
 
-def random_model(model_type: str, vocab: int = 300, hidden: int = 64, layers: int = 2, seed: int = 0):
-    """A random-weight mlx-lm model built in memory (no tokenizer): for shapes and memory, not text."""
+def random_model(model_type: str, vocab: int = 300, hidden: int = 64, layers: int = 2, seed: int = 0, **shape):
+    """A random-weight mlx-lm model built in memory (no tokenizer): for shapes and memory, not text. `shape`:
+    config fields to change (e.g. a gemma3_text's sliding_window)."""
     module = importlib.import_module(f"mlx_lm.models.{model_type}")
     args = {**IN_MEMORY[model_type], "model_type": model_type, "hidden_size": hidden, "num_hidden_layers": layers,
             "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 2 * hidden,
-            "vocab_size": vocab, "rms_norm_eps": 1e-6, "max_position_embeddings": 512}
+            "vocab_size": vocab, "rms_norm_eps": 1e-6, "max_position_embeddings": 512, **shape}
     mx.random.seed(seed)
     model = module.Model(module.ModelArgs.from_dict(args))
     mx.eval(model.parameters())
