@@ -187,13 +187,16 @@ class Captured:
         return sum(shared.values()) + sum(a.nbytes for a in self.completion)
 
 
-def capture_from_prefill(recorded: list[mx.array], prompts: list[list[int]]) -> list[mx.array]:
-    """Each prompt's states, [P, H], from the prefill's recorded outputs: one left-padded batch of all the
-    prompts, or one output per prompt (prefilled alone)."""
-    if recorded[0].shape[0] == len(prompts):
-        longest = recorded[0].shape[1]
-        return [recorded[0][i, longest - len(p):] for i, p in enumerate(prompts)]
-    return [out[0] for out in recorded]
+def capture_from_prefill(recorded: list[mx.array], prompts: list[list[int]],
+                         batches: list[list[int]]) -> list[mx.array]:
+    """Each prompt's states, [P, H], from the prefill's recorded outputs: recorded[j] holds the prompts
+    batches[j] names, left-padded to its longest (one batch of all the prompts, or one per prompt length)."""
+    states: list[mx.array] = [mx.array(0)] * len(prompts)
+    for out, indices in zip(recorded, batches, strict=True):
+        longest = out.shape[1]
+        for row, index in enumerate(indices):
+            states[index] = out[row, longest - len(prompts[index]):]
+    return states
 
 
 def left_padded(states: Sequence[mx.array]) -> mx.array:

@@ -206,20 +206,37 @@ def prefill_plain(model: nn.Module, prompts: list[list[int]], pad_id: int, capac
     return repeat_rows(last, rows), cache
 
 
-def _prefill_merged(model: nn.Module, prompts: list[list[int]], rows: np.ndarray) -> tuple[mx.array, list]:
-    """Each prompt prefilled alone in the model's own cache (sliding windows, state-space layers, hybrids),
-    then every layer's caches merged into mlx-lm's batch cache of that kind, one row per group member."""
-    per_prompt, last = [], []
-    for prompt in prompts:
+def _prefill_merged(model: nn.Module, prompts: list[list[int]],
+                    rows: np.ndarray) -> tuple[mx.array, list, list[list[int]]]:
+    """Prompts prefilled in the model's own cache (sliding windows, state-space layers, hybrids), those of one
+    length together (they need no padding: 100 held-out questions of 9 lengths are 9 passes, not 100), each
+    prompt's cache cut out of its batch, then every layer's caches merged into mlx-lm's batch cache of that
+    kind, one row per group member. Also the prompt indices of each prefill pass, in order."""
+    by_length: dict[int, list[int]] = {}
+    for index, prompt in enumerate(prompts):
+        by_length.setdefault(len(prompt), []).append(index)
+    per_prompt: list[list] = [[] for _ in prompts]
+    last: list[mx.array] = [mx.array(0)] * len(prompts)
+    for indices in by_length.values():
         cache = make_prompt_cache(model)
-        logits = last_position_logits(model, mx.array([prompt]), cache)
+        logits = last_position_logits(model, mx.array([prompts[i] for i in indices]), cache)
         mx.eval(logits, [c.state for c in cache])
-        per_prompt.append(cache)
-        last.append(logits)
+        for row, index in enumerate(indices):
+            per_prompt[index] = [_row_cache(layer_cache, row) for layer_cache in cache]
+            last[index] = logits[row:row + 1]
     order = rows.tolist()
     merged = [type(per_prompt[0][layer]).merge([per_prompt[i][layer] for i in order])
               for layer in range(len(per_prompt[0]))]
-    return mx.concatenate(last, axis=0)[mx.array(rows)], merged
+    return mx.concatenate(last, axis=0)[mx.array(rows)], merged, list(by_length.values())
+
+
+def _row_cache(cache, row: int):
+    """One row of a batch-prefilled layer cache, as the cache one prompt alone would have: the hybrids' caches
+    cut themselves out (`extract`); a KV cache (plain or rotating) is its arrays' row and the same offsets."""
+    if hasattr(cache, "extract"):
+        return cache.extract(row)
+    return type(cache).from_state(tuple(part[row:row + 1] if isinstance(part, mx.array) else part
+                                        for part in cache.state))
 
 
 def generate(
@@ -246,8 +263,9 @@ def _generate(model: nn.Module, prompts: list[list[int]], group_size: int, max_t
     capacity = max(len(p) for p in prompts) + max_tokens
     if has_plain_kv_cache(model, capacity):
         logits, cache = prefill_plain(model, prompts, pad_id, capacity, rows)
+        batches = [list(range(len(prompts)))]  # one left-padded pass
     else:
-        logits, cache = _prefill_merged(model, prompts, rows)
+        logits, cache, batches = _prefill_merged(model, prompts, rows)
     prefilled = len(recorded)
 
     n = len(prompts) * group_size
@@ -272,7 +290,7 @@ def _generate(model: nn.Module, prompts: list[list[int]], group_size: int, max_t
     ids_np = np.array(mx.stack(step_ids, axis=1))
     logprobs_np = np.array(mx.stack(step_logprobs, axis=1))
     del cache, logits  # before the kept states are joined: the KV cache is the rollout's largest buffer
-    prefix = _captured(recorded, prefilled, prompts, rows) if recorded else None
+    prefix = _captured(recorded, prefilled, prompts, batches, rows) if recorded else None
     recorded.clear()  # the per-step pieces, now joined
 
     completions, completion_logprobs, truncated = [], [], []
@@ -296,10 +314,11 @@ def _generate(model: nn.Module, prompts: list[list[int]], group_size: int, max_t
     )
 
 
-def _captured(recorded: list[mx.array], prefilled: int, prompts: list[list[int]], rows: np.ndarray) -> Captured:
-    """The recorded frozen-block outputs as per-row states: the prefill's (per prompt), then one per decode
-    step (the fed-back completion tokens)."""
-    per_prompt = frozen_prefix.capture_from_prefill(recorded[:prefilled], prompts)
+def _captured(recorded: list[mx.array], prefilled: int, prompts: list[list[int]], batches: list[list[int]],
+              rows: np.ndarray) -> Captured:
+    """The recorded frozen-block outputs as per-row states: the prefill's (per prompt; `batches`: the prompts of
+    each prefill pass), then one per decode step (the fed-back completion tokens)."""
+    per_prompt = frozen_prefix.capture_from_prefill(recorded[:prefilled], prompts, batches)
     steps = recorded[prefilled:]
     if steps:
         decoded = mx.concatenate(steps, axis=1)

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 import mlx_grpo.opening as opening_module
+from mlx_grpo.cli import main
 from mlx_grpo.config import load_config
 from mlx_grpo.machine import accel_memory
 from mlx_grpo.telemetry.rundir.writer import read_run_info
@@ -61,7 +62,7 @@ def mlx_grpo_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
                           timeout=300)
 
 
-def test_a_rule_with_action_stop_checkpoints_closes_the_logs_and_exits_3_with_the_resume_command(tmp_path):
+def test_a_rule_with_action_stop_checkpoints_closes_the_logs_and_exits_3_with_the_resume_command(tmp_path, monkeypatch):
     # A rule that holds from the first step fires at step 3 (for_steps 3) and stops the run there.
     (tmp_path / "stop.yaml").write_text(
         "rules:\n"
@@ -69,7 +70,7 @@ def test_a_rule_with_action_stop_checkpoints_closes_the_logs_and_exits_3_with_th
         "     for_steps: 3, action: stop, hint: stopped on purpose}\n")
     run_dir = tmp_path / "runs" / "stopped"
     flags = ["--num-steps", "6", "--batch-size", "4", "--num-generations", "4", "--eval-every", "0",
-             "--checkpoint-every", "0", "--no-tensorboard", "--monitoring-dir", "runs"]
+             "--checkpoint-every", "0", "--no-tensorboard", "--monitoring-dir", "runs", "--train-size", "64"]
     result = mlx_grpo_cli("train", "--alerts", "stop.yaml", "--run-name", "stopped", *flags, cwd=tmp_path)
     assert result.returncode == 3, result.stderr
     stop_line = [line for line in result.stderr.splitlines() if "action: stop" in line]
@@ -83,9 +84,10 @@ def test_a_rule_with_action_stop_checkpoints_closes_the_logs_and_exits_3_with_th
     assert read_run_info(run_dir).status == "interrupted"
     assert (run_dir / "checkpoints" / "step_3").is_dir()
 
-    # The command it printed continues the run; the rule remembers its condition already holds.
-    resumed = mlx_grpo_cli(*stop_line[0].split("continue with: mlx-grpo ")[1].split(), cwd=tmp_path)
-    assert resumed.returncode == 0, resumed.stderr
+    # The command it printed continues the run (in-process: the stop above was the real command's launch);
+    # the rule remembers its condition already holds.
+    monkeypatch.chdir(tmp_path)
+    assert main(stop_line[0].split("continue with: mlx-grpo ")[1].split()) == 0
     assert [r["step"] for r in read_jsonl(run_dir / "metrics.jsonl")] == [1, 2, 3, 4, 5, 6]
     assert read_run_info(run_dir).status == "finished"
 

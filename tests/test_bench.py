@@ -136,12 +136,16 @@ def test_bandwidth_ceiling_counts_weights_and_kv_cache(tmp_path):
     assert bandwidth_report(1000.0, model, 8, 9, 24, chip=None) is None  # not Apple Silicon
 
 
-def test_bench_preset_flags_refuse_bad_input_in_one_line():
+def test_bench_preset_flags_refuse_bad_input_in_one_line(capsys):
+    # in-process: test_bench_refuses_an_unknown_path_in_one_line runs the command's refusal as a subprocess
+    from mlx_grpo.cli import main
+
     for flags, words in ((["--layers", "2"], "--layers needs --preset"),
                          (["--preset", "qwen9-1t"], "preset 'qwen9-1t': unknown"),
                          (["--preset", "qwen2.5-0.5b", "--layers", "99"], "expected 1..24")):
-        result = mlx_grpo("bench", *flags, "--json")
-        assert result.returncode == 2 and words in result.stderr and "Traceback" not in result.stderr, flags
+        rc = main(["bench", *flags, "--json"])
+        err = capsys.readouterr().err
+        assert rc == 2 and words in err and len(err.splitlines()) == 1, (flags, err)
 
 
 def test_bench_report_piped_keeps_each_line_whole(report, capsys):

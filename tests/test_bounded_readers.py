@@ -19,8 +19,9 @@ import pytest
 from mlx_grpo.cli import main
 from mlx_grpo.telemetry.rundir.writer import read_run_info
 
+# train_size: not the default 20,000 rows, whose drawing and tokenizing took ~1 s of each short run
 FAST = {"num_steps": 2, "batch_size": 2, "num_generations": 2, "max_generation_steps": 4, "eval_every": 0,
-        "checkpoint_every": 0, "tensorboard": False, "wandb": False}
+        "checkpoint_every": 0, "tensorboard": False, "wandb": False, "train_size": 64}
 
 
 @pytest.fixture(scope="module")

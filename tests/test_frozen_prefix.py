@@ -32,6 +32,7 @@ from tiny_models import random_model
 FAMILIES = ["llama", "qwen2", "gemma3_text", "qwen3_moe"]
 TOLERANCE = {mx.float32: 1e-4, mx.bfloat16: 5e-2}
 PROMPTS = [[1, 5, 9, 22, 40], [3, 4, 7], [8, 8, 8, 8, 8, 2, 17]]
+SAME_LENGTHS = [[1, 5, 9, 22, 40], [3, 4, 7], [8, 8, 8, 2, 17]]  # a merged-cache model prefills 0 and 2 together
 
 
 def adapted(model_type: str, layers: int = 4, lora_layers: int = 2, hidden: int = 64, dtype=mx.float32):
@@ -45,8 +46,8 @@ def adapted(model_type: str, layers: int = 4, lora_layers: int = 2, hidden: int 
     return model
 
 
-def rollout_of(model, group_size: int = 3, max_tokens: int = 9):
-    return generate(model, PROMPTS, group_size, max_tokens, set(), 0, SamplingSettings(), mx.random.key(0),
+def rollout_of(model, group_size: int = 3, max_tokens: int = 9, prompts=PROMPTS):
+    return generate(model, prompts, group_size, max_tokens, set(), 0, SamplingSettings(), mx.random.key(0),
                     capture=True)
 
 
@@ -67,18 +68,19 @@ def test_install_finds_the_first_adapted_block_and_keeps_every_weight_name():
     assert frozen_prefix.install(every) is None and frozen_prefix.first_block(every) == 0  # nothing frozen below
 
 
+@pytest.mark.parametrize("prompts", [PROMPTS, SAME_LENGTHS], ids=["lengths-differ", "two-of-one-length"])
 @pytest.mark.parametrize("model_type", ["qwen2", "gemma3_text"])  # batched left-padded prefill; merged caches
-def test_the_rollout_keeps_the_frozen_blocks_output_at_every_position_it_fed(model_type):
+def test_the_rollout_keeps_the_frozen_blocks_output_at_every_position_it_fed(model_type, prompts):
     model = adapted(model_type)
     frozen_prefix.install(model)
-    rollout = rollout_of(model)
+    rollout = rollout_of(model, prompts=prompts)
     for row in (0, 4, 8):
         prompt, completion = rollout.prompts[row], rollout.completions[row]
         expected = full_forward_states(model, prompt + completion[:-1])
         kept = mx.concatenate([rollout.prefix.prompt[row], rollout.prefix.completion[row][:len(completion) - 1]])
         assert kept.shape == expected.shape
         assert mx.abs(kept - expected).max().item() < 1e-4
-    assert rollout.prefix.nbytes() == (sum(map(len, PROMPTS)) + 9 * 8) * 64 * 4  # each prompt once, 8 fed steps
+    assert rollout.prefix.nbytes() == (sum(map(len, prompts)) + 9 * 8) * 64 * 4  # each prompt once, 8 fed steps
 
 
 def test_a_rollout_without_capture_keeps_nothing():

@@ -19,8 +19,9 @@ from mlx_grpo.telemetry.rundir.writer import RunDirWriter, read_run_info
 from run_writer import RunWriter, start_sinks
 from screen_text import screen_text
 
+# train_size: not the default 20,000 rows, whose drawing and tokenizing took ~1 s of each short run
 FAST = {"num_steps": 4, "batch_size": 2, "num_generations": 2, "max_generation_steps": 4, "eval_every": 0,
-        "checkpoint_every": 2, "tensorboard": False, "wandb": False}
+        "checkpoint_every": 2, "tensorboard": False, "wandb": False, "train_size": 64}
 ESC = "\x1b]0;PWNED\x07 \x1b[2J"
 
 
@@ -56,15 +57,26 @@ def yaml_surfaces(tmp_path: Path, text: str) -> list[list[str]]:
             ["eval", str(tmp_path), "--config", str(path)]]
 
 
+def nested(levels: int) -> str:
+    return "[" * levels + "]" * levels
+
+
+# 100 levels are past the limit (64) for every reader; past Python's recursion limit (R4: a RecursionError)
+# the one parser every reader shares is tried from a file and from --set below (~0.8 s a reader at that depth)
 @pytest.mark.parametrize("text, words", [
-    ("a: " + "[" * 5000 + "]" * 5000 + "\n", ("nested more than 64 levels",)),  # R4: was a RecursionError
+    ("a: " + nested(100) + "\n", ("nested more than 64 levels",)),
     ("num_steps: 2\nnum_steps: 3\n", (":2:", "'num_steps' is given twice", "lines 1 and 2")),  # R14: last won
 ], ids=["deep", "duplicate_key"])
 def test_every_yaml_reader_refuses_deep_nesting_and_duplicate_keys_in_one_line(tmp_path, capsys, text, words):
     for argv in yaml_surfaces(tmp_path, text):
         one_line_error(capsys, main(argv), *words)
-    deep = "[" * 5000 + "]" * 5000
-    one_line_error(capsys, main(["train", "--set", f"seed={deep}"]), "--set seed", "nested")
+    one_line_error(capsys, main(["train", "--set", f"seed={nested(100)}"]), "--set seed", "nested")
+
+
+def test_yaml_nested_past_the_recursion_limit_is_one_line_too(tmp_path, capsys):
+    deep = "a: " + nested(5000) + "\n"  # R4: was a RecursionError
+    one_line_error(capsys, main(yaml_surfaces(tmp_path, deep)[0]), "nested more than 64 levels")
+    one_line_error(capsys, main(["train", "--set", f"seed={nested(5000)}"]), "--set seed", "nested")
 
 
 def test_binary_fifo_and_directory_yaml_files_are_one_line(tmp_path, capsys):
@@ -227,12 +239,31 @@ def good_run(tmp_path):
     return writer.run_dir
 
 
+# Runs each command through the CLI's main(), one process for all of them (a process per command cost ~0.5 s
+# each) but not the test's own, so that a hang is a timeout rather than a stuck suite. It notes each command's
+# start and exit code in a file (their own output goes to stdout and stderr).
+EACH_COMMAND = """
+import json, sys
+from mlx_grpo.cli import main
+with open(sys.argv[2], "a") as notes:
+    for name, argv in json.loads(sys.argv[1]):
+        print(name, "started", file=notes, flush=True)
+        print(name, main(argv), file=notes, flush=True)
+"""
+
+
 def test_report_and_compare_refuse_hostile_file_types_without_hanging(tmp_path, good_run):
-    for name, run_dir in hostile_runs(tmp_path / "h", good_run).items():
-        for command in (["report", "--no-write", str(run_dir)], ["compare", str(run_dir), str(good_run)]):
-            done = subprocess.run([sys.executable, "-m", "mlx_grpo.cli", *command], capture_output=True, text=True,
-                                  timeout=60)
-            assert done.returncode in (0, 2) and "Traceback" not in done.stderr, (name, command, done.stderr)
+    cases = [(f"{name}-{argv[0]}", argv) for name, run_dir in hostile_runs(tmp_path / "h", good_run).items()
+             for argv in (["report", "--no-write", str(run_dir)], ["compare", str(run_dir), str(good_run)])]
+    notes = tmp_path / "exit_codes.txt"
+    try:
+        done = subprocess.run([sys.executable, "-c", EACH_COMMAND, json.dumps(cases), str(notes)],
+                              capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"hung: {notes.read_text().splitlines()[-1]}") from None
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    codes = dict(line.split() for line in notes.read_text().splitlines() if not line.endswith(" started"))
+    assert list(codes) == [name for name, _ in cases] and set(codes.values()) <= {"0", "2"}, codes
 
 
 def test_a_line_longer_than_the_limit_is_skipped_not_held_in_memory(tmp_path, monkeypatch):

@@ -36,7 +36,8 @@ def greedy_alone(model, prompt, steps):
 @pytest.mark.parametrize("kind", FAMILIES)
 def test_batched_rollout_equals_one_sequence_at_a_time(models, kind):
     model, _ = load(str(models[kind]))
-    prompts = [[1, 5, 6, 7], [1, 8, 9, 10, 11, 12, 13, 14, 15], [1, 9]]  # lengths 4, 9, 2: windows of 6 overflow
+    # lengths 4, 9, 2, 4, 9: windows of 6 overflow; prompts of one length are prefilled together
+    prompts = [[1, 5, 6, 7], [1, 8, 9, 10, 11, 12, 13, 14, 15], [1, 9], [1, 7, 3, 2], [1, 2, 4, 8, 16, 3, 5, 9, 11]]
     steps = 12
     rollout = generate(model, prompts, 2, steps, eos_ids=set(), pad_id=0, settings=SamplingSettings(temperature=0.0),
                        key=mx.random.key(0))

@@ -28,8 +28,10 @@ from mlx_grpo.rollout import Rollout
 from mlx_grpo.update import build_train_batch, update_policy
 from tiny_models import make_model_dir
 
+# train_size: not the default 20,000 rows, whose drawing and tokenizing took ~1 s of each short run
 FAST = {"num_steps": 5, "batch_size": 2, "num_generations": 4, "num_iterations": 1, "max_generation_steps": 8,
-        "eval_every": 0, "checkpoint_every": 2, "samples_per_step": 1, "wandb": False, "learning_rate": 0.01}
+        "eval_every": 0, "checkpoint_every": 2, "samples_per_step": 1, "wandb": False, "learning_rate": 0.01,
+        "train_size": 64}
 
 
 @pytest.fixture(scope="module")

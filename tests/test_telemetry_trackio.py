@@ -32,6 +32,7 @@ def test_a_two_step_run_reaches_trackio_s_local_store(tmp_path):
         batch_size: 2
         num_generations: 2
         max_generation_steps: 4
+        train_size: 64
         eval_every: 0
         run_name: tracked
         report_to: [trackio]

@@ -161,7 +161,7 @@ def test_a_real_run_logs_dataset_charts_and_final_model_offline_and_a_failing_wa
 
     monkeypatch.delenv("WANDB_DIR")  # W&B's files go into the run directory, as by default
     settings = {"num_steps": 4, "batch_size": 4, "num_generations": 4, "eval_every": 0, "checkpoint_every": 0,
-                "tensorboard": False, "wandb": True, "monitoring_dir": str(offline / "runs")}
+                "tensorboard": False, "wandb": True, "monitoring_dir": str(offline / "runs"), "train_size": 64}
     result = train(load_config(None, {**settings, "run_name": "logged", "wandb_log_model": True}), offline)
     assert result["status"] == "finished"
     run_dir = Path(result["run_dir"])
@@ -202,7 +202,8 @@ def test_wandb_is_opt_in_and_an_api_key_in_the_environment_alone_never_turns_it_
 
     monkeypatch.setattr(opening_module, "make_sinks", fake_make_sinks)
     monkeypatch.setenv("WANDB_API_KEY", "0123456789abcdef0123456789abcdef01234567")
-    settings = {"num_steps": 1, "batch_size": 2, "num_generations": 2, "monitoring_dir": str(tmp_path / "runs")}
+    settings = {"num_steps": 1, "batch_size": 2, "num_generations": 2, "monitoring_dir": str(tmp_path / "runs"),
+                "train_size": 64}
     for extra in ({}, {"wandb": True}, {"report_to": "wandb"}):
         with pytest.raises(Stop):
             run_module.train(load_config(None, {**settings, **extra}), tmp_path)
