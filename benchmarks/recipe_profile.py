@@ -90,11 +90,12 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{model_type}: {batch.num_sequences} rows, inputs {tuple(batch.inputs.shape)}, "
           f"{batch.num_tokens} completion tokens, micro_batch_size {config.micro_batch_size}", flush=True)
 
+    # each variant takes context factories: a context manager made by @contextmanager runs once
     def updating(*contexts, prefix: bool = True):
         def run():
             with ExitStack() as stack:
                 for context in contexts:
-                    stack.enter_context(context)
+                    stack.enter_context(context())
                 trainer.update(batch if prefix else replace(batch, prefix=None), advantages, None)
         return run
 
@@ -102,18 +103,21 @@ def main(argv: list[str] | None = None) -> None:
         def run():
             with ExitStack() as stack:
                 for context in contexts:
-                    stack.enter_context(context)
+                    stack.enter_context(context())
                 trainer.rollout(prompts, mx.random.key(args.seed), config.max_generation_steps)
         return run
 
+    def plain_head_off():
+        return own_head(model_type)
+
     variants = {
-        "update, before: own head, windowed caches": updating(own_head(model_type), windowed_caches()),
-        "update, before, no prefix": updating(own_head(model_type), windowed_caches(), prefix=False),
-        "update, head at completion positions only": updating(windowed_caches()),
+        "update, before: own head, windowed caches": updating(plain_head_off, windowed_caches),
+        "update, before, no prefix": updating(plain_head_off, windowed_caches, prefix=False),
+        "update, head at completion positions only": updating(windowed_caches),
         "update, as the trainer runs it": updating(),
-        "update, one pass (micro_batch_size 0)": updating(micro_batch(trainer, 0)),
-        "rollout, before: own head, windowed caches": rolling_out(own_head(model_type), windowed_caches()),
-        "rollout, head at the last prompt position only": rolling_out(windowed_caches()),
+        "update, one pass (micro_batch_size 0)": updating(lambda: micro_batch(trainer, 0)),
+        "rollout, before: own head, windowed caches": rolling_out(plain_head_off, windowed_caches),
+        "rollout, head at the last prompt position only": rolling_out(windowed_caches),
         "rollout, as the trainer runs it": rolling_out(),
     }
     seconds: dict[str, list[float]] = {name: [] for name in variants}
