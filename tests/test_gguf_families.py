@@ -293,7 +293,9 @@ def test_stop_at_newline_ends_completions_at_their_first_line_break(files, tmp_p
     for stop in (False, True):
         config = load_config(None, {
             "model_id": str(files["qwen2"][2]), "dataset": str(tmp_path / "d.jsonl"), "correctness": "answer",
-            "num_steps": 1, "batch_size": 2, "num_generations": 8, "max_generation_steps": 32, "eval_every": 0,
+            # 4 x 16 x 64 sampled tokens hold about 7 line breaks (2 x 8 x 32 held about one, and a full-suite
+            # run drew none: the check below could not tell a stop from a model that wrote no line break)
+            "num_steps": 1, "batch_size": 4, "num_generations": 16, "max_generation_steps": 64, "eval_every": 0,
             "checkpoint_every": 0, "temperature": 2.0, "stop_at_newline": stop, "monitoring_dir": str(tmp_path),
             "run_name": f"stop-{stop}", "wandb": False})
         run_dir = Path(train(config, tmp_path)["run_dir"])
