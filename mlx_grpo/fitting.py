@@ -192,11 +192,11 @@ def fit_run(config: TrainConfig, base_dir: Path) -> tuple[TrainConfig, str, floa
             f"update {peaks.update / GB:.1f}"
             + (f", eval {peaks.evaluation / GB:.1f}" if peaks.evaluation else "") + "; "
             f"prompts <= {facts['prompt_length']}, completions <= {facts['completion_length']} tokens) "
-            f"with {settings.describe()}")
+            f"with {verdict.describe(settings)}")
     if verdict.fits or not config.memory_check:
         return config, line, peaks.peak
     if verdict.fitting is not None:
-        advice = f"it fits with {verdict.fitting.describe()}"
+        advice = f"it fits with {verdict.describe(verdict.fitting)}"
     elif verdict.other_changes:
         advice = "it would fit with " + "; or ".join(verdict.other_changes)
     else:

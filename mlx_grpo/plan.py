@@ -261,9 +261,17 @@ class MemorySettings:
     logits_chunk_size: int = 0
     grad_checkpoint: bool = False
 
-    def describe(self) -> str:
-        return (f"micro_batch_size: {self.micro_batch_size or 'all'}, logits_chunk_size: "
-                f"{self.logits_chunk_size or 'off'}, grad_checkpoint: {str(self.grad_checkpoint).lower()}")
+    def describe(self, plain_head: bool = True, frozen_head: bool = True) -> str:
+        """The settings as config keys, with what the LM head then does: `off` alone would read as "full
+        logits" where a frozen plain head is streamed and they never exist."""
+        if not plain_head:
+            head = f"{self.logits_chunk_size or 'off'} (the model's own head: full logits)"
+        elif self.logits_chunk_size:
+            head = f"{self.logits_chunk_size}"
+        else:
+            head = "off (LM head streamed)" if frozen_head else "off (full logits in the update)"
+        return (f"micro_batch_size: {self.micro_batch_size or 'all'}, logits_chunk_size: {head}, "
+                f"grad_checkpoint: {str(self.grad_checkpoint).lower()}")
 
 
 @dataclass(frozen=True)
@@ -420,10 +428,15 @@ class Verdict:
     fitting: MemorySettings | None  # the fastest settings that fit (None: nothing fits)
     fitting_peaks: PhasePeaks | None
     other_changes: list[str]  # when nothing fits: what else would
+    plain_head: bool = True  # the model's head is its plain [V, H] matrix (streamed or chunked)
+    frozen_head: bool = True  # ... and LoRA leaves it frozen (streamed in the update too)
 
     @property
     def fits(self) -> bool:
         return self.configured.peak <= self.budget
+
+    def describe(self, settings: MemorySettings) -> str:
+        return settings.describe(self.plain_head, self.frozen_head)
 
 
 # Recommended settings keep the predicted peak under this share of the budget: the formula is
@@ -500,7 +513,8 @@ def plan(shape: ModelShape, shapes: Shapes, config: TrainConfig, dtype: str, bud
             break
     other = [] if fitting is not None else bigger_changes(shape, shapes, config, dtype, lora_dtype or dtype,
                                                           MARGIN * budget)
-    return Verdict(budget, budget_source, configured, settings, fitting, fitting_peaks, other)
+    return Verdict(budget, budget_source, configured, settings, fitting, fitting_peaks, other, shape.plain_head,
+                   config.use_lora)
 
 
 def bigger_changes(shape: ModelShape, shapes: Shapes, config: TrainConfig, dtype: str, lora_dtype: str,

@@ -314,3 +314,20 @@ def test_the_plan_bounds_each_measured_phase_within_a_quarter(tmp_path, reuse):
     for phase, attribute in (("rollout", "rollout"), ("ref", "reference"), ("update", "update")):
         ratio = getattr(planned, attribute) / measured[phase]
         assert 1.0 <= ratio <= 1.25, (phase, ratio)
+
+
+def test_the_plan_line_says_what_the_lm_head_does_not_just_the_chunk_key(tmp_path, capsys):
+    """`logits_chunk_size: off` alone read as "full logits" on runs where LoRA streams a plain head and the
+    logits never exist; a model's own head (gemma2's soft-capped logits) and a trained head do make them."""
+    (tmp_path / "qwen").mkdir(), (tmp_path / "gemma2").mkdir()
+    plain = shape_only_model(tmp_path / "qwen", QWEN25_15B)
+    own = shape_only_model(tmp_path / "gemma2", {**QWEN25_15B, "model_type": "gemma2", "head_dim": 128})
+    lines = {}
+    for name, model, lora in (("lora", plain, "true"), ("full", plain, "false"), ("own", own, "true")):
+        assert main(["plan", "--memory", "192GB", "--set", f"model_id={model}", "--set", f"use_lora={lora}"]) == 0
+        lines[name] = capsys.readouterr().out.strip().splitlines()[-1]
+    assert "logits_chunk_size: off (LM head streamed)," in lines["lora"]
+    assert "logits_chunk_size: off (full logits in the update)," in lines["full"]
+    assert "logits_chunk_size: off (the model's own head: full logits)," in lines["own"]
+    assert main(["plan", "--memory", "192GB", "--set", f"model_id={plain}", "--set", "logits_chunk_size=64"]) == 0
+    assert "logits_chunk_size: 64, grad_checkpoint" in capsys.readouterr().out

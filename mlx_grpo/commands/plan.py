@@ -69,12 +69,12 @@ def format_plan(verdict, facts: dict) -> str:
           if peaks.evaluation else []),
         "",
     ]
-    settings = verdict.settings.describe()
+    settings = verdict.describe(verdict.settings)
     if verdict.fits:
         lines.append(f"fits: peak {gb(peaks.peak)} of {gb(verdict.budget)} with {settings}")
     elif verdict.fitting is not None:
         lines.append(f"does not fit: peak {gb(peaks.peak)} of {gb(verdict.budget)} with {settings}")
-        lines.append(f"fits with {verdict.fitting.describe()}: peak {gb(verdict.fitting_peaks.peak)}")
+        lines.append(f"fits with {verdict.describe(verdict.fitting)}: peak {gb(verdict.fitting_peaks.peak)}")
     else:
         lines.append(f"does not fit: peak {gb(peaks.peak)} of {gb(verdict.budget)}, even one completion at a time "
                      f"with 32-position head chunks and grad_checkpoint")
