@@ -510,6 +510,41 @@ def test_a_small_batch_drawing_prompts_it_gets_wrong_is_not_a_collapse():
     assert [(a.step, a.rule) for a in _replay(without_noise) if a.level == "error"] == [(17, "reward_collapse")]
 
 
+def test_a_held_out_fall_from_the_runs_best_evaluation_is_named_and_the_last_line_says_the_best():
+    # configs/gemma3_larger.yaml with max_grad_norm: 0, seed 0 (measured): held-out 46% -> 88% (step 15) -> 48%
+    # (step 30), the policy settled on answering the first number. Against the median of its evaluations (the
+    # untrained 46% while there are 3) nothing fired and the run ended "46.0% -> 48.0% (+2.0 points), no
+    # warnings or errors", its 88% unmentioned.
+    from dataclasses import replace
+
+    from mlx_grpo.telemetry.analysis.reward_report import analyze_run
+
+    records = _measured("run_gemma_larger_late_fall.jsonl")
+    warnings = [a for a in _replay(records) if a.level != "info"]
+    assert [(a.step, a.rule) for a in warnings] == [(30, "heldout_accuracy_drop")]
+    assert "fell to 0.48 from its best 0.88" in warnings[0].message
+    old = [replace(r, reference="median", min_points=3) if r.name == "heldout_accuracy_drop" else r
+           for r in default_rules()]
+    assert [a for a in _replay(records, old) if a.level != "info"] == []
+    line = analyze_run(records).outcome.headline()
+    assert line.startswith("held-out accuracy 46.0% -> 48.0% (+2.0 points; best 88.0% at step 15)")
+    # a last evaluation within a few questions of the best is not a fall worth a mention
+    near = [{**r, "eval/accuracy": 0.85} if r["step"] == 30 and "eval/accuracy" in r else r for r in records]
+    assert "best" not in analyze_run(near).outcome.headline()
+
+
+def test_drop_rule_reference_best_falls_from_the_highest_previous_value():
+    rule = DropRule(name="d", metric="m", window=5, min_points=1, reference="best", fall=0.4, relative=True)
+    rises = [{"step": s, "m": v} for s, v in enumerate([0.3, 0.9, 0.6], start=1)]
+    assert _replay(rises, [rule]) == []  # 0.6 is 33% below the best: under the fall
+    fired = _replay(rises + [{"step": 4, "m": 0.5}], [rule])
+    assert [a.step for a in fired] == [4] and "from its best 0.9" in fired[0].message
+    with pytest.raises(ValueError, match="reference"):
+        DropRule(name="d", metric="m", window=5, fall=0.4, reference="mean")
+    with pytest.raises(ValueError, match="between 3"):
+        DropRule(name="d", metric="m", window=5, min_points=1, fall=0.4)
+
+
 def test_a_real_collapse_spans_hundreds_of_standard_errors_and_still_stops_at_once():
     # The default run at learning rate 1e-2: reward 7.8 -> -3.1 at step 2, 275 standard errors.
     alerts = [a for a in _replay(_measured("run_lr_1e-2_collapse.jsonl")) if a.level == "error"]

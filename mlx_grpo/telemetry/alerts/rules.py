@@ -359,7 +359,10 @@ class DropRule(Rule):
     a third between steps with no harm done. With `noise` (the name of a metric of the same record giving the
     standard error of the watched value, e.g. rewards/total/mean_stderr), a fall must also be at least
     `noise_z` of them: a policy that answers each of 4 prompts the same way every time moves its batch mean
-    by a whole prompt between steps, which is which prompts were drawn, not a collapse.
+    by a whole prompt between steps, which is which prompts were drawn, not a collapse. With `reference: best`
+    the level is the best of the previous values (the highest for down), not their median: for held-out
+    evaluations, few and each precise, where the median of three is the untrained one and a run that reached
+    88% and ended at 48% fell from 88%, not from its median.
     """
 
     kind: ClassVar[str] = "drop"
@@ -373,13 +376,14 @@ class DropRule(Rule):
     early_fall: float = 0.0  # the fall that counts against the start (0: `fall`)
     noise: str = ""  # a metric holding the watched value's standard error in the same record
     noise_z: float = 3.0  # the fewest standard errors a fall must span
+    reference: str = "median"  # or "best": of the previous values, what a fall is measured from
     previous: dict[str, deque] = state()
     baseline_first: dict[str, tuple[float, int]] = state()  # the baseline metric's first (value, step)
     first: dict[str, tuple[float, int]] = state()  # each metric's own first (value, step)
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _check_window(self)
+        _check_window(self, least=1 if self.reference == "best" else 3)  # the best of one value is that value
         if self.fall <= 0:
             raise ValueError("key 'fall' must be positive (the direction gives the sign)")
         if self.direction not in _DROP_DIRECTIONS:
@@ -392,6 +396,8 @@ class DropRule(Rule):
             raise ValueError("key 'noise' takes a plain metric name, not a pattern")
         if self.noise_z <= 0:
             raise ValueError("key 'noise_z' must be positive")
+        if self.reference not in ("median", "best"):
+            raise ValueError(f"key 'reference' must be median or best, got {self.reference!r}")
 
     def plan(self, keys: tuple[str, ...]) -> tuple[str, ...] | None:
         """The watched metrics of the record; the baseline may arrive in a record of its own (the evaluation
@@ -412,16 +418,19 @@ class DropRule(Rule):
             previous = self.previous.get(name)
             if previous is None:
                 previous = self.previous[name] = deque(maxlen=self.window)
-            level, reference, span = None, "its recent median", f", last {len(previous)} logged steps"
+            level, source, span = None, "its recent median", f", last {len(previous)} logged steps"
             fall = self.fall
-            if len(previous) >= self.min_points:
+            if len(previous) >= self.min_points and self.reference == "best":
+                level = max(previous) if self.direction == "down" else min(previous)
+                source = "its best"
+            elif len(previous) >= self.min_points:
                 level = median(previous)
             elif start is not None:
-                level, reference, span = start[0], f"the start's {self.baseline}", f", step {start[1]}"
+                level, source, span = start[0], f"the start's {self.baseline}", f", step {start[1]}"
                 fall = self.early_fall or self.fall
                 own, own_step = self.first.setdefault(name, (value, step))
                 if (own < level) if self.direction == "down" else (own > level):
-                    level, reference, span = own, "its first value", f", step {own_step}"
+                    level, source, span = own, "its first value", f", step {own_step}"
             if level is not None:
                 moved = level - value if self.direction == "down" else value - level
                 scale = max(abs(level), self.min_scale) if self.relative else 1.0
@@ -432,7 +441,7 @@ class DropRule(Rule):
                     amount = percent_change(value, level) if self.relative else f"{value - level:+.4g}"
                     errors = f", {moved / noise:.0f} standard errors of the step's {name}" if noise else ""
                     out.append(self.alert(step, time, name, value,
-                                          f"{name} {verb} to {_fmt(value)} from {reference} {_fmt(level)} "
+                                          f"{name} {verb} to {_fmt(value)} from {source} {_fmt(level)} "
                                           f"({amount}{span}{errors}){_in_a_row(self.for_steps)}"))
             previous.append(value)
 

@@ -192,11 +192,12 @@ def _windowed(windows: dict[str, _Window], name: str, size: int) -> _Window:
     return window
 
 
-def _check_window(rule) -> None:
-    """`window` at least 3; `min_points` 0 means the whole window, otherwise at least 3 and at most the window."""
+def _check_window(rule, least: int = 3) -> None:
+    """`window` at least 3; `min_points` 0 means the whole window, otherwise at least `least` (3: a median needs
+    them) and at most the window."""
     if rule.window < 3:
         raise ValueError("key 'window' must be at least 3")
     if rule.min_points == 0:
         object.__setattr__(rule, "min_points", rule.window)
-    elif not 3 <= rule.min_points <= rule.window:
-        raise ValueError("key 'min_points' must be between 3 and 'window'")
+    elif not least <= rule.min_points <= rule.window:
+        raise ValueError(f"key 'min_points' must be between {least} and 'window'")

@@ -271,6 +271,10 @@ class RunOutcome:
     accuracy_measured: bool = True  # False: the run logged no accuracy at all (its task has no correctness check)
     evaluations: int = 0  # held-out evaluations logged
     eval_first_step: int | None = None
+    # the best evaluation, (step, value), when it was neither the first nor the last and the last fell from it
+    # by at least BEST_MARGIN: a run can end far below what it reached (the checkpoint of that step is the one
+    # to keep), and first -> last alone hides it
+    eval_best: tuple[int, float] | None = None
     # accuracy/train at its first and last logged step, (step, value) each, for a run too short for a trend
     train_ends: tuple[tuple[int, float], tuple[int, float]] | None = None
 
@@ -290,7 +294,8 @@ class RunOutcome:
         parts = []
         if self.evaluations >= 2 and self.eval_first is not None and self.eval_last is not None:
             change = 100 * (self.eval_last - self.eval_first)
-            parts.append(f"held-out accuracy {self.eval_first:.1%} -> {self.eval_last:.1%} ({change:+.1f} points)")
+            best = f"; best {self.eval_best[1]:.1%} at step {self.eval_best[0]}" if self.eval_best else ""
+            parts.append(f"held-out accuracy {self.eval_first:.1%} -> {self.eval_last:.1%} ({change:+.1f} points{best})")
         elif self.evaluations == 1 and self.eval_first is not None:
             # one evaluation says where the run was, not how it moved
             parts.append(f"held-out accuracy {self.eval_first:.1%} at step {self.eval_first_step} (its only evaluation)")
@@ -310,9 +315,19 @@ class RunOutcome:
         return ", ".join(parts)
 
 
+# How far (accuracy, absolute) the last evaluation must sit below the best for the headline to name the best:
+# a fact, not a verdict (heldout_accuracy_drop judges the fall); 5 points leaves out a question or two of a
+# 100-row evaluation.
+BEST_MARGIN = 0.05
+
+
 def run_outcome(data: RunData, alerts: Sequence[Alert]) -> RunOutcome:
     """Where accuracy and reward started and ended, and the alerts raised, from a run's data."""
     eval_steps, accuracy = data.series(EVAL_ACCURACY)
+    best = int(accuracy.argmax()) if len(accuracy) >= 3 else None
+    eval_best = ((int(eval_steps[best]), float(accuracy[best]))
+                 if best is not None and 0 < best < len(accuracy) - 1 and accuracy[best] - accuracy[-1] >= BEST_MARGIN
+                 else None)
     train_steps, train = data.series(ACCURACY_TRAIN)
     counts: dict[str, int] = {}
     for alert in alerts:
@@ -321,7 +336,7 @@ def run_outcome(data: RunData, alerts: Sequence[Alert]) -> RunOutcome:
                       trend_of(data, ACCURACY_TRAIN), trend_of(data, REWARD_MEAN), counts,
                       accuracy_measured=any(data.table.column(name) is not None for name in ACCURACY_METRICS),
                       evaluations=len(accuracy), eval_first_step=int(eval_steps[0]) if len(eval_steps) else None,
-                      train_ends=(((int(train_steps[0]), float(train[0])), (int(train_steps[-1]), float(train[-1])))
+                      eval_best=eval_best, train_ends=(((int(train_steps[0]), float(train[0])), (int(train_steps[-1]), float(train[-1])))
                                   if len(train) >= 2 else None))
 
 
