@@ -64,6 +64,7 @@ class PendingCheckpoint:
     final: Path
     keep: int
     seconds: float  # time spent writing it
+    spare: str | None = None  # a checkpoint never pruned: the run's best held-out evaluation
 
     def commit(self, extra_state: dict[str, Any]) -> Path:
         """Add `extra_state` to its state.json and move it into place; prune old checkpoints."""
@@ -80,7 +81,8 @@ class PendingCheckpoint:
             os.replace(self.tmp, self.final)
         _fsync_dir(self.final.parent)
         for old in list_checkpoints(self.final.parent)[:-self.keep]:
-            shutil.rmtree(old, ignore_errors=True)
+            if old.name != self.spare:
+                shutil.rmtree(old, ignore_errors=True)
         return self.final
 
 
@@ -115,6 +117,7 @@ def prepare_checkpoint(
     state: dict[str, Any],
     adapter_config: dict | None,
     keep: int,
+    spare: str | None = None,
 ) -> PendingCheckpoint:
     """Write weights (or adapters), optimiser and `state` into `.step_<N>.tmp`; `commit` puts it in place.
 
@@ -139,7 +142,7 @@ def prepare_checkpoint(
         for name in os.listdir(tmp):
             with open(tmp / name, "rb") as fh:
                 os.fsync(fh.fileno())
-    return PendingCheckpoint(tmp, checkpoints_dir / f"step_{step}", keep, time.perf_counter() - start)
+    return PendingCheckpoint(tmp, checkpoints_dir / f"step_{step}", keep, time.perf_counter() - start, spare)
 
 
 def list_checkpoints(checkpoints_dir: Path) -> list[Path]:

@@ -221,7 +221,7 @@ class TrainConfig:
                             check=non_negative(" (0: greedy accuracy only)"))
     checkpoint_every: int = key(50, "checkpoint every N steps (and at the end); 0 = only at the end",
                                  check=non_negative(" (0: only at the end)"))
-    keep_checkpoints: int = key(3, "newest checkpoints kept", check=at_least(1))
+    keep_checkpoints: int = key(3, "newest checkpoints kept (and the best held-out evaluation's)", check=at_least(1))
     run_name: str | None = key(None, "the run directory's name under monitoring_dir (default: grpo-<date>-<time>)",
                                check=Bound(lambda v: _plain_name(v),
                                            "one plain directory name (no '/', no '..', at most 200 characters)"))

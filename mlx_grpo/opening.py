@@ -4,6 +4,8 @@ lora.py is beside its tuner; it decides nothing after the start."""
 
 from __future__ import annotations
 
+import math
+
 import sys
 import time
 from dataclasses import dataclass, field
@@ -50,6 +52,9 @@ class Run:
     remedy: dict[str, float] = field(default_factory=dict)  # their factors, multiplied: {"learning_rate": 0.25}
     step: int = 0  # the step under way (or the last one done)
     report: StepReport | None = None  # the last step's record
+    # (step, held-out accuracy) of the run's best evaluation so far, step 0's included: each new best is
+    # checkpointed, and that checkpoint is kept whatever keep_checkpoints prunes (a run can end below it)
+    best_eval: tuple[int, float] | None = None
 
     @property
     def config(self) -> TrainConfig:
@@ -79,7 +84,8 @@ def open_run(config: TrainConfig, base_dir: Path, resume_dir: Path | None) -> Ru
     start_step = saved.get("step", 0)
     run = Run(run_dir, trainer, recorder, start_step, run_info.run_id,
               last_record(run_dir) if resume_dir is not None else {}, base_dir, lock,
-              rollbacks=int(saved.get("rollbacks", 0)), remedy=remedy, step=start_step)
+              rollbacks=int(saved.get("rollbacks", 0)), remedy=remedy, step=start_step,
+              best_eval=saved_best(saved))
     announce(run, memory_plan, memory_warning)
     return run
 
@@ -95,6 +101,15 @@ def alert_rules(config: TrainConfig, base_dir: Path) -> list:
     else:
         rules = rules_from_config({}, defaults=config.enable_alerts)
     return with_on_alert(rules, config.on_alert)
+
+
+def saved_best(saved: dict) -> tuple[int, float] | None:
+    """The best evaluation a resumed run had reached, from its checkpoint's state (checked: it is data)."""
+    best = saved.get("best_eval")
+    if (isinstance(best, list) and len(best) == 2 and isinstance(best[0], int) and not isinstance(best[0], bool)
+            and isinstance(best[1], (int, float)) and not isinstance(best[1], bool) and math.isfinite(best[1])):
+        return best[0], float(best[1])
+    return None
 
 
 def saved_remedy(checkpoint: Path | None) -> dict[str, float]:

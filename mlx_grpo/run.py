@@ -7,6 +7,7 @@ Every run-level choice is made here: whether to go on, roll back or stop, and th
 from __future__ import annotations
 
 import dataclasses
+import math
 import sys
 import time
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from .resume import log_positions, resume_command
 from .signals import StopRequest, report_stop
 from .telemetry.alerts.alert import Alert
 from .telemetry.events import Artifact, Flush
+from .telemetry.metrics.names import EVAL_ACCURACY
 from .telemetry.recorder import RunRecorder, StepReport
 from .telemetry.rundir.layout import RunPaths
 from .telemetry.rundir.writer import RunDirWriteError
@@ -157,8 +159,13 @@ def write_step(run: Run, report: StepReport, decision: Next) -> Next:
         recorder.write(report)
         return decision
     config = run.config
+    accuracy = report.record.get(EVAL_ACCURACY)
+    new_best = (step > 0 and isinstance(accuracy, float) and math.isfinite(accuracy)
+                and (run.best_eval is None or accuracy > run.best_eval[1]))
+    if new_best:
+        run.best_eval = (step, accuracy)
     due_now = (due(step, config.checkpoint_every, config.num_steps) or step == config.num_steps
-               or isinstance(decision, Stop))
+               or isinstance(decision, Stop) or new_best)
     pending = prepare(run, step) if run.writes and due_now else None
     recorder.write(report, checkpoint_s=pending.seconds if pending is not None else None)
     out_of_space = recorder.sinks.out_of_space if run.writes else None
@@ -202,7 +209,10 @@ def before_first_update(run: Run) -> None:
     weights for a rollback in the first steps to go back to."""
     trainer, recorder = run.trainer, run.recorder
     if trainer.config.eval_every > 0 and trainer.correctness is not None and run.last_record.get("step") != 0:
-        recorder.write(recorder.record_evaluation(0, trainer.evaluate()))
+        report = recorder.record_evaluation(0, trainer.evaluate())
+        recorder.write(report)
+        if isinstance(accuracy := report.record.get(EVAL_ACCURACY), float):
+            run.best_eval = (0, accuracy)  # what a checkpoint must beat to be kept as the best
     if run.writes and any(rule.action == "rollback" for rule in recorder.engine.rules):
         prepare(run, 0).commit({"log_positions": log_positions(run.run_dir)})
 
@@ -296,9 +306,11 @@ def prepare(run: Run, step: int) -> PendingCheckpoint:
     trainer, recorder = run.trainer, run.recorder
     state = {"order": trainer.order.state(), "run_id": run.run_id,
              "config": scrub_secrets(dataclasses.asdict(trainer.config)), "run_state": recorder.state_dict(),
-             "rollbacks": run.rollbacks, "remedy": run.remedy, **trainer.world.checkpoint_state()}
+             "rollbacks": run.rollbacks, "remedy": run.remedy, "best_eval": run.best_eval,
+             **trainer.world.checkpoint_state()}
+    spare = f"step_{run.best_eval[0]}" if run.best_eval is not None else None
     return prepare_checkpoint(RunPaths(run.run_dir).checkpoints, step, trainer.policy.model, trainer.optimizer, state,
-                              trainer.adapter_config(), trainer.config.keep_checkpoints)
+                              trainer.adapter_config(), trainer.config.keep_checkpoints, spare)
 
 
 def finish(run: Run, status: str) -> dict[str, Any]:

@@ -445,3 +445,20 @@ def test_two_ctrl_c_that_arrive_together_stop_at_once():
         single._handle(signal.SIGINT, None)  # one press: finish the step
         assert single.requested == "SIGINT"
     assert signal.getsignal(signal.SIGINT) is not single._handle  # handlers and wakeup fd restored
+
+
+def test_the_best_held_out_checkpoint_is_kept_when_the_run_ends_below_it(tmp_path, model, monkeypatch, capsys):
+    # A run that peaks mid-way and falls (the gemma recipe without clipping: 46% -> 88% -> 48%) kept only its
+    # last checkpoints: the 88% policy was gone. Each new best evaluation is checkpointed and never pruned.
+    scripted = iter([0.3, 0.6, 0.5, 0.4, 0.2])  # steps 0, 2, 4, 6, 8
+
+    def evaluate(self, peaks=None):
+        return {"eval/accuracy": next(scripted)}
+
+    monkeypatch.setattr(Trainer, "evaluate", evaluate)
+    assert main(flags(tmp_path, model, num_steps=8, eval_every=2, checkpoint_every=0, keep_checkpoints=1)) == 0
+    run_dir = tmp_path / "runs" / "r"
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_2", "step_8"]
+    assert "best 60.0% at step 2" in capsys.readouterr().out
+    state = json.loads((run_dir / "checkpoints" / "step_8" / "state.json").read_text())
+    assert state["best_eval"] == [2, 0.6]
