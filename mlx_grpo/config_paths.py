@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 FILE_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv", ".tsv", ".txt", ".yaml", ".yml", ".py")
-BUILTIN_NAMES = {"model_id": {"default", "smollm2", "gemma3-270m"}, "dataset": {"arithmetic"}}  # smollm2.py, gemma3.py
+BUILTIN_NAMES = {"model_id": {"default", "smollm2", "gemma3-270m", "qwen2.5-coder-0.5b"}, "dataset": {"arithmetic"}}  # smollm2.py, gemma3.py, qwen_coder.py
 PRESET_PREFIX = "preset:"  # a published model shape for `mlx-grpo plan` (presets.py), not a path
 
 

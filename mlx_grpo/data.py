@@ -426,7 +426,7 @@ class EncodedPrompt:
 
 
 def render_prompt(tokenizer: Any, text: str, system_prompt: str | None, use_chat_template: bool,
-                  messages: list[dict] | None = None) -> str | list[int]:
+                  messages: list[dict] | None = None, tools: list[dict] | None = None) -> str | list[int]:
     """The prompt as the model sees it: through the chat template when the tokenizer has one. A
     conversational row's `messages` are the conversation itself (the system prompt goes first unless
     the conversation has its own)."""
@@ -434,7 +434,8 @@ def render_prompt(tokenizer: Any, text: str, system_prompt: str | None, use_chat
     if system_prompt and conversation[0]["role"] != "system":
         conversation.insert(0, {"role": "system", "content": system_prompt})
     if use_chat_template and getattr(tokenizer, "chat_template", None):
-        return tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=True)
+        extra = {"tools": tools} if tools else {}  # the tools' schemas, which the template shows the model
+        return tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=True, **extra)
     return "\n".join(m["content"] for m in conversation)
 
 
@@ -444,7 +445,8 @@ def render_prompt(tokenizer: Any, text: str, system_prompt: str | None, use_chat
 MAX_CHARS_PER_TOKEN = 64
 
 
-def encode_prompt(tokenizer: Any, text: str, config: Any, messages: list[dict] | None = None) -> EncodedPrompt:
+def encode_prompt(tokenizer: Any, text: str, config: Any, messages: list[dict] | None = None,
+                  tools: list[dict] | None = None) -> EncodedPrompt:
     """Token ids of one prompt (or conversation), cut from the left to max_prompt_length."""
     keep_chars = config.max_prompt_length * MAX_CHARS_PER_TOKEN
     if messages is None:
@@ -460,7 +462,7 @@ def encode_prompt(tokenizer: Any, text: str, config: Any, messages: list[dict] |
                 budget -= len(content)
                 kept.append({**message, "content": content})
             messages = kept[::-1]
-    rendered = render_prompt(tokenizer, text, config.system_prompt, config.use_chat_template, messages)
+    rendered = render_prompt(tokenizer, text, config.system_prompt, config.use_chat_template, messages, tools)
     tokens = list(rendered) if not isinstance(rendered, str) else tokenizer.encode(rendered)
     if hasattr(tokens, "get"):  # some tokenizers return a BatchEncoding
         tokens = list(tokens["input_ids"])
@@ -470,7 +472,8 @@ def encode_prompt(tokenizer: Any, text: str, config: Any, messages: list[dict] |
     return EncodedPrompt(tokens, cut)
 
 
-def longest_prompt(tokenizer: Any, rows: list[dict], config: Any, exact: int = 64) -> int:
+def longest_prompt(tokenizer: Any, rows: list[dict], config: Any, exact: int = 64,
+                   tools: list[dict] | None = None) -> int:
     """Tokens of the longest prompt among `rows`, encoded as the trainer encodes it (chat template, system
     prompt, cut to max_prompt_length). Every prompt's text is counted in one batch call of the tokenizer;
     the `exact` longest by that count are then encoded exactly."""
@@ -479,5 +482,5 @@ def longest_prompt(tokenizer: Any, rows: list[dict], config: Any, exact: int = 6
     texts = [(_transcript(row["messages"]) if row.get("messages") else row["prompt"])[-keep_chars:] for row in rows]
     counts = [len(ids) for ids in getattr(tokenizer, "_tokenizer", tokenizer)(texts, add_special_tokens=False)["input_ids"]]
     longest = sorted(range(len(rows)), key=counts.__getitem__, reverse=True)[:exact]
-    return max((len(encode_prompt(tokenizer, rows[i]["prompt"], config, rows[i].get("messages")).tokens)
+    return max((len(encode_prompt(tokenizer, rows[i]["prompt"], config, rows[i].get("messages"), tools).tokens)
                 for i in longest), default=0)

@@ -169,7 +169,11 @@ def longest_prompt_tokens(config: TrainConfig, base_dir: Path) -> int | None:
         tokenizer = load_tokenizer(config.model_id, base_dir)
         if tokenizer is None:
             return None
-        return longest_prompt(tokenizer, load_datasets(config, base_dir)[0], config)
+        tools = None
+        if config.tools:  # the chat template shows their schemas in every prompt
+            from .multiturn.tools import resolve_tool, tool_schema
+            tools = [tool_schema(name, fn) for name, _, fn in (resolve_tool(spec, base_dir) for spec in config.tools)]
+        return longest_prompt(tokenizer, load_datasets(config, base_dir)[0], config, tools=tools)
     except UserError:  # a dataset not found: the run says so itself, with its own message
         return None
 

@@ -3,7 +3,7 @@
 Any Hugging Face-format MLX model directory (or hub id, where a hub is reachable)
 goes through `mlx_lm.load`, the shipped default model included; a llama-family GGUF file (or a directory
 holding one) through gguf.py; `smollm2` names SmolLM2-135M-Instruct's GGUF (smollm2.py) and
-`gemma3-270m` gemma-3-270m's (gemma3.py).
+`gemma3-270m` gemma-3-270m's (gemma3.py), `qwen2.5-coder-0.5b` Qwen2.5-Coder-0.5B-Instruct's (qwen_coder.py).
 """
 
 from __future__ import annotations
@@ -68,6 +68,7 @@ def resolve_model_path(model_id: str, base_dir: Path, need_weights: bool = True)
     from .gguf import find_gguf
     from .smollm2 import MODEL_ID as SMOLLM2, smollm2_path
     from .gemma3 import MODEL_ID as GEMMA3, gemma3_path
+    from .qwen_coder import MODEL_ID as QWEN_CODER, qwen_coder_path
 
     if model_id == DEFAULT_MODEL:
         return str(DEFAULT_MODEL_DIR)
@@ -75,6 +76,8 @@ def resolve_model_path(model_id: str, base_dir: Path, need_weights: bool = True)
         return str(smollm2_path(download=True))
     if model_id == GEMMA3:
         return str(gemma3_path(download=True))
+    if model_id == QWEN_CODER:
+        return str(qwen_coder_path(download=True))
     candidate = Path(model_id).expanduser()
     if not candidate.is_absolute():
         local = base_dir / candidate

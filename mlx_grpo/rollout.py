@@ -46,19 +46,26 @@ class Rollout:
     seconds: float  # generation time (a part taken from a rollout keeps the whole rollout's)
     # the frozen blocks' output at every position decoded (frozen_prefix.py), when captured
     prefix: Captured | None = None
+    # multi-turn (multiturn/trajectories.py): 1 for the model's own completion tokens, 0 for the environment's
+    # (tool results, template text), which are neither sampled nor trained; and each row's turns and calls
+    model_mask: list[list[int]] | None = None
+    trajectories: list | None = None
 
     def take(self, rows: Sequence[int]) -> "Rollout":
         """The sequences at `rows`, in that order."""
-        return Rollout([self.prompts[i] for i in rows], [self.completions[i] for i in rows],
-                       [self.logprobs[i] for i in rows], [self.truncated[i] for i in rows], self.seconds,
-                       None if self.prefix is None else self.prefix.take(rows))
+        pick = lambda values: None if values is None else [values[i] for i in rows]  # noqa: E731
+        return Rollout(pick(self.prompts), pick(self.completions), pick(self.logprobs), pick(self.truncated),
+                       self.seconds, None if self.prefix is None else self.prefix.take(rows),
+                       pick(self.model_mask), pick(self.trajectories))
 
     @staticmethod
     def concat(parts: Sequence["Rollout"]) -> "Rollout":
         """The parts' sequences one after another; their generation times add up."""
-        return Rollout([x for p in parts for x in p.prompts], [x for p in parts for x in p.completions],
-                       [x for p in parts for x in p.logprobs], [x for p in parts for x in p.truncated],
-                       sum(p.seconds for p in parts), Captured.concat([p.prefix for p in parts]))
+        join = lambda name: (None if getattr(parts[0], name) is None  # noqa: E731
+                             else [x for p in parts for x in getattr(p, name)])
+        return Rollout(join("prompts"), join("completions"), join("logprobs"), join("truncated"),
+                       sum(p.seconds for p in parts), Captured.concat([p.prefix for p in parts]),
+                       join("model_mask"), join("trajectories"))
 
 
 def filter_logits(logits: mx.array, settings: SamplingSettings) -> mx.array:

@@ -36,6 +36,9 @@ from .extras import entropy_dump
 from .extras.adaptive_window import WindowController
 from .extras.sgrpo import run_exits
 from .models import Policy, ReferencePolicy, load_policy_for_training, make_reference
+from .multiturn.episodes import MultiTurn, final_turn, load_multiturn, reward_columns
+from .multiturn.metrics import trajectory_metrics
+from .multiturn.trajectories import generate_trajectories
 from .rewards.loading import load_rewards
 from .rewards.scoring import RewardFunction, RewardScores, score_completions
 from .rollout import Rollout, SamplingSettings, decode_completion, generate
@@ -190,6 +193,7 @@ class Trainer:
     shape: ModelShape | None = None  # the model's shape, for the step's FLOPs (None: perf/mfu not computed)
     peak_flops_per_s: float = 0.0  # the machine's measured matmul FLOP/s, set by the run (0: no perf/mfu)
     prefix_note: str | None = None  # why frozen-prefix reuse is off though asked for (said at start)
+    multiturn: MultiTurn | None = None  # tools or an environment answer the model's turns (None: one turn)
 
     @classmethod
     def build(cls, config: TrainConfig, base_dir: Path, rows: tuple[list[dict], list[dict]] | None = None,
@@ -222,7 +226,7 @@ class Trainer:
                    loss_and_grad=nn.value_and_grad(policy.model, make_loss_fn(config)),
                    settings=SamplingSettings(config.temperature, config.top_p, config.top_k, config.min_p),
                    world=world, window=window, correctness=correctness, shape=model_shape(config, base_dir),
-                   prefix_note=prefix_note)
+                   prefix_note=prefix_note, multiturn=load_multiturn(config, base_dir, policy.tokenizer))
 
     def step_flops(self, batch: TrainBatch, prompt_length: int) -> float:
         """The step's floating-point work at its padded lengths (mlx_grpo/roofline.py), 0 without a shape."""
@@ -241,7 +245,8 @@ class Trainer:
 
     def draw_prompts(self, count: int | None = None) -> Prompts:
         rows = [self.train_rows[i] for i in self.order.next_indices(count or self.config.batch_size)]
-        encoded = [encode_prompt(self.policy.tokenizer, row["prompt"], self.config, row.get("messages"))
+        tools = self.multiturn.tools if self.multiturn is not None else None
+        encoded = [encode_prompt(self.policy.tokenizer, row["prompt"], self.config, row.get("messages"), tools)
                    for row in rows]
         return Prompts(rows, encoded, self.config.num_generations)
 
@@ -249,6 +254,11 @@ class Trainer:
         """B prompts x G completions of at most `max_tokens` tokens, over a shared-prefill KV cache."""
         self.policy.model.eval()
         model = self.policy.model
+        if self.multiturn is not None:
+            budgets = dataclasses.replace(self.multiturn.budgets, trajectory_tokens=max_tokens)
+            return generate_trajectories(model, self.policy.tokenizer, [e.tokens for e in prompts.encoded], prompts.rows,
+                                         prompts.group_size, budgets, self.policy.eos_ids, self.policy.pad_id,
+                                         self.settings, key, self.multiturn.make_env, self.multiturn.tools)
         return generate(model, [e.tokens for e in prompts.encoded], prompts.group_size, max_tokens,
                         self.policy.eos_ids, self.policy.pad_id, self.settings, key,
                         capture=frozen_prefix.first_block(model) > 0)
@@ -259,8 +269,13 @@ class Trainer:
         rows = prompts.per_completion
         answers = [row["answer"] for row in rows]
         prompt_texts, columns = [row["prompt"] for row in rows], extra_columns(rows)
-        scores = score_completions(self.reward_fns, prompt_texts, texts, answers, columns)
-        correct = None if self.correctness is None else self.correctness(prompt_texts, texts, answers, **columns)
+        answered = texts
+        if rollout.trajectories is not None:  # rewards and the check read the model's last turn
+            answered = [final_turn(lambda ids: decode_completion(policy.tokenizer, ids, policy.eos_ids), c, t)
+                        for c, t in zip(rollout.completions, rollout.trajectories)]
+            columns.update(reward_columns(rollout.trajectories, texts))
+        scores = score_completions(self.reward_fns, prompt_texts, answered, answers, columns)
+        correct = None if self.correctness is None else self.correctness(prompt_texts, answered, answers, **columns)
         return Scored(texts, scores, correct)
 
     def refill(self, drawn: Drawn, key: mx.array, max_tokens: int, meter: PhaseMeter) -> tuple[Drawn, int]:
@@ -322,6 +337,8 @@ class Trainer:
             with meter.phase("reward"):
                 scored = self.score(prompts, rollout)
             component_metrics: dict[str, float] = {}
+            if rollout.trajectories is not None:
+                component_metrics.update(trajectory_metrics(rollout.trajectories, rollout.model_mask))
             if config.dynamic_sampling:
                 drawn, redrawn = self.refill(Drawn(prompts, rollout, scored), key, rollout_budget, meter)
                 prompts, rollout, scored = drawn.prompts, drawn.rollout, drawn.scored
@@ -390,7 +407,7 @@ class Trainer:
             result = evaluate(self.policy.model, self.policy.tokenizer, self.eval_rows, self.config,
                               self.policy.eos_ids, self.policy.pad_id, check=self.correctness,
                               batch_size=self.config.batch_size * self.config.num_generations,
-                              samples=self.config.eval_samples, settings=self.settings)
+                              samples=self.config.eval_samples, settings=self.settings, multiturn=self.multiturn)
         mx.clear_cache()
         if peaks is not None:
             peaks.update(meter.peaks)

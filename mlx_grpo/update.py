@@ -71,7 +71,9 @@ class TrainBatch:
         mask = self.mask[start:stop]
         width = max(1, int(self.sequence_lengths[start:stop].max()) - 1) if self.sequence_lengths.size \
             else self.inputs.shape[1]
-        completion = max(1, int(mask.sum(axis=1).max().item()))
+        # the last trained position, not the count: a multi-turn row's environment tokens are holes in its mask
+        trained = np.nonzero(np.array(mask).any(axis=0))[0]
+        completion = int(trained[-1]) + 1 if trained.size else 1
         of_row = self.prompt_of_row[start:stop]
         first, last = (int(of_row[0]), int(of_row[-1]) + 1) if of_row.size else (0, 0)
         return replace(self, inputs=self.inputs[start:stop, :width], targets=self.targets[start:stop, :width],
@@ -105,6 +107,8 @@ def build_train_batch(rollout: Rollout, pad_id: int, mask_truncated: bool = Fals
         # the logit at position k predicts token k+1, so completion token t comes from len(p)-1+t
         positions[i, :n] = np.arange(len(p) - 1, len(p) - 1 + n)
         mask[i, :n] = 0.0 if mask_truncated and rollout.truncated[i] else 1.0
+        if rollout.model_mask is not None:  # tool and environment tokens: no loss, no KL, no entropy
+            mask[i, :n] *= np.array(rollout.model_mask[i], dtype=np.float32)
     new_prompt = [i == 0 or rollout.prompts[i] != rollout.prompts[i - 1] for i in range(len(seqs))]
     return TrainBatch(mx.array(tokens[:, :-1]), mx.array(tokens[:, 1:]), mx.array(positions), mx.array(mask),
                       int(mask.sum()), np.array([len(s) for s in seqs], dtype=np.int32),

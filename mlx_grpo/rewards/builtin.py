@@ -157,7 +157,21 @@ def last_number_digits(prompts, completions, answers, **columns) -> list[float]:
     return [_digit_share(last_number(c), a) for c, a in zip(completions, answers)]
 
 
+def environment(prompts, completions, answers, environment_reward=None, **columns) -> list[float]:
+    """The rewards a multi-turn environment gave the trajectory, summed (0 for a single-turn run)."""
+    return [float(r or 0.0) for r in (environment_reward or [0.0] * len(completions))]
+
+
+def tool_success(prompts, completions, answers, tool_calls=None, tool_failures=None, **columns) -> list[float]:
+    """0.5 when the trajectory called a tool and no call failed, -0.5 when a call failed, else 0: a small
+    push towards well-formed tool calls (multi-turn runs with tools)."""
+    calls, failures = tool_calls or [0] * len(completions), tool_failures or [0] * len(completions)
+    return [-0.5 if f else 0.5 if c else 0.0 for c, f in zip(calls, failures)]
+
+
 BUILTINS: dict[str, Callable] = {
+    "environment": environment,
+    "tool_success": tool_success,
     "format_exact": format_exact,
     "format_approx": format_approx,
     "answer_check": answer_check,

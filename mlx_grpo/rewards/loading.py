@@ -75,7 +75,7 @@ def _resolve(spec: str, base_dir: Path, modules: dict[Path, object]) -> tuple[st
         raise UserError(f"reward '{spec}': expected 'path/to/file.py:function_name'")
     path = (base_dir / file_part).resolve()
     if path not in modules:
-        modules[path] = _import_file(path)
+        modules[path] = import_file(path)
     fn = getattr(modules[path], func_name, None)
     if fn is None:
         functions = [n for n, v in vars(modules[path]).items() if callable(v) and not n.startswith("_")]
@@ -90,9 +90,10 @@ def _did_you_mean(name: str, candidates: Iterable[str]) -> str:
     return f" (did you mean '{close[0]}'?)" if close else ""
 
 
-def _import_file(path: Path):
+def import_file(path: Path, what: str = "reward file"):
+    """A user's Python file named in the config or on the command line, imported as a module."""
     if not path.is_file():
-        raise UserError(f"reward file not found: {path}")
+        raise UserError(f"{what} not found: {path}")
     # A unique module name per path; registered so dataclasses/pickling in the user file work.
     module_name = "mlx_grpo_user_rewards_" + hashlib.sha1(str(path).encode()).hexdigest()[:12]
     spec = importlib.util.spec_from_file_location(module_name, path)
@@ -102,5 +103,5 @@ def _import_file(path: Path):
         spec.loader.exec_module(module)
     except Exception as exc:
         del sys.modules[module_name]
-        raise UserError(f"cannot import reward file {path}: {one_line(exc)}") from None
+        raise UserError(f"cannot import {what} {path}: {one_line(exc)}") from None
     return module

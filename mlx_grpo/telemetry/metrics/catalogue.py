@@ -7,6 +7,7 @@ W&B. Names that vary per run carry a placeholder, filled with the user's own nam
 - `<level>` a difficulty label from the data
 - `<rubric>`, `<criterion>` a rubric and one of its criteria
 - `<k>` a positive integer (an exit position of S-GRPO)
+- `<tool>` a tool's name (`malformed` counts calls that could not be read)
 
 Public API:
 
@@ -71,6 +72,7 @@ EVAL = "before the first update (step 0), every eval_every steps and at the end"
 CRITERIA = "first logged step and every criteria_every steps, when a rubric is configured"
 JUDGE = "every logged step, when a rubric has a judge criterion"
 DYNAMIC = "every logged step, when dynamic_sampling is on"
+MULTITURN = "every logged step, when tools or an environment answer the model's turns"
 
 _STATS = {
     "mean": "mean",
@@ -461,6 +463,33 @@ def _extension_entries() -> list[MetricSpec]:
     return out
 
 
+def _multiturn_entries() -> list[MetricSpec]:
+    return [
+        MetricSpec("tools/call_frequency", "Tool calls per trajectory, mean over the step's trajectories (TRL's "
+                   "name and meaning). Falling to 0 after rising: the model stopped calling its tools.", "calls",
+                   "tools", MULTITURN),
+        MetricSpec("tools/failure_frequency", "Share of the step's tool calls that failed: raised, timed out, "
+                   "named no such tool, or could not be read (malformed); 0 without calls (TRL's name).",
+                   "fraction", "tools", MULTITURN),
+        MetricSpec("tools/called_frac", "Share of trajectories that called at least one tool.", "fraction", "tools",
+                   MULTITURN),
+        MetricSpec("tools/<tool>/calls", "Calls of this tool in the step (`malformed`: calls that could not be "
+                   "read).", "calls", "tools", MULTITURN),
+        MetricSpec("tools/<tool>/failures", "Failed calls of this tool in the step.", "calls", "tools", MULTITURN),
+        MetricSpec("multiturn/turns_mean", "Model turns per trajectory, mean.", "turns", "multiturn", MULTITURN),
+        MetricSpec("multiturn/model_tokens_mean", "The model's own tokens per trajectory, mean: the only ones "
+                   "sampled and trained.", "tokens", "multiturn", MULTITURN),
+        MetricSpec("multiturn/environment_tokens_mean", "Tool-result and template tokens per trajectory, mean: "
+                   "read by the model, masked out of the loss, the KL term and the entropy.", "tokens", "multiturn",
+                   MULTITURN),
+        MetricSpec("multiturn/environment_reward_mean", "The environment's rewards per trajectory (summed over "
+                   "its turns), mean; 0 for tools.", "reward", "multiturn", MULTITURN),
+        MetricSpec("multiturn/ended_frac", "Share of trajectories the environment ended (an answer without a "
+                   "tool call, a game won) rather than the turn or token budget.", "fraction", "multiturn",
+                   MULTITURN),
+    ]
+
+
 def _media_entries() -> list[MetricSpec]:
     w = "logged steps that write samples"
     charts = "every wandb_chart_every logged steps (default: about ten times per run) and the last, W&B only"
@@ -496,7 +525,7 @@ def _media_entries() -> list[MetricSpec]:
 CATALOGUE: tuple[MetricSpec, ...] = tuple(
     _reward_entries() + _outcome_entries() + _rubric_entries() + _policy_entries() + _advantage_entries()
     + _length_entries() + _performance_entries() + _system_entries() + _epoch_entries() + _final_entries()
-    + _extension_entries() + _media_entries()
+    + _extension_entries() + _multiturn_entries() + _media_entries()
 )
 
 # ----------------------------------------------------------------------------- lookup
@@ -509,6 +538,7 @@ _PLACEHOLDERS = {
     "<rubric>": _NAME,
     "<criterion>": _NAME,
     "<k>": r"[1-9][0-9]*",
+    "<tool>": _NAME,
 }
 
 

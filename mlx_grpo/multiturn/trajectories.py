@@ -1,0 +1,176 @@
+"""Multi-turn rollouts: B prompts x G trajectories decoded together, turn after turn, from one KV cache.
+
+A turn: every live row decodes until its end-of-turn token or its budget (one token per forward pass, all rows
+at once). Each row's environment then reads the turn and answers (a tool's result, the world's reply) or ends
+the trajectory. The rows that go on keep their cache: each row's keys and values are cut to what it really
+holds (a finished row kept decoding padding), its answer tokens are run on it, and the rows are merged into
+one left-padded batch cache again for the next turn. Nothing is prefilled again from the start, and rows
+whose trajectory ended leave the batch.
+
+The completion of a trajectory is every token after the prompt, the model's and the environment's; its
+`model_mask` says which are the model's. Only those are sampled, scored and trained."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+from mlx_lm.models.cache import BatchKVCache, KVCache
+
+from ..common.errors import UserError
+from ..rollout import Rollout, SamplingSettings, has_plain_kv_cache, prefill_plain, sample_tokens
+from .chat import continuation_tokens
+
+
+@dataclass
+class Trajectory:
+    """One row's story: which completion tokens each turn holds, the tools it called, its environment reward."""
+
+    segments: list[tuple[str, int, int]] = field(default_factory=list)  # (assistant | environment, start, end)
+    calls: list[tuple[str, bool]] = field(default_factory=list)  # (tool name, failed)
+    reward: float = 0.0  # the environment's rewards, summed
+    done: bool = False  # the environment ended it (else: turns or budget ran out)
+
+    @property
+    def turns(self) -> int:
+        return sum(role == "assistant" for role, _, _ in self.segments)
+
+
+@dataclass
+class TurnBudgets:
+    max_turns: int  # model turns per trajectory
+    turn_tokens: int  # model tokens per turn
+    trajectory_tokens: int  # all tokens after the prompt, the environment's included
+
+
+@dataclass
+class _Row:
+    tokens: list[int] = field(default_factory=list)
+    mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    story: Trajectory = field(default_factory=Trajectory)
+    truncated: bool = False
+
+
+def generate_trajectories(model: nn.Module, tokenizer: Any, prompts: list[list[int]], rows: list[dict],
+                          group_size: int, budgets: TurnBudgets, eos_ids: set[int], pad_id: int,
+                          settings: SamplingSettings, key: mx.array, make_env: Callable[[], Any],
+                          tools: list[dict] | None) -> Rollout:
+    """`group_size` trajectories for each prompt (`rows`: the prompts' dataset rows, for the environments)."""
+    start = time.perf_counter()
+    n = len(prompts) * group_size
+    of_prompt = np.repeat(np.arange(len(prompts)), group_size)
+    capacity = max(map(len, prompts)) + budgets.trajectory_tokens
+    if not has_plain_kv_cache(model, capacity):
+        raise UserError("multi-turn rollouts need a model whose layers cache plain keys and values over "
+                        f"{capacity} positions (no sliding window shorter than that, no recurrent state)")
+    logits, cache = prefill_plain(model, prompts, pad_id, capacity, of_prompt)
+    states = [_Row() for _ in range(n)]
+    envs = []
+    for i in range(n):
+        env = make_env()
+        env.reset(rows[of_prompt[i]])
+        envs.append(env)
+    live = list(range(n))
+    eos_text = {i: tokenizer.decode([i]) for i in eos_ids}
+    turn_keys = mx.random.split(key, budgets.max_turns)
+    for turn in range(budgets.max_turns):
+        budget = [min(budgets.turn_tokens, budgets.trajectory_tokens - len(states[i].tokens)) for i in live]
+        ids, logprobs, fed = _decode_turn(model, logits, cache, max(budget), eos_ids, settings, turn_keys[turn])
+        going, caches, pending = [], [], []
+        for r, i in enumerate(live):
+            row = states[i]
+            turn_ids = ids[r, :budget[r]].tolist()
+            end = next((t for t, tok in enumerate(turn_ids) if tok in eos_ids), None)
+            turn_ids = turn_ids if end is None else turn_ids[:end + 1]
+            turn_start = len(row.tokens)
+            row.tokens += turn_ids
+            row.mask += [1] * len(turn_ids)
+            row.logprobs += logprobs[r, :len(turn_ids)].tolist()
+            row.story.segments.append(("assistant", turn_start, len(row.tokens)))
+            if end is None and len(row.tokens) >= budgets.trajectory_tokens:
+                row.truncated = True
+                continue
+            answer = envs[i].step(tokenizer.decode(turn_ids[:-1] if end is not None else turn_ids))
+            row.story.calls += answer.calls
+            row.story.reward += answer.reward or 0.0
+            if answer.done or not answer.messages:
+                row.story.done = True
+                continue
+            if turn + 1 == budgets.max_turns:
+                continue  # out of turns: the environment's answer is never read
+            extra = continuation_tokens(tokenizer, answer.messages, tools,
+                                        eos_text.get(turn_ids[-1], "") if end is not None else "")
+            if len(row.tokens) + len(extra) >= budgets.trajectory_tokens:
+                row.truncated = True  # no room left for the model to answer
+                continue
+            row.story.segments.append(("environment", len(row.tokens), len(row.tokens) + len(extra)))
+            row.tokens += extra
+            row.mask += [0] * len(extra)
+            row.logprobs += [0.0] * len(extra)
+            # what this row's cache lacks: its turn's tokens decoding never fed back, then the answer
+            cached = min(len(turn_ids), fed)
+            caches.append(_row_cache(cache, r, len(prompts[of_prompt[i]]) + turn_start + cached))
+            pending.append(turn_ids[cached:] + extra)
+            going.append(i)
+        if not going:
+            break
+        logits, cache = _continue(model, caches, pending)
+        live = going
+    return Rollout(prompts=[prompts[p] for p in of_prompt], completions=[s.tokens for s in states],
+                   logprobs=[s.logprobs for s in states], truncated=[s.truncated for s in states],
+                   seconds=time.perf_counter() - start, model_mask=[s.mask for s in states],
+                   trajectories=[s.story for s in states])
+
+
+def _decode_turn(model: nn.Module, logits: mx.array, cache: list, max_tokens: int, eos_ids: set[int],
+                 settings: SamplingSettings, key: mx.array) -> tuple[np.ndarray, np.ndarray, int]:
+    """Sample up to `max_tokens` tokens per row, stopping once every row has ended its turn. Returns the ids
+    and log-probs ([R, T]) and how many of each row's tokens were fed back into the cache."""
+    eos = mx.array(sorted(eos_ids)) if eos_ids else mx.array([-1])
+    finished = mx.zeros((logits.shape[0],), dtype=mx.bool_)
+    step_ids, step_logprobs = [], []
+    keys = mx.random.split(key, max(1, max_tokens))
+    fed = 0
+    for t in range(max_tokens):
+        ids, logprobs = sample_tokens(logits, settings, keys[t])
+        step_ids.append(ids)
+        step_logprobs.append(logprobs)
+        finished = finished | (ids[:, None] == eos[None, :]).any(axis=-1)
+        if t + 1 == max_tokens or (t % 4 == 3 and bool(finished.all())):
+            break
+        logits = model(ids[:, None], cache=cache)[:, -1, :]
+        fed += 1
+        mx.async_eval(logits, finished, ids, logprobs)
+    return np.array(mx.stack(step_ids, axis=1)), np.array(mx.stack(step_logprobs, axis=1)), fed
+
+
+def _row_cache(cache: list, row: int, length: int) -> list[KVCache]:
+    """Row `row` of a batch cache as a one-row cache of its first `length` positions."""
+    out = []
+    for layer in cache:
+        if isinstance(layer, BatchKVCache):
+            single = layer.extract(row)
+        else:
+            single = KVCache()
+            single.keys = layer.keys[row:row + 1, :, :layer.offset]
+            single.values = layer.values[row:row + 1, :, :layer.offset]
+            single.offset = layer.offset
+        single.trim(single.offset - length)
+        out.append(single)
+    return out
+
+
+def _continue(model: nn.Module, caches: list[list[KVCache]], pending: list[list[int]]) -> tuple[mx.array, list]:
+    """Run each row's pending tokens on its own cache, then merge the rows into one batch cache; returns the
+    next-token logits per row ([R, V]) and the merged cache."""
+    last = []
+    for row_cache, tokens in zip(caches, pending):
+        last.append(model(mx.array([tokens]), cache=row_cache)[:, -1, :])
+        mx.eval(last[-1], [c.state for c in row_cache])
+    merged = [BatchKVCache.merge([row_cache[layer] for row_cache in caches]) for layer in range(len(caches[0]))]
+    return mx.concatenate(last, axis=0), merged
