@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Callable, Protocol
 
 from ..common.errors import UserError
+from ..common.user_code import import_file
 from .calls import CallFormat, Malformed, parse_calls
 from .tools import ToolRunner
 
@@ -92,7 +93,6 @@ def environment_factory(spec: str, base_dir: Path) -> Callable[[], Any]:
             raise UserError(f"unknown environment '{spec}'; built-in: {', '.join(BUILTIN_ENVIRONMENTS)}, "
                             "or use 'file.py:Class'")
         return BUILTIN_ENVIRONMENTS[spec]
-    from ..rewards.loading import import_file
     file_part, _, name = spec.rpartition(":")
     path = (base_dir / file_part).resolve()
     cls = getattr(import_file(path, "environment file"), name, None)

@@ -39,8 +39,11 @@ def load_multiturn(config: Any, base_dir: Path, tokenizer: Any) -> MultiTurn | N
 
 
 def final_turn(text_of: Callable[[list[int]], str], completion: list[int], trajectory: Trajectory) -> str:
-    """The model's last turn: what correctness checks and answer rewards read (a tool's result before it must
-    not count as the model's answer)."""
+    """The model's answer: its last turn, which correctness checks and answer rewards read (a tool's result
+    before it must not count as the model's answer). Empty when the environment did not end the trajectory: a
+    model still calling tools when its turns ran out gave no answer (a call's arguments are not one)."""
+    if not trajectory.done:
+        return ""
     _, start, end = [s for s in trajectory.segments if s[0] == "assistant"][-1]
     return text_of(completion[start:end])
 

@@ -1,7 +1,8 @@
 """The process tools run in: `python -m mlx_grpo.multiturn.tool_worker SPECS_JSON`.
 
 One JSON request per line on stdin (`{"name": ..., "arguments": {...}}`), one JSON answer per line on stdout
-(`{"ok": true, "result": "..."}` or `{"ok": false, "error": "..."}`). A tool's own prints go to stderr, so they
+(`{"ok": true, "result": "..."}` or `{"ok": false, "error": "..."}`), after one `{"ready": true}` line once the
+tools are loaded (or `{"ready": false, "error": ...}`). A tool's own prints go to stderr, so they
 cannot corrupt an answer. The result is cut to the size limit here, before it crosses the pipe. The trainer
 kills this process when a call passes its time limit and starts a new one for the next call."""
 
@@ -11,13 +12,16 @@ import json
 import sys
 from pathlib import Path
 
+from ..common.user_code import import_file
+from .calculator import calculator
+
+BUILTIN_TOOLS = {"calculator": calculator}
+
 
 def load_function(spec: dict):
     """A tool function from its resolved spec: {"builtin": name} or {"file": absolute path, "function": name}."""
     if "builtin" in spec:
-        from .tools import BUILTIN_TOOLS
         return BUILTIN_TOOLS[spec["builtin"]]
-    from ..rewards.loading import import_file
     return getattr(import_file(Path(spec["file"]), "tool file"), spec["function"])
 
 
@@ -41,7 +45,14 @@ def main() -> None:
     max_chars = int(sys.argv[2])
     protocol = sys.stdout
     sys.stdout = sys.stderr  # a tool's prints must not reach the protocol stream
-    functions = {name: load_function(spec) for name, spec in specs.items()}
+    try:
+        functions = {name: load_function(spec) for name, spec in specs.items()}
+    except Exception as exc:  # noqa: BLE001 - reported to the trainer, which says it in one line
+        protocol.write(json.dumps({"ready": False, "error": f"{type(exc).__name__}: {exc}"}) + "\n")
+        protocol.flush()
+        return
+    protocol.write(json.dumps({"ready": True}) + "\n")
+    protocol.flush()
     for line in sys.stdin:
         try:
             request = json.loads(line)

@@ -19,9 +19,10 @@ from pathlib import Path
 from typing import Callable
 
 from ..common.errors import UserError
-from .calculator import calculator
+from ..common.user_code import import_file
+from .tool_worker import BUILTIN_TOOLS
 
-BUILTIN_TOOLS: dict[str, Callable] = {"calculator": calculator}
+STARTUP_SECONDS = 60.0  # a new worker's Python start and imports; not counted against a call's time limit
 
 
 @dataclass
@@ -37,7 +38,6 @@ def resolve_tool(spec: str, base_dir: Path) -> tuple[str, dict, Callable]:
             raise UserError(f"unknown tool '{spec}'; built-in tools are {', '.join(BUILTIN_TOOLS)}, "
                             "or use 'file.py:function'")
         return spec, {"builtin": spec}, BUILTIN_TOOLS[spec]
-    from ..rewards.loading import import_file
     file_part, _, name = spec.rpartition(":")
     path = (base_dir / file_part).resolve()
     function = getattr(import_file(path, "tool file"), name, None)
@@ -80,6 +80,8 @@ class ToolRunner:
         if name not in self.worker_specs:
             return ToolResult(f"error: unknown tool {name!r}; tools: {', '.join(self.worker_specs)}", True)
         process = self._worker()
+        if process is None:
+            return ToolResult("error: the tool process did not start", True)
         try:
             process.stdin.write(json.dumps({"name": name, "arguments": arguments}, default=str) + "\n")
             process.stdin.flush()
@@ -102,22 +104,27 @@ class ToolRunner:
             text = text[:self.max_chars] + f"... (cut to {self.max_chars} characters)"
         return ToolResult(text, False)
 
-    def _read_line(self, process: subprocess.Popen) -> str | None:
+    def _read_line(self, process: subprocess.Popen, timeout: float | None = None) -> str | None:
         """One line of the worker's answer within the time limit; None when none came."""
         with selectors.DefaultSelector() as selector:
             selector.register(process.stdout, selectors.EVENT_READ)
-            if not selector.select(self.timeout):
+            if not selector.select(self.timeout if timeout is None else timeout):
                 return None
         line = process.stdout.readline()
         return line or None
 
-    def _worker(self) -> subprocess.Popen:
+    def _worker(self) -> subprocess.Popen | None:
+        """The worker process, started (and its tools loaded) when there is none; None when it cannot start."""
         if self._process is None or self._process.poll() is not None:
             env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}  # tools need no BLAS
             self._process = subprocess.Popen(
                 [sys.executable, "-m", "mlx_grpo.multiturn.tool_worker", json.dumps(self.worker_specs),
                  str(self.max_chars)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                 text=True, env=env, bufsize=1)
+            ready = self._read_line(self._process, STARTUP_SECONDS)
+            if ready is None or not json.loads(ready).get("ready"):
+                self.close()
+                return None
         return self._process
 
     def close(self) -> None:

@@ -7,8 +7,6 @@ or absolute. See ``configs/rewards_example.py``. This module imports no mlx.
 from __future__ import annotations
 
 import difflib
-import hashlib
-import importlib.util
 import math
 import numbers
 import sys
@@ -21,7 +19,8 @@ from ..telemetry.reward_names import TRL_BUILTINS, TRL_NO_EQUIVALENT, reward_nam
 from .builtin import BUILTINS
 from .rubric import load_rubric
 from .rubric_reward import RubricReward
-from .scoring import RewardFunction, one_line
+from .scoring import RewardFunction
+from ..common.user_code import import_file
 
 # A reasoning block directly followed by an answer block, only whitespace
 # around and between. Tag uniqueness is checked separately (counts).
@@ -90,18 +89,3 @@ def _did_you_mean(name: str, candidates: Iterable[str]) -> str:
     return f" (did you mean '{close[0]}'?)" if close else ""
 
 
-def import_file(path: Path, what: str = "reward file"):
-    """A user's Python file named in the config or on the command line, imported as a module."""
-    if not path.is_file():
-        raise UserError(f"{what} not found: {path}")
-    # A unique module name per path; registered so dataclasses/pickling in the user file work.
-    module_name = "mlx_grpo_user_rewards_" + hashlib.sha1(str(path).encode()).hexdigest()[:12]
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module
-    try:
-        spec.loader.exec_module(module)
-    except Exception as exc:
-        del sys.modules[module_name]
-        raise UserError(f"cannot import {what} {path}: {one_line(exc)}") from None
-    return module
