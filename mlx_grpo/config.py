@@ -309,6 +309,8 @@ class TrainConfig:
              "above 1 + epsilon_high (or null to turn two-sided clipping off)"),
             ("environment", not (self.tools and self.environment),
              "unset when 'tools' is set (tools are an environment of their own; call them from your environment)"),
+            ("sgrpo.enable", not (self.sgrpo.enable and (self.tools or self.environment)),
+             "false with tools or an environment (S-GRPO's early exits are cut out of one turn)"),
             ("adaptive_window.min_window", not self.adaptive_window.enable
              or self.adaptive_window.min_window <= self.max_generation_steps,
              f"at most max_generation_steps ({self.max_generation_steps})"),

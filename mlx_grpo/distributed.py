@@ -194,7 +194,7 @@ class World:
             "correct": None if data.correct is None else data.correct.tolist(),
             "difficulty": data.difficulty, "trained_tokens": data.trained_tokens, "stats": data.update.stats,
             "texts": data.texts, "reasoning": data.reasoning, "predicted": data.predicted,
-            "prompt_texts": data.prompt_texts, "answers": data.answers,
+            "prompt_texts": data.prompt_texts, "answers": data.answers, "trajectories": data.trajectories,
             "seconds": data.seconds, "peaks": data.peak_memory, "components": data.component_metrics,
             "update_advantages": None if data.update_advantages is None else data.update_advantages.tolist(),
         })
@@ -218,6 +218,7 @@ class World:
             predicted=[t for p in parts for t in p["predicted"]],
             prompt_texts=[t for p in parts for t in p["prompt_texts"]],
             answers=[a for p in parts for a in p["answers"]],
+            trajectories=None if data.trajectories is None else [t for p in parts for t in p["trajectories"]],
             update=dataclasses.replace(data.update, stats=stats),
             seconds={name: max(p["seconds"][name] for p in parts) for name in data.seconds},
             peak_memory={name: max(p["peaks"][name] for p in parts) for name in data.peak_memory},

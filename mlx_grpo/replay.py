@@ -186,8 +186,8 @@ def replay(run_dir: str | Path, functions: list[RewardFunction], group_size: int
     changes = []
     for part in kept:
         rows = part.rows
-        scores = score_completions(functions, [r.get("prompt", "") for r in rows],
-                                   [r.get("completion", "") for r in rows], [r.get("answer", "") for r in rows])
+        scores = score_completions(functions, [r.get("prompt", "") for r in rows], [answered(r) for r in rows],
+                                   [r.get("answer", "") for r in rows], trajectory_columns(rows))
         for message in scores.new_errors:
             print(f"warning: {terminal_safe(message)}")
         total = scores.total
@@ -272,3 +272,21 @@ def render(result: ReplayResult, limit: int = 10) -> str:
             lines.append(f"  step {flip.step} prompt {flip.prompt_index} #{flip.completion_index}: "
                          f"{flip.old_advantage:+.2f} -> {flip.new_advantage:+.2f}  {text!r}")
     return "\n".join(lines)
+
+
+TRAJECTORY_COLUMNS = ("tool_calls", "tool_failures", "environment_reward", "turns_taken")
+
+
+def answered(row: dict) -> str:
+    """What the rewards read: a multi-turn row's answer (its last turn; the tools are not called again), else
+    the completion."""
+    return str(row["answer_text"] if "answer_text" in row else row.get("completion", ""))
+
+
+def trajectory_columns(rows: list[dict]) -> dict[str, list]:
+    """The columns a multi-turn run's rewards took (the kept trajectory and its tool counts); none otherwise."""
+    if not rows or "turns" not in rows[0]:
+        return {}
+    columns = {name: [r.get(name) for r in rows] for name in TRAJECTORY_COLUMNS}
+    columns["trajectory"] = [r.get("completion", "") for r in rows]
+    return columns

@@ -36,7 +36,7 @@ from .extras import entropy_dump
 from .extras.adaptive_window import WindowController
 from .extras.sgrpo import run_exits
 from .models import Policy, ReferencePolicy, load_policy_for_training, make_reference
-from .multiturn.episodes import MultiTurn, final_turn, load_multiturn, reward_columns
+from .multiturn.episodes import MultiTurn, final_turn, load_multiturn, reward_columns, trajectory_records
 from .multiturn.metrics import trajectory_metrics
 from .multiturn.trajectories import generate_trajectories
 from .rewards.loading import load_rewards
@@ -389,6 +389,9 @@ class Trainer:
                                                   trained.completions)
                           if update.token_stats and step % config.entropy_logging.every == 0 else None),
             flops=self.step_flops(batch, max(len(e.tokens) for e in prompts.encoded)),
+            trajectories=None if rollout.trajectories is None else trajectory_records(
+                lambda ids: decode_completion(policy.tokenizer, ids, policy.eos_ids), rollout.completions,
+                rollout.trajectories),
             peak_flops_per_s=self.peak_flops_per_s,
         )
         return self.world.gather(data)

@@ -289,3 +289,25 @@ def test_number_guess_says_higher_or_lower_and_rewards_the_find():
     assert "number" in game.step("hmm").messages[0]["content"]
     found = game.step("It is 42")
     assert found.done and found.reward == 1.0
+
+
+# ----------------------------------------------------------------------------- alerts on tool use
+
+def _tool_records(calls, failures):
+    return [{"step": i + 1, "time": 1000.0 + i, "tools/call_frequency": c, "tools/failure_frequency": f}
+            for i, (c, f) in enumerate(zip(calls, failures))]
+
+
+def test_tool_calls_dying_out_and_every_call_failing_are_named():
+    from mlx_grpo.telemetry.alerts.config import default_rules
+    from mlx_grpo.telemetry.alerts.engine import AlertEngine
+
+    def fired(records):
+        return {a.rule: a.step for a in AlertEngine(default_rules()).check_all(records)}
+
+    healthy = _tool_records([1.0, 1.2, 0.9, 1.1, 1.0, 1.3, 1.1, 1.2, 1.4, 1.2], [0.2, 0.1, 0.3, 0.1, 0.0] * 2)
+    assert not {"tool_calls_dying", "tool_calls_failing"} & set(fired(healthy))
+    dying = _tool_records([1.0, 1.2, 0.9, 1.1, 1.0, 0.6, 0.2, 0.1, 0.0, 0.0], [0.1] * 10)
+    assert fired(dying).get("tool_calls_dying") in (8, 9, 10)
+    failing = _tool_records([1.0] * 10, [0.2, 0.1, 0.3, 1.0, 1.0, 1.0, 1.0, 0.5, 0.2, 0.1])
+    assert fired(failing).get("tool_calls_failing") == 6

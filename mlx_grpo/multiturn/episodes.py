@@ -40,10 +40,8 @@ def load_multiturn(config: Any, base_dir: Path, tokenizer: Any) -> MultiTurn | N
 
 def final_turn(text_of: Callable[[list[int]], str], completion: list[int], trajectory: Trajectory) -> str:
     """The model's answer: its last turn, which correctness checks and answer rewards read (a tool's result
-    before it must not count as the model's answer). Empty when the environment did not end the trajectory: a
-    model still calling tools when its turns ran out gave no answer (a call's arguments are not one)."""
-    if not trajectory.done:
-        return ""
+    before it must not count as the model's answer). Whatever its form: a small model often restates the
+    result it read as one more call (`{"name": "calculator", "arguments": {"expression": "37570053"}}`)."""
     _, start, end = [s for s in trajectory.segments if s[0] == "assistant"][-1]
     return text_of(completion[start:end])
 
@@ -55,4 +53,14 @@ def reward_columns(trajectories: list[Trajectory], texts: list[str]) -> dict[str
             "environment_reward": [t.reward for t in trajectories],
             "tool_calls": [len(t.calls) for t in trajectories],
             "tool_failures": [sum(failed for _, failed in t.calls) for t in trajectories],
-            "turns": [t.turns for t in trajectories]}
+            "turns_taken": [t.turns for t in trajectories]}
+
+
+def trajectory_records(text_of: Callable[[list[int]], str], completions: list[list[int]],
+                       trajectories: list[Trajectory]) -> list[dict]:
+    """Each trajectory as the run directory keeps it: its turns as text, its answer and its tool counts."""
+    return [{"turns": [{"role": role, "text": text_of(ids[start:end])} for role, start, end in t.segments],
+             "answer_text": final_turn(text_of, ids, t), "tool_calls": len(t.calls),
+             "tool_failures": sum(failed for _, failed in t.calls), "environment_reward": t.reward,
+             "turns_taken": t.turns}
+            for ids, t in zip(completions, trajectories)]

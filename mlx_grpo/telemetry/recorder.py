@@ -123,7 +123,7 @@ class RunRecorder:
             step=step, prompts=data.prompt_texts, answers=data.answers, texts=data.texts, reasoning=data.reasoning,
             predicted=data.predicted, group_size=data.group_size, reward_names=data.reward_names, scores=data.scores,
             total=data.total, advantages=data.advantages, lengths=data.lengths, truncated=data.truncated,
-            correct=data.correct) if data.texts else []
+            correct=data.correct, trajectories=data.trajectories) if data.texts else []
         return StepReport(step, record, alerts, self.rewards.histograms(step), scores, rows,
                           sample_rows(rows, data.group_size, self.samples_per_step))
 

@@ -60,7 +60,15 @@ def _sample_text(name: str, color: str, s: dict) -> Table:
     grid.add_row("step", fmt_count(s.get("step", 0)))
     grid.add_row("verdict", verdict)
     grid.add_row("prompt", Text(str(s.get("prompt", ""))))
-    grid.add_row("completion", Text(str(s.get("completion", "")), style=TEXT_BRIGHT))
+    turns = s.get("turns")
+    if isinstance(turns, list) and turns:  # a multi-turn trajectory, turn by turn, the tools' answers marked
+        for turn in turns:
+            turn = turn if isinstance(turn, dict) else {}
+            mine = turn.get("role") == "assistant"
+            grid.add_row("model" if mine else "tool/env", Text(str(turn.get("text", "")).strip(),
+                                                               style=TEXT_BRIGHT if mine else f"italic {MUTED}"))
+    else:
+        grid.add_row("completion", Text(str(s.get("completion", "")), style=TEXT_BRIGHT))
     grid.add_row("answer", Text(str(s.get("answer", ""))))
     grid.add_row("total", fmt_value(s.get("total")))
     grid.add_row("advantage", fmt_value(s.get("advantage")))

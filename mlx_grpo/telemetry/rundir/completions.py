@@ -44,9 +44,11 @@ _STEP_FILE = re.compile(r"step_(\d{6,})\.jsonl\.gz\Z")
 def completion_rows(*, step: int, prompts: Sequence[str], answers: Sequence[Any], texts: Sequence[str],
                     reasoning: Sequence[str | None], predicted: Sequence[str | None], group_size: int,
                     reward_names: Sequence[str], scores: np.ndarray, total: np.ndarray, advantages: np.ndarray,
-                    lengths: np.ndarray, truncated: np.ndarray, correct: np.ndarray | None) -> list[dict]:
+                    lengths: np.ndarray, truncated: np.ndarray, correct: np.ndarray | None,
+                    trajectories: Sequence[dict] | None = None) -> list[dict]:
     """The step's rows: completion i belongs to prompt i // group_size (`scores` is [F, N], NaN = no score).
-    Texts are cut to the run directory's one limit (`clipped_text`)."""
+    Texts are cut to the run directory's one limit (`clipped_text`). A multi-turn run's rows also hold the
+    trajectory (`trajectory_fields`)."""
     rows = []
     for i, text in enumerate(texts):
         g = i // group_size
@@ -57,8 +59,20 @@ def completion_rows(*, step: int, prompts: Sequence[str], answers: Sequence[Any]
             "rewards": {name: _number(scores[f, i]) for f, name in enumerate(reward_names)},
             "total": _number(total[i]), "advantage": _number(advantages[i]), "length": int(lengths[i]),
             "truncated": bool(truncated[i]), "correct": None if correct is None else bool(correct[i]),
+            **(trajectory_fields(trajectories[i]) if trajectories is not None else {}),
         })
     return rows
+
+
+def trajectory_fields(trajectory: dict) -> dict:
+    """A multi-turn completion's story: `turns` ([{"role": "assistant" | "environment", "text": ...}], the
+    environment's turns being tool results and template text), `answer_text` (the model's answer, what rewards
+    read; "" when it gave none), and the columns rewards may take (`tool_calls`, `tool_failures`,
+    `environment_reward`, `turns_taken`), so `replay` rescores without calling a tool again."""
+    return {"turns": [{"role": t["role"], "text": clipped_text(t["text"])} for t in trajectory["turns"]],
+            "answer_text": clipped_text(trajectory["answer_text"]), "tool_calls": int(trajectory["tool_calls"]),
+            "tool_failures": int(trajectory["tool_failures"]),
+            "environment_reward": _number(trajectory["environment_reward"]), "turns_taken": int(trajectory["turns_taken"])}
 
 
 def sample_rows(rows: Sequence[dict], group_size: int, count: int) -> list[dict]:
