@@ -32,7 +32,7 @@ import re
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 
-from .names import (ACCEL_ACTIVE_GB, ACCEL_HELD_PERCENT, MEMORY_PRESSURE_LEVEL, SWAP_USED_GB, ACCEL_LIMIT_GB, ACCEL_MEMORY_PERCENT, ACCEL_PEAK_GB, ACCURACY_TRAIN, ACCURACY_TRAIN_STDERR, SOLVED_GROUP_FRAC,
+from .names import (REPETITION_RATE, REWARD_BIMODALITY, ACCEL_ACTIVE_GB, ACCEL_HELD_PERCENT, MEMORY_PRESSURE_LEVEL, SWAP_USED_GB, ACCEL_LIMIT_GB, ACCEL_MEMORY_PERCENT, ACCEL_PEAK_GB, ACCURACY_TRAIN, ACCURACY_TRAIN_STDERR, SOLVED_GROUP_FRAC,
                     CHECKPOINT_SECONDS, CLIP_FRAC, CPU_PERCENT, ELAPSED_SECONDS, ENTROPY, EVAL_ACCURACY, EVAL_SECONDS,
                     FINISHED_CORRECT_FRAC, FINISHED_FRAC, GEN_MS_PER_TOKEN, MFU, GRAD_NORM, KL, LEARNING_RATE, LENGTH_MEAN,
                     LOSS, MEMORY_PERCENT, MEMORY_USED_GB, PROCESS_RSS_GB, PROMPT_LENGTH_MEAN, PROMPT_TRUNCATED_FRAC,
@@ -94,6 +94,10 @@ def _reward_entries() -> list[MetricSpec]:
                    "standard deviation of the groups' mean rewards over the square root of their number. How far "
                    "the batch mean moves between steps from which prompts were drawn alone; the collapse rule "
                    "needs a fall larger than that. Left out with a single group.", "reward", "rewards", EVERY_STEP),
+        MetricSpec(REWARD_BIMODALITY, "Sarle's bimodality coefficient of the step's total rewards over its "
+                   "completions: ~1/3 for one bell-shaped cluster, above 5/9 (a uniform spread) for two clusters, "
+                   "~1 for a reward with two values (right or wrong). Left out without spread.", "coefficient", "rewards",
+                   EVERY_STEP),
         MetricSpec("rewards/total/variance", "Batch variance of the weighted total reward (std squared).",
                    "reward^2", "rewards", EVERY_STEP),
         MetricSpec(REWARD_RECENT_MEAN, "Mean of rewards/total/mean over the last 10 logged steps "
@@ -243,6 +247,10 @@ def _length_entries() -> list[MetricSpec]:
         MetricSpec("completions/terminated_length/min", "Shortest completion that ended by itself.", "tokens", c,
                    EVERY_STEP),
         MetricSpec("completions/terminated_length/max", "Longest completion that ended by itself.", "tokens", c,
+                   EVERY_STEP),
+        MetricSpec(REPETITION_RATE, "Mean over the step's completions of the share of each completion's 3-word "
+                   "n-grams (words and punctuation marks) that repeat one earlier in it: ~0 for ordinary text, "
+                   "rising toward 1 as completions loop. Left out when no completion has 4 words.", "fraction", c,
                    EVERY_STEP),
         MetricSpec("completions/correct_length/mean", "Mean length of the completions with the right answer. "
                    "Left out when none was right.", "tokens", c, EVERY_STEP),

@@ -8,6 +8,8 @@ A name used in one module only stays a literal where it is made (step_data.py, r
 
 # rewards and accuracy
 REWARD_MEAN = "rewards/total/mean"
+REWARD_BIMODALITY = "rewards/total/bimodality"
+REPETITION_RATE = "completions/repetition_rate"
 REWARD_STD = "rewards/total/std"
 REWARD_MEAN_STDERR = "rewards/total/mean_stderr"
 REWARD_RECENT_MEAN = "rewards/total/recent_mean"
