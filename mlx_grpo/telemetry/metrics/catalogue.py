@@ -32,7 +32,7 @@ import re
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 
-from .names import (REPETITION_RATE, REWARD_BIMODALITY, ACCEL_ACTIVE_GB, ACCEL_HELD_PERCENT, MEMORY_PRESSURE_LEVEL, SWAP_USED_GB, ACCEL_LIMIT_GB, ACCEL_MEMORY_PERCENT, ACCEL_PEAK_GB, ACCURACY_TRAIN, ACCURACY_TRAIN_STDERR, SOLVED_GROUP_FRAC,
+from .names import (REPETITION_RATE, REWARD_BIMODALITY, SAMPLING_LOGP_DIFF_MAX, SAMPLING_LOGP_DIFF_MEAN, ACCEL_ACTIVE_GB, ACCEL_HELD_PERCENT, MEMORY_PRESSURE_LEVEL, SWAP_USED_GB, ACCEL_LIMIT_GB, ACCEL_MEMORY_PERCENT, ACCEL_PEAK_GB, ACCURACY_TRAIN, ACCURACY_TRAIN_STDERR, SOLVED_GROUP_FRAC,
                     CHECKPOINT_SECONDS, CLIP_FRAC, CPU_PERCENT, ELAPSED_SECONDS, ENTROPY, EVAL_ACCURACY, EVAL_SECONDS,
                     FINISHED_CORRECT_FRAC, FINISHED_FRAC, GEN_MS_PER_TOKEN, MFU, GRAD_NORM, KL, LEARNING_RATE, LENGTH_MEAN,
                     LOSS, MEMORY_PERCENT, MEMORY_USED_GB, PROCESS_RSS_GB, PROMPT_LENGTH_MEAN, PROMPT_TRUNCATED_FRAC,
@@ -192,6 +192,19 @@ def _policy_entries() -> list[MetricSpec]:
                    "(ratio > 1 + epsilon_high with a positive advantage).", "fraction", p, EVERY_STEP),
         MetricSpec(CLIP_FRAC, "Fraction of completion tokens where clipping was active on either side "
                    "(clip_frac_low + clip_frac_high).", "fraction", p, EVERY_STEP),
+        MetricSpec(SAMPLING_LOGP_DIFF_MEAN, "Mean over the completion tokens of |log-prob the update's first pass "
+                   "gives a sampled token - log-prob the sampler gave it|: the same weights scored the same tokens "
+                   "twice, so this is the numerical mismatch of the two code paths (incremental vs batched "
+                   "attention, precision). Left out under S-GRPO (it trains on exits it did not sample).", "nats", p,
+                   EVERY_STEP),
+        MetricSpec(SAMPLING_LOGP_DIFF_MAX, "The largest such difference of any token of the step.", "nats", p,
+                   EVERY_STEP),
+        MetricSpec("sampling/importance_ratio/min", "Smallest exp(update's first-pass log-prob - sampler's log-prob) "
+                   "of any completion token: 1 when the two agree.", "ratio", p, EVERY_STEP),
+        MetricSpec("sampling/importance_ratio/mean", "Mean of that ratio over the completion tokens.", "ratio", p,
+                   EVERY_STEP),
+        MetricSpec("sampling/importance_ratio/max", "Largest of that ratio over the completion tokens.", "ratio", p,
+                   EVERY_STEP),
         MetricSpec("policy/clip_frac_low_min", "The lowest share of low-clipped tokens of any one completion of "
                    "the batch (completions with no token to train left out).", "fraction", p, EVERY_STEP),
         MetricSpec("policy/clip_frac_high_max", "The highest share of high-clipped tokens of any one completion "

@@ -10,6 +10,9 @@ A name used in one module only stays a literal where it is made (step_data.py, r
 REWARD_MEAN = "rewards/total/mean"
 REWARD_BIMODALITY = "rewards/total/bimodality"
 REPETITION_RATE = "completions/repetition_rate"
+# the rollout against the update's first pass (update.sampling_mismatch)
+SAMPLING_LOGP_DIFF_MEAN = "sampling/logp_diff/mean"
+SAMPLING_LOGP_DIFF_MAX = "sampling/logp_diff/max"
 REWARD_STD = "rewards/total/std"
 REWARD_MEAN_STDERR = "rewards/total/mean_stderr"
 REWARD_RECENT_MEAN = "rewards/total/recent_mean"
