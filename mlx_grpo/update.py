@@ -344,6 +344,19 @@ def sampling_mismatch(first_logp: np.ndarray, sampler_logp: np.ndarray, mask: np
             "sampling/importance_ratio/max": float(ratio.max())}
 
 
+def pass_statistic(name: str, so_far: float | None, value: float, passes: int, index: int) -> float | None:
+    """A statistic over the update's passes: the extremes (`*_max`, `*_min`: the highest and lowest share of
+    clipped tokens of any completion) over the passes that can clip, the others their mean. Pass 1 (`index`
+    0) never clips, its ratio being exactly 1: a lowest share taken over it would always read 0."""
+    if name.endswith("_max"):
+        return value if so_far is None else max(so_far, value)
+    if name.endswith("_min"):
+        if index == 0 and passes > 1:
+            return so_far
+        return value if so_far is None else min(so_far, value)
+    return (so_far or 0.0) + value / passes
+
+
 def update_policy(model: nn.Module, optimizer: optim.Optimizer, loss_and_grad, batch: TrainBatch,
                   advantages: mx.array, ref_logp: mx.array | None, config: TrainConfig,
                   reduce: LocalReduce | None = None, sampler_logp: np.ndarray | None = None) -> UpdateResult:
@@ -364,7 +377,7 @@ def update_policy(model: nn.Module, optimizer: optim.Optimizer, loss_and_grad, b
     loss_sum = norm_sum = 0.0
     token_stats: dict[str, np.ndarray] = {}
     sampling: dict[str, float] = {}
-    for _ in range(config.num_iterations):
+    for index in range(config.num_iterations):
         loss, grads = mx.array(0.0), None
         logps, per_token = [], []
         entropy_sum = entropy_count = mx.array(0.0)
@@ -403,7 +416,9 @@ def update_policy(model: nn.Module, optimizer: optim.Optimizer, loss_and_grad, b
         else:
             skipped += 1  # a NaN or Inf must never reach the weights
         for name, value in stats.items():
-            totals_by_stat[name] = totals_by_stat.get(name, 0.0) + value.item() / config.num_iterations
+            kept = pass_statistic(name, totals_by_stat.get(name), value.item(), config.num_iterations, index)
+            if kept is not None:
+                totals_by_stat[name] = kept
     model.eval()
     passes = config.num_iterations
     return UpdateResult(loss_sum / passes, norm_sum / passes, totals_by_stat, skipped, time.perf_counter() - start,

@@ -206,10 +206,11 @@ def _policy_entries() -> list[MetricSpec]:
         MetricSpec("sampling/importance_ratio/max", "Largest of that ratio over the completion tokens.", "ratio", p,
                    EVERY_STEP),
         MetricSpec("policy/clip_frac_low_min", "The lowest share of low-clipped tokens of any one completion of "
-                   "the batch (completions with no token to train left out).", "fraction", p, EVERY_STEP),
+                   "the batch (completions with no token to train left out), over the update's passes after the "
+                   "first (the first never clips).", "fraction", p, EVERY_STEP),
         MetricSpec("policy/clip_frac_high_max", "The highest share of high-clipped tokens of any one completion "
-                   "of the batch: one completion pushed far past the trust region shows here before the mean "
-                   "moves.", "fraction", p, EVERY_STEP),
+                   "of the batch, over every pass of the update: one completion pushed far past the trust region "
+                   "shows here before the mean moves.", "fraction", p, EVERY_STEP),
         MetricSpec("policy/outside_frac", "Fraction of completion tokens whose importance ratio lies outside "
                    "[1 - epsilon, 1 + epsilon_high], whether or not clipping changed the loss.", "fraction", p,
                    EVERY_STEP),
