@@ -212,6 +212,9 @@ def open_recorder(trainer: Trainer, rules: list, sinks: SinkSet, console: Traini
         num_iterations=config.num_iterations, samples_per_step=config.samples_per_step)
     if "run_state" in saved:
         recorder.load_state_dict(saved["run_state"])
+        for rule in recorder.engine.rules:  # a collapse stop is not carried over: a policy still broken stops again
+            if rule.action == "stop" and rule.remedy:
+                rule.latches.clear()
     return recorder
 
 
