@@ -32,7 +32,7 @@ import re
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 
-from .names import (REPETITION_RATE, REWARD_BIMODALITY, SAMPLING_LOGP_DIFF_MAX, SAMPLING_LOGP_DIFF_MEAN, ACCEL_ACTIVE_GB, ACCEL_HELD_PERCENT, MEMORY_PRESSURE_LEVEL, SWAP_USED_GB, ACCEL_LIMIT_GB, ACCEL_MEMORY_PERCENT, ACCEL_PEAK_GB, ACCURACY_TRAIN, ACCURACY_TRAIN_STDERR, SOLVED_GROUP_FRAC,
+from .names import (CPU_SPEED_LIMIT, LOW_POWER_MODE, ON_BATTERY, THERMAL_WARNING_LEVEL, REPETITION_RATE, REWARD_BIMODALITY, SAMPLING_LOGP_DIFF_MAX, SAMPLING_LOGP_DIFF_MEAN, ACCEL_ACTIVE_GB, ACCEL_HELD_PERCENT, MEMORY_PRESSURE_LEVEL, SWAP_USED_GB, ACCEL_LIMIT_GB, ACCEL_MEMORY_PERCENT, ACCEL_PEAK_GB, ACCURACY_TRAIN, ACCURACY_TRAIN_STDERR, SOLVED_GROUP_FRAC,
                     CHECKPOINT_SECONDS, CLIP_FRAC, CPU_PERCENT, ELAPSED_SECONDS, ENTROPY, EVAL_ACCURACY, EVAL_SECONDS,
                     FINISHED_CORRECT_FRAC, FINISHED_FRAC, GEN_MS_PER_TOKEN, MFU, GRAD_NORM, KL, LEARNING_RATE, LENGTH_MEAN,
                     LOSS, MEMORY_PERCENT, MEMORY_USED_GB, PROCESS_RSS_GB, PROMPT_LENGTH_MEAN, PROMPT_TRUNCATED_FRAC,
@@ -398,6 +398,16 @@ def _system_entries() -> list[MetricSpec]:
         MetricSpec(MEMORY_PRESSURE_LEVEL, "macOS's memory-pressure level (kern.memorystatus_vm_pressure_level: "
                    "1 normal, 2 warning, 4 critical), as Activity Monitor shows it.", "", s,
                    "every logged step, on macOS"),
+        MetricSpec(THERMAL_WARNING_LEVEL, "macOS's thermal warning level (`pmset -g therm`; 0 when none is "
+                   "recorded): above 0 the machine is throttling to cool down, and steps slow.", "", s,
+                   "every logged step, on macOS (read every 30 s)"),
+        MetricSpec(CPU_SPEED_LIMIT, "The CPU speed limit macOS set for heat (`pmset -g therm`'s CPU_Speed_Limit; 100: "
+                   "none), on the Macs that report one.", "%", s, "every logged step, on macOS (read every 30 s)"),
+        MetricSpec(ON_BATTERY, "1 when the Mac draws from its battery, 0 on AC power (`pmset -g batt`): on "
+                   "battery a laptop may run slower, and a long run can drain it.", "", s,
+                   "every logged step, on macOS (read every 30 s)"),
+        MetricSpec(LOW_POWER_MODE, "1 when Low Power Mode is on (`pmset -g`'s lowpowermode), which caps the "
+                   "chip's speed.", "", s, "every logged step, on macOS 12 and later (read every 30 s)"),
         *(MetricSpec(f"memory/{phase}_peak_gb", f"Peak MLX memory during this step's {words} (the counter is "
                      "reset before the phase): what the phase needs, KV cache and activations included.", "GB",
                      "memory", EVERY_STEP)

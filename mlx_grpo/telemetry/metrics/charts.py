@@ -76,6 +76,8 @@ CHART_GROUPS: dict[str, dict[str, tuple[str, ...]]] = {
         "CPU and GPU %": (CPU_PERCENT, "system/gpu_utilization_percent"),
         "memory %": (MEMORY_PERCENT, ACCEL_MEMORY_PERCENT, "memory/peak_percent"),
         "memory GB": (MEMORY_USED_GB, "system/memory_available_gb", PROCESS_RSS_GB),
+        "Mac state": ("system/thermal_warning_level", "system/on_battery", "system/low_power_mode"),
+        "CPU speed limit %": ("system/cpu_speed_limit_percent",),
     },
 }
 

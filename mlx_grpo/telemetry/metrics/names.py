@@ -67,6 +67,11 @@ ACCEL_MEMORY_PERCENT = "system/accel_memory_percent"
 ACCEL_HELD_PERCENT = "system/accel_held_percent"
 SWAP_USED_GB = "system/swap_used_gb"
 MEMORY_PRESSURE_LEVEL = "system/memory_pressure_level"
+# the Mac's physical state (mac_state.py)
+THERMAL_WARNING_LEVEL = "system/thermal_warning_level"
+CPU_SPEED_LIMIT = "system/cpu_speed_limit_percent"
+ON_BATTERY = "system/on_battery"
+LOW_POWER_MODE = "system/low_power_mode"
 
 # the samples table (TensorBoard text, W&B table)
 SAMPLES_TABLE = "samples/completions"
