@@ -137,7 +137,7 @@ def repetition_rate(text: str, n: int = REPETITION_N) -> float | None:
     words = _WORD.findall(text)
     if len(words) <= n:
         return None
-    grams = [tuple(words[i:i + n]) for i in range(len(words) - n + 1)]
+    grams = list(zip(*(words[i:] for i in range(n))))
     return 1.0 - len(set(grams)) / len(grams)
 
 
