@@ -275,6 +275,14 @@ class TrainConfig:
     trackio: bool = key(False, "log to Trackio too: its local store, offline (pip install -e '.[trackio]')")
     trackio_project: str = key("mlx-grpo", "Trackio project; the run is named like its run directory")
 
+    # --- notifications (optional; telemetry/sinks/notify.py) ---
+    notify: list[str] = key(factory=list, help="send alerts and the run's end to webhook, slack, discord, ntfy "
+                                               "and/or macos; each URL from MLX_GRPO_<CHANNEL>_URL in the "
+                                               "environment, never written to the run")
+    notify_level: str = key("warning", "the least level of alert sent", choices=("info", "warning", "error"))
+    notify_repeat_minutes: float = key(30.0, "an alert of the same rule is sent again only after this long",
+                                       check=non_negative())
+
     # --- feature sections ---
     adaptive_window: AdaptiveWindowConfig = key(factory=AdaptiveWindowConfig,
                                                 help="adaptive generation window (docs/TRAINING_EXTRAS.md)")
@@ -311,6 +319,8 @@ class TrainConfig:
              "unset when 'tools' is set (tools are an environment of their own; call them from your environment)"),
             ("sgrpo.enable", not (self.sgrpo.enable and (self.tools or self.environment)),
              "false with tools or an environment (S-GRPO's early exits are cut out of one turn)"),
+            ("notify", set(self.notify) <= {"webhook", "slack", "discord", "ntfy", "macos"},
+             "some of webhook, slack, discord, ntfy, macos"),
             ("adaptive_window.min_window", not self.adaptive_window.enable
              or self.adaptive_window.min_window <= self.max_generation_steps,
              f"at most max_generation_steps ({self.max_generation_steps})"),

@@ -33,6 +33,7 @@ from .telemetry.rundir.writer import RunInfo, new_run_info
 from .telemetry.sinks import SinkSet, make_sinks
 from .telemetry.sinks.trackio import TrackioOptions, trackio_store
 from .telemetry.sinks.wandb import WandbOptions
+from .telemetry.sinks.notify import NotifySink, channels_from_env
 from .trainer import Trainer, remedied
 
 
@@ -71,6 +72,7 @@ def open_run(config: TrainConfig, base_dir: Path, resume_dir: Path | None) -> Ru
     # refuse early: a resume with nothing to resume, a mistake in the alert file, a run that cannot fit
     checkpoint = resumable_checkpoint(resume_dir, config.num_steps) if resume_dir is not None else None
     rules = alert_rules(config, base_dir)
+    channels_from_env(config.notify)  # a notify channel without its URL in the environment
     share_memory_with(init_world().ranks_on_this_host())  # before the plan: ranks on one Mac share it
     config, memory_plan, planned_peak = fit_run(config, base_dir)
     remedy = saved_remedy(checkpoint)  # rollbacks before the checkpoint changed the learning rate and beta
@@ -167,7 +169,7 @@ def open_sinks(trainer: Trainer, run_dir: Path, base_dir: Path, saved: dict[str,
                            warn=lambda m: console.message(m, style="yellow"),
                            purge_step=start_step + 1 if resume_dir is not None else None,
                            completions_max_mb=config.completions_max_mb if config.keep_completions else None,
-                           extra=[EntropyDumpWriter(run_dir)])
+                           extra=[EntropyDumpWriter(run_dir), *notify_sinks(config, console)])
         info = new_run_info(run_dir, run_dir.name, {**config_to_dict(config), "base_dir": str(base_dir)},
                             versions(), device, config.num_steps, run_id=saved.get("run_id"),
                             resume_step=start_step if resume_dir is not None else None)
@@ -186,6 +188,14 @@ def wandb_options(config: TrainConfig, run_dir: Path) -> WandbOptions | None:
                         log_checkpoints=config.wandb_log_checkpoints, chart_every=config.wandb_chart_every)
 
 
+def notify_sinks(config: TrainConfig, console: TrainingConsole) -> list[NotifySink]:
+    """One sink per channel of `notify`, its URL from the environment (never from the config)."""
+    channels, warnings = channels_from_env(config.notify)
+    for warning in warnings:
+        console.message(f"mlx-grpo: warning: {warning}", style="yellow")
+    return [NotifySink(c, config.notify_level, config.notify_repeat_minutes) for c in channels]
+
+
 def trackio_options(config: TrainConfig, run_dir: Path) -> TrackioOptions | None:
     return TrackioOptions(project=config.trackio_project, name=run_dir.name) if config.trackio else None
 
@@ -202,6 +212,9 @@ def open_recorder(trainer: Trainer, rules: list, sinks: SinkSet, console: Traini
         num_iterations=config.num_iterations, samples_per_step=config.samples_per_step)
     if "run_state" in saved:
         recorder.load_state_dict(saved["run_state"])
+        for rule in recorder.engine.rules:  # a collapse stop is not carried over: a policy still broken stops again
+            if rule.action == "stop" and rule.remedy:
+                rule.latches.clear()
     return recorder
 
 

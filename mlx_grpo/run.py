@@ -164,8 +164,11 @@ def write_step(run: Run, report: StepReport, decision: Next) -> Next:
                 and (run.best_eval is None or accuracy > run.best_eval[1]))
     if new_best:
         run.best_eval = (step, accuracy)
+    # a collapse rule's stop keeps no checkpoint of the broken policy when one from before it exists: the
+    # resume command then continues from there (say_stop names it, with the rule's remedy)
+    stop_saves = isinstance(decision, Stop) and way_back(run, decision) is None
     due_now = (due(step, config.checkpoint_every, config.num_steps) or step == config.num_steps
-               or isinstance(decision, Stop) or new_best)
+               or stop_saves or new_best)
     pending = prepare(run, step) if run.writes and due_now else None
     recorder.write(report, checkpoint_s=pending.seconds if pending is not None else None)
     out_of_space = recorder.sinks.out_of_space if run.writes else None
@@ -189,7 +192,10 @@ def say_stop(run: Run, stop: Stop) -> None:
     Ctrl-C during the cleanup ends it at once."""
     if stop.by_alert is not None:
         # Plain stderr, one line, like report_stop: the command must paste as is.
-        print(f"mlx-grpo: {alert_stop_message(stop.by_alert, run.step, run.run_dir)}", file=sys.stderr, flush=True)
+        back = way_back(run, stop)
+        message = alert_stop_message(stop.by_alert, run.step, run.run_dir) if back is None else \
+            collapse_stop_message(stop.by_alert, run.step, run.run_dir, back, run.config.learning_rate)
+        print(f"mlx-grpo: {message}", file=sys.stderr, flush=True)
     elif run.writes:
         report_stop(run.run_dir, run.step, checkpoint_saved=True)
 
@@ -205,15 +211,16 @@ def peer_lost_message(rank: int, step: int, run_dir: Path) -> str:
 
 def before_first_update(run: Run) -> None:
     """Step 0 of a new run: the held-out accuracy before the first update, where the policy started (a run
-    restarted from scratch has it already), and, when a rule can roll back, a checkpoint of the starting
-    weights for a rollback in the first steps to go back to."""
+    restarted from scratch has it already), and, when a rule can roll back or stop a broken policy (a rule
+    with a remedy), a checkpoint of the starting weights to go back to from a fault in the first steps."""
     trainer, recorder = run.trainer, run.recorder
     if trainer.config.eval_every > 0 and trainer.correctness is not None and run.last_record.get("step") != 0:
         report = recorder.record_evaluation(0, trainer.evaluate())
         recorder.write(report)
         if isinstance(accuracy := report.record.get(EVAL_ACCURACY), float):
             run.best_eval = (0, accuracy)  # what a checkpoint must beat to be kept as the best
-    if run.writes and any(rule.action == "rollback" for rule in recorder.engine.rules):
+    if run.writes and any(rule.action == "rollback" or (rule.action == "stop" and rule.remedy)
+                          for rule in recorder.engine.rules):
         prepare(run, 0).commit({"log_positions": log_positions(run.run_dir)})
 
 
@@ -266,6 +273,31 @@ def rearm_alert_rules(recorder: RunRecorder, checkpoint: Path) -> None:
     back again or, with no rollback left, stops the run) instead of sitting in the first alert's cooldown,
     and the windows hold no steps of the discarded policy."""
     recorder.engine.load_state_dict(read_state(checkpoint)["run_state"]["alerts"])
+
+
+def way_back(run: Run, stop: Stop) -> tuple[Path, dict[str, float]] | None:
+    """For a stop by a rule with a remedy (a collapse: the policy is broken), the last checkpoint from before its
+    condition began and the remedy's factors; None for any other stop, or with no such checkpoint, or when a
+    checkpoint after it exists (the resume would take that one)."""
+    rule = next((r for r in run.recorder.engine.rules if r.name == stop.by_alert), None)
+    if rule is None or not rule.remedy:
+        return None
+    checkpoints = list_checkpoints(RunPaths(run.run_dir).checkpoints)
+    began = run.step - rule.for_steps + 1
+    if not checkpoints or int(checkpoints[-1].name.split("_")[1]) >= began:
+        return None
+    return checkpoints[-1], dict(rule.remedy)
+
+
+def collapse_stop_message(rule: str, step: int, run_dir: Path, back: tuple[Path, dict[str, float]],
+                          learning_rate: float) -> str:
+    """The line said when a collapse rule stopped the run: no checkpoint of the broken policy, and the command
+    that continues from the last one before the collapse with the rule's remedy."""
+    checkpoint, factors = back
+    lower = f" --learning-rate {learning_rate * factors['learning_rate']:g}" if "learning_rate" in factors else ""
+    return (f"alert rule '{rule}' (action: stop) stopped the run after step {step}: the policy broke, so it was "
+            f"not checkpointed; continue from {checkpoint.name}, before the collapse, with a lower learning rate: "
+            f"{resume_command(run_dir)}{lower} (or let on_alert: rollback do it: --on-alert rollback)")
 
 
 def alert_stop_message(rule: str, step: int, run_dir: Path) -> str:

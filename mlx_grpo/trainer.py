@@ -49,7 +49,7 @@ from .fitting import fit_run, read_model_shape
 from .plan import ModelShape
 from . import frozen_prefix, roofline
 from .update import (TrainBatch, UpdateResult, build_train_batch, checkpoint_blocks, entropy_stride, make_loss_fn,
-                     reference_logprobs, shares_prompts, update_policy)
+                     reference_logprobs, sampler_logprobs, shares_prompts, update_policy)
 
 
 # ----------------------------------------------------------------------------- setup pieces
@@ -316,9 +316,10 @@ class Trainer:
         """Reference-policy log-probs of the batch, once per rollout (None at beta = 0)."""
         return reference_logprobs(self.reference, batch, self.config)
 
-    def update(self, batch: TrainBatch, advantages: mx.array, ref_logp: mx.array | None) -> UpdateResult:
+    def update(self, batch: TrainBatch, advantages: mx.array, ref_logp: mx.array | None,
+               sampler_logp: np.ndarray | None = None) -> UpdateResult:
         return update_policy(self.policy.model, self.optimizer, self.loss_and_grad, batch, advantages, ref_logp,
-                             self.config, reduce=self.world)
+                             self.config, reduce=self.world, sampler_logp=sampler_logp)
 
     # ------------------------------------------------------------------ the step
 
@@ -359,7 +360,10 @@ class Trainer:
             with meter.phase("ref", memory=True):
                 ref_logp = self.reference_logprobs(batch)
             with meter.phase("update", memory=True):
-                update = self.update(batch, advantages, ref_logp)
+                # the sampler's log-probs of the trained tokens (S-GRPO trains on exits it did not sample)
+                sampled = sampler_logprobs(rollout.logprobs, batch.mask.shape[1]) if trained is rollout else None
+                update = self.update(batch, advantages, ref_logp, sampled)
+        component_metrics.update(update.sampling)
         lengths = np.array([len(c) for c in rollout.completions], dtype=float)
         if plan is not None:
             component_metrics.update(self.window.update(plan, lengths, scored.correct))

@@ -322,12 +322,50 @@ class UpdateResult:
     skipped: int  # updates refused because the loss or gradient was not finite
     seconds: float
     token_stats: dict[str, np.ndarray] = field(default_factory=dict)  # entropy_logging: first pass, [N, T]
+    sampling: dict[str, float] = field(default_factory=dict)  # sampling_mismatch of the first pass
+
+
+def sampler_logprobs(logprobs: list[list[float]], width: int) -> np.ndarray:
+    """The rollout's log-prob of each sampled token as [N, width], 0 past each completion's end."""
+    out = np.zeros((len(logprobs), width), dtype=np.float32)
+    for i, row in enumerate(logprobs):
+        out[i, :min(len(row), width)] = row[:width]
+    return out
+
+
+def sampling_mismatch(first_logp: np.ndarray, sampler_logp: np.ndarray, mask: np.ndarray) -> dict[str, float]:
+    """How far the update's log-probs of the sampled tokens (its first pass, before any optimiser step: the
+    same weights that sampled them) are from the sampler's: |difference| mean and max in nats, and the
+    importance ratio exp(update - sampler) min, mean and max, over the completion tokens. Zero in exact
+    arithmetic; what is left is the two code paths' numerics (batched vs incremental attention, precision)."""
+    keep = np.asarray(mask) > 0
+    if not keep.any():
+        return {}
+    diff = (np.asarray(first_logp, dtype=np.float64) - np.asarray(sampler_logp, dtype=np.float64))[keep]
+    ratio = np.exp(diff)
+    return {"sampling/logp_diff/mean": float(np.abs(diff).mean()), "sampling/logp_diff/max": float(np.abs(diff).max()),
+            "sampling/importance_ratio/min": float(ratio.min()), "sampling/importance_ratio/mean": float(ratio.mean()),
+            "sampling/importance_ratio/max": float(ratio.max())}
+
+
+def pass_statistic(name: str, so_far: float | None, value: float, passes: int, index: int) -> float | None:
+    """A statistic over the update's passes: the extremes (`*_max`, `*_min`: the highest and lowest share of
+    clipped tokens of any completion) over the passes that can clip, the others their mean. Pass 1 (`index`
+    0) never clips, its ratio being exactly 1: a lowest share taken over it would always read 0."""
+    if name.endswith("_max"):
+        return value if so_far is None else max(so_far, value)
+    if name.endswith("_min"):
+        if index == 0 and passes > 1:
+            return so_far
+        return value if so_far is None else min(so_far, value)
+    return (so_far or 0.0) + value / passes
 
 
 def update_policy(model: nn.Module, optimizer: optim.Optimizer, loss_and_grad, batch: TrainBatch,
                   advantages: mx.array, ref_logp: mx.array | None, config: TrainConfig,
-                  reduce: LocalReduce | None = None) -> UpdateResult:
+                  reduce: LocalReduce | None = None, sampler_logp: np.ndarray | None = None) -> UpdateResult:
     """num_iterations optimiser steps on one rollout; iteration 0's log-probs are the 'old' policy's.
+    `sampler_logp` [N, T]: the rollout's log-probs of the same tokens, compared with iteration 0's.
 
     Each step sums the micro-batches' gradients (each already divided by the whole update's sizes),
     sums them over ranks (`reduce`), clips, and applies them unless the loss or gradient is not finite."""
@@ -342,7 +380,8 @@ def update_policy(model: nn.Module, optimizer: optim.Optimizer, loss_and_grad, b
     skipped = 0
     loss_sum = norm_sum = 0.0
     token_stats: dict[str, np.ndarray] = {}
-    for _ in range(config.num_iterations):
+    sampling: dict[str, float] = {}
+    for index in range(config.num_iterations):
         loss, grads = mx.array(0.0), None
         logps, per_token = [], []
         entropy_sum = entropy_count = mx.array(0.0)
@@ -368,6 +407,8 @@ def update_policy(model: nn.Module, optimizer: optim.Optimizer, loss_and_grad, b
         if old_logp is None:
             old_logp = logp
             token_stats = {k: np.concatenate([np.array(part[k]) for part in per_token]) for k in per_token[0]}
+            if sampler_logp is not None:
+                sampling = sampling_mismatch(np.array(logp), sampler_logp, np.array(batch.mask))
         loss_value, norm_value = loss.item(), grad_norm.item()
         # The step's loss and gradient norm are the mean over its passes, like every other statistic of
         # the update (the last pass alone made the loss differ from the sum of its parts).
@@ -379,11 +420,13 @@ def update_policy(model: nn.Module, optimizer: optim.Optimizer, loss_and_grad, b
         else:
             skipped += 1  # a NaN or Inf must never reach the weights
         for name, value in stats.items():
-            totals_by_stat[name] = totals_by_stat.get(name, 0.0) + value.item() / config.num_iterations
+            kept = pass_statistic(name, totals_by_stat.get(name), value.item(), config.num_iterations, index)
+            if kept is not None:
+                totals_by_stat[name] = kept
     model.eval()
     passes = config.num_iterations
     return UpdateResult(loss_sum / passes, norm_sum / passes, totals_by_stat, skipped, time.perf_counter() - start,
-                        token_stats)
+                        token_stats, sampling)
 
 
 def reference_logprobs(reference, batch: TrainBatch, config: TrainConfig) -> mx.array | None:

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from mlx_grpo.telemetry.metrics.reward_stats import RewardTracker, reward_metrics
+from mlx_grpo.telemetry.metrics.step_data import bimodality
 from mlx_grpo.telemetry.rundir.writer import RunInfo, write_run_info
 
 PROMPTS, GROUP = 16, 8
@@ -48,11 +49,17 @@ class Faults:
     takeover: bool = False  # format_approx's weight grows while accuracy falls
     clip_saturation: bool = False  # the PPO clip active on a third of the tokens (num_iterations > 1)
     zero_gradient: bool = False  # updates with a gradient norm of exactly 0 (nothing to learn from)
+    format_gaming: bool = False  # formats rarely earned, then learnt to the ceiling in 10 steps; accuracy stalls
+    repetition: bool = False  # the completions' repetition rate climbs from ~0.02 toward 0.6
+    graded: bool = False  # one graded reward (a judge's 0-10 score) instead of the built-in four
+    bimodal: bool = False  # with graded: a growing share of completions scores 9, the rest 3; accuracy stalls
 
 
 def _accuracy(step: int, steps: int, faults: Faults, gain: float) -> float:
     if faults.stagnant:
         return 0.20
+    if (faults.format_gaming or faults.bimodal) and step >= faults.fault_step:
+        return 0.20 + gain * min(1.0, faults.fault_step / steps)
     if faults.rare_success:
         return 0.005
     base = 0.20 + gain * min(1.0, step / steps)
@@ -65,13 +72,15 @@ def _accuracy(step: int, steps: int, faults: Faults, gain: float) -> float:
 
 def simulate(steps: int = 200, seed: int = 0, faults: Faults | None = None, eval_every: int = 25,
              accuracy_gain: float = 0.20, format_rate: float = 0.99,
-             grad_spike_rate: float = 0.005) -> tuple[list[dict], list[dict]]:
+             grad_spike_rate: float = 0.005, shape_metrics: bool = False) -> tuple[list[dict], list[dict]]:
     """(metric records, samples) of one run, steps 1..steps.
 
     `accuracy_gain`: sampled accuracy rises from 20% by this much over the run;
     `format_rate`: share of completions earning each format reward (at 0.99 a whole
     batch often earns it, and the reward is constant for that step);
-    `grad_spike_rate`: chance per step of a single 10x gradient-norm spike.
+    `grad_spike_rate`: chance per step of a single 10x gradient-norm spike;
+    `shape_metrics`: also `completions/repetition_rate` and `rewards/total/bimodality` (the latter computed from
+    the step's totals as the trainer does).
     """
     faults = faults or Faults()
     rng = np.random.default_rng(seed)
@@ -79,6 +88,8 @@ def simulate(steps: int = 200, seed: int = 0, faults: Faults | None = None, eval
         names = ["constant"]
     elif faults.rare_success:
         names = ["answer_check"]
+    elif faults.graded:
+        names = ["judge"]
     elif faults.length_reward:
         names = ["format_exact", "format_approx", "answer_check", "number_check", "length_bonus"]
     else:
@@ -102,6 +113,8 @@ def simulate(steps: int = 200, seed: int = 0, faults: Faults | None = None, eval
         weights = []
         if faults.collapse and after:
             format_rate = 0.3
+        if faults.format_gaming:
+            format_rate = 0.3 + 0.69 * min(1.0, max(0, step - faults.fault_step) / 10)
         for name in names:
             if name == "constant":
                 row = np.ones(correct.size)
@@ -113,6 +126,12 @@ def simulate(steps: int = 200, seed: int = 0, faults: Faults | None = None, eval
                 row = np.where(correct, 3.0, np.where(rng.random(correct.size) < 0.02, 0.5, -1.0))
                 if faults.rare_success:
                     row = np.where(correct, 1.0, 0.0)
+            elif name == "judge":  # 0-10, centred on 3 + 4 x accuracy, a bell around it
+                row = np.clip(rng.normal(3 + 4 * acc, 1.2, size=correct.size), 0, 10)
+                if faults.bimodal and after:
+                    share = 0.5 * min(1.0, (step - faults.fault_step + 1) / 15)
+                    high = rng.random(correct.size) < share
+                    row = np.where(high, rng.normal(9, 0.3, correct.size), rng.normal(3, 0.5, correct.size))
             elif name == "number_check":
                 row = np.where(correct, 1.5, 0.0)
             else:  # length_bonus
@@ -130,6 +149,13 @@ def simulate(steps: int = 200, seed: int = 0, faults: Faults | None = None, eval
         record["accuracy/train"] = float(correct.mean())
         record["completions/length/mean"] = float(lengths.mean())
         record["completions/truncated_frac"] = float(truncated.mean())
+        if shape_metrics:
+            rate = 0.02 + abs(rng.normal(0, 0.005))
+            if faults.repetition and after:
+                rate = min(0.6, rate + 0.02 * (step - faults.fault_step))
+            record["completions/repetition_rate"] = rate
+            if (b := bimodality(total)) is not None:
+                record["rewards/total/bimodality"] = b
         level = 0.4 - 0.2 * step / steps
         kl = level * min(1.0, max(0.0, (step - 2) / 8)) * math.exp(rng.normal(0, 0.35))
         if rng.random() < 0.01:

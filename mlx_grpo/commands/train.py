@@ -42,7 +42,7 @@ TEXT_METAVARS = {"model_id": "MODEL", "dataset": "DATASET", "eval_dataset": "DAT
                  "alerts_file": "FILE", "monitoring_dir": "DIR", "tensorboard_dir": "DIR", "correctness": "CHECK",
                  "rewards": "REWARD", "lora_keys": "MODULE", "wandb_tags": "TAG", "micro_batch_size": "N|auto",
                  "output_dir": "DIR", "adapter_path": "DIR", "report_to": "SINK", "reward_weights": "W",
-                 "per_device_train_batch_size": "N"}
+                 "per_device_train_batch_size": "N", "notify": "CHANNEL"}
 
 
 def _metavar(name: str, tp: typing.Any) -> str:

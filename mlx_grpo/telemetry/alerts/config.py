@@ -23,11 +23,12 @@ from .rules import (BaselineRule, DropRule, NonFiniteRule, Rule, SpikeRule, Thre
 from .state import metric_pattern
 from .pathology_rules import ExhaustionRule
 from .trend_rules import HackingRule, PlateauRule, TrendRule
+from .detector_rules import RiseRule, SaturationRule
 
 # The kinds a rule file may name.
 RULE_KINDS: dict[str, type[Rule]] = {
     cls.kind: cls for cls in (ThresholdRule, TrendRule, SpikeRule, BaselineRule, HackingRule, DropRule,
-                              PlateauRule, NonFiniteRule, ExhaustionRule)
+                              PlateauRule, NonFiniteRule, ExhaustionRule, RiseRule, SaturationRule)
 }
 
 

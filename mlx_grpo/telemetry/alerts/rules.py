@@ -53,8 +53,14 @@ class Rule:
     # least `solved_at` the rule reports that as info with no action, not as a fault with remedies.
     solved_metric: str = ""
     solved_at: float = 0.5
+    # With `flat_metric` (rewards/zero_std_group_frac), "solved" also needs the solved groups to be most of the
+    # flat ones (the medians' ratio at least `solved_share`): groups flat because the reward broke, half of
+    # them mixing right and wrong answers, are a fault even on a half-solved task.
+    flat_metric: str = ""
+    solved_share: float = 0.6
     latches: dict[str, _Latch] = state()
     solved_values: deque = state(lambda: deque(maxlen=SOLVED_RECENT))
+    flat_values: deque = state(lambda: deque(maxlen=SOLVED_RECENT))
 
     def __post_init__(self) -> None:
         if self.action not in ACTIONS:
@@ -68,8 +74,8 @@ class Rule:
             raise ValueError("key 'name' must not be empty")
         if not self.metric:
             raise ValueError("key 'metric' must not be empty")
-        if not 0 < self.solved_at <= 1:
-            raise ValueError("key 'solved_at' must be above 0 and at most 1")
+        if not 0 < self.solved_at <= 1 or not 0 < self.solved_share <= 1:
+            raise ValueError("keys 'solved_at' and 'solved_share' must be above 0 and at most 1")
         if self.level not in LEVELS:
             raise ValueError(f"key 'level' must be one of {', '.join(LEVELS)}, got {self.level!r}")
         if self.for_steps < 1:
@@ -108,18 +114,24 @@ class Rule:
                 yield name, value
 
     def observe(self, record: Mapping) -> None:
-        """Keep `solved_metric`'s value from a record the rule is evaluated on."""
+        """Keep `solved_metric`'s (and `flat_metric`'s) value from a record the rule is evaluated on."""
         if self.solved_metric:
             value = _num(record.get(self.solved_metric))
             if value is not None:
                 self.solved_values.append(value)
+            flat = _num(record.get(self.flat_metric)) if self.flat_metric else None
+            if flat is not None:
+                self.flat_values.append(flat)
 
     def solved(self) -> float | None:
         """The median of `solved_metric`'s last values when it reaches `solved_at`, else None."""
         if len(self.solved_values) < SOLVED_MIN_POINTS:
             return None
         value = median(self.solved_values)
-        return value if value >= self.solved_at else None
+        if value < self.solved_at:
+            return None
+        flat = median(self.flat_values) if self.flat_values else None
+        return value if flat is None or value >= self.solved_share * flat else None
 
     def fire(self, condition: bool, name: str, step: int) -> bool:
         """Feed the condition to the latch of `name`; True when an alert is due."""
@@ -359,7 +371,8 @@ class DropRule(Rule):
     a third between steps with no harm done. With `noise` (the name of a metric of the same record giving the
     standard error of the watched value, e.g. rewards/total/mean_stderr), a fall must also be at least
     `noise_z` of them: a policy that answers each of 4 prompts the same way every time moves its batch mean
-    by a whole prompt between steps, which is which prompts were drawn, not a collapse. With `reference: best`
+    by a whole prompt between steps, which is which prompts were drawn, not a collapse. A fall of twice the
+    threshold (or more) needs no such test: the collapsed step's own standard error can be large. With `reference: best`
     the level is the best of the previous values (the highest for down), not their median: for held-out
     evaluations, few and each precise, where the median of three is the untrained one and a run that reached
     88% and ended at 48% fell from 88%, not from its median.
@@ -434,7 +447,9 @@ class DropRule(Rule):
             if level is not None:
                 moved = level - value if self.direction == "down" else value - level
                 scale = max(abs(level), self.min_scale) if self.relative else 1.0
-                beyond_noise = noise is None or moved >= self.noise_z * noise
+                # a fall of twice the threshold needs no noise test: a broken policy whose rewards differ a lot
+                # between prompts has a large standard error of its own (review 4, V5)
+                beyond_noise = noise is None or moved >= self.noise_z * noise or moved / scale >= 2 * fall
                 if self.fire(moved / scale >= fall and beyond_noise, name, step):
                     verb = "fell" if self.direction == "down" else "jumped"
                     # the change it is, signed like the move: a fall to zero reads -100%, whatever min_scale asked

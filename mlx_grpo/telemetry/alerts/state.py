@@ -8,6 +8,10 @@ from collections import deque
 from dataclasses import field
 from typing import Any
 
+import numpy as np
+
+from ..metrics.robust import mann_kendall
+
 
 # Keys of a record that are coordinates, not metrics: never matched by a rule.
 _NOT_METRICS = frozenset({"step", "time"})
@@ -168,6 +172,18 @@ class _Window:
         if denom <= 0 or span <= 0:
             return None
         return (n * self.sxy - self.sx * self.sy) / denom * span
+
+
+    def robust_change(self, recent: int = 3) -> tuple[float, float, float] | None:
+        """(median of the last `recent` values - median of the window's first half, Mann-Kendall two-sided p,
+        Kendall's tau): medians, so one wild step moves neither level. O(n^2) (the test): for a condition the
+        least-squares `change` already passed."""
+        n = len(self.points)
+        if n < max(4, 2 * recent):
+            return None
+        y = np.array([p[1] for p in self.points])
+        p, tau = mann_kendall(y)
+        return float(np.median(y[-recent:]) - np.median(y[:n // 2])), p, tau
 
 
 # The plain-data types a rule's state is made of: the checkpoint codec rebuilds only these.

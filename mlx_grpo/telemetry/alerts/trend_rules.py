@@ -13,13 +13,27 @@ from .state import _Window, _check_window, _fmt, _num, _windowed, metric_pattern
 _TREND_DIRECTIONS = ("rising", "falling", "flat")
 
 
+def _robust_change(window: _Window, sign: float, scale: float) -> float | None:
+    """The window's median-to-median change (state._Window.robust_change) divided by `scale`, when Mann-Kendall
+    finds a significant trend (p < 0.05) in the direction of `sign`; else None."""
+    robust = window.robust_change()
+    if robust is None:
+        return None
+    change, p, tau = robust
+    return change / scale if p < 0.05 and tau * sign > 0 else None
+
+
 @dataclass(frozen=True, kw_only=True)
 class TrendRule(Rule):
-    """Fires on the least-squares change of `metric` over its last `window` records.
+    """Fires on the change of `metric` over its last `window` records.
 
     The change is slope x (steps spanned by the window). With `relative`, it is
     divided by max(|window mean|, min_scale), so 0.5 means "grew by half".
     rising: change >= `change`; falling: change <= -`change`; flat: |change| <= `change`.
+    Rising and falling are judged robustly too: the median of the last 3 values against the median of the
+    window's first half must also pass, and the Mann-Kendall test must find the trend significant (p < 0.05),
+    so one wild step is not a trend; the cheap least-squares change is computed first, the rest only once it
+    passes.
     Evaluated from `min_points` records on (default: once the window is full), so a
     fast rise early in a run is caught before the window has filled.
     """
@@ -53,13 +67,16 @@ class TrendRule(Rule):
             change = window.change()
             if change is None:
                 continue
-            change /= max(abs(window.mean()), self.min_scale) if self.relative else 1.0
-            if self.direction == "rising":
-                condition = change >= self.change
-            elif self.direction == "falling":
-                condition = change <= -self.change
-            else:
+            scale = max(abs(window.mean()), self.min_scale) if self.relative else 1.0
+            change /= scale
+            if self.direction == "flat":
                 condition = abs(change) <= self.change
+            else:
+                sign = 1.0 if self.direction == "rising" else -1.0
+                condition = sign * change >= self.change
+                if condition:
+                    change = _robust_change(window, sign, scale)
+                    condition = change is not None and sign * change >= self.change
             if self.fire(condition, name, step):
                 amount = f"{change * 100:+.0f}%" if self.relative else f"{change:+.4g}"
                 verb = {"rising": "rose", "falling": "fell", "flat": "barely moved"}[self.direction]
@@ -73,7 +90,8 @@ class HackingRule(Rule):
     """A reward going up while correctness does not.
 
     Fires when `metric` (a reward mean, or a contribution share) changed by at least
-    `rise` over its last `window` records (relative as in TrendRule when `relative`)
+    `rise` over its last `window` records (by least squares and median to median, with a significant
+    Mann-Kendall trend) (relative as in TrendRule when `relative`)
     while every metric in `accuracy` that has at least `min_accuracy_points` values in
     the same steps changed by at most `accuracy_change` (0: flat or falling; a
     negative value demands a fall). Without any accuracy metric it stays silent.
@@ -151,8 +169,13 @@ class HackingRule(Rule):
                 change = window.change()
                 if change is None:
                     continue
-                rise = change / (max(abs(window.mean()), self.min_scale) if self.relative else 1.0)
+                scale = max(abs(window.mean()), self.min_scale) if self.relative else 1.0
+                rise = change / scale
                 condition = rise >= self.rise
+                if condition:  # robustly: medians and a significant trend, not one wild step
+                    robust = _robust_change(window, 1.0, scale)
+                    condition = robust is not None and robust >= self.rise
+                    rise = robust if robust is not None else rise
             if self.fire(condition, name, step):
                 amount = f"{rise * 100:+.0f}%" if self.relative else f"{rise:+.4g}"
                 acc = ", ".join(f"{a} changed {c:+.3f}" for a, c in accuracy or ())

@@ -89,7 +89,7 @@ def render_markdown(report: RewardReport, title: str) -> str:
     if not report.trends:
         lines.append("| (not enough logged steps yet: 8 needed) | | | | |")
     for trend in report.trends.values():
-        rel = "" if trend.relative_change is None else f" ({trend.relative_change:+.0%})"
+        rel = f" ({trend.percent})" if trend.percent else ""
         lines.append(f"| {trend.metric} | {trend.start:.4g} | {trend.end:.4g} | {trend.change:+.4g}{rel} | "
                      f"{trend.direction} |")
     lines += ["", "## Correlations between reward functions", ""]
@@ -167,7 +167,7 @@ def print_report(report: RewardReport, title: str, console: Console | None = Non
         for column in ("metric", "start", "end", "change", "direction"):
             trends.add_column(column, justify="left" if column in ("metric", "direction") else "right")
         for t in report.trends.values():
-            rel = "" if t.relative_change is None else f" ({t.relative_change:+.0%})"
+            rel = f" ({t.percent})" if t.percent else ""
             style = {"rising": "green", "falling": "red"}.get(t.direction, "dim")
             trends.add_row(t.metric, f"{t.start:.4g}", f"{t.end:.4g}", f"{t.change:+.4g}{rel}",
                            Text(t.direction, style))

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..metrics.names import REWARD_MEAN, REWARD_STD, ZERO_STD_GROUP_FRAC
+from ..metrics.names import REWARD_MEAN, REWARD_STD, SOLVED_GROUP_FRAC, ZERO_STD_GROUP_FRAC
 from .run_data import Records, RunData, _auc, _clip01, _data
 
 QUALITY_WEIGHTS = {"consistency": 0.25, "discriminability": 0.35, "stability": 0.25, "coverage": 0.15}
@@ -83,11 +83,20 @@ def _consistency(data: RunData) -> QualityPart:
                        f"{ratio:.0%} of the typical spread within a batch ({spread:.3g}): {verdict}")
 
 
+def _num(value) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and \
+        np.isfinite(value) else None
+
+
 def discriminability(data: RunData) -> tuple[QualityPart, float | None, float | None]:
     """The discriminability part, with the share of groups that taught something and the AUC it rests on."""
     weight = QUALITY_WEIGHTS["discriminability"]
-    _, zero_std = data.series(ZERO_STD_GROUP_FRAC)
-    nonzero = float(1.0 - zero_std.mean()) if len(zero_std) else None
+    # Groups answered right by every completion are flat too, and are the task learnt, not a reward that
+    # cannot tell completions apart (the alert rules judge them the same way): only the other flat groups count.
+    flat = [_num(r.get(ZERO_STD_GROUP_FRAC)) for r in data.records]
+    solved = [_num(r.get(SOLVED_GROUP_FRAC)) or 0.0 for r in data.records]
+    unsolved_flat = [max(0.0, f - s) for f, s in zip(flat, solved) if f is not None]
+    nonzero = float(1.0 - np.mean(unsolved_flat)) if unsolved_flat else None
     auc = None
     total, correct = data.cols["_total"], data.cols["_correct"]
     known = ~(np.isnan(total) | np.isnan(correct))
@@ -97,7 +106,8 @@ def discriminability(data: RunData) -> tuple[QualityPart, float | None, float | 
     measures, words = [], []
     if nonzero is not None:
         measures.append(nonzero)
-        words.append(f"in {nonzero:.0%} of groups the completions got different rewards (GRPO learns only from those)")
+        words.append(f"in {nonzero:.0%} of groups the completions got different rewards (GRPO learns only from "
+                     f"those) or were all right (the task learnt)")
     if auc is not None:
         measures.append(_clip01(2.0 * auc - 1.0))
         words.append(f"a correct completion outscored an incorrect one {auc:.0%} of the time (AUC {auc:.2f}; "

@@ -49,6 +49,14 @@ class Trend:
     shift_step: float | None = None  # the step of the level shift that decided the direction, if one did
 
     @property
+    def percent(self) -> str:
+        """The change as a percentage of the start, or "" when the start is too close to zero for one to mean
+        anything (under a quarter of the change: 0.04 -> -0.26 is -0.3, not -750%)."""
+        if self.relative_change is None or abs(self.start) < 0.25 * abs(self.change):
+            return ""
+        return f"{self.relative_change:+.0%}"
+
+    @property
     def label(self) -> str:
         """The direction in words: 'unclear' says why."""
         if self.direction == "unclear":
@@ -178,8 +186,8 @@ class HackingReport:
 
 
 def _pct_text(trend: Trend) -> str:
-    if trend.relative_change is not None:
-        return f"{trend.relative_change:+.0%} ({trend.start:.3g} to {trend.end:.3g})"
+    if trend.percent:
+        return f"{trend.percent} ({trend.start:.3g} to {trend.end:.3g})"
     return f"{trend.change:+.3g} ({trend.start:.3g} to {trend.end:.3g})"
 
 
@@ -399,7 +407,8 @@ def _issues(report: RewardReport, nonzero: float | None, auc: float | None,
         add("the mean reward jumps a lot from step to step",
             "use more prompts per step (batch_size) to average out noise, or lower the learning rate")
     if nonzero is not None and nonzero < 0.5:
-        add(f"{1 - nonzero:.0%} of groups gave all their completions the same reward and taught nothing",
+        add(f"{1 - nonzero:.0%} of groups gave all their completions the same reward without all being right, "
+            "and taught nothing",
             "use more generations per prompt, prompts of fitting difficulty, or a reward with partial credit")
     if auc is not None and auc < 0.6:
         add(f"the total reward barely separates correct from incorrect completions (AUC {auc:.2f})",

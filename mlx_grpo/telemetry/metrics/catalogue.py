@@ -33,7 +33,7 @@ import re
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 
-from .names import (ACCEL_ACTIVE_GB, ACCEL_HELD_PERCENT, MEMORY_PRESSURE_LEVEL, SWAP_USED_GB, ACCEL_LIMIT_GB, ACCEL_MEMORY_PERCENT, ACCEL_PEAK_GB, ACCURACY_TRAIN, ACCURACY_TRAIN_STDERR, SOLVED_GROUP_FRAC,
+from .names import (CPU_SPEED_LIMIT, LOW_POWER_MODE, ON_BATTERY, THERMAL_WARNING_LEVEL, REPETITION_RATE, REWARD_BIMODALITY, SAMPLING_LOGP_DIFF_MAX, SAMPLING_LOGP_DIFF_MEAN, ACCEL_ACTIVE_GB, ACCEL_HELD_PERCENT, MEMORY_PRESSURE_LEVEL, SWAP_USED_GB, ACCEL_LIMIT_GB, ACCEL_MEMORY_PERCENT, ACCEL_PEAK_GB, ACCURACY_TRAIN, ACCURACY_TRAIN_STDERR, SOLVED_GROUP_FRAC,
                     CHECKPOINT_SECONDS, CLIP_FRAC, CPU_PERCENT, ELAPSED_SECONDS, ENTROPY, EVAL_ACCURACY, EVAL_SECONDS,
                     FINISHED_CORRECT_FRAC, FINISHED_FRAC, GEN_MS_PER_TOKEN, MFU, GRAD_NORM, KL, LEARNING_RATE, LENGTH_MEAN,
                     LOSS, MEMORY_PERCENT, MEMORY_USED_GB, PROCESS_RSS_GB, PROMPT_LENGTH_MEAN, PROMPT_TRUNCATED_FRAC,
@@ -96,6 +96,10 @@ def _reward_entries() -> list[MetricSpec]:
                    "standard deviation of the groups' mean rewards over the square root of their number. How far "
                    "the batch mean moves between steps from which prompts were drawn alone; the collapse rule "
                    "needs a fall larger than that. Left out with a single group.", "reward", "rewards", EVERY_STEP),
+        MetricSpec(REWARD_BIMODALITY, "Sarle's bimodality coefficient of the step's total rewards over its "
+                   "completions: ~1/3 for one bell-shaped cluster, above 5/9 (a uniform spread) for two clusters, "
+                   "~1 for a reward with two values (right or wrong). Left out without spread.", "coefficient", "rewards",
+                   EVERY_STEP),
         MetricSpec("rewards/total/variance", "Batch variance of the weighted total reward (std squared).",
                    "reward^2", "rewards", EVERY_STEP),
         MetricSpec(REWARD_RECENT_MEAN, "Mean of rewards/total/mean over the last 10 logged steps "
@@ -190,11 +194,25 @@ def _policy_entries() -> list[MetricSpec]:
                    "(ratio > 1 + epsilon_high with a positive advantage).", "fraction", p, EVERY_STEP),
         MetricSpec(CLIP_FRAC, "Fraction of completion tokens where clipping was active on either side "
                    "(clip_frac_low + clip_frac_high).", "fraction", p, EVERY_STEP),
+        MetricSpec(SAMPLING_LOGP_DIFF_MEAN, "Mean over the completion tokens of |log-prob the update's first pass "
+                   "gives a sampled token - log-prob the sampler gave it|: the same weights scored the same tokens "
+                   "twice, so this is the numerical mismatch of the two code paths (incremental vs batched "
+                   "attention, precision). Left out under S-GRPO (it trains on exits it did not sample).", "nats", p,
+                   EVERY_STEP),
+        MetricSpec(SAMPLING_LOGP_DIFF_MAX, "The largest such difference of any token of the step.", "nats", p,
+                   EVERY_STEP),
+        MetricSpec("sampling/importance_ratio/min", "Smallest exp(update's first-pass log-prob - sampler's log-prob) "
+                   "of any completion token: 1 when the two agree.", "ratio", p, EVERY_STEP),
+        MetricSpec("sampling/importance_ratio/mean", "Mean of that ratio over the completion tokens.", "ratio", p,
+                   EVERY_STEP),
+        MetricSpec("sampling/importance_ratio/max", "Largest of that ratio over the completion tokens.", "ratio", p,
+                   EVERY_STEP),
         MetricSpec("policy/clip_frac_low_min", "The lowest share of low-clipped tokens of any one completion of "
-                   "the batch (completions with no token to train left out).", "fraction", p, EVERY_STEP),
+                   "the batch (completions with no token to train left out), over the update's passes after the "
+                   "first (the first never clips).", "fraction", p, EVERY_STEP),
         MetricSpec("policy/clip_frac_high_max", "The highest share of high-clipped tokens of any one completion "
-                   "of the batch: one completion pushed far past the trust region shows here before the mean "
-                   "moves.", "fraction", p, EVERY_STEP),
+                   "of the batch, over every pass of the update: one completion pushed far past the trust region "
+                   "shows here before the mean moves.", "fraction", p, EVERY_STEP),
         MetricSpec("policy/outside_frac", "Fraction of completion tokens whose importance ratio lies outside "
                    "[1 - epsilon, 1 + epsilon_high], whether or not clipping changed the loss.", "fraction", p,
                    EVERY_STEP),
@@ -245,6 +263,10 @@ def _length_entries() -> list[MetricSpec]:
         MetricSpec("completions/terminated_length/min", "Shortest completion that ended by itself.", "tokens", c,
                    EVERY_STEP),
         MetricSpec("completions/terminated_length/max", "Longest completion that ended by itself.", "tokens", c,
+                   EVERY_STEP),
+        MetricSpec(REPETITION_RATE, "Mean over the step's completions of the share of each completion's 3-word "
+                   "n-grams (words and punctuation marks) that repeat one earlier in it: ~0 for ordinary text, "
+                   "rising toward 1 as completions loop. Left out when no completion has 4 words.", "fraction", c,
                    EVERY_STEP),
         MetricSpec("completions/correct_length/mean", "Mean length of the completions with the right answer. "
                    "Left out when none was right.", "tokens", c, EVERY_STEP),
@@ -378,6 +400,16 @@ def _system_entries() -> list[MetricSpec]:
         MetricSpec(MEMORY_PRESSURE_LEVEL, "macOS's memory-pressure level (kern.memorystatus_vm_pressure_level: "
                    "1 normal, 2 warning, 4 critical), as Activity Monitor shows it.", "", s,
                    "every logged step, on macOS"),
+        MetricSpec(THERMAL_WARNING_LEVEL, "macOS's thermal warning level (`pmset -g therm`; 0 when none is "
+                   "recorded): above 0 the machine is throttling to cool down, and steps slow.", "", s,
+                   "every logged step, on macOS (read every 30 s)"),
+        MetricSpec(CPU_SPEED_LIMIT, "The CPU speed limit macOS set for heat (`pmset -g therm`'s CPU_Speed_Limit; 100: "
+                   "none), on the Macs that report one.", "%", s, "every logged step, on macOS (read every 30 s)"),
+        MetricSpec(ON_BATTERY, "1 when the Mac draws from its battery, 0 on AC power (`pmset -g batt`): on "
+                   "battery a laptop may run slower, and a long run can drain it.", "", s,
+                   "every logged step, on macOS (read every 30 s)"),
+        MetricSpec(LOW_POWER_MODE, "1 when Low Power Mode is on (`pmset -g`'s lowpowermode), which caps the "
+                   "chip's speed.", "", s, "every logged step, on macOS 12 and later (read every 30 s)"),
         *(MetricSpec(f"memory/{phase}_peak_gb", f"Peak MLX memory during this step's {words} (the counter is "
                      "reset before the phase): what the phase needs, KV cache and activations included.", "GB",
                      "memory", EVERY_STEP)

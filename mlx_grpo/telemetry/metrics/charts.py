@@ -14,7 +14,8 @@ from .names import (ACCEL_ACTIVE_GB, ACCEL_LIMIT_GB, ACCEL_MEMORY_PERCENT, ACCEL
                     KL, LEARNING_RATE, LENGTH_MEAN, MFU, LOSS, MEMORY_PERCENT, MEMORY_USED_GB, PROCESS_RSS_GB,
                     PROMPT_LENGTH_MEAN, PROMPT_TRUNCATED_FRAC, REWARD_MEAN, REWARD_RECENT_MEAN, ROLLOUT_SECONDS,
                     SIGNAL_TO_NOISE, STEP_SECONDS, STEP_TOKENS_PER_S, TOKENS_TOTAL, TRUNCATED_CORRECT_FRAC,
-                    TRUNCATED_FRAC, UPDATE_SECONDS, ZERO_STD_GROUP_FRAC)
+                    TRUNCATED_FRAC, UPDATE_SECONDS, ZERO_STD_GROUP_FRAC, REPETITION_RATE, REWARD_BIMODALITY,
+                    SAMPLING_LOGP_DIFF_MAX, SAMPLING_LOGP_DIFF_MEAN, TOKENS_CUMULATIVE)
 
 
 # The chart groups of the namespace, by section: the TensorBoard custom layout is generated from
@@ -25,24 +26,31 @@ CHART_GROUPS: dict[str, dict[str, tuple[str, ...]]] = {
         "total reward spread": ("rewards/total/median", REWARD_RECENT_MEAN, "rewards/total/min", "rewards/total/max"),
         "reward per function": ("rewards/<fn>/mean",),
         "contribution %": ("rewards/<fn>/contribution_pct",),
-        "signal quality": (SIGNAL_TO_NOISE, "rewards/entropy", ZERO_STD_GROUP_FRAC),
+        "signal quality": (SIGNAL_TO_NOISE, "rewards/entropy", ZERO_STD_GROUP_FRAC, REWARD_BIMODALITY),
         # train against held-out on a chart of their own; the per-difficulty lines would crowd them
-        "accuracy": (ACCURACY_TRAIN, EVAL_ACCURACY),
+        "accuracy": (ACCURACY_TRAIN, EVAL_ACCURACY, "eval/mean@<k>", "eval/pass@<k>"),
         "accuracy by difficulty": ("difficulty/<level>/accuracy",),
     },
     "policy": {
         "loss": (LOSS, "policy/pg_loss", "policy/kl_penalty"),
         "KL": (KL, "policy/ppo_kl"),
         "entropy": (ENTROPY,),
-        "PPO clipping": ("policy/clip_frac_low", "policy/clip_frac_high", CLIP_FRAC, "policy/outside_frac"),
+        "PPO clipping": ("policy/clip_frac_low", "policy/clip_frac_high", CLIP_FRAC, "policy/outside_frac",
+                         "policy/clip_frac_low_min", "policy/clip_frac_high_max"),
         "importance ratio": ("policy/ratio/mean", "policy/ratio/std", "policy/ratio/p95", "policy/log_ratio/mean",
                              "policy/log_ratio/std"),
+        "sampler vs update log-probs": (SAMPLING_LOGP_DIFF_MEAN, SAMPLING_LOGP_DIFF_MAX),
+        "importance ratio to the sampler": ("sampling/importance_ratio/min", "sampling/importance_ratio/mean",
+                                            "sampling/importance_ratio/max"),
         "gradient norm": (GRAD_NORM,),
         "learning rate": (LEARNING_RATE,),
         "advantages": ("advantages/mean", "advantages/std", "advantages/min", "advantages/max"),
     },
     "lengths": {
         "completion length": (LENGTH_MEAN, "completions/length/min", "completions/length/max"),
+        "length of finished completions": ("completions/terminated_length/mean", "completions/terminated_length/min",
+                                           "completions/terminated_length/max"),
+        "repetition": (REPETITION_RATE,),
         "truncation": (TRUNCATED_FRAC, PROMPT_TRUNCATED_FRAC),
         "finished / correct": (FINISHED_FRAC, FINISHED_CORRECT_FRAC,
                                TRUNCATED_CORRECT_FRAC),
@@ -54,6 +62,7 @@ CHART_GROUPS: dict[str, dict[str, tuple[str, ...]]] = {
         "backprop tokens/s": (BACKPROP_TOKENS_PER_S, "throughput/backprop_tokens_per_s/avg",
                               "throughput/backprop_tokens_per_s/p99"),
         "step tokens/s": (STEP_TOKENS_PER_S,),
+        "tokens": (TOKENS_TOTAL, TOKENS_CUMULATIVE),
         "model FLOPs utilisation": (MFU,),
         "phase seconds": (STEP_SECONDS, ROLLOUT_SECONDS, "timing/reward_s", "timing/advantage_s",
                           "timing/ref_s", UPDATE_SECONDS, CHECKPOINT_SECONDS, EVAL_SECONDS),
@@ -67,6 +76,8 @@ CHART_GROUPS: dict[str, dict[str, tuple[str, ...]]] = {
         "CPU and GPU %": (CPU_PERCENT, "system/gpu_utilization_percent"),
         "memory %": (MEMORY_PERCENT, ACCEL_MEMORY_PERCENT, "memory/peak_percent"),
         "memory GB": (MEMORY_USED_GB, "system/memory_available_gb", PROCESS_RSS_GB),
+        "Mac state": ("system/thermal_warning_level", "system/on_battery", "system/low_power_mode"),
+        "CPU speed limit %": ("system/cpu_speed_limit_percent",),
     },
 }
 
@@ -84,6 +95,7 @@ LABELS: dict[str, str] = {
     PROCESS_RSS_GB: "process GB", ACCEL_ACTIVE_GB: "accel GB", ACCEL_PEAK_GB: "accel peak",
     ACCEL_LIMIT_GB: "accel limit", "memory/update_peak_gb": "update peak GB",
     MEMORY_USED_GB: "memory used GB", ACCEL_MEMORY_PERCENT: "accel memory %",
+    SAMPLING_LOGP_DIFF_MAX: "sampler logp diff", REPETITION_RATE: "repetition",
 }
 
 

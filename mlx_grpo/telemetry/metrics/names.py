@@ -8,6 +8,11 @@ A name used in one module only stays a literal where it is made (step_data.py, r
 
 # rewards and accuracy
 REWARD_MEAN = "rewards/total/mean"
+REWARD_BIMODALITY = "rewards/total/bimodality"
+REPETITION_RATE = "completions/repetition_rate"
+# the rollout against the update's first pass (update.sampling_mismatch)
+SAMPLING_LOGP_DIFF_MEAN = "sampling/logp_diff/mean"
+SAMPLING_LOGP_DIFF_MAX = "sampling/logp_diff/max"
 REWARD_STD = "rewards/total/std"
 REWARD_MEAN_STDERR = "rewards/total/mean_stderr"
 REWARD_RECENT_MEAN = "rewards/total/recent_mean"
@@ -62,6 +67,11 @@ ACCEL_MEMORY_PERCENT = "system/accel_memory_percent"
 ACCEL_HELD_PERCENT = "system/accel_held_percent"
 SWAP_USED_GB = "system/swap_used_gb"
 MEMORY_PRESSURE_LEVEL = "system/memory_pressure_level"
+# the Mac's physical state (mac_state.py)
+THERMAL_WARNING_LEVEL = "system/thermal_warning_level"
+CPU_SPEED_LIMIT = "system/cpu_speed_limit_percent"
+ON_BATTERY = "system/on_battery"
+LOW_POWER_MODE = "system/low_power_mode"
 
 # the samples table (TensorBoard text, W&B table)
 SAMPLES_TABLE = "samples/completions"

@@ -84,6 +84,11 @@ def _trl() -> list[OtherName]:
         _m(s, "clip_ratio/low_mean", "policy/clip_frac_low"),
         _m(s, "clip_ratio/high_mean", "policy/clip_frac_high"),
         _m(s, "clip_ratio/region_mean", CLIP_FRAC),
+        _m(s, "sampling/sampling_logp_difference/mean", "sampling/logp_diff/mean"),
+        _m(s, "sampling/sampling_logp_difference/max", "sampling/logp_diff/max"),
+        _m(s, "sampling/importance_sampling_ratio/min", "sampling/importance_ratio/min"),
+        _m(s, "sampling/importance_sampling_ratio/mean", "sampling/importance_ratio/mean"),
+        _m(s, "sampling/importance_sampling_ratio/max", "sampling/importance_ratio/max"),
     ]
 
 

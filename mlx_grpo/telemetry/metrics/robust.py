@@ -100,12 +100,25 @@ def change_point(y, min_side: int = 2, min_strength: float = 6.0) -> ChangePoint
     return best if best is not None and best.strength >= min_strength else None
 
 
+# The fewest points a quarter needs before "the last quarter lies entirely beyond the first" may decide a
+# direction: by chance alone that happens 2/C(2k, k) of the time (k = 2: 33%, 3: 10%, 5: 0.8%), so with
+# short quarters it is left to the Mann-Kendall test and the change point, whose false rates are bounded.
+QUARTER_MIN = 5
+# A level shift decides a direction only from this many points and at this many noise units (the best of a
+# series' split points clears 6 by chance in 3% of pure-noise 8-step series and 1% of 20-step ones, on top of
+# the Mann-Kendall test's own 5%); below 12 points a real shift is a significant Mann-Kendall trend anyway
+# (4 points at one level, then 4 at another: p < 0.03).
+SHIFT_MIN_POINTS = 12
+SHIFT_STRENGTH = 8.0
+
+
 @dataclass(frozen=True)
 class Verdict:
     """Which way a series went, and the numbers behind the word.
 
     direction: "rising" / "falling" (a significant Mann-Kendall trend, the last quarter entirely beyond the
-    first quarter's range, or a strong level shift, each moving at least `floor`), "flat" (none of those, and
+    first quarter's range (quarters of QUARTER_MIN points or more), or a strong level shift (SHIFT_MIN_POINTS
+    or more), each moving at least `floor`), "flat" (none of those, and
     the first quarter's mean and the last's within 10% of the start) or "unclear" (moved more than that, but
     not clearly one way: noise).
     """
@@ -149,11 +162,12 @@ def verdict(steps, values, floor: float = 0.02, scale_floor: float = 1e-9, alpha
     direction, shift, shift_step = "flat", None, None
     if p < alpha and abs(slope * (x[-1] - x[0])) >= needed and slope * moved > 0:
         direction = "rising" if slope > 0 else "falling"
-    elif last.min() >= first.max() and moved >= needed:
+    elif quarter >= QUARTER_MIN and last.min() >= first.max() and moved >= needed:
         direction = "rising"
-    elif last.max() <= first.min() and -moved >= needed:
+    elif quarter >= QUARTER_MIN and last.max() <= first.min() and -moved >= needed:
         direction = "falling"
-    elif (cp := change_point(y)) is not None and abs(cp.after - cp.before) >= needed and \
+    elif n >= SHIFT_MIN_POINTS and (cp := change_point(y, min_strength=SHIFT_STRENGTH)) is not None and \
+            abs(cp.after - cp.before) >= needed and \
             (cp.after - cp.before) * moved > 0:
         direction, shift, shift_step = ("rising" if cp.after > cp.before else "falling"), cp, float(x[cp.index])
     elif abs(moved) >= max(needed, 0.1 * max(abs(start), scale_floor)):

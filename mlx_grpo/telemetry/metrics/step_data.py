@@ -8,6 +8,7 @@ whole arrays, so a metric means the same with one process or many. Pure numpy, n
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
@@ -16,7 +17,7 @@ import numpy as np
 
 from ...common.units import GB
 from .reward_stats import group_stderr, reward_metrics
-from .names import (ACCURACY_TRAIN, ACCURACY_TRAIN_STDERR, SOLVED_GROUP_FRAC, EVAL_ACCURACY, EVAL_SECONDS, FINISHED_CORRECT_FRAC, FINISHED_FRAC,
+from .names import (REPETITION_RATE, REWARD_BIMODALITY, ACCURACY_TRAIN, ACCURACY_TRAIN_STDERR, SOLVED_GROUP_FRAC, EVAL_ACCURACY, EVAL_SECONDS, FINISHED_CORRECT_FRAC, FINISHED_FRAC,
                     GEN_MS_PER_TOKEN, GRAD_NORM, MFU, KL, LEARNING_RATE, LOSS, PROMPT_TRUNCATED_FRAC, STEP_TOKENS_PER_S,
                     TOKENS_TOTAL, TRUNCATED_CORRECT_FRAC, TRUNCATED_FRAC)
 
@@ -128,6 +129,46 @@ def outcome_metrics(data: StepData) -> dict[str, float]:
     return out
 
 
+_WORD = re.compile(r"\w+|[^\w\s]")  # words and single punctuation marks: "</answer>" is 4 of them
+REPETITION_N = 3  # n-grams of 3 words
+
+
+def repetition_rate(text: str, n: int = REPETITION_N) -> float | None:
+    """The share of a text's word n-grams that repeat one seen earlier in it (0: no n-gram twice; 0.9: the text
+    loops); None below n + 1 words."""
+    words = _WORD.findall(text)
+    if len(words) <= n:
+        return None
+    grams = list(zip(*(words[i:] for i in range(n))))
+    return 1.0 - len(set(grams)) / len(grams)
+
+
+def text_metrics(texts: Sequence[str]) -> dict[str, float]:
+    """`completions/repetition_rate`: the mean over the step's completions of `repetition_rate` (left out when
+    none is long enough to have one)."""
+    rates = [r for r in map(repetition_rate, texts) if r is not None]
+    return {REPETITION_RATE: float(np.mean(rates))} if rates else {}
+
+
+def bimodality(values: np.ndarray) -> float | None:
+    """Sarle's bimodality coefficient of a sample, (skew^2 + 1) / (excess kurtosis + 3 (n-1)^2 / ((n-2)(n-3))),
+    with the sample-size corrected skewness and kurtosis: 1/3 for a normal sample, 5/9 for a uniform one, near
+    1 for two well separated clusters. None below 4 values or without spread."""
+    x = np.asarray(values, dtype=float)
+    n = x.size
+    if n < 4:
+        return None
+    d = x - x.mean()
+    m2 = float(np.mean(d * d))
+    if m2 <= 1e-12 * max(1.0, float(np.mean(x * x))):
+        return None
+    g1 = float(np.mean(d ** 3)) / m2 ** 1.5
+    g2 = float(np.mean(d ** 4)) / m2 ** 2 - 3.0
+    skew = g1 * np.sqrt(n * (n - 1)) / (n - 2)
+    kurt = (n - 1) / ((n - 2) * (n - 3)) * ((n + 1) * g2 + 6)
+    return float((skew * skew + 1) / (kurt + 3 * (n - 1) ** 2 / ((n - 2) * (n - 3))))
+
+
 def difficulty_metrics(levels: Sequence, correct: Sequence[bool]) -> dict[str, float]:
     """`difficulty/<level>/accuracy` and `/count` for every level present (None levels are skipped)."""
     by_level: dict[str, list[bool]] = defaultdict(list)
@@ -188,6 +229,8 @@ def step_record(data: StepData) -> dict[str, float]:
         "advantages/min": float(adv.min()), "advantages/max": float(adv.max()),
         **reward_metrics(data.scores, data.reward_names, data.reward_weights, data.total, data.group_size),
         **outcome_metrics(data),
+        **text_metrics(data.texts),
+        **({REWARD_BIMODALITY: b} if (b := bimodality(data.total)) is not None else {}),
         **timing_metrics(data),
         **memory_metrics(data),
         **data.component_metrics,

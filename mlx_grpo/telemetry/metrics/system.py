@@ -35,6 +35,7 @@ from typing import Callable, Mapping
 import psutil
 
 from ...common.units import GB
+from .mac_state import MacStateReader
 from .names import ACCEL_MEMORY_PERCENT, CPU_PERCENT, MEMORY_PERCENT, MEMORY_USED_GB, PROCESS_RSS_GB
 from ...common.units import GB
 from .names import (ACCEL_HELD_PERCENT, ACCEL_MEMORY_PERCENT, CPU_PERCENT, MEMORY_PERCENT, MEMORY_PRESSURE_LEVEL,
@@ -109,8 +110,10 @@ class SystemSampler:
 
     def __init__(self, interval: float = 1.0,
                  accel_memory: Callable[[], Mapping[str, float | None]] | None = None,
-                 gpu_utilization: Callable[[], float | None] | None = None):
+                 gpu_utilization: Callable[[], float | None] | None = None,
+                 mac_state: MacStateReader | None = None):
         self.interval = interval
+        self.mac_state = mac_state if mac_state is not None else MacStateReader()
         self.accel_memory = accel_memory
         self.gpu_utilization = gpu_utilization if gpu_utilization is not None else _default_gpu_reader()
         self._process = psutil.Process()
@@ -146,6 +149,7 @@ class SystemSampler:
             sample[SWAP_USED_GB] = swap / GB
         if (pressure := memory_pressure_level()) is not None:
             sample[MEMORY_PRESSURE_LEVEL] = float(pressure)
+        sample.update(self.mac_state.read())
         try:
             sample[PROCESS_RSS_GB] = self._process.memory_info().rss / GB
         except psutil.Error:
