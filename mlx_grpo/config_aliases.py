@@ -300,7 +300,7 @@ def _translate_rewards(out: dict, said: _Said) -> None:
             if note is None and isinstance(functions_file, str) and ":" not in name:
                 ours, note = f"{functions_file}:{name}", f"'{name}' as '{functions_file}:{name}'"
             if note is not None:
-                said.note("rewards", note.replace(" is read as ", " as "))
+                said.note("rewards", note.split(": ")[0].replace(" is read as ", " as "))  # `train --help` says how
                 item = {**item, "name": ours} if isinstance(item, dict) else ours
         translated.append(item)
     out["rewards"] = translated
