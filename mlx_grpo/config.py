@@ -131,7 +131,7 @@ class TrainConfig:
     lora_layers: int = key(-1, "how many of the last transformer blocks get adapters; -1 = all",
                            check=Bound(lambda v: v == -1 or v >= 1, "-1 (every layer) or at least 1"))
     lora_keys: list[str] | None = key(None,
-                                      'module paths inside a block, e.g. ["self_attn.q_proj"]; unset: every linear')
+                                      'module paths inside a block, e.g. self_attn.q_proj self_attn.v_proj; unset: every linear')
     use_dora: bool = key(False, "DoRA adapters instead of LoRA")
 
     # --- data ---
