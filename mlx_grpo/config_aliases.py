@@ -68,8 +68,6 @@ TRANSLATED: dict[str, Alias] = {
     "fp16": Alias("TRL", "dtype: auto (TRL's fp16 is mixed precision over float32 weights)"),
     "lr_scheduler_type": Alias("TRL", "lr_schedule: cosine (cosine, cosine_with_min_lr) or constant (constant, "
                                       "constant_with_warmup)"),
-    "lr_schedule": Alias("mlx-lm", "a mapping {name: cosine_decay, warmup: N, arguments: [lr, ...]}: lr_schedule: "
-                                   "cosine, warmup_fraction = N / num_steps, learning_rate"),
     "lora_parameters": Alias("mlx-lm", "{rank, scale, dropout, keys}: lora_rank, lora_alpha = scale x rank, "
                                        "lora_dropout, lora_keys"),
     "optimizer_config": Alias("mlx-lm", "its weight_decay (the rest is ignored)"),
@@ -82,10 +80,17 @@ TRANSLATED: dict[str, Alias] = {
     "max_steps": Alias("TRL", "num_steps (-1: num_train_epochs decides, as in TRL)"),
     "dataset_config": Alias("TRL", "the hub dataset's subset: dataset: NAME:CONFIG"),
     "train_type": Alias("mlx-lm-lora", "lora, dora or full: use_lora and use_dora"),
-    "scale_rewards": Alias("TRL", "true: group, false: none (ours takes group, batch or none)"),
+
     "fine_tune_type": Alias("mlx-lm", "lora, dora or full: use_lora and use_dora"),
     "log_distributions": Alias("monitoring API", "histogram_every (true: every logged step; a number: "
                                                          "every that many; false: unchanged)"),
+}
+
+# Our own keys in another tool's form of value, read as ours (the conversion is in `translate`).
+VALUE_FORMS: dict[str, Alias] = {
+    "lr_schedule": Alias("mlx-lm", "a mapping {name: cosine_decay, warmup: N, arguments: [lr, ...]}: lr_schedule: "
+                                   "cosine, warmup_fraction = N / num_steps, learning_rate"),
+    "scale_rewards": Alias("TRL", "true: group, false: none"),
 }
 
 # Common names with no counterpart: what to do instead.
@@ -95,6 +100,7 @@ NO_EQUIVALENT: dict[str, str] = {
     "resume_from_checkpoint": "use `mlx-grpo train --resume RUN_DIR`",
     "resume_adapter_file": "use `mlx-grpo train --resume RUN_DIR`",
     "optimizer": "the optimiser is AdamW (adam and adamw are read as it)",
+    "optim": "the optimiser is AdamW (TRL's adamw_torch, adamw_torch_fused and the like are read as it)",
     "train": "mlx-grpo train always trains (train: true)",
     "train_mode": "mlx-grpo trains GRPO (train_mode: grpo)",
     "grad_accumulation_steps": "there is no accumulation across steps; micro_batch_size splits each step's "
@@ -137,6 +143,8 @@ def _harmless(key: str, value: object, mapping: dict) -> bool:
         return value in (False, None)
     if key == "optimizer":
         return isinstance(value, str) and value.lower() in ("adam", "adamw")
+    if key == "optim":
+        return isinstance(value, str) and value.lower().startswith("adamw")
     if key == "train":
         return value is True
     if key == "train_mode":
@@ -155,7 +163,7 @@ def all_names() -> list[str]:
 
 def table_rows() -> list[tuple[str, str, str]]:
     """(their name, tool, what it sets here) for the docs and `train --help`, sorted by name."""
-    rows = [(name, a.tool, a.ours) for name, a in {**ALIASES, **TRANSLATED}.items()]
+    rows = [(name, a.tool, a.ours) for name, a in {**ALIASES, **TRANSLATED, **VALUE_FORMS}.items()]
     rows += [(name, NO_EQUIVALENT_TOOL.get(name, "TRL"), "no equivalent: " + why) for name, why in NO_EQUIVALENT.items()]
     rows += [(name, tool, "ignored (changes nothing here)") for name, tool in IGNORED.items()]
     rows.append(("vllm_*", "TRL", "ignored (rollouts run in MLX here)"))
@@ -312,8 +320,8 @@ def _length(out: dict, said: _Said) -> None:
     steps = out.get("max_steps")
     if steps == -1:
         del out["max_steps"]
-        if "num_train_epochs" not in out and "num_steps" not in out and "iters" not in out:
-            out["num_train_epochs"] = 3.0
+        if not any(k in out for k in ("num_train_epochs", "epochs", "num_steps", "iters")):
+            out["epochs"] = 3.0
             said.note("TRL", "max_steps: -1 as epochs: 3 (TRL's default num_train_epochs)")
     if "num_train_epochs" in out and any(k in out for k in ("num_steps", "max_steps", "iters")):
         del out["num_train_epochs"]
