@@ -131,13 +131,16 @@ class TrainConfig:
     lora_layers: int = key(-1, "how many of the last transformer blocks get adapters; -1 = all",
                            check=Bound(lambda v: v == -1 or v >= 1, "-1 (every layer) or at least 1"))
     lora_keys: list[str] | None = key(None,
-                                      'module paths inside a block, e.g. ["self_attn.q_proj"]; unset: every linear')
+                                      'module paths inside a block, e.g. self_attn.q_proj self_attn.v_proj; unset: every linear')
     use_dora: bool = key(False, "DoRA adapters instead of LoRA")
 
     # --- data ---
     dataset: str = key("arithmetic",
                        '"arithmetic" (built in), a .jsonl/.parquet/.csv file, an mlx-lm data directory (train.jsonl, '
-                       'valid.jsonl), or a hub owner/name[:config]')
+                       'valid.jsonl), reasoning-gym:TASK (a reasoning-gym generator), or a Hugging Face datasets '
+                       'name: hf:NAME[:config] or owner/name[:config]')
+    dataset_options: dict | None = key(None, "a reasoning-gym task's generator options, e.g. {min_terms: 2, "
+                                             "max_terms: 3}")
     dataset_format: str = key("auto", "the dataset's layout", choices=("auto", "prompt_answer", "gsm8k"))
     eval_dataset: str | None = key(None,
                                    "unset: the built-in held-out split, an mlx-lm data directory's valid.jsonl, or 5% "
@@ -146,12 +149,15 @@ class TrainConfig:
     answer_field: str = key("answer", "the field (column) holding the reference answer")
     system_prompt: str | None = key(None, "a system message put before every prompt")
     use_chat_template: bool = key(True, "applied only when the tokenizer has one")
-    train_size: int = key(20000, "examples drawn for the built-in task", check=at_least(1))
-    eval_size: int = key(200, "held-out examples of the built-in task", check=at_least(1))
+    train_size: int = key(20000, "examples drawn for the built-in task and a reasoning-gym task", check=at_least(1))
+    eval_size: int = key(200, "held-out examples at most (drawn apart from training for a generated task)",
+                         check=at_least(1))
 
     # --- GRPO ---
     # above 2^53 a step count is no longer exact as a float (the schedules computed with it broke)
     num_steps: int = key(200, "GRPO steps to train", check=Bound(lambda v: 1 <= v <= 2**53, "between 1 and 2^53"))
+    epochs: float | None = key(None, "passes over the training rows instead of num_steps: num_steps = epochs x "
+                                     "rows / batch_size (TRL's num_train_epochs)", check=POSITIVE)
     batch_size: int = key(16, "prompts per step", check=at_least(1))
     num_generations: int = key(8, "completions per prompt (G)",
                                check=at_least(2, " (group advantages need a group)"))
@@ -366,7 +372,8 @@ def _type_name(tp: Any) -> str:
         return f"a list of {_type_name(typing.get_args(tp)[0])}"
     if dataclasses.is_dataclass(tp):
         return "a mapping"
-    return {bool: "true/false", int: "an integer", float: "a number", str: "a string"}.get(tp, str(tp))
+    return {bool: "true/false", int: "an integer", float: "a number", str: "a string",
+            dict: "a mapping"}.get(tp, str(tp))
 
 
 def _coerce(value: Any, tp: Any, key: str, source: str) -> Any:
@@ -405,6 +412,10 @@ def _coerce(value: Any, tp: Any, key: str, source: str) -> Any:
         if not isinstance(value, dict):
             raise _type_error(value, tp, key, source)
         return _build_dataclass(tp, value, key, source)
+    if tp is dict:
+        if isinstance(value, dict) and all(isinstance(k, str) for k in value):
+            return value
+        raise _type_error(value, tp, key, source)
     if tp is bool:
         if isinstance(value, bool):
             return value
@@ -519,6 +530,8 @@ def config_from_mapping(mapping: dict, source: str, overrides: dict[str, Any] | 
         overrides = resolve_input_paths(translate(overrides, "command line", known=top_level_fields_all()),
                                         Path.cwd())
         config = _build_dataclass(TrainConfig, nest(overrides), "", "command line", base=config)
+        if "num_steps" in overrides and "epochs" not in overrides:  # as in TRL, a step count wins over epochs
+            config.epochs = None
     config.validate(source)
     return config
 

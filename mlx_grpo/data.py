@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import codecs
 import contextlib
+import dataclasses
 import io
 import json
 import logging
+import math
 import random
 import re
 import sys
@@ -22,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from .common.errors import UserError, install_hint
-from .tasks import arithmetic
+from .tasks import arithmetic, reasoning_gym
 
 GSM8K_ANSWER = re.compile(r"####\s*(.+?)\s*$", re.S)
 
@@ -48,12 +50,45 @@ def _transcript(messages: list[dict]) -> str:
     return "\n".join(f"{m['role']}: {m['content']}" for m in messages)
 
 
+# Other tools' names for the reference answer, tried in this order when a dataset has no `answer` column (and
+# answer_field is left at its default): TRL's and open-r1's `solution`, then names other GRPO datasets use, then
+# the `completion` of mlx-lm's and TRL's prompt/completion rows. With none of them, the rows are prompts only.
+ANSWER_LIKE = ("solution", "ground_truth", "reference_answer", "final_answer", "expected_answer", "target",
+               "completion")
+_said: set[str] = set()  # notes already printed: the trainer, its memory plan and evaluation each read the rows
+
+
+def _say_once(text: str) -> None:
+    if text not in _said:
+        _said.add(text)
+        print(f"mlx-grpo: note: {text}", file=sys.stderr)
+
+
+def answer_column(columns: Any, answer_field: str, where: str) -> str | None:
+    """The column holding the reference answer: `answer_field` when the data has it; else, for the default
+    `answer`, the first of ANSWER_LIKE it has, said in a note; None (prompts only) when it has none."""
+    if answer_field in columns:
+        return answer_field
+    if answer_field != "answer":  # the user named the column: it must be there
+        raise UserError(f"{where}: missing field '{answer_field}' (answer_field; the data has "
+                        f"{', '.join(repr(str(c)) for c in columns) or 'no fields'})")
+    found = next((name for name in ANSWER_LIKE if name in columns), None)
+    if found is not None:
+        _say_once(f"{where.split(':')[0]}: no 'answer' column; '{found}' is read as the reference answer "
+                  f"(answer_field: {found})")
+    else:
+        _say_once(f"{where.split(':')[0]}: no answer column ({', '.join(('answer',) + ANSWER_LIKE)}): prompts "
+                  "only, for rewards that need no reference answer")
+    return found
+
+
 # Reward functions get these as arguments; a dataset column of the same name would collide with them.
 REWARD_ARGUMENTS = frozenset({"prompts", "completions", "answers"})
 
 
-def _row(record: dict, where: str, fmt: str, prompt_field: str, answer_field: str) -> dict:
-    """One dataset record (a JSONL object or a table row) as a row; problems are reported at `where`."""
+def _row(record: dict, where: str, fmt: str, prompt_field: str, answer_field: str | None) -> dict:
+    """One dataset record (a JSONL object or a table row) as a row; problems are reported at `where`. With
+    no `answer_field` (prompts only) the row's answer is empty."""
     if fmt == "auto":
         fmt = "gsm8k" if "question" in record and prompt_field not in record else "prompt_answer"
     if fmt == "gsm8k":
@@ -64,22 +99,21 @@ def _row(record: dict, where: str, fmt: str, prompt_field: str, answer_field: st
         row.update(prompt=record["question"], answer=_gsm8k_answer(record["answer"], where))
     else:
         for key in (prompt_field, answer_field):
-            if key not in record:
-                # mlx-lm's and TRL's prompt/completion rows name their reference answer `completion`
-                hint = " (set answer_field: completion to read it)" if "completion" in record else ""
-                raise UserError(f"{where}: missing field '{key}'{hint}")
+            if key is not None and key not in record:
+                raise UserError(f"{where}: missing field '{key}' (the row has "
+                                f"{', '.join(repr(str(k)) for k in record) or 'no fields'})")
         prompt = record[prompt_field]
         messages = _messages(prompt, where, prompt_field) if isinstance(prompt, list) else None
         if messages is None and not isinstance(prompt, str):
             raise UserError(f"{where}: field '{prompt_field}' must be a string or a list of messages "
                             "({\"role\": ..., \"content\": ...})")
-        answer = record[answer_field]
+        answer = record[answer_field] if answer_field is not None else ""
         if isinstance(answer, bool) or not isinstance(answer, (str, int, float)):
             raise UserError(f"{where}: field '{answer_field}' must be a string or a number, got "
                             f"{'null' if answer is None else type(answer).__name__}")
         row = {k: v for k, v in record.items() if k not in (prompt_field, answer_field)}
         row.update(prompt=prompt if messages is None else _transcript(messages), answer=str(answer))
-        if answer_field not in ("answer", *REWARD_ARGUMENTS):
+        if answer_field not in (None, "answer", *REWARD_ARGUMENTS):
             row[answer_field] = answer  # TRL passes every column under its own name: `solution` stays `solution`
         if messages is not None:
             row["messages"] = messages
@@ -125,8 +159,16 @@ def read_jsonl_dataset(path: Path, fmt: str, prompt_field: str, answer_field: st
         return _jsonl_rows(source, path, fmt, prompt_field, answer_field)
 
 
-def _jsonl_rows(lines: Any, path: Path, fmt: str, prompt_field: str, answer_field: str) -> list[dict]:
+def _fields_of(record: dict, fmt: str, prompt_field: str, answer_field: str, where: str) -> str | None:
+    """The answer column for rows like `record` (GSM8K rows have theirs)."""
+    if fmt == "gsm8k" or (fmt == "auto" and "question" in record and prompt_field not in record):
+        return answer_field
+    return answer_column(record, answer_field, where)
+
+
+def _jsonl_rows(lines: Any, path: Path, fmt: str, prompt_field: str, answer_field: str | None) -> list[dict]:
     rows: list[dict] = []
+    resolved = False
     for line_no, raw in enumerate(lines, 1):
         where = f"{path}:{line_no}"
         try:
@@ -143,6 +185,8 @@ def _jsonl_rows(lines: Any, path: Path, fmt: str, prompt_field: str, answer_fiel
             raise UserError(f"{where}: JSON nested too deeply") from None
         if not isinstance(record, dict):
             raise UserError(f"{where}: expected a JSON object per line")
+        if not resolved:
+            answer_field, resolved = _fields_of(record, fmt, prompt_field, answer_field, where), True
         rows.append(_row(record, where, fmt, prompt_field, answer_field))
     if not rows:
         raise UserError(f"{path}: dataset is empty")
@@ -150,6 +194,8 @@ def _jsonl_rows(lines: Any, path: Path, fmt: str, prompt_field: str, answer_fiel
 
 
 def _rows(records: list[dict], path: Path, fmt: str, prompt_field: str, answer_field: str) -> list[dict]:
+    if records:
+        answer_field = _fields_of(records[0], fmt, prompt_field, answer_field, f"{path}: record 1")
     rows = [_row(record, f"{path}: record {n}", fmt, prompt_field, answer_field) for n, record in enumerate(records, 1)]
     if not rows:
         raise UserError(f"{path}: dataset is empty")
@@ -229,8 +275,10 @@ def _table_rows(table: Any, where: str, fmt: str, prompt_field: str, answer_fiel
     columns = table.column_names
     if fmt == "auto":
         fmt = "gsm8k" if "question" in columns and prompt_field not in columns else "prompt_answer"
+    if fmt != "gsm8k":
+        answer_field = answer_column(columns, answer_field, where)
     for key in ("question", "answer") if fmt == "gsm8k" else (prompt_field, answer_field):
-        if key not in columns:
+        if key is not None and key not in columns:
             raise UserError(f"{where}: no column '{key}' (columns: {', '.join(columns) or 'none'})")
     rows = [_row(record, f"{where}: row {n}", fmt, prompt_field, answer_field)
             for n, record in enumerate(table.to_list(), 1)]
@@ -296,18 +344,48 @@ def _utf8_csv(path: Path, scratch: Path) -> Path:
     return copy
 
 
-def read_hub_dataset(name: str, split: str, fmt: str, prompt_field: str, answer_field: str) -> list[dict]:
-    """Rows of one split of a Hugging Face Hub dataset (`owner/name` or `owner/name:config`)."""
-    datasets = _import_datasets(f"{name}: not a local file; loading it from the Hugging Face Hub")
+HF_PREFIX = "hf:"  # hf:NAME[:config], a Hugging Face datasets name, read from the local cache first
+
+
+@contextlib.contextmanager
+def _offline(datasets: Any):
+    """Hugging Face datasets and hub reading their local cache only (no request, so no ~25 s of retries)."""
+    import huggingface_hub.constants as hub
+
+    saved = datasets.config.HF_HUB_OFFLINE, hub.HF_HUB_OFFLINE
+    datasets.config.HF_HUB_OFFLINE = hub.HF_HUB_OFFLINE = True
+    try:
+        yield
+    finally:
+        datasets.config.HF_HUB_OFFLINE, hub.HF_HUB_OFFLINE = saved
+
+
+def read_hub_dataset(name: str, split: str, fmt: str, prompt_field: str, answer_field: str,
+                     cache_first: bool = False) -> list[dict]:
+    """Rows of one split of a Hugging Face Hub dataset (`owner/name` or `owner/name:config`); `cache_first`
+    (hf:NAME) reads the local datasets cache before asking the Hub."""
+    shown = HF_PREFIX + name if cache_first else name
+    datasets = _import_datasets(f"{shown}: not a local file; loading it with Hugging Face datasets")
     repo, _, subset = name.partition(":")
     with _quiet_datasets(datasets):
-        try:
-            table = datasets.load_dataset(repo, subset or None, split=split)
-        except Exception as err:  # unreachable hub, unknown name, config or split: one line
-            detail = " ".join(str(err).split())[:300]
-            raise UserError(f"{name}: no such file, and loading its '{split}' split from the Hugging Face Hub "
-                            f"failed ({type(err).__name__}: {detail})") from None
-    return _table_rows(table, f"{name} ({split} split)", fmt, prompt_field, answer_field)
+        table, cached_error = None, None
+        if cache_first:
+            try:
+                with _offline(datasets):
+                    table = datasets.load_dataset(repo, subset or None, split=split)
+            except Exception as err:  # not in the cache: the Hub next
+                cached_error = err
+        if table is None:
+            try:
+                table = datasets.load_dataset(repo, subset or None, split=split)
+            except Exception as err:  # unreachable hub, unknown name, config or split: one line
+                detail = " ".join(str(err).split())[:300]
+                where = ("is not in the local datasets cache, and loading" if cached_error is not None
+                         else "no such file, and loading")
+                raise UserError(f"{shown}: {where} its '{split}' split from the Hugging Face Hub failed "
+                                f"({type(err).__name__}: {detail}); offline, a dataset is read from the cache that "
+                                "an earlier download (datasets.load_dataset) left in ~/.cache/huggingface") from None
+    return _table_rows(table, f"{shown} ({split} split)", fmt, prompt_field, answer_field)
 
 
 def read_dataset_file(path: Path, fmt: str, prompt_field: str, answer_field: str) -> list[dict]:
@@ -319,7 +397,10 @@ def read_dataset_file(path: Path, fmt: str, prompt_field: str, answer_field: str
 
 def read_dataset(source: str, base_dir: Path, split: str, config: Any) -> list[dict]:
     """A config's dataset: a local file (relative to `base_dir`), or else, when `source` reads as
-    `owner/name[:config]`, the `split` of that Hugging Face Hub dataset."""
+    `owner/name[:config]` or `hf:NAME[:config]`, the `split` of that Hugging Face dataset."""
+    if source.startswith(HF_PREFIX):
+        return read_hub_dataset(source[len(HF_PREFIX):], split, config.dataset_format, config.prompt_field,
+                                config.answer_field, cache_first=True)
     path = Path(source).expanduser()
     path = path if path.is_absolute() else base_dir / path
     fields = (config.dataset_format, config.prompt_field, config.answer_field)
@@ -359,6 +440,9 @@ def load_datasets(config: Any, base_dir: Path) -> tuple[list[dict], list[dict]]:
     if config.dataset == "arithmetic":
         train = arithmetic.make_split("train", config.train_size, config.seed)
         heldout = arithmetic.make_split("heldout", config.eval_size, config.seed)
+    elif reasoning_gym.is_task(config.dataset) and config.eval_dataset is None:
+        train, heldout = reasoning_gym.splits(config.dataset, config.dataset_options, config.train_size,
+                                              config.eval_size, config.seed)
     else:
         train = read_dataset(config.dataset, base_dir, "train", config)
         if config.eval_dataset is not None:
@@ -372,7 +456,37 @@ def load_datasets(config: Any, base_dir: Path) -> tuple[list[dict], list[dict]]:
             n_eval = min(config.eval_size, max(1, len(shuffled) // 20)) if len(shuffled) > 1 else 0
             heldout, train = shuffled[:n_eval], shuffled[n_eval:] or shuffled
         heldout = heldout[: config.eval_size]
+    _refuse_answer_rewards(train, config)
     return train, heldout
+
+
+# Built-in rewards and checks that compare a completion with the row's reference answer.
+NEEDS_ANSWER = ("answer_check", "check_answer", "number_check", "check_numbers", "digit_match", "last_number_check",
+                "last_number_digits", "task_score")
+
+
+def _refuse_answer_rewards(rows: list[dict], config: Any) -> None:
+    """Prompts-only data trains with rewards that need no reference answer; one that does is named."""
+    if any(row["answer"] for row in rows):
+        return
+    needs = [spec.name for spec in config.rewards if spec.name in NEEDS_ANSWER]
+    if config.correctness in ("answer", "last_number"):
+        needs.append(f"correctness: {config.correctness}")
+    if needs:
+        raise UserError(f"{config.dataset}: the rows have no reference answer (no column answer, "
+                        f"{', '.join(ANSWER_LIKE)}), and {', '.join(needs)} compare completions with one: set "
+                        "answer_field to the column that holds it, or use rewards that need none (e.g. format_exact "
+                        "or your own file.py:function)")
+
+
+def epoch_steps(config: Any, base_dir: Path) -> Any:
+    """`config` with its `epochs` turned into `num_steps` (each step draws batch_size training rows), said in a
+    note; run.json then records the steps."""
+    rows = len(load_datasets(config, base_dir)[0])
+    steps = max(1, math.ceil(config.epochs * rows / config.batch_size))
+    print(f"mlx-grpo: note: epochs: {config.epochs:g} is {steps} steps ({rows} training rows, {config.batch_size} "
+          "prompts per step)", file=sys.stderr)
+    return dataclasses.replace(config, num_steps=steps, epochs=None)
 
 
 def extra_columns(rows: list[dict]) -> dict[str, list]:

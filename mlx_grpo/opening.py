@@ -15,7 +15,7 @@ from typing import Any
 from .checkpoint import load_checkpoint, read_state
 from .config import TrainConfig, config_to_dict
 from .console import TrainingConsole
-from .data import load_datasets
+from .data import epoch_steps, load_datasets
 from .distributed import init_world
 from .extras.entropy_dump import EntropyDumpWriter
 from .fitting import fit_run
@@ -69,6 +69,8 @@ class Run:
 
 def open_run(config: TrainConfig, base_dir: Path, resume_dir: Path | None) -> Run:
     """Build the trainer, restore a checkpoint when resuming, and assemble the recorder and its sinks."""
+    if config.epochs is not None:  # a length in epochs (TRL's num_train_epochs) is a step count from here on
+        config = epoch_steps(config, base_dir)
     # refuse early: a resume with nothing to resume, a mistake in the alert file, a run that cannot fit
     checkpoint = resumable_checkpoint(resume_dir, config.num_steps) if resume_dir is not None else None
     rules = alert_rules(config, base_dir)

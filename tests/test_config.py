@@ -182,8 +182,9 @@ def test_a_trl_config_is_read_with_a_note_per_renamed_key(tmp_path, capsys):
     assert [(r.name, r.weight) for r in config.rewards] == [("format_exact", 0.5), ("answer_check", 2.0)]
     assert config.tensorboard is False and config.wandb is False
     notes = capsys.readouterr().err
-    assert f"{path}: 'max_steps' (TRL) is read as 'num_steps'" in notes
-    assert "read as 'batch_size: 4' (prompts per step: 16 completions / 4 per prompt)" in notes
+    assert len(notes.splitlines()) == 1 and notes.startswith(f"mlx-grpo: note: {path}: read as ours: (TRL) ")
+    assert "max_steps as num_steps" in notes
+    assert "per_device_train_batch_size as batch_size: 4 (16 completions / 4 per prompt)" in notes
     with pytest.raises(UserError, match="both 'max_steps' .* and 'num_steps' are set"):
         load_config(None, {"max_steps": 3, "num_steps": 4})
 

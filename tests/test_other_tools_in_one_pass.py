@@ -80,32 +80,49 @@ def test_a_config_reads_trl_reward_spellings_relative_to_its_folder(tmp_path, mo
 
 def test_every_key_a_copied_config_cannot_use_is_listed_at_once(tmp_path, capsys):
     path = tmp_path / "trl.yaml"
-    path.write_text("max_steps: 5\ngradient_accumulation_steps: 4\nnum_train_epochs: 3\nfp16: true\n"
+    path.write_text("max_steps: 5\noptim: adafactor\nrepetition_penalty: 1.2\nnum_train_epochs: 3\n"
                     "num_generatons: 4\n")
     with pytest.raises(UserError) as err:
         load_config(path)
     message = str(err.value)
     assert message.startswith(f"{path}: 3 keys cannot be read here:")
-    assert "'gradient_accumulation_steps' (TRL) has no equivalent" in message
-    assert "'fp16' (TRL) has no equivalent" in message
+    assert "key 'optim' (TRL) is 'adafactor' and has no equivalent" in message
+    assert "key 'repetition_penalty' (TRL) is 1.2 and has no equivalent" in message
     assert "unknown key 'num_generatons' (did you mean 'num_generations'?)" in message
-    assert "num_train_epochs" not in message  # harmless beside max_steps: a warning
-    assert "'num_train_epochs' (TRL) is ignored" in capsys.readouterr().err
+    assert "num_train_epochs" not in message  # beside max_steps it changes nothing, as in TRL: a warning
+    assert "num_train_epochs (max_steps sets the length)" in capsys.readouterr().err
 
 
-def test_harmless_keys_of_trl_and_mlx_lm_warn_and_the_run_starts(tmp_path, capsys):
+def test_harmless_keys_of_trl_and_mlx_lm_warn_on_one_line_and_the_run_starts(tmp_path, capsys):
     path = tmp_path / "c.yaml"
     path.write_text("max_steps: 5\nnum_train_epochs: 1\ngradient_accumulation_steps: 1\nmax_seq_length: 2048\n"
-                    "per_device_eval_batch_size: 8\nuse_vllm: false\n")
+                    "per_device_eval_batch_size: 8\nuse_vllm: true\nvllm_mode: colocate\npush_to_hub: true\n"
+                    "test: false\nlog_level: info\n")
     assert load_config(path).num_steps == 5
-    err = capsys.readouterr().err
-    for key in ("num_train_epochs", "gradient_accumulation_steps", "max_seq_length", "per_device_eval_batch_size",
-                "use_vllm"):
-        assert f"'{key}' (" in err and "is ignored" in err, key
-    assert "max_prompt_length" in err  # max_seq_length says what to set instead
-    path.write_text("num_train_epochs: 3\n")  # the only length given: not harmless
-    with pytest.raises(UserError, match="'num_train_epochs' .* has no equivalent"):
-        load_config(path)
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert len(warnings) == 1
+    for key in ("num_train_epochs", "max_seq_length", "per_device_eval_batch_size", "use_vllm", "vllm_mode",
+                "push_to_hub", "log_level"):
+        assert key in warnings[0], key
+    assert "test (mlx-lm)" in warnings[0]
+    path.write_text("num_train_epochs: 3\n")  # the only length given: epochs, as TRL reads it
+    assert load_config(path).epochs == 3.0
+    path.write_text("max_steps: -1\n")  # TRL: train for num_train_epochs, whose default is 3
+    assert load_config(path).epochs == 3.0
+
+
+def test_a_trl_dataset_s_solution_column_is_the_answer_and_prompt_only_data_trains(tmp_path, capsys):
+    rows = rows_with_answer_field(tmp_path, "solution")  # answer_field left at its default
+    assert [r["answer"] for r in rows] == ["0", "2", "4"] and rows[0]["solution"] == "0"
+    assert "no 'answer' column; 'solution' is read as the reference answer" in capsys.readouterr().err
+    (tmp_path / "p.jsonl").write_text('{"prompt": "1+1="}\n' * 30)
+    formats_only = load_config(None, {"dataset": str(tmp_path / "p.jsonl"), "rewards": ["format_exact"]})
+    train, _ = load_datasets(formats_only, tmp_path)
+    assert {r["answer"] for r in train} == {""}
+    with pytest.raises(UserError, match="no reference answer .* answer_check, number_check, digit_match compare"):
+        load_datasets(load_config(None, {"dataset": str(tmp_path / "p.jsonl")}), tmp_path)
+    with pytest.raises(UserError, match=r"missing field 'sol' \(answer_field; the data has 'prompt'\)"):
+        load_datasets(load_config(None, {"dataset": str(tmp_path / "p.jsonl"), "answer_field": "sol"}), tmp_path)
 
 
 def test_an_mlx_lm_data_directory_gives_train_and_held_out(tmp_path):
@@ -140,7 +157,7 @@ def test_hf_style_snake_case_flags_are_read(tmp_path, capsys):
     ("batch_size: 4\nper_device_train_batch_size: 16\nnum_generations: 2\n", "'per_device_train_batch_size' (TRL) and 'batch_size'"),
     ("tensorboard: true\nwandb: false\nreport_to: [wandb]\n", "'report_to' (TRL) and 'tensorboard'"),
     ("use_lora: true\nfine_tune_type: full\n", "'fine_tune_type' (mlx-lm) and 'use_lora'"),
-    ("run_name: mine\noutput_dir: runs/other\n", "'output_dir' (TRL) and 'run_name'"),
+    ("monitoring_dir: mine\noutput_dir: runs/other\n", "'output_dir' (TRL) and 'monitoring_dir'"),
     ("rewards: [{name: answer_check, weight: 3}, {name: format_exact, weight: 1}]\nreward_weights: [1, 1]\n",
      "'reward_weights' (TRL) and weights in 'rewards'"),
     ("dtype: float32\nbf16: true\n", "'bf16' (TRL) and 'dtype'"),

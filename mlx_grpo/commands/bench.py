@@ -29,25 +29,29 @@ PRESET_DEFAULTS = {"use_lora": True, "batch_size": 2, "num_generations": 4}
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", metavar="FILE",
                         help="take model, shapes, LoRA, dtype, beta and loss settings from a run config")
-    parser.add_argument("--model", help="model directory (default: the shipped model)")
+    parser.add_argument("--model", "--model-id", metavar="MODEL", help="model directory (train's --model-id; default: "
+                                                                 "the shipped model)")
     parser.add_argument("--preset", metavar="NAME",
                         help="a random-weight model of a published shape (mlx-grpo plan's presets: qwen2.5-0.5b, "
                              "qwen2.5-1.5b, llama-3.2-1b...), written once under ~/.cache/mlx-grpo/presets")
-    parser.add_argument("--layers", type=int, help="with --preset: keep only the first LAYERS blocks")
-    parser.add_argument("--batch-size", type=int, help="prompts per step (default 16)")
-    parser.add_argument("--group-size", type=int, help="completions per prompt (default 8)")
-    parser.add_argument("--prompt-length", type=int, default=9, help="tokens per prompt (default 9)")
-    parser.add_argument("--completion-length", type=int, help="new tokens per completion (default 24)")
+    parser.add_argument("--layers", type=int, metavar="N", help="with --preset: keep only the first N blocks")
+    parser.add_argument("--batch-size", type=int, metavar="N", help="prompts per step (default: 16)")
+    parser.add_argument("--group-size", "--num-generations", type=int, metavar="N",
+                        help="completions per prompt (train's --num-generations; default: 8)")
+    parser.add_argument("--prompt-length", type=int, default=9, metavar="N", help="tokens per prompt (default: 9)")
+    parser.add_argument("--completion-length", "--max-generation-steps", type=int, metavar="N",
+                        help="new tokens per completion (train's --max-generation-steps; default: 24)")
     parser.add_argument("--lora", action=argparse.BooleanOptionalAction, default=None,
                         help="train LoRA adapters instead of every weight (default: full)")
     parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"),
                         help="default: the config's, auto (bfloat16 for LoRA on a Mac's GPU, float32 otherwise)")
-    parser.add_argument("--beta", type=float, help="KL weight; 0 skips the reference pass (default 0.04)")
-    parser.add_argument("--seed", type=int, help="seed for prompts and sampling (default 0)")
-    parser.add_argument("--repetitions", type=int, default=5, help="measured repetitions (default 5)")
-    parser.add_argument("--warmup", type=int, default=1, help="unreported warm-up repetitions (default 1)")
-    parser.add_argument("--sequential-sample", type=int, default=8,
-                        help="sequences the one-at-a-time baseline decodes (default 8)")
+    parser.add_argument("--beta", type=float, metavar="FLOAT",
+                        help="KL weight; 0 skips the reference pass (default: 0.04)")
+    parser.add_argument("--seed", type=int, metavar="N", help="seed for prompts and sampling (default: 0)")
+    parser.add_argument("--repetitions", type=int, default=5, metavar="N", help="timed repetitions (default: 5)")
+    parser.add_argument("--warmup", type=int, default=1, metavar="N", help="unreported warm-up repetitions (default: 1)")
+    parser.add_argument("--sequential-sample", type=int, default=8, metavar="N",
+                        help="sequences the one-at-a-time baseline decodes (default: 8)")
     parser.add_argument("--only", metavar="PATH[,PATH]",
                         help="measure only these paths (rollout, rollout_ceiling, rollout_sequential, reward, "
                              "reference, update, update_ceiling, step)")

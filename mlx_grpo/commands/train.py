@@ -25,7 +25,11 @@ def _flag_kind(tp: typing.Any) -> str:
 
 # Kinds of the translated names' flags (the plain renames take their key's kind).
 TRANSLATED_KINDS = {"report_to": "list", "reward_weights": "list", "per_device_train_batch_size": "scalar",
-                    "output_dir": "text", "adapter_path": "text", "bf16": "bool", "fine_tune_type": "text"}
+                    "output_dir": "text", "adapter_path": "text", "bf16": "bool", "fine_tune_type": "text",
+                    "fp16": "bool", "max_steps": "scalar", "gradient_accumulation_steps": "scalar",
+                    "lr_scheduler_type": "text", "eval_strategy": "text", "evaluation_strategy": "text",
+                    "save_strategy": "text", "logging_strategy": "text", "dataset_config": "text",
+                    "train_type": "text"}
 
 
 def _alias_kinds() -> dict[str, str]:
@@ -105,7 +109,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="turn the built-in alert rules off")
     parser.add_argument("--log-distributions", dest="histogram_every", nargs="?", const=1, type=int,
                         default=argparse.SUPPRESS, metavar="N",
-                        help="alias of --histogram-every (the reward monitoring system's flag): reward and advantage "
+                        help="alias of --histogram-every (the name other GRPO monitoring tools use): reward and advantage "
                              "histograms every N logged steps, every step without N")
     group = parser.add_argument_group("config keys (each overrides the YAML file)")
     helps = key_help()

@@ -169,6 +169,16 @@ def tool_success(prompts, completions, answers, tool_calls=None, tool_failures=N
     return [-0.5 if f else 0.5 if c else 0.0 for c, f in zip(calls, failures)]
 
 
+def task_score(prompts, completions, answers, reasoning_gym=None, **columns) -> list[float]:
+    """A reasoning-gym task's own `score_answer` (0 to 1, partial credit where the task gives it), x 2 so that
+    it weighs like answer_check's correct answer against the format rewards. Reads the answer block, or
+    without one the reply's last number (tasks/reasoning_gym.py)."""
+    from ..tasks import reasoning_gym as task
+
+    metadata = reasoning_gym if reasoning_gym is not None else [None] * len(completions)
+    return [2.0 * s for s in task.scores(completions, answers, metadata)]
+
+
 BUILTINS: dict[str, Callable] = {
     "environment": environment,
     "tool_success": tool_success,
@@ -179,6 +189,7 @@ BUILTINS: dict[str, Callable] = {
     "digit_match": digit_match,
     "last_number_check": last_number_check,
     "last_number_digits": last_number_digits,
+    "task_score": task_score,
     # Names other GRPO recipes use for the same functions.
     "check_answer": answer_check,
     "check_numbers": number_check,

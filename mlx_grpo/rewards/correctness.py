@@ -4,7 +4,8 @@ reports' correctness verdicts.
 A check is called like a reward function, `check(prompts, completions, answers, **columns)`, and returns
 one bool per completion. `correctness` in the config picks it:
 
-- `auto` (default): the built-in answer check when the run's task is one it fits (the built-in
+- `auto` (default): for a reasoning-gym dataset, the task's own `score_answer` (a score of 1 is correct);
+  else the built-in answer check when the run's task is one it fits (the built-in
   arithmetic task, or a reward set with a built-in answer reward, which reads the same `<answer>` tag);
   otherwise none: a custom task's accuracy is not measurable by us, so it is "n/a" rather than 0%;
 - `answer`: the built-in answer check always (the `<answer>...</answer>` text equals the row's answer);
@@ -42,10 +43,20 @@ def last_number_check(prompts: list, completions: list[str], answers: list[str],
     return [is_correct(text, answer, "last_number") for text, answer in zip(completions, answers)]
 
 
+def task_check(prompts: list, completions: list[str], answers: list[str], **columns: Any) -> list[bool]:
+    """A reasoning-gym task's own check: its `score_answer` gives the completion full marks."""
+    from ..tasks import reasoning_gym as task
+
+    metadata = columns.get(task.COLUMN) or [None] * len(completions)
+    return [score >= 1.0 for score in task.scores(completions, answers, metadata)]
+
+
 def load_correctness(setting: str, dataset: str, reward_names: list[str], base_dir: Path) -> Check | None:
     """The run's correctness check, or None when accuracy cannot be measured."""
     if setting == "none":
         return None
+    if setting == "auto" and dataset.startswith("reasoning-gym:"):
+        return task_check
     if setting == "answer":
         return answer_check
     if setting == "last_number" or (setting == "auto" and "last_number_check" in reward_names):

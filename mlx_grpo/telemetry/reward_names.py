@@ -20,6 +20,16 @@ TRL_BUILTINS: dict[str, tuple[str, str]] = {
     "think_format_reward": ("format_exact", "TRL's checks <think>...</think>; format_exact checks this task's "
                                             "reasoning block then answer block, and scores 0 or 3"),
 }
+# mlx-lm-lora's built-in GRPO rewards (its answer format: <think>...</think><answer>...</answer>) -> ours.
+MLX_LM_LORA_BUILTINS: dict[str, tuple[str, str]] = {
+    "r1_accuracy_reward_func": ("answer_check", "both compare the answer block with the answer field; "
+                                                "answer_check scores -1 to +3"),
+    "r1_int_reward_func": ("number_check", "number_check scores 1.5 when the answer block's first number is the "
+                                           "answer's"),
+    "r1_strict_format_reward_func": ("format_exact", "format_exact checks this task's reasoning block then answer "
+                                                     "block, and scores 0 or 3"),
+    "r1_soft_format_reward_func": ("format_approx", "format_approx gives partial credit per tag"),
+}
 # TRL's reward factories and rewards with no counterpart here: what to do instead.
 TRL_NO_EQUIVALENT: dict[str, str] = {
     "get_soft_overlong_punishment": "there is no built-in length penalty; write one as a function in a .py file "
@@ -67,6 +77,9 @@ def translate_reward(spec: str) -> tuple[str, str | None]:
     if spec in TRL_BUILTINS:
         ours, how = TRL_BUILTINS[spec]
         return ours, f"'{spec}' (TRL's built-in reward) is read as '{ours}': {how}"
+    if spec in MLX_LM_LORA_BUILTINS:
+        ours, how = MLX_LM_LORA_BUILTINS[spec]
+        return ours, f"'{spec}' (mlx-lm-lora's built-in reward) is read as '{ours}': {how}"
     as_file = dotted_as_file(spec)
     if as_file is not None:
         return as_file, f"'{spec}' (TRL's module.function form) is read as '{as_file}'"

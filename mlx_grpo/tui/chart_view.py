@@ -48,6 +48,9 @@ def waiting_text(board: Board) -> str:
     return "\n".join(lines)
 
 
+TILES_PER_ROW = 4  # watch.tcss: .tiles grid-size
+
+
 class ChartsView(BoardView, VerticalScroll):
     """A view of metric tiles above charts, as its ViewSpec says; arrows select, enter opens."""
 
@@ -67,7 +70,11 @@ class ChartsView(BoardView, VerticalScroll):
     def compose(self) -> ComposeResult:
         """The tiles, the extra widgets of a subclass, and a box the charts are mounted in."""
         yield Static("", classes="waiting-note")
-        yield Grid(*(MetricTile(self.board, label, metric) for label, metric in self.spec.tiles), classes="tiles")
+        # the tiles past the first row give way in a short terminal (watch.tcss: -short), so the charts' legends fit
+        tiles = [MetricTile(self.board, label, metric) for label, metric in self.spec.tiles]
+        for tile in tiles[TILES_PER_ROW:]:
+            tile.add_class("-second-row")
+        yield Grid(*tiles, classes="tiles")
         yield from self.compose_extra()
         yield Vertical(classes="charts")
 

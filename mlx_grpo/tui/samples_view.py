@@ -29,8 +29,11 @@ from .palette import BAD, GOOD, MUTED, TEXT_BRIGHT
 
 MAX_ROWS = 300
 PREVIEW = 24  # the list fits beside the detail pane (which shows every text in full)
+MIN_PREVIEW = 10  # the completion's end never narrower than this: it holds the answer
 PROMPT_PREVIEW = 20
-ANSWER_PREVIEW = 8
+ANSWER_PREVIEW = 16  # the expected column is as wide as its widest answer, up to this
+# step, total and ok: their widths in the list, to size the completion column to what is left
+LEADING_WIDTHS = (5, 7, 2)
 
 
 _CLOSING_TAGS = re.compile(r"(\s*</[\w-]+>)+\s*$")
@@ -190,6 +193,7 @@ class SamplesView(BoardView, Horizontal):
         self._next_key = 0
         self._groups: dict = {}  # (run dir, step) -> that step's completions by prompt
         self._columns: dict = {}  # (run dir, step) -> that step's totals in the heatmap's order
+        self._shape: tuple = (-1, 0, PREVIEW, False)  # the list's layout (_layout) its rows were made for
 
     @property
     def focus_target(self) -> Widget:
@@ -202,20 +206,36 @@ class SamplesView(BoardView, Horizontal):
         with VerticalScroll(id="sample-detail-box"):
             yield Static("no samples yet", id="sample-detail")
 
-    def on_mount(self) -> None:
-        """Add the table's columns."""
-        self.query_one(DataTable).add_columns("step", "total", "ok", "completion (its end)", "expected", "prompt",
-                                                 "len", "run")  # answer and scores first: they fit a narrow list
+    def on_resize(self) -> None:
+        """The completion column follows the list's width: laid out again at the new size."""
+        self.call_after_refresh(self.update_data)
+
+    def _layout(self, table: DataTable) -> tuple[int, int, int, bool]:
+        """(the list's width, the expected column's, the completion column's, whether a run column is shown):
+        the expected answer whole (up to ANSWER_PREVIEW), the completion's end in the width left beside it, and
+        the run's name only when several runs are shown."""
+        answers = [len(str(s.get("answer", ""))) for run in self.board.runs for s in run.samples]
+        answer_width = max(len("expected"), min(ANSWER_PREVIEW, max(answers, default=0)))
+        width = table.size.width
+        padding = 2 * table.cell_padding  # each column's
+        left = width - sum(LEADING_WIDTHS) - answer_width - 5 * padding - 2  # the vertical scrollbar
+        preview = max(MIN_PREVIEW, min(PREVIEW * 2, left)) if width else PREVIEW
+        return width, answer_width, preview, len(self.board.runs) > 1
 
     def update_data(self) -> None:
         """Add the samples the runs wrote since the last refresh."""
         board = self.board
         runs = board.runs
         table = self.query_one(DataTable)
+        layout = self._layout(table)
         rebuild = self._filter != self.filter or self._runs_version != board.runs_version or any(
-            seen[0] != run.samples_resets for seen, run in zip(self._seen, runs))
+            seen[0] != run.samples_resets for seen, run in zip(self._seen, runs)) or layout[:2] != self._shape[:2] \
+            or layout[3] != self._shape[3]
         if rebuild:
-            table.clear()
+            self._shape = layout
+            table.clear(columns=True)
+            table.add_columns("step", "total", "ok", "completion (its end)", "expected", "prompt", "len",
+                              *(["run"] if layout[3] else []))  # answer and scores first: they fit a narrow list
             self._rows.clear()
             self._order.clear()
             self._seen = [(run.samples_resets, run.samples_received - len(run.samples)) for run in runs]
@@ -248,15 +268,16 @@ class SamplesView(BoardView, Horizontal):
         correct = s.get("correct")
         completion = " ".join(str(s.get("completion", "")).split())
         prompt = " ".join(str(s.get("prompt", "")).split())
+        _, answer_width, preview, several = self._shape
         table.add_row(
             Text(fmt_count(s.get("step", 0)), justify="right"),
             Text(fmt_value(s.get("total")), justify="right"),
             Text("✓", style=GOOD) if correct else Text("✗", style=BAD) if correct is not None else "",
-            _end(completion, PREVIEW),  # the answer is at the end; the detail pane shows it all
-            _preview(str(s.get("answer", "")), ANSWER_PREVIEW),
+            _end(completion, preview),  # the answer is at the end; the detail pane shows it all
+            _preview(str(s.get("answer", "")), answer_width),
             _preview(prompt, PROMPT_PREVIEW, keep_end=True),  # a prompt's question is at its end
             Text(str(s.get("length", "")), justify="right"),
-            Text(board.runs[run_index].name, style=board.color(run_index)),
+            *([Text(board.runs[run_index].name, style=board.color(run_index))] if several else []),
             key=key,
         )
         self._rows[key] = (run_index, s)
