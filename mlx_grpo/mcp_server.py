@@ -81,17 +81,19 @@ def _cut_strings(obj: Any) -> Any:
     return obj
 
 
-def tail_records(path: Path, count: int, before: int | None = None) -> tuple[list[tuple[int, dict]], int]:
+def tail_records(path: Path, count: int, before: int | None = None) -> tuple[list[tuple[int, dict]], int, int]:
     """Up to the last `count` JSON-object lines of a regular file that start before byte `before` (None: the
     end), read backward in blocks, at most SCAN_BYTES of the file, each with the byte its line starts at,
-    oldest first; and the byte the scan stopped at (0: the start of the file was reached)."""
+    oldest first; the byte the scan stopped at (0: the start of the file was reached); and how many lines
+    were skipped (not a JSON object, or longer than MAX_LINE_BYTES)."""
     try:
         f = open_regular(path)
     except FileNotFoundError:
-        return [], 0
+        return [], 0, 0
     except OSError as err:
         raise UserError(f"{terminal_safe(str(path))}: {err.strerror or err}; not read") from None
     found: list[tuple[int, dict]] = []
+    skipped = 0
     with f:
         size = os.fstat(f.fileno()).st_size
         end = size if before is None else max(0, min(int(before), size))
@@ -111,25 +113,37 @@ def tail_records(path: Path, count: int, before: int | None = None) -> tuple[lis
             if skipping and starts:  # the end of a line too long to read: dropped
                 starts.pop()
                 skipping = False
+                skipped += 1
             for start, line in reversed(starts):
-                if start < end and (obj := _record(line)) is not None:
-                    found.append((start, obj))
-                    if len(found) == count:
-                        break
+                if start >= end or not line.strip():
+                    continue
+                obj = _record(line)
+                if obj is None:
+                    skipped += 1
+                    continue
+                found.append((start, obj))
+                if len(found) == count:
+                    break
             if len(carry) > MAX_LINE_BYTES:
                 carry, skipping = b"", True
-        if pos == 0 and len(found) < count and carry and not skipping and (obj := _record(carry)) is not None:
-            found.append((0, obj))
+        if pos > 0 and skipping and len(found) < count:  # stopped inside a line too long to read
+            skipped += 1
+        if pos == 0 and len(found) < count and (carry.strip() or skipping):
+            obj = None if skipping else _record(carry)
+            if obj is None:
+                skipped += 1
+            else:
+                found.append((0, obj))
         scanned_to = found[-1][0] if len(found) == count else pos
-    return found[::-1], scanned_to
+    return found[::-1], scanned_to, skipped
 
 
 def _record(line: bytes) -> dict | None:
-    obj = loads_object(line.strip()) if line.strip() else None
+    obj = loads_object(line.strip())
     return None if obj is None else _cut_strings(terminal_safe_obj(obj))
 
 
-def _page(found: list[tuple[int, dict]], scanned_to: int) -> dict:
+def _page(found: list[tuple[int, dict]], scanned_to: int, skipped: int) -> dict:
     """The reply of a read tool: the records, the oldest dropped until the reply fits MAX_OUTPUT_CHARS, and
     `before`, the cursor that reads the ones before them (None: the file holds nothing earlier)."""
     sizes = [len(json.dumps(record)) + 2 for _, record in found]
@@ -138,7 +152,8 @@ def _page(found: list[tuple[int, dict]], scanned_to: int) -> dict:
         total -= sizes[first]
         first += 1
     cursor = found[first][0] if first else scanned_to
-    return {"records": [record for _, record in found[first:]], "before": cursor or None}
+    return {"records": [record for _, record in found[first:]], "before": cursor or None,
+            **({"skipped_lines": skipped} if skipped else {})}
 
 
 @dataclass
@@ -238,17 +253,18 @@ class Workspace:
 
     def read_samples(self, run_dir: str, last: int = 8, before: int | None = None) -> dict:
         """The last `last` logged samples (samples.jsonl, 200 at most): step, prompt, completion, expected
-        answer, rewards. Strings longer than 2,000 characters are cut; `before` pages back as in read_metrics."""
+        answer, rewards. Strings longer than 2,000 characters are cut, lines longer than 4 MB skipped (counted in
+        `skipped_lines`); `before` pages back as in read_metrics."""
         return self._read(run_dir, SAMPLES, last, before)
 
     def _read(self, run_dir: str, name: str, last: int, before: int | None, names: list[str] | None = None) -> dict:
         path = self.run_dir(run_dir) / name
         count = max(1, min(int(last), MAX_RECORDS))
-        found, scanned_to = tail_records(path, count, before)
+        found, scanned_to, skipped = tail_records(path, count, before)
         if names:
             found = [(start, {k: v for k, v in r.items() if k == "step" or k in names
                               or any(n.endswith("/") and k.startswith(n) for n in names)}) for start, r in found]
-        return _page(found, scanned_to)
+        return _page(found, scanned_to, skipped)
 
     def report(self, run_dir: str) -> str:
         """`mlx-grpo report RUN_DIR --no-write`: what happened in the run, the reward functions' quality, alerts,
@@ -345,9 +361,14 @@ class Workspace:
 
     def check_config(self, config_path: Path | None, overrides: dict[str, Any] | None) -> None:
         """The reward, correctness and rubric files a run would import, all inside the workspace."""
-        from .config import load_config
+        from .config import load_config, top_level_fields_all
+        from .config_aliases import translate
+        from .config_paths import resolve_input_paths
 
-        config = load_config(config_path, dict(overrides) if overrides else None)
+        # the trainer runs in the workspace: its command-line paths resolve there, whatever this process's folder
+        typed = resolve_input_paths(translate(dict(overrides), "command line", known=top_level_fields_all()),
+                                    self.root) if overrides else None
+        config = load_config(config_path, typed)
         base = config_path.parent if config_path else self.root
         for spec in config.rewards:
             self.check_code(spec.name, "rewards", base)
