@@ -282,7 +282,8 @@ def read_state(path: Path, run_dir: Path | None = None) -> dict[str, Any]:
     (`run_dir`: where its log positions point, checked against the logs). DamagedCheckpoint otherwise."""
     match = STEP_DIR.match(path.name)
     if match is None or path.is_symlink() or not path.is_dir():
-        raise DamagedCheckpoint(path, "not a checkpoint directory")
+        raise DamagedCheckpoint(path, "a symbolic link: a checkpoint is read only where it was written"
+                                if path.is_symlink() else "not a checkpoint directory")
     # always verified: nothing inside the checkpoint (a state.json key, a missing checksums.json) can turn
     # the check off, since damage or an edit could then pass unseen
     _verify_file(path, STATE, _read_checksums(path))

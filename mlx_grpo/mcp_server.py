@@ -414,7 +414,7 @@ class Workspace:
         if holder != info.pid:
             raise UserError(f"{shown}: process {info.pid} does not hold the run's lock (a reused process id, or not "
                             "a trainer); nothing was signalled")
-        session = info.resumes[-1].time if info.resumes and info.resumes[-1].time else info.start_time
+        session = info.last_session_start
         born = _start_time(info.pid)
         if session is None or born is None or born > session + CLOCK_SLACK_S:
             raise UserError(f"{shown}: process {info.pid} started after the run's session did (a reused process "

@@ -81,7 +81,7 @@ def unverifiable(latest):
 
 DAMAGE = {
     "state_random_bytes": (lambda d: (d / "state.json").write_bytes(os.urandom(300)), "state.json"),
-    "state_brace": (lambda d: (d / "state.json").write_text("{"), "state.json is not a JSON object"),
+    "state_brace": (lambda d: (d / "state.json").write_text("{"), "state.json has 1 bytes"),
     "state_step_99": (lambda d: edit_state(d, step=99), "state.json has "),
     "state_step_5": (lambda d: edit_state(d, step=5), "state.json does not match its checksum"),
     "state_step_99_checksums_agree": (lambda d: edit_state(d, step=99, keep_checksums=True),
