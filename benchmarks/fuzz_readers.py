@@ -349,8 +349,10 @@ def config_readers(path: Path, alerts: Path) -> dict[str, tuple[str, str]]:
     return {"load_config": verdict(config), "load_alert_rules": verdict(lambda: (load_alert_rules(alerts), None)[1])}
 
 
-def forked(fn, timeout: float) -> dict[str, tuple[str, str]] | None:
-    """`fn()` in a forked child; its result, or None when it did not answer within `timeout` seconds."""
+def forked(fn, timeout: float, cpu_limit: float = 60.0) -> dict[str, tuple[str, str]] | None:
+    """`fn()` in a forked child; its result, or None when it used `cpu_limit` seconds of CPU (a busy loop) or
+    did not answer within `timeout` seconds of wall time (blocked: on a shared machine a starved child
+    looks the same, so the wall limit is generous and the CPU limit decides)."""
     read_fd, write_fd = os.pipe()
     pid = os.fork()
     if pid == 0:
@@ -359,6 +361,7 @@ def forked(fn, timeout: float) -> dict[str, tuple[str, str]] | None:
             import resource
 
             resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+            resource.setrlimit(resource.RLIMIT_CPU, (int(cpu_limit), int(cpu_limit) + 5))  # a busy loop ends here
             result = fn()
         except BaseException as err:  # noqa: BLE001
             result = {"driver": ("traceback", f"{type(err).__name__}: {err}")}
@@ -421,12 +424,14 @@ def main() -> int:
     parser.add_argument("--cases", type=int, default=2400, help="cases in all, split 40/40/20 over run "
                                                                 "directories, GGUF headers, configs and alert files")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--timeout", type=float, default=60.0, help="seconds before a case counts as a hang")
+    parser.add_argument("--timeout", type=float, default=1800.0,
+                        help="wall seconds before a blocked case counts as a hang (60 s of CPU always does)")
+    parser.add_argument("--progress", type=Path, help="append each case's verdicts here as it ends (JSON lines)")
     parser.add_argument("--base", type=Path, help="the run directory to mutate (default: train a small one here)")
     parser.add_argument("--keep", type=Path, help="work in this folder and keep it")
     parser.add_argument("--json", type=Path, help="write every finding and the totals here")
     args = parser.parse_args()
-    result = fuzz(args.cases, args.seed, args.timeout, args.base, args.keep)
+    result = fuzz(args.cases, args.seed, args.timeout, args.base, args.keep, args.progress)
     totals = result["totals"]
     print(json.dumps({k: v for k, v in result.items() if k != "findings"}, indent=2))
     for finding in result["findings"][:40]:
@@ -436,7 +441,8 @@ def main() -> int:
     return 1 if totals.get("traceback", 0) or totals.get("hang", 0) or totals.get("silent wrong", 0) else 0
 
 
-def fuzz(cases: int, seed: int, timeout: float = 60.0, base: Path | None = None, keep: Path | None = None) -> dict:
+def fuzz(cases: int, seed: int, timeout: float = 1800.0, base: Path | None = None, keep: Path | None = None,
+         progress: Path | None = None, share: tuple[float, float] = (0.4, 0.4)) -> dict:
     root = Path(tempfile.mkdtemp(prefix="fuzz-")) if keep is None else keep
     root.mkdir(parents=True, exist_ok=True)
     began = time.perf_counter()
@@ -453,7 +459,7 @@ def fuzz(cases: int, seed: int, timeout: float = 60.0, base: Path | None = None,
     rng = random.Random(seed)
     totals, by_reader, findings, kinds = Counter(), {}, [], Counter()
     work = root / "cases"
-    n_runs, n_gguf = int(cases * 0.4), int(cases * 0.4)
+    n_runs, n_gguf = int(cases * share[0]), int(cases * share[1])
     for index in range(cases):
         case_rng = random.Random(rng.random())
         shutil.rmtree(work, ignore_errors=True)
@@ -478,7 +484,10 @@ def fuzz(cases: int, seed: int, timeout: float = 60.0, base: Path | None = None,
             family = "config"
         kinds[family] += 1
         if result is None:
-            result = {"case": ("hang", f"no answer within {timeout:g} s")}
+            result = {"case": ("hang", f"no answer within {timeout:g} s or 60 s of CPU")}
+        if progress is not None:
+            with progress.open("a") as out:
+                out.write(json.dumps({"case": index, "family": family, "mutations": what, "verdicts": result}) + "\n")
         for reader, (outcome, detail) in result.items():
             totals[outcome] += 1
             by_reader.setdefault(reader, Counter())[outcome] += 1
