@@ -5,7 +5,6 @@ are bounded and paged, and stop_run signals only a checked trainer, never a proc
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import json
 import os
 import signal
