@@ -459,29 +459,30 @@ def fuzz(cases: int, seed: int, timeout: float = 1800.0, base: Path | None = Non
     rng = random.Random(seed)
     totals, by_reader, findings, kinds = Counter(), {}, [], Counter()
     work = root / "cases"
-    n_runs, n_gguf = int(cases * share[0]), int(cases * share[1])
-    for index in range(cases):
+    # the families interleaved, so that a run stopped early still covers each in its share
+    order = ["run directory"] * int(cases * share[0]) + ["GGUF header"] * int(cases * share[1])
+    order += ["config"] * (cases - len(order))
+    slots = {family: [i for i, f in enumerate(order) if f == family] for family in set(order)}
+    order = [family for _, family in sorted((i / len(s), f) for f, s in slots.items() for i in range(len(s)))]
+    for index, family in enumerate(order):
         case_rng = random.Random(rng.random())
         shutil.rmtree(work, ignore_errors=True)
         work.mkdir(parents=True)
-        if index < n_runs:
+        if family == "run directory":
             case = work / "runs" / "case"
             case.parent.mkdir()
             what = mutate_run(base, case, case_rng)
             result = forked(lambda: run_readers(case, base, work), timeout)
-            family = "run directory"
-        elif index < n_runs + n_gguf:
+        elif family == "GGUF header":
             data, kind = mutate_gguf(good, table, header_end, case_rng)
             (work / "case.gguf").write_bytes(data)
             what = [kind]
             result = forked(lambda: gguf_readers(work / "case.gguf"), timeout)
-            family = "GGUF header"
         else:
             (work / "config.yaml").write_text(mutate_yaml(config_text, case_rng))
             (work / "alerts.yaml").write_text(mutate_yaml(alerts_text, case_rng))
             what = ["yaml"]
             result = forked(lambda: config_readers(work / "config.yaml", work / "alerts.yaml"), timeout)
-            family = "config"
         kinds[family] += 1
         if result is None:
             result = {"case": ("hang", f"no answer within {timeout:g} s or 60 s of CPU")}
