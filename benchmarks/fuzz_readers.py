@@ -378,12 +378,15 @@ def forked(fn, timeout: float, cpu_limit: float = 60.0) -> dict[str, tuple[str, 
                 os.waitpid(pid, 0)
                 return None
             chunk = pipe.read()
-            if not chunk:
-                break
-            chunks.append(chunk)
+            if chunk:
+                chunks.append(chunk)
             break
-    os.waitpid(pid, 0)
-    return {k: tuple(v) for k, v in json.loads("".join(chunks)).items()} if chunks else None
+    _, status = os.waitpid(pid, 0)
+    if chunks:
+        return {k: tuple(v) for k, v in json.loads("".join(chunks)).items()}
+    if os.WIFSIGNALED(status) and os.WTERMSIG(status) not in (signal.SIGXCPU, signal.SIGKILL):
+        return {"case": ("traceback", f"the process died of signal {os.WTERMSIG(status)}")}  # a crash in C
+    return None
 
 
 # ------------------------------------------------------------------ driver
