@@ -67,7 +67,16 @@ def _bounded(text: str) -> str:
 
 
 def _overrides(overrides: dict[str, Any] | None) -> list[str]:
-    return [arg for key, value in (overrides or {}).items() for arg in ("--set", f"{key}={json.dumps(value)}")]
+    # one token each (`--set=KEY=VALUE`): a key an agent writes as '--rubric-file' stays a config key
+    return [f"--set={key}={json.dumps(value)}" for key, value in (overrides or {}).items()]
+
+
+def _plain_values(what: str, values: list[str]) -> list[str]:
+    """Values passed on as command-line arguments: none may read as an option (`--rubric-file=x`)."""
+    for value in values:
+        if not isinstance(value, str) or value.startswith("-"):
+            raise UserError(f"{what}: {terminal_safe(str(value))!r} is not a reward name (it would be read as an option)")
+    return values
 
 
 def _cut_strings(obj: Any) -> Any:
@@ -284,12 +293,12 @@ class Workspace:
         say what GRPO would have learnt differently. No model is loaded. Built-in reward names only; a
         file.py:function reward is refused (this server runs no code it is given)."""
         path = self.run_dir(run_dir)
-        for spec in rewards or []:
+        for spec in _plain_values("rewards", rewards or []):
             self.check_code(spec.rpartition("=")[0] if "=" in spec else spec, "rewards")
         args = ["replay", str(path)]
         args += ["--rewards", *rewards] if rewards else []
-        args += ["--without", *without] if without else []
-        args += ["--steps", steps] if steps else []
+        args += ["--without", *_plain_values("without", without)] if without else []
+        args += [f"--steps={steps}"] if steps else []
         return self.command(*args)
 
     def check_code(self, spec: Any, what: str, base: Path | None = None) -> None:

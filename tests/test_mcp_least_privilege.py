@@ -84,6 +84,19 @@ def test_with_allow_control_reward_files_must_lie_in_the_folder_and_outside_runs
     assert not (run_dir / "PWNED").exists() and not (tmp_path / "PWNED").exists()
 
 
+def test_no_argument_an_agent_passes_on_is_read_as_an_option(tmp_path):
+    (tmp_path / "rubric.yaml").write_text("criteria: []\n")
+    _run(tmp_path)
+    ws = Workspace(tmp_path)
+    with pytest.raises(UserError, match="would be read as an option"):
+        ws.replay("runs/r", without=["answer_check", "--rubric-file=rubric.yaml"])
+    with pytest.raises(UserError, match="would be read as an option"):
+        ws.replay("runs/r", rewards=["--rubric-file=rubric.yaml"])
+    from mlx_grpo.mcp_server import _overrides
+
+    assert _overrides({"--rubric-file": "x"}) == ['--set=--rubric-file="x"']  # one token: a (bad) config key
+
+
 # ------------------------------------------------------------------ U2: only a checked trainer is signalled
 
 
