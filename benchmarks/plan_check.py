@@ -43,7 +43,7 @@ def main() -> None:
     base_dir = Path(args.config).resolve().parent if args.config else Path.cwd()
     verdict, facts = make_plan(config, base_dir)
     predicted = verdict.configured
-    prompt_length = longest_prompt_tokens(config, base_dir) or config.max_prompt_length
+    prompt_length = longest_prompt_tokens(config, base_dir)[0] or config.max_prompt_length
     if config.micro_batch_size == "auto":
         config = load_config(args.config, {**overrides, "micro_batch_size": verdict.settings.micro_batch_size})
     workload = Workload(config, base_dir, prompt_length)

@@ -45,7 +45,7 @@ STEP_DIR = re.compile(r"^step_(\d+)$")
 STATE = "state.json"
 CHECKSUMS = "checksums.json"
 STATE_LIMIT = 64 << 20  # state.json holds the config and the recorder's trackers: a few hundred KB
-CHECKSUM_FORMAT = 1  # state.json's `checksums`: this checkpoint has checksums.json (older ones do not)
+CHECKSUM_FORMAT = 1  # state.json's `checksums`: the checksums.json format (informative: every checkpoint is verified)
 
 
 def _fsync_dir(path: Path) -> None:
@@ -278,14 +278,16 @@ def _schema_problem(state: dict[str, Any], step: int, run_dir: Path | None) -> s
 
 
 def read_state(path: Path, run_dir: Path | None = None) -> dict[str, Any]:
-    """A checkpoint's state.json, verified: its checksum when the checkpoint has them, then its schema
+    """A checkpoint's state.json, verified: its checksum (checksums.json missing or unreadable: damaged), then its schema
     (`run_dir`: where its log positions point, checked against the logs). DamagedCheckpoint otherwise."""
     match = STEP_DIR.match(path.name)
     if match is None or path.is_symlink() or not path.is_dir():
-        raise DamagedCheckpoint(path, "not a checkpoint directory")
+        raise DamagedCheckpoint(path, "a symbolic link: a checkpoint is read only where it was written"
+                                if path.is_symlink() else "not a checkpoint directory")
+    # always verified: nothing inside the checkpoint (a state.json key, a missing checksums.json) can turn
+    # the check off, since damage or an edit could then pass unseen
+    _verify_file(path, STATE, _read_checksums(path))
     state = _read_json(path, STATE)
-    if state.get("checksums") is not None:
-        _verify_file(path, STATE, _read_checksums(path))
     problem = _schema_problem(state, int(match.group(1)), run_dir)
     if problem is not None:
         raise DamagedCheckpoint(path, problem)
@@ -316,16 +318,9 @@ def _verify_file(path: Path, name: str, checksums: dict[str, Any]) -> None:
         raise DamagedCheckpoint(path, f"{name}: {err.strerror or err}") from None
 
 
-def _load_arrays(path: Path, name: str, checksums: dict[str, Any] | None) -> dict[str, mx.array]:
-    """A checkpoint's safetensors file, verified (checksum when there are checksums; else a regular file),
-    every floating value finite."""
-    if checksums is not None:
-        _verify_file(path, name, checksums)
-    else:
-        try:
-            open_regular(path / name).close()
-        except OSError as err:
-            raise DamagedCheckpoint(path, f"{name}: {err.strerror or err}") from None
+def _load_arrays(path: Path, name: str, checksums: dict[str, Any]) -> dict[str, mx.array]:
+    """A checkpoint's safetensors file, verified against its checksum, every floating value finite."""
+    _verify_file(path, name, checksums)
     arrays = mx.load(str(path / name))
     for key, value in arrays.items():
         if mx.issubdtype(value.dtype, mx.floating) and not bool(mx.all(mx.isfinite(value))):
@@ -337,7 +332,7 @@ def load_checkpoint(path: Path, model: nn.Module, optimizer: optim.Optimizer) ->
     """Restore weights, optimiser state and the global RNG from a verified checkpoint; return the saved
     trainer state."""
     state = read_state(path)
-    checksums = _read_checksums(path) if state.get("checksums") is not None else None
+    checksums = _read_checksums(path)
     try:
         weights_name = "adapters.safetensors" if (path / "adapters.safetensors").exists() else "model.safetensors"
         weights = _load_arrays(path, weights_name, checksums)

@@ -171,6 +171,9 @@ def _jsonl_rows(lines: Any, path: Path, fmt: str, prompt_field: str, answer_fiel
     resolved = False
     for line_no, raw in enumerate(lines, 1):
         where = f"{path}:{line_no}"
+        if b"\x00" in raw:  # every other byte zero: UTF-16 saved without its byte-order mark
+            raise UserError(f"{where}: holds NUL bytes, as UTF-16 text without a byte-order mark does; "
+                            "save the file as UTF-8")
         try:
             line = raw.decode("utf-8")
         except UnicodeDecodeError as err:
@@ -392,6 +395,8 @@ def read_dataset_file(path: Path, fmt: str, prompt_field: str, answer_field: str
     """Rows from a local file: .parquet and .csv through Hugging Face datasets, anything else as JSONL."""
     if path.suffix.lower() in TABLE_FORMATS:
         return read_table_dataset(path, fmt, prompt_field, answer_field)
+    if path.suffix.lower() == ".tsv":
+        raise UserError(f"{path}: tab-separated files are not read; save it as .csv (comma-separated) or .jsonl")
     return read_jsonl_dataset(path, fmt, prompt_field, answer_field)
 
 

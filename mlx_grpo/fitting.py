@@ -141,7 +141,7 @@ def make_plan(config: TrainConfig, base_dir: Path, memory: str | None = None) ->
     # which machine the dtype, precision and peaks are for: a Mac plans bfloat16 on its GPU, this CPU float32
     machine = (f"a {parse_memory(memory):g} GB Mac's GPU" if memory is not None else
                f"this machine's {'GPU' if _on_gpu() else 'CPU'}")
-    longest = longest_prompt_tokens(config, base_dir)
+    longest, unread = longest_prompt_tokens(config, base_dir)
     prompt_length = config.max_prompt_length if longest is None else min(longest, config.max_prompt_length)
     shapes = Shapes(config.batch_size, config.num_generations, prompt_length, config.max_generation_steps)
     lora_dtype = resolve_dtype(replace(config, use_lora=True), gpu=True if memory is not None else None)
@@ -151,7 +151,8 @@ def make_plan(config: TrainConfig, base_dir: Path, memory: str | None = None) ->
              "prompts": shapes.prompts,
              "group_size": shapes.group_size, "prompt_length": shapes.prompt_length,
              "prompt_length_from": "max_prompt_length" if longest is None else "the dataset's longest prompt",
-             "completion_length": shapes.completion_length, "reference_pass": config.beta > 0}
+             "completion_length": shapes.completion_length, "reference_pass": config.beta > 0,
+             **({"dataset_unread": unread} if unread else {})}
     return verdict, facts
 
 
@@ -161,21 +162,22 @@ def reference_text(peak: float, facts: dict, unit: str = " GB") -> str:
     return f"{peak / GB:.1f}{unit}" if facts["reference_pass"] else "none (beta 0)"
 
 
-def longest_prompt_tokens(config: TrainConfig, base_dir: Path) -> int | None:
+def longest_prompt_tokens(config: TrainConfig, base_dir: Path) -> tuple[int | None, str | None]:
     """The training set's longest prompt in tokens, as the run will encode it: the plan's prompt length, so
-    its bound is tight. None when the tokenizer or the dataset cannot be read here (max_prompt_length then)."""
+    its bound is tight. None when the tokenizer or the dataset cannot be read here (max_prompt_length then),
+    with the loader's reason when it was the dataset (the plan says so: the run will refuse it)."""
 
     try:
         tokenizer = load_tokenizer(config.model_id, base_dir)
         if tokenizer is None:
-            return None
+            return None, None
         tools = None
         if config.tools:  # the chat template shows their schemas in every prompt
             from .multiturn.tools import resolve_tool, tool_schema
             tools = [tool_schema(name, fn) for name, _, fn in (resolve_tool(spec, base_dir) for spec in config.tools)]
-        return longest_prompt(tokenizer, load_datasets(config, base_dir)[0], config, tools=tools)
-    except UserError:  # a dataset not found: the run says so itself, with its own message
-        return None
+        return longest_prompt(tokenizer, load_datasets(config, base_dir)[0], config, tools=tools), None
+    except UserError as err:  # the plan stays an upper bound; the reason is shown, the run refuses it itself
+        return None, str(err)
 
 
 def fit_run(config: TrainConfig, base_dir: Path) -> tuple[TrainConfig, str, float | None]:

@@ -279,7 +279,18 @@ def dequantized(path: Path, info: TensorInfo) -> np.ndarray:
     raw = np.fromfile(path, dtype=np.uint8, count=info.nbytes, offset=info.offset)
     rows = int(np.prod(info.shape[:-1]))
     kind = GGMLQuantizationType(info.type_id)
-    return dequantize(raw.reshape(rows, -1), kind).astype(np.float32, copy=False).reshape(info.shape)
+    with np.errstate(invalid="ignore", over="ignore"):  # damaged scales: check_finite names the tensor instead
+        return dequantize(raw.reshape(rows, -1), kind).astype(np.float32, copy=False).reshape(info.shape)
+
+
+def check_finite(value: np.ndarray, name: str, path: Path) -> np.ndarray:
+    """`value` when every number in it is finite; else one line naming the tensor (a base whose weights hold
+    NaN or Inf trains to NaN, and the run would blame the learning rate)."""
+    if not np.isfinite(value).all():
+        bad = "NaN" if np.isnan(value).any() else "Inf"
+        raise UserError(f"model '{path}': tensor {name} decodes to {bad}: a damaged file, or a wrong tensor type in "
+                        "its header")
+    return value
 
 
 def unpermute_rows(rows: np.ndarray, heads: int) -> np.ndarray:
@@ -298,7 +309,7 @@ def mlx_weights(path: Path, header: Header, config: dict[str, Any]) -> dict[str,
     for name, info in header.tensors.items():
         if name == "rope_freqs.weight":
             continue
-        value = dequantized(path, info)
+        value = check_finite(dequantized(path, info), name, path)
         kind = name.split(".")[2] if name.startswith("blk.") else None
         if family.permuted_qk and kind in heads:
             value = unpermute_rows(value, heads[kind])

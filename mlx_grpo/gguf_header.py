@@ -3,7 +3,10 @@
 The header is the metadata (key, type, value), then one entry per tensor (name, dims, type, offset). A
 damaged or hostile header can claim 2^62 tensors, a 2^60-byte key or an array longer than the file; each such
 claim is refused here, as "cannot be read as GGUF", before any loop or allocation trusts it and before any
-library sees the file. Tensor data is not touched: `TensorInfo` says where each tensor's bytes are.
+library sees the file. So is a tensor table that would load wrong weights without a word: a tensor of an
+unknown type or of rows that are not whole blocks, at an offset off the file's alignment, past the end of
+the file, or sharing bytes with another tensor (llama.cpp refuses all of these too). Tensor data is not
+touched: `TensorInfo` says where each tensor's bytes are.
 
 The block sizes of the tensor types come from the `gguf` package (llama.cpp's own Python library).
 """
@@ -41,7 +44,7 @@ class TensorInfo:
     shape: tuple[int, ...]  # numpy order: GGUF lists the innermost dimension first
     type_id: int
     offset: int  # from the start of the file
-    nbytes: int | None  # None: a type the gguf package does not know
+    nbytes: int  # whole blocks of a type the gguf package knows (read_header refuses anything else)
 
     @property
     def size(self) -> int:
@@ -149,14 +152,42 @@ def _parse(cursor: _Cursor) -> Header:
         if any(d <= 0 or d > cursor.size * 8 for d in dims) or np.prod(dims, dtype=object) > cursor.size * 8:
             raise Corrupt(f"tensor '{name}' claims shape {dims}, more than the file can hold")
         nbytes = tensor_bytes(dims, type_id)
+        if nbytes is None:
+            raise Corrupt(f"tensor '{name}' has {_type_problem(dims, type_id)}")
+        if offset % alignment:
+            raise Corrupt(f"tensor '{name}' starts at data offset {offset}, not a multiple of the file's alignment "
+                          f"({alignment})")
         start = data_start + offset
-        if nbytes is not None and start + nbytes > cursor.size:
+        if start + nbytes > cursor.size:
             raise Corrupt(f"tensor '{name}' ({nbytes} bytes at byte {start}) runs past the end of the file "
                           f"({cursor.size} bytes)")
         if name in tensors:
             raise Corrupt(f"tensor '{name}' is listed twice")
         tensors[name] = TensorInfo(name, tuple(reversed(dims)), type_id, start, nbytes)
+    _check_no_overlap(list(tensors.values()))
     return Header(version, metadata, tensors, cursor.size)
+
+
+def _check_no_overlap(tensors: list[TensorInfo]) -> None:
+    """Each tensor's bytes its own: two tensors sharing bytes (llama.cpp refuses such a file) would load
+    as weights that are not what was trained."""
+    ordered = sorted(tensors, key=lambda t: t.offset)
+    for before, after in zip(ordered, ordered[1:]):
+        if after.offset < before.offset + before.nbytes:
+            raise Corrupt(f"tensors '{before.name}' (bytes {before.offset} to {before.offset + before.nbytes}) and "
+                          f"'{after.name}' (from byte {after.offset}) overlap")
+
+
+def _type_problem(dims: list[int], type_id: int) -> str:
+    """Why `tensor_bytes` has no size for this tensor: an unknown type, or rows that are not whole blocks."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    try:
+        block = GGML_QUANT_SIZES[GGMLQuantizationType(type_id)][0]
+    except (ValueError, KeyError):
+        return f"type {type_id}, which is not a ggml tensor type"
+    return (f"type {type_name(type_id)} in blocks of {block} values, but its rows hold {dims[0]} values "
+            "(not whole blocks)")
 
 
 def tensor_bytes(dims: list[int], type_id: int) -> int | None:

@@ -1,237 +1,595 @@
 """`mlx-grpo mcp`: a Model Context Protocol server on stdio, so a coding agent can watch and steer runs.
 
 Read-only tools are always there: list the runs under a folder, read a run's metrics, alerts and samples,
-its report, a config's memory plan, and a reward replay. Tools that act on runs (start one, stop one, roll
-one back to a checkpoint) exist only when the server is started with `--allow-control`: an agent that was
-only meant to watch cannot spend the machine or end a run.
+its report, a config's memory plan, and a reward replay with built-in reward functions. Tools that act on runs
+(start one, stop one, roll one back to a checkpoint) exist only when the server is started with
+`--allow-control`: an agent that was only meant to watch cannot spend the machine, end a run or run code.
 
-The server reads run directories with the dashboard's readers and never imports mlx; `plan`, `replay`,
-`report` and `train` run as `mlx-grpo` subprocesses, so a slow or failing command never takes the server
-down, and what an agent gets is what a person would see. A started run is its own process group: it
-outlives the server. Built on the official `mcp` SDK (`pip install -e '.[mcp]'`); docs/MCP.md has client
-configs.
+Least privilege, because an agent follows what it reads and run directories are data (docs/MCP.md):
+- every path an agent names must lead, symbolic links resolved, inside the folder the server was started in
+  (its workspace); a run directory with a link that leads out of it is not read;
+- a read-only server runs no code an agent or a run names: `replay` takes built-in reward names only; with
+  `--allow-control`, reward and correctness files and rubrics must lie inside the workspace;
+- what a read tool returns is bounded (records, bytes, each string), with a cursor to page back;
+- `stop_run` and `rollback_run` signal only a trainer this server started, or the process a run directory
+  names after checking that it is this machine's, holds the run's lock and is no younger than the session
+  it claims; never a process picked by its command line.
+
+The server reads run directories itself and never imports mlx; `plan`, `replay`, `report` and `train` run as
+`mlx-grpo` subprocesses, so a slow or failing command never takes the server down, and what an agent gets is
+what a person would see. A started run is its own process group: it outlives the server (which reaps it when
+it ends first). Built on the official `mcp` SDK (`pip install -e '.[mcp]'`); docs/MCP.md has client configs.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
+import functools
 import json
 import os
 import re
 import shutil
 import signal
+import socket
+import stat
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .common.errors import UserError
-from .telemetry.analysis.compare import load_summary
-from .telemetry.rundir.jsonl_tail import JsonlTail
+from .common.terminal import terminal_safe, terminal_safe_obj
+from .common.user_files import open_regular
+from .run_code import is_user_code
+from .telemetry.reward_names import translate_reward
+from .telemetry.rundir.layout import ALERTS, FINAL_METRICS, LOCK, METRICS, RUN_JSON, SAMPLES
 from .telemetry.rundir.reader import pid_alive
-from .telemetry.rundir.layout import ALERTS, METRICS, RUN_JSON, SAMPLES
-from .telemetry.rundir.writer import read_run_info
+from .telemetry.rundir.writer import loads_object, read_json_object, read_run_info
 
 COMMAND_TIMEOUT_S = 900  # plan, report and replay of a long run finish well within this
 MAX_OUTPUT_CHARS = 60_000  # what one tool returns at most: an agent's context is not a log file
+MAX_RECORDS = 200  # records one read returns at most; `before` pages back
+MAX_STRING_CHARS = 2_000  # a longer string in a record (a completion) is cut
+SCAN_BYTES = 16 << 20  # what one read looks at, backward from its cursor
+MAX_LINE_BYTES = 4 << 20  # a longer line is skipped (no record of ours is near it)
+MAX_RUNS = 100  # runs list_runs returns at most; `skip` pages on
+MAX_ENTRIES = 10_000  # directory entries looked at for links out of a run
+START_WAIT_S = 600  # start_run waits this long at most for the run directory (the model loads first)
 ROLLED_BACK = "rolled_back"  # checkpoints set aside by rollback_run, kept rather than deleted
-
-
-def _mlx_grpo(*args: str, timeout: float = COMMAND_TIMEOUT_S) -> str:
-    """Run an `mlx-grpo` command and return what it printed (its error line when it failed)."""
-    env = {**os.environ, "COLUMNS": "120", "NO_COLOR": "1"}
-    done = subprocess.run([sys.executable, "-m", "mlx_grpo.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, env=env, stdin=subprocess.DEVNULL)
-    out = done.stdout if done.returncode == 0 else f"exit {done.returncode}\n{done.stderr}{done.stdout}"
-    return _bounded(out)
+CLOCK_SLACK_S = 2.0  # a process's start time and run.json's are read from two clocks' roundings
 
 
 def _bounded(text: str) -> str:
     return text if len(text) <= MAX_OUTPUT_CHARS else text[:MAX_OUTPUT_CHARS] + "\n... (cut)"
 
 
-def _run_dir(path: str) -> Path:
-    run_dir = Path(path).expanduser()
-    if not (run_dir / RUN_JSON).is_file():
-        raise UserError(f"{run_dir}: not a run directory (no {RUN_JSON})")
-    return run_dir
-
-
-def _records(path: Path) -> list[dict]:
-    return JsonlTail(path).poll(final=True).records if path.is_file() else []
-
-
 def _overrides(overrides: dict[str, Any] | None) -> list[str]:
-    return [arg for key, value in (overrides or {}).items() for arg in ("--set", f"{key}={json.dumps(value)}")]
+    # one token each (`--set=KEY=VALUE`): a key an agent writes as '--rubric-file' stays a config key
+    return [f"--set={key}={json.dumps(value)}" for key, value in (overrides or {}).items()]
 
 
-# ------------------------------------------------------------------------ reading
+def _plain_values(what: str, values: list[str]) -> list[str]:
+    """Values passed on as command-line arguments: none may read as an option (`--rubric-file=x`)."""
+    for value in values:
+        if not isinstance(value, str) or value.startswith("-"):
+            raise UserError(f"{what}: {terminal_safe(str(value))!r} is not a reward name (it would be read as an option)")
+    return values
 
 
-def list_runs(directory: str = "runs") -> list[dict]:
-    """The runs in `directory` (and one level below, a sweep's folder), newest first: name, path, status
-    (running, finished, interrupted, failed, or crashed when its process is gone), steps done of total, and the
-    last reward and accuracies."""
-    root = Path(directory).expanduser()
-    if not root.is_dir():
-        raise UserError(f"{root}: no such directory")
-    found = [p for p in root.iterdir() if (p / RUN_JSON).is_file()]
-    found += [q for p in root.iterdir() if p.is_dir() and not (p / RUN_JSON).is_file()
-              for q in p.iterdir() if (q / RUN_JSON).is_file()]
-    runs = []
-    for run_dir in sorted(found, key=lambda p: (p / RUN_JSON).stat().st_mtime, reverse=True):
-        summary = load_summary(run_dir)
-        info = read_run_info(run_dir)
-        status = summary.status
-        if status == "running" and info is not None and info.pid and not pid_alive(info.pid):
-            status = "crashed"
-        runs.append({"name": summary.name, "path": str(run_dir), "status": status, "steps": summary.steps,
-                     "total_steps": summary.total_steps, "reward": summary.final_reward,
-                     "train_accuracy": summary.train_accuracy, "held_out_accuracy": summary.eval_accuracy})
-    return runs
+def _cut_strings(obj: Any) -> Any:
+    """`obj` with every string longer than MAX_STRING_CHARS cut, saying how much was left out."""
+    if isinstance(obj, str):
+        return obj if len(obj) <= MAX_STRING_CHARS else f"{obj[:MAX_STRING_CHARS]}... ({len(obj) - MAX_STRING_CHARS} characters cut)"
+    if isinstance(obj, dict):
+        return {_cut_strings(k): _cut_strings(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_cut_strings(v) for v in obj]
+    return obj
 
 
-def read_metrics(run_dir: str, names: list[str] | None = None, last: int = 20) -> list[dict]:
-    """The last `last` metric records of a run (metrics.jsonl); with `names`, only those metrics (a name
-    ending in '/' takes every metric under it, e.g. 'rewards/'), besides each record's step."""
-    records = _records(_run_dir(run_dir) / METRICS)[-max(1, last):]
-    if names:
-        records = [{k: v for k, v in r.items() if k == "step" or k in names
-                    or any(n.endswith("/") and k.startswith(n) for n in names)} for r in records]
-    return records
-
-
-def read_alerts(run_dir: str, last: int = 50) -> list[dict]:
-    """The run's alerts (alerts.jsonl), oldest first, at most the last `last`: step, level, rule, metric, value,
-    message. An empty list: no alert so far."""
-    return _records(_run_dir(run_dir) / ALERTS)[-max(1, last):]
-
-
-def read_samples(run_dir: str, last: int = 8) -> list[dict]:
-    """The last `last` logged samples (samples.jsonl): step, prompt, completion, expected answer, rewards."""
-    return _records(_run_dir(run_dir) / SAMPLES)[-max(1, last):]
-
-
-def report(run_dir: str) -> str:
-    """`mlx-grpo report RUN_DIR`: what happened in the run, the reward functions' quality, alerts, hacking."""
-    return _mlx_grpo("report", str(_run_dir(run_dir)))
-
-
-def plan(config: str | None = None, overrides: dict[str, Any] | None = None) -> str:
-    """`mlx-grpo plan [CONFIG] --json`: each phase's predicted peak memory and whether the run fits, with
-    config keys overridden by `overrides` (e.g. {"batch_size": 4})."""
-    return _mlx_grpo("plan", *([config] if config else []), *_overrides(overrides), "--json")
-
-
-def replay(run_dir: str, rewards: list[str] | None = None, without: list[str] | None = None,
-           steps: str | None = None) -> str:
-    """`mlx-grpo replay`: re-score the run's kept completions under another reward set (`rewards`, e.g.
-    ["answer_check=2", "my_rewards.py:brevity"]) or without some (`without`, by name), over `steps` ("A:B"),
-    and say what GRPO would have learnt differently. No model is loaded."""
-    args = ["replay", str(_run_dir(run_dir))]
-    args += ["--rewards", *rewards] if rewards else []
-    args += ["--without", *without] if without else []
-    args += ["--steps", steps] if steps else []
-    return _mlx_grpo(*args)
-
-
-# ------------------------------------------------------------------------ control (--allow-control)
-
-
-def start_run(config: str | None = None, overrides: dict[str, Any] | None = None, run_name: str | None = None,
-              monitoring_dir: str = "runs") -> dict:
-    """Start `mlx-grpo train [CONFIG]` in the background (config keys overridden by `overrides`); returns the
-    run directory to watch, the process id and the file its console output goes to. The run outlives the
-    server."""
-    name = run_name or time.strftime("mcp-%Y%m%d-%H%M%S")
-    root = Path(monitoring_dir).expanduser().resolve()  # absolute: the agent's folder need not be the server's
-    root.mkdir(parents=True, exist_ok=True)
-    log = root / f"{name}.console.log"
-    args = [sys.executable, "-m", "mlx_grpo.cli", "train", *([config] if config else []), *_overrides(overrides),
-            "--run-name", name, "--monitoring-dir", str(root)]
-    with log.open("ab") as out:
-        process = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                   start_new_session=True)
-    return {"run_dir": str(root / name), "pid": process.pid, "console_log": str(log)}
-
-
-def _running_pid(run_dir: Path) -> int:
-    info = read_run_info(run_dir)
-    if info is None or info.status != "running" or not info.pid or not pid_alive(info.pid):
-        raise UserError(f"{run_dir}: not running (status {info.status if info else 'unknown'})")
-    if not _is_trainer(info.pid):
-        raise UserError(f"{run_dir}: process {info.pid} is not an mlx-grpo trainer (a reused process id?)")
-    return info.pid
-
-
-def _is_trainer(pid: int) -> bool:
-    import psutil
-
+def tail_records(path: Path, count: int, before: int | None = None) -> tuple[list[tuple[int, dict]], int, int]:
+    """Up to the last `count` JSON-object lines of a regular file that start before byte `before` (None: the
+    end), read backward in blocks, at most SCAN_BYTES of the file, each with the byte its line starts at,
+    oldest first; the byte the scan stopped at (0: the start of the file was reached); and how many lines
+    were skipped (not a JSON object, or longer than MAX_LINE_BYTES)."""
     try:
-        return any("mlx_grpo" in part or "mlx-grpo" in part for part in psutil.Process(pid).cmdline())
-    except psutil.Error:
+        f = open_regular(path)
+    except FileNotFoundError:
+        return [], 0, 0
+    except OSError as err:
+        raise UserError(f"{terminal_safe(str(path))}: {err.strerror or err}; not read") from None
+    found: list[tuple[int, dict]] = []
+    skipped = 0
+    with f:
+        size = os.fstat(f.fileno()).st_size
+        end = size if before is None else max(0, min(int(before), size))
+        pos, carry, skipping = end, b"", False
+        while pos > 0 and len(found) < count and end - pos < SCAN_BYTES:
+            block = min(1 << 20, pos)
+            pos -= block
+            f.seek(pos)
+            data = f.read(block) + carry
+            lines = data.split(b"\n")
+            carry = lines[0]
+            offset = pos + len(carry) + 1
+            starts = []
+            for line in lines[1:]:
+                starts.append((offset, line))
+                offset += len(line) + 1
+            if skipping and starts:  # the end of a line too long to read: dropped
+                starts.pop()
+                skipping = False
+                skipped += 1
+            for start, line in reversed(starts):
+                if start >= end or not line.strip():
+                    continue
+                obj = _record(line)
+                if obj is None:
+                    skipped += 1
+                    continue
+                found.append((start, obj))
+                if len(found) == count:
+                    break
+            if len(carry) > MAX_LINE_BYTES:
+                carry, skipping = b"", True
+        if pos > 0 and skipping and len(found) < count:  # stopped inside a line too long to read
+            skipped += 1
+        if pos == 0 and len(found) < count and (carry.strip() or skipping):
+            obj = None if skipping else _record(carry)
+            if obj is None:
+                skipped += 1
+            else:
+                found.append((0, obj))
+        scanned_to = found[-1][0] if len(found) == count else pos
+    return found[::-1], scanned_to, skipped
+
+
+def _record(line: bytes) -> dict | None:
+    obj = loads_object(line.strip())
+    return None if obj is None else _cut_strings(terminal_safe_obj(obj))
+
+
+def _page(found: list[tuple[int, dict]], scanned_to: int, skipped: int) -> dict:
+    """The reply of a read tool: the records, the oldest dropped until the reply fits MAX_OUTPUT_CHARS, and
+    `before`, the cursor that reads the ones before them (None: the file holds nothing earlier)."""
+    sizes = [len(json.dumps(record)) + 2 for _, record in found]
+    total, first = sum(sizes), 0
+    while first < len(found) - 1 and total > MAX_OUTPUT_CHARS:
+        total -= sizes[first]
+        first += 1
+    cursor = found[first][0] if first else scanned_to
+    return {"records": [record for _, record in found[first:]], "before": cursor or None,
+            **({"skipped_lines": skipped} if skipped else {})}
+
+
+@dataclass
+class Workspace:
+    """What one server may touch: the folder it was started in (`root`), whether it may act, and the
+    trainers it started (pid -> process, run directory)."""
+
+    root: Path
+    allow_control: bool = False
+    started: dict[int, tuple[subprocess.Popen, Path]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.root = Path(os.path.realpath(self.root))
+
+    # ------------------------------------------------------------------ paths
+
+    def inside(self, path: str, what: str) -> Path:
+        """`path` (relative to the workspace) with its links resolved; UserError when it leads outside."""
+        if not isinstance(path, str) or not path or "\x00" in path:
+            raise UserError(f"{what}: expected a path inside {terminal_safe(str(self.root))}")
+        given = Path(path).expanduser()
+        resolved = Path(os.path.realpath(given if given.is_absolute() else self.root / given))
+        if resolved != self.root and self.root not in resolved.parents:
+            raise UserError(f"{what} {terminal_safe(path)!r} leads to {terminal_safe(str(resolved))}, outside the "
+                            f"folder this server was started in ({terminal_safe(str(self.root))}); this server "
+                            "reads and writes only inside it")
+        return resolved
+
+    def run_dir(self, path: str) -> Path:
+        """A run directory inside the workspace that holds no link leading out of it."""
+        run_dir = self.inside(path, "run_dir")
+        try:
+            is_run = stat.S_ISREG(os.lstat(run_dir / RUN_JSON).st_mode)
+        except OSError:
+            is_run = False
+        if not is_run:
+            raise UserError(f"{terminal_safe(path)}: not a run directory (no {RUN_JSON})")
+        leak = _link_out(run_dir)
+        if leak is not None:
+            raise UserError(f"{terminal_safe(path)}: {terminal_safe(leak)} is a symbolic link that leads out of the "
+                            "run directory; a run directory's files are read only from inside it")
+        return run_dir
+
+    # ------------------------------------------------------------------ reading
+
+    def list_runs(self, directory: str = "runs", skip: int = 0) -> dict:
+        """The runs in `directory` (and one level below, a sweep's folder), newest first, at most 100 from the
+        `skip`-th: name, path, status (running, finished, interrupted, failed, or crashed when its process is
+        gone), steps done of total, and the last reward and accuracies. `more`: runs left after these."""
+        root = self.inside(directory, "directory")
+        if not root.is_dir():
+            raise UserError(f"{terminal_safe(directory)}: no such directory")
+        found = []
+        for entry in _entries(root):
+            if _is_run(entry):
+                found.append(entry)
+            elif entry.is_dir() and not entry.is_symlink():
+                found += [sub for sub in _entries(entry) if _is_run(sub)]
+        found.sort(key=lambda p: _mtime(p / RUN_JSON), reverse=True)
+        skip = max(0, int(skip))
+        runs = [self._summary(p) for p in found[skip:skip + MAX_RUNS]]
+        return {"runs": runs, "more": max(0, len(found) - skip - MAX_RUNS)}
+
+    def _summary(self, run_dir: Path) -> dict:
+        info = read_run_info(run_dir, display=True)
+        status = (info.status if info else None) or "unknown"
+        if status == "running" and info is not None and info.pid and info.hostname in (None, socket.gethostname()) \
+                and not pid_alive(info.pid):
+            status = "crashed"
+        leak = _link_out(run_dir)
+        last: dict[str, Any] = {}
+        if leak is None:
+            for _, record in tail_records(run_dir / METRICS, 50)[0]:
+                last.update({k: v for k, v in record.items() if isinstance(v, (int, float)) and not isinstance(v, bool)})
+        final = (read_json_object(run_dir / FINAL_METRICS, display=True) or {}) if leak is None else {}
+        held_out = final.get("eval/accuracy", last.get("eval/accuracy"))
+        return {"name": _cut_strings((info.name if info else None) or run_dir.name), "path": str(run_dir),
+                "status": _cut_strings(status), "steps": last.get("step", 0),
+                "total_steps": info.total_steps if info else None, "reward": last.get("rewards/total/mean"),
+                "train_accuracy": last.get("accuracy/train"),
+                "held_out_accuracy": held_out if isinstance(held_out, (int, float)) else None,
+                **({"note": f"{leak} leads out of the run directory; not read"} if leak else {})}
+
+    def read_metrics(self, run_dir: str, names: list[str] | None = None, last: int = 20,
+                     before: int | None = None) -> dict:
+        """The last `last` (at most 200) metric records of a run (metrics.jsonl); with `names`, only those
+        metrics (a name ending in '/' takes every metric under it, e.g. 'rewards/'), besides each record's
+        step. Returns {"records": [...], "before": cursor}: pass `before` back to read the records before
+        these (null: there are none). Long strings are cut; a reply is at most 60,000 characters."""
+        return self._read(run_dir, METRICS, last, before, names)
+
+    def read_alerts(self, run_dir: str, last: int = 50, before: int | None = None) -> dict:
+        """The run's alerts (alerts.jsonl), oldest first, at most the last `last` (200 at most): step, level,
+        rule, metric, value, message; {"records": [], ...}: no alert so far. `before` pages back as in
+        read_metrics."""
+        return self._read(run_dir, ALERTS, last, before)
+
+    def read_samples(self, run_dir: str, last: int = 8, before: int | None = None) -> dict:
+        """The last `last` logged samples (samples.jsonl, 200 at most): step, prompt, completion, expected
+        answer, rewards. Strings longer than 2,000 characters are cut, lines longer than 4 MB skipped (counted in
+        `skipped_lines`); `before` pages back as in read_metrics."""
+        return self._read(run_dir, SAMPLES, last, before)
+
+    def _read(self, run_dir: str, name: str, last: int, before: int | None, names: list[str] | None = None) -> dict:
+        path = self.run_dir(run_dir) / name
+        count = max(1, min(int(last), MAX_RECORDS))
+        found, scanned_to, skipped = tail_records(path, count, before)
+        if names:
+            found = [(start, {k: v for k, v in r.items() if k == "step" or k in names
+                              or any(n.endswith("/") and k.startswith(n) for n in names)}) for start, r in found]
+        return _page(found, scanned_to, skipped)
+
+    def report(self, run_dir: str) -> str:
+        """`mlx-grpo report RUN_DIR --no-write`: what happened in the run, the reward functions' quality, alerts,
+        hacking (nothing is written into the run directory)."""
+        return self.command("report", str(self.run_dir(run_dir)), "--no-write")
+
+    def plan(self, config: str | None = None, overrides: dict[str, Any] | None = None) -> str:
+        """`mlx-grpo plan [CONFIG] --json`: each phase's predicted peak memory and whether the run fits, with
+        config keys overridden by `overrides` (e.g. {"batch_size": 4}). No reward code is imported."""
+        return self.command("plan", *([str(self.inside(config, "config"))] if config else []),
+                            *_overrides(overrides), "--json")
+
+    def replay(self, run_dir: str, rewards: list[str] | None = None, without: list[str] | None = None,
+               steps: str | None = None) -> str:
+        """`mlx-grpo replay`: re-score the run's kept completions under another reward set (`rewards`, e.g.
+        ["answer_check=2", "digit_match"]) or without some (`without`, by name), over `steps` ("A:B"), and
+        say what GRPO would have learnt differently. No model is loaded. Built-in reward names only; a
+        file.py:function reward is refused (this server runs no code it is given)."""
+        path = self.run_dir(run_dir)
+        for spec in _plain_values("rewards", rewards or []):
+            self.check_code(spec.rpartition("=")[0] if "=" in spec else spec, "rewards")
+        args = ["replay", str(path)]
+        args += ["--rewards", *rewards] if rewards else []
+        args += ["--without", *_plain_values("without", without)] if without else []
+        args += [f"--steps={steps}"] if steps else []
+        return self.command(*args)
+
+    def check_code(self, spec: Any, what: str, base: Path | None = None) -> None:
+        """Refuse a spec that names a file of code: always on a read-only server, and with --allow-control
+        when the file is not inside the workspace."""
+        if not isinstance(spec, str) or not is_user_code(spec):
+            return
+        if not self.allow_control:
+            raise UserError(f"{what} {terminal_safe(spec)!r} names a file of code; this server is read-only and runs "
+                            "no code (built-in reward names only). Run replay from a shell, or start the server "
+                            "with --allow-control to use reward files inside its folder")
+        file_part = translate_reward(spec)[0].rpartition(":")[0]
+        self.code_file(file_part, what, base)
+
+    def code_file(self, file: str, what: str, base: Path | None = None) -> Path:
+        """A file a run would import or obey (a reward file, a rubric): inside the workspace, and not inside a
+        run directory (a run directory is data, whoever made it)."""
+        given = Path(file).expanduser()
+        path = self.inside(str(given if given.is_absolute() else (base or self.root) / given), what)
+        for folder in path.parents:
+            if folder == self.root or self.root not in folder.parents:
+                break
+            if os.path.lexists(folder / RUN_JSON):
+                raise UserError(f"{what} {terminal_safe(file)!r} lies inside the run directory {terminal_safe(str(folder))}; "
+                                "a run directory is data: its files are never run by this server")
+        return path
+
+    def command(self, *args: str, timeout: float = COMMAND_TIMEOUT_S) -> str:
+        """Run an `mlx-grpo` command in the workspace and return what it printed (its error when it failed)."""
+        self.reap()
+        env = {**os.environ, "COLUMNS": "120", "NO_COLOR": "1"}
+        try:
+            done = subprocess.run([sys.executable, "-m", "mlx_grpo.cli", *args], capture_output=True, text=True,
+                                  timeout=timeout, env=env, stdin=subprocess.DEVNULL, cwd=self.root,
+                                  errors="replace")
+        except subprocess.TimeoutExpired:
+            raise UserError(f"mlx-grpo {args[0]} did not finish within {timeout:g} s") from None
+        out = done.stdout if done.returncode == 0 else f"exit {done.returncode}\n{done.stderr}{done.stdout}"
+        return _bounded(out)
+
+    # ------------------------------------------------------------------ control (--allow-control)
+
+    def start_run(self, config: str | None = None, overrides: dict[str, Any] | None = None,
+                  run_name: str | None = None, monitoring_dir: str = "runs") -> dict:
+        """Start `mlx-grpo train [CONFIG]` in the background (config keys overridden by `overrides`) and return
+        once its run directory exists (the model loads first; up to 10 minutes): the run directory, the
+        process id and the file its console output goes to. The run outlives the server. Reward,
+        correctness and rubric files must lie inside the server's folder."""
+        name = run_name if run_name is not None else time.strftime("mcp-%Y%m%d-%H%M%S")
+        _check_run_name(name)
+        root = self.inside(monitoring_dir, "monitoring_dir")
+        config_path = self.inside(config, "config") if config else None
+        self.check_config(config_path, overrides)
+        run_dir = root / name
+        if os.path.lexists(run_dir):
+            raise UserError(f"run_name {name!r}: {terminal_safe(str(run_dir))} exists already; choose another name")
+        root.mkdir(parents=True, exist_ok=True)
+        log = root / f"{name}.console.log"
+        args = ["train", *([str(config_path)] if config_path else []), *_overrides(overrides),
+                "--run-name", name, "--monitoring-dir", str(root)]
+        process = self.spawn(args, log, run_dir)
+        deadline = time.monotonic() + START_WAIT_S
+        while not (run_dir / RUN_JSON).is_file() and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if process.poll() is not None and not (run_dir / RUN_JSON).is_file():
+            raise UserError(f"the run ended before it started (exit {process.returncode}): {_last_line(log)}")
+        return {"run_dir": str(run_dir), "pid": process.pid, "console_log": str(log),
+                "started": (run_dir / RUN_JSON).is_file()}
+
+    def check_config(self, config_path: Path | None, overrides: dict[str, Any] | None) -> None:
+        """The reward, correctness and rubric files a run would import, all inside the workspace."""
+        from .config import load_config, top_level_fields_all
+        from .config_aliases import translate
+        from .config_paths import resolve_input_paths
+
+        # the trainer runs in the workspace: its command-line paths resolve there, whatever this process's folder
+        typed = resolve_input_paths(translate(dict(overrides), "command line", known=top_level_fields_all()),
+                                    self.root) if overrides else None
+        config = load_config(config_path, typed)
+        base = config_path.parent if config_path else self.root
+        for spec in config.rewards:
+            self.check_code(spec.name, "rewards", base)
+        self.check_code(config.correctness, "correctness", base)
+        for key in ("rubric_file", "alerts_file"):
+            if getattr(config, key):
+                self.code_file(getattr(config, key), key, base)
+
+    def spawn(self, args: list[str], log: Path, run_dir: Path) -> subprocess.Popen:
+        """`mlx-grpo ARGS` in its own session, output appended to `log`, recorded as this server's."""
+        try:
+            fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
+        except OSError as err:
+            raise UserError(f"{terminal_safe(str(log))}: cannot write the console log ({err.strerror or err})") from None
+        with os.fdopen(fd, "ab") as out:
+            process = subprocess.Popen([sys.executable, "-m", "mlx_grpo.cli", *args], stdout=out,
+                                       stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=self.root,
+                                       start_new_session=True)
+        self.started[process.pid] = (process, run_dir)
+        return process
+
+    def reap(self) -> None:
+        """Collect the exit of every trainer this server started that has ended (no zombie is left)."""
+        for pid, (process, _) in list(self.started.items()):
+            if process.poll() is not None:
+                del self.started[pid]
+
+    def trainer_pid(self, run_dir: Path) -> int:
+        """The process training `run_dir`, checked: one this server started, or the one run.json names, on
+        this machine, holding the run's lock and started no later than the session run.json records."""
+        self.reap()
+        for pid, (process, started_dir) in self.started.items():
+            if started_dir == run_dir and process.poll() is None:
+                return pid
+        info = read_run_info(run_dir)
+        shown = terminal_safe(str(run_dir))
+        if info is None or info.status != "running" or not info.pid or not pid_alive(info.pid):
+            raise UserError(f"{shown}: not running (status {terminal_safe(str(info.status if info else 'unknown'))})")
+        if info.hostname != socket.gethostname():
+            raise UserError(f"{shown}: its run.json names another machine ({terminal_safe(str(info.hostname))}); "
+                            "nothing was signalled")
+        holder = _lock_holder(run_dir)
+        if holder != info.pid:
+            raise UserError(f"{shown}: process {info.pid} does not hold the run's lock (a reused process id, or not "
+                            "a trainer); nothing was signalled")
+        session = info.last_session_start
+        born = _start_time(info.pid)
+        if session is None or born is None or born > session + CLOCK_SLACK_S:
+            raise UserError(f"{shown}: process {info.pid} started after the run's session did (a reused process "
+                            "id); nothing was signalled")
+        return info.pid
+
+    def alive(self, pid: int) -> bool:
+        """Whether `pid` still runs; a trainer this server started is reaped when it has ended (a zombie
+        would look alive to any other test)."""
+        if pid in self.started:
+            return self.started[pid][0].poll() is None
+        return pid_alive(pid)
+
+    def wait_for_end(self, run_dir: Path, pid: int, wait_s: float) -> str:
+        deadline = time.monotonic() + max(0.0, float(wait_s))
+        while time.monotonic() < deadline and self.alive(pid):
+            time.sleep(0.2)
+        self.reap()
+        info = read_run_info(run_dir, display=True)
+        return info.status if info is not None and info.status else "unknown"
+
+    def stop_run(self, run_dir: str, wait_s: float = 120.0) -> dict:
+        """Stop a running run as Ctrl-C does: it finishes its step, writes a checkpoint and ends 'interrupted'
+        (continue it with `mlx-grpo train --resume RUN_DIR` or `rollback_run`). Waits up to `wait_s` seconds.
+        Only a trainer this server started, or the checked trainer of a run of this machine, is signalled."""
+        path = self.run_dir(run_dir)
+        pid = self.trainer_pid(path)
+        os.kill(pid, signal.SIGTERM)
+        return {"run_dir": str(path), "pid": pid, "status": self.wait_for_end(path, pid, wait_s)}
+
+    def rollback_run(self, run_dir: str, to_step: int, overrides: dict[str, Any] | None = None,
+                     wait_s: float = 120.0) -> dict:
+        """Roll a run back to its checkpoint at `to_step` and continue from there (with `overrides`, e.g. a lower
+        learning_rate): stops it first when it runs, sets the later checkpoints aside in rolled_back/ (kept, not
+        deleted), and resumes; the resume cuts the logs back to that step."""
+        path = self.run_dir(run_dir)
+        checkpoints = {step: p for p in _entries(path / "checkpoints")
+                       if (step := _checkpoint_step(p)) is not None}
+        steps = sorted(checkpoints)
+        if to_step not in steps:
+            raise UserError(f"{terminal_safe(str(path))}: no checkpoint at step {to_step} (checkpoints: "
+                            f"{', '.join(map(str, steps)) or 'none'})")
+        self.check_config(None, overrides)
+        info = read_run_info(path)
+        status = None
+        if info is not None and info.status == "running" and info.pid and pid_alive(info.pid):
+            stopped = self.stop_run(str(path), wait_s)
+            status = stopped["status"]
+            if self.alive(stopped["pid"]):
+                raise UserError(f"{terminal_safe(str(path))}: the run did not stop within {wait_s:g} s; nothing was "
+                                "rolled back")
+        kept = path / ROLLED_BACK
+        for step in steps:
+            if step > to_step:
+                kept.mkdir(exist_ok=True)
+                shutil.move(str(checkpoints[step]), str(kept / checkpoints[step].name))
+        log = path.parent / f"{path.name}.console.log"
+        process = self.spawn(["train", "--resume", str(path), *_overrides(overrides)], log, path)
+        return {"run_dir": str(path), "stopped": status, "resumed_from_step": to_step, "pid": process.pid,
+                "console_log": str(log)}
+
+
+def _check_run_name(name: Any) -> None:
+    """A run name is one plain path component, as `train` takes it: refused before anything is written."""
+    if not isinstance(name, str) or not name or name in (".", "..") or "/" in name or "\\" in name \
+            or any(ord(c) < 32 or ord(c) == 127 for c in name) or len(name.encode()) > 200:
+        raise UserError(f"run_name {terminal_safe(str(name))!r}: expected a plain name (one folder name, no '/', no "
+                        "'..', no control characters)")
+
+
+def _entries(folder: Path) -> list[Path]:
+    """At most MAX_ENTRIES entries of a folder (none when it cannot be listed)."""
+    out = []
+    try:
+        with os.scandir(folder) as it:
+            for entry in it:
+                out.append(Path(entry.path))
+                if len(out) >= MAX_ENTRIES:
+                    break
+    except OSError:
+        pass
+    return out
+
+
+def _is_run(path: Path) -> bool:
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode) and stat.S_ISREG(os.lstat(path / RUN_JSON).st_mode)
+    except OSError:
         return False
 
 
-def _wait_for_end(run_dir: Path, pid: int, wait_s: float) -> str:
-    deadline = time.monotonic() + wait_s
-    while time.monotonic() < deadline and pid_alive(pid):
-        time.sleep(0.2)
-    info = read_run_info(run_dir)
-    return info.status if info is not None and info.status else "unknown"
+def _mtime(path: Path) -> float:
+    try:
+        return os.lstat(path).st_mtime
+    except OSError:
+        return 0.0
 
 
-def stop_run(run_dir: str, wait_s: float = 120.0) -> dict:
-    """Stop a running run as Ctrl-C does: it finishes its step, writes a checkpoint and ends 'interrupted'
-    (continue it with `mlx-grpo train --resume RUN_DIR` or `rollback_run`). Waits up to `wait_s` seconds."""
-    path = _run_dir(run_dir)
-    pid = _running_pid(path)
-    os.kill(pid, signal.SIGTERM)
-    return {"run_dir": str(path), "pid": pid, "status": _wait_for_end(path, pid, wait_s)}
+def _link_out(run_dir: Path) -> str | None:
+    """The first entry of the run directory (or of its completions/ and checkpoints/) that is a symbolic link
+    leading out of it, relative to it; None when there is none."""
+    base = Path(os.path.realpath(run_dir))
+    for folder in (run_dir, run_dir / "completions", run_dir / "checkpoints"):
+        for entry in _entries(folder):
+            if entry.is_symlink():
+                target = Path(os.path.realpath(entry))
+                if target != base and base not in target.parents:
+                    return str(entry.relative_to(run_dir))
+    return None
+
+
+def _lock_holder(run_dir: Path) -> int | None:
+    """The pid written in the run's `.lock` when a process holds that lock; None when no one does."""
+    try:
+        fd = os.open(run_dir / LOCK, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError as err:
+            if err.errno not in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EACCES):
+                return None
+            text = os.read(fd, 32).decode("ascii", "replace").strip()
+            return int(text) if text.isdigit() else None
+        fcntl.flock(fd, fcntl.LOCK_UN)  # we got it: no process holds the lock
+        return None
+    finally:
+        os.close(fd)
+
+
+def _start_time(pid: int) -> float | None:
+    """When process `pid` started (Unix seconds); None when it cannot be told."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
+        return None
 
 
 def _checkpoint_step(path: Path) -> int | None:
     """The step of a checkpoint directory (checkpoint.py's `step_<N>`; not imported: it imports mlx)."""
     match = re.fullmatch(r"step_(\d+)", path.name)
-    return int(match.group(1)) if match and path.is_dir() else None
+    return int(match.group(1)) if match and path.is_dir() and not path.is_symlink() else None
 
 
-def rollback_run(run_dir: str, to_step: int, overrides: dict[str, Any] | None = None,
-                 wait_s: float = 120.0) -> dict:
-    """Roll a run back to its checkpoint at `to_step` and continue from there (with `overrides`, e.g. a lower
-    learning_rate): stops it first when it runs, sets the later checkpoints aside in rolled_back/ (kept, not
-    deleted), and resumes; the resume cuts the logs back to that step."""
-    path = _run_dir(run_dir)
-    checkpoints = {step: p for p in (path / "checkpoints").glob("step_*") if (step := _checkpoint_step(p)) is not None}
-    steps = sorted(checkpoints)
-    if to_step not in steps:
-        raise UserError(f"{path}: no checkpoint at step {to_step} (checkpoints: {', '.join(map(str, steps)) or 'none'})")
-    info = read_run_info(path)
-    status = None
-    if info is not None and info.status == "running" and info.pid and pid_alive(info.pid):
-        status = stop_run(run_dir, wait_s)["status"]
-        if pid_alive(info.pid):
-            raise UserError(f"{path}: the run did not stop within {wait_s:g} s; nothing was rolled back")
-    kept = path / ROLLED_BACK
-    for step in steps:
-        if step > to_step:
-            kept.mkdir(exist_ok=True)
-            shutil.move(str(checkpoints[step]), str(kept / checkpoints[step].name))
-    log = path.parent / f"{path.name}.console.log"
-    args = [sys.executable, "-m", "mlx_grpo.cli", "train", "--resume", str(path), *_overrides(overrides)]
-    with log.open("ab") as out:
-        process = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                   start_new_session=True)
-    return {"run_dir": str(path), "stopped": status, "resumed_from_step": to_step, "pid": process.pid,
-            "console_log": str(log)}
+def _last_line(log: Path) -> str:
+    try:
+        with open_regular(log) as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - 4096))
+            lines = [line for line in f.read().decode("utf-8", "replace").splitlines() if line.strip()]
+    except OSError:
+        return "(no console output)"
+    return terminal_safe(lines[-1]) if lines else "(no console output)"
 
 
-READ_TOOLS = (list_runs, read_metrics, read_alerts, read_samples, report, plan, replay)
-CONTROL_TOOLS = (start_run, stop_run, rollback_run)
+READ_TOOLS = ("list_runs", "read_metrics", "read_alerts", "read_samples", "report", "plan", "replay")
+CONTROL_TOOLS = ("start_run", "stop_run", "rollback_run")
 
 
-def build_server(allow_control: bool = False):
-    """The MCP server with the read tools, and the control tools when `allow_control`."""
+def build_server(allow_control: bool = False, root: str | os.PathLike | None = None):
+    """The MCP server for the folder `root` (default: the current one) with the read tools, and the control
+    tools when `allow_control`."""
     try:
         from mcp.server.mcpserver import MCPServer as Server  # mcp 2.x
         from mcp.server.mcpserver.exceptions import ToolError
@@ -239,18 +597,25 @@ def build_server(allow_control: bool = False):
         from mcp.server.fastmcp import FastMCP as Server  # mcp 1.x
         from mcp.server.fastmcp.exceptions import ToolError
 
-    server = Server("mlx-grpo", instructions="GRPO runs on this machine: list them, read their metrics, alerts, "
-                                             "samples and reports, plan memory, replay rewards"
-                                             + ("; start, stop and roll back runs" if allow_control else ""))
-    for tool in READ_TOOLS + (CONTROL_TOOLS if allow_control else ()):
-        server.tool()(_as_tool_errors(tool, ToolError))
+    workspace = Workspace(Path(root) if root is not None else Path.cwd(), allow_control)
+    server = Server("mlx-grpo", instructions="GRPO runs in this folder: list them, read their metrics, alerts, "
+                                             "samples and reports, plan memory, replay built-in rewards"
+                                             + ("; start, stop and roll back runs" if allow_control else
+                                                "; read-only: runs no code, acts on no run"))
+    for name in READ_TOOLS + (CONTROL_TOOLS if allow_control else ()):
+        tool = getattr(workspace, name)
+        description = tool.__doc__
+        if name == "replay" and allow_control:
+            description = description.replace("Built-in reward names only; a file.py:function reward is refused "
+                                              "(this server runs no code it is given).",
+                                              "A file.py:function reward must lie inside the server's folder.")
+        server.tool(name=name, description=" ".join(description.split()))(_as_tool_errors(tool, ToolError))
     return server
 
 
 def _as_tool_errors(tool, tool_error: type[Exception]):
     """`tool` with a UserError raised as the SDK's ToolError: the agent gets its one line as the tool's error
     result (anything else is a crash, reported by the SDK without its message)."""
-    import functools
 
     @functools.wraps(tool)
     def wrapped(*args, **kwargs):
@@ -260,4 +625,3 @@ def _as_tool_errors(tool, tool_error: type[Exception]):
             raise tool_error(str(err)) from None
 
     return wrapped
-

@@ -114,7 +114,8 @@ def resumable_checkpoint(run_dir: Path, num_steps: int) -> Path | None:
             shutil.rmtree(tmp, ignore_errors=True)  # a checkpoint cut short by a crash
         for entry in checkpoints.iterdir():  # a file in place of step_N would end the run when it saves N
             if STEP_DIR.match(entry.name) and (entry.is_symlink() or not entry.is_dir()):
-                raise DamagedCheckpoint(entry, "not a directory")
+                raise DamagedCheckpoint(entry, "a symbolic link: a checkpoint is read only where it was written"
+                                        if entry.is_symlink() else "not a directory")
     latest = latest_checkpoint(checkpoints)
     if latest is None:
         return None

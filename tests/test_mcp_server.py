@@ -4,6 +4,7 @@ alerts while it runs and stops it; without --allow-control the tools that act ar
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import json
 import sys
@@ -48,7 +49,7 @@ async def _agent_session(cwd: Path) -> dict:
 
     seen: dict = {}
     params = StdioServerParameters(command=sys.executable, args=["-m", "mlx_grpo.cli", "mcp", "--allow-control"],
-                                   cwd=str(cwd))
+                                   cwd=str(cwd), env=dict(os.environ))  # this checkout, not an installed copy
     async with stdio_client(params) as (read, write):
         async with ClientSession(read, write) as session:
             await session.initialize()
@@ -58,15 +59,15 @@ async def _agent_session(cwd: Path) -> dict:
                               "checkpoint_every": 0},
                 "run_name": "agent"}))
             run_dir = started["run_dir"]
+            seen["run_json_at_start"] = (Path(run_dir) / "run.json").is_file()  # start_run returned once it existed
             alerts, deadline = [], time.monotonic() + 240
             while not alerts and time.monotonic() < deadline:
                 await asyncio.sleep(1.0)
-                if (Path(run_dir) / "run.json").is_file():
-                    alerts = _value(await session.call_tool("read_alerts", {"run_dir": run_dir}))
+                alerts = _value(await session.call_tool("read_alerts", {"run_dir": run_dir}))["records"]
             seen["alerts"] = alerts
-            seen["runs"] = _value(await session.call_tool("list_runs", {"directory": "runs"}))
+            seen["runs"] = _value(await session.call_tool("list_runs", {"directory": "runs"}))["runs"]
             seen["metrics"] = _value(await session.call_tool("read_metrics", {"run_dir": run_dir,
-                                                                              "names": ["rewards/"], "last": 1}))
+                                                                              "names": ["rewards/"], "last": 1}))["records"]
             seen["stopped"] = _value(await session.call_tool("stop_run", {"run_dir": run_dir, "wait_s": 120}))
             seen["stop_again"] = await session.call_tool("stop_run", {"run_dir": run_dir})
     return seen
@@ -78,6 +79,7 @@ def test_an_agent_lists_runs_reads_a_running_runs_alerts_and_stops_it(tmp_path):
     seen = asyncio.run(_agent_session(tmp_path))
     assert {"list_runs", "read_metrics", "read_alerts", "read_samples", "report", "plan", "replay", "start_run",
             "stop_run", "rollback_run"} <= set(seen["tools"])
+    assert seen["run_json_at_start"]
     assert seen["alerts"] and seen["alerts"][0]["rule"] == "reward_seen"
     (listed,) = [r for r in seen["runs"] if r["name"] == "agent"]
     assert listed["status"] == "running" and listed["total_steps"] == 2000
@@ -92,12 +94,13 @@ async def _read_only_tools(cwd: Path) -> list[str]:
     from mcp import ClientSession, StdioServerParameters
     from mcp.client.stdio import stdio_client
 
-    params = StdioServerParameters(command=sys.executable, args=["-m", "mlx_grpo.cli", "mcp"], cwd=str(cwd))
+    params = StdioServerParameters(command=sys.executable, args=["-m", "mlx_grpo.cli", "mcp"], cwd=str(cwd),
+                                   env=dict(os.environ))
     async with stdio_client(params) as (read, write):
         async with ClientSession(read, write) as session:
             await session.initialize()
             tools = sorted(t.name for t in (await session.list_tools()).tools)
-            missing = await session.call_tool("read_alerts", {"run_dir": str(cwd / "nope")})
+            missing = await session.call_tool("read_alerts", {"run_dir": "nope"})
             assert _is_error(missing) and "not a run directory" in missing.content[0].text
             return tools
 
@@ -109,7 +112,7 @@ def test_without_allow_control_an_agent_can_only_read(tmp_path):
 
 @pytest.mark.slow
 def test_rollback_sets_later_checkpoints_aside_and_resumes_from_the_chosen_step(tmp_path, monkeypatch):
-    from mlx_grpo.mcp_server import rollback_run
+    from mlx_grpo.mcp_server import Workspace
 
     monkeypatch.chdir(tmp_path)
     done = subprocess.run([sys.executable, "-m", "mlx_grpo.cli", "train", "--num-steps", "3", "--checkpoint-every",
@@ -117,14 +120,10 @@ def test_rollback_sets_later_checkpoints_aside_and_resumes_from_the_chosen_step(
                           text=True)
     assert done.returncode == 0, done.stderr
     run_dir = tmp_path / "runs" / "r"
-    result = rollback_run(str(run_dir), 1, overrides={"learning_rate": 1e-5})
+    workspace = Workspace(tmp_path, allow_control=True)
+    result = workspace.rollback_run("runs/r", 1, overrides={"learning_rate": 1e-5})
     assert sorted(p.name for p in (run_dir / "rolled_back").iterdir())[-1].startswith("step_")
-    import psutil
-
-    try:
-        psutil.Process(result["pid"]).wait(timeout=600)  # the resumed run, to its end
-    except psutil.NoSuchProcess:
-        pass
+    workspace.started[result["pid"]][0].wait(timeout=600)  # the resumed run, to its end
     assert json.loads((run_dir / "run.json").read_text())["status"] == "finished"
     steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2, 3] and result["resumed_from_step"] == 1  # cut back to step 1, then steps 2 and 3 again

@@ -18,6 +18,7 @@ from mlx.utils import tree_flatten
 
 import mlx_grpo.trainer as trainer_module
 from mlx_grpo.cli import main
+from mlx_grpo.checkpoint import file_checksums
 from mlx_grpo.config import load_config
 from mlx_grpo.common.errors import UserError
 from mlx_grpo.telemetry import sinks as sinks_module
@@ -357,8 +358,9 @@ def test_resume_cuts_only_the_trainers_logs_and_only_where_it_knows(tmp_path, mo
     shutil.rmtree(state_file.parent)  # resume from step 2, whose state has no log positions
     state_file = run_dir / "checkpoints" / "step_2" / "state.json"
     state = json.loads(state_file.read_text())
-    del state["log_positions"], state["checksums"]  # as an older version wrote it
+    del state["log_positions"]  # as an older version wrote it
     state_file.write_text(json.dumps(state))
+    (state_file.parent / "checksums.json").write_text(json.dumps(file_checksums(state_file.parent)))
     samples_before = [s["step"] for s in lines(run_dir / "samples.jsonl")]
     assert main(["train", "--resume", str(run_dir)]) == 0
     assert [r["step"] for r in lines(run_dir / "metrics.jsonl")] == [1, 2, 3, 4]  # 3 and 4 once each
@@ -371,8 +373,9 @@ def test_a_checkpoint_state_that_is_not_ours_is_one_line(tmp_path, model, capsys
     run_dir = tmp_path / "runs" / "r"
     state = run_dir / "checkpoints" / "step_2" / "state.json"
     fields = json.loads(state.read_text())
-    del fields["rng"], fields["checksums"]  # the schema, not only the checksum, finds it
+    del fields["rng"]  # checksums that agree: the schema, not only the checksum, finds it
     state.write_text(json.dumps(fields))
+    (state.parent / "checksums.json").write_text(json.dumps(file_checksums(state.parent)))
     code = main(["train", "--resume", str(run_dir), "--num-steps", "3"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "checkpoint is damaged (state.json 'rng' is not two 32-bit numbers" in err[0]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 USES_MLX = True
 
@@ -29,6 +30,9 @@ def run(args: argparse.Namespace) -> int:
     config = load_config(args.config, overrides)
     base_dir = Path(args.config).resolve().parent if args.config else Path.cwd()
     verdict, facts = make_plan(config, base_dir, args.memory)
+    if facts.get("dataset_unread"):  # planned at max_prompt_length; the run would stop at this
+        print(f"note: the dataset could not be read ({facts['dataset_unread']}); prompts planned at max_prompt_length, "
+              "and train will refuse it", file=sys.stderr)
     if args.json:
         print(json.dumps({**facts, "budget_gb": round(verdict.budget / GB, 2), "fits": verdict.fits,
                           "configured": verdict.configured.as_gb(),
