@@ -51,6 +51,9 @@ def diagnose(config_path: str | None) -> tuple[list[tuple[str, str]], list[str]]
         rows.append(("BLAS", f"{info.name} (MLX's CPU operations)"))
     if info.library:
         rows.append(("", info.library))
+    from ..tf32 import float32_state
+
+    rows.append(("float32", float32_state().describe()))
     if sys.platform.startswith("linux") and info.name != "OpenBLAS":
         if info.openblas_found and info.disabled_by_switch:
             rows.append(("", f"OpenBLAS is available ({info.openblas_found}) but not used"))
