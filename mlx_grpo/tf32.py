@@ -25,6 +25,7 @@ from typing import Iterator
 ENV = "MLX_ENABLE_TF32"
 TF32_BITS = 11  # significant bits of a TF32 operand (10 stored + the implicit one)
 ACCELERATOR_GENERATION = 17  # applegpu_g17*: the M5 family, the first with Neural Accelerators in the GPU
+PHONE_ACCELERATOR_GENERATION = 18  # an iPhone-class GPU ('p' suffix: A18 Pro in a MacBook Neo) needs 18 (MLX's gate)
 ACCELERATOR_MACOS = (26, 2)  # MLX uses them from this macOS on
 
 
@@ -59,8 +60,11 @@ def generation(architecture: str | None) -> int | None:
 
 
 def accelerators_in_use(architecture: str | None, macos: str | None) -> bool:
+    """MLX's own test for its Neural Accelerator kernels: GPU generation 17 (18 for a phone-class GPU) on
+    macOS 26.2 or later."""
     parts = tuple(int(p) for p in re.findall(r"\d+", macos or "")[:2])
-    return (generation(architecture) or 0) >= ACCELERATOR_GENERATION and parts >= ACCELERATOR_MACOS
+    needed = PHONE_ACCELERATOR_GENERATION if (architecture or "").endswith("p") else ACCELERATOR_GENERATION
+    return (generation(architecture) or 0) >= needed and parts >= ACCELERATOR_MACOS
 
 
 def float32_state() -> Float32State:
