@@ -30,7 +30,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(default: the built-in default run's)")
     parser.add_argument("--limit", type=int, default=None, metavar="N", help="evaluate only the first N rows")
     parser.add_argument("--batch-size", type=int, default=100, metavar="N",
-                        help="prompts decoded together (default 100, as in training)")
+                        help="prompts decoded together (default 100; training decodes batch_size x "
+                             "num_generations at a time, within its memory plan)")
     parser.add_argument("--correctness", metavar="CHECK",
                         help="answer, last_number or file.py:function; default: the run's (or --config's) own. "
                              "A run's file.py:function check is imported only when named here")
