@@ -216,6 +216,7 @@ SMOLLM2_ROWS = ("SmolLM2 log-probs float32, fused attention", "SmolLM2 LoRA grad
                 "SmolLM2 log-probs bfloat16 on the 4-bit base vs float32")
 
 
+@pytest.mark.slow  # SmolLM2 loaded 8 times, bf16 forward passes on the CPU
 def test_the_real_kernel_rows_pass_on_one_device_and_each_fails_when_its_kernel_is_off(smollm2, monkeypatch):
     """`devices` on SmolLM2 (head dim 64: Metal's fused attention; a 4-bit base; the quantized matmul's
     backward), both sides the CPU here. Metal's quantized kernels accumulate in float32 where MLX's CPU
