@@ -240,7 +240,7 @@ def test_the_real_kernel_rows_pass_on_one_device_and_each_fails_when_its_kernel_
 
             @forward.vjp
             def backward(primals, cotangent, output):
-                return quantized_matmul(cotangent, w, **{**kwargs, "transpose": not kwargs["transpose"]}) * 1.01
+                return (quantized_matmul(cotangent, w, **{**kwargs, "transpose": not kwargs["transpose"]}) * 1.01,)
 
             return forward(x)
         if "bf16 sums" in broken:  # the CPU's own bf16 accumulation
