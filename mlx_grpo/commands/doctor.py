@@ -51,9 +51,6 @@ def diagnose(config_path: str | None) -> tuple[list[tuple[str, str]], list[str]]
         rows.append(("BLAS", f"{info.name} (MLX's CPU operations)"))
     if info.library:
         rows.append(("", info.library))
-    from ..tf32 import float32_state
-
-    rows.append(("float32", float32_state().describe()))
     if sys.platform.startswith("linux") and info.name != "OpenBLAS":
         if info.openblas_found and info.disabled_by_switch:
             rows.append(("", f"OpenBLAS is available ({info.openblas_found}) but not used"))
@@ -76,6 +73,9 @@ def diagnose(config_path: str | None) -> tuple[list[tuple[str, str]], list[str]]
     if on_cpu and dtype != "float32":
         fixes.append(f"{source}: set dtype: auto or float32; on the CPU backend {dtype} matmuls skip BLAS and run slower")
     rows.append(("dtype", dtype_row))
+    from ..tf32 import float32_state
+
+    rows.append(("float32", float32_state().describe()))  # an M5's GPU computes float32 products in TF32
 
     memory = psutil.virtual_memory()
     rows.append(("memory", f"{_gib(memory.total)} total, {_gib(memory.available)} available"
