@@ -222,6 +222,8 @@ def roofline_report(measured: dict, phases: dict[str, roofline.Work], limits: ro
         "bandwidth_source": bandwidth_source,
         "update_pass_flops": pass_flops,
         "paths": paths,
+        "floor_seconds": roofline.floor_seconds({name: phases[name] for name in ("rollout", "reference", "update")
+                                                 if name in phases}, limits),
     }
     if vocabulary is not None:
         report["vocabulary"] = vocabulary_shares(vocabulary[0], paths, vocabulary[1], limits.flops_per_s)

@@ -51,6 +51,9 @@ _TABLE: list[tuple[str, int | None, float, str]] = [
     # Apple states M5 Max as "up to" 614GB/s; a lower bin, if any, would make the percentage read low.
     ("Apple M5 Pro", None, 307.0, "Apple newsroom 2026-03-03, M5 Pro and M5 Max"),
     ("Apple M5 Max", None, 614.0, "Apple newsroom 2026-03-03, M5 Pro and M5 Max (top configuration)"),
+    # MacBook Neo: an iPhone chip in a Mac, 8 GB of memory (`mlx-grpo plan --memory 8GB`); its GPU has no
+    # Neural Accelerators, so float32 stays full float32 there (tf32.py).
+    ("Apple A18 Pro", None, 60.0, "Apple MacBook Neo tech specs (A18 Pro, 8 GB, 60GB/s memory bandwidth)"),
 ]
 
 

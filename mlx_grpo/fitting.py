@@ -152,6 +152,7 @@ def make_plan(config: TrainConfig, base_dir: Path, memory: str | None = None) ->
              "group_size": shapes.group_size, "prompt_length": shapes.prompt_length,
              "prompt_length_from": "max_prompt_length" if longest is None else "the dataset's longest prompt",
              "completion_length": shapes.completion_length, "reference_pass": config.beta > 0,
+             "load_peak_bytes": shape.load_peak_bytes(dtype_bytes(dtype)),
              **({"dataset_unread": unread} if unread else {})}
     return verdict, facts
 

@@ -6,11 +6,13 @@ Tensor types: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and Q2_K..Q6_K, mixed
 - The header is read by gguf_header.py, bounds-checked; everything a load needs (family, metadata keys and
   their types, tensor names and types, tokenizer) is checked before any tensor data is read, and a file that
   cannot load is refused in one line naming every reason.
-- Tensors are dequantized by the `gguf` package (llama.cpp's own numpy code), so each equals llama.cpp's
-  reading. What no library does is here: mlx-lm's names and layout (llama.cpp's rotary row permutation of
-  llama q/k undone, gemma's stored `1 + weight` norms put back), and, when the base stays quantized
-  (`quantized_base: keep`, a Mac's default), MLX affine quantization at the file's bits per tensor and groups
-  of 32, the smallest group MLX has, with the weight error that costs said per matrix kind.
+- Tensors are read by the `gguf` package (llama.cpp's own numpy code), so each equals llama.cpp's reading.
+  What no library does is here: mlx-lm's names and layout (llama.cpp's rotary row permutation of llama q/k
+  undone, gemma's stored `1 + weight` norms put back), and, when the base stays quantized (`quantized_base:
+  keep`, a Mac's default), MLX's affine format, groups of 32: written from the blocks where the type has an
+  exact form (gguf_blocks.py), else quantized at 8 bits, with the error said per matrix kind.
+- The model is built first with no weight computed (MLX is lazy), then filled one tensor at a time, a chunk
+  of rows at a time: the load's peak is about the loaded model plus one tensor, not a float32 copy of all.
 - The tokenizer is transformers' GGUF converter (byte-level BPE and SentencePiece vocabularies), with the
   digit-by-digit split llama.cpp's `smollm`/`starcoder` pre-tokenizer does and the file's chat template.
 
@@ -24,21 +26,20 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
+from mlx.utils import tree_flatten
 
 from .common.errors import UserError
+from .gguf_blocks import EXACT_BITS, GROUP_SIZE, REQUANTIZED, affine_groups, mlx_bits, pack
 from .gguf_header import Header, TensorInfo, read_header, type_name
 
-GROUP_SIZE = 32  # MLX's smallest group: nearest to ggml's blocks of 32 and K-quant sub-blocks of 16 or 32
 FLOAT_TYPES = {"F32", "F16", "BF16"}
-# ggml type -> MLX affine bits for a base kept quantized (MLX has 2, 3, 4, 5, 6 and 8)
-QUANT_BITS = {"Q4_0": 4, "Q4_1": 4, "Q5_0": 5, "Q5_1": 5, "Q8_0": 8, "Q2_K": 2, "Q3_K": 3, "Q4_K": 4, "Q5_K": 5,
-              "Q6_K": 6}
-SUPPORTED_TYPES = (*sorted(FLOAT_TYPES), *QUANT_BITS)
+QUANT_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
+SUPPORTED_TYPES = (*sorted(FLOAT_TYPES), *QUANT_TYPES)
 
 # llama.cpp's block tensor names -> mlx-lm's, shared by the families
 COMMON_BLOCK = {
@@ -255,11 +256,17 @@ def _mlx_name(name: str, family: Family) -> str | None:
     return None
 
 
+def _kept_bits(header: Header, family: Family) -> dict[str, int]:
+    """Module path -> MLX bits of every matrix the file holds quantized (gguf_blocks.mlx_bits)."""
+    return {_mlx_name(name, family).removesuffix(".weight"): mlx_bits(type_name(t.type_id))
+            for name, t in header.tensors.items() if type_name(t.type_id) in QUANT_TYPES}
+
+
 def quantization(header: Header) -> dict[str, Any] | None:
-    """config.json's `quantization` for the base kept quantized: each matrix at its type's bits."""
+    """config.json's `quantization` for the base kept quantized: each matrix at the bits it keeps in MLX's
+    format (its type's own bits where the conversion is exact, else 8)."""
     family = FAMILIES.get(header.metadata.get("general.architecture"))
-    bits = {_mlx_name(name, family).removesuffix(".weight"): QUANT_BITS[type_name(t.type_id)]
-            for name, t in header.tensors.items() if type_name(t.type_id) in QUANT_BITS}
+    bits = _kept_bits(header, family)
     if not bits:
         return None
     common = Counter(bits.values()).most_common(1)[0][0]
@@ -270,17 +277,37 @@ def quantization(header: Header) -> dict[str, Any] | None:
 
 # ----------------------------------------------------------------------------- tensors
 
+ROW_CHUNK_WEIGHTS = 1 << 21  # weights converted at once: bounds the load's temporaries to a few tens of MB
 
-def dequantized(path: Path, info: TensorInfo) -> np.ndarray:
-    """One tensor as float32 numpy (llama.cpp's row order), by the gguf package's dequantization."""
+
+def tensor_chunks(path: Path, info: TensorInfo, heads: int | None = None) -> Iterator[tuple[int, np.ndarray,
+                                                                                              np.ndarray]]:
+    """One tensor's rows a chunk at a time: (first row, the file's bytes of those rows, their float32 values
+    by the gguf package's dequantization, i.e. llama.cpp's reading). Every tensor the loader reads passes
+    here, so this is where a check on a tensor's values belongs. `heads`: a llama q/k projection, its rows
+    put back in mlx-lm's order (`unpermute_rows`)."""
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
 
-    raw = np.fromfile(path, dtype=np.uint8, count=info.nbytes, offset=info.offset)
     rows = int(np.prod(info.shape[:-1]))
+    row_bytes = info.nbytes // rows
     kind = GGMLQuantizationType(info.type_id)
-    with np.errstate(invalid="ignore", over="ignore"):  # damaged scales: check_finite names the tensor instead
-        return dequantize(raw.reshape(rows, -1), kind).astype(np.float32, copy=False).reshape(info.shape)
+    whole = None
+    if heads:  # q/k are hidden x hidden at most: read whole to permute
+        whole = unpermute_rows(np.fromfile(path, np.uint8, info.nbytes, offset=info.offset).reshape(rows, -1), heads)
+    step = max(1, ROW_CHUNK_WEIGHTS // info.shape[-1])
+    for start in range(0, rows, step):
+        count = min(step, rows - start)
+        raw = (whole[start:start + count] if whole is not None else
+               np.fromfile(path, np.uint8, count * row_bytes, offset=info.offset + start * row_bytes).reshape(count, -1))
+        with np.errstate(invalid="ignore", over="ignore"):  # damaged scales: check_finite names the tensor instead
+            values = dequantize(raw, kind).astype(np.float32, copy=False).reshape(count, -1)
+        yield start, raw, check_finite(values, info.name, path)
+
+
+def dequantized(path: Path, info: TensorInfo) -> np.ndarray:
+    """One (small) tensor whole as float32 numpy (llama.cpp's row order)."""
+    return np.concatenate([values for _, _, values in tensor_chunks(path, info)]).reshape(info.shape)
 
 
 def check_finite(value: np.ndarray, name: str, path: Path) -> np.ndarray:
@@ -301,22 +328,52 @@ def unpermute_rows(rows: np.ndarray, heads: int) -> np.ndarray:
     return rows.reshape(heads, shape[0] // heads // 2, 2, *shape[1:]).swapaxes(1, 2).reshape(shape)
 
 
-def mlx_weights(path: Path, header: Header, config: dict[str, Any]) -> dict[str, mx.array]:
-    """Every tensor under mlx-lm's name and in its layout, float32."""
-    family = FAMILIES[header.metadata["general.architecture"]]
-    heads = {"attn_q": config["num_attention_heads"], "attn_k": config["num_key_value_heads"]}
-    out = {}
-    for name, info in header.tensors.items():
-        if name == "rope_freqs.weight":
-            continue
-        value = check_finite(dequantized(path, info), name, path)
-        kind = name.split(".")[2] if name.startswith("blk.") else None
-        if family.permuted_qk and kind in heads:
-            value = unpermute_rows(value, heads[kind])
-        if family.norm_offset and name.endswith("norm.weight"):
-            value = value - np.float32(family.norm_offset)
-        out[_mlx_name(name, family)] = mx.array(value)
-    return out
+@dataclass
+class WeightError:
+    """Kept-quantized weights against the file's values, summed over the matrices of one kind."""
+    squared_error: float = 0.0
+    squared_value: float = 0.0
+
+    def add(self, ours: mx.array, file_values: np.ndarray) -> None:
+        values = mx.array(file_values)
+        self.squared_error += mx.sum(mx.square(ours.astype(mx.float32) - values)).item()
+        self.squared_value += mx.sum(mx.square(values)).item()
+
+    def relative(self) -> float:
+        """RMS of the error over RMS of the weights."""
+        return (self.squared_error / self.squared_value) ** 0.5 if self.squared_value else 0.0
+
+
+def plain_tensor(chunks: Iterator, info: TensorInfo, dtype: mx.Dtype, offset: float = 0.0) -> mx.array:
+    """A tensor as the file's values in `dtype`, filled chunk by chunk into its one array."""
+    rows = int(np.prod(info.shape[:-1]))
+    out = mx.zeros((rows, info.shape[-1]), dtype)
+    for start, _, values in chunks:
+        out[start:start + len(values)] = mx.array(values - np.float32(offset) if offset else values).astype(dtype)
+        mx.eval(out)  # the previous buffer is reused: the tensor is never held twice
+    return out.reshape(info.shape)
+
+
+def quantized_tensor(chunks: Iterator, info: TensorInfo, bits: int, dtype: mx.Dtype,
+                     error: WeightError) -> dict[str, mx.array]:
+    """A matrix in MLX's affine format at `bits`, groups of 32: written from the blocks for the exact types,
+    quantized by MLX from the file's values for the others; its error against the file's values added up."""
+    kind = type_name(info.type_id)
+    rows, cols = int(np.prod(info.shape[:-1])), info.shape[-1]
+    weight = mx.zeros((rows, cols * bits // 32), mx.uint32)
+    scales, biases = mx.zeros((rows, cols // GROUP_SIZE), dtype), mx.zeros((rows, cols // GROUP_SIZE), dtype)
+    for start, raw, values in chunks:
+        if kind in EXACT_BITS:
+            codes, step, offset = affine_groups(raw, kind)
+            w, s, b = mx.array(pack(codes, bits)), mx.array(step), mx.array(offset)
+        else:
+            w, s, b = mx.quantize(mx.array(values), GROUP_SIZE, bits)
+        stop = start + len(values)
+        weight[start:stop], scales[start:stop], biases[start:stop] = w, s.astype(dtype), b.astype(dtype)
+        mx.eval(weight, scales, biases)
+        error.add(mx.dequantize(weight[start:stop], scales[start:stop], biases[start:stop], GROUP_SIZE, bits),
+                  values)
+    return {"weight": weight, "scales": scales, "biases": biases}
 
 
 # Llama 3.1-3.3's rope scaling: llama.cpp stores its result (a factor per frequency) as `rope_freqs`, not the
@@ -343,47 +400,58 @@ def llama3_rope_scaling(path: Path, header: Header, config: dict[str, Any]) -> d
     raise UserError(f"{path}: cannot load: its rope_freqs tensor is not Llama 3's rope scaling")
 
 
-def build_model(config: dict[str, Any], weights: dict[str, mx.array]) -> nn.Module:
-    """mlx-lm's model of the family with the (float) weights."""
+def empty_model(config: dict[str, Any], names: list[str], quantized: dict[str, int]) -> nn.Module:
+    """mlx-lm's model of the family with no weight computed yet (MLX is lazy: the initial weights are never
+    evaluated, so this holds no memory), the matrices at `quantized` (module path -> bits) already MLX's
+    quantized modules, groups of 32."""
     from mlx_lm.utils import _get_classes
 
     model_class, args_class = _get_classes(config)
     model = model_class(args_class.from_dict(config))
     if hasattr(model, "sanitize"):
-        weights = model.sanitize(weights)  # gemma3: no lm_head when the embedding is tied
-    model.load_weights(list(weights.items()), strict=True)
-    model.eval()
-    mx.eval(model.parameters())
+        model.sanitize(dict.fromkeys(names))  # gemma3: drops lm_head when the embedding is tied
+    if quantized:
+        nn.quantize(model, group_size=GROUP_SIZE, bits=Counter(quantized.values()).most_common(1)[0][0],
+                    class_predicate=lambda path, _: path in quantized and
+                    {"group_size": GROUP_SIZE, "bits": quantized[path], "mode": "affine"})
     return model
 
 
-def quantize_kept(model: nn.Module, plan: dict[str, Any], paths: set[str]) -> str:
-    """Quantize the matrices at `paths` (those the file holds quantized), each at its bits in `plan` (groups
-    of 32), in place; the weight error that costs against the file's values, per matrix kind (max and RMS
-    of the difference)."""
-    originals = {}
-
-    def per_tensor(path: str, module: nn.Module) -> dict | bool:
-        if path not in paths:
-            return False
-        originals[path] = module.weight
-        return plan.get(path, {k: plan[k] for k in ("group_size", "bits", "mode")})
-
-    nn.quantize(model, group_size=GROUP_SIZE, bits=plan["bits"], class_predicate=per_tensor)
-    modules = dict(model.named_modules())
-    errors: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0])
-    for path, original in originals.items():
-        m = modules[path]
-        back = mx.dequantize(m.weight, m.scales, m.biases, m.group_size, m.bits)
-        diff = (back - original).astype(mx.float32)
-        kind = path.split(".")[-1] if ".layers." in path else path
-        entry = errors[f"{kind}@{m.bits}"]
-        entry[0] = max(entry[0], mx.abs(diff).max().item())
-        entry[1] += mx.sum(diff * diff).item()
-        entry[2] += diff.size
-    mx.eval(model.parameters())
-    return ", ".join(f"{kind.replace('@', ' ')}b max {e[0]:.2g} rms {(e[1] / e[2]) ** 0.5:.2g}"
-                     for kind, e in sorted(errors.items()))
+def fill_model(model: nn.Module, path: Path, header: Header, config: dict[str, Any], quantized: dict[str, int],
+               dtype: mx.Dtype) -> dict[tuple[str, str, int], WeightError]:
+    """Every tensor of the file into `model`, one at a time and the largest first (while it is converted the
+    model holds little else), so the load's peak is about the loaded model plus one tensor. The matrices at
+    `quantized` in MLX's format, the rest as the file's values; floats in `dtype`. Returns the error of the
+    kept-quantized weights per (matrix kind, ggml type, bits)."""
+    family = FAMILIES[header.metadata["general.architecture"]]
+    heads = {"attn_q": config["num_attention_heads"], "attn_k": config["num_key_value_heads"]}
+    expected = dict(tree_flatten(model.parameters()))
+    errors: dict[tuple[str, str, int], WeightError] = defaultdict(WeightError)
+    filled = set()
+    for name, info in sorted(header.tensors.items(), key=lambda item: -item[1].size):
+        if name == "rope_freqs.weight":
+            continue  # read into the config's rope scaling
+        target = _mlx_name(name, family)
+        module, leaf = target.rsplit(".", 1)
+        kind = name.split(".")[2] if name.startswith("blk.") else None
+        chunks = tensor_chunks(path, info, heads[kind] if family.permuted_qk and kind in heads else None)
+        if module in quantized and leaf == "weight":
+            error = errors[(module.rsplit(".", 1)[-1], type_name(info.type_id), quantized[module])]
+            arrays = {f"{module}.{key}": value
+                      for key, value in quantized_tensor(chunks, info, quantized[module], dtype, error).items()}
+        else:
+            offset = family.norm_offset if name.endswith("norm.weight") else 0.0
+            arrays = {target: plain_tensor(chunks, info, dtype, offset)}
+        for key, value in arrays.items():
+            if key not in expected or expected[key].shape != value.shape:
+                raise UserError(f"{path}: cannot load: tensor {name} has shape {list(info.shape)}, which the "
+                                f"model its metadata describes does not take")
+        model.load_weights(list(arrays.items()), strict=False)
+        filled.update(arrays)
+    if set(expected) - filled:
+        raise UserError(f"{path}: cannot load: no tensor for {', '.join(sorted(set(expected) - filled)[:3])}")
+    model.eval()
+    return errors
 
 
 # ----------------------------------------------------------------------------- tokenizer
@@ -454,27 +522,49 @@ def read_tokenizer(path: Path) -> Any:
     return build_tokenizer(path, header)
 
 
-def load_gguf(path: Path, keep_quantized: bool = True) -> tuple[nn.Module, Any, dict[str, Any], str | None]:
+def load_gguf(path: Path, keep_quantized: bool = True,
+              dtype: mx.Dtype = mx.float32) -> tuple[nn.Module, Any, dict[str, Any], str | None]:
     """A GGUF file as (mlx-lm model, tokenizer, its Hugging Face config, what loading did). With
-    `keep_quantized`, the matrices the file holds quantized stay quantized (re-quantized to MLX's format);
-    otherwise every weight is the file's value, float32."""
+    `keep_quantized`, the matrices the file holds quantized stay quantized in MLX's affine format (exactly the
+    file's values where a conversion exists, gguf_blocks.py); otherwise every weight is the file's value.
+    Floats (and the scales and biases) in `dtype`, the run's."""
     header = read_gguf(path)
     config = read_config(path)
     tokenizer = build_tokenizer(path, header)
-    plain = {k: v for k, v in config.items() if k != "quantization"}
-    model = build_model(plain, mlx_weights(path, header, config))
-    quant = config.get("quantization")
-    if quant is None:
-        return model, tokenizer, config, None
-    types = ", ".join(sorted({type_name(t.type_id) for t in header.tensors.values()} - FLOAT_TYPES))
-    if not keep_quantized:
-        return model, tokenizer, plain, (f"the file's {types} tensors dequantized to float32 at load (llama.cpp's "
-                                         "values); quantized_base: keep re-quantizes them to MLX's format")
-    error = quantize_kept(model, quant, {p.removesuffix(".weight") for p in _quantized_names(header)})
-    return model, tokenizer, config, (f"the file's {types} tensors re-quantized to MLX affine, groups of "
-                                      f"{GROUP_SIZE}; weight error per kind: {error}")
-
-
-def _quantized_names(header: Header) -> list[str]:
     family = FAMILIES[header.metadata["general.architecture"]]
-    return [_mlx_name(name, family) for name, t in header.tensors.items() if type_name(t.type_id) in QUANT_BITS]
+    plain = {k: v for k, v in config.items() if k != "quantization"}
+    quantized = _kept_bits(header, family) if keep_quantized else {}
+    names = [_mlx_name(name, family) for name in header.tensors if name != "rope_freqs.weight"]
+    model = empty_model(plain, names, quantized)
+    errors = fill_model(model, path, header, config, quantized, dtype)
+    types = sorted({type_name(t.type_id) for t in header.tensors.values()} - FLOAT_TYPES)
+    if not types:
+        return model, tokenizer, config, None
+    if not keep_quantized:
+        return model, tokenizer, plain, (f"the file's {', '.join(types)} tensors dequantized to {_dtype_name(dtype)} "
+                                         "at load (llama.cpp's values); quantized_base: keep keeps them quantized")
+    return model, tokenizer, config, kept_note(types, errors, dtype)
+
+
+def _dtype_name(dtype: mx.Dtype) -> str:
+    return str(dtype).removeprefix("mlx.core.")
+
+
+def kept_note(types: list[str], errors: dict[tuple[str, str, int], WeightError], dtype: mx.Dtype) -> str:
+    """What keeping the base quantized did, with the error against the file's values relative to each
+    matrix kind's RMS (0: the file's values exactly)."""
+    exact = [t for t in types if t in EXACT_BITS]
+    other = [t for t in types if t in REQUANTIZED]
+    how = []
+    if exact:
+        how.append(f"{', '.join(exact)} converted block for block at their bits")
+    if other:
+        how.append(f"{', '.join(other)} quantized at 8 bits from the file's values (no exact form)")
+    figures = ", ".join(f"{kind} {ggml} {bits}b {_percent(e.relative())}"
+                        for (kind, ggml, bits), e in sorted(errors.items()))
+    return (f"the file's quantized tensors kept in MLX's affine format, groups of {GROUP_SIZE}: {'; '.join(how)}; "
+            f"weight error relative to each kind's RMS ({_dtype_name(dtype)} scales): {figures}")
+
+
+def _percent(relative: float) -> str:
+    return "0" if relative == 0 else f"{100 * relative:.2g}%"

@@ -168,7 +168,8 @@ def load_policy(config: TrainConfig, base_dir: Path) -> tuple[nn.Module, Any]:
     _refuse_non_object_config(Path(path))
     try:
         if is_gguf(path):
-            model, tokenizer, _, note = load_gguf(Path(path), keep_quantized=keeps_gguf_quantized(path, config))
+            model, tokenizer, _, note = load_gguf(Path(path), keep_quantized=keeps_gguf_quantized(path, config),
+                                                  dtype=DTYPES[resolve_dtype(config)])
             model.load_note = note  # said at start by `dequantize_base`
         else:
             model, tokenizer = load(path)
@@ -193,7 +194,7 @@ def load_policy(config: TrainConfig, base_dir: Path) -> tuple[nn.Module, Any]:
 
 
 def keeps_gguf_quantized(path: str, config: TrainConfig) -> bool:
-    """Whether a GGUF file's quantized matrices stay quantized (re-quantized to MLX's format), by the rule
+    """Whether a GGUF file's quantized matrices stay quantized (in MLX's format), by the rule
     `dequantize_base` applies to any quantized base; else they are read as plain float32, the file's values."""
     from .gguf import read_gguf
 
@@ -209,7 +210,7 @@ def dequantize_base(model: nn.Module, config: TrainConfig) -> str | None:
     dtype = resolve_dtype(config)
     plain_bytes = count_parameters(model)[0] * DTYPES[dtype].size
     if not dequantizes(config, plain_bytes):
-        return getattr(model, "load_note", None)  # a GGUF file's re-quantization and the error it cost
+        return getattr(model, "load_note", None)  # how a GGUF file's blocks were kept, and the error it cost
     from mlx_lm.utils import dequantize_model
 
     before = parameter_bytes(model)

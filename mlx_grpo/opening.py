@@ -34,6 +34,7 @@ from .telemetry.sinks import SinkSet, make_sinks
 from .telemetry.sinks.trackio import TrackioOptions, trackio_store
 from .telemetry.sinks.wandb import WandbOptions
 from .telemetry.sinks.notify import NotifySink, channels_from_env
+from .tf32 import float32_state
 from .trainer import Trainer, remedied
 
 
@@ -229,6 +230,8 @@ def announce(run: Run, memory_plan: str, memory_warning: str | None) -> None:
         f"trainable; {config.batch_size} prompts x {config.num_generations} completions per step (batch_size "
         f"counts prompts)")
     say(memory_plan)
+    if (float32 := float32_state()).accelerators is not None:  # a Metal GPU: is its float32 TF32 (an M5)?
+        say(f"float32 here: {float32.describe()}")
     if trainer.policy.load_note is not None:
         say(trainer.policy.load_note)
     if trainer.prefix_note is not None:

@@ -111,6 +111,12 @@ def activation_bytes(dtype: str, use_lora: bool) -> float:
     return 3.2 if use_lora else 2.0
 
 
+def _own_bits(quant: dict, path: str) -> int | None:
+    """The bits a quantization config gives one module where it differs from the base's."""
+    own = quant.get(path)
+    return int(own["bits"]) if isinstance(own, dict) and isinstance(own.get("bits"), int) else None
+
+
 @dataclass(frozen=True)
 class ModelShape:
     """What memory depends on, read from a model's config.json."""
@@ -125,6 +131,7 @@ class ModelShape:
     tied: bool
     bits: int | None = None  # quantized base weights
     group_size: int = 64
+    embedding_bits: int | None = None  # the embedding's, where the quantization gives it its own (a GGUF's Q8_0)
     # Mixture of experts: every block's MLP is `experts` MLPs of `expert_intermediate` (all resident),
     # plus a router and an always-on shared MLP of `shared_intermediate`
     experts: int = 0
@@ -169,6 +176,7 @@ class ModelShape:
                        tied=bool(merged.get("tie_word_embeddings", False)),
                        bits=int(quant["bits"]) if quant.get("bits") else None,
                        group_size=int(quant.get("group_size", 64)), experts=experts,
+                       embedding_bits=_own_bits(quant, "model.embed_tokens"),
                        expert_intermediate=expert_width, shared_intermediate=shared_width,
                        plain_head=merged.get("model_type", "llama") in plain_head_models(),
                        plain_cache=merged.get("model_type", "llama") in plain_head_models() and not sliding(merged),
@@ -189,12 +197,25 @@ class ModelShape:
         embeddings = self.vocab * self.hidden * (1 if self.tied else 2)
         return embeddings + self.layers * self.block_parameters() + self.hidden
 
+    def bytes_per_weight(self, dtype_bytes: int, bits: int | None = None) -> float:
+        """A matrix weight's bytes: `bits` (the base's) plus a scale and a bias (dtype) per group, or plain."""
+        bits = bits or self.bits
+        return bits / 8 + 2 * dtype_bytes / self.group_size if bits else dtype_bytes
+
     def weight_bytes(self, dtype_bytes: int) -> float:
         if self.bits is None:
             return self.parameters() * dtype_bytes
-        # quantized matrices: `bits` per weight plus a scale and a bias (dtype) per group; norms stay
-        per_weight = self.bits / 8 + 2 * dtype_bytes / self.group_size
-        return self.parameters() * per_weight
+        embedding = self.vocab * self.hidden  # the input embedding; norms counted at the matrices' rate
+        return ((self.parameters() - embedding) * self.bytes_per_weight(dtype_bytes)
+                + embedding * self.bytes_per_weight(dtype_bytes, self.embedding_bits))
+
+    def load_peak_bytes(self, dtype_bytes: int) -> float:
+        """Memory while the model loads: its weights plus the largest tensor, the one being filled (a GGUF
+        file is filled one tensor at a time, mlx-lm's safetensors are read lazily)."""
+        rows = max(self.intermediate, self.experts * self.expert_intermediate)
+        largest = max(self.vocab * self.hidden * self.bytes_per_weight(dtype_bytes, self.embedding_bits),
+                      rows * self.hidden * self.bytes_per_weight(dtype_bytes))
+        return self.weight_bytes(dtype_bytes) + largest
 
     def lora_parameters(self, rank: int, num_layers: int) -> int:
         """LoRA on every linear of `num_layers` blocks: rank x (inputs + outputs) each. In a mixture of experts

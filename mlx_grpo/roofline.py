@@ -180,6 +180,14 @@ class Limits:
         return "memory" if self.attainable(work) < self.flops_per_s else "compute"
 
 
+def floor_seconds(phases: dict[str, Work], limits: Limits) -> dict[str, float]:
+    """The least time each phase can take on this machine: its FLOPs at the roofline's attainable rate (its
+    bytes at the bandwidth when memory binds), and their sum, the step-time floor."""
+    floors = {name: work.flops / limits.attainable(work) for name, work in phases.items()
+              if limits.attainable(work) > 0}
+    return {**floors, "step": sum(floors.values())}
+
+
 def share(work: Work, seconds: float, limits: Limits) -> dict:
     """A measured phase against the machine: achieved FLOP/s, its share of the matmul peak, and of the
     roofline's attainable FLOP/s (the same unless memory bandwidth binds first)."""

@@ -105,6 +105,9 @@ def train(config: TrainConfig, base_dir: Path, resume_dir: Path | None = None) -
             report_stop(run.run_dir, run.step, checkpoint_saved=False)
         raise
     except RuntimeError as err:
+        if (failure := metal_failure(err)) is not None:
+            raise UserError(f"{failure} during step {run.step}. The checkpoints and records up to the last "
+                            f"checkpoint are kept: continue with: {resume_command(run.run_dir)}") from None
         if not run.trainer.world.lost_peer(err):
             raise
         raise UserError(peer_lost_message(run.trainer.world.rank, run.step, run.run_dir),
@@ -198,6 +201,28 @@ def say_stop(run: Run, stop: Stop) -> None:
         print(f"mlx-grpo: {message}", file=sys.stderr, flush=True)
     elif run.writes:
         report_stop(run.run_dir, run.step, checkpoint_saved=True)
+
+
+METAL_FAILED = "[METAL] Command buffer execution failed"
+# what ends a Metal command buffer, by the error name in MLX's message: (cause, what helps)
+METAL_CAUSES = {
+    "ImpactingInteractivity": ("macOS's GPU watchdog ended a long GPU job while the display was on",
+                               "let the display sleep or run over SSH (docs/PLATFORMS.md, \"The GPU watchdog\")"),
+    "OutOfMemory": ("the GPU ran out of memory", "check `mlx-grpo plan` and lower micro_batch_size"),
+    "Timeout": ("the GPU timed out", "let the display sleep or run over SSH; a new process is needed"),
+}
+
+
+def metal_failure(err: BaseException) -> str | None:
+    """What a failed Metal command buffer means, said in one line (MLX 0.32 and later raise it as a
+    RuntimeError; before, MLX ends the process); None for any other error."""
+    text = str(err)
+    if METAL_FAILED not in text:
+        return None
+    cause, helps = next(((c, h) for name, (c, h) in METAL_CAUSES.items() if name in text),
+                        ("the GPU stopped the run's work", "check the message, then resume"))
+    detail = text[text.index(METAL_FAILED):].splitlines()[0][:240]
+    return f"the Metal GPU failed ({detail}): {cause}; {helps}"
 
 
 def peer_lost_message(rank: int, step: int, run_dir: Path) -> str:

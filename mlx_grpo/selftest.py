@@ -8,9 +8,9 @@ the checks so far and the name of the one that was running. docs/PLATFORMS.md ex
 check catches which known Mac defect.
 
 Test-only switches (never set by the product): `MLX_GRPO_SELFTEST_PERTURB=<check>` perturbs the first side
-of that check's comparison (a relative 1e-3), and `MLX_GRPO_SELFTEST_ABORT=<check>` ends the process with
-SIGABRT when that check starts, as a Metal abort would: tests use them to prove each check can fail and
-that an abort leaves a report.
+of that check's comparison (a relative 1e-3), and `MLX_GRPO_SELFTEST_ABORT=<check>` writes MLX's Metal error
+to file descriptor 2 and ends the process with SIGABRT when that check starts, as a Metal abort does: tests
+use them to prove each check can fail and that an abort leaves a report and the cause in the log.
 """
 
 from __future__ import annotations
@@ -35,6 +35,9 @@ from .telemetry.rundir.layout import RunPaths
 
 PERTURB_ENV = "MLX_GRPO_SELFTEST_PERTURB"
 ABORT_ENV = "MLX_GRPO_SELFTEST_ABORT"
+# what MLX before 0.32 writes to file descriptor 2 as Metal's watchdog ends a command buffer, then it aborts
+METAL_ABORT_LINE = ("[METAL] Command buffer execution failed: Impacting Interactivity "
+                    "(0000000e:kIOGPUCommandBufferCallbackErrorImpactingInteractivity)")
 
 # Measured here (Linux x86_64, 2 cores, MLX CPU backend, fp32): the default model's held-out accuracy gain
 # over `LEARNING_STEPS` steps of the default config (eval before the first update and at the end). A Mac computes other
@@ -132,9 +135,10 @@ def cache_limit_now() -> int:
     return int(current)
 
 
-def environment() -> dict[str, Any]:
+def environment(tf32_at_start: str | None = None) -> dict[str, Any]:
     """The machine, read without changing it: the selftest does not wire memory itself, so a `train` or
-    `bench` that stopped wiring would show in the read-back of the `memory` and `bench` checks."""
+    `bench` that stopped wiring would show in the read-back of the `memory` and `bench` checks.
+    `tf32_at_start`: MLX_ENABLE_TF32 as the user had it, before the selftest set 0."""
     import mlx.core as mx
     import psutil
 
@@ -142,8 +146,11 @@ def environment() -> dict[str, Any]:
     from .machine import (NOT_ON_THIS_OS, cpu_model, device_info, low_power_mode, memory_share, power_source,
                           thermal_state, versions, wired_limit, wiring_takes_effect)
 
+    from .tf32 import ENV, float32_state
+
     info = device_info()
     chip = chips.this_chip()
+    float32 = float32_state()
     return {
         "chip": info.get("device_name") or cpu_model(),
         "cpu": cpu_model(),
@@ -156,6 +163,10 @@ def environment() -> dict[str, Any]:
         "wiring_takes_effect": wiring_takes_effect(),  # MLX wires nothing before macOS 15
         "cache_limit_bytes": cache_limit_now(),
         "memory_share": memory_share(),
+        "neural_accelerators": float32.accelerators,  # an M5's GPU: float32 products in TF32 unless the flag is 0
+        "tf32_setting_at_start": tf32_at_start,
+        "tf32_setting": os.environ.get(ENV),
+        "float32": float32.describe(),
         "os": platform.platform(),
         "macos": platform.mac_ver()[0] or None,
         "power_source": power_source(),
@@ -369,13 +380,20 @@ def cast_model(model, dtype):
     return model
 
 
-def compare_devices(first, second, base_dir: Path, trainer, batch, advantages) -> Check:
+def compare_devices(first, second, base_dir: Path, trainer, batch, advantages,
+                    tf32: Callable[[], np.ndarray] | None = None, real_kernels: bool = False) -> Check:
     """Log-probs and one update computed on `first` against `second` (the Metal GPU against the CPU in the
     selftest): the default model in float32 and bfloat16, a 4-bit copy of it, and one SGD update in float32
-    (full fine-tuning) and bfloat16 (LoRA). bf16 tolerances are twice the bf16 rounding measured on `second`."""
+    (full fine-tuning) and bfloat16 (LoRA). bf16 tolerances are twice the bf16 rounding measured on `second`.
+    The float32 rows expect full float32 on both (MLX_ENABLE_TF32=0 on an M5). `tf32`: `first`'s float32
+    log-probs as it computes them by default (TF32 on an M5's Neural Accelerators), held to twice TF32's
+    rounding emulated on `second` (11 significant bits, tf32.py). `real_kernels`: SmolLM2's rows too
+    (`compare_real_kernels`)."""
     import mlx.core as mx
     import mlx.nn as nn
     from mlx.utils import tree_map
+
+    from .tf32 import TF32_BITS, tf32_rounding
 
     t = trainer.config.temperature
     model = trainer.policy.model
@@ -388,6 +406,10 @@ def compare_devices(first, second, base_dir: Path, trainer, batch, advantages) -
 
     exact = logprobs_on(second, model, batch, t)
     row("log-probs float32", perturbed("devices", logprobs_on(first, model, batch, t)), exact, FP32_TOLERANCE)
+    if tf32 is not None:
+        with tf32_rounding():
+            emulated = max_difference(logprobs_on(second, model, batch, t), exact)
+        row(f"log-probs TF32 ({TF32_BITS} bits)", perturbed("devices", tf32()), exact, 2 * emulated + FP32_TOLERANCE)
     cast_model(model, mx.bfloat16)
     rounding = max_difference(logprobs_on(second, model, batch, t), exact)
     row("log-probs bfloat16", perturbed("devices", logprobs_on(first, model, batch, t)),
@@ -410,16 +432,79 @@ def compare_devices(first, second, base_dir: Path, trainer, batch, advantages) -
     lora_rounding = relative_difference(moves["lora", str(second)], lora_exact)
     row("update bfloat16 LoRA", perturbed("devices", moves["lora", str(first)]), moves["lora", str(second)],
         2 * lora_rounding + BF16_FLOOR, relative=True)
+    if real_kernels:
+        rows.update(compare_real_kernels(first, second, base_dir))
     failed = [name for name, r in rows.items() if not r["difference"] <= r["tolerance"]]
     text = ", ".join(f"{name} {r['difference']:.1e} (tol {r['tolerance']:.1e})" for name, r in rows.items())
     return Check("devices", verdict(not failed), f"{first} vs {second}: {text}"
                  + (f"; FAILED: {', '.join(failed)}" if failed else ""), rows,
-                 dtype="float32, bfloat16, 4-bit", device=f"{first} vs {second}")
+                 dtype="float32, bfloat16, 4-bit" + (", SmolLM2 4-bit" if real_kernels else ""),
+                 device=f"{first} vs {second}")
 
 
-def check_devices(base_dir: Path) -> Check:
+# SmolLM2's rows: sums in another order (one pass per prompt against whole sequences, on the reference device)
+# are the float32 difference two correct kernels may show; the tolerance is this many times that, above 1e-4.
+REORDER_FACTOR = 10
+
+
+def compare_real_kernels(first, second, base_dir: Path) -> dict[str, dict[str, float]]:
+    """The kernels a real Mac run takes, on SmolLM2-135M (head dim 64: Metal's fused attention; its Q4_1 base
+    kept 4-bit): float32 log-probs of the dequantized model on `first` against `second`; bf16 log-probs on the
+    4-bit base on `first` (a Mac run's configuration) against float32 dequantized on `second`; and one LoRA
+    gradient through the 4-bit base (the quantized matmul's backward, its own Metal kernels) on both. Rows as
+    `compare_devices` keeps them, each tolerance derived on `second`: float32 rows from the same sums in
+    another order, the bf16 row from the same bf16-scaled weights computed plain in bf16."""
+    import mlx.core as mx
+    import mlx.nn as nn
+    from mlx.utils import tree_flatten
+    from mlx_lm.utils import dequantize_model
+
+    from .models import apply_adapters, load_policy
+    from .update import completion_logprobs
+
+    base = dict(model_id=REAL_MODEL, use_chat_template=False, system_prompt=None, dtype="float32", use_lora=True)
+    plain, tokenizer = load_policy(small_config(**base, quantized_base="dequantize"), base_dir)
+    batch = reply_batch(tokenizer, sum_rows(4, False, 3))
+    rows: dict[str, dict[str, float]] = {}
+    exact = logprobs_on(second, plain, batch, 1.0)
+    reorder = max_difference(logprobs_on(second, plain, replace(batch, prompts=[]), 1.0), exact)
+    rows["SmolLM2 log-probs float32, fused attention"] = {
+        "difference": max_difference(perturbed("devices", logprobs_on(first, plain, batch, 1.0)), exact),
+        "tolerance": FP32_TOLERANCE + REORDER_FACTOR * reorder}
+    del plain
+    kept, _ = load_policy(small_config(**base, quantized_base="keep"), base_dir)
+    apply_adapters(kept, small_config(use_lora=True, lora_rank=8, lora_layers=2))
+
+    def loss(m, rows_batch):
+        return -(completion_logprobs(m, rows_batch, 1.0) * rows_batch.mask).sum() / rows_batch.mask.sum()
+
+    def gradient(device, rows_batch) -> np.ndarray:
+        with mx.stream(device):
+            grads = nn.value_and_grad(kept, lambda m: loss(m, rows_batch))(kept)[1]
+            return np.concatenate([np.array(g).ravel() for _, g in tree_flatten(grads)])
+
+    reference = gradient(second, batch)
+    reorder = relative_difference(gradient(second, replace(batch, prompts=[])), reference)
+    rows["SmolLM2 LoRA gradient through the 4-bit base"] = {
+        "difference": relative_difference(perturbed("devices", gradient(first, batch)), reference),
+        "tolerance": FP32_TOLERANCE + REORDER_FACTOR * reorder}
+    cast_model(kept, mx.bfloat16)  # a Mac run: bf16 activations, bf16 scales and biases on the 4-bit codes
+    on_first = perturbed("devices", logprobs_on(first, kept, batch, 1.0))
+    dequantize_model(kept)  # the same bf16-scaled weights, plain bf16: the CPU's dense path sums in float32
+    rounding = max_difference(logprobs_on(second, kept, batch, 1.0), exact)
+    rows["SmolLM2 log-probs bfloat16 on the 4-bit base vs float32"] = {
+        "difference": max_difference(on_first, exact), "tolerance": 2 * rounding + BF16_FLOOR}
+    return rows
+
+
+def check_devices(base_dir: Path, real: bool = True) -> Check:
+    """The Metal GPU against the CPU (`compare_devices`); with `real`, on SmolLM2 too (downloaded here on
+    first use, as `real_model` would; its rows are left out, and said so, when it cannot be had)."""
     import mlx.core as mx
 
+    from .common.errors import UserError
+    from .smollm2 import smollm2_path
+    from .tf32 import float32_state
     from .trainer import Trainer
 
     if not mx.metal.is_available():
@@ -427,7 +512,37 @@ def check_devices(base_dir: Path) -> Check:
                      "the CPU with", dtype="float32, bfloat16, 4-bit", device="cpu")
     trainer = Trainer.build(small_config(), base_dir)  # its own: the comparison quantizes the model
     batch, advantages = sample_batch(trainer)
-    return compare_devices(mx.gpu, mx.cpu, base_dir, trainer, batch, advantages)
+    tf32 = (lambda: tf32_child_logprobs(batch, trainer.config.temperature)) if float32_state().accelerators else None
+    missing = "--quick: no SmolLM2 rows" if not real else None
+    if real:
+        try:
+            smollm2_path(download=True)
+        except UserError as err:
+            missing = f"no SmolLM2 rows ({err})"
+    check = compare_devices(mx.gpu, mx.cpu, base_dir, trainer, batch, advantages, tf32=tf32,
+                            real_kernels=missing is None)
+    if missing:
+        check.detail += f"; {missing}"
+    return check
+
+
+def tf32_child_logprobs(batch, temperature: float) -> np.ndarray:
+    """The default model's float32 log-probs of `batch` on the GPU as MLX computes them by default: in a child
+    process without MLX_ENABLE_TF32 (this process runs with 0, and MLX reads it once)."""
+    import sys
+
+    from .tf32 import ENV
+
+    whole = replace(batch, prompts=[])
+    with tempfile.TemporaryDirectory(prefix="mlx-grpo-tf32-") as tmp:
+        saved, out = Path(tmp) / "batch.npz", Path(tmp) / "logprobs.npy"
+        np.savez(saved, inputs=np.array(whole.inputs), targets=np.array(whole.targets),
+                 positions=np.array(whole.positions), mask=np.array(whole.mask), num_tokens=whole.num_tokens,
+                 temperature=temperature)
+        child = {k: v for k, v in os.environ.items() if k != ENV}  # MLX's default: TF32 on Neural Accelerators
+        subprocess.run([sys.executable, "-m", "mlx_grpo.tf32", str(saved), str(out)], env=child, check=True,
+                       capture_output=True, timeout=600)
+        return np.load(out)
 
 
 # ----------------------------------------------------------------------------- memory
@@ -848,16 +963,17 @@ def log_tail(path: Path | None) -> list[str]:
 
 def run_selftest(base_dir: Path, skip: set[str] = frozenset(), say: Callable[[str], None] = print,
                  write: Callable[[dict], None] = lambda report: None, log: Path | None = None,
-                 out_name: str = "mlx-grpo-selftest.json") -> dict:
+                 out_name: str = "mlx-grpo-selftest.json", tf32_at_start: str | None = None) -> dict:
     """Every check in order; a check that raises fails with its whole traceback (the others still run).
     `write` gets the report before each check (naming it as running) and after it: a process that dies
-    mid-check leaves the checks so far."""
+    mid-check leaves the checks so far. The caller has set MLX_ENABLE_TF32=0 (tf32.full_float32) before MLX's
+    first matmul; `tf32_at_start` is what it was."""
     import mlx.core as mx
 
     from .trainer import Trainer
 
     started = time.perf_counter()
-    env = environment()
+    env = environment(tf32_at_start)
     results: list[Check] = []
 
     def report(running: str | None) -> dict:
@@ -890,7 +1006,7 @@ def run_selftest(base_dir: Path, skip: set[str] = frozenset(), say: Callable[[st
             "chunked_head": lambda: check_chunked_head(*prepare_batch()[:2]),
             "micro_batches": lambda: check_micro_batches(base_dir, *prepare_batch()[1:]),
             "resume": lambda: check_resume(base_dir, work),
-            "devices": lambda: check_devices(base_dir),
+            "devices": lambda: check_devices(base_dir, real="real_model" not in skip),
             "plan_counts": check_plan_counts,
             "memory_plan": lambda: plan_and_flat("memory_plan"),
             "rollout_flat": lambda: plan_and_flat("rollout_flat"),
@@ -905,14 +1021,18 @@ def run_selftest(base_dir: Path, skip: set[str] = frozenset(), say: Callable[[st
             if name in skip:
                 check = Check(name, "skip", "skipped by --skip" + (" or --quick" if name in QUICK_SKIP else ""))
             else:
-                if os.environ.get(ABORT_ENV) == name:
-                    os.abort()  # test-only: what a Metal abort does to the process
+                if os.environ.get(ABORT_ENV) == name:  # test-only: what a Metal abort does to the process
+                    os.write(2, f"{METAL_ABORT_LINE}\n".encode())
+                    os.abort()
                 try:
                     check = runners[name]()
                 except Exception as err:  # noqa: BLE001 - a check that crashes is a failed check, reported
+                    from .run import metal_failure
+
                     text = str(err).strip().replace("\n", " ")
-                    check = Check(name, "fail", f"raised {type(err).__name__}: {text[:300]}",
-                                  error=traceback.format_exc())
+                    failure = metal_failure(err)
+                    check = Check(name, "fail", f"{failure}; run the selftest again in a new process" if failure
+                                  else f"raised {type(err).__name__}: {text[:300]}", error=traceback.format_exc())
             check.device = check.device or device_name()
             check.seconds = round(time.perf_counter() - start, 1)
             results.append(check)
@@ -944,6 +1064,8 @@ def summary(report: dict) -> list[str]:
         f"power    {env['power_source']}, Low Power Mode {env['low_power_mode']}, thermal {env['thermal_state']}, "
         f"swap {gib(env['swap_used_bytes'])}, memory pressure "
         f"{env['memory_pressure'] or 'not available on this OS'}",
+        f"float32  {env['float32']}; MLX_ENABLE_TF32 was {env['tf32_setting_at_start'] or 'unset'} at start, the "
+        f"selftest runs with {env['tf32_setting'] or 'it unset'} so its float32 rows compare full float32",
         f"versions mlx {env['mlx']}, mlx-lm {env['mlx_lm']}, mlx-grpo {env['mlx_grpo']}, python {env['python']}; "
         f"backend {env['backend']}",
     ]

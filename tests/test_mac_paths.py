@@ -234,3 +234,26 @@ def test_moe_lora_counts_an_adapter_per_expert_and_the_router():
     linear_to_lora_layers(model, 2, {"rank": 8, "scale": 2.0, "dropout": 0.0})
     real = sum(v.size for _, v in tree_flatten(model.trainable_parameters()))
     assert ModelShape.from_config(dict(model.args.__dict__)).lora_parameters(8, 2) == real
+
+
+def test_a_metal_failure_mid_run_is_one_line_with_its_cause_what_helps_and_the_resume_command(tmp_path, capsys,
+                                                                                              monkeypatch):
+    """MLX 0.32 and later raise a failed Metal command buffer (the GPU watchdog, out of memory) as a
+    RuntimeError; train names it instead of a traceback, and says how to go on."""
+    from mlx_grpo import run as run_module
+    from mlx_grpo.cli import main
+
+    def watchdog(run, stop):
+        raise RuntimeError("[METAL] Command buffer execution failed: Impacting Interactivity "
+                           "(0000000e:kIOGPUCommandBufferCallbackErrorImpactingInteractivity)")
+
+    monkeypatch.setattr(run_module, "run_steps", watchdog)
+    code = main(["train", "--num-steps", "2", "--batch-size", "2", "--num-generations", "2", "--eval-every", "0",
+                 "--no-tensorboard", "--no-wandb", "--monitoring-dir", str(tmp_path), "--run-name", "m"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "Traceback" not in err[0], err
+    assert "watchdog" in err[0] and "let the display sleep" in err[0] and "mlx-grpo train --resume" in err[0]
+    assert run_module.metal_failure(RuntimeError("shape mismatch")) is None
+    out_of_memory = run_module.metal_failure(RuntimeError(
+        "[METAL] Command buffer execution failed: Insufficient Memory (kIOGPUCommandBufferCallbackErrorOutOfMemory)"))
+    assert "ran out of memory" in out_of_memory and "mlx-grpo plan" in out_of_memory

@@ -331,3 +331,19 @@ def test_the_plan_line_says_what_the_lm_head_does_not_just_the_chunk_key(tmp_pat
     assert "logits_chunk_size: off (the model's own head: full logits)," in lines["own"]
     assert main(["plan", "--memory", "192GB", "--set", f"model_id={plain}", "--set", "logits_chunk_size=64"]) == 0
     assert "logits_chunk_size: 64, grad_checkpoint" in capsys.readouterr().out
+
+
+def test_the_plan_states_the_load_peak_and_counts_an_8_bit_embedding_at_8_bits(tmp_path, capsys):
+    """Loading holds the weights plus the tensor being filled (a GGUF file one tensor at a time): the plan
+    says so in its `load` line. A GGUF file's Q8_0 embedding stays 8-bit beside 4-bit blocks."""
+    quant = {"group_size": 32, "bits": 4, "model.embed_tokens": {"group_size": 32, "bits": 8}}
+    four = ModelShape.from_config({**QWEN25_7B, "quantization": {"group_size": 32, "bits": 4}})
+    mixed = ModelShape.from_config({**QWEN25_7B, "quantization": quant})
+    embedding = QWEN25_7B["vocab_size"] * QWEN25_7B["hidden_size"]
+    assert mixed.weight_bytes(2) - four.weight_bytes(2) == pytest.approx(embedding * 4 / 8)
+    assert mixed.load_peak_bytes(2) == pytest.approx(mixed.weight_bytes(2) + embedding * (1 + 2 * 2 / 32))
+    model = shape_only_model(tmp_path, {**QWEN25_15B, "quantization": {"group_size": 64, "bits": 4}})
+    assert main(["plan", "--memory", "16GB", "--set", f"model_id={model}", "--set", "use_lora=true"]) == 0
+    lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines() if line.strip()}
+    weights, load = (float(lines[k].split()[1]) for k in ("weights", "load"))
+    assert weights < load < 2 * weights and "while loading: the weights + the largest tensor" in lines["load"]

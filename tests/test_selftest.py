@@ -140,8 +140,133 @@ def test_the_device_comparison_passes_on_one_device_and_fails_when_one_side_is_o
     monkeypatch.setenv(PERTURB_ENV, "devices")
     check = compare()
     assert check.status == "fail" and check.detail.count("tol") == 5 and "FAILED" in check.detail
+    assert "log-probs TF32" not in check.detail  # no Neural Accelerators: no TF32 row
     if not mx.metal.is_available():
         assert selftest.check_devices(Path.cwd()).status == "skip"
+
+
+def test_an_m5s_tf32_fails_the_float32_rows_unless_the_selftest_turns_it_off_and_its_own_row_measures_it(
+        monkeypatch):
+    """An M5's GPU computes float32 products in TF32 unless MLX_ENABLE_TF32=0 (read once, at MLX's first
+    matmul). Stood in for here: the first side rounds every matmul's operands to TF32 (tf32.tf32_rounding)
+    while the flag is not 0, as MLX does on Neural Accelerators. Flag unset: the float32 rows fail, as on a
+    healthy M5 before the fix. With the selftest's own `full_float32()`: they pass, and the TF32 row (the
+    first side's default float32) reports the difference, within twice TF32's rounding emulated on the CPU."""
+    from mlx_grpo import tf32
+    from mlx_grpo.trainer import Trainer
+
+    first = mx.new_stream(mx.cpu)
+    logprobs_on, sgd_step = selftest.logprobs_on, selftest.sgd_step
+
+    def like_an_m5(function):
+        def side(device, *args):
+            if device == first and os.environ.get(tf32.ENV) != "0":
+                with tf32.tf32_rounding():
+                    return function(device, *args)
+            return function(device, *args)
+        return side
+
+    monkeypatch.setattr(selftest, "logprobs_on", like_an_m5(logprobs_on))
+    monkeypatch.setattr(selftest, "sgd_step", lambda config, *args: (like_an_m5(
+        lambda device, *rest: sgd_step(config, *rest)))(mx.default_stream(mx.cpu), *args))
+
+    def compare(with_tf32_row: bool = False, gpu_bits: int = tf32.TF32_BITS):
+        trainer = Trainer.build(selftest.small_config(), Path.cwd())
+        batch, advantages = selftest.sample_batch(trainer)
+
+        def gpu_default():  # the child process's figure on an M5: float32 as MLX runs it without the flag
+            with tf32.tf32_rounding(), pytest.MonkeyPatch.context() as patch:
+                patch.setattr(tf32, "TF32_BITS", gpu_bits)
+                return logprobs_on(first, trainer.policy.model, batch, trainer.config.temperature)
+
+        return selftest.compare_devices(first, mx.cpu, Path.cwd(), trainer, batch, advantages,
+                                        tf32=gpu_default if with_tf32_row else None)
+
+    monkeypatch.delenv(tf32.ENV, raising=False)
+    before_the_fix = compare()
+    assert before_the_fix.status == "fail" and "FAILED: log-probs float32" in before_the_fix.detail, \
+        before_the_fix.detail
+    assert before_the_fix.measured["log-probs float32"]["difference"] > 1e-3  # ~4e-3: tens of times 1e-4
+    monkeypatch.setattr(os, "environ", dict(os.environ))  # full_float32 sets it: keep it out of other tests
+    assert tf32.full_float32() is None and os.environ[tf32.ENV] == "0"
+
+    fixed = compare(with_tf32_row=True)
+    rows = fixed.measured
+    assert fixed.status == "pass", fixed.detail
+    assert rows["log-probs float32"]["difference"] == 0.0 and rows["update float32"]["difference"] == 0.0
+    tf32_row = rows["log-probs TF32 (11 bits)"]
+    assert 1e-3 < tf32_row["difference"] <= tf32_row["tolerance"] < 0.05, tf32_row
+    assert "log-probs TF32 (11 bits)" in fixed.detail
+    coarser = compare(with_tf32_row=True, gpu_bits=8)  # a GPU rounding to 8 bits, not 11: the TF32 row fails
+    assert coarser.status == "fail" and coarser.detail.endswith("FAILED: log-probs TF32 (11 bits)"), coarser.detail
+
+
+@pytest.fixture()
+def smollm2():
+    from mlx_grpo.common.errors import UserError
+    from mlx_grpo.smollm2 import smollm2_path
+
+    try:
+        return smollm2_path(download=True)
+    except UserError as err:  # offline: nothing to test against
+        pytest.skip(str(err))
+
+
+SMOLLM2_ROWS = ("SmolLM2 log-probs float32, fused attention", "SmolLM2 LoRA gradient through the 4-bit base",
+                "SmolLM2 log-probs bfloat16 on the 4-bit base vs float32")
+
+
+@pytest.mark.slow  # SmolLM2 loaded 4 times, bf16 forward passes on the CPU: minutes
+def test_the_real_kernel_rows_pass_on_one_device_and_each_fails_with_a_kernel_off(smollm2, monkeypatch):
+    """`devices` on SmolLM2 (head dim 64: Metal's fused attention; a 4-bit base; the quantized matmul's
+    backward), both sides the CPU here. Metal's quantized kernels accumulate in float32 where MLX's CPU
+    accumulates bf16 in bf16 (2.4 nats on this model): the first side does as Metal does. Then every row
+    fails with kernels broken on the first side only: attention off by 1e-3 (the only kernel of the float32
+    row), the quantized matmul's bf16 sums rounded as the CPU rounds them, its backward off by 1%."""
+    first = mx.new_stream(mx.cpu)
+    quantized_matmul, attention = mx.quantized_matmul, mx.fast.scaled_dot_product_attention
+    broken = set()
+
+    def on_first() -> bool:
+        return mx.default_stream(mx.cpu) == first
+
+    def qmm(x, w, **kwargs):
+        if not on_first() or (x.dtype == mx.float32 and "backward" not in broken):
+            return quantized_matmul(x, w, **kwargs)
+        if x.dtype == mx.float32:  # a backward kernel 1% off
+            @mx.custom_function
+            def forward(x):
+                return quantized_matmul(x, w, **kwargs)
+
+            @forward.vjp
+            def backward(primals, cotangent, output):
+                return (quantized_matmul(cotangent, w, **{**kwargs, "transpose": not kwargs["transpose"]}) * 1.01,)
+
+            return forward(x)
+        if "bf16 sums" in broken:  # the CPU's own bf16 accumulation
+            return quantized_matmul(x, w, **kwargs)
+        up = {k: v.astype(mx.float32) if k in ("scales", "biases") and v is not None else v
+              for k, v in kwargs.items()}
+        return quantized_matmul(x.astype(mx.float32), w, **up).astype(x.dtype)  # Metal: float32 sums
+
+    def sdpa(q, k, v, *args, **kwargs):
+        out = attention(q, k, v, *args, **kwargs)
+        return out * (1 + 1e-3) if on_first() and "attention" in broken else out
+
+    monkeypatch.setattr(mx, "quantized_matmul", qmm)
+    monkeypatch.setattr(mx.fast, "scaled_dot_product_attention", sdpa)
+    rows = selftest.compare_real_kernels(first, mx.cpu, Path.cwd())
+    assert set(rows) == set(SMOLLM2_ROWS)
+    assert all(r["difference"] <= r["tolerance"] for r in rows.values()), rows
+    float32, gradient, bf16 = (rows[name] for name in SMOLLM2_ROWS)
+    assert float32["difference"] == 0.0 and gradient["difference"] == 0.0  # one device: the same sums
+    # bf16 activations, scales and biases over 30 blocks: 0.21 nats measured here, the same weights computed plain
+    # in bf16 0.26 (tolerance 0.52); the CPU's own bf16 sums in the quantized matmul move them by 2.4
+    assert 0.01 < bf16["difference"] <= bf16["tolerance"] < 1.0, bf16
+    assert float32["tolerance"] < 1e-3 and gradient["tolerance"] < 1e-3
+    broken.update(("attention", "backward", "bf16 sums"))  # the float32 row can fail only by attention
+    rows = selftest.compare_real_kernels(first, mx.cpu, Path.cwd())
+    assert all(rows[name]["difference"] > rows[name]["tolerance"] for name in SMOLLM2_ROWS), rows
 
 
 def test_a_check_that_raises_keeps_its_whole_error_and_the_report_keeps_the_log_tail(tmp_path, capsys, monkeypatch):
@@ -172,7 +297,10 @@ def test_an_abort_mid_check_leaves_the_report_so_far_and_a_stack_in_the_log(tmp_
     assert [c["name"] for c in report["checks"]] == ["precision"]
     assert "STOPPED during 'shared_prompts'" in report["summary"][0]
     assert "send back" in report["summary"][-1]
-    assert "Fatal Python error: Aborted" in (tmp_path / "mlx-grpo-selftest.log").read_text()
+    log = (tmp_path / "mlx-grpo-selftest.log").read_text()
+    assert "Fatal Python error: Aborted" in log
+    # MLX's own message, written natively to file descriptor 2, is in the log (the cause), not lost on a terminal
+    assert selftest.METAL_ABORT_LINE in log and selftest.METAL_ABORT_LINE not in result.stderr
 
 
 def test_a_read_only_directory_is_one_line_naming_the_report(tmp_path, capsys, monkeypatch):

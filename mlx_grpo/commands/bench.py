@@ -137,6 +137,20 @@ def roofline_table(report: dict, roof: dict):
     return table
 
 
+def floor_line(roof: dict) -> str:
+    """The step-time floor on this machine: each phase's work at the roofline (the fp32 matmul peak measured
+    here, the bandwidth as the roofline's title says), and the measured step against it."""
+    floors = roof["floor_seconds"]
+    phases = ", ".join(f"{name} {seconds:.3g} s" for name, seconds in floors.items() if name != "step")
+    line = (f"step-time floor here: {floors['step']:.3g} s ({phases}; each phase's FLOPs at the measured fp32 "
+            f"matmul peak, decode's reads at {roof['bandwidth_bytes_per_s'] / 1e9:,.0f} GB/s, "
+            f"{roof['bandwidth_source']})")
+    step = roof["paths"].get("step")
+    if step:
+        line += f"; the measured step took {step['seconds']:.3g} s, {step['seconds'] / floors['step']:.1f}x the floor"
+    return line
+
+
 def vocabulary_lines(vocabulary: dict | None) -> list[str]:
     """Which bound holds for the reference and update: the streamed head's sweeps over the vocabulary
     (exponentials and reductions, not FLOPs) against the matmuls around them."""
@@ -187,6 +201,7 @@ def print_report(report: dict, console=None) -> None:
         console.print(roofline_table(report, roof))
         for line in vocabulary_lines(roof.get("vocabulary")):
             console.print(line)
+        console.print(floor_line(roof))
     if report["goals"]:
         goals = Table(title="goals", title_justify="left", box=box.SIMPLE_HEAD)
         for header in ("ratio", "median", "min - max", "best", "target", ""):

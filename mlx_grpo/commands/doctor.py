@@ -73,6 +73,9 @@ def diagnose(config_path: str | None) -> tuple[list[tuple[str, str]], list[str]]
     if on_cpu and dtype != "float32":
         fixes.append(f"{source}: set dtype: auto or float32; on the CPU backend {dtype} matmuls skip BLAS and run slower")
     rows.append(("dtype", dtype_row))
+    from ..tf32 import float32_state
+
+    rows.append(("float32", float32_state().describe()))  # an M5's GPU computes float32 products in TF32
 
     memory = psutil.virtual_memory()
     rows.append(("memory", f"{_gib(memory.total)} total, {_gib(memory.available)} available"

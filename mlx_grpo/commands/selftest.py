@@ -9,6 +9,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Iterator
 
 USES_MLX = True
 
@@ -44,9 +45,26 @@ def write_atomically(path: Path, report: dict) -> None:
     os.replace(part, path)
 
 
+@contextlib.contextmanager
+def native_stderr_to(log) -> Iterator[None]:
+    """File descriptor 2 into `log` for the run: what native code writes there (MLX before 0.32 writes
+    "[METAL] Command buffer execution failed: ..." just before it aborts) lands in the log and its tail in
+    the report, not on the terminal only."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    os.dup2(log.fileno(), 2)
+    try:
+        yield
+    finally:
+        log.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
 def run(args: argparse.Namespace) -> int:
-    from ..common.errors import UserError
-    from ..selftest import CHECKS, run_selftest
+    from ..tf32 import full_float32
+
+    tf32_at_start = full_float32()  # before MLX's first matmul reads it: an M5 compares full float32
     from ..common.errors import UserError
     from ..selftest import CHECKS, QUICK_SKIP, run_selftest
 
@@ -61,16 +79,17 @@ def run(args: argparse.Namespace) -> int:
     out = sys.stdout
     print(f"mlx-grpo selftest: {len(CHECKS) - len(skip)} checks, a few minutes; training output goes to {args.log}; "
           f"{args.out} is rewritten after every check (if this stops early, send both files)", file=out, flush=True)
-    with open(log_path, "w") as log, contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+    with open(log_path, "w") as log, contextlib.redirect_stdout(log), contextlib.redirect_stderr(log), \
+            native_stderr_to(log):
         # a native abort (Metal out of memory, the GPU watchdog) ends the process past Python's handlers:
         # the Python stack of every thread still goes into the log
         faulthandler.enable(file=log, all_threads=True)
         try:
             report = run_selftest(Path.cwd(), skip, say=lambda line: print(line, file=out, flush=True),
                                   write=lambda doc: write_atomically(out_path, doc), log=log_path,
-                                  out_name=args.out)
+                                  out_name=args.out, tf32_at_start=tf32_at_start)
         finally:
             faulthandler.disable()
-    print("\n".join(report["summary"][:4]), file=out)
+    print("\n".join(report["summary"][:5]), file=out)
     print(report["summary"][-1], file=out)
     return 0 if report["passed"] else 1
