@@ -198,6 +198,8 @@ def say_stop(run: Run, stop: Stop) -> None:
         back = way_back(run, stop)
         message = alert_stop_message(stop.by_alert, run.step, run.run_dir) if back is None else \
             collapse_stop_message(stop.by_alert, run.step, run.run_dir, back, run.config.learning_rate)
+        if back is None and (remedy := stop_remedy(run, stop)) is not None:
+            message = broken_stop_message(stop.by_alert, run.step, remedy, run.config.learning_rate)
         print(f"mlx-grpo: {message}", file=sys.stderr, flush=True)
     elif run.writes:
         report_stop(run.run_dir, run.step, checkpoint_saved=True)
@@ -236,16 +238,15 @@ def peer_lost_message(rank: int, step: int, run_dir: Path) -> str:
 
 def before_first_update(run: Run) -> None:
     """Step 0 of a new run: the held-out accuracy before the first update, where the policy started (a run
-    restarted from scratch has it already), and, when a rule can roll back or stop a broken policy (a rule
-    with a remedy), a checkpoint of the starting weights to go back to from a fault in the first steps."""
+    restarted from scratch has it already), and, when a rule can roll back, a checkpoint of the starting
+    weights for a rollback in the first steps to go back to."""
     trainer, recorder = run.trainer, run.recorder
     if trainer.config.eval_every > 0 and trainer.correctness is not None and run.last_record.get("step") != 0:
         report = recorder.record_evaluation(0, trainer.evaluate())
         recorder.write(report)
         if isinstance(accuracy := report.record.get(EVAL_ACCURACY), float):
             run.best_eval = (0, accuracy)  # what a checkpoint must beat to be kept as the best
-    if run.writes and any(rule.action == "rollback" or (rule.action == "stop" and rule.remedy)
-                          for rule in recorder.engine.rules):
+    if run.writes and any(rule.action == "rollback" for rule in recorder.engine.rules):
         prepare(run, 0).commit({"log_positions": log_positions(run.run_dir)})
 
 
@@ -312,6 +313,22 @@ def way_back(run: Run, stop: Stop) -> tuple[Path, dict[str, float]] | None:
     if not checkpoints or int(checkpoints[-1].name.split("_")[1]) >= began:
         return None
     return checkpoints[-1], dict(rule.remedy)
+
+
+def stop_remedy(run: Run, stop: Stop) -> dict[str, float] | None:
+    """The remedy of the rule that stopped the run, when it has one (a collapse: the policy is broken)."""
+    rule = next((r for r in run.recorder.engine.rules if r.name == stop.by_alert), None)
+    return dict(rule.remedy) if rule is not None and rule.remedy else None
+
+
+def broken_stop_message(rule: str, step: int, factors: dict[str, float], learning_rate: float) -> str:
+    """The line said when a collapse rule stopped a run with no checkpoint from before the collapse: resuming
+    would go on training the broken policy, so it says how to start again instead."""
+    lower = f" --learning-rate {learning_rate * factors['learning_rate']:g}" if "learning_rate" in factors else ""
+    return (f"alert rule '{rule}' (action: stop) stopped the run after step {step}: the policy broke, and its "
+            f"only checkpoint holds the broken policy (a resume would stop again); start the run again with a "
+            f"lower learning rate ({lower.strip() or 'see the rule'}), or with --on-alert rollback, which keeps a "
+            f"checkpoint of the start and goes back to it by itself")
 
 
 def collapse_stop_message(rule: str, step: int, run_dir: Path, back: tuple[Path, dict[str, float]],

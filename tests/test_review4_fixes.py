@@ -67,14 +67,14 @@ def test_v3_one_wild_step_is_not_a_length_trend():
     records = [{"step": s, "completions/length/mean": 19.0 if s == 10 else 11.0} for s in range(1, 41)]
     assert [r for _, r, _ in alerts_of(records) if r == "length_growth"] == []
     rising = [{"step": s, "completions/length/mean": 11.0 + (0.0 if s < 10 else 0.8 * (s - 9))} for s in range(1, 41)]
-    assert [s for s, r, _ in alerts_of(rising) if r == "length_growth"][:1] == [14]
+    assert [s for s, r, _ in alerts_of(rising) if r == "length_growth"][:1] == [15]  # a real rise: 6 steps in
 
 
 def test_v4_the_report_of_a_solved_run_does_not_call_its_flat_groups_a_fault():
     records = [json.loads(line) for line in (DATA / "run_gemma_larger_solved.jsonl").read_text().splitlines()]
     report = analyze_run(records)
-    assert not any("taught nothing" in issue for issue in report.issues)
-    assert report.quality.overall >= 60  # f9cda40: 45
+    assert not any("taught nothing" in issue for issue in report.quality.issues)
+    assert report.quality.score >= 60  # f9cda40: 45
 
 
 def test_v5_a_noisy_collapse_is_still_a_collapse():
@@ -105,23 +105,22 @@ def test_v8_the_newer_metrics_are_in_tensorboards_layout():
         assert any(re.match(p, name) for p in patterns), name
 
 
-def test_v9_a_collapse_stop_points_back_before_the_collapse_and_a_resume_stops_again(tmp_path, capsys):
+def test_v9_a_collapse_stop_says_how_to_start_again_and_a_resume_stops_again(tmp_path, capsys):
     # a rule with a remedy that holds from the first step: a stand-in for reward_collapse
     (tmp_path / "collapse.yaml").write_text(
         "rules:\n  - {name: broke, kind: threshold, metric: rewards/total/mean, op: '>', value: -1000,\n"
         "     for_steps: 2, action: stop, remedy: {learning_rate: 0.5}, hint: stand-in collapse}\n")
-    overrides = {"num_steps": 4, "batch_size": 2, "num_generations": 4, "num_iterations": 1, "train_size": 8,
+    overrides = {"num_steps": 6, "batch_size": 2, "num_generations": 4, "num_iterations": 1, "train_size": 8,
                  "eval_every": 0, "checkpoint_every": 0, "tensorboard": False, "learning_rate": 1e-4,
                  "monitoring_dir": str(tmp_path / "runs"), "run_name": "broke", "alerts_file": str(tmp_path / "collapse.yaml")}
     result = train(load_config(None, overrides), tmp_path)
     run_dir = Path(result["run_dir"])
     assert result["status"] == "interrupted" and result["stopped_by_alert"] == "broke"
-    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir() if p.name.startswith("step_")) == ["step_0"]
     line = [l for l in capsys.readouterr().err.splitlines() if "action: stop" in l][0]
-    assert ("the policy broke, so it was not checkpointed; continue from step_0, before the collapse, with a lower "
-            f"learning rate: mlx-grpo train --resume {run_dir} --learning-rate 5e-05") in line
-    # resumed from step_0, the policy is judged afresh: a condition still holding stops it again
-    again = train(load_config(None, {**overrides, "learning_rate": 5e-5}), tmp_path, resume_dir=run_dir)
+    assert ("the policy broke, and its only checkpoint holds the broken policy (a resume would stop again); start "
+            "the run again with a lower learning rate (--learning-rate 5e-05), or with --on-alert rollback") in line
+    # f9cda40 restored the stop's latch from the checkpoint: the resumed broken policy trained on in silence
+    again = train(load_config(None, overrides), tmp_path, resume_dir=run_dir)
     assert again["status"] == "interrupted" and again["stopped_by_alert"] == "broke"
     steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert steps == [1, 2]
+    assert steps == [1, 2, 3, 4]

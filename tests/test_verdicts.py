@@ -55,7 +55,9 @@ def test_a_fall_from_8_to_minus_3_is_falling_not_flat():
     assert trend.direction == "falling"
     accuracy = [{"step": i + 1, "accuracy/train": v} for i, v in
                 enumerate([0.23, 0.0, 0.0, 0.45, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0])]
-    assert trend_of(accuracy, "accuracy/train").direction == "falling"
+    # 12 points whose first quarter is 0.23, 0, 0: short quarters no longer decide a direction (review 4's V2:
+    # by chance they did for 37% of 8-step noise); the fall is not called flat
+    assert trend_of(accuracy, "accuracy/train").direction in ("falling", "unclear")
 
 
 def test_flat_is_only_said_of_a_series_that_did_not_move():
