@@ -69,7 +69,7 @@ def test_without_datasets_installed_a_parquet_file_is_one_line_saying_what_to_in
 
 
 @pytest.mark.parametrize("text, expected", [
-    ("prompt,solution\n1+1=,2\n", ": no column 'answer' (columns: prompt, solution)"),
+    ("query,answer\n1+1=,2\n", ": no column 'prompt' (columns: query, answer)"),
     ('prompt,answer\n1+1=,2\n"2+2=,4\n', ": not a readable csv file (ParserError: "),
     ("prompt,answer\n1+1=,2\n2+2=,\n", ": row 2: field 'answer' must be a string or a number, got null"),
 ])

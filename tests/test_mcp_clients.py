@@ -98,9 +98,9 @@ def test_each_snippet_started_from_root_lists_the_projects_runs(tmp_path):
 def test_a_project_folder_that_cannot_be_used_is_named(given, message):
     env = {**os.environ, "MLX_GRPO_DIR": given}
     flag = subprocess.run([sys.executable, "-m", "mlx_grpo.cli", "mcp", "--dir", given], capture_output=True,
-                          text=True, timeout=60, stdin=subprocess.DEVNULL)
+                          text=True, timeout=300, stdin=subprocess.DEVNULL)
     from_env = subprocess.run([sys.executable, "-m", "mlx_grpo.cli", "mcp"], capture_output=True, text=True,
-                              timeout=60, env=env, stdin=subprocess.DEVNULL)
+                              timeout=300, env=env, stdin=subprocess.DEVNULL)
     for result, source in ((flag, "--dir"), (from_env, "MLX_GRPO_DIR")):
         assert result.returncode == 2 and f"{source} {given!r}" in result.stderr and message in result.stderr
         assert "Traceback" not in result.stderr

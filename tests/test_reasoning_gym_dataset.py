@@ -71,7 +71,7 @@ def test_an_unknown_task_or_option_is_named(tmp_path):
 
 
 def test_task_score_on_rows_of_another_dataset_says_so():
-    with pytest.raises(UserError, match="reads a reasoning-gym dataset's rows"):
+    with pytest.raises(UserError, match="read a reasoning-gym dataset's rows"):
         task_score(["1+1="], ["<answer>2</answer>"], ["2"])
 
 

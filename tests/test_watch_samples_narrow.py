@@ -14,6 +14,8 @@ from run_writer import RunWriter
 from screen_text import screen_text, settle
 from mlx_grpo.tui.app import WatchApp
 
+pytestmark = pytest.mark.anyio
+
 ANSWERS = ["736", "1042", "9", "20311"]
 
 
