@@ -21,6 +21,7 @@ from mlx_lm.models.cache import BatchKVCache, KVCache, RotatingKVCache, make_pro
 
 from . import frozen_prefix
 from .common.errors import UserError
+from .decode_attention import grouped_decoding
 from .frozen_prefix import Captured
 from .models import has_plain_head, lm_head, project_to_vocab
 
@@ -270,7 +271,7 @@ def generate(
     """Sample `group_size` completions for each prompt, all in one batch. `capture`: keep the frozen blocks'
     output at every position (frozen_prefix.py; the model must have been given frozen_prefix.install).
     `kv_bits` 8 or 4: the decode's KV cache quantized (plain-cache models; 0: kept in the model's dtype)."""
-    with frozen_prefix.recording(model) if capture else nullcontext([]) as recorded:
+    with frozen_prefix.recording(model) if capture else nullcontext([]) as recorded, grouped_decoding(model):
         return _generate(model, prompts, group_size, max_tokens, eos_ids, pad_id, settings, key, recorded, kv_bits)
 
 
