@@ -337,7 +337,9 @@ def predict(shape: ModelShape, shapes: Shapes, config: TrainConfig, settings: Me
     # rollout: KV cache of every sequence at full length, the prompts' prefill (one block at a time;
     # logits at the last position only, or at every prompt position for a model's own head), then one
     # decode step's logits and its sampling arrays
-    kv = n * s * shape.layers * 2 * shape.kv_heads * shape.head_dim * d
+    # (kv_cache_bits: a plain cache's values quantized, with a scale and a bias in the model's dtype per group of 64)
+    kv_value = config.kv_cache_bits / 8 + 2 * d / 64 if config.kv_cache_bits and shape.plain_cache else d
+    kv = n * s * shape.layers * 2 * shape.kv_heads * shape.head_dim * kv_value
 
     def rollout_of(prompts: int, kept_states: float = 0.0) -> float:
         prefill = prompts * p * width * act * A_FORWARD + A_ATTENTION_FORWARD * prompts * shape.heads * p * p * d \

@@ -299,7 +299,8 @@ def _generate(model: nn.Module, prompts: list[list[int]], group_size: int, max_t
     capacity = max(len(p) for p in prompts) + max_tokens
     plain = has_plain_kv_cache(model, capacity)
     if plain:
-        logits, cache = prefill_plain(model, prompts, pad_id, capacity, rows)
+        # a cache to be quantized keeps only the prompts in the model's dtype, until it is
+        logits, cache = prefill_plain(model, prompts, pad_id, capacity - max_tokens if kv_bits else capacity, rows)
         batches = [list(range(len(prompts)))]  # one left-padded pass
         if kv_bits:
             cache = [QuantizedBatchKVCache.of(layer_cache, kv_bits, capacity) for layer_cache in cache]
