@@ -167,7 +167,8 @@ class TrainConfig:
     # completions per forward/backward pass, gradients summed; 0 = all at once; auto = the smallest that runs
     # at full speed and fits (plan.configured_settings)
     micro_batch_size: int | str = key(
-        "auto", "completions per forward/backward pass; 0 = all; auto = fastest, leanest",
+        "auto", "completions per forward/backward pass; 0 = all; auto = fastest, leanest (and grad_checkpoint "
+        "on when no micro-batch fits without it)",
         check=Bound(lambda v: v == "auto" or (isinstance(v, int) and v >= 0),
                     "auto or a non-negative integer (0: the whole batch at once)"))
     logits_chunk_size: int = key(0, "completion positions per LM-head pass (152k-vocab logits are big); 0 = all",

@@ -188,7 +188,7 @@ def fit_run(config: TrainConfig, base_dir: Path) -> tuple[TrainConfig, str, floa
         fallback = 0 if config.micro_batch_size == "auto" else config.micro_batch_size
         return replace(config, micro_batch_size=fallback), f"memory plan: skipped ({err})", None
     peaks, settings = verdict.configured, verdict.settings
-    config = replace(config, micro_batch_size=settings.micro_batch_size)
+    config = replace(config, micro_batch_size=settings.micro_batch_size, grad_checkpoint=settings.grad_checkpoint)
     # an upper bound: every prompt and completion is taken at its longest (prompts: the dataset's longest)
     peak_text = "~" + gb_text(peaks.peak) if peaks.peak >= 0.05 * GB else gb_text(peaks.peak)
     line = (f"memory plan: peak at most {peak_text} of {verdict.budget / GB:.1f} GB "

@@ -486,14 +486,17 @@ def configured_settings(config: TrainConfig, shape: ModelShape, shapes: Shapes, 
     """The config's memory keys, with `micro_batch_size: auto` resolved to speed, not memory: the smallest
     micro-batch that runs at full speed (`fast_micro_batch`; a larger one would only spend memory), or the
     largest smaller one whose predicted peak fits MARGIN of the budget (on a Mac the budget is already the
-    recommended working set, so the rest of the machine keeps its share)."""
+    recommended working set, so the rest of the machine keeps its share); when none does, the same with
+    `grad_checkpoint` on."""
     if config.micro_batch_size != "auto":
         return MemorySettings(config.micro_batch_size, config.logits_chunk_size, config.grad_checkpoint)
     sizes = micro_batches_by_speed(shape, shapes)
-    for m in sizes:
-        settings = MemorySettings(m, config.logits_chunk_size, config.grad_checkpoint)
-        if predict(shape, shapes, config, settings, dtype).peak <= MARGIN * budget:
-            return settings
+    # block recompute (about a third more compute) only when no micro-batch fits without it: long completions
+    for recompute in sorted({config.grad_checkpoint, True}):
+        for m in sizes:
+            settings = MemorySettings(m, config.logits_chunk_size, recompute)
+            if predict(shape, shapes, config, settings, dtype).peak <= MARGIN * budget:
+                return settings
     return MemorySettings(sizes[-1], config.logits_chunk_size, config.grad_checkpoint)
 
 
