@@ -6,7 +6,8 @@ A batch of `--rows` rows over a KV cache of `--context` positions (prompts prefi
   blocks        the transformer blocks alone (no LM head)
   lm_head       the LM head matmul on [rows, hidden]
   sample        sampling from [rows, vocab] float32 logits
-  attention     every block's attention (with its cache read) alone
+  attention     every block's attention (with its cache read) alone, as the rollout runs it
+                (decode_attention.grouped_decoding) and as mlx-lm's attention alone would
   mlp           every block's MLP alone
 and the floor a decode step cannot beat on this machine: the weights read once (`weight_bytes` / the
 bandwidth `machine.stream_gb_s` measures) next to the matmul FLOPs at `machine.matmul_peak_flops`.
@@ -21,11 +22,13 @@ import argparse
 import json
 import statistics
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
+from mlx_grpo.decode_attention import grouped_decoding
 from mlx_grpo.machine import matmul_peak_flops, stream_gb_s
 from mlx_grpo.models import lm_head, project_to_vocab
 from mlx_grpo.rollout import SamplingSettings, prefill_plain, sample_tokens
@@ -76,23 +79,27 @@ def main() -> None:
             c.trim(n)
 
     def step():
-        out = model(ids, cache=cache)[:, -1, :]
-        mx.eval(sample_tokens(out, settings, key))
+        with grouped_decoding(model):
+            out = model(ids, cache=cache)[:, -1, :]
+            mx.eval(sample_tokens(out, settings, key))
         rewind()
 
     def body():
-        mx.eval(model.model(ids, cache=cache))
+        with grouped_decoding(model):
+            mx.eval(model.model(ids, cache=cache))
         rewind()
 
-    def attention():
-        mx.eval([b.self_attn(b.input_layernorm(x), mask, c) for b, c in zip(blocks, cache)])
+    def attention(grouped: bool = True):
+        with grouped_decoding(model) if grouped else nullcontext():
+            mx.eval([b.self_attn(b.input_layernorm(x), mask, c) for b, c in zip(blocks, cache)])
         rewind()
 
     def mlp():
         mx.eval([b.mlp(b.post_attention_layernorm(x)) for b in blocks])
 
     cases = {"step": step, "blocks": body, "lm_head": lambda: mx.eval(project_to_vocab(head, hidden[:, -1, :])),
-             "sample": lambda: mx.eval(sample_tokens(logits, settings, key)), "attention": attention, "mlp": mlp}
+             "sample": lambda: mx.eval(sample_tokens(logits, settings, key)), "attention": attention,
+             "attention (mlx-lm's)": lambda: attention(grouped=False), "mlp": mlp}
     times: dict[str, list[float]] = {name: [] for name in cases}
     for rep in range(args.repetitions + 1):
         for name, run in cases.items():
@@ -101,13 +108,15 @@ def main() -> None:
             if rep:
                 times[name].append((time.perf_counter() - start) * 1000)
     weights = sum(v.nbytes for _, v in tree_flatten(model.parameters()))
+    # a head of its own leaves the embedding table unread but for the step's rows
+    read = weights - (model.model.embed_tokens.weight.nbytes if "lm_head" in model else 0)
     kv = sum(c.keys[..., :args.context, :].nbytes + c.values[..., :args.context, :].nbytes for c in cache)
     bandwidth, peak = stream_gb_s(), matmul_peak_flops()
     flops = 2 * args.rows * sum(v.size for _, v in tree_flatten(model.parameters()))
     print(json.dumps({
         "shape": {k: v for k, v in vars(args).items()}, "vocab": vocab,
-        "weights_gb": round(weights / 1e9, 3), "kv_cache_gb": round(kv / 1e9, 3),
-        "floor_ms": {"read weights + cache once": round((weights + kv) / (bandwidth * 1e9) * 1000, 1),
+        "weights_gb": round(weights / 1e9, 3), "read_per_step_gb": round(read / 1e9, 3), "kv_cache_gb": round(kv / 1e9, 3),
+        "floor_ms": {"read weights + cache once": round((read + kv) / (bandwidth * 1e9) * 1000, 1),
                      "matmul FLOPs at peak": round(flops / peak * 1000, 1),
                      "bandwidth_gb_s": round(bandwidth, 1), "peak_gflops": round(peak / 1e9, 1)},
         "ms": {name: round(statistics.median(t), 1) for name, t in times.items()},
