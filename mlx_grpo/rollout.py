@@ -169,6 +169,21 @@ def last_position_logits(model: nn.Module, inputs: mx.array, cache: list) -> mx.
     return model(inputs, cache=cache)[:, -1, :]
 
 
+def transposed_head(model: nn.Module) -> mx.array | None:
+    """The LM head's matrix as [hidden, vocab], for decode steps on the CPU (None elsewhere, or for a head that is
+    not a plain matrix). OpenBLAS reads a [vocab, hidden] matrix through a transposed product at 1.5-2 GB/s for
+    the 8-16 rows of a decode step, and the [hidden, vocab] copy at 2-2.5 GB/s (same figures at 1 row: 2.0 and
+    3.0; a loaded 2-core EPYC); the head is most of what a decode step reads at Qwen2.5-0.5B width (136M of
+    its 494M parameters). The copy lives for one rollout: V x H in the model's dtype (0.54 GB at Qwen2.5-0.5B in
+    float32), which plan.py counts in the rollout's peak."""
+    if mx.default_device().type != mx.cpu or not has_plain_head(model):
+        return None
+    head = lm_head(model)
+    if type(head) not in (nn.Linear, nn.Embedding) or "bias" in head:
+        return None
+    return mx.contiguous(head.weight.T)
+
+
 def has_plain_kv_cache(model: nn.Module, length: int = 0) -> bool:
     """Every layer can cache plain keys and values over sequences of `length` positions (no recurrent
     state): prompts can then be prefilled together, left-padded, and a prompt's cache copied to many rows.
@@ -308,6 +323,13 @@ def _generate(model: nn.Module, prompts: list[list[int]], group_size: int, max_t
         logits, cache, batches = _prefill_merged(model, prompts, rows)
     prefilled = len(recorded)
 
+    head = transposed_head(model)
+
+    def decode(ids: mx.array) -> mx.array:
+        if head is None:
+            return model(ids[:, None], cache=cache)[:, -1, :]
+        return model.model(ids[:, None], cache=cache)[:, -1, :] @ head
+
     n = len(prompts) * group_size
     eos = mx.array(sorted(eos_ids))
     span = _Span(np.arange(n))
@@ -322,7 +344,7 @@ def _generate(model: nn.Module, prompts: list[list[int]], group_size: int, max_t
         finished = finished | (ids[:, None] == eos[None, :]).any(axis=-1)
         if t + 1 == max_tokens:
             break
-        logits = model(ids[:, None], cache=cache)[:, -1, :]
+        logits = decode(ids)
         # the step's ids and log-probs too: left lazy, each would keep its step's [N, V] logits alive
         # until decoding ends (5 GB for 32 rows x 152k x 256 steps in fp32)
         mx.async_eval(logits, finished, ids, logprobs)
@@ -349,7 +371,7 @@ def _generate(model: nn.Module, prompts: list[list[int]], group_size: int, max_t
             ids_np[s.rows, done_steps:done_steps + len(s.ids)] = np.array(mx.stack(s.ids, axis=1))
             logprobs_np[s.rows, done_steps:done_steps + len(s.ids)] = np.array(mx.stack(s.logprobs, axis=1))
         done_steps += len(s.ids)
-    del cache, logits  # before the kept states are joined: the KV cache is the rollout's largest buffer
+    del cache, logits, head  # before the kept states are joined: the KV cache is the rollout's largest buffer
     prefix = _captured(recorded, prefilled, prompts, batches, rows, spans) if recorded else None
     recorded.clear()  # the per-step pieces, now joined
 
