@@ -243,6 +243,7 @@ class Shapes:
     group_size: int
     prompt_length: int
     completion_length: int
+    cpu: bool = False  # decoding on the CPU, which copies the LM head for the rollout (rollout.transposed_head)
 
     @property
     def sequences(self) -> int:
@@ -344,9 +345,8 @@ def predict(shape: ModelShape, shapes: Shapes, config: TrainConfig, settings: Me
     def rollout_of(prompts: int, kept_states: float = 0.0) -> float:
         prefill = prompts * p * width * act * A_FORWARD + A_ATTENTION_FORWARD * prompts * shape.heads * p * p * d \
             + (0 if shape.plain_head else prompts * p * shape.vocab * 4)
-        # the CPU's decode steps read the head through a [hidden, vocab] copy (rollout.transposed_head); a Mac's GPU
-        # makes none, so there the figure is an upper bound
-        head_copy = shape.vocab * shape.hidden * d if shape.plain_head else 0.0
+        # the CPU's decode steps read the head through a [hidden, vocab] copy (rollout.transposed_head)
+        head_copy = shape.vocab * shape.hidden * d if shape.plain_head and shapes.cpu else 0.0
         return resident + kv + prefill + SAMPLING * n * shape.vocab * 4 + kept_states + head_copy
 
     rollout = rollout_of(shapes.prompts, captured)  # the held-out evaluation keeps no states
