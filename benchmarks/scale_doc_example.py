@@ -24,7 +24,7 @@ BLOCK = re.compile(r"(## `mlx-grpo plan`\n\n```\n)(.*?)(```\n)", re.S)
 
 def example() -> str:
     output = subprocess.run([sys.executable, "-m", "mlx_grpo.cli", "plan", *ARGS], capture_output=True, text=True)
-    if output.returncode not in (0, 1):  # 1: the configured settings do not fit, which the example shows
+    if output.returncode not in (0, 1):  # 1: the configured settings do not fit
         raise SystemExit(f"mlx-grpo plan failed ({output.returncode}):\n{output.stderr}")
     words = shlex.join(ARGS).split(" --set batch_size")
     command = f"$ mlx-grpo plan {words[0]} \\\n    --set batch_size{words[1]}\n"

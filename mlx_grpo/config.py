@@ -173,7 +173,8 @@ class TrainConfig:
     # completions per forward/backward pass, gradients summed; 0 = all at once; auto = the smallest that runs
     # at full speed and fits (plan.configured_settings)
     micro_batch_size: int | str = key(
-        "auto", "completions per forward/backward pass; 0 = all; auto = fastest, leanest",
+        "auto", "completions per forward/backward pass; 0 = all; auto = fastest, leanest (and grad_checkpoint "
+        "on when no micro-batch fits without it)",
         check=Bound(lambda v: v == "auto" or (isinstance(v, int) and v >= 0),
                     "auto or a non-negative integer (0: the whole batch at once)"))
     logits_chunk_size: int = key(0, "completion positions per LM-head pass (152k-vocab logits are big); 0 = all",
@@ -208,6 +209,9 @@ class TrainConfig:
     max_generation_steps: int = key(24, "completion tokens at most (TRL: max_completion_length)", check=at_least(1))
     stop_at_newline: bool = key(False, "a completion ends at its first line break (for a base model that goes on "
                                 "writing the next line of a document)")
+    kv_cache_bits: int = key(0, "the rollout's KV cache quantized to 8 or 4 bits (a quarter or a sixth of float32's "
+                             "memory; sampled log-probs then differ slightly from the update's); 0 = off",
+                             check=Bound(lambda v: v in (0, 4, 8), "0, 4 or 8"))
     seed: int = key(0, "data order, sampling and initialisation",
                     check=Bound(lambda v: 0 <= v < 2**31, "an integer in [0, 2^31)"))
 

@@ -143,7 +143,8 @@ def make_plan(config: TrainConfig, base_dir: Path, memory: str | None = None) ->
                f"this machine's {'GPU' if _on_gpu() else 'CPU'}")
     longest, unread = longest_prompt_tokens(config, base_dir)
     prompt_length = config.max_prompt_length if longest is None else min(longest, config.max_prompt_length)
-    shapes = Shapes(config.batch_size, config.num_generations, prompt_length, config.max_generation_steps)
+    shapes = Shapes(config.batch_size, config.num_generations, prompt_length, config.max_generation_steps,
+                    cpu=memory is None and not _on_gpu())
     lora_dtype = resolve_dtype(replace(config, use_lora=True), gpu=True if memory is not None else None)
     verdict = plan(shape, shapes, config, dtype, budget, source, lora_dtype)
     facts = {"model": config.model_id, "parameters": shape.parameters(), "layers": shape.layers,
@@ -191,7 +192,7 @@ def fit_run(config: TrainConfig, base_dir: Path) -> tuple[TrainConfig, str, floa
         fallback = 0 if config.micro_batch_size == "auto" else config.micro_batch_size
         return replace(config, micro_batch_size=fallback), f"memory plan: skipped ({err})", None
     peaks, settings = verdict.configured, verdict.settings
-    config = replace(config, micro_batch_size=settings.micro_batch_size)
+    config = replace(config, micro_batch_size=settings.micro_batch_size, grad_checkpoint=settings.grad_checkpoint)
     # an upper bound: every prompt and completion is taken at its longest (prompts: the dataset's longest)
     peak_text = "~" + gb_text(peaks.peak) if peaks.peak >= 0.05 * GB else gb_text(peaks.peak)
     line = (f"memory plan: peak at most {peak_text} of {verdict.budget / GB:.1f} GB "

@@ -264,6 +264,7 @@ class Shapes:
     group_size: int
     prompt_length: int
     completion_length: int
+    cpu: bool = False  # decoding on the CPU, which copies the LM head for the rollout (rollout.transposed_head)
 
     @property
     def sequences(self) -> int:
@@ -358,12 +359,16 @@ def predict(shape: ModelShape, shapes: Shapes, config: TrainConfig, settings: Me
     # rollout: KV cache of every sequence at full length, the prompts' prefill (one block at a time;
     # logits at the last position only, or at every prompt position for a model's own head), then one
     # decode step's logits and its sampling arrays
-    kv = n * s * shape.layers * 2 * shape.kv_heads * shape.head_dim * d
+    # (kv_cache_bits: a plain cache's values quantized, with a scale and a bias in the model's dtype per group of 64)
+    kv_value = config.kv_cache_bits / 8 + 2 * d / 64 if config.kv_cache_bits and shape.plain_cache else d
+    kv = n * s * shape.layers * 2 * shape.kv_heads * shape.head_dim * kv_value
 
     def rollout_of(prompts: int, kept_states: float = 0.0) -> float:
         prefill = prompts * p * width * act * A_FORWARD + A_ATTENTION_FORWARD * prompts * shape.heads * p * p * d \
             + (0 if shape.plain_head else prompts * p * shape.vocab * 4)
-        return resident + kv + prefill + SAMPLING * n * shape.vocab * 4 + kept_states
+        # the CPU's decode steps read the head through a [hidden, vocab] copy (rollout.transposed_head)
+        head_copy = shape.vocab * shape.hidden * d if shape.plain_head and shapes.cpu else 0.0
+        return resident + kv + prefill + SAMPLING * n * shape.vocab * 4 + kept_states + head_copy
 
     rollout = rollout_of(shapes.prompts, captured)  # the held-out evaluation keeps no states
     # held-out evaluation decodes B x G rows at a time, one completion each: as many prompts prefilled
@@ -505,14 +510,17 @@ def configured_settings(config: TrainConfig, shape: ModelShape, shapes: Shapes, 
     """The config's memory keys, with `micro_batch_size: auto` resolved to speed, not memory: the smallest
     micro-batch that runs at full speed (`fast_micro_batch`; a larger one would only spend memory), or the
     largest smaller one whose predicted peak fits MARGIN of the budget (on a Mac the budget is already the
-    recommended working set, so the rest of the machine keeps its share)."""
+    recommended working set, so the rest of the machine keeps its share); when none does, the same with
+    `grad_checkpoint` on."""
     if config.micro_batch_size != "auto":
         return MemorySettings(config.micro_batch_size, config.logits_chunk_size, config.grad_checkpoint)
     sizes = micro_batches_by_speed(shape, shapes)
-    for m in sizes:
-        settings = MemorySettings(m, config.logits_chunk_size, config.grad_checkpoint)
-        if predict(shape, shapes, config, settings, dtype).peak <= MARGIN * budget:
-            return settings
+    # block recompute (about a third more compute) only when no micro-batch fits without it: long completions
+    for recompute in sorted({config.grad_checkpoint, True}):
+        for m in sizes:
+            settings = MemorySettings(m, config.logits_chunk_size, recompute)
+            if predict(shape, shapes, config, settings, dtype).peak <= MARGIN * budget:
+                return settings
     return MemorySettings(sizes[-1], config.logits_chunk_size, config.grad_checkpoint)
 
 

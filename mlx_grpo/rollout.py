@@ -10,15 +10,18 @@ from __future__ import annotations
 
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
+from mlx.utils import tree_map
 from mlx_lm.models.cache import BatchKVCache, KVCache, RotatingKVCache, make_prompt_cache
 
 from . import frozen_prefix
+from .common.errors import UserError
+from .decode_attention import grouped_decoding
 from .frozen_prefix import Captured
 from .models import has_plain_head, lm_head, project_to_vocab
 
@@ -113,8 +116,10 @@ def top_p_keep(logits: mx.array, top_p: float) -> mx.array:
     return mx.put_along_axis(mx.zeros_like(keep_sorted), order, keep_sorted, axis=-1)
 
 
-def sample_tokens(logits: mx.array, settings: SamplingSettings, key: mx.array) -> tuple[mx.array, mx.array]:
-    """Sample one id per row; return (ids, log-prob of each id under the sampling distribution)."""
+def sample_tokens(logits: mx.array, settings: SamplingSettings, key: mx.array,
+                  rows: tuple[mx.array, int] | None = None) -> tuple[mx.array, mx.array]:
+    """Sample one id per row; return (ids, log-prob of each id under the sampling distribution). `rows`:
+    (which rows of a batch of n these are, n), so each row gets the draw it would get in the whole batch."""
     logits = logits.astype(mx.float32)
     if settings.temperature == 0:
         ids = mx.argmax(logits, axis=-1)
@@ -123,7 +128,7 @@ def sample_tokens(logits: mx.array, settings: SamplingSettings, key: mx.array) -
         logits = logits / settings.temperature
     if settings.filters:
         logits = filter_logits(logits, settings)
-    return sample_with_logprobs(logits, key)
+    return sample_with_logprobs(logits, key, rows)
 
 
 def first_crossing(cumulative: mx.array, threshold: mx.array) -> mx.array:
@@ -136,7 +141,8 @@ def first_crossing(cumulative: mx.array, threshold: mx.array) -> mx.array:
     return mx.where(crossed[:, -1], mx.argmax(crossed, axis=-1), reaching_total).astype(mx.int32)
 
 
-def sample_with_logprobs(logits: mx.array, key: mx.array) -> tuple[mx.array, mx.array]:
+def sample_with_logprobs(logits: mx.array, key: mx.array,
+                         rows: tuple[mx.array, int] | None = None) -> tuple[mx.array, mx.array]:
     """One id per row drawn from softmax(logits) by inverting its cumulative sum, and the id's log-prob.
 
     The log-prob needs exp over the vocabulary anyway; drawing from the same exponentials spares the
@@ -145,7 +151,11 @@ def sample_with_logprobs(logits: mx.array, key: mx.array) -> tuple[mx.array, mx.
     top = logits.max(axis=-1, keepdims=True)
     cumulative = mx.cumsum(mx.exp(logits - top), axis=-1)
     total = cumulative[:, -1:]
-    threshold = mx.random.uniform(shape=total.shape, key=key) * total
+    if rows is None:
+        uniform = mx.random.uniform(shape=total.shape, key=key)
+    else:
+        uniform = mx.random.uniform(shape=(rows[1], 1), key=key)[rows[0]]
+    threshold = uniform * total
     ids = first_crossing(cumulative, threshold)
     logprobs = mx.take_along_axis(logits, ids[:, None], axis=-1) - top - mx.log(total)
     return ids, logprobs[:, 0]
@@ -157,6 +167,21 @@ def last_position_logits(model: nn.Module, inputs: mx.array, cache: list) -> mx.
     if has_plain_head(model):
         return project_to_vocab(lm_head(model), model.model(inputs, cache=cache)[:, -1, :])
     return model(inputs, cache=cache)[:, -1, :]
+
+
+def transposed_head(model: nn.Module) -> mx.array | None:
+    """The LM head's matrix as [hidden, vocab], for decode steps on the CPU (None elsewhere, or for a head that is
+    not a plain matrix). OpenBLAS reads a [vocab, hidden] matrix through a transposed product at 1.5-2 GB/s for
+    the 8-16 rows of a decode step, and the [hidden, vocab] copy at 2-2.5 GB/s (same figures at 1 row: 2.0 and
+    3.0; a loaded 2-core EPYC); the head is most of what a decode step reads at Qwen2.5-0.5B width (136M of
+    its 494M parameters). The copy lives for one rollout: V x H in the model's dtype (0.54 GB at Qwen2.5-0.5B in
+    float32), which plan.py counts in the rollout's peak."""
+    if mx.default_device().type != mx.cpu or not has_plain_head(model):
+        return None
+    head = lm_head(model)
+    if type(head) not in (nn.Linear, nn.Embedding) or "bias" in head:
+        return None
+    return mx.contiguous(head.weight.T)
 
 
 def has_plain_kv_cache(model: nn.Module, length: int = 0) -> bool:
@@ -256,48 +281,98 @@ def generate(
     settings: SamplingSettings,
     key: mx.array,
     capture: bool = False,
+    kv_bits: int = 0,
 ) -> Rollout:
     """Sample `group_size` completions for each prompt, all in one batch. `capture`: keep the frozen blocks'
-    output at every position (frozen_prefix.py; the model must have been given frozen_prefix.install)."""
-    with frozen_prefix.recording(model) if capture else nullcontext([]) as recorded:
-        return _generate(model, prompts, group_size, max_tokens, eos_ids, pad_id, settings, key, recorded)
+    output at every position (frozen_prefix.py; the model must have been given frozen_prefix.install).
+    `kv_bits` 8 or 4: the decode's KV cache quantized (plain-cache models; 0: kept in the model's dtype)."""
+    with frozen_prefix.recording(model) if capture else nullcontext([]) as recorded, grouped_decoding(model):
+        return _generate(model, prompts, group_size, max_tokens, eos_ids, pad_id, settings, key, recorded, kv_bits)
+
+
+# Finished rows leave the decode batch once they are this share of it: dropping copies the kept rows' cache
+# once (about one decode step's read of it), and every later step then computes only the rows still going.
+DROP_SHARE = 0.25
+
+
+@dataclass
+class _Span:
+    """Decode steps run on one set of rows: which rows (of the whole batch), their sampled ids and log-probs per
+    step, and how many frozen-block outputs had been recorded when the span ended."""
+
+    rows: np.ndarray
+    ids: list[mx.array] = field(default_factory=list)
+    logprobs: list[mx.array] = field(default_factory=list)
+    recorded_end: int = 0
 
 
 def _generate(model: nn.Module, prompts: list[list[int]], group_size: int, max_tokens: int, eos_ids: set[int],
-              pad_id: int, settings: SamplingSettings, key: mx.array, recorded: list[mx.array]) -> Rollout:
+              pad_id: int, settings: SamplingSettings, key: mx.array, recorded: list[mx.array],
+              kv_bits: int = 0) -> Rollout:
     start = time.perf_counter()
     rows = np.repeat(np.arange(len(prompts)), group_size)
     capacity = max(len(p) for p in prompts) + max_tokens
-    if has_plain_kv_cache(model, capacity):
-        logits, cache = prefill_plain(model, prompts, pad_id, capacity, rows)
+    plain = has_plain_kv_cache(model, capacity)
+    if plain:
+        # a cache to be quantized keeps only the prompts in the model's dtype, until it is
+        logits, cache = prefill_plain(model, prompts, pad_id, capacity - max_tokens if kv_bits else capacity, rows)
         batches = [list(range(len(prompts)))]  # one left-padded pass
+        if kv_bits:
+            cache = [QuantizedBatchKVCache.of(layer_cache, kv_bits, capacity) for layer_cache in cache]
     else:
         logits, cache, batches = _prefill_merged(model, prompts, rows)
     prefilled = len(recorded)
 
+    head = transposed_head(model)
+
+    def decode(ids: mx.array) -> mx.array:
+        if head is None:
+            return model(ids[:, None], cache=cache)[:, -1, :]
+        return model.model(ids[:, None], cache=cache)[:, -1, :] @ head
+
     n = len(prompts) * group_size
     eos = mx.array(sorted(eos_ids))
-    step_ids, step_logprobs = [], []
+    span = _Span(np.arange(n))
+    spans = [span]
     finished = mx.zeros((n,), dtype=mx.bool_)
     keys = mx.random.split(key, max_tokens)
     for t in range(max_tokens):
-        ids, logprobs = sample_tokens(logits, settings, keys[t])
-        step_ids.append(ids)
-        step_logprobs.append(logprobs)
+        draw_rows = None if len(span.rows) == n else (mx.array(span.rows), n)
+        ids, logprobs = sample_tokens(logits, settings, keys[t], draw_rows)
+        span.ids.append(ids)
+        span.logprobs.append(logprobs)
         finished = finished | (ids[:, None] == eos[None, :]).any(axis=-1)
         if t + 1 == max_tokens:
             break
-        logits = model(ids[:, None], cache=cache)[:, -1, :]
+        logits = decode(ids)
         # the step's ids and log-probs too: left lazy, each would keep its step's [N, V] logits alive
         # until decoding ends (5 GB for 32 rows x 152k x 256 steps in fp32)
         mx.async_eval(logits, finished, ids, logprobs)
         # Checking for the end costs a sync; every few steps keeps decode mostly asynchronous.
-        if t % 4 == 3 and bool(finished.all()):
-            break
-    ids_np = np.array(mx.stack(step_ids, axis=1))
-    logprobs_np = np.array(mx.stack(step_logprobs, axis=1))
-    del cache, logits  # before the kept states are joined: the KV cache is the rollout's largest buffer
-    prefix = _captured(recorded, prefilled, prompts, batches, rows) if recorded else None
+        if t % 4 == 3:
+            done = np.array(finished)
+            if done.all():
+                break
+            if plain and done.sum() >= DROP_SHARE * len(done):
+                keep = np.flatnonzero(~done)
+                span.recorded_end = len(recorded)
+                span = _Span(span.rows[keep])
+                spans.append(span)
+                kept = mx.array(keep)
+                logits, finished = logits[kept], finished[kept]
+                keep_rows(cache, kept)
+    span.recorded_end = len(recorded)
+    steps = sum(len(s.ids) for s in spans)
+    ids_np = np.full((n, steps), -1, dtype=np.int64)  # a dropped row's later steps: never read (it has ended)
+    logprobs_np = np.zeros((n, steps), dtype=np.float32)
+    done_steps = 0
+    for s in spans:
+        if s.ids:
+            ids_np[s.rows, done_steps:done_steps + len(s.ids)] = np.array(mx.stack(s.ids, axis=1))
+            logprobs_np[s.rows, done_steps:done_steps + len(s.ids)] = np.array(mx.stack(s.logprobs, axis=1))
+        done_steps += len(s.ids)
+    del cache, logits, head  # before the kept states are joined: the KV cache is the rollout's largest buffer
+    prefix = _captured(recorded, prefilled, prompts, batches, rows, spans) if recorded else None
     recorded.clear()  # the per-step pieces, now joined
 
     completions, completion_logprobs, truncated = [], [], []
@@ -321,18 +396,111 @@ def _generate(model: nn.Module, prompts: list[list[int]], group_size: int, max_t
     )
 
 
+def keep_rows(cache: list, rows: mx.array) -> None:
+    """Only `rows` of each layer's batch cache stay (finished rows leave the decode batch). Not
+    BatchKVCache.filter: it also cuts the padding the kept rows share off the front, which shrinks the buffer
+    preallocated for the whole rollout, so the next token would grow it by a whole block again."""
+    for layer_cache in {id(c): c for c in cache}.values():
+        layer_cache.keys = tree_map(lambda x: x[rows], layer_cache.keys)
+        layer_cache.values = tree_map(lambda x: x[rows], layer_cache.values)
+        if isinstance(layer_cache, BatchKVCache):
+            layer_cache.offset = layer_cache.offset[rows]
+            layer_cache.left_padding = layer_cache.left_padding[rows]
+
+
+class QuantizedBatchKVCache(BatchKVCache):
+    """mlx-lm's BatchKVCache (per-row left padding and offsets, its attention mask) holding its keys and values
+    quantized as mlx-lm's QuantizedKVCache does (`mx.quantize` per group of `group_size` values); mlx-lm's
+    attention runs `quantized_matmul` over them when a cache has `bits`. 8 bits keep 0.28 of float32's bytes
+    per cached value, 4 bits 0.16."""
+
+    def __init__(self, left_padding: list[int], bits: int, group_size: int = 64):
+        super().__init__(left_padding)
+        self.bits, self.group_size = bits, group_size
+
+    @classmethod
+    def of(cls, plain: KVCache, bits: int, capacity: int) -> "QuantizedBatchKVCache":
+        """`plain`'s rows (a prefilled KVCache or BatchKVCache) quantized, in a buffer of `capacity` positions."""
+        keys, values = plain.keys[..., :_cached(plain), :], plain.values[..., :_cached(plain), :]
+        rows = keys.shape[0]
+        left = plain.left_padding if isinstance(plain, BatchKVCache) else mx.zeros((rows,), dtype=mx.int32)
+        cache = cls([0] * rows, bits, kv_group_size(keys.shape[-1]))
+        cache.left_padding = left
+        cache.offset = keys.shape[2] - left
+        cache.keys, cache.values = cache._buffer(keys, capacity), cache._buffer(values, capacity)
+        cache._write(0, keys, values)
+        return cache
+
+    def _buffer(self, like: mx.array, positions: int) -> tuple[mx.array, mx.array, mx.array]:
+        rows, heads, _, dim = like.shape
+        per_int = 32 // self.bits
+        shape = (rows, heads, positions)
+        return (mx.zeros((*shape, dim // per_int), dtype=mx.uint32),
+                mx.zeros((*shape, dim // self.group_size), dtype=like.dtype),
+                mx.zeros((*shape, dim // self.group_size), dtype=like.dtype))
+
+    def _write(self, at: int, keys: mx.array, values: mx.array) -> None:
+        end = at + keys.shape[2]
+        for stored, new in ((self.keys, keys), (self.values, values)):
+            for part, quantized in zip(stored, mx.quantize(new, group_size=self.group_size, bits=self.bits)):
+                part[..., at:end, :] = quantized
+        self._idx = end
+
+    def update_and_fetch(self, keys, values):
+        prev = self._idx
+        if prev + keys.shape[2] > self.keys[0].shape[2]:  # past the capacity asked for: grow by a block
+            grow = lambda x: mx.concatenate(  # noqa: E731
+                [x[..., :prev, :], mx.zeros((*x.shape[:2], self.step + keys.shape[2], x.shape[3]), x.dtype)], axis=2)
+            self.keys, self.values = tree_map(grow, self.keys), tree_map(grow, self.values)
+        self.offset = self.offset + keys.shape[2]
+        self._write(prev, keys, values)
+        return self.keys_and_values()
+
+    def keys_and_values(self):
+        return (tree_map(lambda x: x[..., :self._idx, :], self.keys),
+                tree_map(lambda x: x[..., :self._idx, :], self.values))
+
+    @property
+    def state(self):
+        return self.keys, self.values, self.offset, self.left_padding, self._idx
+
+    @state.setter
+    def state(self, v):
+        self.keys, self.values, self.offset, self.left_padding, self._idx = v
+
+
+def kv_group_size(head_dim: int) -> int:
+    """The quantization group of a KV cache with heads of `head_dim` values: 64 as mlx-lm's QuantizedKVCache,
+    or 32 (the smallest `mx.quantize` takes) for heads it does not divide."""
+    for group in (64, 32):
+        if head_dim % group == 0:
+            return group
+    raise UserError(f"kv_cache_bits: this model's attention heads hold {head_dim} values, not a multiple of 32; "
+                    "its KV cache cannot be quantized (kv_cache_bits: 0)")
+
+
+def _cached(layer_cache: KVCache) -> int:
+    """How many positions a plain or batch KV cache holds."""
+    return layer_cache._idx if isinstance(layer_cache, BatchKVCache) else layer_cache.offset
+
+
 def _captured(recorded: list[mx.array], prefilled: int, prompts: list[list[int]], batches: list[list[int]],
-              rows: np.ndarray) -> Captured:
+              rows: np.ndarray, spans: list[_Span]) -> Captured:
     """The recorded frozen-block outputs as per-row states: the prefill's (per prompt; `batches`: the prompts of
-    each prefill pass), then one per decode step (the fed-back completion tokens)."""
+    each prefill pass), then one per decode step (the fed-back completion tokens) while the row was decoded."""
     per_prompt = frozen_prefix.capture_from_prefill(recorded[:prefilled], prompts, batches)
-    steps = recorded[prefilled:]
-    if steps:
-        decoded = mx.concatenate(steps, axis=1)
-    else:
-        decoded = mx.zeros((len(rows), 0, per_prompt[0].shape[-1]), dtype=per_prompt[0].dtype)
-    mx.eval(decoded, per_prompt)
-    return Captured([per_prompt[i] for i in rows.tolist()], [decoded[i] for i in range(len(rows))])
+    pieces: list[list[mx.array]] = [[] for _ in rows]
+    begin = prefilled
+    for span in spans:
+        if span.recorded_end > begin:
+            decoded = mx.concatenate(recorded[begin:span.recorded_end], axis=1)
+            for r, row in enumerate(span.rows.tolist()):
+                pieces[row].append(decoded[r])
+        begin = span.recorded_end
+    empty = mx.zeros((0, per_prompt[0].shape[-1]), dtype=per_prompt[0].dtype)
+    completion = [empty if not p else p[0] if len(p) == 1 else mx.concatenate(p) for p in pieces]
+    mx.eval(completion, per_prompt)
+    return Captured([per_prompt[i] for i in rows.tolist()], completion)
 
 
 def decode_completion(tokenizer, ids: list[int], eos_ids: set[int]) -> str:

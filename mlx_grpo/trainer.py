@@ -261,7 +261,7 @@ class Trainer:
                                          self.settings, key, self.multiturn.make_env, self.multiturn.tools)
         return generate(model, [e.tokens for e in prompts.encoded], prompts.group_size, max_tokens,
                         self.policy.eos_ids, self.policy.pad_id, self.settings, key,
-                        capture=frozen_prefix.first_block(model) > 0)
+                        capture=frozen_prefix.first_block(model) > 0, kv_bits=self.config.kv_cache_bits)
 
     def score(self, prompts: Prompts, rollout: Rollout) -> Scored:
         policy = self.policy

@@ -211,7 +211,7 @@ def test_doc_command_runs_as_written(command, fresh_clone):
 def test_the_plan_example_in_scale_md_is_what_plan_prints(fresh_clone):
     result = run_as_written(PLAN_EXAMPLE, fresh_clone, timeout=120)
     printed = result.stdout.strip()
-    assert result.returncode == 1  # "does not fit" as configured, then the settings that fit
+    assert result.returncode == 0  # fits: micro_batch_size auto turned grad_checkpoint on
     assert printed and printed in (ROOT / "docs" / "SCALE.md").read_text()
 
 

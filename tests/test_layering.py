@@ -35,7 +35,7 @@ NO_MLX = {"telemetry", "tui"}  # the dashboard, report and compare run where mlx
 INNER_FLOORS = {
     "mlx_grpo": [
         {"", "config", "config_aliases", "config_paths", "name_clash", "run_code", "machine", "chips", "blas", "tasks"},
-        {"grpo", "models", "gguf", "gguf_header", "smollm2", "gemma3", "wheel_files", "data", "head_scores", "frozen_prefix", "rollout", "rewards", "update", "extras", "evaluate",
+        {"grpo", "models", "gguf", "gguf_header", "smollm2", "gemma3", "wheel_files", "data", "head_scores", "frozen_prefix", "decode_attention", "rollout", "rewards", "update", "extras", "evaluate",
          "checkpoint"},  # core: the model, the data, the math, a completion's worth, saving weights
         {"presets", "plan", "fitting", "roofline"},  # what a run needs and can reach, predicted before it loads
         {"trainer", "distributed"},  # one step, on one rank or many

@@ -73,6 +73,25 @@ def test_auto_micro_batch_buys_speed_not_memory():
         .micro_batch_size == 0
 
 
+def test_auto_turns_block_recompute_on_only_when_no_micro_batch_fits_without_it():
+    """A 1024-token group: with micro_batch_size auto the plan picks recompute where the budget needs it, so the
+    run fits where it can, and leaves it off (a third more compute) where memory allows."""
+    from mlx_grpo.plan import MARGIN
+
+    shape, shapes = ModelShape.from_config(QWEN25_15B), Shapes(2, 8, 128, 1024)
+    config = load_config(None, {"batch_size": 2, "num_generations": 8, "max_generation_steps": 1024})  # full FT
+    plain, recomputed = (predict(shape, shapes, config, MemorySettings(1, 0, ckpt), "float32").peak
+                         for ckpt in (False, True))
+    assert recomputed < plain
+    tight = (plain + recomputed) / 2 / MARGIN  # fits with recompute only
+    chosen = configured_settings(config, shape, shapes, "float32", tight)
+    assert chosen.grad_checkpoint and predict(shape, shapes, config, chosen, "float32").peak <= MARGIN * tight
+    roomy = configured_settings(config, shape, shapes, "float32", 2 * plain / MARGIN)
+    assert not roomy.grad_checkpoint
+    assert not configured_settings(replace(config, micro_batch_size=1), shape, shapes, "float32",
+                                   tight).grad_checkpoint  # a micro-batch set by hand keeps the config's keys
+
+
 def shape_only_model(tmp_path: Path, config: dict) -> Path:
     """A model directory with a config.json and nothing else: the plan needs no weights."""
     model = tmp_path / "qwen7b"

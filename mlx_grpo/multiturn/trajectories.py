@@ -22,6 +22,7 @@ import numpy as np
 from mlx_lm.models.cache import BatchKVCache, KVCache
 
 from ..common.errors import UserError
+from ..decode_attention import grouped_decoding
 from ..rollout import Rollout, SamplingSettings, has_plain_kv_cache, prefill_plain, sample_tokens
 from .chat import continuation_tokens
 
@@ -61,6 +62,15 @@ def generate_trajectories(model: nn.Module, tokenizer: Any, prompts: list[list[i
                           settings: SamplingSettings, key: mx.array, make_env: Callable[[], Any],
                           tools: list[dict] | None) -> Rollout:
     """`group_size` trajectories for each prompt (`rows`: the prompts' dataset rows, for the environments)."""
+    with grouped_decoding(model):
+        return _generate_trajectories(model, tokenizer, prompts, rows, group_size, budgets, eos_ids, pad_id, settings,
+                                      key, make_env, tools)
+
+
+def _generate_trajectories(model: nn.Module, tokenizer: Any, prompts: list[list[int]], rows: list[dict],
+                           group_size: int, budgets: TurnBudgets, eos_ids: set[int], pad_id: int,
+                           settings: SamplingSettings, key: mx.array, make_env: Callable[[], Any],
+                           tools: list[dict] | None) -> Rollout:
     start = time.perf_counter()
     n = len(prompts) * group_size
     of_prompt = np.repeat(np.arange(len(prompts)), group_size)
