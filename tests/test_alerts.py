@@ -185,6 +185,8 @@ def test_drop_rule_compares_with_the_median_so_a_lasting_collapse_fires_once():
 def test_every_builtin_rule_has_a_fault_that_fires_it():
     covered = {rule for _, rule, _, _ in FAULTS} | {"non_finite", "kl_flat"}
     covered |= {"tool_calls_dying", "tool_calls_failing"}  # tests/test_multiturn.py fires each
+    # their faults: tests/test_detectors.py and tests/test_mac_state.py
+    covered |= {"format_gaming", "repetition", "bimodal_reward", "thermal_throttling", "on_battery", "low_power_mode"}
     assert {rule.name for rule in default_rules()} == covered
 
 
