@@ -28,7 +28,11 @@ JUDGE_ONLY = {"judge/api_tokens", "judge/api_tokens_total", "judge/failed_reques
 WHEN_AN_ALERT_FIRES = {"alerts"}  # a healthy run fires none: tests/test_telemetry_sinks.py
 # opt-in sampled held-out metrics (eval_samples: N), which cost N more decodes per prompt: tests/test_verdicts.py
 OPT_IN = {"eval/mean@<k>", "eval/pass@<k>"}
-NOT_IN_THESE_RUNS = WANDB_ONLY | MAC_ONLY | JUDGE_ONLY | WHEN_AN_ALERT_FIRES | DEPENDS_ON_THE_BATCH | OPT_IN
+# multi-turn runs with tools or an environment: written in tests/test_multiturn.py's run
+MULTITURN = {"tools/call_frequency", "tools/failure_frequency", "tools/called_frac", "tools/<tool>/calls",
+             "tools/<tool>/failures", "multiturn/turns_mean", "multiturn/model_tokens_mean",
+             "multiturn/environment_tokens_mean", "multiturn/environment_reward_mean", "multiturn/ended_frac"}
+NOT_IN_THESE_RUNS = WANDB_ONLY | MAC_ONLY | JUDGE_ONLY | WHEN_AN_ALERT_FIRES | DEPENDS_ON_THE_BATCH | OPT_IN | MULTITURN
 
 
 def expected_every_step_names(reward_names):
