@@ -540,7 +540,7 @@ def tf32_child_logprobs(batch, temperature: float) -> np.ndarray:
                  positions=np.array(whole.positions), mask=np.array(whole.mask), num_tokens=whole.num_tokens,
                  temperature=temperature)
         child = {k: v for k, v in os.environ.items() if k != ENV}  # MLX's default: TF32 on Neural Accelerators
-        subprocess.run([sys.executable, "-m", "mlx_grpo.tf32", str(saved), str(out)], env=child, check=True,
+        subprocess.run([sys.executable, "-m", "mlx_grpo.tf32_child", str(saved), str(out)], env=child, check=True,
                        capture_output=True, timeout=600)
         return np.load(out)
 

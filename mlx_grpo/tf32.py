@@ -7,7 +7,7 @@ such product: unset or 1 means TF32 there, 0 means full float32 (slower). M1-M4 
 full float32 either way. `mlx-grpo selftest` sets 0 for its float32 comparisons and measures TF32 on its own.
 
 `tf32_rounding()` emulates TF32 on any backend (the selftest derives its TF32 tolerance from it; tests use it to
-stand in for an M5). `python -m mlx_grpo.tf32 BATCH.npz OUT.npy` is the selftest's child process that computes
+stand in for an M5). `python -m mlx_grpo.tf32_child BATCH.npz OUT.npy` is the selftest's child process that computes
 the default model's float32 log-probs with the flag as this process has it.
 """
 
@@ -129,27 +129,3 @@ def tf32_rounding() -> Iterator[None]:
     finally:
         nn.Linear.__call__, nn.Embedding.as_linear = linear, as_linear
         mx.quantized_matmul, mx.fast.scaled_dot_product_attention = quantized_matmul, attention
-
-
-def main(argv: list[str] | None = None) -> int:
-    """The selftest's child: the default model's float32 log-probs of a saved batch, with MLX_ENABLE_TF32 as
-    this process has it (the parent runs with 0)."""
-    import mlx.core as mx
-    import numpy as np
-
-    from .models import load_policy
-    from .selftest import small_config
-    from .update import TrainBatch, completion_logprobs
-
-    batch_file, out_file = argv if argv is not None else sys.argv[1:]
-    saved = np.load(batch_file)
-    batch = TrainBatch(*(mx.array(saved[k]) for k in ("inputs", "targets", "positions", "mask")),
-                       num_tokens=int(saved["num_tokens"]))
-    model, _ = load_policy(small_config(dtype="float32"), Path.cwd())
-    logprobs = completion_logprobs(model, batch, float(saved["temperature"]))
-    np.save(out_file, np.array(logprobs) * np.array(batch.mask))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

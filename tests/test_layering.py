@@ -34,13 +34,13 @@ NO_MLX = {"telemetry", "tui"}  # the dashboard, report and compare run where mlx
 # "mlx_grpo" covers the training area's rooms (the other areas have the rules above).
 INNER_FLOORS = {
     "mlx_grpo": [
-        {"", "config", "config_aliases", "config_paths", "name_clash", "run_code", "machine", "chips", "blas", "tasks"},
-        {"grpo", "models", "gguf", "gguf_header", "smollm2", "gemma3", "wheel_files", "data", "head_scores", "frozen_prefix", "decode_attention", "rollout", "rewards", "update", "extras", "evaluate",
+        {"", "config", "config_aliases", "config_paths", "name_clash", "run_code", "machine", "chips", "blas", "tasks", "tf32"},
+        {"grpo", "models", "gguf", "gguf_blocks", "gguf_header", "smollm2", "gemma3", "wheel_files", "data", "head_scores", "frozen_prefix", "decode_attention", "rollout", "multiturn", "qwen_coder", "rewards", "update", "extras", "evaluate",
          "checkpoint"},  # core: the model, the data, the math, a completion's worth, saving weights
         {"presets", "plan", "fitting", "roofline"},  # what a run needs and can reach, predicted before it loads
         {"trainer", "distributed"},  # one step, on one rank or many
         {"run", "opening", "resume", "signals", "run_lock", "console", "export", "replay", "sweep"},  # a run's life
-        {"benchmark", "workload", "selftest", "tools", "mcp_server"},  # measuring and serving the rest
+        {"benchmark", "workload", "selftest", "tf32_child", "tools", "mcp_server"},  # measuring and serving the rest
     ],
     "mlx_grpo.rewards": [
         {"", "builtin", "judge", "scoring"},
