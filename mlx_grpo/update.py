@@ -95,6 +95,7 @@ def build_train_batch(rollout: Rollout, pad_id: int, mask_truncated: bool = Fals
     """Prompt then completion, padded on the right: a causal mask is then exactly the rollout's view.
     `mask_truncated`: completions that hit the budget without ending get no loss tokens."""
     seqs = [p + c for p, c in zip(rollout.prompts, rollout.completions)]
+    model_mask = getattr(rollout, "model_mask", None)  # S-GRPO's serial groups are one-turn rollouts without it
     width = max(len(s) for s in seqs)
     tokens = np.full((len(seqs), width), pad_id, dtype=np.int32)
     for i, s in enumerate(seqs):
@@ -107,8 +108,8 @@ def build_train_batch(rollout: Rollout, pad_id: int, mask_truncated: bool = Fals
         # the logit at position k predicts token k+1, so completion token t comes from len(p)-1+t
         positions[i, :n] = np.arange(len(p) - 1, len(p) - 1 + n)
         mask[i, :n] = 0.0 if mask_truncated and rollout.truncated[i] else 1.0
-        if rollout.model_mask is not None:  # tool and environment tokens: no loss, no KL, no entropy
-            mask[i, :n] *= np.array(rollout.model_mask[i], dtype=np.float32)
+        if model_mask is not None:  # tool and environment tokens: no loss, no KL, no entropy
+            mask[i, :n] *= np.array(model_mask[i], dtype=np.float32)
     new_prompt = [i == 0 or rollout.prompts[i] != rollout.prompts[i - 1] for i in range(len(seqs))]
     return TrainBatch(mx.array(tokens[:, :-1]), mx.array(tokens[:, 1:]), mx.array(positions), mx.array(mask),
                       int(mask.sum()), np.array([len(s) for s in seqs], dtype=np.int32),
