@@ -22,7 +22,10 @@ WANDB_ONLY = {  # W&B media: tests/test_telemetry_wandb.py
     "final/rubric_criteria_summary"}
 # macOS, and Metal's working-set limit (the CPU backend reports none): read in tests/test_alert_actions.py
 MAC_ONLY = {"system/gpu_utilization_percent", "memory/peak_percent", "system/accel_limit_gb",
-            "system/accel_memory_percent", "system/accel_held_percent", "system/memory_pressure_level"}
+            "system/accel_memory_percent", "system/accel_held_percent", "system/memory_pressure_level",
+            # macOS's physical state (pmset): tests/test_mac_state.py
+            "system/cpu_speed_limit_percent", "system/low_power_mode", "system/on_battery",
+            "system/thermal_warning_level"}
 # a judge server: tests/test_judge.py
 JUDGE_ONLY = {"judge/api_tokens", "judge/api_tokens_total", "judge/failed_requests"}
 WHEN_AN_ALERT_FIRES = {"alerts"}  # a healthy run fires none: tests/test_telemetry_sinks.py
