@@ -15,6 +15,7 @@ from fuzz_readers import fuzz  # noqa: E402
 from synthetic_runs import simulate, write_run_dir  # noqa: E402
 
 
+@pytest.mark.slow  # 60 forked cases: minutes on a loaded 2-core machine, not yet timed idle
 @pytest.mark.parametrize("seed", [1])
 def test_a_slice_of_the_fuzz_finds_nothing(tmp_path, seed):
     metrics, samples = simulate(steps=12, seed=seed)[:2]
