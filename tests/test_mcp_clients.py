@@ -90,8 +90,8 @@ def test_each_snippet_started_from_root_lists_the_projects_runs(tmp_path):
             seen[client] = await _list_runs([sys.executable, "-m", "mlx_grpo.cli", *args], {**base_env, **env})
         return seen
 
-    for client, runs in asyncio.run(every_client()).items():
-        assert [r["name"] for r in runs] == ["demo"], client
+    for client, listed in asyncio.run(every_client()).items():
+        assert [r["name"] for r in listed["runs"]] == ["demo"], client  # a page: {"runs": [...], "more": 0}
 
 
 @pytest.mark.parametrize("given, message", [("relative/dir", "absolute path"), ("/no/such/dir", "no such directory")])
