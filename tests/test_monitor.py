@@ -61,11 +61,12 @@ def test_track_step_refuses_mismatched_input():
 def test_threshold_and_trend_alerts_fire_once_each():
     monitor = RewardMonitor(rules=[], group_size=16)
     monitor.add_threshold_alert("accuracy/train", 0.2, "below", for_steps=2, name="low accuracy")
-    monitor.add_trend_alert("rewards/answer/mean", 0.15, "falling", window=5)
+    # a trend is judged on at least 6 points (medians of its halves and Mann-Kendall)
+    monitor.add_trend_alert("rewards/answer/mean", 0.15, "falling", window=6)
     for step in range(1, 21):
         _step(monitor, step, max(0.0, 0.9 - 0.05 * step))
     fired = [(a.step, a.rule) for a in monitor.alerts]
-    assert fired == [(5, "rewards/answer/mean falling over 5"), (15, "low accuracy")]
+    assert fired == [(6, "rewards/answer/mean falling over 6"), (15, "low accuracy")]
     summary = monitor.alert_summary()
     assert summary["total"] == 2 and summary["by_level"] == {"warning": 2}
     with pytest.raises(ValueError, match="condition must be one of"):
