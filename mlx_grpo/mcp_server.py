@@ -44,6 +44,7 @@ from .common.errors import UserError
 from .common.terminal import terminal_safe, terminal_safe_obj
 from .common.user_files import open_regular
 from .run_code import is_user_code
+from .telemetry.metrics.names import ACCURACY_TRAIN, EVAL_ACCURACY, REWARD_MEAN
 from .telemetry.reward_names import translate_reward
 from .telemetry.rundir.layout import ALERTS, FINAL_METRICS, LOCK, METRICS, RUN_JSON, SAMPLES
 from .telemetry.rundir.reader import pid_alive
@@ -238,11 +239,11 @@ class Workspace:
             for _, record in tail_records(run_dir / METRICS, 50)[0]:
                 last.update({k: v for k, v in record.items() if isinstance(v, (int, float)) and not isinstance(v, bool)})
         final = (read_json_object(run_dir / FINAL_METRICS, display=True) or {}) if leak is None else {}
-        held_out = final.get("eval/accuracy", last.get("eval/accuracy"))
+        held_out = final.get(EVAL_ACCURACY, last.get(EVAL_ACCURACY))
         return {"name": _cut_strings((info.name if info else None) or run_dir.name), "path": str(run_dir),
                 "status": _cut_strings(status), "steps": last.get("step", 0),
-                "total_steps": info.total_steps if info else None, "reward": last.get("rewards/total/mean"),
-                "train_accuracy": last.get("accuracy/train"),
+                "total_steps": info.total_steps if info else None, "reward": last.get(REWARD_MEAN),
+                "train_accuracy": last.get(ACCURACY_TRAIN),
                 "held_out_accuracy": held_out if isinstance(held_out, (int, float)) else None,
                 **({"note": f"{leak} leads out of the run directory; not read"} if leak else {})}
 

@@ -39,6 +39,7 @@ from .extras import token_entropy
 from .head_scores import chunked_head_logprobs, head_token_stats, scaled, streamed_head_scores, streams_head, target_logprobs
 from .models import has_plain_head, lm_head, project_to_vocab
 from .frozen_prefix import Captured
+from .telemetry.metrics.names import SAMPLING_LOGP_DIFF_MAX, SAMPLING_LOGP_DIFF_MEAN
 from .rollout import Rollout, has_plain_kv_cache, prefill_plain
 
 
@@ -344,7 +345,7 @@ def sampling_mismatch(first_logp: np.ndarray, sampler_logp: np.ndarray, mask: np
         return {}
     diff = (np.asarray(first_logp, dtype=np.float64) - np.asarray(sampler_logp, dtype=np.float64))[keep]
     ratio = np.exp(diff)
-    return {"sampling/logp_diff/mean": float(np.abs(diff).mean()), "sampling/logp_diff/max": float(np.abs(diff).max()),
+    return {SAMPLING_LOGP_DIFF_MEAN: float(np.abs(diff).mean()), SAMPLING_LOGP_DIFF_MAX: float(np.abs(diff).max()),
             "sampling/importance_ratio/min": float(ratio.min()), "sampling/importance_ratio/mean": float(ratio.mean()),
             "sampling/importance_ratio/max": float(ratio.max())}
 

@@ -258,7 +258,8 @@ class SamplesView(BoardView, Horizontal):
         if added and following and table.row_count:
             table.move_cursor(row=table.row_count - 1)
             # again once the new rows are laid out: a scroll computed before a scrollbar appears hides the last row
-            table.call_after_refresh(lambda: table.move_cursor(row=table.row_count - 1))
+            # (moving to the row it is on would not scroll: go to the end, as a log does)
+            table.call_after_refresh(table.scroll_end, animate=False)
             self._show(table.cursor_row)
 
     def _add_row(self, table: DataTable, run_index: int, s: dict) -> None:

@@ -15,7 +15,8 @@ from .names import (ACCEL_ACTIVE_GB, ACCEL_LIMIT_GB, ACCEL_MEMORY_PERCENT, ACCEL
                     PROMPT_LENGTH_MEAN, PROMPT_TRUNCATED_FRAC, REWARD_MEAN, REWARD_RECENT_MEAN, ROLLOUT_SECONDS,
                     SIGNAL_TO_NOISE, STEP_SECONDS, STEP_TOKENS_PER_S, TOKENS_TOTAL, TRUNCATED_CORRECT_FRAC,
                     TRUNCATED_FRAC, UPDATE_SECONDS, ZERO_STD_GROUP_FRAC, REPETITION_RATE, REWARD_BIMODALITY,
-                    SAMPLING_LOGP_DIFF_MAX, SAMPLING_LOGP_DIFF_MEAN, TOKENS_CUMULATIVE)
+                    SAMPLING_LOGP_DIFF_MAX, SAMPLING_LOGP_DIFF_MEAN, TOKENS_CUMULATIVE, THERMAL_WARNING_LEVEL,
+                    ON_BATTERY, LOW_POWER_MODE, CPU_SPEED_LIMIT)
 
 
 # The chart groups of the namespace, by section: the TensorBoard custom layout is generated from
@@ -76,8 +77,8 @@ CHART_GROUPS: dict[str, dict[str, tuple[str, ...]]] = {
         "CPU and GPU %": (CPU_PERCENT, "system/gpu_utilization_percent"),
         "memory %": (MEMORY_PERCENT, ACCEL_MEMORY_PERCENT, "memory/peak_percent"),
         "memory GB": (MEMORY_USED_GB, "system/memory_available_gb", PROCESS_RSS_GB),
-        "Mac state": ("system/thermal_warning_level", "system/on_battery", "system/low_power_mode"),
-        "CPU speed limit %": ("system/cpu_speed_limit_percent",),
+        "Mac state": (THERMAL_WARNING_LEVEL, ON_BATTERY, LOW_POWER_MODE),
+        "CPU speed limit %": (CPU_SPEED_LIMIT,),
     },
 }
 

@@ -17,6 +17,7 @@ from .names import (ACCEL_ACTIVE_GB, ACCEL_LIMIT_GB, ACCEL_MEMORY_PERCENT, ACCUR
                     FINISHED_CORRECT_FRAC, FINISHED_FRAC, GEN_MS_PER_TOKEN, GEN_TOKENS_PER_S, GRAD_NORM, KL,
                     LEARNING_RATE, LENGTH_MEAN, LOSS, MEMORY_PERCENT, MEMORY_USED_GB, PROCESS_RSS_GB,
                     PROMPT_LENGTH_MEAN, PROMPT_TRUNCATED_FRAC, REWARD_MEAN, REWARD_STD, ROLLOUT_SECONDS, SAMPLES_TABLE,
+                    SAMPLING_LOGP_DIFF_MAX, SAMPLING_LOGP_DIFF_MEAN,
                     SIGNAL_TO_NOISE, STEP_SECONDS, TOKENS_CUMULATIVE, TOKENS_TOTAL, TRUNCATED_CORRECT_FRAC, TRUNCATED_FRAC,
                     UPDATE_SECONDS, ZERO_STD_GROUP_FRAC)
 
@@ -84,8 +85,8 @@ def _trl() -> list[OtherName]:
         _m(s, "clip_ratio/low_mean", "policy/clip_frac_low"),
         _m(s, "clip_ratio/high_mean", "policy/clip_frac_high"),
         _m(s, "clip_ratio/region_mean", CLIP_FRAC),
-        _m(s, "sampling/sampling_logp_difference/mean", "sampling/logp_diff/mean"),
-        _m(s, "sampling/sampling_logp_difference/max", "sampling/logp_diff/max"),
+        _m(s, "sampling/sampling_logp_difference/mean", SAMPLING_LOGP_DIFF_MEAN),
+        _m(s, "sampling/sampling_logp_difference/max", SAMPLING_LOGP_DIFF_MAX),
         _m(s, "sampling/importance_sampling_ratio/min", "sampling/importance_ratio/min"),
         _m(s, "sampling/importance_sampling_ratio/mean", "sampling/importance_ratio/mean"),
         _m(s, "sampling/importance_sampling_ratio/max", "sampling/importance_ratio/max"),
