@@ -416,11 +416,14 @@ def update_policy(model: nn.Module, optimizer: optim.Optimizer, loss_and_grad, b
         # the update (the last pass alone made the loss differ from the sum of its parts).
         loss_sum += loss_value
         norm_sum += norm_value
-        if math.isfinite(loss_value) and math.isfinite(norm_value):
+        if not (math.isfinite(loss_value) and math.isfinite(norm_value)):
+            skipped += 1  # a NaN or Inf must never reach the weights
+        elif norm_value > 0.0:
+            # A zero gradient (every group flat, no KL term) takes no step: Adam would still move the weights on
+            # its momentum and average a zero into its second moment, so that the next gradient took an outsized
+            # step (the tool recipe's entropy kept falling over flat steps, then its policy broke).
             optimizer.update(model, grads)
             mx.eval(model.parameters(), optimizer.state)
-        else:
-            skipped += 1  # a NaN or Inf must never reach the weights
         for name, value in stats.items():
             kept = pass_statistic(name, totals_by_stat.get(name), value.item(), config.num_iterations, index)
             if kept is not None:

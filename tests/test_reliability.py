@@ -178,6 +178,30 @@ def test_an_infinite_gradient_with_a_finite_loss_never_reaches_the_weights():
     assert optimizer.state.get("step", mx.array(0)).item() == 0
 
 
+
+def test_a_step_with_nothing_to_learn_leaves_the_weights_and_adam_alone():
+    """Every group flat and no KL term: a zero gradient. Adam would still move the weights on its momentum (and
+    decay them, AdamW) and average a zero into its second moment; the step is taken only with a gradient."""
+    model = nn.Linear(3, 2)
+    optimizer = optim.AdamW(learning_rate=0.1)
+    config = load_config(None, {"num_iterations": 1, "beta": 0.0})
+    gradient = {"value": 1.0}
+
+    def loss_and_grad(model, batch, advantages, old_logp, ref_logp, totals):
+        grads = {k: mx.full(v.shape, gradient["value"]) for k, v in model.parameters().items()}
+        return (mx.array(0.0), (mx.zeros((1, 1)), mx.full((1, 1), 0.5), {})), grads
+
+    batch = build_train_batch(Rollout([[1, 2]], [[3]], [[0.0]], [False], 0.0), pad_id=0)
+    update_policy(model, optimizer, loss_and_grad, batch, mx.ones(1), None, config)  # a real step: momentum
+    after_first = {k: np.array(v) for k, v in tree_flatten(model.parameters())}
+    moments = {k: np.array(v) for k, v in tree_flatten(optimizer.state)}
+    gradient["value"] = 0.0
+    result = update_policy(model, optimizer, loss_and_grad, batch, mx.zeros(1), None, config)
+    assert result.grad_norm == 0.0 and result.skipped == 0  # not an error: nothing to learn
+    assert all(np.array_equal(after_first[k], np.array(v)) for k, v in tree_flatten(model.parameters()))
+    assert all(np.array_equal(moments[k], np.array(v)) for k, v in tree_flatten(optimizer.state))
+
+
 # ----------------------------------------------------------------------------- failing sinks
 
 
