@@ -153,7 +153,6 @@ def make_plan(config: TrainConfig, base_dir: Path, memory: str | None = None) ->
              "group_size": shapes.group_size, "prompt_length": shapes.prompt_length,
              "prompt_length_from": "max_prompt_length" if longest is None else "the dataset's longest prompt",
              "completion_length": shapes.completion_length, "reference_pass": config.beta > 0,
-             "load_peak_bytes": shape.load_peak_bytes(dtype_bytes(dtype)),
              **({"dataset_unread": unread} if unread else {})}
     return verdict, facts
 
@@ -196,7 +195,8 @@ def fit_run(config: TrainConfig, base_dir: Path) -> tuple[TrainConfig, str, floa
     # an upper bound: every prompt and completion is taken at its longest (prompts: the dataset's longest)
     peak_text = "~" + gb_text(peaks.peak) if peaks.peak >= 0.05 * GB else gb_text(peaks.peak)
     line = (f"memory plan: peak at most {peak_text} of {verdict.budget / GB:.1f} GB "
-            f"(rollout {peaks.rollout / GB:.1f}, reference {reference_text(peaks.reference, facts, unit='')}, "
+            "(" + (f"load {peaks.load / GB:.1f}, " if peaks.load == peaks.peak else "")  # only when it is the peak
+            + f"rollout {peaks.rollout / GB:.1f}, reference {reference_text(peaks.reference, facts, unit='')}, "
             f"update {peaks.update / GB:.1f}"
             + (f", eval {peaks.evaluation / GB:.1f}" if peaks.evaluation else "") + "; "
             f"prompts <= {facts['prompt_length']}, completions <= {facts['completion_length']} tokens) "

@@ -306,14 +306,15 @@ class PhasePeaks:
     reference: float
     update: float
     evaluation: float = 0.0  # the held-out evaluation's rollout (0 without one)
+    load: float = 0.0  # while the model loads (ModelShape.load_peak_bytes): a run that cannot load does not fit
 
     @property
     def peak(self) -> float:
-        return max(self.rollout, self.reference, self.update, self.evaluation)
+        return max(self.load, self.rollout, self.reference, self.update, self.evaluation)
 
     def as_gb(self) -> dict[str, float]:
         return {name: round(getattr(self, name) / GB, 2)
-                for name in ("weights", "resident", "rollout", "reference", "update", "evaluation", "peak")}
+                for name in ("weights", "load", "resident", "rollout", "reference", "update", "evaluation", "peak")}
 
 
 def micro_batches(shapes: Shapes, micro_batch_size: int) -> set[tuple[int, int]]:
@@ -429,7 +430,7 @@ def predict(shape: ModelShape, shapes: Shapes, config: TrainConfig, settings: Me
     reference, update = (max(values) for values in zip(*(phases(rows, prompts) for rows, prompts
                                                          in micro_batches(shapes, settings.micro_batch_size))))
     return PhasePeaks(weights, resident, rollout, resident + reference if config.beta > 0 else resident,
-                      resident + update, evaluation)
+                      resident + update, evaluation, shape.load_peak_bytes(d))
 
 
 # ----------------------------------------------------------------------------- fitting a budget

@@ -366,3 +366,17 @@ def test_the_plan_states_the_load_peak_and_counts_an_8_bit_embedding_at_8_bits(t
     lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines() if line.strip()}
     weights, load = (float(lines[k].split()[1]) for k in ("weights", "load"))
     assert weights < load < 2 * weights and "while loading: the weights + the largest tensor" in lines["load"]
+
+
+def test_a_run_that_cannot_load_does_not_fit_even_when_its_steps_would():
+    """The load peak is a phase of the verdict: a budget above every step's peak but below the weights plus
+    the tensor being filled is 'does not fit', and the start line names the load as the peak."""
+    shape = ModelShape.from_config(QWEN25_15B)  # its 152k x 1536 embedding: 0.93 GB in float32
+    config = load_config(None, {"use_lora": True, "batch_size": 1, "num_generations": 2, "beta": 0.0})
+    shapes = Shapes(1, 2, 16, 16)
+    peaks = predict(shape, shapes, config, MemorySettings(1, 32, True), "float32")
+    steps = max(peaks.rollout, peaks.reference, peaks.update, peaks.evaluation)
+    assert steps < peaks.load == peaks.peak  # a big vocabulary's embedding outweighs a tiny batch's step
+    budget = (steps + peaks.load) / 2  # room for every step, not for the load
+    verdict = plan(shape, shapes, config, "float32", budget, "a test budget")
+    assert not verdict.fits and verdict.fitting is None

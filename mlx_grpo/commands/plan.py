@@ -65,8 +65,7 @@ def format_plan(verdict, facts: dict) -> str:
         "",
         f"{'phase':<11}{'peak':>10}",
         f"{'weights':<11}{gb(peaks.weights):>10}",
-        f"{'load':<11}{gb(facts['load_peak_bytes']):>10}   while loading: the weights + the largest tensor"
-        + ("" if facts['load_peak_bytes'] <= verdict.budget else " (ABOVE the memory)"),
+        f"{'load':<11}{gb(peaks.load):>10}   while loading: the weights + the largest tensor",
         f"{'resident':<11}{gb(peaks.resident):>10}   weights + trainable state kept all run",
         f"{'rollout':<11}{gb(peaks.rollout):>10}   KV cache of every completion + sampling",
         f"{'reference':<11}{reference_text(peaks.reference, facts):>10}",
