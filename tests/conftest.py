@@ -14,6 +14,10 @@ sys.path.insert(0, str(Path(__file__).parent))
 # MLX's Linux wheel otherwise runs fp32 matmuls on its reference BLAS, ~30x slower, which made the suite's
 # in-process runs most of its time. Loaded with global symbols before anything imports mlx, MLX's matmuls
 # bind to it as they would under LD_PRELOAD. MLX_GRPO_OPENBLAS=0 tests on the reference BLAS instead.
+# The suite runs on two workers (pyproject's addopts): one BLAS thread each keeps them from fighting over the
+# cores (OpenBLAS's threads spin while they wait). Set before OpenBLAS starts; the commands tests launch inherit it.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 if sys.platform.startswith("linux") and os.environ.get(blas.SWITCH, "1") != "0" and blas.find_openblas():
     assert "mlx.core" not in sys.modules, "conftest.py must load OpenBLAS before mlx is imported"
     ctypes.CDLL(blas.find_openblas(), mode=os.RTLD_GLOBAL)

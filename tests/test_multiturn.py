@@ -118,7 +118,7 @@ def test_hanging_raising_flooding_and_malformed_calls_are_answered_and_counted(r
     env = ToolEnvironment(runner, HERMES)
     started = time.monotonic()
     turn = env.step(call("hang", text="a") + call("echo", text="still here"))
-    assert time.monotonic() - started < 10
+    assert time.monotonic() - started < 50  # the tool sleeps 60 s: cut at 1 s, its worker restarted
     assert turn.calls == [("hang", True), ("echo", False)]
     assert "took longer than 1 s" in turn.messages[0]["content"] and turn.messages[1]["content"] == "still here"
     turn = env.step(call("boom", text="a"))

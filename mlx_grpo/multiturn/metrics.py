@@ -7,11 +7,9 @@ from collections import Counter
 
 import numpy as np
 
+from ..telemetry.metrics.names import TOOL_CALL_FREQUENCY, TOOL_CALLED_FRAC, TOOL_FAILURE_FREQUENCY
 from .trajectories import Trajectory
 
-CALL_FREQUENCY = "tools/call_frequency"
-FAILURE_FREQUENCY = "tools/failure_frequency"
-CALLED_FRAC = "tools/called_frac"
 TURNS_MEAN = "multiturn/turns_mean"
 MODEL_TOKENS_MEAN = "multiturn/model_tokens_mean"
 ENVIRONMENT_TOKENS_MEAN = "multiturn/environment_tokens_mean"
@@ -24,9 +22,9 @@ def trajectory_metrics(trajectories: list[Trajectory], model_mask: list[list[int
     all_calls = [call for t in trajectories for call in t.calls]
     model_tokens = [sum(mask) for mask in model_mask]
     out = {
-        CALL_FREQUENCY: float(np.mean(calls)),
-        FAILURE_FREQUENCY: (sum(failed for _, failed in all_calls) / len(all_calls)) if all_calls else 0.0,
-        CALLED_FRAC: float(np.mean([c > 0 for c in calls])),
+        TOOL_CALL_FREQUENCY: float(np.mean(calls)),
+        TOOL_FAILURE_FREQUENCY: (sum(failed for _, failed in all_calls) / len(all_calls)) if all_calls else 0.0,
+        TOOL_CALLED_FRAC: float(np.mean([c > 0 for c in calls])),
         TURNS_MEAN: float(np.mean([t.turns for t in trajectories])),
         MODEL_TOKENS_MEAN: float(np.mean(model_tokens)),
         ENVIRONMENT_TOKENS_MEAN: float(np.mean([len(m) - k for m, k in zip(model_mask, model_tokens)])),

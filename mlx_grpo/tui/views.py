@@ -57,7 +57,7 @@ def resolve(spec: ChartSpec, available: list[str]) -> list[str]:
 
 OVERVIEW = view((n.REWARD_MEAN, n.ACCURACY_TRAIN, n.EVAL_ACCURACY, n.KL, n.ENTROPY, n.LENGTH_MEAN,
                  n.GEN_TOKENS_PER_S, n.STEP_SECONDS),
-                "rewards", ("total reward", "accuracy", "reward per function"))  # accuracy on the first screen
+                "rewards", ("total reward", "accuracy", "tool use", "reward per function"))  # accuracy on the first screen
 POLICY = view((n.KL, n.ENTROPY, n.CLIP_FRAC, n.LOSS, n.GRAD_NORM, n.LEARNING_RATE, n.SAMPLING_LOGP_DIFF_MAX), "policy")
 LENGTHS = view((n.LENGTH_MEAN, n.TRUNCATED_FRAC, n.FINISHED_FRAC, n.PROMPT_LENGTH_MEAN, n.TOKENS_TOTAL), "lengths")
 THROUGHPUT = view((n.GEN_TOKENS_PER_S, n.BACKPROP_TOKENS_PER_S, n.MFU, n.STEP_SECONDS, n.ROLLOUT_SECONDS,

@@ -20,7 +20,8 @@ import numpy as np
 
 from ...common.errors import UserError, install_hint
 from ..metrics.names import (ACCEL_PEAK_GB, ACCURACY_TRAIN, BACKPROP_TOKENS_PER_S, ENTROPY, EVAL_ACCURACY,
-                             GEN_TOKENS_PER_S, KL, LENGTH_MEAN, PROCESS_RSS_GB, REWARD_MEAN, TRUNCATED_FRAC,
+                             GEN_TOKENS_PER_S, KL, LENGTH_MEAN, PROCESS_RSS_GB, REWARD_MEAN, TOOL_CALL_FREQUENCY,
+                             TOOL_CALLED_FRAC, TOOL_FAILURE_FREQUENCY, TRUNCATED_FRAC,
                              legend_names)
 from ..rundir.completions import reward_heatmap
 from ..rundir.writer import RunInfo, atomic_write_text
@@ -35,6 +36,7 @@ CHARTS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("Reward per function", "mean reward", ("rewards/*/mean",)),
     ("Accuracy", "fraction correct", (ACCURACY_TRAIN, EVAL_ACCURACY)),
     ("Held-out accuracy", "fraction correct", (EVAL_ACCURACY,)),
+    ("Tool use", "fraction; calls per trajectory", (TOOL_CALLED_FRAC, TOOL_FAILURE_FREQUENCY, TOOL_CALL_FREQUENCY)),
     ("KL to the reference", "KL", (KL,)),
     ("Entropy", "nats", (ENTROPY,)),
     ("Completion length", "tokens", (LENGTH_MEAN,)),

@@ -33,7 +33,7 @@ import re
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 
-from .names import (CPU_SPEED_LIMIT, LOW_POWER_MODE, ON_BATTERY, THERMAL_WARNING_LEVEL, REPETITION_RATE, REWARD_BIMODALITY, SAMPLING_LOGP_DIFF_MAX, SAMPLING_LOGP_DIFF_MEAN, ACCEL_ACTIVE_GB, ACCEL_HELD_PERCENT, MEMORY_PRESSURE_LEVEL, SWAP_USED_GB, ACCEL_LIMIT_GB, ACCEL_MEMORY_PERCENT, ACCEL_PEAK_GB, ACCURACY_TRAIN, ACCURACY_TRAIN_STDERR, SOLVED_GROUP_FRAC,
+from .names import (TOOL_CALL_FREQUENCY, TOOL_CALLED_FRAC, TOOL_FAILURE_FREQUENCY, CPU_SPEED_LIMIT, LOW_POWER_MODE, ON_BATTERY, THERMAL_WARNING_LEVEL, REPETITION_RATE, REWARD_BIMODALITY, SAMPLING_LOGP_DIFF_MAX, SAMPLING_LOGP_DIFF_MEAN, ACCEL_ACTIVE_GB, ACCEL_HELD_PERCENT, MEMORY_PRESSURE_LEVEL, SWAP_USED_GB, ACCEL_LIMIT_GB, ACCEL_MEMORY_PERCENT, ACCEL_PEAK_GB, ACCURACY_TRAIN, ACCURACY_TRAIN_STDERR, SOLVED_GROUP_FRAC,
                     CHECKPOINT_SECONDS, CLIP_FRAC, CPU_PERCENT, ELAPSED_SECONDS, ENTROPY, EVAL_ACCURACY, EVAL_SECONDS,
                     FINISHED_CORRECT_FRAC, FINISHED_FRAC, GEN_MS_PER_TOKEN, MFU, GRAD_NORM, KL, LEARNING_RATE, LENGTH_MEAN,
                     LOSS, MEMORY_PERCENT, MEMORY_USED_GB, PROCESS_RSS_GB, PROMPT_LENGTH_MEAN, PROMPT_TRUNCATED_FRAC,
@@ -497,13 +497,13 @@ def _extension_entries() -> list[MetricSpec]:
 
 def _multiturn_entries() -> list[MetricSpec]:
     return [
-        MetricSpec("tools/call_frequency", "Tool calls per trajectory, mean over the step's trajectories (TRL's "
+        MetricSpec(TOOL_CALL_FREQUENCY, "Tool calls per trajectory, mean over the step's trajectories (TRL's "
                    "name and meaning). Falling to 0 after rising: the model stopped calling its tools.", "calls",
                    "tools", MULTITURN),
-        MetricSpec("tools/failure_frequency", "Share of the step's tool calls that failed: raised, timed out, "
+        MetricSpec(TOOL_FAILURE_FREQUENCY, "Share of the step's tool calls that failed: raised, timed out, "
                    "named no such tool, or could not be read (malformed); 0 without calls (TRL's name).",
                    "fraction", "tools", MULTITURN),
-        MetricSpec("tools/called_frac", "Share of trajectories that called at least one tool.", "fraction", "tools",
+        MetricSpec(TOOL_CALLED_FRAC, "Share of trajectories that called at least one tool.", "fraction", "tools",
                    MULTITURN),
         MetricSpec("tools/<tool>/calls", "Calls of this tool in the step (`malformed`: calls that could not be "
                    "read).", "calls", "tools", MULTITURN),

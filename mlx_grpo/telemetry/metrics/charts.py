@@ -16,7 +16,8 @@ from .names import (ACCEL_ACTIVE_GB, ACCEL_LIMIT_GB, ACCEL_MEMORY_PERCENT, ACCEL
                     SIGNAL_TO_NOISE, STEP_SECONDS, STEP_TOKENS_PER_S, TOKENS_TOTAL, TRUNCATED_CORRECT_FRAC,
                     TRUNCATED_FRAC, UPDATE_SECONDS, ZERO_STD_GROUP_FRAC, REPETITION_RATE, REWARD_BIMODALITY,
                     SAMPLING_LOGP_DIFF_MAX, SAMPLING_LOGP_DIFF_MEAN, TOKENS_CUMULATIVE, THERMAL_WARNING_LEVEL,
-                    ON_BATTERY, LOW_POWER_MODE, CPU_SPEED_LIMIT)
+                    ON_BATTERY, LOW_POWER_MODE, CPU_SPEED_LIMIT, TOOL_CALL_FREQUENCY, TOOL_CALLED_FRAC,
+                    TOOL_FAILURE_FREQUENCY)
 
 
 # The chart groups of the namespace, by section: the TensorBoard custom layout is generated from
@@ -31,6 +32,8 @@ CHART_GROUPS: dict[str, dict[str, tuple[str, ...]]] = {
         # train against held-out on a chart of their own; the per-difficulty lines would crowd them
         "accuracy": (ACCURACY_TRAIN, EVAL_ACCURACY, "eval/mean@<k>", "eval/pass@<k>"),
         "accuracy by difficulty": ("difficulty/<level>/accuracy",),
+        # runs with tools only: trajectories that call one, calls that fail, calls per trajectory
+        "tool use": (TOOL_CALLED_FRAC, TOOL_FAILURE_FREQUENCY, TOOL_CALL_FREQUENCY),
     },
     "policy": {
         "loss": (LOSS, "policy/pg_loss", "policy/kl_penalty"),
@@ -97,6 +100,7 @@ LABELS: dict[str, str] = {
     ACCEL_LIMIT_GB: "accel limit", "memory/update_peak_gb": "update peak GB",
     MEMORY_USED_GB: "memory used GB", ACCEL_MEMORY_PERCENT: "accel memory %",
     SAMPLING_LOGP_DIFF_MAX: "sampler logp diff", REPETITION_RATE: "repetition",
+    TOOL_CALLED_FRAC: "calling a tool", TOOL_FAILURE_FREQUENCY: "failed calls", TOOL_CALL_FREQUENCY: "calls each",
 }
 
 

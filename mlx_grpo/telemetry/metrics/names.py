@@ -23,6 +23,11 @@ SOLVED_GROUP_FRAC = "accuracy/solved_group_frac"
 ACCURACY_TRAIN_STDERR = "accuracy/train_stderr"
 EVAL_ACCURACY = "eval/accuracy"
 
+# tool use (multiturn/metrics.py makes them; the report and the dashboard chart them)
+TOOL_CALL_FREQUENCY = "tools/call_frequency"
+TOOL_FAILURE_FREQUENCY = "tools/failure_frequency"
+TOOL_CALLED_FRAC = "tools/called_frac"
+
 # policy
 LOSS = "policy/loss"
 KL = "policy/kl"
