@@ -29,7 +29,7 @@ if __name__ == "__main__":
     reexec_with_openblas([str(Path(__file__).resolve()), *sys.argv[1:]])
 
 from mlx_grpo.checkpoint import latest_checkpoint
-from mlx_grpo.config import load_config
+from mlx_grpo.config.train_config import load_config
 from mlx_grpo.evaluate import evaluate
 from mlx_grpo.tasks import arithmetic
 from mlx_grpo.models import load_policy_for_training

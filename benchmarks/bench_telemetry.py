@@ -28,7 +28,7 @@ if __name__ == "__main__":
 
 from mlx_grpo import run as run_module
 from mlx_grpo import trainer as trainer_module
-from mlx_grpo.config import load_config
+from mlx_grpo.config.train_config import load_config
 from mlx_grpo.telemetry.alerts import engine as alerts
 from mlx_grpo.telemetry.metrics import reward_stats, system
 from mlx_grpo.telemetry import sinks

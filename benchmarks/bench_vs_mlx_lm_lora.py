@@ -52,7 +52,7 @@ DEFAULT_CONFIG = ROOT / "configs" / "smollm2_sums.yaml"
 
 
 def recipe(args: argparse.Namespace):
-    from mlx_grpo.config import load_config
+    from mlx_grpo.config.train_config import load_config
 
     overrides = {"seed": args.seed, "num_steps": args.steps, "eval_every": 0, "checkpoint_every": 0,
                  "tensorboard": False, "enable_alerts": False}

@@ -40,7 +40,7 @@ def load(args: argparse.Namespace):
         from mlx_grpo.presets import preset_model
 
         return preset_model(args.preset, layers=args.layers)
-    from mlx_grpo.config import TrainConfig
+    from mlx_grpo.config.train_config import TrainConfig
     from mlx_grpo.models import load_policy_for_training
 
     return load_policy_for_training(TrainConfig(model_id=args.model_id, use_lora=args.lora), Path.cwd()).model

@@ -23,7 +23,7 @@ from pathlib import Path
 import mlx.core as mx
 
 from mlx_grpo.benchmark import BenchOptions, phase_work
-from mlx_grpo.config import load_config
+from mlx_grpo.config.train_config import load_config
 from mlx_grpo.machine import matmul_peak_flops
 from mlx_grpo.presets import cached_preset_model
 from mlx_grpo.trainer import step_key

@@ -338,7 +338,7 @@ def gguf_readers(path: Path) -> dict[str, tuple[str, str]]:
 
 
 def config_readers(path: Path, alerts: Path) -> dict[str, tuple[str, str]]:
-    from mlx_grpo.config import load_config
+    from mlx_grpo.config.train_config import load_config
     from mlx_grpo.telemetry.alerts.config import load_alert_rules
 
     def config():

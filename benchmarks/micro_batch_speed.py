@@ -26,7 +26,7 @@ import mlx.nn as nn
 import numpy as np
 
 from memory_probe import Probe, build_model
-from mlx_grpo.config import load_config
+from mlx_grpo.config.train_config import load_config
 from mlx_grpo.models import apply_adapters
 from mlx_grpo.rollout import Rollout
 from mlx_grpo.trainer import make_optimizer

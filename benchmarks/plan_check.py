@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 
 from mlx_grpo.workload import Workload
-from mlx_grpo.config import load_config, parse_override
+from mlx_grpo.config.train_config import load_config, parse_override
 from mlx_grpo.fitting import longest_prompt_tokens, make_plan
 from mlx_grpo.plan import GB
 from mlx_grpo.presets import cached_preset_model

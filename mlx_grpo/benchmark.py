@@ -38,7 +38,7 @@ from mlx.utils import tree_flatten
 from mlx_lm.models.cache import make_prompt_cache
 
 from . import chips, roofline
-from .config import TrainConfig
+from .config.train_config import TrainConfig
 from .common.errors import UserError
 from .machine import describe, matmul_peak_flops, stream_gb_s
 from .head_scores import block_exponentials, streams_head, vocab_block

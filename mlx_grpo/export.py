@@ -24,7 +24,7 @@ import mlx.nn as nn
 from mlx.utils import tree_unflatten
 
 from .checkpoint import STEP_DIR, list_checkpoints
-from .config import TrainConfig
+from .config.train_config import TrainConfig
 from .common.errors import UserError
 from .models import (apply_adapters, dequantize_base, is_quantized, load_policy, model_config, resolve_dtype,
                      resolve_model_path)

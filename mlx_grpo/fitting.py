@@ -12,7 +12,7 @@ from pathlib import Path
 
 from .common.errors import UserError
 from .common.units import GB, GIB, gb_text
-from .config import TrainConfig
+from .config.train_config import TrainConfig
 from .data import load_datasets, longest_prompt
 from .machine import device_info, memory_share
 from .models import dequantizes, is_gguf, load_tokenizer, model_config, resolve_dtype, resolve_model_path

@@ -43,7 +43,7 @@ from typing import Any
 from .common.errors import UserError
 from .common.terminal import terminal_safe, terminal_safe_obj
 from .common.user_files import open_regular
-from .run_code import is_user_code
+from .config.run_code import is_user_code
 from .telemetry.metrics.names import ACCURACY_TRAIN, EVAL_ACCURACY, REWARD_MEAN
 from .telemetry.reward_names import translate_reward
 from .telemetry.rundir.layout import ALERTS, FINAL_METRICS, LOCK, METRICS, RUN_JSON, SAMPLES
@@ -371,9 +371,9 @@ class Workspace:
 
     def check_config(self, config_path: Path | None, overrides: dict[str, Any] | None) -> None:
         """The reward, correctness and rubric files a run would import, all inside the workspace."""
-        from .config import load_config, top_level_fields_all
-        from .config_aliases import translate
-        from .config_paths import resolve_input_paths
+        from .config.train_config import load_config, top_level_fields_all
+        from .config.aliases import translate
+        from .config.paths import resolve_input_paths
 
         # the trainer runs in the workspace: its command-line paths resolve there, whatever this process's folder
         typed = resolve_input_paths(translate(dict(overrides), "command line", known=top_level_fields_all()),

@@ -20,7 +20,7 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten
 from mlx_lm.models.cache import make_prompt_cache
 
-from .config import DEFAULT_MODEL, TrainConfig
+from .config.train_config import DEFAULT_MODEL, TrainConfig
 from .common.errors import UserError
 
 DEFAULT_MODEL_DIR = Path(__file__).parent / "default_model"

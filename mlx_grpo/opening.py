@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from .checkpoint import load_checkpoint, read_state
-from .config import TrainConfig, config_to_dict
+from .config.train_config import TrainConfig, config_to_dict
 from .console import TrainingConsole
 from .data import epoch_steps, load_datasets
 from .distributed import init_world

@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from .config import TrainConfig
+from .config.train_config import TrainConfig
 from .common.errors import UserError
 from .common.units import GB
 from .models import PLAIN_HEAD_MODELS

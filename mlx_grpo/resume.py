@@ -29,7 +29,7 @@ from typing import Any
 import psutil
 
 from .checkpoint import STEP_DIR, DamagedCheckpoint, latest_checkpoint, read_state
-from .config import TrainConfig, config_from_mapping, nest, top_level_fields
+from .config.train_config import TrainConfig, config_from_mapping, nest, top_level_fields
 from .common.errors import UserError
 from .telemetry.rundir.layout import ALERTS, METRICS, SAMPLES, RunPaths
 from .telemetry.rundir.writer import RunInfo, loads_object, read_run_info

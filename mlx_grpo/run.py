@@ -20,7 +20,7 @@ from .checkpoint import PendingCheckpoint, latest_checkpoint, list_checkpoints, 
 from .common.errors import UserError
 from .common.secrets import scrub_secrets
 from .common.units import plural
-from .config import TrainConfig
+from .config.train_config import TrainConfig
 from .extras.entropy_dump import EntropyDump
 from .opening import Run, open_run
 from .resume import log_positions, resume_command

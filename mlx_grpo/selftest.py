@@ -184,7 +184,7 @@ def environment(tf32_at_start: str | None = None) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- numerical equivalences
 
 def small_config(**overrides):
-    from .config import load_config
+    from .config.train_config import load_config
 
     return load_config(None, {"batch_size": 4, "num_generations": 4, "max_generation_steps": 12, "eval_size": 8,
                               "micro_batch_size": 0, "wandb": False, **overrides})
@@ -886,7 +886,7 @@ def check_real_model(base_dir: Path) -> Check:
 # ----------------------------------------------------------------------------- learning and speed
 
 def check_learning(base_dir: Path, work: Path) -> Check:
-    from .config import load_config
+    from .config.train_config import load_config
     from .run import train
 
     config = load_config(None, {"num_steps": LEARNING_STEPS, "eval_every": LEARNING_STEPS, "wandb": False,
@@ -912,7 +912,7 @@ def check_bench(base_dir: Path) -> Check:
     import mlx.core as mx
 
     from .benchmark import BenchOptions, run_bench
-    from .config import load_config
+    from .config.train_config import load_config
     from .machine import wired_limit, wired_limit_in_effect
 
     if mx.metal.is_available():

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from .config import TrainConfig, _build_dataclass, nest, read_yaml_mapping
+from .config.train_config import TrainConfig, _build_dataclass, nest, read_yaml_mapping
 from .common.errors import UserError
 from .machine import MEMORY_SHARE_ENV
 from .telemetry.rundir.writer import read_run_info

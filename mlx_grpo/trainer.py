@@ -26,7 +26,7 @@ import numpy as np
 from mlx.utils import tree_flatten
 
 from .checkpoint import load_checkpoint
-from .config import TrainConfig
+from .config.train_config import TrainConfig
 from .rewards.correctness import Check, load_correctness
 from .data import EncodedPrompt, PromptOrder, encode_prompt, extra_columns, load_datasets
 from .distributed import World, init_world

@@ -34,7 +34,7 @@ import numpy as np
 from mlx.utils import tree_flatten, tree_map
 
 from . import frozen_prefix, grpo
-from .config import TrainConfig
+from .config.train_config import TrainConfig
 from .extras import token_entropy
 from .head_scores import chunked_head_logprobs, head_token_stats, scaled, streamed_head_scores, streams_head, target_logprobs
 from .models import has_plain_head, lm_head, project_to_vocab

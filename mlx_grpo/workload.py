@@ -15,7 +15,7 @@ import numpy as np
 from mlx_lm.models.cache import make_prompt_cache
 
 from .common.errors import UserError
-from .config import TrainConfig
+from .config.train_config import TrainConfig
 from .data import EncodedPrompt, PromptOrder, encode_prompt
 from .machine import wire_memory, wired_limit
 from .rollout import Rollout

@@ -28,7 +28,7 @@ import numpy as np
 from mlx.utils import tree_flatten, tree_map
 
 from mlx_grpo import grpo
-from mlx_grpo.config import load_config
+from mlx_grpo.config.train_config import load_config
 from mlx_grpo.distributed import init_world
 from mlx_grpo.rollout import Rollout
 from mlx_grpo.models import load_policy_for_training

@@ -162,7 +162,7 @@ def test_bench_wires_memory_as_training_does_and_names_where_the_matmul_ran(repo
     speed as the BLAS's (Accelerate serves only MLX's CPU operations)."""
     from mlx_grpo import workload
     from mlx_grpo.commands.bench import matmul_line
-    from mlx_grpo.config import load_config
+    from mlx_grpo.config.train_config import load_config
 
     assert "wired_limit_bytes" in report["settings"]  # null on the CPU backend
     wired = []

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mlx_grpo.config import load_config
+from mlx_grpo.config.train_config import load_config
 from mlx_grpo.telemetry.events import Completions
 from mlx_grpo.telemetry.rundir.completions import (CompletionsWriter, completion_steps, groups, read_step,
                                                    truncate_completions)

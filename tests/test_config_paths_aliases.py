@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from mlx_grpo.cli import main
-from mlx_grpo.config import load_config
-from mlx_grpo.config_aliases import ALIASES, NO_EQUIVALENT, TRANSLATED, markdown_table
+from mlx_grpo.config.train_config import load_config
+from mlx_grpo.config.aliases import ALIASES, NO_EQUIVALENT, TRANSLATED, markdown_table
 
 ROOT = Path(__file__).resolve().parents[1]
 GSM8K_ROWS = (ROOT / "tests" / "data" / "gsm8k_sample.jsonl").read_text()
@@ -108,7 +108,7 @@ SAMPLE_VALUES = {"max_completion_length": 64, "iters": 9, "warmup_ratio": 0.1, "
 
 
 def test_every_alias_has_a_sample_and_no_alias_shadows_a_real_key():
-    from mlx_grpo.config import top_level_fields
+    from mlx_grpo.config.train_config import top_level_fields
 
     assert set(SAMPLE_VALUES) == set(ALIASES)
     assert not (set(ALIASES) | set(TRANSLATED) | set(NO_EQUIVALENT)) & set(top_level_fields())
@@ -185,7 +185,7 @@ def test_did_you_mean_names_only_a_real_key_or_alias(tmp_path, capsys):
 
 def test_the_alias_table_is_in_the_readme_and_in_train_help(capsys):
     readme = (ROOT / "README.md").read_text()
-    assert markdown_table() in readme  # regenerate with: python -c "from mlx_grpo.config_aliases import *; print(markdown_table())"
+    assert markdown_table() in readme  # regenerate with: python -c "from mlx_grpo.config.aliases import *; print(markdown_table())"
     with pytest.raises(SystemExit):
         main(["train", "--help"])
     help_text = capsys.readouterr().out

@@ -5,7 +5,7 @@ from pathlib import Path
 
 from tbparse import SummaryReader
 
-from mlx_grpo.config import load_config
+from mlx_grpo.config.train_config import load_config
 from mlx_grpo.telemetry.metrics.catalogue import CATALOGUE, find_entry
 from mlx_grpo.telemetry.rundir.layout import RUN_JSON
 from mlx_grpo.telemetry.rundir.writer import read_run_info, write_run_info

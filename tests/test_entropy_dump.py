@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 
-from mlx_grpo.config import load_config
+from mlx_grpo.config.train_config import load_config
 from mlx_grpo.extras.entropy_dump import build_dump, list_dumps, read_dump, write_dump
 from mlx_grpo.extras.token_entropy import entropy_and_varentropy
 from mlx_grpo.rollout import Rollout

@@ -13,7 +13,7 @@ import pytest
 from mlx_lm import generate, load
 
 from mlx_grpo.cli import main
-from mlx_grpo.config import load_config
+from mlx_grpo.config.train_config import load_config
 from mlx_grpo.export import load_trained
 from mlx_grpo.run import train
 

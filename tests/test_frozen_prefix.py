@@ -21,7 +21,7 @@ import pytest
 from mlx.utils import tree_flatten, tree_unflatten
 
 from mlx_grpo import frozen_prefix
-from mlx_grpo.config import TrainConfig
+from mlx_grpo.config.train_config import TrainConfig
 from mlx_grpo.frozen_prefix import Captured
 from mlx_grpo.models import apply_adapters
 from mlx_grpo.rollout import SamplingSettings, generate

@@ -17,7 +17,7 @@ from mlx_lm.models import llama
 
 from gguf_files import byte_level_vocab, llama_cpp_permute, read_gguf_numpy, reference_llama, write_llama_gguf
 from mlx_grpo.cli import main
-from mlx_grpo.config import load_config
+from mlx_grpo.config.train_config import load_config
 from mlx_grpo.common.errors import UserError
 from mlx_grpo.gguf import load_gguf
 from mlx_grpo.models import count_parameters, dequantize_base, load_policy, resolve_model_path

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from mlx_grpo.config import load_config
+from mlx_grpo.config.train_config import load_config
 from mlx_grpo.telemetry.metrics.step_data import step_record
 from mlx_grpo.trainer import Trainer
 

@@ -13,7 +13,7 @@ import pytest
 from mlx.utils import tree_flatten
 
 from mlx_grpo import machine
-from mlx_grpo.config import load_config
+from mlx_grpo.config.train_config import load_config
 from mlx_grpo.distributed import World
 from mlx_grpo.models import chunk_ignored, has_plain_head
 from mlx_grpo.trainer import Trainer

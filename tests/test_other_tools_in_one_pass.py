@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from mlx_grpo.cli import main
-from mlx_grpo.config import load_config
+from mlx_grpo.config.train_config import load_config
 from mlx_grpo.data import extra_columns, load_datasets, read_dataset
 from mlx_grpo.common.errors import UserError
 from mlx_grpo.telemetry.reward_names import reward_name

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from mlx_grpo.cli import main
-from mlx_grpo.config import TrainConfig, load_config
+from mlx_grpo.config.train_config import TrainConfig, load_config
 from mlx_grpo.fitting import mac_working_set
 from mlx_grpo.plan import GB, MemorySettings, ModelShape, Shapes, configured_settings, plan, predict
 

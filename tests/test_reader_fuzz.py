@@ -198,7 +198,7 @@ yaml_texts = st.one_of(st.text(max_size=200), yaml_fragments,
 @given(text=yaml_texts, raw=st.one_of(st.none(), st.binary(max_size=80)))
 def test_no_yaml_file_a_user_names_crashes_its_reader(tmp_path_factory, text, raw):
     """Config, sweep, rubric and alert files: a value or one UserError, never a traceback or a hang."""
-    from mlx_grpo.config import load_config
+    from mlx_grpo.config.train_config import load_config
     from mlx_grpo.rewards.rubric import load_rubric
     from mlx_grpo.sweep import load_sweep, plan_trials
     from mlx_grpo.telemetry.alerts.config import load_alert_rules
@@ -228,7 +228,7 @@ def train_parser():
 def test_no_flag_value_crashes_the_config_it_builds(data, capsys):
     """Every `mlx-grpo train` flag with random text: a config or one UserError (argparse's usage exit aside)."""
     from mlx_grpo.commands.train import collect_overrides
-    from mlx_grpo.config import load_config
+    from mlx_grpo.config.train_config import load_config
 
     parser, flags = train_parser()
     argv = ["train"]

@@ -19,7 +19,7 @@ from mlx.utils import tree_flatten
 import mlx_grpo.trainer as trainer_module
 from mlx_grpo.cli import main
 from mlx_grpo.checkpoint import file_checksums
-from mlx_grpo.config import load_config
+from mlx_grpo.config.train_config import load_config
 from mlx_grpo.common.errors import UserError
 from mlx_grpo.telemetry import sinks as sinks_module
 from mlx_grpo.telemetry.rundir.writer import read_run_info, write_run_info

@@ -290,7 +290,7 @@ def test_adaptive_window_state_survives_a_resume(setup, tmp_path):
     """The controller's window, epsilon and success average decide each rollout's budget after a resume."""
     import shutil
 
-    from mlx_grpo.config import load_config
+    from mlx_grpo.config.train_config import load_config
     from mlx_grpo.run import train
 
     root, config_path = setup

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mlx_grpo.config import load_config
+from mlx_grpo.config.train_config import load_config
 from mlx_grpo.run import train
 from mlx_grpo.telemetry.alerts.config import default_rules
 from mlx_grpo.telemetry.alerts.engine import AlertEngine

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from mlx_grpo.config import load_config
+from mlx_grpo.config.train_config import load_config
 from mlx_grpo.telemetry.alerts.config import default_rules, with_on_alert
 
 SMALL = {"batch_size": 4, "num_generations": 4, "max_generation_steps": 12, "train_size": 64, "eval_every": 0,

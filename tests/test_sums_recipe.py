@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from mlx_grpo.config import load_config
+from mlx_grpo.config.train_config import load_config
 from mlx_grpo.data import load_datasets
 from mlx_grpo.rewards.loading import load_reward_functions
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from mlx_grpo.cli import main
-from mlx_grpo.config import parse_override
+from mlx_grpo.config.train_config import parse_override
 from mlx_grpo.common.errors import UserError
 from mlx_grpo.sweep import load_sweep, plan_trials, trial_command, trial_config, trial_env
 from mlx_grpo.telemetry.analysis.compare import config_differences, expand_run_dirs, load_summary

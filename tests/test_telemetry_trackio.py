@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from mlx_grpo.config import load_config
+from mlx_grpo.config.train_config import load_config
 from mlx_grpo.telemetry.events import Scalars
 from mlx_grpo.telemetry.sinks.trackio import TrackioOptions
 

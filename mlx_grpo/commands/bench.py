@@ -72,7 +72,7 @@ def preset_directory(args: argparse.Namespace) -> Path:
 
 def options_from_args(args: argparse.Namespace):
     from ..benchmark import PATHS, BenchOptions
-    from ..config import load_config
+    from ..config.train_config import load_config
 
     overrides = {key: getattr(args, flag) for flag, key in CONFIG_FLAGS.items() if getattr(args, flag) is not None}
     if args.preset:

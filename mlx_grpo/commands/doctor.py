@@ -27,7 +27,7 @@ def diagnose(config_path: str | None) -> tuple[list[tuple[str, str]], list[str]]
     import psutil
 
     from .. import blas
-    from ..config import load_config
+    from ..config.train_config import load_config
     from ..machine import blas_in_use, cpu_model, device_info, matmul_gflops, package_version
     from ..models import DEFAULT_MODEL_DIR
 
@@ -88,7 +88,7 @@ def diagnose(config_path: str | None) -> tuple[list[tuple[str, str]], list[str]]
     rows.append(("versions", ", ".join(versions)))
     rows.append(("os", platform.platform()))
 
-    from ..name_clash import clash_message, clashing_packages
+    from ..config.name_clash import clash_message, clashing_packages
 
     for package in clashing_packages():
         rows.append(("name clash", package))

@@ -119,7 +119,7 @@ def checks_and_rewards(args: argparse.Namespace, config, base_dir):
     from ..rewards.correctness import load_correctness
     from ..rewards.loading import load_reward_functions
     from ..rewards.scoring import RewardFunction
-    from ..run_code import is_user_code, named_file, refuse_named_code, spec_text
+    from ..config.run_code import is_user_code, named_file, refuse_named_code, spec_text
 
     from_run = (Path(args.target) / "run.json").is_file()
     reward_names = [r.name for r in config.rewards]
@@ -164,7 +164,7 @@ def load_target(args: argparse.Namespace):
     """(model, tokenizer, config, base_dir, description) of a run directory's checkpoint or of a model."""
     from pathlib import Path
 
-    from ..config import load_config
+    from ..config.train_config import load_config
     from ..export import ADAPTER_FILES, load_trained
     from ..models import dequantize_base, load_policy
     from ..telemetry.rundir.layout import RunPaths

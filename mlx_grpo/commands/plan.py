@@ -22,7 +22,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from ..config import load_config, parse_override
+    from ..config.train_config import load_config, parse_override
     from ..fitting import make_plan
     from ..plan import GB
 

@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     from ..replay import render, replay, run_settings
     from ..rewards.loading import load_reward_functions
     from ..rewards.scoring import RewardFunction
-    from ..run_code import is_user_code, named_file, refuse_named_code, spec_text
+    from ..config.run_code import is_user_code, named_file, refuse_named_code, spec_text
     from ..telemetry.reward_names import reward_name
     from ..telemetry.rundir.completions import completion_steps
     from ..telemetry.analysis.report import load_run

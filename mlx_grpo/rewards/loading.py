@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from ..common.errors import UserError
-from ..config import TrainConfig
+from ..config.train_config import TrainConfig
 from ..telemetry.reward_names import TRL_BUILTINS, TRL_NO_EQUIVALENT, reward_name, translate_reward
 from .builtin import BUILTINS
 from .rubric import load_rubric

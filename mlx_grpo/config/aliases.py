@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
-from .common.errors import UserError
-from .telemetry.reward_names import translate_reward
+from ..common.errors import UserError
+from ..telemetry.reward_names import translate_reward
 
 
 @dataclass(frozen=True)

@@ -12,9 +12,9 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-from .common.errors import UserError
-from .telemetry.reward_names import translate_reward
-from .common.terminal import terminal_safe
+from ..common.errors import UserError
+from ..telemetry.reward_names import translate_reward
+from ..common.terminal import terminal_safe
 
 
 def is_user_code(spec: str) -> bool:
