@@ -32,7 +32,7 @@ from mlx_grpo.checkpoint import latest_checkpoint
 from mlx_grpo.config.train_config import load_config
 from mlx_grpo.evaluate import evaluate
 from mlx_grpo.tasks import arithmetic
-from mlx_grpo.models import load_policy_for_training
+from mlx_grpo.models.policy import load_policy_for_training
 from mlx_grpo.run import train
 
 

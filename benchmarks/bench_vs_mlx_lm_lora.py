@@ -66,7 +66,7 @@ def heldout(config, base_dir: Path, model, tokenizer, limit: int | None) -> dict
     from mlx_grpo.rewards.correctness import load_correctness
     from mlx_grpo.data import load_datasets
     from mlx_grpo.evaluate import evaluate
-    from mlx_grpo.models import stop_ids
+    from mlx_grpo.models.policy import stop_ids
 
     check = load_correctness(config.correctness, config.dataset, [spec.name for spec in config.rewards], base_dir)
     rows = load_datasets(config, base_dir)[1][:limit]
@@ -207,7 +207,7 @@ def write_model(args: argparse.Namespace) -> dict:
     from mlx.utils import tree_flatten
 
     from mlx_grpo.export import write_fused
-    from mlx_grpo.models import dequantize_base, load_policy
+    from mlx_grpo.models.policy import dequantize_base, load_policy
 
     config = recipe(args)
     base_dir = args.config.resolve().parent

@@ -29,9 +29,9 @@ from pathlib import Path
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
-from mlx_grpo.decode_attention import grouped_decoding
+from mlx_grpo.models.decode_attention import grouped_decoding
 from mlx_grpo.machine import matmul_peak_flops, stream_gb_s
-from mlx_grpo.models import lm_head, project_to_vocab
+from mlx_grpo.models.policy import lm_head, project_to_vocab
 from mlx_grpo.rollout import SamplingSettings, prefill_plain, sample_tokens, transposed_head
 
 
@@ -41,7 +41,7 @@ def load(args: argparse.Namespace):
 
         return preset_model(args.preset, layers=args.layers)
     from mlx_grpo.config.train_config import TrainConfig
-    from mlx_grpo.models import load_policy_for_training
+    from mlx_grpo.models.policy import load_policy_for_training
 
     return load_policy_for_training(TrainConfig(model_id=args.model_id, use_lora=args.lora), Path.cwd()).model
 

@@ -319,8 +319,8 @@ def verdict(fn) -> tuple[str, str]:
 
 
 def gguf_readers(path: Path) -> dict[str, tuple[str, str]]:
-    from mlx_grpo.gguf import gguf_config
-    from mlx_grpo.gguf_header import read_header
+    from mlx_grpo.models.gguf import gguf_config
+    from mlx_grpo.models.gguf_header import read_header
 
     def header():
         h = read_header(path)
@@ -458,7 +458,7 @@ def fuzz(cases: int, seed: int, timeout: float = 1800.0, base: Path | None = Non
     config_text = (REPO / "configs" / "default.yaml").read_text() if (REPO / "configs" / "default.yaml").is_file() \
         else "\n".join(f"{k}: {json.dumps(v)}" for k, v in BASE_CONFIG.items()) + "\n"
     import mlx_grpo.cli, mlx_grpo.commands.compare, mlx_grpo.commands.replay, mlx_grpo.commands.report  # noqa: E401,F401 - once, before the forks
-    import mlx_grpo.replay, mlx_grpo.telemetry.analysis.report, mlx_grpo.mcp_server, mlx_grpo.gguf  # noqa: E401,F401
+    import mlx_grpo.replay, mlx_grpo.telemetry.analysis.report, mlx_grpo.mcp_server, mlx_grpo.models.gguf  # noqa: E401,F401
     rng = random.Random(seed)
     totals, by_reader, findings, kinds = Counter(), {}, [], Counter()
     work = root / "cases"

@@ -20,7 +20,7 @@ import mlx.nn as nn
 import numpy as np
 
 from mlx_grpo.config.train_config import load_config
-from mlx_grpo.models import apply_adapters, make_reference
+from mlx_grpo.models.policy import apply_adapters, make_reference
 from mlx_grpo.presets import preset_config
 from mlx_grpo.rollout import Rollout, SamplingSettings, generate
 from mlx_grpo.trainer import make_optimizer

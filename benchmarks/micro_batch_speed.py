@@ -27,7 +27,7 @@ import numpy as np
 
 from memory_probe import Probe, build_model
 from mlx_grpo.config.train_config import load_config
-from mlx_grpo.models import apply_adapters
+from mlx_grpo.models.policy import apply_adapters
 from mlx_grpo.rollout import Rollout
 from mlx_grpo.trainer import make_optimizer
 from mlx_grpo.update import build_train_batch, checkpoint_blocks, make_loss_fn, update_policy

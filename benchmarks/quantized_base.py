@@ -22,7 +22,7 @@ import mlx.core as mx
 
 from mlx_grpo.workload import Workload
 from mlx_grpo.config.train_config import load_config
-from mlx_grpo.models import count_parameters, parameter_bytes
+from mlx_grpo.models.policy import count_parameters, parameter_bytes
 
 SETTINGS = ("keep", "dequantize")
 

@@ -32,7 +32,7 @@ import numpy as np  # noqa: E402
 
 from mlx_grpo import grpo  # noqa: E402
 from mlx_grpo.config.train_config import load_config  # noqa: E402
-from mlx_grpo.models import apply_adapters, lm_head, make_reference  # noqa: E402
+from mlx_grpo.models.policy import apply_adapters, lm_head, make_reference  # noqa: E402
 from mlx_grpo.presets import preset_model  # noqa: E402
 from mlx_grpo.rollout import Rollout  # noqa: E402
 from mlx_grpo.trainer import make_optimizer  # noqa: E402

@@ -132,7 +132,8 @@ def run_peer(args, model: Path, data: Path, work: Path, rep: int) -> dict:
 def ours_inside(argv: list[str]) -> None:
     """Inside the mlx-grpo process: `mlx-grpo train` with no end-of-sequence ids, so every completion runs its
     whole budget (what the bench's `stop_at_eos=False` does)."""
-    from mlx_grpo import cli, models
+    from mlx_grpo import cli
+    from mlx_grpo.models import policy as models
 
     stop_ids = models.stop_ids
     models.stop_ids = lambda tokenizer, *_: (set(), stop_ids(tokenizer)[1])

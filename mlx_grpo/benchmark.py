@@ -42,7 +42,7 @@ from .config.train_config import TrainConfig
 from .common.errors import UserError
 from .machine import describe, matmul_peak_flops, stream_gb_s
 from .head_scores import block_exponentials, streams_head, vocab_block
-from .models import count_parameters, lm_head, resolve_dtype
+from .models.policy import count_parameters, lm_head, resolve_dtype
 from .trainer import step_key
 from .update import build_train_batch, entropy_stride, shares_prompts
 from .workload import STEP_PHASES, Workload, decode_ceiling, make_update_ceiling

@@ -12,7 +12,7 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten
 
 from .extras import token_entropy
-from .models import project_to_vocab
+from .models.policy import project_to_vocab
 
 
 _LOG2E = math.log2(math.e)

@@ -20,7 +20,7 @@ from .distributed import init_world
 from .extras.entropy_dump import EntropyDumpWriter
 from .fitting import fit_run
 from .machine import accel_memory, describe_device, matmul_peak_flops, share_memory_with, versions, wire_memory
-from .models import chunk_ignored, count_parameters, resolve_dtype
+from .models.policy import chunk_ignored, count_parameters, resolve_dtype
 from .resume import last_record, resumable_checkpoint, truncate_logs
 from .run_lock import RunLock, create_run_dir
 from .common.terminal import terminal_safe

@@ -32,7 +32,7 @@ from typing import Any
 from .config.train_config import TrainConfig
 from .common.errors import UserError
 from .common.units import GB
-from .models import PLAIN_HEAD_MODELS
+from .models.policy import PLAIN_HEAD_MODELS
 from .head_scores import vocab_block
 from .update import entropy_stride
 

@@ -101,7 +101,7 @@ def write_preset_model(name: str, layers: int | None, out: Path, seed: int = 0) 
     import mlx.core as mx
     from mlx.utils import tree_flatten
 
-    from .models import DEFAULT_MODEL_DIR
+    from .models.policy import DEFAULT_MODEL_DIR
 
     shipped = json.loads((DEFAULT_MODEL_DIR / "config.json").read_text())
     config = {**preset_config(name, layers), "preset": name, "seed": seed,

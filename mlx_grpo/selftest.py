@@ -204,7 +204,7 @@ def sample_batch(trainer):
 
 def check_precision() -> Check:
     """What `dtype: auto` resolves to: bf16 for LoRA on a GPU (half the memory), float32 elsewhere."""
-    from . import models
+    from .models import policy as models
 
     want = {("LoRA", "gpu"): "bfloat16", ("LoRA", "cpu"): "float32", ("full", "gpu"): "float32",
             ("full", "cpu"): "float32"}
@@ -222,7 +222,7 @@ def check_precision() -> Check:
 
 
 def check_shared_prompts(trainer, batch) -> Check:
-    from .models import resolve_dtype
+    from .models.policy import resolve_dtype
     from .update import completion_logprobs, shares_prompts
 
     model, mask, t = trainer.policy.model, np.array(batch.mask), trainer.config.temperature
@@ -237,7 +237,7 @@ def check_shared_prompts(trainer, batch) -> Check:
 
 
 def check_chunked_head(trainer, batch) -> Check:
-    from .models import has_plain_head, resolve_dtype
+    from .models.policy import has_plain_head, resolve_dtype
     from .update import completion_logprobs
 
     model, mask, t = trainer.policy.model, np.array(batch.mask), trainer.config.temperature
@@ -273,7 +273,7 @@ def relative_difference(a: np.ndarray, b: np.ndarray) -> float:
 
 def check_micro_batches(base_dir: Path, batch, advantages) -> Check:
     """One update of the same weights on the same batch, whole vs in micro-batches of 3 (cutting groups)."""
-    from .models import resolve_dtype
+    from .models.policy import resolve_dtype
 
     whole = sgd_step(small_config(), base_dir, batch, advantages)
     micro = perturbed("micro_batches", sgd_step(small_config(micro_batch_size=3), base_dir, batch, advantages))
@@ -321,7 +321,7 @@ def check_resume(base_dir: Path, work: Path) -> Check:
     """LoRA on the shipped (dense) model, the configuration a Mac runs: its backward has no scatter-add, so a
     run resumed from its step-2 checkpoint must equal the uninterrupted 4-step run bit for bit on any backend
     (full fine-tuning differentiates the embedding lookup through a scatter-add: docs/PLATFORMS.md)."""
-    from .models import resolve_dtype
+    from .models.policy import resolve_dtype
     from .run import train
     from .trainer import Trainer
 
@@ -459,7 +459,7 @@ def compare_real_kernels(first, second, base_dir: Path) -> dict[str, dict[str, f
     from mlx.utils import tree_flatten
     from mlx_lm.utils import dequantize_model
 
-    from .models import apply_adapters, load_policy
+    from .models.policy import apply_adapters, load_policy
     from .update import completion_logprobs
 
     base = dict(model_id=REAL_MODEL, use_chat_template=False, system_prompt=None, dtype="float32", use_lora=True)
@@ -503,7 +503,7 @@ def check_devices(base_dir: Path, real: bool = True) -> Check:
     import mlx.core as mx
 
     from .common.errors import UserError
-    from .smollm2 import smollm2_path
+    from .models.smollm2 import smollm2_path
     from .tf32 import float32_state
     from .trainer import Trainer
 
@@ -599,7 +599,7 @@ def preset_model_dir(out: Path) -> Path:
     """A random-weight model of PRESET's shape with the shipped tokenizer (ids past it decode to nothing)."""
     from mlx_lm.utils import save_config, save_model
 
-    from .models import DEFAULT_MODEL_DIR
+    from .models.policy import DEFAULT_MODEL_DIR
     from .presets import preset_config, preset_model
 
     out.mkdir(parents=True, exist_ok=True)
@@ -616,7 +616,7 @@ def check_plan(base_dir: Path, model_dir: Path) -> tuple[Check, Any]:
     import mlx.core as mx
 
     from .workload import Workload
-    from .models import resolve_dtype
+    from .models.policy import resolve_dtype
     from .fitting import read_model_shape
     from .plan import MemorySettings, Shapes, predict
 
@@ -650,7 +650,7 @@ def check_rollout_flat(work) -> Check:
     import mlx.core as mx
 
     from .benchmark import kv_bytes_per_token
-    from .models import resolve_dtype
+    from .models.policy import resolve_dtype
     from .trainer import step_key
 
     prompt = max(len(e.tokens) for e in work.fixed.encoded)
@@ -678,7 +678,7 @@ def check_memory(base_dir: Path, work: Path, initial_cache_limit: int) -> Check:
     import mlx.core as mx
 
     from .machine import cache_limit_for, wired_limit, wired_limit_in_effect, wiring_takes_effect
-    from .models import resolve_dtype
+    from .models.policy import resolve_dtype
     from .fitting import fit_run
     from .run import train
     from .trainer import Trainer
@@ -766,7 +766,7 @@ def bf16_update(model, batch) -> dict[str, Any]:
     import mlx.optimizers as optim
     from mlx.utils import tree_flatten
 
-    from .models import apply_adapters
+    from .models.policy import apply_adapters
     from .update import completion_logprobs
 
     mask = np.array(batch.mask)
@@ -811,8 +811,8 @@ def check_real_model(base_dir: Path) -> Check:
     from . import chips
     from .benchmark import bandwidth_report
     from .common.errors import UserError
-    from .models import is_quantized, load_policy, resolve_dtype
-    from .smollm2 import smollm2_path
+    from .models.policy import is_quantized, load_policy, resolve_dtype
+    from .models.smollm2 import smollm2_path
     from .trainer import Trainer
 
     try:

@@ -13,7 +13,7 @@ def main(argv: list[str] | None = None) -> int:
     import mlx.core as mx
     import numpy as np
 
-    from .models import load_policy
+    from .models.policy import load_policy
     from .selftest import small_config
     from .update import TrainBatch, completion_logprobs
 

@@ -35,7 +35,7 @@ from .evaluate import evaluate
 from .extras import entropy_dump
 from .extras.adaptive_window import WindowController
 from .extras.sgrpo import run_exits
-from .models import Policy, ReferencePolicy, load_policy_for_training, make_reference
+from .models.policy import Policy, ReferencePolicy, load_policy_for_training, make_reference
 from .multiturn.episodes import MultiTurn, final_turn, load_multiturn, reward_columns, trajectory_records
 from .multiturn.metrics import trajectory_metrics
 from .multiturn.trajectories import generate_trajectories

@@ -83,7 +83,7 @@ def test_exponent_without_a_dot_is_a_number(tmp_path):
 
 
 def test_dtype_auto_is_float32_on_the_cpu_and_for_full_fine_tuning_and_bf16_for_lora_on_a_gpu():
-    from mlx_grpo.models import resolve_dtype
+    from mlx_grpo.models.policy import resolve_dtype
 
     full, lora = load_config(None, {}), load_config(None, {"use_lora": True})
     assert full.dtype == "auto" and resolve_dtype(full) == "float32" and resolve_dtype(lora) == "float32"

@@ -23,7 +23,7 @@ from mlx.utils import tree_flatten, tree_unflatten
 from mlx_grpo import frozen_prefix
 from mlx_grpo.config.train_config import TrainConfig
 from mlx_grpo.frozen_prefix import Captured
-from mlx_grpo.models import apply_adapters
+from mlx_grpo.models.policy import apply_adapters
 from mlx_grpo.rollout import SamplingSettings, generate
 from mlx_grpo.update import (build_train_batch, checkpoint_blocks, completion_logprobs, make_loss_fn,
                              update_policy)

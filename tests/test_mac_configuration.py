@@ -18,7 +18,7 @@ from mlx.utils import tree_flatten
 import mlx_grpo.run as run_module
 from mlx_grpo.config.train_config import load_config
 from mlx_grpo.data import encode_prompt, load_datasets
-from mlx_grpo.models import DEFAULT_MODEL_DIR, adapters_disabled
+from mlx_grpo.models.policy import DEFAULT_MODEL_DIR, adapters_disabled
 from mlx_grpo.tasks import arithmetic
 from mlx_grpo.rollout import Rollout
 from mlx_grpo.trainer import Trainer

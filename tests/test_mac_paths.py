@@ -15,7 +15,7 @@ from mlx.utils import tree_flatten
 from mlx_grpo import machine
 from mlx_grpo.config.train_config import load_config
 from mlx_grpo.distributed import World
-from mlx_grpo.models import chunk_ignored, has_plain_head
+from mlx_grpo.models.policy import chunk_ignored, has_plain_head
 from mlx_grpo.trainer import Trainer
 from mlx_grpo.update import build_train_batch, completion_logprobs
 from tiny_models import grouped_rollout, random_model
@@ -104,7 +104,7 @@ def test_a_quantized_model_computes_in_the_dtype_the_run_reports(tmp_path):
     from mlx_lm import load
     from mlx_lm.utils import save_config, save_model
 
-    from mlx_grpo.models import load_policy, resolve_dtype
+    from mlx_grpo.models.policy import load_policy, resolve_dtype
     from tiny_models import make_model_dir
 
     source = make_model_dir(tmp_path / "plain", "llama")

@@ -53,7 +53,7 @@ def test_a_16gb_mac_gets_settings_under_its_working_set():
 
 
 def test_auto_micro_batch_buys_speed_not_memory():
-    from mlx_grpo.models import DEFAULT_MODEL_DIR
+    from mlx_grpo.models.policy import DEFAULT_MODEL_DIR
     from mlx_grpo.presets import preset_config
 
     # Long sequences of a real model run at full speed one completion at a time: auto takes 1 on a 16 GB
@@ -261,7 +261,7 @@ def test_the_plan_includes_the_held_out_evaluation_it_runs():
 
 def test_the_plan_takes_prompts_at_the_datasets_longest_as_the_run_encodes_them(tmp_path):
     from mlx_grpo.data import encode_prompt
-    from mlx_grpo.models import load_tokenizer
+    from mlx_grpo.models.policy import load_tokenizer
     from mlx_grpo.fitting import make_plan
     from tiny_models import make_model_dir
 

@@ -313,7 +313,7 @@ def test_a_checkpoint_never_half_loads_into_another_model(tmp_path, model):
     assert main(flags(tmp_path, model, num_steps=1, checkpoint_every=1, use_lora=True, lora_rank=8)) == 0
     checkpoint = tmp_path / "runs" / "r" / "checkpoints" / "step_1"
     config = load_config(None, {"model_id": str(model), "use_lora": True, "lora_rank": 4})
-    from mlx_grpo.models import load_policy_for_training
+    from mlx_grpo.models.policy import load_policy_for_training
 
     policy = load_policy_for_training(config, tmp_path)
     with pytest.raises(UserError, match=r"has shape .* in the checkpoint and .* in this model"):

@@ -198,7 +198,7 @@ def test_finished_rows_leave_the_batch_and_every_row_samples_what_it_would_in_th
 
 
 def test_a_grouped_query_decode_step_attends_as_mlx_does():
-    from mlx_grpo.decode_attention import grouped_attention
+    from mlx_grpo.models.decode_attention import grouped_attention
 
     keys = mx.random.normal((3, 2, 40, 16), key=mx.random.key(1))
     values = mx.random.normal((3, 2, 40, 16), key=mx.random.key(2))

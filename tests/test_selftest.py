@@ -57,7 +57,7 @@ def test_a_broken_comparison_fails_with_a_line_naming_it(tmp_path, capsys, monke
 
 
 def test_b3_float32_by_default_on_a_gpu_fails_precision(monkeypatch):
-    from mlx_grpo import models
+    from mlx_grpo.models import policy as models
 
     monkeypatch.setattr(models, "resolve_dtype", lambda config, gpu=None: "float32")
     check = selftest.check_precision()
@@ -204,7 +204,7 @@ def test_an_m5s_tf32_fails_the_float32_rows_unless_the_selftest_turns_it_off_and
 @pytest.fixture()
 def smollm2():
     from mlx_grpo.common.errors import UserError
-    from mlx_grpo.smollm2 import smollm2_path
+    from mlx_grpo.models.smollm2 import smollm2_path
 
     try:
         return smollm2_path(download=True)

@@ -14,7 +14,7 @@ import pytest
 from mlx.utils import tree_flatten
 
 from mlx_grpo.config.train_config import load_config
-from mlx_grpo.models import apply_adapters
+from mlx_grpo.models.policy import apply_adapters
 from mlx_grpo.rollout import Rollout
 from mlx_grpo.update import (build_train_batch, checkpoint_blocks, completion_logprobs, make_loss_fn, shares_prompts,
                              update_policy)

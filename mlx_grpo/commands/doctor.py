@@ -29,7 +29,7 @@ def diagnose(config_path: str | None) -> tuple[list[tuple[str, str]], list[str]]
     from .. import blas
     from ..config.train_config import load_config
     from ..machine import blas_in_use, cpu_model, device_info, matmul_gflops, package_version
-    from ..models import DEFAULT_MODEL_DIR
+    from ..models.policy import DEFAULT_MODEL_DIR
 
     fixes: list[str] = []
     metal = mx.metal.is_available()
@@ -66,7 +66,7 @@ def diagnose(config_path: str | None) -> tuple[list[tuple[str, str]], list[str]]
 
     config = load_config(config_path) if config_path else load_config()
     source = config_path or "default run config"
-    from ..models import resolve_dtype
+    from ..models.policy import resolve_dtype
 
     dtype = resolve_dtype(config)
     dtype_row = f"{dtype} ({source}{', from auto' if config.dtype == 'auto' else ''})"

@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
 
     from ..data import extra_columns, load_datasets, read_dataset_file
     from ..evaluate import evaluate
-    from ..models import stop_ids
+    from ..models.policy import stop_ids
     from ..rewards.scoring import score_completions
     from ..telemetry.metrics.names import EVAL_ACCURACY
     from ..telemetry.metrics.step_data import eval_record
@@ -166,7 +166,7 @@ def load_target(args: argparse.Namespace):
 
     from ..config.train_config import load_config
     from ..export import ADAPTER_FILES, load_trained
-    from ..models import dequantize_base, load_policy
+    from ..models.policy import dequantize_base, load_policy
     from ..telemetry.rundir.layout import RunPaths
 
     target = Path(args.target)

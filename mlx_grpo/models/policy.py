@@ -20,10 +20,10 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten
 from mlx_lm.models.cache import make_prompt_cache
 
-from .config.train_config import DEFAULT_MODEL, TrainConfig
-from .common.errors import UserError
+from ..config.train_config import DEFAULT_MODEL, TrainConfig
+from ..common.errors import UserError
 
-DEFAULT_MODEL_DIR = Path(__file__).parent / "default_model"
+DEFAULT_MODEL_DIR = Path(__file__).parent.parent / "default_model"
 DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}
 
 
