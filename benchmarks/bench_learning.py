@@ -23,7 +23,7 @@ from pathlib import Path
 import yaml
 
 if __name__ == "__main__":
-    from mlx_grpo.blas import reexec_with_openblas
+    from mlx_grpo.planning.blas import reexec_with_openblas
 
     # OpenBLAS only helps when preloaded at process start: re-exec once, before MLX loads.
     reexec_with_openblas([str(Path(__file__).resolve()), *sys.argv[1:]])

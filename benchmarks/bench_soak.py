@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mlx_grpo import blas
+from mlx_grpo.planning import blas
 
 MB = 1024 ** 2
 GB = 1024 ** 3

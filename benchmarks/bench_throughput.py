@@ -16,7 +16,7 @@ import json
 import sys
 from pathlib import Path
 
-from mlx_grpo import blas
+from mlx_grpo.planning import blas
 
 
 def preload_openblas() -> None:

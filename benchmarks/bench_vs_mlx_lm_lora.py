@@ -41,7 +41,7 @@ from importlib.metadata import version
 from pathlib import Path
 
 if __name__ == "__main__":
-    from mlx_grpo.blas import reexec_with_openblas
+    from mlx_grpo.planning.blas import reexec_with_openblas
 
     # OpenBLAS only helps when preloaded at process start: re-exec once, before MLX loads (the workers
     # below inherit LD_PRELOAD, so both tools get the same BLAS).

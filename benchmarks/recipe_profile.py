@@ -23,7 +23,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import replace
 from pathlib import Path
 
-from mlx_grpo.blas import reexec_with_openblas
+from mlx_grpo.planning.blas import reexec_with_openblas
 
 if __name__ == "__main__":
     reexec_with_openblas([__file__, *sys.argv[1:]])

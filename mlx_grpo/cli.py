@@ -12,7 +12,7 @@ import difflib
 import importlib
 import sys
 
-from .blas import reexec_with_openblas
+from .planning.blas import reexec_with_openblas
 from .config.aliases import NO_EQUIVALENT
 from .common.errors import UserError
 from .common.terminal import open_standard_streams, terminal_safe

@@ -18,8 +18,8 @@ from .console import TrainingConsole
 from .data import epoch_steps, load_datasets
 from .distributed import init_world
 from .extras.entropy_dump import EntropyDumpWriter
-from .fitting import fit_run
-from .machine import accel_memory, describe_device, matmul_peak_flops, share_memory_with, versions, wire_memory
+from .planning.fitting import fit_run
+from .planning.machine import accel_memory, describe_device, matmul_peak_flops, share_memory_with, versions, wire_memory
 from .models.policy import chunk_ignored, count_parameters, resolve_dtype
 from .resume import last_record, resumable_checkpoint, truncate_logs
 from .run_lock import RunLock, create_run_dir
@@ -34,7 +34,7 @@ from .telemetry.sinks import SinkSet, make_sinks
 from .telemetry.sinks.trackio import TrackioOptions, trackio_store
 from .telemetry.sinks.wandb import WandbOptions
 from .telemetry.sinks.notify import NotifySink, channels_from_env
-from .tf32 import float32_state
+from .planning.tf32 import float32_state
 from .trainer import Trainer, remedied
 
 

@@ -142,11 +142,13 @@ def environment(tf32_at_start: str | None = None) -> dict[str, Any]:
     import mlx.core as mx
     import psutil
 
-    from . import chips
-    from .machine import (NOT_ON_THIS_OS, cpu_model, device_info, low_power_mode, memory_share, power_source,
-                          thermal_state, versions, wired_limit, wiring_takes_effect)
+    from .planning import chips
+    from .planning.machine import (
+        NOT_ON_THIS_OS, cpu_model, device_info, low_power_mode, memory_share, power_source, thermal_state,
+        versions, wired_limit, wiring_takes_effect,
+    )
 
-    from .tf32 import ENV, float32_state
+    from .planning.tf32 import ENV, float32_state
 
     info = device_info()
     chip = chips.this_chip()
@@ -393,7 +395,7 @@ def compare_devices(first, second, base_dir: Path, trainer, batch, advantages,
     import mlx.nn as nn
     from mlx.utils import tree_map
 
-    from .tf32 import TF32_BITS, tf32_rounding
+    from .planning.tf32 import TF32_BITS, tf32_rounding
 
     t = trainer.config.temperature
     model = trainer.policy.model
@@ -504,7 +506,7 @@ def check_devices(base_dir: Path, real: bool = True) -> Check:
 
     from .common.errors import UserError
     from .models.smollm2 import smollm2_path
-    from .tf32 import float32_state
+    from .planning.tf32 import float32_state
     from .trainer import Trainer
 
     if not mx.metal.is_available():
@@ -531,7 +533,7 @@ def tf32_child_logprobs(batch, temperature: float) -> np.ndarray:
     process without MLX_ENABLE_TF32 (this process runs with 0, and MLX reads it once)."""
     import sys
 
-    from .tf32 import ENV
+    from .planning.tf32 import ENV
 
     whole = replace(batch, prompts=[])
     with tempfile.TemporaryDirectory(prefix="mlx-grpo-tf32-") as tmp:
@@ -573,7 +575,7 @@ def check_plan_counts() -> Check:
     from mlx.utils import tree_flatten
     from mlx_lm.tuner.utils import linear_to_lora_layers
 
-    from .plan import ModelShape
+    from .planning.plan import ModelShape
 
     rows, ok = {}, True
     for family, args in PLAN_SHAPES.items():
@@ -600,7 +602,7 @@ def preset_model_dir(out: Path) -> Path:
     from mlx_lm.utils import save_config, save_model
 
     from .models.policy import DEFAULT_MODEL_DIR
-    from .presets import preset_config, preset_model
+    from .planning.presets import preset_config, preset_model
 
     out.mkdir(parents=True, exist_ok=True)
     save_model(out, preset_model(PRESET, layers=PRESET_LAYERS))
@@ -617,8 +619,8 @@ def check_plan(base_dir: Path, model_dir: Path) -> tuple[Check, Any]:
 
     from .workload import Workload
     from .models.policy import resolve_dtype
-    from .fitting import read_model_shape
-    from .plan import MemorySettings, Shapes, predict
+    from .planning.fitting import read_model_shape
+    from .planning.plan import MemorySettings, Shapes, predict
 
     prompt_length = 16
     config = small_config(model_id=str(model_dir), use_lora=True, lora_layers=-1, batch_size=2,
@@ -677,9 +679,9 @@ def check_memory(base_dir: Path, work: Path, initial_cache_limit: int) -> Check:
     memory pressure before and after."""
     import mlx.core as mx
 
-    from .machine import cache_limit_for, wired_limit, wired_limit_in_effect, wiring_takes_effect
+    from .planning.machine import cache_limit_for, wired_limit, wired_limit_in_effect, wiring_takes_effect
     from .models.policy import resolve_dtype
-    from .fitting import fit_run
+    from .planning.fitting import fit_run
     from .run import train
     from .trainer import Trainer
 
@@ -808,7 +810,7 @@ def check_real_model(base_dir: Path) -> Check:
     import mlx.core as mx
     from mlx.utils import tree_flatten
 
-    from . import chips
+    from .planning import chips
     from .benchmark import bandwidth_report
     from .common.errors import UserError
     from .models.policy import is_quantized, load_policy, resolve_dtype
@@ -913,7 +915,7 @@ def check_bench(base_dir: Path) -> Check:
 
     from .benchmark import BenchOptions, run_bench
     from .config.train_config import load_config
-    from .machine import wired_limit, wired_limit_in_effect
+    from .planning.machine import wired_limit, wired_limit_in_effect
 
     if mx.metal.is_available():
         mx.set_wired_limit(0)  # read back bench's own wiring below

@@ -45,7 +45,7 @@ from typing import Any, Callable
 
 from .config.train_config import TrainConfig, _build_dataclass, nest, read_yaml_mapping
 from .common.errors import UserError
-from .machine import MEMORY_SHARE_ENV
+from .planning.machine import MEMORY_SHARE_ENV
 from .telemetry.rundir.writer import read_run_info
 from .common.terminal import terminal_safe
 

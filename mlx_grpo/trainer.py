@@ -45,9 +45,10 @@ from .rollout import Rollout, SamplingSettings, decode_completion, generate
 from .tasks.answer_format import extract_answer, extract_reasoning
 from .telemetry.metrics.step_data import StepData, UpdateStats, eval_record
 from .telemetry.metrics.names import REDRAWN_PROMPTS
-from .fitting import fit_run, read_model_shape
-from .plan import ModelShape
-from . import frozen_prefix, roofline
+from .planning.fitting import fit_run, read_model_shape
+from .planning.plan import ModelShape
+from . import frozen_prefix
+from .planning import roofline
 from .update import (TrainBatch, UpdateResult, build_train_batch, checkpoint_blocks, entropy_stride, make_loss_fn,
                      reference_logprobs, sampler_logprobs, shares_prompts, update_policy)
 
@@ -229,7 +230,7 @@ class Trainer:
                    prefix_note=prefix_note, multiturn=load_multiturn(config, base_dir, policy.tokenizer))
 
     def step_flops(self, batch: TrainBatch, prompt_length: int) -> float:
-        """The step's floating-point work at its padded lengths (mlx_grpo/roofline.py), 0 without a shape."""
+        """The step's floating-point work at its padded lengths (mlx_grpo/planning/roofline.py), 0 without a shape."""
         if self.shape is None:
             return 0.0
         config = self.config

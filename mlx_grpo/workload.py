@@ -17,7 +17,7 @@ from mlx_lm.models.cache import make_prompt_cache
 from .common.errors import UserError
 from .config.train_config import TrainConfig
 from .data import EncodedPrompt, PromptOrder, encode_prompt
-from .machine import wire_memory, wired_limit
+from .planning.machine import wire_memory, wired_limit
 from .rollout import Rollout
 from .trainer import Prompts, Trainer, step_key
 from .update import build_train_batch

@@ -12,7 +12,7 @@ import pytest
 import mlx_grpo.opening as opening_module
 from mlx_grpo.cli import main
 from mlx_grpo.config.train_config import load_config
-from mlx_grpo.machine import accel_memory
+from mlx_grpo.planning.machine import accel_memory
 from mlx_grpo.telemetry.rundir.writer import read_run_info
 from mlx_grpo.run import train
 

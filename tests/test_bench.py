@@ -11,7 +11,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from mlx_grpo import blas, chips
+from mlx_grpo.planning import blas, chips
 from tiny_models import make_model_dir
 
 SCHEMA = json.loads((Path(__file__).parents[1] / "docs" / "bench_schema.json").read_text())

@@ -16,7 +16,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from mlx_grpo.blas import find_openblas
+from mlx_grpo.planning.blas import find_openblas
 from mlx_grpo.data import PromptOrder
 from mlx_grpo.distributed import ShardedOrder, World, combine_update_stats, init_world
 from mlx_grpo.common.errors import UserError

@@ -21,7 +21,7 @@ from mlx_grpo.config.train_config import load_config
 from mlx_grpo.common.errors import UserError
 from mlx_grpo.models.gguf import load_gguf
 from mlx_grpo.models.policy import count_parameters, dequantize_base, load_policy, resolve_model_path
-from mlx_grpo.fitting import make_plan
+from mlx_grpo.planning.fitting import make_plan
 
 WORDS = ["hello", "world", "answer", "12", "the"]
 TINY = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 128,

@@ -34,10 +34,10 @@ NO_MLX = {"telemetry", "tui"}  # the dashboard, report and compare run where mlx
 # "mlx_grpo" covers the training area's rooms (the other areas have the rules above).
 INNER_FLOORS = {
     "mlx_grpo": [
-        {"", "config", "machine", "chips", "blas", "tasks", "tf32"},
+        {"", "config", "tasks"},
         {"grpo", "models", "data", "head_scores", "frozen_prefix", "rollout", "multiturn", "rewards", "update", "extras", "evaluate",
          "checkpoint"},  # core: the model, the data, the math, a completion's worth, saving weights
-        {"presets", "plan", "fitting", "roofline"},  # what a run needs and can reach, predicted before it loads
+        {"planning"},  # what a run needs and can reach, predicted before it loads
         {"trainer", "distributed"},  # one step, on one rank or many
         {"run", "opening", "resume", "signals", "run_lock", "console", "export", "replay", "sweep"},  # a run's life
         {"benchmark", "workload", "selftest", "tf32_child", "tools", "mcp_server"},  # measuring and serving the rest

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 
-from mlx_grpo import machine
+from mlx_grpo.planning import machine
 from mlx_grpo.config.train_config import load_config
 from mlx_grpo.distributed import World
 from mlx_grpo.models.policy import chunk_ignored, has_plain_head
@@ -227,7 +227,7 @@ def test_moe_lora_counts_an_adapter_per_expert_and_the_router():
     8.5 GB on Qwen3-30B-A3B)."""
     from mlx_lm.tuner.utils import linear_to_lora_layers
 
-    from mlx_grpo.plan import ModelShape
+    from mlx_grpo.planning.plan import ModelShape
 
     model = random_model("qwen3_moe", vocab=300)
     model.freeze()

@@ -26,9 +26,9 @@ def diagnose(config_path: str | None) -> tuple[list[tuple[str, str]], list[str]]
     import mlx.core as mx
     import psutil
 
-    from .. import blas
+    from ..planning import blas
     from ..config.train_config import load_config
-    from ..machine import blas_in_use, cpu_model, device_info, matmul_gflops, package_version
+    from ..planning.machine import blas_in_use, cpu_model, device_info, matmul_gflops, package_version
     from ..models.policy import DEFAULT_MODEL_DIR
 
     fixes: list[str] = []
@@ -73,7 +73,7 @@ def diagnose(config_path: str | None) -> tuple[list[tuple[str, str]], list[str]]
     if on_cpu and dtype != "float32":
         fixes.append(f"{source}: set dtype: auto or float32; on the CPU backend {dtype} matmuls skip BLAS and run slower")
     rows.append(("dtype", dtype_row))
-    from ..tf32 import float32_state
+    from ..planning.tf32 import float32_state
 
     rows.append(("float32", float32_state().describe()))  # an M5's GPU computes float32 products in TF32
 

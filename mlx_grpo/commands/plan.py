@@ -23,8 +23,8 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from ..config.train_config import load_config, parse_override
-    from ..fitting import make_plan
-    from ..plan import GB
+    from ..planning.fitting import make_plan
+    from ..planning.plan import GB
 
     overrides = dict(parse_override(text) for text in args.overrides)
     config = load_config(args.config, overrides)
@@ -51,7 +51,7 @@ def base_precision(facts: dict) -> str:
 
 
 def format_plan(verdict, facts: dict) -> str:
-    from ..fitting import reference_text
+    from ..planning.fitting import reference_text
     from ..common.units import count_text, gb_text as gb
 
     peaks = verdict.configured

@@ -340,7 +340,7 @@ def _performance_entries() -> list[MetricSpec]:
     out.append(MetricSpec(STEP_TOKENS_PER_S, "tokens/total / timing/step_s: end-to-end tokens per "
                           "second of the whole step.", "tokens/s", th, EVERY_STEP))
     out.append(MetricSpec(MFU, "Model FLOPs utilisation: the step's floating-point work counted from the model's "
-                          "shape (rollout, reference and update matmuls, 2 per multiply-add; mlx_grpo/roofline.py; with "
+                          "shape (rollout, reference and update matmuls, 2 per multiply-add; mlx_grpo/planning/roofline.py; with "
                           "frozen_prefix_reuse the reference and update count the blocks they run, from the first "
                           "adapted one on) "
                           "per second of timing/step_s, over the fp32 matmul FLOP/s measured at the start of the run. "

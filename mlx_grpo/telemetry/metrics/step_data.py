@@ -73,7 +73,7 @@ class StepData:
     entropy_dump: dict[str, np.ndarray] | None = None
     # [N] multi-turn runs: each trajectory's turns, answer and tool counts (multiturn/episodes.py), else None
     trajectories: list[dict] | None = None
-    flops: float = 0.0  # the step's floating-point work, from the model's shape (mlx_grpo/roofline.py)
+    flops: float = 0.0  # the step's floating-point work, from the model's shape (mlx_grpo/planning/roofline.py)
     peak_flops_per_s: float = 0.0  # the machine's measured fp32 matmul FLOP/s (0: unknown, no perf/mfu)
     # [M] the advantages the update used, when they are not `advantages`: S-GRPO trains on the serial groups
     # of its exits, not on the sampled completions (whose group advantages the completions table keeps)

@@ -29,12 +29,12 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from .config.train_config import TrainConfig
-from .common.errors import UserError
-from .common.units import GB
-from .models.policy import PLAIN_HEAD_MODELS
-from .head_scores import vocab_block
-from .update import entropy_stride
+from ..config.train_config import TrainConfig
+from ..common.errors import UserError
+from ..common.units import GB
+from ..models.policy import PLAIN_HEAD_MODELS
+from ..head_scores import vocab_block
+from ..update import entropy_stride
 
 
 # ----------------------------------------------------------------------------- measured constants

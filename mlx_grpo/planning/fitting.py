@@ -10,12 +10,12 @@ import math
 from dataclasses import replace
 from pathlib import Path
 
-from .common.errors import UserError
-from .common.units import GB, GIB, gb_text
-from .config.train_config import TrainConfig
-from .data import load_datasets, longest_prompt
+from ..common.errors import UserError
+from ..common.units import GB, GIB, gb_text
+from ..config.train_config import TrainConfig
+from ..data import load_datasets, longest_prompt
 from .machine import device_info, memory_share
-from .models.policy import dequantizes, is_gguf, load_tokenizer, model_config, resolve_dtype, resolve_model_path
+from ..models.policy import dequantizes, is_gguf, load_tokenizer, model_config, resolve_dtype, resolve_model_path
 from .plan import ModelShape, Shapes, Verdict, dtype_bytes, plan
 from .presets import preset_config
 
@@ -175,7 +175,7 @@ def longest_prompt_tokens(config: TrainConfig, base_dir: Path) -> tuple[int | No
             return None, None
         tools = None
         if config.tools:  # the chat template shows their schemas in every prompt
-            from .multiturn.tools import resolve_tool, tool_schema
+            from ..multiturn.tools import resolve_tool, tool_schema
             tools = [tool_schema(name, fn) for name, _, fn in (resolve_tool(spec, base_dir) for spec in config.tools)]
         return longest_prompt(tokenizer, load_datasets(config, base_dir)[0], config, tools=tools), None
     except UserError as err:  # the plan stays an upper bound; the reason is shown, the run refuses it itself

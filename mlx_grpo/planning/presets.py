@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .common.errors import UserError
+from ..common.errors import UserError
 
 _QWEN2 = {"model_type": "qwen2", "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "max_position_embeddings": 32768,
           "hidden_act": "silu"}
@@ -101,7 +101,7 @@ def write_preset_model(name: str, layers: int | None, out: Path, seed: int = 0) 
     import mlx.core as mx
     from mlx.utils import tree_flatten
 
-    from .models.policy import DEFAULT_MODEL_DIR
+    from ..models.policy import DEFAULT_MODEL_DIR
 
     shipped = json.loads((DEFAULT_MODEL_DIR / "config.json").read_text())
     config = {**preset_config(name, layers), "preset": name, "seed": seed,

@@ -361,7 +361,7 @@ def versions() -> dict[str, str]:
     import mlx.core as mx
     import mlx_lm
 
-    from . import __version__
+    from .. import __version__
 
     return {"mlx_grpo": __version__, "mlx": mx.__version__, "mlx_lm": mlx_lm.__version__,
             "python": platform.python_version()}
