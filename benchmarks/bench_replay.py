@@ -27,7 +27,7 @@ def main() -> None:
     args = parser.parse_args()
 
     wall, cpu = time.perf_counter(), time.process_time()
-    from mlx_grpo.replay import render, replay, run_settings
+    from mlx_grpo.run.replay import render, replay, run_settings
     from mlx_grpo.rewards.loading import load_reward_functions
     from mlx_grpo.telemetry.rundir.completions import completion_steps
     from mlx_grpo.telemetry.rundir.layout import RunPaths

@@ -58,7 +58,7 @@ def memory_growth(records: list[dict], warmup: int, window: int) -> dict[str, di
 
 def run_soak(steps: int, run_root: Path) -> tuple[list[dict], float]:
     from mlx_grpo.config.train_config import load_config
-    from mlx_grpo.run import train
+    from mlx_grpo.run.loop import train
 
     config = load_config(None, {"num_steps": steps, "monitoring_dir": str(run_root), "run_name": "soak",
                                 "wandb": False})

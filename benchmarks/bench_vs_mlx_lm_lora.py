@@ -82,8 +82,8 @@ def heldout(config, base_dir: Path, model, tokenizer, limit: int | None) -> dict
 def run_ours(args: argparse.Namespace) -> dict:
     import mlx.core as mx
 
-    from mlx_grpo.export import load_trained
-    from mlx_grpo.run import train
+    from mlx_grpo.run.export import load_trained
+    from mlx_grpo.run.loop import train
 
     config = recipe(args)
     base_dir = args.config.resolve().parent
@@ -206,7 +206,7 @@ def write_model(args: argparse.Namespace) -> dict:
     import mlx.core as mx
     from mlx.utils import tree_flatten
 
-    from mlx_grpo.export import write_fused
+    from mlx_grpo.run.export import write_fused
     from mlx_grpo.models.policy import dequantize_base, load_policy
 
     config = recipe(args)

@@ -324,7 +324,7 @@ def check_resume(base_dir: Path, work: Path) -> Check:
     run resumed from its step-2 checkpoint must equal the uninterrupted 4-step run bit for bit on any backend
     (full fine-tuning differentiates the embedding lookup through a scatter-add: docs/PLATFORMS.md)."""
     from .models.policy import resolve_dtype
-    from .run import train
+    from .run.loop import train
     from .trainer import Trainer
 
     config = small_config(num_steps=4, checkpoint_every=2, keep_checkpoints=2, eval_every=0, batch_size=2,
@@ -682,7 +682,7 @@ def check_memory(base_dir: Path, work: Path, initial_cache_limit: int) -> Check:
     from .planning.machine import cache_limit_for, wired_limit, wired_limit_in_effect, wiring_takes_effect
     from .models.policy import resolve_dtype
     from .planning.fitting import fit_run
-    from .run import train
+    from .run.loop import train
     from .trainer import Trainer
 
     config = small_config(num_steps=3, eval_every=0, checkpoint_every=0, use_lora=True, lora_layers=-1,
@@ -889,7 +889,7 @@ def check_real_model(base_dir: Path) -> Check:
 
 def check_learning(base_dir: Path, work: Path) -> Check:
     from .config.train_config import load_config
-    from .run import train
+    from .run.loop import train
 
     config = load_config(None, {"num_steps": LEARNING_STEPS, "eval_every": LEARNING_STEPS, "wandb": False,
                                 "monitoring_dir": str(work / "runs"), "run_name": "learning"})
@@ -1029,7 +1029,7 @@ def run_selftest(base_dir: Path, skip: set[str] = frozenset(), say: Callable[[st
                 try:
                     check = runners[name]()
                 except Exception as err:  # noqa: BLE001 - a check that crashes is a failed check, reported
-                    from .run import metal_failure
+                    from .run.loop import metal_failure
 
                     text = str(err).strip().replace("\n", " ")
                     failure = metal_failure(err)

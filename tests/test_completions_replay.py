@@ -24,7 +24,7 @@ SMALL = {"batch_size": 4, "num_generations": 4, "max_generation_steps": 12, "tra
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory) -> Path:
-    from mlx_grpo.run import train
+    from mlx_grpo.run.loop import train
 
     tmp = tmp_path_factory.mktemp("kept")
     config = load_config(None, {**SMALL, "monitoring_dir": str(tmp / "runs"), "run_name": "kept"})
@@ -109,7 +109,7 @@ def test_kept_completions_reach_a_terminal_escaped_and_a_fifo_in_their_place_is_
 
 
 def test_keep_completions_false_keeps_none(tmp_path):
-    from mlx_grpo.run import train
+    from mlx_grpo.run.loop import train
 
     config = load_config(None, {**SMALL, "num_steps": 1, "keep_completions": False,
                                 "monitoring_dir": str(tmp_path / "runs")})
@@ -133,7 +133,7 @@ def test_the_group_view_shows_the_g_completions_of_the_selected_prompt(run_dir):
 
 
 def test_replay_with_the_same_rewards_changes_nothing_and_without_one_reports_the_changes(run_dir):
-    from mlx_grpo.replay import replay
+    from mlx_grpo.run.replay import replay
     from mlx_grpo.rewards.loading import load_reward_functions
 
     same = load_reward_functions([(n, 1.0) for n in ("format_exact", "format_approx", "answer_check",
@@ -185,7 +185,7 @@ async def test_the_samples_view_shows_the_group_and_the_reward_heatmap_of_a_run_
 def test_replay_finds_no_sign_flips_in_a_group_without_spread(tmp_path):
     # A group whose completions all scored alike trains on float rounding (float32 mean / (0 + 1e-4)),
     # about -0.005 each: no sign to flip, whatever the replayed rewards say.
-    from mlx_grpo.replay import replay
+    from mlx_grpo.run.replay import replay
     from mlx_grpo.rewards.scoring import RewardFunction
 
     rows = [{"step": 1, "prompt_index": 0, "completion_index": j, "prompt": "1+1=", "answer": "2",

@@ -224,7 +224,7 @@ def test_bounds_and_choices_are_field_metadata_and_help_prints_the_choices():
 def test_a_zero_learning_rate_trains_and_the_monitoring_says_the_policy_does_not_move(tmp_path):
     # T9: learning_rate 0 was refused ("expected between 0 and 1"), yet it is the standard check that the
     # monitoring reports a run that learns nothing
-    from mlx_grpo.run import train
+    from mlx_grpo.run.loop import train
 
     config = load_config(None, {"learning_rate": 0, "num_steps": 8, "batch_size": 2, "num_generations": 4,
                                 "train_size": 16, "eval_every": 0, "checkpoint_every": 0, "tensorboard": False,

@@ -132,7 +132,7 @@ def test_update_statistics_are_token_weighted_and_spreads_pooled():
 
 def test_ranks_other_than_zero_write_nothing(tmp_path, monkeypatch):
     """The run decides that only rank 0 writes: another rank's sinks are a set without sinks."""
-    import mlx_grpo.opening as opening_module
+    import mlx_grpo.run.opening as opening_module
     from mlx_grpo.config.train_config import load_config
     from mlx_grpo.telemetry.events import AlertEvent, Final, Samples, Scalars
 
@@ -257,7 +257,7 @@ def test_two_rank_training_writes_one_run_directory_with_global_metrics(tmp_path
 
     # one process cannot continue a two-process run, and trying leaves the run untouched
     from mlx_grpo.config.train_config import load_config
-    from mlx_grpo.run import train
+    from mlx_grpo.run.loop import train
 
     config = load_config(ROOT / "configs" / "default.yaml", {"model_id": str(tiny_model), "num_steps": 5,
                                                               "batch_size": b, "num_generations": g})

@@ -15,7 +15,7 @@ from mlx_grpo.extras.token_entropy import entropy_and_varentropy
 from mlx_grpo.rollout import Rollout
 from mlx_grpo.tools import summarize_entropy
 from mlx_grpo.trainer import Trainer
-from mlx_grpo.run import train
+from mlx_grpo.run.loop import train
 from mlx_grpo.update import build_train_batch
 from tiny_models import make_model_dir
 

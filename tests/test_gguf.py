@@ -141,7 +141,7 @@ def test_train_plan_eval_and_export_of_a_gguf_run(tiny, tmp_path, capsys):
     assert main(["export", str(run), "--out", str(out), "--fuse", "--float32"]) == 0
     assert (out / "model.safetensors").stat().st_size > 1.9 * (half / "model.safetensors").stat().st_size
     model, tokenizer = load(str(out))  # mlx-lm loads it as any Hugging Face directory
-    from mlx_grpo.export import load_trained
+    from mlx_grpo.run.export import load_trained
 
     trained = load_trained(run).model
     ids = mx.array([tokenizer.encode("hello world")])
@@ -176,7 +176,7 @@ def test_quantized_base_auto_dequantizes_on_the_cpu_and_keep_leaves_it(tmp_path)
         assert np.allclose(np.array(model(ids)), before, atol=1e-4)  # the same function, plain weights
     assert "dequantized to float32 at load" in notes["auto"] and "quantized_base: keep" in notes["auto"]
     # a dequantized policy is written plain (the final model of a run): its config says no quantization
-    from mlx_grpo.export import write_fused
+    from mlx_grpo.run.export import write_fused
 
     config = load_config(None, {"model_id": str(quantized), "use_lora": True})
     model, tokenizer = load_policy(config, tmp_path)
@@ -193,7 +193,7 @@ def test_quantized_base_auto_dequantizes_on_the_cpu_and_keep_leaves_it(tmp_path)
 def test_a_run_keeps_the_4bit_base_as_it_is_when_asked(tmp_path, capsys):
     from mlx_lm import convert
 
-    from mlx_grpo.export import load_trained
+    from mlx_grpo.run.export import load_trained
 
     from tiny_models import make_model_dir
 

@@ -310,7 +310,7 @@ def test_stop_at_newline_ends_completions_at_their_first_line_break(files, tmp_p
     import json
 
     from mlx_grpo.config.train_config import load_config
-    from mlx_grpo.run import train
+    from mlx_grpo.run.loop import train
 
     (tmp_path / "d.jsonl").write_text("".join(json.dumps({"prompt": f"hello {i}", "answer": "12"}) + "\n"
                                               for i in range(8)))

@@ -39,7 +39,7 @@ def custom_task(tmp_path, **overrides) -> dict:
     """A run on a dataset of its own with only a custom reward: nothing says which answers are right."""
     import json
 
-    from mlx_grpo.run import train
+    from mlx_grpo.run.loop import train
 
     (tmp_path / "plain.py").write_text(PLAIN_REWARD)
     (tmp_path / "check.py").write_text(YES_CHECK)

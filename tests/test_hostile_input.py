@@ -192,7 +192,7 @@ async def test_the_dashboard_shows_escape_sequences_as_text(tmp_path):
 
 
 def test_the_trainer_console_shows_escape_sequences_as_text(capsys):
-    from mlx_grpo.console import TrainingConsole
+    from mlx_grpo.run.console import TrainingConsole
     from mlx_grpo.telemetry.alerts.console import format_alert
     from mlx_grpo.telemetry.alerts.alert import Alert
 
@@ -352,7 +352,7 @@ def test_a_closed_stdout_does_not_end_training(tmp_path, model):
 
 
 def test_the_console_survives_a_broken_pipe(monkeypatch, capsys):
-    from mlx_grpo.console import TrainingConsole
+    from mlx_grpo.run.console import TrainingConsole
 
     console = TrainingConsole(4, enabled=False)
     monkeypatch.setattr(os, "dup2", lambda *a: None)  # the test's own stdout stays
@@ -399,7 +399,7 @@ def test_sighup_stops_a_sweep_like_sigterm_and_a_trial_trained_elsewhere_is_not_
 # ----------------------------------------------------------------------------- export, report, TensorBoard (R8)
 
 def test_an_export_that_fails_leaves_nothing_behind(tmp_path, model, capsys, monkeypatch):
-    from mlx_grpo import export
+    from mlx_grpo.run import export
 
     assert main(flags(tmp_path, model, num_steps=2)) == 0
     capsys.readouterr()
@@ -490,7 +490,7 @@ def test_a_trackio_store_that_cannot_be_written_is_reported(tmp_path, monkeypatc
 # ----------------------------------------------------------------------------- run directories and alerts (R13, R17, R18)
 
 def test_an_empty_run_directory_left_by_a_killed_start_is_taken_over(tmp_path):
-    from mlx_grpo.run_lock import create_run_dir
+    from mlx_grpo.run.run_lock import create_run_dir
 
     (tmp_path / "runs" / "kdir").mkdir(parents=True)  # mkdir done, killed before run.json
     path, lock = create_run_dir(tmp_path / "runs", "kdir")

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 
-import mlx_grpo.run as run_module
+import mlx_grpo.run.loop as run_module
 from mlx_grpo.config.train_config import load_config
 from mlx_grpo.data import encode_prompt, load_datasets
 from mlx_grpo.models.policy import DEFAULT_MODEL_DIR, adapters_disabled

@@ -240,7 +240,7 @@ def test_a_metal_failure_mid_run_is_one_line_with_its_cause_what_helps_and_the_r
                                                                                               monkeypatch):
     """MLX 0.32 and later raise a failed Metal command buffer (the GPU watchdog, out of memory) as a
     RuntimeError; train names it instead of a traceback, and says how to go on."""
-    from mlx_grpo import run as run_module
+    from mlx_grpo.run import loop as run_module
     from mlx_grpo.cli import main
 
     def watchdog(run, stop):

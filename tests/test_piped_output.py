@@ -58,7 +58,7 @@ def test_a_terminal_still_gets_tables_at_its_own_width():
 
 
 def test_the_progress_line_keeps_reward_and_accuracy_at_80_columns():
-    from mlx_grpo.console import TrainingConsole
+    from mlx_grpo.run.console import TrainingConsole
 
     for width in (80, 100, 200):
         terminal = Console(file=io.StringIO(), width=width, force_terminal=True, color_system=None)

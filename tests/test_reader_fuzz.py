@@ -28,7 +28,7 @@ from hypothesis import strategies as st  # noqa: E402
 
 from mlx_grpo.telemetry.analysis.alert_replay import AlertReplay  # noqa: E402
 from mlx_grpo.common.errors import UserError  # noqa: E402
-from mlx_grpo.resume import last_record, resumable_checkpoint  # noqa: E402
+from mlx_grpo.run.resume import last_record, resumable_checkpoint  # noqa: E402
 from mlx_grpo.sweep import trial_state  # noqa: E402
 from mlx_grpo.telemetry.analysis.compare import load_summary  # noqa: E402
 from mlx_grpo.telemetry.analysis.report import build_report  # noqa: E402

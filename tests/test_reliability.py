@@ -329,7 +329,7 @@ def test_a_checkpoint_never_half_loads_into_another_model(tmp_path, model):
 def test_runs_started_at_once_with_the_same_name_get_their_own_directories(tmp_path):
     import threading
 
-    from mlx_grpo.run_lock import create_run_dir
+    from mlx_grpo.run.run_lock import create_run_dir
 
     made, start = [], threading.Barrier(8)
 
@@ -348,7 +348,7 @@ def test_runs_started_at_once_with_the_same_name_get_their_own_directories(tmp_p
 
 
 def test_a_run_being_trained_cannot_be_resumed_by_a_second_process(tmp_path, model, capsys):
-    from mlx_grpo.run_lock import RunLock
+    from mlx_grpo.run.run_lock import RunLock
 
     assert main(flags(tmp_path, model, num_steps=2, checkpoint_every=1)) == 0
     run_dir = tmp_path / "runs" / "r"
@@ -458,7 +458,7 @@ def test_a_bad_value_in_a_runs_saved_config_names_its_run_json(tmp_path, model, 
 def test_two_ctrl_c_that_arrive_together_stop_at_once():
     """CPython runs the handler once for signals that arrive while MLX runs native code; the wakeup
     pipe still holds one byte per signal, so two presses are two (reliability review D21)."""
-    from mlx_grpo.signals import StopRequest
+    from mlx_grpo.run.signals import StopRequest
 
     stop = StopRequest()
     with stop:

@@ -291,7 +291,7 @@ def test_adaptive_window_state_survives_a_resume(setup, tmp_path):
     import shutil
 
     from mlx_grpo.config.train_config import load_config
-    from mlx_grpo.run import train
+    from mlx_grpo.run.loop import train
 
     root, config_path = setup
     values = {**yaml.safe_load(config_path.read_text()), "monitoring_dir": str(tmp_path / "runs"),

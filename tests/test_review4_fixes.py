@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from mlx_grpo.config.train_config import load_config
-from mlx_grpo.run import train
+from mlx_grpo.run.loop import train
 from mlx_grpo.telemetry.alerts.config import default_rules
 from mlx_grpo.telemetry.alerts.engine import AlertEngine
 from mlx_grpo.telemetry.analysis.reward_report import analyze_run, detect_reward_hacking, trend_of

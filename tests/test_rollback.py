@@ -39,7 +39,7 @@ def inject_kl(monkeypatch, steps: set[int], kl: float = 50.0) -> None:
 
 
 def run(tmp_path, **overrides) -> tuple[dict, Path]:
-    from mlx_grpo.run import train
+    from mlx_grpo.run.loop import train
 
     (tmp_path / "kl.yaml").write_text(KL_RULE)
     config = load_config(None, {**SMALL, "alerts_file": str(tmp_path / "kl.yaml"),
@@ -114,7 +114,7 @@ def test_a_second_spike_after_a_rollback_is_seen_and_with_no_rollback_left_stops
     # trained on; the rollback now re-arms the rules as they were at the checkpoint it went back to
     inject_kl(monkeypatch, {3, 5})
     (tmp_path / "kl.yaml").write_text(KL_RULE.replace("cooldown: 0", "cooldown: 50"))
-    from mlx_grpo.run import train
+    from mlx_grpo.run.loop import train
 
     config = load_config(None, {**SMALL, "alerts_file": str(tmp_path / "kl.yaml"), "max_rollbacks": 1,
                                 "monitoring_dir": str(tmp_path / "runs")})

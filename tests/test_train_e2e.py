@@ -11,7 +11,7 @@ from mlx_lm.utils import save_config, save_model
 from mlx_grpo.cli import main
 from mlx_grpo.config.train_config import load_config
 from mlx_grpo.telemetry.rundir.writer import read_run_info
-from mlx_grpo.run import train
+from mlx_grpo.run.loop import train
 from tiny_models import make_model_dir
 
 DATA = Path(__file__).parent / "data"

@@ -150,7 +150,7 @@ def test_micro_batches_and_head_chunks_cut_the_update_peak_to_a_fraction():
 def test_a_micro_batched_default_run_ends_with_the_same_weights(tmp_path):
     """5 steps of the default run (full fine-tuning of the shipped model, KL on), 4 prompts x 8 a step (20 rows:
     each prompt once, without building the default 20,000)."""
-    from mlx_grpo.run import train
+    from mlx_grpo.run.loop import train
 
     def final_weights(name, **overrides):
         config = load_config(None, {"num_steps": 5, "eval_every": 0, "checkpoint_every": 0, "tensorboard": False,

@@ -165,7 +165,7 @@ def load_target(args: argparse.Namespace):
     from pathlib import Path
 
     from ..config.train_config import load_config
-    from ..export import ADAPTER_FILES, load_trained
+    from ..run.export import ADAPTER_FILES, load_trained
     from ..models.policy import dequantize_base, load_policy
     from ..telemetry.rundir.layout import RunPaths
 

@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from ..common.errors import UserError
-    from ..replay import render, replay, run_settings
+    from ..run.replay import render, replay, run_settings
     from ..rewards.loading import load_reward_functions
     from ..rewards.scoring import RewardFunction
     from ..config.run_code import is_user_code, named_file, refuse_named_code, spec_text

@@ -154,9 +154,9 @@ def train_from_cli(config_path: str | None, overrides: dict, resume: str | None 
 
     from ..config.train_config import load_config
     from ..common.errors import UserError
-    from ..resume import config_for_resume
-    from ..signals import EXIT_INTERRUPTED
-    from ..run import EXIT_GUARD_STOP, train
+    from ..run.resume import config_for_resume
+    from ..run.signals import EXIT_INTERRUPTED
+    from ..run.loop import EXIT_GUARD_STOP, train
 
     if resume is not None:
         if config_path is not None:

@@ -28,11 +28,11 @@ from typing import Any
 
 import psutil
 
-from .checkpoint import STEP_DIR, DamagedCheckpoint, latest_checkpoint, read_state
-from .config.train_config import TrainConfig, config_from_mapping, nest, top_level_fields
-from .common.errors import UserError
-from .telemetry.rundir.layout import ALERTS, METRICS, SAMPLES, RunPaths
-from .telemetry.rundir.writer import RunInfo, loads_object, read_run_info
+from ..checkpoint import STEP_DIR, DamagedCheckpoint, latest_checkpoint, read_state
+from ..config.train_config import TrainConfig, config_from_mapping, nest, top_level_fields
+from ..common.errors import UserError
+from ..telemetry.rundir.layout import ALERTS, METRICS, SAMPLES, RunPaths
+from ..telemetry.rundir.writer import RunInfo, loads_object, read_run_info
 
 
 def resume_command(run_dir: Path) -> str:

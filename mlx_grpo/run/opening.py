@@ -12,30 +12,32 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .checkpoint import load_checkpoint, read_state
-from .config.train_config import TrainConfig, config_to_dict
+from ..checkpoint import load_checkpoint, read_state
+from ..config.train_config import TrainConfig, config_to_dict
 from .console import TrainingConsole
-from .data import epoch_steps, load_datasets
-from .distributed import init_world
-from .extras.entropy_dump import EntropyDumpWriter
-from .planning.fitting import fit_run
-from .planning.machine import accel_memory, describe_device, matmul_peak_flops, share_memory_with, versions, wire_memory
-from .models.policy import chunk_ignored, count_parameters, resolve_dtype
+from ..data import epoch_steps, load_datasets
+from ..distributed import init_world
+from ..extras.entropy_dump import EntropyDumpWriter
+from ..planning.fitting import fit_run
+from ..planning.machine import (
+    accel_memory, describe_device, matmul_peak_flops, share_memory_with, versions, wire_memory,
+)
+from ..models.policy import chunk_ignored, count_parameters, resolve_dtype
 from .resume import last_record, resumable_checkpoint, truncate_logs
 from .run_lock import RunLock, create_run_dir
-from .common.terminal import terminal_safe
-from .telemetry.alerts.config import check_rule_metrics, load_alert_rules, rules_from_config, with_on_alert
-from .telemetry.events import Artifact, Start
-from .telemetry.metrics.system import SystemSampler
-from .telemetry.recorder import RunRecorder, StepReport
-from .telemetry.rundir.completions import truncate_completions
-from .telemetry.rundir.writer import RunInfo, new_run_info
-from .telemetry.sinks import SinkSet, make_sinks
-from .telemetry.sinks.trackio import TrackioOptions, trackio_store
-from .telemetry.sinks.wandb import WandbOptions
-from .telemetry.sinks.notify import NotifySink, channels_from_env
-from .planning.tf32 import float32_state
-from .trainer import Trainer, remedied
+from ..common.terminal import terminal_safe
+from ..telemetry.alerts.config import check_rule_metrics, load_alert_rules, rules_from_config, with_on_alert
+from ..telemetry.events import Artifact, Start
+from ..telemetry.metrics.system import SystemSampler
+from ..telemetry.recorder import RunRecorder, StepReport
+from ..telemetry.rundir.completions import truncate_completions
+from ..telemetry.rundir.writer import RunInfo, new_run_info
+from ..telemetry.sinks import SinkSet, make_sinks
+from ..telemetry.sinks.trackio import TrackioOptions, trackio_store
+from ..telemetry.sinks.wandb import WandbOptions
+from ..telemetry.sinks.notify import NotifySink, channels_from_env
+from ..planning.tf32 import float32_state
+from ..trainer import Trainer, remedied
 
 
 @dataclass

@@ -9,8 +9,8 @@ from rich.console import Console
 from rich.text import Text
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from .telemetry.metrics import names
-from .common.terminal import terminal_safe
+from ..telemetry.metrics import names
+from ..common.terminal import terminal_safe
 
 
 class _PipeSafeConsole(Console):

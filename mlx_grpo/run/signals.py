@@ -24,9 +24,9 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from .checkpoint import STEP_DIR, latest_checkpoint
+from ..checkpoint import STEP_DIR, latest_checkpoint
 from .resume import resume_command
-from .telemetry.rundir.layout import RunPaths
+from ..telemetry.rundir.layout import RunPaths
 
 SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
 EXIT_INTERRUPTED = 130  # the shell's code for a process ended by Ctrl-C

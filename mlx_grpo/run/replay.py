@@ -22,13 +22,13 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .common.errors import UserError
-from .rewards.scoring import RewardFunction, score_completions
-from .telemetry.analysis.reward_quality import QualityReport, analyze_quality
-from .telemetry.rundir.completions import completion_steps, read_step
-from .telemetry.metrics.reward_stats import reward_metrics
-from .telemetry.rundir.writer import read_run_info
-from .common.terminal import terminal_safe
+from ..common.errors import UserError
+from ..rewards.scoring import RewardFunction, score_completions
+from ..telemetry.analysis.reward_quality import QualityReport, analyze_quality
+from ..telemetry.rundir.completions import completion_steps, read_step
+from ..telemetry.metrics.reward_stats import reward_metrics
+from ..telemetry.rundir.writer import read_run_info
+from ..common.terminal import terminal_safe
 
 
 SIGN_TOLERANCE = 1e-4  # advantages closer to 0 than this have no sign
@@ -167,7 +167,7 @@ def replay(run_dir: str | Path, functions: list[RewardFunction], group_size: int
     `weights_before`: the run's reward weights (for the functions' shares of the total before)."""
     import mlx.core as mx
 
-    from .grpo import group_advantages
+    from ..grpo import group_advantages
 
     run_dir = Path(run_dir)
     kept, skipped = load_steps(run_dir, group_size, steps)

@@ -16,21 +16,21 @@ from typing import Any
 
 import mlx.core as mx
 
-from .checkpoint import PendingCheckpoint, latest_checkpoint, list_checkpoints, prepare_checkpoint, read_state
-from .common.errors import UserError
-from .common.secrets import scrub_secrets
-from .common.units import plural
-from .config.train_config import TrainConfig
-from .extras.entropy_dump import EntropyDump
+from ..checkpoint import PendingCheckpoint, latest_checkpoint, list_checkpoints, prepare_checkpoint, read_state
+from ..common.errors import UserError
+from ..common.secrets import scrub_secrets
+from ..common.units import plural
+from ..config.train_config import TrainConfig
+from ..extras.entropy_dump import EntropyDump
 from .opening import Run, open_run
 from .resume import log_positions, resume_command
 from .signals import StopRequest, report_stop
-from .telemetry.alerts.alert import Alert
-from .telemetry.events import Artifact, Flush
-from .telemetry.metrics.names import EVAL_ACCURACY
-from .telemetry.recorder import RunRecorder, StepReport
-from .telemetry.rundir.layout import RunPaths
-from .telemetry.rundir.writer import RunDirWriteError
+from ..telemetry.alerts.alert import Alert
+from ..telemetry.events import Artifact, Flush
+from ..telemetry.metrics.names import EVAL_ACCURACY
+from ..telemetry.recorder import RunRecorder, StepReport
+from ..telemetry.rundir.layout import RunPaths
+from ..telemetry.rundir.writer import RunDirWriteError
 
 
 ALERT_STOP = "alert:"  # a stop request from an alert rule: this prefix and the rule's name
@@ -404,7 +404,7 @@ def finish(run: Run, status: str) -> dict[str, Any]:
 
 def say_finished(run: Run) -> None:
     """The finished run's report.json and its last line."""
-    from .telemetry.analysis.report import write_report
+    from ..telemetry.analysis.report import write_report
 
     recorder, step = run.recorder, run.step
     try:

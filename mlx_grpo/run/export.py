@@ -23,14 +23,14 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_unflatten
 
-from .checkpoint import STEP_DIR, list_checkpoints
-from .config.train_config import TrainConfig
-from .common.errors import UserError
-from .models.policy import (
+from ..checkpoint import STEP_DIR, list_checkpoints
+from ..config.train_config import TrainConfig
+from ..common.errors import UserError
+from ..models.policy import (
     apply_adapters, dequantize_base, is_quantized, load_policy, model_config, resolve_dtype, resolve_model_path,
 )
 from .resume import config_for_resume
-from .telemetry.rundir.layout import RunPaths
+from ..telemetry.rundir.layout import RunPaths
 
 ADAPTER_FILES = ("adapters.safetensors", "adapter_config.json")
 
