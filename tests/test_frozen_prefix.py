@@ -200,7 +200,7 @@ def test_a_training_step_on_the_shipped_model_gives_the_same_loss_and_kl_with_an
     forward's. (A probe on token ids beyond the shipped 20-token vocabulary once turned it off silently.)"""
     from pathlib import Path
 
-    from mlx_grpo.selftest import small_config
+    from mlx_grpo.measuring.selftest import small_config
     from mlx_grpo.trainer import Trainer
 
     results = {}

@@ -379,7 +379,7 @@ def test_a_sweep_whose_output_dir_is_a_file_is_one_line(tmp_path, capsys):
 
 
 def test_sighup_stops_a_sweep_like_sigterm_and_a_trial_trained_elsewhere_is_not_a_failure(tmp_path):
-    from mlx_grpo import sweep
+    from mlx_grpo.measuring import sweep
 
     previous = sweep._stop_on_sigterm()
     try:

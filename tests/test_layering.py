@@ -39,8 +39,8 @@ INNER_FLOORS = {
          "checkpoint"},  # core: the model, the data, the math, a completion's worth, saving weights
         {"planning"},  # what a run needs and can reach, predicted before it loads
         {"trainer", "distributed"},  # one step, on one rank or many
-        {"run", "sweep"},  # a run's life
-        {"benchmark", "workload", "selftest", "tf32_child", "tools", "mcp_server"},  # measuring and serving the rest
+        {"run"},  # a run's life
+        {"measuring", "tools", "mcp_server"},  # measuring and serving the rest
     ],
     "mlx_grpo.rewards": [
         {"", "builtin", "judge", "scoring"},

@@ -154,7 +154,7 @@ def test_parallel_sweep_trials_each_plan_for_their_share_of_the_machine(monkeypa
 
     from mlx_grpo.planning import machine
     from mlx_grpo.planning.fitting import this_machine_budget
-    from mlx_grpo.sweep import trial_env
+    from mlx_grpo.measuring.sweep import trial_env
 
     whole, _ = this_machine_budget()
     assert trial_env(type("Spec", (), {"name": "s"})(), parallel=3)["MLX_GRPO_MEMORY_SHARE"] == "3"
@@ -311,7 +311,7 @@ def test_the_plan_bounds_each_measured_phase_within_a_quarter(tmp_path, reuse):
     (update +90%) and one decode step's logits for the rollout's sampling (rollout below measured)."""
     import mlx.core as mx
 
-    from mlx_grpo.workload import Workload
+    from mlx_grpo.measuring.workload import Workload
     from mlx_grpo.planning.fitting import read_model_shape
     from tiny_models import make_model_dir
 

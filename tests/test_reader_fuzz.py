@@ -29,7 +29,7 @@ from hypothesis import strategies as st  # noqa: E402
 from mlx_grpo.telemetry.analysis.alert_replay import AlertReplay  # noqa: E402
 from mlx_grpo.common.errors import UserError  # noqa: E402
 from mlx_grpo.run.resume import last_record, resumable_checkpoint  # noqa: E402
-from mlx_grpo.sweep import trial_state  # noqa: E402
+from mlx_grpo.measuring.sweep import trial_state  # noqa: E402
 from mlx_grpo.telemetry.analysis.compare import load_summary  # noqa: E402
 from mlx_grpo.telemetry.analysis.report import build_report  # noqa: E402
 from mlx_grpo.telemetry.rundir.writer import RunInfo  # noqa: E402
@@ -200,7 +200,7 @@ def test_no_yaml_file_a_user_names_crashes_its_reader(tmp_path_factory, text, ra
     """Config, sweep, rubric and alert files: a value or one UserError, never a traceback or a hang."""
     from mlx_grpo.config.train_config import load_config
     from mlx_grpo.rewards.rubric import load_rubric
-    from mlx_grpo.sweep import load_sweep, plan_trials
+    from mlx_grpo.measuring.sweep import load_sweep, plan_trials
     from mlx_grpo.telemetry.alerts.config import load_alert_rules
 
     path = tmp_path_factory.mktemp("yaml") / "in.yaml"

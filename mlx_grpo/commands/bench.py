@@ -71,7 +71,7 @@ def preset_directory(args: argparse.Namespace) -> Path:
 
 
 def options_from_args(args: argparse.Namespace):
-    from ..benchmark import PATHS, BenchOptions
+    from ..measuring.benchmark import PATHS, BenchOptions
     from ..config.train_config import load_config
 
     overrides = {key: getattr(args, flag) for flag, key in CONFIG_FLAGS.items() if getattr(args, flag) is not None}
@@ -91,7 +91,7 @@ def options_from_args(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..benchmark import run_bench
+    from ..measuring.benchmark import run_bench
 
     report = run_bench(options_from_args(args))
     text = json.dumps(report, indent=2)

@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
 
     tf32_at_start = full_float32()  # before MLX's first matmul reads it: an M5 compares full float32
     from ..common.errors import UserError
-    from ..selftest import CHECKS, QUICK_SKIP, run_selftest
+    from ..measuring.selftest import CHECKS, QUICK_SKIP, run_selftest
 
     skip = {name.strip() for name in args.skip.split(",") if name.strip()}
     if unknown := sorted(skip - set(CHECKS)):

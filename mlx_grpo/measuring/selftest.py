@@ -30,8 +30,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .telemetry.metrics.names import EVAL_ACCURACY
-from .telemetry.rundir.layout import RunPaths
+from ..telemetry.metrics.names import EVAL_ACCURACY
+from ..telemetry.rundir.layout import RunPaths
 
 PERTURB_ENV = "MLX_GRPO_SELFTEST_PERTURB"
 ABORT_ENV = "MLX_GRPO_SELFTEST_ABORT"
@@ -120,7 +120,7 @@ def gpu_cores() -> int | None:
 
 def memory_state() -> dict[str, Any]:
     """Swap in use and macOS's memory pressure, now (None where the OS has no such reading)."""
-    from .telemetry.metrics.system import PRESSURE_LEVELS, memory_pressure_level, swap_used_bytes
+    from ..telemetry.metrics.system import PRESSURE_LEVELS, memory_pressure_level, swap_used_bytes
 
     level = memory_pressure_level()
     return {"swap_used_bytes": swap_used_bytes(),
@@ -142,13 +142,13 @@ def environment(tf32_at_start: str | None = None) -> dict[str, Any]:
     import mlx.core as mx
     import psutil
 
-    from .planning import chips
-    from .planning.machine import (
+    from ..planning import chips
+    from ..planning.machine import (
         NOT_ON_THIS_OS, cpu_model, device_info, low_power_mode, memory_share, power_source, thermal_state,
         versions, wired_limit, wiring_takes_effect,
     )
 
-    from .planning.tf32 import ENV, float32_state
+    from ..planning.tf32 import ENV, float32_state
 
     info = device_info()
     chip = chips.this_chip()
@@ -186,7 +186,7 @@ def environment(tf32_at_start: str | None = None) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- numerical equivalences
 
 def small_config(**overrides):
-    from .config.train_config import load_config
+    from ..config.train_config import load_config
 
     return load_config(None, {"batch_size": 4, "num_generations": 4, "max_generation_steps": 12, "eval_size": 8,
                               "micro_batch_size": 0, "wandb": False, **overrides})
@@ -194,8 +194,8 @@ def small_config(**overrides):
 
 def sample_batch(trainer):
     """A real rollout of the trainer's model on its task, laid out for the update."""
-    from .trainer import step_key
-    from .update import build_train_batch
+    from ..trainer import step_key
+    from ..update import build_train_batch
 
     prompts = trainer.draw_prompts()
     rollout = trainer.rollout(prompts, step_key(trainer.config.seed, 1), trainer.config.max_generation_steps)
@@ -206,7 +206,7 @@ def sample_batch(trainer):
 
 def check_precision() -> Check:
     """What `dtype: auto` resolves to: bf16 for LoRA on a GPU (half the memory), float32 elsewhere."""
-    from .models import policy as models
+    from ..models import policy as models
 
     want = {("LoRA", "gpu"): "bfloat16", ("LoRA", "cpu"): "float32", ("full", "gpu"): "float32",
             ("full", "cpu"): "float32"}
@@ -224,8 +224,8 @@ def check_precision() -> Check:
 
 
 def check_shared_prompts(trainer, batch) -> Check:
-    from .models.policy import resolve_dtype
-    from .update import completion_logprobs, shares_prompts
+    from ..models.policy import resolve_dtype
+    from ..update import completion_logprobs, shares_prompts
 
     model, mask, t = trainer.policy.model, np.array(batch.mask), trainer.config.temperature
     if not shares_prompts(model, batch):
@@ -239,8 +239,8 @@ def check_shared_prompts(trainer, batch) -> Check:
 
 
 def check_chunked_head(trainer, batch) -> Check:
-    from .models.policy import has_plain_head, resolve_dtype
-    from .update import completion_logprobs
+    from ..models.policy import has_plain_head, resolve_dtype
+    from ..update import completion_logprobs
 
     model, mask, t = trainer.policy.model, np.array(batch.mask), trainer.config.temperature
     if not has_plain_head(model):
@@ -260,7 +260,7 @@ def sgd_step(config, base_dir: Path, batch, advantages) -> np.ndarray:
     import mlx.optimizers as optim
     from mlx.utils import tree_flatten
 
-    from .trainer import Trainer
+    from ..trainer import Trainer
 
     trainer = replace(Trainer.build(config, base_dir), optimizer=optim.SGD(learning_rate=1.0))
     before = {k: np.array(v) for k, v in tree_flatten(trainer.policy.model.trainable_parameters())}
@@ -275,7 +275,7 @@ def relative_difference(a: np.ndarray, b: np.ndarray) -> float:
 
 def check_micro_batches(base_dir: Path, batch, advantages) -> Check:
     """One update of the same weights on the same batch, whole vs in micro-batches of 3 (cutting groups)."""
-    from .models.policy import resolve_dtype
+    from ..models.policy import resolve_dtype
 
     whole = sgd_step(small_config(), base_dir, batch, advantages)
     micro = perturbed("micro_batches", sgd_step(small_config(micro_batch_size=3), base_dir, batch, advantages))
@@ -304,7 +304,7 @@ def backward_scatter_adds(trainer, batch) -> list[str]:
     import mlx.core as mx
     from mlx.utils import tree_flatten
 
-    from .update import completion_logprobs
+    from ..update import completion_logprobs
 
     model = trainer.policy.model
 
@@ -323,9 +323,9 @@ def check_resume(base_dir: Path, work: Path) -> Check:
     """LoRA on the shipped (dense) model, the configuration a Mac runs: its backward has no scatter-add, so a
     run resumed from its step-2 checkpoint must equal the uninterrupted 4-step run bit for bit on any backend
     (full fine-tuning differentiates the embedding lookup through a scatter-add: docs/PLATFORMS.md)."""
-    from .models.policy import resolve_dtype
-    from .run.loop import train
-    from .trainer import Trainer
+    from ..models.policy import resolve_dtype
+    from ..run.loop import train
+    from ..trainer import Trainer
 
     config = small_config(num_steps=4, checkpoint_every=2, keep_checkpoints=2, eval_every=0, batch_size=2,
                           max_generation_steps=8, use_lora=True, lora_rank=8, lora_layers=-1, learning_rate=1e-3,
@@ -366,7 +366,7 @@ def check_resume(base_dir: Path, work: Path) -> Check:
 def logprobs_on(device, model, batch, temperature: float) -> np.ndarray:
     import mlx.core as mx
 
-    from .update import completion_logprobs
+    from ..update import completion_logprobs
 
     with mx.stream(device):
         return np.array(completion_logprobs(model, batch, temperature).astype(mx.float32)) * np.array(batch.mask)
@@ -395,7 +395,7 @@ def compare_devices(first, second, base_dir: Path, trainer, batch, advantages,
     import mlx.nn as nn
     from mlx.utils import tree_map
 
-    from .planning.tf32 import TF32_BITS, tf32_rounding
+    from ..planning.tf32 import TF32_BITS, tf32_rounding
 
     t = trainer.config.temperature
     model = trainer.policy.model
@@ -461,8 +461,8 @@ def compare_real_kernels(first, second, base_dir: Path) -> dict[str, dict[str, f
     from mlx.utils import tree_flatten
     from mlx_lm.utils import dequantize_model
 
-    from .models.policy import apply_adapters, load_policy
-    from .update import completion_logprobs
+    from ..models.policy import apply_adapters, load_policy
+    from ..update import completion_logprobs
 
     base = dict(model_id=REAL_MODEL, use_chat_template=False, system_prompt=None, dtype="float32", use_lora=True)
     plain, tokenizer = load_policy(small_config(**base, quantized_base="dequantize"), base_dir)
@@ -504,10 +504,10 @@ def check_devices(base_dir: Path, real: bool = True) -> Check:
     first use, as `real_model` would; its rows are left out, and said so, when it cannot be had)."""
     import mlx.core as mx
 
-    from .common.errors import UserError
-    from .models.smollm2 import smollm2_path
-    from .planning.tf32 import float32_state
-    from .trainer import Trainer
+    from ..common.errors import UserError
+    from ..models.smollm2 import smollm2_path
+    from ..planning.tf32 import float32_state
+    from ..trainer import Trainer
 
     if not mx.metal.is_available():
         return Check("devices", "skip", "no Metal GPU in this process (MLX's CPU backend): nothing to compare "
@@ -533,7 +533,7 @@ def tf32_child_logprobs(batch, temperature: float) -> np.ndarray:
     process without MLX_ENABLE_TF32 (this process runs with 0, and MLX reads it once)."""
     import sys
 
-    from .planning.tf32 import ENV
+    from ..planning.tf32 import ENV
 
     whole = replace(batch, prompts=[])
     with tempfile.TemporaryDirectory(prefix="mlx-grpo-tf32-") as tmp:
@@ -542,7 +542,7 @@ def tf32_child_logprobs(batch, temperature: float) -> np.ndarray:
                  positions=np.array(whole.positions), mask=np.array(whole.mask), num_tokens=whole.num_tokens,
                  temperature=temperature)
         child = {k: v for k, v in os.environ.items() if k != ENV}  # MLX's default: TF32 on Neural Accelerators
-        subprocess.run([sys.executable, "-m", "mlx_grpo.tf32_child", str(saved), str(out)], env=child, check=True,
+        subprocess.run([sys.executable, "-m", "mlx_grpo.measuring.tf32_child", str(saved), str(out)], env=child, check=True,
                        capture_output=True, timeout=600)
         return np.load(out)
 
@@ -575,7 +575,7 @@ def check_plan_counts() -> Check:
     from mlx.utils import tree_flatten
     from mlx_lm.tuner.utils import linear_to_lora_layers
 
-    from .planning.plan import ModelShape
+    from ..planning.plan import ModelShape
 
     rows, ok = {}, True
     for family, args in PLAN_SHAPES.items():
@@ -601,8 +601,8 @@ def preset_model_dir(out: Path) -> Path:
     """A random-weight model of PRESET's shape with the shipped tokenizer (ids past it decode to nothing)."""
     from mlx_lm.utils import save_config, save_model
 
-    from .models.policy import DEFAULT_MODEL_DIR
-    from .planning.presets import preset_config, preset_model
+    from ..models.policy import DEFAULT_MODEL_DIR
+    from ..planning.presets import preset_config, preset_model
 
     out.mkdir(parents=True, exist_ok=True)
     save_model(out, preset_model(PRESET, layers=PRESET_LAYERS))
@@ -618,9 +618,9 @@ def check_plan(base_dir: Path, model_dir: Path) -> tuple[Check, Any]:
     import mlx.core as mx
 
     from .workload import Workload
-    from .models.policy import resolve_dtype
-    from .planning.fitting import read_model_shape
-    from .planning.plan import MemorySettings, Shapes, predict
+    from ..models.policy import resolve_dtype
+    from ..planning.fitting import read_model_shape
+    from ..planning.plan import MemorySettings, Shapes, predict
 
     prompt_length = 16
     config = small_config(model_id=str(model_dir), use_lora=True, lora_layers=-1, batch_size=2,
@@ -652,8 +652,8 @@ def check_rollout_flat(work) -> Check:
     import mlx.core as mx
 
     from .benchmark import kv_bytes_per_token
-    from .models.policy import resolve_dtype
-    from .trainer import step_key
+    from ..models.policy import resolve_dtype
+    from ..trainer import step_key
 
     prompt = max(len(e.tokens) for e in work.fixed.encoded)
     rows = work.sequences
@@ -679,11 +679,11 @@ def check_memory(base_dir: Path, work: Path, initial_cache_limit: int) -> Check:
     memory pressure before and after."""
     import mlx.core as mx
 
-    from .planning.machine import cache_limit_for, wired_limit, wired_limit_in_effect, wiring_takes_effect
-    from .models.policy import resolve_dtype
-    from .planning.fitting import fit_run
-    from .run.loop import train
-    from .trainer import Trainer
+    from ..planning.machine import cache_limit_for, wired_limit, wired_limit_in_effect, wiring_takes_effect
+    from ..models.policy import resolve_dtype
+    from ..planning.fitting import fit_run
+    from ..run.loop import train
+    from ..trainer import Trainer
 
     config = small_config(num_steps=3, eval_every=0, checkpoint_every=0, use_lora=True, lora_layers=-1,
                           batch_size=2, monitoring_dir=str(work / "runs"), run_name="memory")
@@ -742,8 +742,8 @@ def sum_rows(count: int, held_out: bool, seed: int) -> list[dict]:
 
 def reply_batch(tokenizer, rows: list[dict]):
     """Each row's prompt followed by its reference reply ("2 + 3 = 5."), laid out for `completion_logprobs`."""
-    from .rollout import Rollout
-    from .update import build_train_batch
+    from ..rollout import Rollout
+    from ..update import build_train_batch
 
     prompts = [tokenizer.encode(row["prompt"]) for row in rows]
     replies = [tokenizer.encode(f" {row['prompt'][8:-1]} = {row['answer']}.", add_special_tokens=False)
@@ -754,7 +754,7 @@ def reply_batch(tokenizer, rows: list[dict]):
 
 def reply_logprob(model, batch) -> float:
     """Mean log-prob per token of the reference replies."""
-    from .update import completion_logprobs
+    from ..update import completion_logprobs
 
     mask = np.array(batch.mask)
     return float((np.array(completion_logprobs(model, batch, 1.0)) * mask).sum() / mask.sum())
@@ -768,8 +768,8 @@ def bf16_update(model, batch) -> dict[str, Any]:
     import mlx.optimizers as optim
     from mlx.utils import tree_flatten
 
-    from .models.policy import apply_adapters
-    from .update import completion_logprobs
+    from ..models.policy import apply_adapters
+    from ..update import completion_logprobs
 
     mask = np.array(batch.mask)
     exact = np.array(completion_logprobs(model, batch, 1.0)) * mask
@@ -810,12 +810,12 @@ def check_real_model(base_dir: Path) -> Check:
     import mlx.core as mx
     from mlx.utils import tree_flatten
 
-    from .planning import chips
+    from ..planning import chips
     from .benchmark import bandwidth_report
-    from .common.errors import UserError
-    from .models.policy import is_quantized, load_policy, resolve_dtype
-    from .models.smollm2 import smollm2_path
-    from .trainer import Trainer
+    from ..common.errors import UserError
+    from ..models.policy import is_quantized, load_policy, resolve_dtype
+    from ..models.smollm2 import smollm2_path
+    from ..trainer import Trainer
 
     try:
         smollm2_path(download=True)
@@ -888,8 +888,8 @@ def check_real_model(base_dir: Path) -> Check:
 # ----------------------------------------------------------------------------- learning and speed
 
 def check_learning(base_dir: Path, work: Path) -> Check:
-    from .config.train_config import load_config
-    from .run.loop import train
+    from ..config.train_config import load_config
+    from ..run.loop import train
 
     config = load_config(None, {"num_steps": LEARNING_STEPS, "eval_every": LEARNING_STEPS, "wandb": False,
                                 "monitoring_dir": str(work / "runs"), "run_name": "learning"})
@@ -914,8 +914,8 @@ def check_bench(base_dir: Path) -> Check:
     import mlx.core as mx
 
     from .benchmark import BenchOptions, run_bench
-    from .config.train_config import load_config
-    from .planning.machine import wired_limit, wired_limit_in_effect
+    from ..config.train_config import load_config
+    from ..planning.machine import wired_limit, wired_limit_in_effect
 
     if mx.metal.is_available():
         mx.set_wired_limit(0)  # read back bench's own wiring below
@@ -972,7 +972,7 @@ def run_selftest(base_dir: Path, skip: set[str] = frozenset(), say: Callable[[st
     first matmul; `tf32_at_start` is what it was."""
     import mlx.core as mx
 
-    from .trainer import Trainer
+    from ..trainer import Trainer
 
     started = time.perf_counter()
     env = environment(tf32_at_start)
@@ -1029,7 +1029,7 @@ def run_selftest(base_dir: Path, skip: set[str] = frozenset(), say: Callable[[st
                 try:
                     check = runners[name]()
                 except Exception as err:  # noqa: BLE001 - a check that crashes is a failed check, reported
-                    from .run.loop import metal_failure
+                    from ..run.loop import metal_failure
 
                     text = str(err).strip().replace("\n", " ")
                     failure = metal_failure(err)

@@ -14,13 +14,13 @@ import mlx.optimizers as optim
 import numpy as np
 from mlx_lm.models.cache import make_prompt_cache
 
-from .common.errors import UserError
-from .config.train_config import TrainConfig
-from .data import EncodedPrompt, PromptOrder, encode_prompt
-from .planning.machine import wire_memory, wired_limit
-from .rollout import Rollout
-from .trainer import Prompts, Trainer, step_key
-from .update import build_train_batch
+from ..common.errors import UserError
+from ..config.train_config import TrainConfig
+from ..data import EncodedPrompt, PromptOrder, encode_prompt
+from ..planning.machine import wire_memory, wired_limit
+from ..rollout import Rollout
+from ..trainer import Prompts, Trainer, step_key
+from ..update import build_train_batch
 
 STEP_PHASES = ("rollout", "reward", "advantage", "ref", "update")
 

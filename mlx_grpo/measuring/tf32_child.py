@@ -1,4 +1,4 @@
-"""The selftest's TF32 child process: `python -m mlx_grpo.tf32_child BATCH.npz OUT.npy` computes the default
+"""The selftest's TF32 child process: `python -m mlx_grpo.measuring.tf32_child BATCH.npz OUT.npy` computes the default
 model's float32 log-probs of a saved batch with MLX_ENABLE_TF32 as this process has it (tf32.py says why)."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ def main(argv: list[str] | None = None) -> int:
     import mlx.core as mx
     import numpy as np
 
-    from .models.policy import load_policy
+    from ..models.policy import load_policy
     from .selftest import small_config
-    from .update import TrainBatch, completion_logprobs
+    from ..update import TrainBatch, completion_logprobs
 
     batch_file, out_file = argv if argv is not None else sys.argv[1:]
     saved = np.load(batch_file)
