@@ -2,7 +2,8 @@
 
 Every import counts, the lazy ones inside functions too (a lazy import is still an arrow). A module
 belongs to the area of its first sub-package under `mlx_grpo/` (`telemetry/metrics/catalogue.py` is in
-`telemetry`), so a new sub-package is covered the day it is made. Inside the training area, `telemetry/`
+`telemetry`), so a new sub-package is covered the day it is made. Inside the training area (whose wings
+`config/`, `models/`, `planning/`, `run/` and `measuring/` are rooms of it), inside each wing, `telemetry/`
 and `rewards/` the rooms stand on floors of their own (INNER_FLOORS): no arrow runs back up one, and a
 new room must be given a floor. `python tests/test_layering.py` prints the house's figures.
 """
@@ -34,13 +35,38 @@ NO_MLX = {"telemetry", "tui"}  # the dashboard, report and compare run where mlx
 # "mlx_grpo" covers the training area's rooms (the other areas have the rules above).
 INNER_FLOORS = {
     "mlx_grpo": [
-        {"", "config", "tasks"},
+        {"", "config", "tasks"},  # the wings are rooms here, with floors of their own below
         {"grpo", "models", "data", "head_scores", "frozen_prefix", "rollout", "multiturn", "rewards", "update", "extras", "evaluate",
          "checkpoint"},  # core: the model, the data, the math, a completion's worth, saving weights
         {"planning"},  # what a run needs and can reach, predicted before it loads
         {"trainer", "distributed"},  # one step, on one rank or many
         {"run"},  # a run's life
         {"measuring", "tools", "mcp_server"},  # measuring and serving the rest
+    ],
+    "mlx_grpo.config": [
+        {"aliases", "paths", "run_code", "name_clash"},
+        {"train_config", ""},  # "" re-exports train_config's two public names
+    ],
+    "mlx_grpo.models": [
+        {"", "wheel_files", "gguf_header", "gguf_blocks", "decode_attention"},
+        {"smollm2", "gemma3", "qwen_coder", "gguf"},  # the model sources
+        {"policy"},  # a policy from any source
+    ],
+    "mlx_grpo.planning": [
+        {"", "blas", "chips", "presets", "plan"},  # the facts and the memory model
+        {"machine", "roofline"},
+        {"tf32", "fitting"},
+    ],
+    "mlx_grpo.run": [
+        {"", "console", "run_lock", "resume", "replay"},
+        {"signals", "export", "opening"},
+        {"loop"},  # the run read as a page
+    ],
+    "mlx_grpo.measuring": [
+        {"", "workload", "sweep"},
+        {"benchmark"},
+        {"selftest"},
+        {"tf32_child"},
     ],
     "mlx_grpo.rewards": [
         {"", "builtin", "judge", "scoring"},
