@@ -21,7 +21,7 @@ import mlx.core as mx
 import psutil
 
 from mlx_grpo.models.gguf import (
-    FAMILIES, _kept_bits, _mlx_name, empty_model, fill_model, kept_note, read_config, read_gguf,
+    GGUF_ARCHITECTURES, _kept_bits, _mlx_name, empty_model, fill_model, kept_note, read_config, read_gguf,
 )
 from mlx_grpo.models.policy import parameter_bytes
 
@@ -52,7 +52,7 @@ def main() -> None:
 
         path = gemma3_path(download=True)
     header, config = read_gguf(path), read_config(path)  # the header, outside the measured load
-    family = FAMILIES[header.metadata["general.architecture"]]
+    family = GGUF_ARCHITECTURES[header.metadata["general.architecture"]]
     quantized = _kept_bits(header, family)
     names = [_mlx_name(name, family) for name in header.tensors if name != "rope_freqs.weight"]
     plain = {k: v for k, v in config.items() if k != "quantization"}

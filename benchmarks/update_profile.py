@@ -38,7 +38,8 @@ from mlx_grpo.rollout import Rollout  # noqa: E402
 from mlx_grpo.trainer import make_optimizer  # noqa: E402
 from mlx_grpo import head_scores
 from mlx_grpo.head_scores import shifted_exp, streamed_head_scores, target_logprobs
-from mlx_grpo.update import build_train_batch, completion_states, entropy_stride, make_loss_fn, reference_logprobs, update_policy
+from mlx_grpo.models.families import entropy_stride
+from mlx_grpo.update import build_train_batch, completion_states, make_loss_fn, reference_logprobs, update_policy
 
 
 def main(argv: list[str] | None = None) -> None:

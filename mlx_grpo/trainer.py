@@ -49,7 +49,8 @@ from .planning.fitting import fit_run, read_model_shape
 from .planning.plan import ModelShape
 from . import frozen_prefix
 from .planning import roofline
-from .update import (TrainBatch, UpdateResult, build_train_batch, checkpoint_blocks, entropy_stride, make_loss_fn,
+from .models.families import entropy_stride
+from .update import (TrainBatch, UpdateResult, build_train_batch, checkpoint_blocks, make_loss_fn,
                      reference_logprobs, sampler_logprobs, shares_prompts, update_policy)
 
 

@@ -48,7 +48,7 @@ INNER_FLOORS = {
         {"train_config", ""},  # "" re-exports train_config's two public names
     ],
     "mlx_grpo.models": [
-        {"", "wheel_files", "gguf_header", "gguf_blocks", "decode_attention"},
+        {"", "families", "wheel_files", "gguf_header", "gguf_blocks", "decode_attention"},  # families: no mlx
         {"smollm2", "gemma3", "qwen_coder", "gguf"},  # the model sources
         {"policy"},  # a policy from any source
     ],

@@ -41,10 +41,11 @@ from ..planning import chips, roofline
 from ..config.train_config import TrainConfig
 from ..common.errors import UserError
 from ..planning.machine import describe, matmul_peak_flops, stream_gb_s
-from ..head_scores import block_exponentials, streams_head, vocab_block
+from ..head_scores import block_exponentials, streams_head
 from ..models.policy import count_parameters, lm_head, resolve_dtype
 from ..trainer import step_key
-from ..update import build_train_batch, entropy_stride, shares_prompts
+from ..models.families import entropy_stride, vocab_block
+from ..update import build_train_batch, shares_prompts
 from .workload import STEP_PHASES, Workload, decode_ceiling, make_update_ceiling
 from ..planning.fitting import read_model_shape
 from ..frozen_prefix import first_block

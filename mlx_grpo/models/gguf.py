@@ -23,7 +23,7 @@ Tensor types: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and Q2_K..Q6_K, mixed
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterator
@@ -34,46 +34,13 @@ import numpy as np
 from mlx.utils import tree_flatten
 
 from ..common.errors import UserError
+from .families import GGUF_ARCHITECTURES, TOP_TENSORS, GGUFLayout
 from .gguf_blocks import EXACT_BITS, GROUP_SIZE, REQUANTIZED, affine_groups, mlx_bits, pack
 from .gguf_header import Header, TensorInfo, read_header, type_name
 
 FLOAT_TYPES = {"F32", "F16", "BF16"}
 QUANT_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
 SUPPORTED_TYPES = (*sorted(FLOAT_TYPES), *QUANT_TYPES)
-
-# llama.cpp's block tensor names -> mlx-lm's, shared by the families
-COMMON_BLOCK = {
-    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
-}
-QK_NORMS = {"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"}
-TOP_TENSORS = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
-
-
-@dataclass(frozen=True)
-class Family:
-    model_type: str  # mlx-lm's
-    block: dict[str, str]
-    permuted_qk: bool = False  # llama.cpp interleaves the rotary halves of llama q/k rows
-    norm_offset: float = 0.0  # gemma's norms are stored as 1 + weight; mlx-lm adds the 1 itself
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
-LLAMA = Family("llama", COMMON_BLOCK, permuted_qk=True)
-FAMILIES = {
-    "llama": LLAMA,
-    "mistral": LLAMA,
-    "qwen2": Family("qwen2", COMMON_BLOCK),
-    "qwen3": Family("qwen3", {**COMMON_BLOCK, **QK_NORMS}),
-    "gemma3": Family("gemma3_text", {**COMMON_BLOCK, **QK_NORMS, "ffn_norm": "pre_feedforward_layernorm",
-                                     "post_attention_norm": "post_attention_layernorm",
-                                     "post_ffw_norm": "post_feedforward_layernorm"},
-                     norm_offset=1.0, extra={"sliding_window_pattern": 6, "rope_local_base_freq": 10000.0}),
-    "phi3": Family("phi3", {**{k: v for k, v in COMMON_BLOCK.items() if k not in ("attn_q", "attn_k", "attn_v",
-                                                                                  "ffn_gate", "ffn_up")},
-                            "attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}),
-}
 
 # tokenizer.ggml.pre values split digit by digit, then as GPT-2 does (transformers' converter has no entry)
 DIGITS_PRE = ("smollm", "starcoder", "refact")
@@ -132,11 +99,11 @@ def gguf_config(path: Path, header: Header) -> dict[str, Any]:
     md, tensors = header.metadata, header.tensors
     reasons = _Reasons()
     arch = md.get("general.architecture")
-    family = FAMILIES.get(arch) if isinstance(arch, str) else None
+    family = GGUF_ARCHITECTURES.get(arch) if isinstance(arch, str) else None
     if arch is None:
         reasons.append("no 'general.architecture' in its metadata: not a model's GGUF file")
     elif family is None:
-        reasons.append(f"architecture '{arch}' (these load: {', '.join(FAMILIES)})")
+        reasons.append(f"architecture '{arch}' (these load: {', '.join(GGUF_ARCHITECTURES)})")
     refused = Counter(type_name(t.type_id) for t in tensors.values() if type_name(t.type_id) not in SUPPORTED_TYPES)
     if refused:
         reasons.append(f"tensor types {', '.join(f'{n} ({c} tensors)' for n, c in sorted(refused.items()))} "
@@ -156,7 +123,7 @@ def gguf_config(path: Path, header: Header) -> dict[str, Any]:
     return config
 
 
-def _family_config(md: dict[str, Any], tensors: dict[str, TensorInfo], arch: str, family: Family,
+def _family_config(md: dict[str, Any], tensors: dict[str, TensorInfo], arch: str, family: GGUFLayout,
                    reasons: _Reasons) -> dict[str, Any]:
     def key(name: str, kind: type = int, default: Any = None) -> Any:
         return reasons.metadata(md, f"{arch}.{name}", kind, default)
@@ -245,7 +212,7 @@ def _transformers_splits() -> dict[str, str]:
     return GGUF_PRE_TOKENIZER_SPLITS
 
 
-def _mlx_name(name: str, family: Family) -> str | None:
+def _mlx_name(name: str, family: GGUFLayout) -> str | None:
     parts = name.split(".")
     if parts[-1] not in ("weight", "bias"):
         return None
@@ -256,7 +223,7 @@ def _mlx_name(name: str, family: Family) -> str | None:
     return None
 
 
-def _kept_bits(header: Header, family: Family) -> dict[str, int]:
+def _kept_bits(header: Header, family: GGUFLayout) -> dict[str, int]:
     """Module path -> MLX bits of every matrix the file holds quantized (gguf_blocks.mlx_bits)."""
     return {_mlx_name(name, family).removesuffix(".weight"): mlx_bits(type_name(t.type_id))
             for name, t in header.tensors.items() if type_name(t.type_id) in QUANT_TYPES}
@@ -265,7 +232,7 @@ def _kept_bits(header: Header, family: Family) -> dict[str, int]:
 def quantization(header: Header) -> dict[str, Any] | None:
     """config.json's `quantization` for the base kept quantized: each matrix at the bits it keeps in MLX's
     format (its type's own bits where the conversion is exact, else 8)."""
-    family = FAMILIES.get(header.metadata.get("general.architecture"))
+    family = GGUF_ARCHITECTURES.get(header.metadata.get("general.architecture"))
     bits = _kept_bits(header, family)
     if not bits:
         return None
@@ -423,7 +390,7 @@ def fill_model(model: nn.Module, path: Path, header: Header, config: dict[str, A
     model holds little else), so the load's peak is about the loaded model plus one tensor. The matrices at
     `quantized` in MLX's format, the rest as the file's values; floats in `dtype`. Returns the error of the
     kept-quantized weights per (matrix kind, ggml type, bits)."""
-    family = FAMILIES[header.metadata["general.architecture"]]
+    family = GGUF_ARCHITECTURES[header.metadata["general.architecture"]]
     heads = {"attn_q": config["num_attention_heads"], "attn_k": config["num_key_value_heads"]}
     expected = dict(tree_flatten(model.parameters()))
     errors: dict[tuple[str, str, int], WeightError] = defaultdict(WeightError)
@@ -531,7 +498,7 @@ def load_gguf(path: Path, keep_quantized: bool = True,
     header = read_gguf(path)
     config = read_config(path)
     tokenizer = build_tokenizer(path, header)
-    family = FAMILIES[header.metadata["general.architecture"]]
+    family = GGUF_ARCHITECTURES[header.metadata["general.architecture"]]
     plain = {k: v for k, v in config.items() if k != "quantization"}
     quantized = _kept_bits(header, family) if keep_quantized else {}
     names = [_mlx_name(name, family) for name in header.tensors if name != "rope_freqs.weight"]

@@ -22,24 +22,15 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from ..config.train_config import DEFAULT_MODEL, TrainConfig
 from ..common.errors import UserError
+from .families import plain_head
 
 DEFAULT_MODEL_DIR = Path(__file__).parent.parent / "default_model"
 DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}
 
 
-# Architectures whose output step is exactly "backbone, then the LM head (or the tied embedding)"
-# (read in mlx-lm 0.30.4 to 0.32): callers that need logits at a few positions only run the head there
-# (a [positions, V] matrix instead of [all positions, V]; at a 152k vocabulary that is most of a pass's
-# memory), and only these can run it `logits_chunk_size` positions at a time. gemma3_text scales its
-# embedding on the way in only; its head is the plain tied embedding (gemma-3-270m's 262k vocabulary made
-# the whole-sequence logits 70% of its update). Others (gemma2's logit soft-capping, granite's logit
-# scaling, ...) run their own head over every position; the memory plan counts them so
-# (plan.ModelShape.plain_head). tests/test_model_families.py checks each family's head against its forward.
-PLAIN_HEAD_MODELS = {"llama", "qwen2", "qwen3", "mistral", "qwen3_moe", "mixtral", "phi3", "olmo2", "gemma3_text"}
-
-
 def has_plain_head(model: nn.Module) -> bool:
-    return getattr(model, "model_type", None) in PLAIN_HEAD_MODELS and hasattr(model, "model")
+    """The model's family has a plain head (families.Family.plain_head) and the model the backbone under it."""
+    return plain_head(getattr(model, "model_type", None)) and hasattr(model, "model")
 
 
 def chunk_ignored(model: nn.Module, config: TrainConfig) -> str | None:

@@ -32,9 +32,7 @@ from typing import Any
 from ..config.train_config import TrainConfig
 from ..common.errors import UserError
 from ..common.units import GB
-from ..models.policy import PLAIN_HEAD_MODELS
-from ..head_scores import vocab_block
-from ..update import entropy_stride
+from ..models.families import entropy_stride, plain_cache, plain_head, sliding_window, tied_embeddings, vocab_block
 
 
 # ----------------------------------------------------------------------------- measured constants
@@ -72,7 +70,7 @@ HEAD_UPDATE = 3.1
 HEAD_UPDATE_CHUNKED = 10.2
 HEAD_REFERENCE = 3.8
 HEAD_REFERENCE_CHUNKED = 9.5
-# policy/entropy's logits at its sampled positions (update.entropy_stride: every position of completions up
+# policy/entropy's logits at its sampled positions (families.entropy_stride: every position of completions up
 # to 32 tokens) add their own softmax: 4.3 per logit in all when it samples every position (measured 4.30-4.33).
 HEAD_ENTROPY = 1.25
 # A half-precision head first writes its logits in bf16, then casts them to float32: one more buffer.
@@ -137,7 +135,7 @@ class ModelShape:
     experts: int = 0
     expert_intermediate: int = 0
     shared_intermediate: int = 0
-    # The LM head can run at chosen positions and in chunks (models.PLAIN_HEAD_MODELS); else the model's
+    # The LM head can run at chosen positions and in chunks (families.Family.plain_head); else the model's
     # own head makes logits at every position of the sequence at once and logits_chunk_size does nothing
     plain_head: bool = True
     # Every block caches plain keys and values (no sliding window): the G completions of a prompt then share
@@ -173,13 +171,12 @@ class ModelShape:
                        heads=heads, kv_heads=int(merged.get("num_key_value_heads") or heads),
                        head_dim=int(merged.get("head_dim") or hidden // heads),
                        intermediate=int(merged["intermediate_size"]),
-                       tied=bool(merged.get("tie_word_embeddings", False)),
+                       tied=tied_embeddings(merged),
                        bits=int(quant["bits"]) if quant.get("bits") else None,
                        group_size=int(quant.get("group_size", 64)), experts=experts,
                        embedding_bits=_own_bits(quant, "model.embed_tokens"),
                        expert_intermediate=expert_width, shared_intermediate=shared_width,
-                       plain_head=merged.get("model_type", "llama") in plain_head_models(),
-                       plain_cache=merged.get("model_type", "llama") in plain_head_models() and not sliding(merged),
+                       plain_head=plain_head(merged.get("model_type", "llama")), plain_cache=plain_cache(merged),
                        window=sliding_window(merged))
         except KeyError as err:
             raise UserError(f"{source}: no '{err.args[0]}': mlx-grpo plan reads the model's shape from it") from None
@@ -229,27 +226,6 @@ class ModelShape:
         else:
             linears += mlp(self.intermediate)
         return num_layers * rank * sum(i + o for i, o in linears)
-
-
-def sliding(config: dict) -> bool:
-    """Whether some layers attend over a sliding window (mlx-lm gives them a RotatingKVCache): named in
-    `layer_types`, or every `sliding_window_pattern`-th layer global (gemma3_text's default pattern is 6)."""
-    pattern = config.get("sliding_window_pattern")
-    if pattern is None:
-        pattern = 6 if config.get("model_type") == "gemma3_text" else 1
-    return "sliding_attention" in (config.get("layer_types") or []) or (type(pattern) is int and pattern > 1)
-
-
-def sliding_window(config: dict) -> int:
-    """The window of a plain-head family's sliding layers (0: none, or not a whole number)."""
-    window = config.get("sliding_window")
-    plain = config.get("model_type", "llama") in plain_head_models()
-    return window if plain and sliding(config) and type(window) is int and window > 0 else 0
-
-
-def plain_head_models() -> set[str]:
-
-    return PLAIN_HEAD_MODELS
 
 
 def dtype_bytes(dtype: str) -> int:
