@@ -120,8 +120,9 @@ def checks_and_rewards(args: argparse.Namespace, config, base_dir):
     from ..rewards.loading import load_reward_functions
     from ..rewards.scoring import RewardFunction
     from ..config.run_code import is_user_code, named_file, refuse_named_code, spec_text
+    from ..telemetry.rundir.layout import RunPaths
 
-    from_run = (Path(args.target) / "run.json").is_file()
+    from_run = RunPaths(args.target).run_json.is_file()
     reward_names = [r.name for r in config.rewards]
     setting, where = (args.correctness, Path.cwd()) if args.correctness else (config.correctness, base_dir)
     if from_run and not args.correctness and is_user_code(setting):

@@ -31,6 +31,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..telemetry.metrics.names import EVAL_ACCURACY
+from ..checkpoint import weights_name
 from ..telemetry.rundir.layout import RunPaths
 
 PERTURB_ENV = "MLX_GRPO_SELFTEST_PERTURB"
@@ -335,15 +336,14 @@ def check_resume(base_dir: Path, work: Path) -> Check:
     whole = Path(train(config, base_dir)["run_dir"])
     resumed = work / "runs" / "resumed"
     shutil.copytree(whole, resumed)
-    shutil.rmtree(RunPaths(resumed).checkpoints / "step_4")
+    shutil.rmtree(RunPaths(resumed).checkpoint(4))
     train(replace(config, run_name="resumed"), base_dir, resume_dir=resumed)
 
     def final_weights(run: Path) -> dict[str, np.ndarray]:
         import mlx.core as mx
 
-        folder = RunPaths(run).checkpoints / "step_4"
-        name = "adapters.safetensors" if (folder / "adapters.safetensors").exists() else "model.safetensors"
-        return {k: np.array(v) for k, v in mx.load(str(folder / name)).items()}
+        folder = RunPaths(run).checkpoint(4)
+        return {k: np.array(v) for k, v in mx.load(str(folder / weights_name(folder))).items()}
 
     a, b = final_weights(whole), final_weights(resumed)
     diff = max(max_difference(perturbed("resume", a[k]), b[k]) for k in a)

@@ -23,16 +23,16 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_unflatten
 
-from ..checkpoint import STEP_DIR, list_checkpoints
+from ..checkpoint import ADAPTER_CONFIG, ADAPTERS, list_checkpoints, weights_name
 from ..config.train_config import TrainConfig
 from ..common.errors import UserError
 from ..models.policy import (
     apply_adapters, dequantize_base, is_quantized, load_policy, model_config, resolve_dtype, resolve_model_path,
 )
 from .resume import config_for_resume
-from ..telemetry.rundir.layout import RunPaths
+from ..telemetry.rundir.layout import RunPaths, checkpoint_step
 
-ADAPTER_FILES = ("adapters.safetensors", "adapter_config.json")
+ADAPTER_FILES = (ADAPTERS, ADAPTER_CONFIG)
 
 
 @dataclass
@@ -54,14 +54,14 @@ def find_checkpoint(run_dir: Path, step: int | None) -> Path:
     if step is None:
         return found[-1]
     for path in found:
-        if int(STEP_DIR.match(path.name).group(1)) == step:
+        if checkpoint_step(path) == step:
             return path
-    steps = ", ".join(STEP_DIR.match(p.name).group(1) for p in found)
+    steps = ", ".join(str(checkpoint_step(p)) for p in found)
     raise UserError(f"{run_dir}: no checkpoint of step {step}; there are checkpoints of steps {steps}")
 
 
 def _load_weights(model: nn.Module, checkpoint: Path) -> None:
-    name = "adapters.safetensors" if (checkpoint / "adapters.safetensors").is_file() else "model.safetensors"
+    name = weights_name(checkpoint)
     try:
         model.load_weights(str(checkpoint / name), strict=False)
     except (OSError, ValueError, RuntimeError) as err:  # RuntimeError: mlx reading a damaged file
@@ -183,7 +183,7 @@ def export_model(run_dir: Path, out: Path, step: int | None = None, fuse: bool =
         _load_weights(model, checkpoint)
         fuse_adapters(model)
     summary = {"run_dir": str(run_dir), "checkpoint": checkpoint.name,
-               "step": int(STEP_DIR.match(checkpoint.name).group(1)), "model_id": config.model_id,
+               "step": checkpoint_step(checkpoint), "model_id": config.model_id,
                "use_lora": config.use_lora, "fused": config.use_lora and fuse, "out": str(out),
                "dtype": export_dtype(source, model_config(str(source)), resolve_dtype(config), float32),
                "system_prompt": config.system_prompt, "use_chat_template": config.use_chat_template}

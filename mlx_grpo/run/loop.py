@@ -29,7 +29,7 @@ from ..telemetry.alerts.alert import Alert
 from ..telemetry.events import Artifact, Flush
 from ..telemetry.metrics.names import EVAL_ACCURACY
 from ..telemetry.recorder import RunRecorder, StepReport
-from ..telemetry.rundir.layout import RunPaths
+from ..telemetry.rundir.layout import RunPaths, checkpoint_name, checkpoint_step
 from ..telemetry.rundir.writer import RunDirWriteError
 
 
@@ -269,7 +269,7 @@ def roll_back(run: Run, alert: Alert, step: int) -> None:
     trainer, recorder = run.trainer, run.recorder
     rule = next(r for r in recorder.engine.rules if r.name == alert.rule)
     began = step - rule.for_steps + 1
-    candidates = [p for p in list_checkpoints(RunPaths(run.run_dir).checkpoints) if int(p.name.split("_")[1]) < began]
+    candidates = [p for p in list_checkpoints(RunPaths(run.run_dir).checkpoints) if checkpoint_step(p) < began]
     if not candidates:
         raise UserError(f"alert rule '{rule.name}' (action: rollback) fired at step {step} and no checkpoint "
                         f"from before step {began} is left to go back to", exit_code=EXIT_GUARD_STOP)
@@ -310,7 +310,7 @@ def way_back(run: Run, stop: Stop) -> tuple[Path, dict[str, float]] | None:
         return None
     checkpoints = list_checkpoints(RunPaths(run.run_dir).checkpoints)
     began = run.step - rule.for_steps + 1
-    if not checkpoints or int(checkpoints[-1].name.split("_")[1]) >= began:
+    if not checkpoints or checkpoint_step(checkpoints[-1]) >= began:
         return None
     return checkpoints[-1], dict(rule.remedy)
 
@@ -382,7 +382,7 @@ def prepare(run: Run, step: int) -> PendingCheckpoint:
              "config": scrub_secrets(dataclasses.asdict(trainer.config)), "run_state": recorder.state_dict(),
              "rollbacks": run.rollbacks, "remedy": run.remedy, "best_eval": run.best_eval,
              **trainer.world.checkpoint_state()}
-    spare = f"step_{run.best_eval[0]}" if run.best_eval is not None else None
+    spare = checkpoint_name(run.best_eval[0]) if run.best_eval is not None else None
     return prepare_checkpoint(RunPaths(run.run_dir).checkpoints, step, trainer.policy.model, trainer.optimizer, state,
                               trainer.adapter_config(), trainer.config.keep_checkpoints, spare)
 

@@ -22,16 +22,15 @@ from __future__ import annotations
 import dataclasses
 import os
 import shlex
-import shutil
 from pathlib import Path
 from typing import Any
 
 import psutil
 
-from ..checkpoint import STEP_DIR, DamagedCheckpoint, latest_checkpoint, read_state
+from ..checkpoint import DamagedCheckpoint, latest_checkpoint, read_state, remove_unfinished
 from ..config.train_config import TrainConfig, config_from_mapping, nest, top_level_fields
 from ..common.errors import UserError
-from ..telemetry.rundir.layout import ALERTS, METRICS, SAMPLES, RunPaths
+from ..telemetry.rundir.layout import ALERTS, METRICS, SAMPLES, RunPaths, checkpoint_step
 from ..telemetry.rundir.writer import RunInfo, loads_object, read_run_info
 
 
@@ -110,17 +109,16 @@ def resumable_checkpoint(run_dir: Path, num_steps: int) -> Path | None:
         raise UserError(f"{run_dir}: this run is still being trained by process {pid}; stop it first")
     checkpoints = RunPaths(run_dir).checkpoints
     if checkpoints.is_dir():
-        for tmp in checkpoints.glob(".step_*.tmp"):
-            shutil.rmtree(tmp, ignore_errors=True)  # a checkpoint cut short by a crash
+        remove_unfinished(checkpoints)
         for entry in checkpoints.iterdir():  # a file in place of step_N would end the run when it saves N
-            if STEP_DIR.match(entry.name) and (entry.is_symlink() or not entry.is_dir()):
+            if checkpoint_step(entry) is not None and (entry.is_symlink() or not entry.is_dir()):
                 raise DamagedCheckpoint(entry, "a symbolic link: a checkpoint is read only where it was written"
                                         if entry.is_symlink() else "not a directory")
     latest = latest_checkpoint(checkpoints)
     if latest is None:
         return None
     read_state(latest, run_dir)  # verified before anything loads: the resume reads its fields as they are
-    step = int(STEP_DIR.match(latest.name).group(1))
+    step = checkpoint_step(latest)
     if step > num_steps:
         raise UserError(f"{run_dir}: its last checkpoint is at step {step}, beyond num_steps {num_steps}; "
                         f"resume with --num-steps {step} or more")

@@ -24,9 +24,9 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from ..checkpoint import STEP_DIR, latest_checkpoint
+from ..checkpoint import latest_checkpoint
 from .resume import resume_command
-from ..telemetry.rundir.layout import RunPaths
+from ..telemetry.rundir.layout import RunPaths, checkpoint_step
 
 SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
 EXIT_INTERRUPTED = 130  # the shell's code for a process ended by Ctrl-C
@@ -98,7 +98,7 @@ def stopped_message(run_dir: Path, step: int, checkpoint_saved: bool) -> str:
     if latest is None:
         return (f"stopped during step {step} with no checkpoint yet; "
                 f"{resume_command(run_dir)} starts the run over")
-    saved_step = int(STEP_DIR.match(latest.name).group(1))
+    saved_step = checkpoint_step(latest)
     return (f"stopped during step {step}; the last checkpoint is step {saved_step}; "
             f"continue from it with: {resume_command(run_dir)}")
 
