@@ -31,9 +31,9 @@ if __name__ == "__main__":
 from mlx_grpo.checkpoint import latest_checkpoint
 from mlx_grpo.config.train_config import load_config
 from mlx_grpo.evaluate import evaluate
-from mlx_grpo.tasks import arithmetic
 from mlx_grpo.models.policy import load_policy_for_training
 from mlx_grpo.run.loop import train
+from mlx_grpo.tasks import arithmetic
 
 
 def heldout_accuracy(config, base_dir: Path, rows: list[dict], checkpoint: Path | None) -> float:

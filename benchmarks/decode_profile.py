@@ -30,8 +30,8 @@ import mlx.core as mx
 from mlx.utils import tree_flatten
 
 from mlx_grpo.models.decode_attention import grouped_decoding
-from mlx_grpo.planning.machine import matmul_peak_flops, stream_gb_s
 from mlx_grpo.models.policy import lm_head, project_to_vocab
+from mlx_grpo.planning.machine import matmul_peak_flops, stream_gb_s
 from mlx_grpo.rollout import SamplingSettings, prefill_plain, sample_tokens, transposed_head
 
 

@@ -22,13 +22,12 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from mlx_grpo.measuring.benchmark import BenchOptions, phase_work
 from mlx_grpo.config.train_config import load_config
+from mlx_grpo.measuring.benchmark import BenchOptions, phase_work
+from mlx_grpo.measuring.workload import Workload
 from mlx_grpo.planning.machine import matmul_peak_flops
 from mlx_grpo.planning.presets import cached_preset_model
 from mlx_grpo.trainer import step_key
-from mlx_grpo.update import build_train_batch
-from mlx_grpo.measuring.workload import Workload
 
 
 def main() -> None:

@@ -457,8 +457,13 @@ def fuzz(cases: int, seed: int, timeout: float = 1800.0, base: Path | None = Non
     header_end = max(at for _, at in table) + 8
     config_text = (REPO / "configs" / "default.yaml").read_text() if (REPO / "configs" / "default.yaml").is_file() \
         else "\n".join(f"{k}: {json.dumps(v)}" for k, v in BASE_CONFIG.items()) + "\n"
-    import mlx_grpo.cli, mlx_grpo.commands.compare, mlx_grpo.commands.replay, mlx_grpo.commands.report  # noqa: E401,F401 - once, before the forks
-    import mlx_grpo.run.replay, mlx_grpo.telemetry.analysis.report, mlx_grpo.mcp_server, mlx_grpo.models.gguf  # noqa: E401,F401
+    import mlx_grpo.cli  # noqa: E401,F401 - once, before the forks
+    import mlx_grpo.commands.compare
+    import mlx_grpo.commands.replay
+    import mlx_grpo.commands.report
+    import mlx_grpo.mcp_server
+    import mlx_grpo.models.gguf
+    import mlx_grpo.run.replay  # noqa: E401,F401
     rng = random.Random(seed)
     totals, by_reader, findings, kinds = Counter(), {}, [], Counter()
     work = root / "cases"

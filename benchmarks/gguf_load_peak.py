@@ -21,7 +21,14 @@ import mlx.core as mx
 import psutil
 
 from mlx_grpo.models.gguf import (
-    GGUF_ARCHITECTURES, _kept_bits, _mlx_name, empty_model, fill_model, kept_note, read_config, read_gguf,
+    GGUF_ARCHITECTURES,
+    _kept_bits,
+    _mlx_name,
+    empty_model,
+    fill_model,
+    kept_note,
+    read_config,
+    read_gguf,
 )
 from mlx_grpo.models.policy import parameter_bytes
 

@@ -24,8 +24,8 @@ from dataclasses import replace
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
-
 from memory_probe import Probe, build_model
+
 from mlx_grpo.config.train_config import load_config
 from mlx_grpo.models.policy import apply_adapters
 from mlx_grpo.rollout import Rollout

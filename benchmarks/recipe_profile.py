@@ -31,9 +31,9 @@ if __name__ == "__main__":
 import mlx.core as mx  # noqa: E402
 from mlx_lm.models.cache import KVCache, make_prompt_cache  # noqa: E402
 
-from mlx_grpo.models import families  # noqa: E402
 from mlx_grpo import rollout, update  # noqa: E402
 from mlx_grpo.config.train_config import load_config  # noqa: E402
+from mlx_grpo.models import families  # noqa: E402
 from mlx_grpo.trainer import Trainer  # noqa: E402
 
 

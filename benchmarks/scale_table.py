@@ -19,6 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from memory_probe import Probe, measure
+
 from mlx_grpo.config.train_config import load_config
 from mlx_grpo.planning.plan import GB, MemorySettings, ModelShape, Shapes, predict
 from mlx_grpo.planning.presets import PRESETS, preset_config

@@ -30,15 +30,17 @@ import mlx.nn as nn  # noqa: E402
 import mlx.optimizers as optim  # noqa: E402
 import numpy as np  # noqa: E402
 
-from mlx_grpo import grpo  # noqa: E402
+from mlx_grpo import (
+    grpo,  # noqa: E402
+    head_scores,
+)
 from mlx_grpo.config.train_config import load_config  # noqa: E402
+from mlx_grpo.head_scores import shifted_exp, streamed_head_scores, target_logprobs
+from mlx_grpo.models.families import entropy_stride
 from mlx_grpo.models.policy import apply_adapters, lm_head, make_reference  # noqa: E402
 from mlx_grpo.planning.presets import preset_model  # noqa: E402
 from mlx_grpo.rollout import Rollout  # noqa: E402
 from mlx_grpo.trainer import make_optimizer  # noqa: E402
-from mlx_grpo import head_scores
-from mlx_grpo.head_scores import shifted_exp, streamed_head_scores, target_logprobs
-from mlx_grpo.models.families import entropy_stride
 from mlx_grpo.update import build_train_batch, completion_states, make_loss_fn, reference_logprobs, update_policy
 
 

@@ -37,9 +37,9 @@ import mlx.optimizers as optim
 from mlx.utils import tree_flatten, tree_unflatten
 
 from .common.errors import UserError
+from .common.user_files import open_regular
 from .telemetry.rundir.layout import checkpoint_name, checkpoint_step
 from .telemetry.rundir.writer import loads_object
-from .common.user_files import open_regular
 
 STATE = "state.json"
 ADAPTERS = "adapters.safetensors"

@@ -15,7 +15,6 @@ from .extras import token_entropy
 from .models.families import vocab_block
 from .models.policy import project_to_vocab
 
-
 _LOG2E = math.log2(math.e)
 # ln 2 split in two (Cody and Waite): n * _LN2_HIGH is exact in float32 for the n used here, so x - n ln 2
 # keeps its digits at any x

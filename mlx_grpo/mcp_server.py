@@ -370,9 +370,9 @@ class Workspace:
 
     def check_config(self, config_path: Path | None, overrides: dict[str, Any] | None) -> None:
         """The reward, correctness and rubric files a run would import, all inside the workspace."""
-        from .config.train_config import load_config, top_level_fields_all
         from .config.aliases import translate
         from .config.paths import resolve_input_paths
+        from .config.train_config import load_config, top_level_fields_all
 
         # the trainer runs in the workspace: its command-line paths resolve there, whatever this process's folder
         typed = resolve_input_paths(translate(dict(overrides), "command line", known=top_level_fields_all()),

@@ -36,13 +36,19 @@ from mlx.utils import tree_flatten, tree_map
 from . import frozen_prefix, grpo
 from .config.train_config import TrainConfig
 from .extras import token_entropy
-from .head_scores import chunked_head_logprobs, head_token_stats, scaled, streamed_head_scores, streams_head, target_logprobs
+from .frozen_prefix import Captured
+from .head_scores import (
+    chunked_head_logprobs,
+    head_token_stats,
+    scaled,
+    streamed_head_scores,
+    streams_head,
+    target_logprobs,
+)
 from .models.families import entropy_stride
 from .models.policy import has_plain_head, lm_head, project_to_vocab
-from .frozen_prefix import Captured
-from .telemetry.metrics.names import SAMPLING_LOGP_DIFF_MAX, SAMPLING_LOGP_DIFF_MEAN
 from .rollout import Rollout, has_plain_kv_cache, prefill_plain
-
+from .telemetry.metrics.names import SAMPLING_LOGP_DIFF_MAX, SAMPLING_LOGP_DIFF_MEAN
 
 # ----------------------------------------------------------------------------- batches
 

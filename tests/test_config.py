@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 
 from mlx_grpo.cli import main
-from mlx_grpo.config.train_config import TrainConfig, load_config
 from mlx_grpo.common.errors import UserError
+from mlx_grpo.config.train_config import TrainConfig, load_config
 
 CONFIGS = Path(__file__).parent.parent / "configs"
 

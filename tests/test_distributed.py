@@ -15,15 +15,15 @@ from types import SimpleNamespace
 import mlx.core as mx
 import numpy as np
 import pytest
-
-from mlx_grpo.planning.blas import find_openblas
-from mlx_grpo.data import PromptOrder
-from mlx_grpo.distributed import ShardedOrder, World, combine_update_stats, init_world
-from mlx_grpo.common.errors import UserError
-from mlx_grpo.telemetry.rundir.writer import read_run_info
-from mlx_grpo.telemetry.metrics.step_data import step_record
 from step_data_builder import make_step_data
 from tiny_models import make_model_dir
+
+from mlx_grpo.common.errors import UserError
+from mlx_grpo.data import PromptOrder
+from mlx_grpo.distributed import ShardedOrder, World, combine_update_stats, init_world
+from mlx_grpo.planning.blas import find_openblas
+from mlx_grpo.telemetry.metrics.step_data import step_record
+from mlx_grpo.telemetry.rundir.writer import read_run_info
 
 ROOT = Path(__file__).resolve().parents[1]
 LAUNCH = Path(sys.executable).parent / "mlx.launch"

@@ -8,10 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+from test_layering import import_graph
+
 from mlx_grpo.models import families
 from mlx_grpo.models.families import FAMILIES, GGUF_ARCHITECTURES, plain_cache, plain_head, sliding, sliding_window
 from mlx_grpo.planning.plan import ModelShape
-from test_layering import import_graph
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -19,15 +19,14 @@ import mlx.optimizers as optim
 import numpy as np
 import pytest
 from mlx.utils import tree_flatten, tree_unflatten
+from tiny_models import random_model
 
 from mlx_grpo import frozen_prefix
 from mlx_grpo.config.train_config import TrainConfig
 from mlx_grpo.frozen_prefix import Captured
 from mlx_grpo.models.policy import apply_adapters
 from mlx_grpo.rollout import SamplingSettings, generate
-from mlx_grpo.update import (build_train_batch, checkpoint_blocks, completion_logprobs, make_loss_fn,
-                             update_policy)
-from tiny_models import random_model
+from mlx_grpo.update import build_train_batch, checkpoint_blocks, completion_logprobs, make_loss_fn, update_policy
 
 FAMILIES = ["llama", "qwen2", "gemma3_text", "qwen3_moe"]
 TOLERANCE = {mx.float32: 1e-4, mx.bfloat16: 5e-2}

@@ -5,20 +5,19 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import replace
 from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 import pytest
+from gguf_files import byte_level_vocab, llama_cpp_permute, read_gguf_numpy, reference_llama, write_llama_gguf
 from mlx_lm import generate, load
 from mlx_lm.models import llama
 
-from gguf_files import byte_level_vocab, llama_cpp_permute, read_gguf_numpy, reference_llama, write_llama_gguf
 from mlx_grpo.cli import main
-from mlx_grpo.config.train_config import load_config
 from mlx_grpo.common.errors import UserError
+from mlx_grpo.config.train_config import load_config
 from mlx_grpo.models.gguf import load_gguf
 from mlx_grpo.models.policy import count_parameters, dequantize_base, load_policy, resolve_model_path
 from mlx_grpo.planning.fitting import make_plan
@@ -159,7 +158,6 @@ def test_quantized_models_count_weights_not_packed_words():
 
 def test_quantized_base_auto_dequantizes_on_the_cpu_and_keep_leaves_it(tmp_path):
     from mlx_lm import convert
-
     from tiny_models import make_model_dir
 
     quantized = tmp_path / "q4"
@@ -192,10 +190,9 @@ def test_quantized_base_auto_dequantizes_on_the_cpu_and_keep_leaves_it(tmp_path)
 
 def test_a_run_keeps_the_4bit_base_as_it_is_when_asked(tmp_path, capsys):
     from mlx_lm import convert
+    from tiny_models import make_model_dir
 
     from mlx_grpo.run.export import load_trained
-
-    from tiny_models import make_model_dir
 
     quantized = tmp_path / "q4"
     convert(str(make_model_dir(tmp_path / "plain")), str(quantized), quantize=True, q_group_size=32, q_bits=4)
@@ -381,9 +378,8 @@ def gemma3():
 def sentencepiece_reference(path: Path):
     """The `sentencepiece` library itself, running a model built from the file's pieces, scores and types."""
     import sentencepiece as spm
-    from sentencepiece import sentencepiece_model_pb2 as pb
-
     from gguf import GGUFReader
+    from sentencepiece import sentencepiece_model_pb2 as pb
 
     fields = GGUFReader(str(path)).fields
     value = lambda key: fields[key].contents()  # noqa: E731

@@ -15,11 +15,10 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 import pytest
+from gguf_files import byte_level_tokenizer, family_gguf_name, llama_cpp_permute, sentencepiece_vocab, write_family_gguf
 from mlx.utils import tree_flatten
 from mlx_lm.utils import _get_classes
 
-from gguf_files import (byte_level_tokenizer, family_gguf_name, llama_cpp_permute, sentencepiece_vocab,
-                        write_family_gguf)
 from mlx_grpo.cli import main
 from mlx_grpo.common.errors import UserError
 from mlx_grpo.models.gguf import load_gguf, read_config, read_gguf

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import mlx.core as mx
 import mlx.nn as nn
-import pytest
 import numpy as np
+import pytest
+from tiny_models import random_model
 
 from mlx_grpo import grpo
-from mlx_grpo.rollout import Rollout
 from mlx_grpo.head_scores import shifted_exp, target_logprobs
 from mlx_grpo.models.families import entropy_stride
+from mlx_grpo.rollout import Rollout
 from mlx_grpo.update import build_train_batch, completion_scores
-from tiny_models import random_model
 
 
 def test_the_heads_exponential_matches_exp_to_a_rounding_step_and_keeps_its_edges():

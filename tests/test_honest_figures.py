@@ -53,10 +53,10 @@ def custom_task(tmp_path, **overrides) -> dict:
 
 
 def test_a_task_without_a_correctness_check_has_no_accuracy_rather_than_zero(tmp_path, capsys):
+    from pathlib import Path
+
     from mlx_grpo.telemetry.analysis.report import load_run
     from mlx_grpo.telemetry.analysis.reward_report import analyze_run
-
-    from pathlib import Path
     run_dir = Path(custom_task(tmp_path)["run_dir"])
     _, metrics, samples, alerts = load_run(run_dir)
     assert not any(key.startswith(("accuracy/", "eval/")) or "correct" in key for r in metrics for key in r)
@@ -131,8 +131,8 @@ def test_a_policy_broken_by_its_first_updates_raises_the_collapse_error_at_once(
 
 
 def test_a_mistyped_correctness_setting_names_the_key(tmp_path):
-    from mlx_grpo.rewards.correctness import load_correctness
     from mlx_grpo.common.errors import UserError
+    from mlx_grpo.rewards.correctness import load_correctness
 
     with pytest.raises(UserError, match="key 'correctness' is 'bogus'; expected auto, answer, last_number, none or file.py"):
         load_correctness("bogus", "arithmetic", [], tmp_path)

@@ -12,12 +12,12 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from mlx_grpo.telemetry.analysis.alert_replay import AlertReplay
-from mlx_grpo.cli import main
-from mlx_grpo.telemetry.rundir.writer import RunDirWriter, read_run_info
 from run_writer import RunWriter, start_sinks
 from screen_text import screen_text
+
+from mlx_grpo.cli import main
+from mlx_grpo.telemetry.analysis.alert_replay import AlertReplay
+from mlx_grpo.telemetry.rundir.writer import RunDirWriter, read_run_info
 
 # train_size: not the default 20,000 rows, whose drawing and tokenizing took ~1 s of each short run
 FAST = {"num_steps": 4, "batch_size": 2, "num_generations": 2, "max_generation_steps": 4, "eval_every": 0,
@@ -193,8 +193,8 @@ async def test_the_dashboard_shows_escape_sequences_as_text(tmp_path):
 
 def test_the_trainer_console_shows_escape_sequences_as_text(capsys):
     from mlx_grpo.run.console import TrainingConsole
-    from mlx_grpo.telemetry.alerts.console import format_alert
     from mlx_grpo.telemetry.alerts.alert import Alert
+    from mlx_grpo.telemetry.alerts.console import format_alert
 
     console = TrainingConsole(10, enabled=False)
     console.message(f"warning: reward failed: ValueError: {ESC}")

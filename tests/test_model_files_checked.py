@@ -9,9 +9,9 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 import pytest
+from gguf_files import byte_level_vocab, write_llama_gguf
 from mlx_lm.models import llama
 
-from gguf_files import byte_level_vocab, write_llama_gguf
 from mlx_grpo.common.errors import UserError
 from mlx_grpo.models.gguf import load_gguf
 from mlx_grpo.models.gguf_header import read_header

@@ -152,9 +152,9 @@ def test_presets_have_the_published_sizes_and_build_through_mlx_lm():
 def test_parallel_sweep_trials_each_plan_for_their_share_of_the_machine(monkeypatch):
     import mlx.core as mx
 
+    from mlx_grpo.measuring.sweep import trial_env
     from mlx_grpo.planning import machine
     from mlx_grpo.planning.fitting import this_machine_budget
-    from mlx_grpo.measuring.sweep import trial_env
 
     whole, _ = this_machine_budget()
     assert trial_env(type("Spec", (), {"name": "s"})(), parallel=3)["MLX_GRPO_MEMORY_SHARE"] == "3"
@@ -260,10 +260,11 @@ def test_the_plan_includes_the_held_out_evaluation_it_runs():
 
 
 def test_the_plan_takes_prompts_at_the_datasets_longest_as_the_run_encodes_them(tmp_path):
+    from tiny_models import make_model_dir
+
     from mlx_grpo.data import encode_prompt
     from mlx_grpo.models.policy import load_tokenizer
     from mlx_grpo.planning.fitting import make_plan
-    from tiny_models import make_model_dir
 
     model = make_model_dir(tmp_path / "llama")
     rows = [{"prompt": "1+2=" * n, "answer": "3"} for n in (1, 5, 3)]
@@ -310,10 +311,10 @@ def test_the_plan_bounds_each_measured_phase_within_a_quarter(tmp_path, reuse):
     share their prompt's pass. The plan once counted every block's activations and whole sequences here
     (update +90%) and one decode step's logits for the rollout's sampling (rollout below measured)."""
     import mlx.core as mx
+    from tiny_models import make_model_dir
 
     from mlx_grpo.measuring.workload import Workload
     from mlx_grpo.planning.fitting import read_model_shape
-    from tiny_models import make_model_dir
 
     model = make_model_dir(tmp_path / "model", "qwen2", hidden_size=64, intermediate_size=192, num_hidden_layers=8,
                            vocab_size=4096, max_position_embeddings=256)

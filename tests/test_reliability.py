@@ -15,19 +15,19 @@ import mlx.optimizers as optim
 import numpy as np
 import pytest
 from mlx.utils import tree_flatten
+from tiny_models import make_model_dir
 
 import mlx_grpo.trainer as trainer_module
-from mlx_grpo.cli import main
 from mlx_grpo.checkpoint import file_checksums
-from mlx_grpo.config.train_config import load_config
+from mlx_grpo.cli import main
 from mlx_grpo.common.errors import UserError
-from mlx_grpo.telemetry import sinks as sinks_module
-from mlx_grpo.telemetry.rundir.writer import read_run_info, write_run_info
-from mlx_grpo.telemetry.events import Sink
-from mlx_grpo.trainer import Trainer
+from mlx_grpo.config.train_config import load_config
 from mlx_grpo.rollout import Rollout
+from mlx_grpo.telemetry import sinks as sinks_module
+from mlx_grpo.telemetry.events import Sink
+from mlx_grpo.telemetry.rundir.writer import read_run_info, write_run_info
+from mlx_grpo.trainer import Trainer
 from mlx_grpo.update import build_train_batch, update_policy
-from tiny_models import make_model_dir
 
 # train_size: not the default 20,000 rows, whose drawing and tokenizing took ~1 s of each short run
 FAST = {"num_steps": 5, "batch_size": 2, "num_generations": 4, "num_iterations": 1, "max_generation_steps": 8,

@@ -14,10 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from tiny_models import make_model_dir
 
 from mlx_grpo.cli import main
 from mlx_grpo.telemetry.rundir.writer import read_run_info, write_run_info
-from tiny_models import make_model_dir
 
 OPENBLAS = "/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0"
 NUM_STEPS = 10

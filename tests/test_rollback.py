@@ -89,8 +89,9 @@ def test_a_kl_spike_rolls_back_once_applies_the_remedy_and_the_run_finishes(roll
 async def test_the_rollback_shows_in_the_dashboards_alerts_view(rolled_back):
     import time
 
-    from mlx_grpo.tui.app import WatchApp
     from screen_text import screen_text
+
+    from mlx_grpo.tui.app import WatchApp
 
     app = WatchApp([rolled_back[1]], refresh=0.1)
     async with app.run_test(size=(200, 40)) as pilot:

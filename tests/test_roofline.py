@@ -5,13 +5,13 @@ import json
 
 import pytest
 from mlx.utils import tree_flatten
+from step_data_builder import make_step_data
+from tiny_models import make_model_dir
 
 from mlx_grpo.planning import roofline
 from mlx_grpo.planning.plan import ModelShape
 from mlx_grpo.telemetry.metrics.names import MFU
 from mlx_grpo.telemetry.metrics.step_data import step_record
-from step_data_builder import make_step_data
-from tiny_models import make_model_dir
 
 
 @pytest.mark.parametrize("model_type", ["llama", "qwen2"])

@@ -14,10 +14,10 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from mlx_grpo.planning import machine
-from mlx_grpo.measuring import selftest
 from mlx_grpo.cli import main
+from mlx_grpo.measuring import selftest
 from mlx_grpo.measuring.selftest import ABORT_ENV, CHECKS, PERTURB_ENV
+from mlx_grpo.planning import machine
 
 QUICK = ("precision", "shared_prompts", "chunked_head", "plan_counts")
 

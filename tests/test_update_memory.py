@@ -13,14 +13,20 @@ import mlx.optimizers as optim
 import numpy as np
 import pytest
 from mlx.utils import tree_flatten
+from tiny_models import random_model
 
 from mlx_grpo.config.train_config import load_config
 from mlx_grpo.models.policy import apply_adapters
 from mlx_grpo.rollout import Rollout
-from tiny_models import random_model
+from mlx_grpo.update import (
+    build_train_batch,
+    checkpoint_blocks,
+    completion_logprobs,
+    make_loss_fn,
+    reference_logprobs,
+    update_policy,
+)
 
-from mlx_grpo.update import (build_train_batch, checkpoint_blocks, completion_logprobs, make_loss_fn,
-                             reference_logprobs, update_policy)
 
 def random_rollout(n: int, vocab: int, max_completion: int, seed: int = 0) -> Rollout:
     """n completions of very different lengths (1..max_completion) after prompts of 3-8 tokens."""

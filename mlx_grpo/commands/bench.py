@@ -71,8 +71,8 @@ def preset_directory(args: argparse.Namespace) -> Path:
 
 
 def options_from_args(args: argparse.Namespace):
-    from ..measuring.benchmark import PATHS, BenchOptions
     from ..config.train_config import load_config
+    from ..measuring.benchmark import PATHS, BenchOptions
 
     overrides = {key: getattr(args, flag) for flag, key in CONFIG_FLAGS.items() if getattr(args, flag) is not None}
     if args.preset:

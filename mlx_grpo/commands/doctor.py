@@ -26,10 +26,10 @@ def diagnose(config_path: str | None) -> tuple[list[tuple[str, str]], list[str]]
     import mlx.core as mx
     import psutil
 
-    from ..planning import blas
     from ..config.train_config import load_config
-    from ..planning.machine import blas_in_use, cpu_model, device_info, matmul_gflops, package_version
     from ..models.policy import DEFAULT_MODEL_DIR
+    from ..planning import blas
+    from ..planning.machine import blas_in_use, cpu_model, device_info, matmul_gflops, package_version
 
     fixes: list[str] = []
     metal = mx.metal.is_available()
@@ -103,8 +103,9 @@ def diagnose(config_path: str | None) -> tuple[list[tuple[str, str]], list[str]]
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..telemetry.output import output_console
     from rich.table import Table
+
+    from ..telemetry.output import output_console
 
     rows, fixes = diagnose(args.config)
     console = output_console()

@@ -116,10 +116,10 @@ def checks_and_rewards(args: argparse.Namespace, config, base_dir):
     everything it names, as training does."""
     from pathlib import Path
 
+    from ..config.run_code import is_user_code, named_file, refuse_named_code, spec_text
     from ..rewards.correctness import load_correctness
     from ..rewards.loading import load_reward_functions
     from ..rewards.scoring import RewardFunction
-    from ..config.run_code import is_user_code, named_file, refuse_named_code, spec_text
     from ..telemetry.rundir.layout import RunPaths
 
     from_run = RunPaths(args.target).run_json.is_file()
@@ -166,8 +166,8 @@ def load_target(args: argparse.Namespace):
     from pathlib import Path
 
     from ..config.train_config import load_config
-    from ..run.export import ADAPTER_FILES, load_trained
     from ..models.policy import dequantize_base, load_policy
+    from ..run.export import ADAPTER_FILES, load_trained
     from ..telemetry.rundir.layout import RunPaths
 
     target = Path(args.target)

@@ -51,8 +51,9 @@ def base_precision(facts: dict) -> str:
 
 
 def format_plan(verdict, facts: dict) -> str:
+    from ..common.units import count_text
+    from ..common.units import gb_text as gb
     from ..planning.fitting import reference_text
-    from ..common.units import count_text, gb_text as gb
 
     peaks = verdict.configured
     lines = [

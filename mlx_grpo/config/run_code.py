@@ -13,8 +13,8 @@ import shlex
 from pathlib import Path
 
 from ..common.errors import UserError
-from ..telemetry.reward_names import translate_reward
 from ..common.terminal import terminal_safe
+from ..telemetry.reward_names import translate_reward
 
 
 def is_user_code(spec: str) -> bool:

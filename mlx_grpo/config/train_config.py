@@ -18,10 +18,10 @@ from typing import Any, Callable, Iterator, Mapping
 
 import yaml
 
-from .aliases import translate, unknown_key_hint
-from .paths import resolve_input_paths
 from ..common.errors import UserError
 from ..common.user_files import load_yaml, read_yaml_file
+from .aliases import translate, unknown_key_hint
+from .paths import resolve_input_paths
 
 DEFAULT_MODEL = "default"  # the small arithmetic model shipped inside the package
 DEFAULT_REWARDS = ("format_exact", "format_approx", "answer_check", "number_check", "digit_match")

@@ -37,19 +37,19 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten
 from mlx_lm.models.cache import make_prompt_cache
 
-from ..planning import chips, roofline
-from ..config.train_config import TrainConfig
 from ..common.errors import UserError
-from ..planning.machine import describe, matmul_peak_flops, stream_gb_s
+from ..config.train_config import TrainConfig
+from ..frozen_prefix import first_block
 from ..head_scores import block_exponentials, streams_head
-from ..models.policy import count_parameters, lm_head, resolve_dtype
-from ..trainer import step_key
 from ..models.families import entropy_stride, vocab_block
+from ..models.policy import count_parameters, lm_head, resolve_dtype
+from ..planning import chips, roofline
+from ..planning.fitting import read_model_shape
+from ..planning.machine import describe, matmul_peak_flops, stream_gb_s
+from ..planning.plan import FULL_SPEED_FLOPS, dtype_bytes
+from ..trainer import step_key
 from ..update import build_train_batch, shares_prompts
 from .workload import STEP_PHASES, Workload, decode_ceiling, make_update_ceiling
-from ..planning.fitting import read_model_shape
-from ..frozen_prefix import first_block
-from ..planning.plan import FULL_SPEED_FLOPS, dtype_bytes
 
 SCHEMA_VERSION = 1
 PATHS = ("rollout", "rollout_ceiling", "rollout_sequential", "reward", "reference", "update",

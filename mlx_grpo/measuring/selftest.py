@@ -30,8 +30,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..telemetry.metrics.names import EVAL_ACCURACY
 from ..checkpoint import weights_name
+from ..telemetry.metrics.names import EVAL_ACCURACY
 from ..telemetry.rundir.layout import RunPaths
 
 PERTURB_ENV = "MLX_GRPO_SELFTEST_PERTURB"
@@ -145,10 +145,17 @@ def environment(tf32_at_start: str | None = None) -> dict[str, Any]:
 
     from ..planning import chips
     from ..planning.machine import (
-        NOT_ON_THIS_OS, cpu_model, device_info, low_power_mode, memory_share, power_source, thermal_state,
-        versions, wired_limit, wiring_takes_effect,
+        NOT_ON_THIS_OS,
+        cpu_model,
+        device_info,
+        low_power_mode,
+        memory_share,
+        power_source,
+        thermal_state,
+        versions,
+        wired_limit,
+        wiring_takes_effect,
     )
-
     from ..planning.tf32 import ENV, float32_state
 
     info = device_info()
@@ -617,10 +624,10 @@ def check_plan(base_dir: Path, model_dir: Path) -> tuple[Check, Any]:
     """The plan's peak of each phase against the trainer's measured peak, one step at full lengths."""
     import mlx.core as mx
 
-    from .workload import Workload
     from ..models.policy import resolve_dtype
     from ..planning.fitting import read_model_shape
     from ..planning.plan import MemorySettings, Shapes, predict
+    from .workload import Workload
 
     prompt_length = 16
     config = small_config(model_id=str(model_dir), use_lora=True, lora_layers=-1, batch_size=2,
@@ -651,9 +658,9 @@ def check_rollout_flat(work) -> Check:
     """The rollout's peak above its KV cache, at T and 8T new tokens: it must not grow with T."""
     import mlx.core as mx
 
-    from .benchmark import kv_bytes_per_token
     from ..models.policy import resolve_dtype
     from ..trainer import step_key
+    from .benchmark import kv_bytes_per_token
 
     prompt = max(len(e.tokens) for e in work.fixed.encoded)
     rows = work.sequences
@@ -679,9 +686,9 @@ def check_memory(base_dir: Path, work: Path, initial_cache_limit: int) -> Check:
     memory pressure before and after."""
     import mlx.core as mx
 
-    from ..planning.machine import cache_limit_for, wired_limit, wired_limit_in_effect, wiring_takes_effect
     from ..models.policy import resolve_dtype
     from ..planning.fitting import fit_run
+    from ..planning.machine import cache_limit_for, wired_limit, wired_limit_in_effect, wiring_takes_effect
     from ..run.loop import train
     from ..trainer import Trainer
 
@@ -810,12 +817,12 @@ def check_real_model(base_dir: Path) -> Check:
     import mlx.core as mx
     from mlx.utils import tree_flatten
 
-    from ..planning import chips
-    from .benchmark import bandwidth_report
     from ..common.errors import UserError
     from ..models.policy import is_quantized, load_policy, resolve_dtype
     from ..models.smollm2 import smollm2_path
+    from ..planning import chips
     from ..trainer import Trainer
+    from .benchmark import bandwidth_report
 
     try:
         smollm2_path(download=True)
@@ -913,9 +920,9 @@ def check_bench(base_dir: Path) -> Check:
     set, read back."""
     import mlx.core as mx
 
-    from .benchmark import BenchOptions, run_bench
     from ..config.train_config import load_config
     from ..planning.machine import wired_limit, wired_limit_in_effect
+    from .benchmark import BenchOptions, run_bench
 
     if mx.metal.is_available():
         mx.set_wired_limit(0)  # read back bench's own wiring below

@@ -43,11 +43,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from ..config.train_config import TrainConfig, _build_dataclass, nest, read_yaml_mapping
 from ..common.errors import UserError
+from ..common.terminal import terminal_safe
+from ..config.train_config import TrainConfig, _build_dataclass, nest, read_yaml_mapping
 from ..planning.machine import MEMORY_SHARE_ENV
 from ..telemetry.rundir.writer import read_run_info
-from ..common.terminal import terminal_safe
 
 TOP_KEYS = ("name", "base", "method", "trials", "seed", "output_dir", "fixed", "parameters")
 RANGE_KEYS = ("values", "min", "max", "step", "num", "distribution")

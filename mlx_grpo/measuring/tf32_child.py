@@ -14,8 +14,8 @@ def main(argv: list[str] | None = None) -> int:
     import numpy as np
 
     from ..models.policy import load_policy
-    from .selftest import small_config
     from ..update import TrainBatch, completion_logprobs
+    from .selftest import small_config
 
     batch_file, out_file = argv if argv is not None else sys.argv[1:]
     saved = np.load(batch_file)

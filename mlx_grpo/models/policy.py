@@ -20,8 +20,8 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten
 from mlx_lm.models.cache import make_prompt_cache
 
-from ..config.train_config import DEFAULT_MODEL, TrainConfig
 from ..common.errors import UserError
+from ..config.train_config import DEFAULT_MODEL, TrainConfig
 from .families import plain_head
 
 DEFAULT_MODEL_DIR = Path(__file__).parent.parent / "default_model"
@@ -56,10 +56,13 @@ def project_to_vocab(head: nn.Module, hidden: mx.array) -> mx.array:
 def resolve_model_path(model_id: str, base_dir: Path, need_weights: bool = True) -> str:
     """A local model directory (checked to be a model; `need_weights` False: a config.json is enough), a
     GGUF file, or, failing those, a hub id."""
+    from .gemma3 import MODEL_ID as GEMMA3
+    from .gemma3 import gemma3_path
     from .gguf import find_gguf
-    from .smollm2 import MODEL_ID as SMOLLM2, smollm2_path
-    from .gemma3 import MODEL_ID as GEMMA3, gemma3_path
-    from .qwen_coder import MODEL_ID as QWEN_CODER, qwen_coder_path
+    from .qwen_coder import MODEL_ID as QWEN_CODER
+    from .qwen_coder import qwen_coder_path
+    from .smollm2 import MODEL_ID as SMOLLM2
+    from .smollm2 import smollm2_path
 
     if model_id == DEFAULT_MODEL:
         return str(DEFAULT_MODEL_DIR)

@@ -14,11 +14,10 @@ from ..common.errors import UserError
 from ..common.units import GB, GIB, gb_text
 from ..config.train_config import TrainConfig
 from ..data import load_datasets, longest_prompt
-from .machine import device_info, memory_share
 from ..models.policy import dequantizes, is_gguf, load_tokenizer, model_config, resolve_dtype, resolve_model_path
+from .machine import device_info, memory_share
 from .plan import ModelShape, Shapes, Verdict, dtype_bytes, plan
 from .presets import preset_config
-
 
 # ----------------------------------------------------------------------------- budgets
 

@@ -29,11 +29,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..config.train_config import TrainConfig
 from ..common.errors import UserError
 from ..common.units import GB
+from ..config.train_config import TrainConfig
 from ..models.families import entropy_stride, plain_cache, plain_head, sliding_window, tied_embeddings, vocab_block
-
 
 # ----------------------------------------------------------------------------- measured constants
 # Fitted to benchmarks/memory_probe.py measurements (LoRA, CPU backend; docs/SCALE.md).

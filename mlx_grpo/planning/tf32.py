@@ -16,10 +16,8 @@ from __future__ import annotations
 import os
 import platform
 import re
-import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Iterator
 
 ENV = "MLX_ENABLE_TF32"

@@ -6,11 +6,11 @@ import os
 import sys
 
 from rich.console import Console
-from rich.text import Text
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.text import Text
 
-from ..telemetry.metrics import names
 from ..common.terminal import terminal_safe
+from ..telemetry.metrics import names
 
 
 class _PipeSafeConsole(Console):

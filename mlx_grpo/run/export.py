@@ -24,13 +24,19 @@ import mlx.nn as nn
 from mlx.utils import tree_unflatten
 
 from ..checkpoint import ADAPTER_CONFIG, ADAPTERS, list_checkpoints, weights_name
-from ..config.train_config import TrainConfig
 from ..common.errors import UserError
+from ..config.train_config import TrainConfig
 from ..models.policy import (
-    apply_adapters, dequantize_base, is_quantized, load_policy, model_config, resolve_dtype, resolve_model_path,
+    apply_adapters,
+    dequantize_base,
+    is_quantized,
+    load_policy,
+    model_config,
+    resolve_dtype,
+    resolve_model_path,
 )
-from .resume import config_for_resume
 from ..telemetry.rundir.layout import RunPaths, checkpoint_step
+from .resume import config_for_resume
 
 ADAPTER_FILES = (ADAPTERS, ADAPTER_CONFIG)
 

@@ -22,16 +22,15 @@ from ..common.secrets import scrub_secrets
 from ..common.units import plural
 from ..config.train_config import TrainConfig
 from ..extras.entropy_dump import EntropyDump
-from .opening import Run, open_run
-from .resume import log_positions, resume_command
-from .signals import StopRequest, report_stop
 from ..telemetry.alerts.alert import Alert
 from ..telemetry.events import Artifact, Flush
 from ..telemetry.metrics.names import EVAL_ACCURACY
 from ..telemetry.recorder import RunRecorder, StepReport
 from ..telemetry.rundir.layout import RunPaths, checkpoint_name, checkpoint_step
 from ..telemetry.rundir.writer import RunDirWriteError
-
+from .opening import Run, open_run
+from .resume import log_positions, resume_command
+from .signals import StopRequest, report_stop
 
 ALERT_STOP = "alert:"  # a stop request from an alert rule: this prefix and the rule's name
 EXIT_GUARD_STOP = 3  # the exit code of a run a guard stopped: repeated non-finite updates, an alert's `action: stop`

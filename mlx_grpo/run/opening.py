@@ -5,7 +5,6 @@ lora.py is beside its tuner; it decides nothing after the start."""
 from __future__ import annotations
 
 import math
-
 import sys
 import time
 from dataclasses import dataclass, field
@@ -13,19 +12,22 @@ from pathlib import Path
 from typing import Any
 
 from ..checkpoint import load_checkpoint, read_state
+from ..common.terminal import terminal_safe
 from ..config.train_config import TrainConfig, config_to_dict
-from .console import TrainingConsole
 from ..data import epoch_steps, load_datasets
 from ..distributed import init_world
 from ..extras.entropy_dump import EntropyDumpWriter
+from ..models.policy import chunk_ignored, count_parameters, resolve_dtype
 from ..planning.fitting import fit_run
 from ..planning.machine import (
-    accel_memory, describe_device, matmul_peak_flops, share_memory_with, versions, wire_memory,
+    accel_memory,
+    describe_device,
+    matmul_peak_flops,
+    share_memory_with,
+    versions,
+    wire_memory,
 )
-from ..models.policy import chunk_ignored, count_parameters, resolve_dtype
-from .resume import last_record, resumable_checkpoint, truncate_logs
-from .run_lock import RunLock, create_run_dir
-from ..common.terminal import terminal_safe
+from ..planning.tf32 import float32_state
 from ..telemetry.alerts.config import check_rule_metrics, load_alert_rules, rules_from_config, with_on_alert
 from ..telemetry.events import Artifact, Start
 from ..telemetry.metrics.system import SystemSampler
@@ -33,11 +35,13 @@ from ..telemetry.recorder import RunRecorder, StepReport
 from ..telemetry.rundir.completions import truncate_completions
 from ..telemetry.rundir.writer import RunInfo, new_run_info
 from ..telemetry.sinks import SinkSet, make_sinks
+from ..telemetry.sinks.notify import NotifySink, channels_from_env
 from ..telemetry.sinks.trackio import TrackioOptions, trackio_store
 from ..telemetry.sinks.wandb import WandbOptions
-from ..telemetry.sinks.notify import NotifySink, channels_from_env
-from ..planning.tf32 import float32_state
 from ..trainer import Trainer, remedied
+from .console import TrainingConsole
+from .resume import last_record, resumable_checkpoint, truncate_logs
+from .run_lock import RunLock, create_run_dir
 
 
 @dataclass

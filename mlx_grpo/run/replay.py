@@ -23,13 +23,12 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..common.errors import UserError
+from ..common.terminal import terminal_safe
 from ..rewards.scoring import RewardFunction, score_completions
 from ..telemetry.analysis.reward_quality import QualityReport, analyze_quality
-from ..telemetry.rundir.completions import completion_steps, read_step
 from ..telemetry.metrics.reward_stats import reward_metrics
+from ..telemetry.rundir.completions import completion_steps, read_step
 from ..telemetry.rundir.writer import read_run_info
-from ..common.terminal import terminal_safe
-
 
 SIGN_TOLERANCE = 1e-4  # advantages closer to 0 than this have no sign
 

@@ -19,6 +19,7 @@ from typing import IO
 from ..common.errors import UserError
 from ..telemetry.rundir.layout import RunPaths
 
+
 def _unused(path: Path) -> bool:
     """A directory no run ever wrote to: a start killed between its mkdir and its run.json left it."""
     try:

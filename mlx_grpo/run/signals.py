@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from ..checkpoint import latest_checkpoint
-from .resume import resume_command
 from ..telemetry.rundir.layout import RunPaths, checkpoint_step
+from .resume import resume_command
 
 SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
 EXIT_INTERRUPTED = 130  # the shell's code for a process ended by Ctrl-C

@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..telemetry.metrics import names as n
-from ..telemetry.metrics.charts import CHART_GROUPS, label
 from ..telemetry.metrics.catalogue import name_pattern
+from ..telemetry.metrics.charts import CHART_GROUPS, label
 
 
 @dataclass(frozen=True)

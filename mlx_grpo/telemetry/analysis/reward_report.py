@@ -17,14 +17,14 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from ..alerts.config import default_rules
 from ..alerts.alert import Alert
+from ..alerts.config import default_rules
 from ..alerts.engine import AlertEngine
 from ..alerts.rules import Rule
-from ..rundir.layout import ALERTS
-from ..rundir.writer import json_safe
 from ..metrics.names import ACCURACY_TRAIN, EVAL_ACCURACY, LENGTH_MEAN, REWARD_MEAN, TRUNCATED_FRAC
 from ..metrics.robust import verdict
+from ..rundir.layout import ALERTS
+from ..rundir.writer import json_safe
 from .reward_quality import QualityReport, analyze_quality, discriminability
 from .run_data import Records, RunData, _corr, _data, series
 

@@ -16,10 +16,29 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from ...common.units import GB
+from .names import (
+    ACCURACY_TRAIN,
+    ACCURACY_TRAIN_STDERR,
+    EVAL_ACCURACY,
+    EVAL_SECONDS,
+    FINISHED_CORRECT_FRAC,
+    FINISHED_FRAC,
+    GEN_MS_PER_TOKEN,
+    GRAD_NORM,
+    KL,
+    LEARNING_RATE,
+    LOSS,
+    MFU,
+    PROMPT_TRUNCATED_FRAC,
+    REPETITION_RATE,
+    REWARD_BIMODALITY,
+    SOLVED_GROUP_FRAC,
+    STEP_TOKENS_PER_S,
+    TOKENS_TOTAL,
+    TRUNCATED_CORRECT_FRAC,
+    TRUNCATED_FRAC,
+)
 from .reward_stats import group_stderr, reward_metrics
-from .names import (REPETITION_RATE, REWARD_BIMODALITY, ACCURACY_TRAIN, ACCURACY_TRAIN_STDERR, SOLVED_GROUP_FRAC, EVAL_ACCURACY, EVAL_SECONDS, FINISHED_CORRECT_FRAC, FINISHED_FRAC,
-                    GEN_MS_PER_TOKEN, GRAD_NORM, MFU, KL, LEARNING_RATE, LOSS, PROMPT_TRUNCATED_FRAC, STEP_TOKENS_PER_S,
-                    TOKENS_TOTAL, TRUNCATED_CORRECT_FRAC, TRUNCATED_FRAC)
 
 # grpo.policy_stats' statistics whose record names put the statistic last (policy/ratio/mean, like rewards/<fn>/mean).
 UPDATE_STAT_NAMES = {"ratio_mean": "ratio/mean", "ratio_std": "ratio/std", "ratio_p95": "ratio/p95",

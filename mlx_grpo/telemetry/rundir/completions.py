@@ -32,11 +32,10 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
-from ..events import Completions, Sink
 from ...common.user_files import read_regular_bytes
+from ..events import Completions, Sink
 from .layout import RunPaths
 from .writer import clipped_text, json_safe, loads_object
-
 
 
 def completion_rows(*, step: int, prompts: Sequence[str], answers: Sequence[Any], texts: Sequence[str],

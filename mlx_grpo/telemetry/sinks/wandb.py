@@ -29,13 +29,13 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from ..metrics.names import KL, REWARD_MEAN, SAMPLES_TABLE
 from ...common.secrets import scrub_secrets, scrub_text
+from ..events import AlertEvent, Artifact, Final, Samples, Scalars, Sink, Start
+from ..metrics.names import KL, REWARD_MEAN, SAMPLES_TABLE
+from ..rundir.completions import order_groups
 from ..rundir.layout import checkpoint_name
 from ..rundir.writer import RunInfo, json_safe
-from ..events import AlertEvent, Artifact, Final, Samples, Scalars, Sink, Start
 from .base import TEXT_LIMIT, _clip, tracker_config
-from ..rundir.completions import order_groups
 from .wandb_charts import CATEGORY_COLOURS, category_cloud, chart_interval, heatmap_svg, value_cloud
 
 
