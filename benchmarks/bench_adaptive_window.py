@@ -25,7 +25,7 @@ def bench_rollout(budgets: list[int], reps: int) -> None:
     import mlx.core as mx
     from mlx_lm import load
 
-    from mlx_grpo.models import DEFAULT_MODEL_DIR
+    from mlx_grpo.models.policy import DEFAULT_MODEL_DIR
     from mlx_grpo.rollout import SamplingSettings, generate
     from mlx_grpo.tasks import arithmetic
 

@@ -23,17 +23,17 @@ from pathlib import Path
 import yaml
 
 if __name__ == "__main__":
-    from mlx_grpo.blas import reexec_with_openblas
+    from mlx_grpo.planning.blas import reexec_with_openblas
 
     # OpenBLAS only helps when preloaded at process start: re-exec once, before MLX loads.
     reexec_with_openblas([str(Path(__file__).resolve()), *sys.argv[1:]])
 
 from mlx_grpo.checkpoint import latest_checkpoint
-from mlx_grpo.config import load_config
+from mlx_grpo.config.train_config import load_config
 from mlx_grpo.evaluate import evaluate
+from mlx_grpo.models.policy import load_policy_for_training
+from mlx_grpo.run.loop import train
 from mlx_grpo.tasks import arithmetic
-from mlx_grpo.models import load_policy_for_training
-from mlx_grpo.run import train
 
 
 def heldout_accuracy(config, base_dir: Path, rows: list[dict], checkpoint: Path | None) -> float:

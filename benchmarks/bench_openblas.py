@@ -24,7 +24,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from mlx_grpo import blas
+from mlx_grpo.planning import blas
 
 GOAL = 3.0
 PATHS = ("rollout", "update", "step")

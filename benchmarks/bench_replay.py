@@ -27,11 +27,11 @@ def main() -> None:
     args = parser.parse_args()
 
     wall, cpu = time.perf_counter(), time.process_time()
-    from mlx_grpo.replay import render, replay, run_settings
     from mlx_grpo.rewards.loading import load_reward_functions
+    from mlx_grpo.run.replay import render, replay, run_settings
+    from mlx_grpo.telemetry.analysis.report import load_run
     from mlx_grpo.telemetry.rundir.completions import completion_steps
     from mlx_grpo.telemetry.rundir.layout import RunPaths
-    from mlx_grpo.telemetry.analysis.report import load_run
 
     _, metrics, _, _ = load_run(args.run_dir)
     rewards, _, _, group_size, scale, base_dir = run_settings(args.run_dir)

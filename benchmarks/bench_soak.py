@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mlx_grpo import blas
+from mlx_grpo.planning import blas
 
 MB = 1024 ** 2
 GB = 1024 ** 3
@@ -57,8 +57,8 @@ def memory_growth(records: list[dict], warmup: int, window: int) -> dict[str, di
 
 
 def run_soak(steps: int, run_root: Path) -> tuple[list[dict], float]:
-    from mlx_grpo.config import load_config
-    from mlx_grpo.run import train
+    from mlx_grpo.config.train_config import load_config
+    from mlx_grpo.run.loop import train
 
     config = load_config(None, {"num_steps": steps, "monitoring_dir": str(run_root), "run_name": "soak",
                                 "wandb": False})

@@ -21,17 +21,17 @@ from collections import defaultdict
 from pathlib import Path
 
 if __name__ == "__main__":
-    from mlx_grpo.blas import reexec_with_openblas
+    from mlx_grpo.planning.blas import reexec_with_openblas
 
     # OpenBLAS only helps when preloaded at process start: re-exec once, before MLX loads.
     reexec_with_openblas([str(Path(__file__).resolve()), *sys.argv[1:]])
 
-from mlx_grpo import run as run_module
 from mlx_grpo import trainer as trainer_module
-from mlx_grpo.config import load_config
+from mlx_grpo.config.train_config import load_config
+from mlx_grpo.run import loop as run_module
+from mlx_grpo.telemetry import sinks
 from mlx_grpo.telemetry.alerts import engine as alerts
 from mlx_grpo.telemetry.metrics import reward_stats, system
-from mlx_grpo.telemetry import sinks
 
 SPENT: dict[str, float] = defaultdict(float)
 

@@ -16,7 +16,7 @@ import json
 import sys
 from pathlib import Path
 
-from mlx_grpo import blas
+from mlx_grpo.planning import blas
 
 
 def preload_openblas() -> None:
@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_arguments(parser)
     args = parser.parse_args(argv)
     preload_openblas()
-    from mlx_grpo.benchmark import run_bench
+    from mlx_grpo.measuring.benchmark import run_bench
 
     try:
         report = run_bench(bench.options_from_args(args))

@@ -41,7 +41,7 @@ from importlib.metadata import version
 from pathlib import Path
 
 if __name__ == "__main__":
-    from mlx_grpo.blas import reexec_with_openblas
+    from mlx_grpo.planning.blas import reexec_with_openblas
 
     # OpenBLAS only helps when preloaded at process start: re-exec once, before MLX loads (the workers
     # below inherit LD_PRELOAD, so both tools get the same BLAS).
@@ -52,7 +52,7 @@ DEFAULT_CONFIG = ROOT / "configs" / "smollm2_sums.yaml"
 
 
 def recipe(args: argparse.Namespace):
-    from mlx_grpo.config import load_config
+    from mlx_grpo.config.train_config import load_config
 
     overrides = {"seed": args.seed, "num_steps": args.steps, "eval_every": 0, "checkpoint_every": 0,
                  "tensorboard": False, "enable_alerts": False}
@@ -63,10 +63,10 @@ def recipe(args: argparse.Namespace):
 
 def heldout(config, base_dir: Path, model, tokenizer, limit: int | None) -> dict:
     """Greedy held-out accuracy by the trainer's own check."""
-    from mlx_grpo.rewards.correctness import load_correctness
     from mlx_grpo.data import load_datasets
     from mlx_grpo.evaluate import evaluate
-    from mlx_grpo.models import stop_ids
+    from mlx_grpo.models.policy import stop_ids
+    from mlx_grpo.rewards.correctness import load_correctness
 
     check = load_correctness(config.correctness, config.dataset, [spec.name for spec in config.rewards], base_dir)
     rows = load_datasets(config, base_dir)[1][:limit]
@@ -82,8 +82,8 @@ def heldout(config, base_dir: Path, model, tokenizer, limit: int | None) -> dict
 def run_ours(args: argparse.Namespace) -> dict:
     import mlx.core as mx
 
-    from mlx_grpo.export import load_trained
-    from mlx_grpo.run import train
+    from mlx_grpo.run.export import load_trained
+    from mlx_grpo.run.loop import train
 
     config = recipe(args)
     base_dir = args.config.resolve().parent
@@ -120,13 +120,13 @@ def run_mlx_lm_lora(args: argparse.Namespace) -> dict:
     from mlx_lm import load
     from mlx_lm.tuner.callbacks import TrainingCallback
     from mlx_lm.tuner.utils import linear_to_lora_layers
-    from mlx_lm_lora.trainer.datasets import GRPODataset
     from mlx_lm_lora.trainer import grpo_trainer
+    from mlx_lm_lora.trainer.datasets import GRPODataset
     from mlx_lm_lora.trainer.grpo_trainer import GRPOTrainingArgs, train_grpo
+    from phase_timer import timed_phase
 
     from mlx_grpo.data import encode_prompt, load_datasets, render_prompt
     from mlx_grpo.rewards.loading import load_reward_functions
-    from phase_timer import timed_phase
 
     config = recipe(args)
     base_dir = args.config.resolve().parent
@@ -206,8 +206,8 @@ def write_model(args: argparse.Namespace) -> dict:
     import mlx.core as mx
     from mlx.utils import tree_flatten
 
-    from mlx_grpo.export import write_fused
-    from mlx_grpo.models import dequantize_base, load_policy
+    from mlx_grpo.models.policy import dequantize_base, load_policy
+    from mlx_grpo.run.export import write_fused
 
     config = recipe(args)
     base_dir = args.config.resolve().parent

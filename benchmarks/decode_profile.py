@@ -29,19 +29,19 @@ from pathlib import Path
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
-from mlx_grpo.decode_attention import grouped_decoding
-from mlx_grpo.machine import matmul_peak_flops, stream_gb_s
-from mlx_grpo.models import lm_head, project_to_vocab
+from mlx_grpo.models.decode_attention import grouped_decoding
+from mlx_grpo.models.policy import lm_head, project_to_vocab
+from mlx_grpo.planning.machine import matmul_peak_flops, stream_gb_s
 from mlx_grpo.rollout import SamplingSettings, prefill_plain, sample_tokens, transposed_head
 
 
 def load(args: argparse.Namespace):
     if args.preset:
-        from mlx_grpo.presets import preset_model
+        from mlx_grpo.planning.presets import preset_model
 
         return preset_model(args.preset, layers=args.layers)
-    from mlx_grpo.config import TrainConfig
-    from mlx_grpo.models import load_policy_for_training
+    from mlx_grpo.config.train_config import TrainConfig
+    from mlx_grpo.models.policy import load_policy_for_training
 
     return load_policy_for_training(TrainConfig(model_id=args.model_id, use_lora=args.lora), Path.cwd()).model
 
@@ -131,7 +131,7 @@ def main() -> None:
 if __name__ == "__main__":
     import sys
 
-    from mlx_grpo.blas import reexec_with_openblas
+    from mlx_grpo.planning.blas import reexec_with_openblas
 
     reexec_with_openblas([str(Path(__file__).resolve()), *sys.argv[1:]])
     main()

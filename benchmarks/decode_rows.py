@@ -18,7 +18,7 @@ import time
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
-from mlx_grpo.presets import preset_model
+from mlx_grpo.planning.presets import preset_model
 from mlx_grpo.rollout import SamplingSettings, sample_tokens
 
 
@@ -66,7 +66,7 @@ if __name__ == "__main__":
     import sys
     from pathlib import Path
 
-    from mlx_grpo.blas import reexec_with_openblas
+    from mlx_grpo.planning.blas import reexec_with_openblas
 
     reexec_with_openblas([str(Path(__file__).resolve()), *sys.argv[1:]])  # OpenBLAS on Linux: ~20x the matmuls
     main()

@@ -1,11 +1,11 @@
 """Frozen-prefix reuse on and off in one process, interleaved: the rollout (which keeps the states when on),
 the reference pass and the update, their
-FLOPs (mlx_grpo/roofline.py), achieved FLOP/s and share of the matmul peak, and each phase's peak memory.
+FLOPs (mlx_grpo/planning/roofline.py), achieved FLOP/s and share of the matmul peak, and each phase's peak memory.
 
 `mlx-grpo bench` measures one setting per run; on a shared machine two runs minutes apart see different
 loads. Here both trainers (the same random-weight model, the same rollout tokens) alternate repetition by
 repetition, so a slow moment hits both alike. Run it through the `mlx-grpo` command's OpenBLAS preload on
-Linux (LD_PRELOAD, see mlx_grpo/blas.py), e.g.
+Linux (LD_PRELOAD, see mlx_grpo/planning/blas.py), e.g.
 
     python benchmarks/frozen_prefix_speed.py --preset qwen2.5-0.5b --layers 6 --lora-layers 2 \\
         --prompt-length 32 --completion 256 --repetitions 3
@@ -22,13 +22,12 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from mlx_grpo.benchmark import BenchOptions, phase_work
-from mlx_grpo.config import load_config
-from mlx_grpo.machine import matmul_peak_flops
-from mlx_grpo.presets import cached_preset_model
+from mlx_grpo.config.train_config import load_config
+from mlx_grpo.measuring.benchmark import BenchOptions, phase_work
+from mlx_grpo.measuring.workload import Workload
+from mlx_grpo.planning.machine import matmul_peak_flops
+from mlx_grpo.planning.presets import cached_preset_model
 from mlx_grpo.trainer import step_key
-from mlx_grpo.update import build_train_batch
-from mlx_grpo.workload import Workload
 
 
 def main() -> None:

@@ -319,8 +319,8 @@ def verdict(fn) -> tuple[str, str]:
 
 
 def gguf_readers(path: Path) -> dict[str, tuple[str, str]]:
-    from mlx_grpo.gguf import gguf_config
-    from mlx_grpo.gguf_header import read_header
+    from mlx_grpo.models.gguf import gguf_config
+    from mlx_grpo.models.gguf_header import read_header
 
     def header():
         h = read_header(path)
@@ -338,7 +338,7 @@ def gguf_readers(path: Path) -> dict[str, tuple[str, str]]:
 
 
 def config_readers(path: Path, alerts: Path) -> dict[str, tuple[str, str]]:
-    from mlx_grpo.config import load_config
+    from mlx_grpo.config.train_config import load_config
     from mlx_grpo.telemetry.alerts.config import load_alert_rules
 
     def config():
@@ -457,8 +457,13 @@ def fuzz(cases: int, seed: int, timeout: float = 1800.0, base: Path | None = Non
     header_end = max(at for _, at in table) + 8
     config_text = (REPO / "configs" / "default.yaml").read_text() if (REPO / "configs" / "default.yaml").is_file() \
         else "\n".join(f"{k}: {json.dumps(v)}" for k, v in BASE_CONFIG.items()) + "\n"
-    import mlx_grpo.cli, mlx_grpo.commands.compare, mlx_grpo.commands.replay, mlx_grpo.commands.report  # noqa: E401,F401 - once, before the forks
-    import mlx_grpo.replay, mlx_grpo.telemetry.analysis.report, mlx_grpo.mcp_server, mlx_grpo.gguf  # noqa: E401,F401
+    import mlx_grpo.cli  # noqa: E401,F401 - once, before the forks
+    import mlx_grpo.commands.compare
+    import mlx_grpo.commands.replay
+    import mlx_grpo.commands.report
+    import mlx_grpo.mcp_server
+    import mlx_grpo.models.gguf
+    import mlx_grpo.run.replay  # noqa: E401,F401
     rng = random.Random(seed)
     totals, by_reader, findings, kinds = Counter(), {}, [], Counter()
     work = root / "cases"

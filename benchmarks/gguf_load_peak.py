@@ -20,9 +20,17 @@ from pathlib import Path
 import mlx.core as mx
 import psutil
 
-from mlx_grpo.gguf import (FAMILIES, _kept_bits, _mlx_name, empty_model, fill_model, kept_note, read_config,
-                           read_gguf)
-from mlx_grpo.models import parameter_bytes
+from mlx_grpo.models.gguf import (
+    GGUF_ARCHITECTURES,
+    _kept_bits,
+    _mlx_name,
+    empty_model,
+    fill_model,
+    kept_note,
+    read_config,
+    read_gguf,
+)
+from mlx_grpo.models.policy import parameter_bytes
 
 
 class ResidentPeak(threading.Thread):
@@ -47,11 +55,11 @@ def main() -> None:
     if args.file:
         path = Path(args.file)
     else:
-        from mlx_grpo.gemma3 import gemma3_path
+        from mlx_grpo.models.gemma3 import gemma3_path
 
         path = gemma3_path(download=True)
     header, config = read_gguf(path), read_config(path)  # the header, outside the measured load
-    family = FAMILIES[header.metadata["general.architecture"]]
+    family = GGUF_ARCHITECTURES[header.metadata["general.architecture"]]
     quantized = _kept_bits(header, family)
     names = [_mlx_name(name, family) for name in header.tensors if name != "rope_freqs.weight"]
     plain = {k: v for k, v in config.items() if k != "quantization"}

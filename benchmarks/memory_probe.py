@@ -1,6 +1,6 @@
 """Measure the peak memory of each phase of one GRPO step on a random-weight model of a given shape.
 
-The numbers `mlx_grpo/plan.py`'s formula is calibrated on, and checked against. MLX's peak-memory
+The numbers `mlx_grpo/planning/plan.py`'s formula is calibrated on, and checked against. MLX's peak-memory
 counter is exact on every backend, so the figures do not depend on machine load; compute is done
 in float32 unless --dtype says otherwise (on a CPU, bf16 matmuls bypass BLAS and are slow).
 
@@ -19,9 +19,9 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from mlx_grpo.config import load_config
-from mlx_grpo.models import apply_adapters, make_reference
-from mlx_grpo.presets import preset_config
+from mlx_grpo.config.train_config import load_config
+from mlx_grpo.models.policy import apply_adapters, make_reference
+from mlx_grpo.planning.presets import preset_config
 from mlx_grpo.rollout import Rollout, SamplingSettings, generate
 from mlx_grpo.trainer import make_optimizer
 from mlx_grpo.update import build_train_batch, checkpoint_blocks, make_loss_fn, reference_logprobs, update_policy
@@ -29,7 +29,7 @@ from mlx_grpo.update import build_train_batch, checkpoint_blocks, make_loss_fn, 
 
 @dataclass
 class Probe:
-    preset: str = ""  # a published shape (mlx_grpo/presets.py); the shape fields below are then ignored
+    preset: str = ""  # a published shape (mlx_grpo/planning/presets.py); the shape fields below are then ignored
     model_type: str = "qwen2"
     hidden: int = 896
     intermediate: int = 4864
@@ -147,7 +147,7 @@ if __name__ == "__main__":
     import sys
     from pathlib import Path
 
-    from mlx_grpo.blas import reexec_with_openblas
+    from mlx_grpo.planning.blas import reexec_with_openblas
 
     reexec_with_openblas([str(Path(__file__).resolve()), *sys.argv[1:]])  # OpenBLAS on Linux: ~20x the matmuls
     main()

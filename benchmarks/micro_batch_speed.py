@@ -24,10 +24,10 @@ from dataclasses import replace
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
-
 from memory_probe import Probe, build_model
-from mlx_grpo.config import load_config
-from mlx_grpo.models import apply_adapters
+
+from mlx_grpo.config.train_config import load_config
+from mlx_grpo.models.policy import apply_adapters
 from mlx_grpo.rollout import Rollout
 from mlx_grpo.trainer import make_optimizer
 from mlx_grpo.update import build_train_batch, checkpoint_blocks, make_loss_fn, update_policy
@@ -112,7 +112,7 @@ if __name__ == "__main__":
     import sys
     from pathlib import Path
 
-    from mlx_grpo.blas import reexec_with_openblas
+    from mlx_grpo.planning.blas import reexec_with_openblas
 
     reexec_with_openblas([str(Path(__file__).resolve()), *sys.argv[1:]])  # OpenBLAS on Linux: ~20x the matmuls
     main()

@@ -16,11 +16,11 @@ import argparse
 import json
 from pathlib import Path
 
-from mlx_grpo.workload import Workload
-from mlx_grpo.config import load_config, parse_override
-from mlx_grpo.fitting import longest_prompt_tokens, make_plan
-from mlx_grpo.plan import GB
-from mlx_grpo.presets import cached_preset_model
+from mlx_grpo.config.train_config import load_config, parse_override
+from mlx_grpo.measuring.workload import Workload
+from mlx_grpo.planning.fitting import longest_prompt_tokens, make_plan
+from mlx_grpo.planning.plan import GB
+from mlx_grpo.planning.presets import cached_preset_model
 
 PHASES = {"rollout": "rollout", "reference": "ref", "update": "update"}  # plan name -> trainer phase
 
@@ -30,7 +30,7 @@ def main() -> None:
     parser.add_argument("config", nargs="?")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--preset", metavar="NAME", help="train a random-weight model of this published shape "
-                        "(mlx_grpo/presets.py), as `mlx-grpo bench --preset` does")
+                        "(mlx_grpo/planning/presets.py), as `mlx-grpo bench --preset` does")
     parser.add_argument("--layers", type=int, help="with --preset: keep only the first LAYERS blocks")
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--output", help="also write the JSON report here")
@@ -71,7 +71,7 @@ def main() -> None:
 if __name__ == "__main__":
     import sys
 
-    from mlx_grpo.blas import reexec_with_openblas
+    from mlx_grpo.planning.blas import reexec_with_openblas
 
     reexec_with_openblas([str(Path(__file__).resolve()), *sys.argv[1:]])  # OpenBLAS on Linux: ~20x the matmuls
     main()

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from mlx_grpo.workload import Workload
-from mlx_grpo.config import load_config
-from mlx_grpo.models import count_parameters, parameter_bytes
+from mlx_grpo.config.train_config import load_config
+from mlx_grpo.measuring.workload import Workload
+from mlx_grpo.models.policy import count_parameters, parameter_bytes
 
 SETTINGS = ("keep", "dequantize")
 

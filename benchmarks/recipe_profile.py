@@ -23,7 +23,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import replace
 from pathlib import Path
 
-from mlx_grpo.blas import reexec_with_openblas
+from mlx_grpo.planning.blas import reexec_with_openblas
 
 if __name__ == "__main__":
     reexec_with_openblas([__file__, *sys.argv[1:]])
@@ -31,21 +31,24 @@ if __name__ == "__main__":
 import mlx.core as mx  # noqa: E402
 from mlx_lm.models.cache import KVCache, make_prompt_cache  # noqa: E402
 
-from mlx_grpo import models, rollout, update  # noqa: E402
-from mlx_grpo.config import load_config  # noqa: E402
+from mlx_grpo import rollout, update  # noqa: E402
+from mlx_grpo.config.train_config import load_config  # noqa: E402
+from mlx_grpo.models import families  # noqa: E402
 from mlx_grpo.trainer import Trainer  # noqa: E402
 
 
 @contextmanager
 def own_head(model_type: str):
     """The family's head read as the model's own: logits at every position."""
-    present = model_type in models.PLAIN_HEAD_MODELS
-    models.PLAIN_HEAD_MODELS.discard(model_type)
+    family = families.FAMILIES.get(model_type)
+    families.FAMILIES[model_type] = families.Family(plain_head=False)
     try:
         yield
     finally:
-        if present:
-            models.PLAIN_HEAD_MODELS.add(model_type)
+        if family is None:
+            del families.FAMILIES[model_type]
+        else:
+            families.FAMILIES[model_type] = family
 
 
 @contextmanager

@@ -66,7 +66,7 @@ if __name__ == "__main__":
     import sys
     from pathlib import Path
 
-    from mlx_grpo.blas import reexec_with_openblas
+    from mlx_grpo.planning.blas import reexec_with_openblas
 
     reexec_with_openblas([str(Path(__file__).resolve()), *sys.argv[1:]])  # OpenBLAS on Linux: ~20x the matmuls
     main()

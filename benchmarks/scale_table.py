@@ -19,9 +19,10 @@ from dataclasses import replace
 from pathlib import Path
 
 from memory_probe import Probe, measure
-from mlx_grpo.config import load_config
-from mlx_grpo.plan import GB, MemorySettings, ModelShape, Shapes, predict
-from mlx_grpo.presets import PRESETS, preset_config
+
+from mlx_grpo.config.train_config import load_config
+from mlx_grpo.planning.plan import GB, MemorySettings, ModelShape, Shapes, predict
+from mlx_grpo.planning.presets import PRESETS, preset_config
 
 PROMPTS, GROUP, PROMPT_LENGTH, RANK = 4, 8, 256, 16
 LENGTHS = (256, 1024)
@@ -110,8 +111,8 @@ MAC_MEMORY = (8, 16, 24, 32, 48, 64, 96, 128)
 
 def smallest_mac(shape: ModelShape, completion: int) -> tuple[int | None, MemorySettings | None]:
     """The smallest Mac (GB of unified memory) on which the recipe fits with some memory setting."""
-    from mlx_grpo.fitting import mac_working_set
-    from mlx_grpo.plan import plan
+    from mlx_grpo.planning.fitting import mac_working_set
+    from mlx_grpo.planning.plan import plan
 
     config = run_config(completion)
     shapes = Shapes(PROMPTS, GROUP, PROMPT_LENGTH, completion)
@@ -159,7 +160,7 @@ def main() -> None:
 if __name__ == "__main__":
     import sys
 
-    from mlx_grpo.blas import reexec_with_openblas
+    from mlx_grpo.planning.blas import reexec_with_openblas
 
     reexec_with_openblas([str(Path(__file__).resolve()), *sys.argv[1:]])  # OpenBLAS on Linux: ~20x the matmuls
     main()

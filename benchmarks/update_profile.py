@@ -1,7 +1,7 @@
 """Where the reference and update passes spend their time, operation by operation, next to a bare
 `value_and_grad` + AdamW over the same tokens.
 
-A random-weight preset (mlx_grpo/presets.py) cut to `--layers` blocks, LoRA, `--prompts` x `--group-size`
+A random-weight preset (mlx_grpo/planning/presets.py) cut to `--layers` blocks, LoRA, `--prompts` x `--group-size`
 completions of `--completion` tokens after `--prompt`-token prompts, float32. Every timed operation runs
 once per repetition, interleaved with the others, so load on a shared machine hits them alike; each is
 reported as the fastest repetition's wall and CPU seconds (CPU time, summed over threads, is the steadier
@@ -20,7 +20,7 @@ import json
 import sys
 import time
 
-from mlx_grpo.blas import reexec_with_openblas
+from mlx_grpo.planning.blas import reexec_with_openblas
 
 if __name__ == "__main__":
     reexec_with_openblas([__file__, *sys.argv[1:]])
@@ -30,15 +30,18 @@ import mlx.nn as nn  # noqa: E402
 import mlx.optimizers as optim  # noqa: E402
 import numpy as np  # noqa: E402
 
-from mlx_grpo import grpo  # noqa: E402
-from mlx_grpo.config import load_config  # noqa: E402
-from mlx_grpo.models import apply_adapters, lm_head, make_reference  # noqa: E402
-from mlx_grpo.presets import preset_model  # noqa: E402
+from mlx_grpo import (
+    grpo,  # noqa: E402
+    head_scores,
+)
+from mlx_grpo.config.train_config import load_config  # noqa: E402
+from mlx_grpo.head_scores import shifted_exp, streamed_head_scores, target_logprobs
+from mlx_grpo.models.families import entropy_stride
+from mlx_grpo.models.policy import apply_adapters, lm_head, make_reference  # noqa: E402
+from mlx_grpo.planning.presets import preset_model  # noqa: E402
 from mlx_grpo.rollout import Rollout  # noqa: E402
 from mlx_grpo.trainer import make_optimizer  # noqa: E402
-from mlx_grpo import head_scores
-from mlx_grpo.head_scores import shifted_exp, streamed_head_scores, target_logprobs
-from mlx_grpo.update import build_train_batch, completion_states, entropy_stride, make_loss_fn, reference_logprobs, update_policy
+from mlx_grpo.update import build_train_batch, completion_states, make_loss_fn, reference_logprobs, update_policy
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,6 +1,6 @@
 """GRPO steps of mlx-grpo against mlx-lm-lora, on the same random-weight model, data and shape.
 
-Issues 28 and 35: each `--preset` (mlx_grpo/presets.py) cut to `--layers` blocks (0: its whole depth) and
+Issues 28 and 35: each `--preset` (mlx_grpo/planning/presets.py) cut to `--layers` blocks (0: its whole depth) and
 saved as a model directory, LoRA r8 on every linear layer of every block, `--batch-size` prompts x
 `--group-size` completions of exactly `--completion` tokens, float32, OpenBLAS preloaded, AdamW at 5e-5,
 beta 0.04, temperature 1, one update per rollout. Each tool runs `--steps` steps in its own fresh process
@@ -41,14 +41,14 @@ import tempfile
 import time
 from pathlib import Path
 
-from mlx_grpo.blas import find_openblas
+from mlx_grpo.planning.blas import find_openblas
 
 CHAT_TEMPLATE = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
 
 
 def prepare(work: Path, preset: str, layers: int, rows: int) -> tuple[Path, Path]:
     """The model directory (with the pass-through chat template) and a data directory with train/valid.jsonl."""
-    from mlx_grpo.presets import write_preset_model
+    from mlx_grpo.planning.presets import write_preset_model
     from mlx_grpo.tasks import arithmetic
 
     model = write_preset_model(preset, layers or None, work / f"{preset}-L{layers or 'all'}")
@@ -132,7 +132,8 @@ def run_peer(args, model: Path, data: Path, work: Path, rep: int) -> dict:
 def ours_inside(argv: list[str]) -> None:
     """Inside the mlx-grpo process: `mlx-grpo train` with no end-of-sequence ids, so every completion runs its
     whole budget (what the bench's `stop_at_eos=False` does)."""
-    from mlx_grpo import cli, models
+    from mlx_grpo import cli
+    from mlx_grpo.models import policy as models
 
     stop_ids = models.stop_ids
     models.stop_ids = lambda tokenizer, *_: (set(), stop_ids(tokenizer)[1])

@@ -22,7 +22,6 @@ import hashlib
 import json
 import math
 import os
-import re
 import shlex
 import shutil
 import stat
@@ -38,11 +37,15 @@ import mlx.optimizers as optim
 from mlx.utils import tree_flatten, tree_unflatten
 
 from .common.errors import UserError
-from .telemetry.rundir.writer import loads_object
 from .common.user_files import open_regular
+from .telemetry.rundir.layout import checkpoint_name, checkpoint_step
+from .telemetry.rundir.writer import loads_object
 
-STEP_DIR = re.compile(r"^step_(\d+)$")
 STATE = "state.json"
+ADAPTERS = "adapters.safetensors"
+ADAPTER_CONFIG = "adapter_config.json"
+FULL_WEIGHTS = "model.safetensors"
+OPTIMIZER = "optimizer.safetensors"
 CHECKSUMS = "checksums.json"
 STATE_LIMIT = 64 << 20  # state.json holds the config and the recorder's trackers: a few hundred KB
 CHECKSUM_FORMAT = 1  # state.json's `checksums`: the checksums.json format (informative: every checkpoint is verified)
@@ -125,24 +128,35 @@ def prepare_checkpoint(
     lengths after that record: a crash before the commit leaves only the previous checkpoint.
     """
     start = time.perf_counter()
-    tmp = checkpoints_dir / f".step_{step}.tmp"
-    with _written_or_removed(tmp, checkpoints_dir / f"step_{step}"):
+    tmp = checkpoints_dir / _unfinished(step)
+    with _written_or_removed(tmp, checkpoints_dir / checkpoint_name(step)):
         checkpoints_dir.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
         if adapter_config is not None:
-            mx.save_safetensors(str(tmp / "adapters.safetensors"), dict(tree_flatten(model.trainable_parameters())))
-            (tmp / "adapter_config.json").write_text(json.dumps(adapter_config, indent=2))
+            mx.save_safetensors(str(tmp / ADAPTERS), dict(tree_flatten(model.trainable_parameters())))
+            (tmp / ADAPTER_CONFIG).write_text(json.dumps(adapter_config, indent=2))
         else:
-            mx.save_safetensors(str(tmp / "model.safetensors"), dict(tree_flatten(model.parameters())))
-        mx.save_safetensors(str(tmp / "optimizer.safetensors"), dict(tree_flatten(optimizer.state)))
+            mx.save_safetensors(str(tmp / FULL_WEIGHTS), dict(tree_flatten(model.parameters())))
+        mx.save_safetensors(str(tmp / OPTIMIZER), dict(tree_flatten(optimizer.state)))
         full_state = {**state, "step": step, "rng": [int(x) for x in mx.random.state[0].tolist()],
                       "checksums": CHECKSUM_FORMAT}
-        (tmp / "state.json").write_text(json.dumps(full_state))
+        (tmp / STATE).write_text(json.dumps(full_state))
         for name in os.listdir(tmp):
             with open(tmp / name, "rb") as fh:
                 os.fsync(fh.fileno())
-    return PendingCheckpoint(tmp, checkpoints_dir / f"step_{step}", keep, time.perf_counter() - start, spare)
+    return PendingCheckpoint(tmp, checkpoints_dir / checkpoint_name(step), keep, time.perf_counter() - start, spare)
+
+
+def _unfinished(step: int | str) -> str:
+    """The folder a checkpoint is written into before its commit ("*": every one's glob pattern)."""
+    return f".{checkpoint_name(step)}.tmp"
+
+
+def remove_unfinished(checkpoints_dir: Path) -> None:
+    """Remove the checkpoints a crash cut short (never committed)."""
+    for tmp in checkpoints_dir.glob(_unfinished("*")):
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def list_checkpoints(checkpoints_dir: Path) -> list[Path]:
@@ -151,9 +165,9 @@ def list_checkpoints(checkpoints_dir: Path) -> list[Path]:
         return []
     found = []
     for entry in checkpoints_dir.iterdir():
-        match = STEP_DIR.match(entry.name)
-        if match and (entry / "state.json").is_file():
-            found.append((int(match.group(1)), entry))
+        step = checkpoint_step(entry)
+        if step is not None and (entry / STATE).is_file():
+            found.append((step, entry))
     return [path for _, path in sorted(found)]
 
 
@@ -280,15 +294,15 @@ def _schema_problem(state: dict[str, Any], step: int, run_dir: Path | None) -> s
 def read_state(path: Path, run_dir: Path | None = None) -> dict[str, Any]:
     """A checkpoint's state.json, verified: its checksum (checksums.json missing or unreadable: damaged), then its schema
     (`run_dir`: where its log positions point, checked against the logs). DamagedCheckpoint otherwise."""
-    match = STEP_DIR.match(path.name)
-    if match is None or path.is_symlink() or not path.is_dir():
+    step = checkpoint_step(path)
+    if step is None or path.is_symlink() or not path.is_dir():
         raise DamagedCheckpoint(path, "a symbolic link: a checkpoint is read only where it was written"
                                 if path.is_symlink() else "not a checkpoint directory")
     # always verified: nothing inside the checkpoint (a state.json key, a missing checksums.json) can turn
     # the check off, since damage or an edit could then pass unseen
     _verify_file(path, STATE, _read_checksums(path))
     state = _read_json(path, STATE)
-    problem = _schema_problem(state, int(match.group(1)), run_dir)
+    problem = _schema_problem(state, step, run_dir)
     if problem is not None:
         raise DamagedCheckpoint(path, problem)
     return state
@@ -328,17 +342,21 @@ def _load_arrays(path: Path, name: str, checksums: dict[str, Any]) -> dict[str, 
     return arrays
 
 
+def weights_name(path: Path) -> str:
+    """The checkpoint's weights file: its adapters (LoRA, DoRA) or every weight (full fine-tuning)."""
+    return ADAPTERS if (path / ADAPTERS).exists() else FULL_WEIGHTS
+
+
 def load_checkpoint(path: Path, model: nn.Module, optimizer: optim.Optimizer) -> dict[str, Any]:
     """Restore weights, optimiser state and the global RNG from a verified checkpoint; return the saved
     trainer state."""
     state = read_state(path)
     checksums = _read_checksums(path)
     try:
-        weights_name = "adapters.safetensors" if (path / "adapters.safetensors").exists() else "model.safetensors"
-        weights = _load_arrays(path, weights_name, checksums)
+        weights = _load_arrays(path, weights_name(path), checksums)
         _check_weights_fit(path, weights, model)
         model.load_weights(list(weights.items()), strict=False)
-        optimizer.state = tree_unflatten(list(_load_arrays(path, "optimizer.safetensors", checksums).items()))
+        optimizer.state = tree_unflatten(list(_load_arrays(path, OPTIMIZER, checksums).items()))
         restore_rng(state["rng"])
     except (OSError, ValueError, RuntimeError, KeyError, TypeError) as err:  # RuntimeError: a damaged file
         detail = (str(err).splitlines() or [""])[0]

@@ -12,11 +12,11 @@ import difflib
 import importlib
 import sys
 
-from .blas import reexec_with_openblas
-from .config_aliases import NO_EQUIVALENT
 from .common.errors import UserError
 from .common.terminal import open_standard_streams, terminal_safe
-from .name_clash import clash_message, clashing_packages
+from .config.aliases import NO_EQUIVALENT
+from .config.name_clash import clash_message, clashing_packages
+from .planning.blas import reexec_with_openblas
 
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {

@@ -40,8 +40,8 @@ import numpy as np
 from mlx.utils import tree_map
 
 from . import grpo
-from .data import PromptOrder
 from .common.errors import UserError
+from .data import PromptOrder
 from .telemetry.metrics.step_data import StepData
 from .update import TrainBatch
 

@@ -7,10 +7,10 @@ from typing import Any, Callable
 
 import mlx.core as mx
 
-from .rewards.correctness import Check, answer_check
 from .data import encode_prompt, extra_columns
 from .multiturn.episodes import final_turn
 from .multiturn.trajectories import generate_trajectories
+from .rewards.correctness import Check, answer_check
 from .rollout import SamplingSettings, decode_completion, generate
 
 GREEDY = SamplingSettings(temperature=0.0)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from .config import IMPORTANCE_LEVELS, LOSS_TYPES, SCALE_MODES
+from .config.train_config import IMPORTANCE_LEVELS, LOSS_TYPES, SCALE_MODES
 
 
 def group_advantages(

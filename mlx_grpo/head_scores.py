@@ -1,7 +1,7 @@
 """An LM head's log-probs of the completion tokens without holding the whole [positions, vocab] logits: in
 chunks of positions, or streamed a block of the vocabulary at a time (a frozen plain head, the default under
 LoRA and for every reference pass), with the gradient through custom VJPs. update.py scores completions with
-these; plan.py sizes the streamed block with `vocab_block`."""
+these; the streamed block is `models/families.py:vocab_block` rows, which plan.py sizes too."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten
 
 from .extras import token_entropy
-from .models import project_to_vocab
-
+from .models.families import vocab_block
+from .models.policy import project_to_vocab
 
 _LOG2E = math.log2(math.e)
 # ln 2 split in two (Cody and Waite): n * _LN2_HIGH is exact in float32 for the n used here, so x - n ln 2
@@ -192,20 +192,6 @@ def chunked_head_logprobs(hidden: mx.array, targets: mx.array, head: nn.Module, 
     scores.vjp(lambda primals, cotangent, output: backward(primals[0], primals[1], cotangent))
     return scores(hidden, weight)
 
-
-# The streamed head computes about this many logits at once: a block of the vocabulary for every position
-# of the micro-batch (4 MB in float32), and reads at most 4x as many weights per block (a block of the head's
-# rows is copied by a quantized head's dequantization, and was measured to be by the matmul too). Blocks of
-# fewer than MIN_VOCAB_BLOCK rows make matmuls too thin. Measured at Qwen2.5-0.5B width (256 positions,
-# 152k vocabulary): 1.49 s for the log-probs and their gradient against 1.89 s with the whole logits, at a
-# 30 MB peak against 779 MB.
-STREAM_LOGITS = 2**20
-MIN_VOCAB_BLOCK = 1024
-
-
-def vocab_block(positions: int, hidden: int) -> int:
-    """Rows of the head per block of the streamed head."""
-    return max(MIN_VOCAB_BLOCK, min(STREAM_LOGITS // max(1, positions), 4 * STREAM_LOGITS // hidden))
 
 
 def streams_head(head: nn.Module) -> bool:

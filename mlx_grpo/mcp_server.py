@@ -28,7 +28,6 @@ import fcntl
 import functools
 import json
 import os
-import re
 import shutil
 import signal
 import socket
@@ -43,10 +42,10 @@ from typing import Any
 from .common.errors import UserError
 from .common.terminal import terminal_safe, terminal_safe_obj
 from .common.user_files import open_regular
-from .run_code import is_user_code
+from .config.run_code import is_user_code
 from .telemetry.metrics.names import ACCURACY_TRAIN, EVAL_ACCURACY, REWARD_MEAN
 from .telemetry.reward_names import translate_reward
-from .telemetry.rundir.layout import ALERTS, FINAL_METRICS, LOCK, METRICS, RUN_JSON, SAMPLES
+from .telemetry.rundir.layout import ALERTS, FINAL_METRICS, LOCK, METRICS, RUN_JSON, SAMPLES, RunPaths, checkpoint_step
 from .telemetry.rundir.reader import pid_alive
 from .telemetry.rundir.writer import loads_object, read_json_object, read_run_info
 
@@ -371,9 +370,9 @@ class Workspace:
 
     def check_config(self, config_path: Path | None, overrides: dict[str, Any] | None) -> None:
         """The reward, correctness and rubric files a run would import, all inside the workspace."""
-        from .config import load_config, top_level_fields_all
-        from .config_aliases import translate
-        from .config_paths import resolve_input_paths
+        from .config.aliases import translate
+        from .config.paths import resolve_input_paths
+        from .config.train_config import load_config, top_level_fields_all
 
         # the trainer runs in the workspace: its command-line paths resolve there, whatever this process's folder
         typed = resolve_input_paths(translate(dict(overrides), "command line", known=top_level_fields_all()),
@@ -461,7 +460,7 @@ class Workspace:
         learning_rate): stops it first when it runs, sets the later checkpoints aside in rolled_back/ (kept, not
         deleted), and resumes; the resume cuts the logs back to that step."""
         path = self.run_dir(run_dir)
-        checkpoints = {step: p for p in _entries(path / "checkpoints")
+        checkpoints = {step: p for p in _entries(RunPaths(path).checkpoints)
                        if (step := _checkpoint_step(p)) is not None}
         steps = sorted(checkpoints)
         if to_step not in steps:
@@ -527,7 +526,7 @@ def _link_out(run_dir: Path) -> str | None:
     """The first entry of the run directory (or of its completions/ and checkpoints/) that is a symbolic link
     leading out of it, relative to it; None when there is none."""
     base = Path(os.path.realpath(run_dir))
-    for folder in (run_dir, run_dir / "completions", run_dir / "checkpoints"):
+    for folder in (run_dir, RunPaths(run_dir).completions, RunPaths(run_dir).checkpoints):
         for entry in _entries(folder):
             if entry.is_symlink():
                 target = Path(os.path.realpath(entry))
@@ -569,9 +568,9 @@ def _start_time(pid: int) -> float | None:
 
 
 def _checkpoint_step(path: Path) -> int | None:
-    """The step of a checkpoint directory (checkpoint.py's `step_<N>`; not imported: it imports mlx)."""
-    match = re.fullmatch(r"step_(\d+)", path.name)
-    return int(match.group(1)) if match and path.is_dir() and not path.is_symlink() else None
+    """The step of a checkpoint directory, a real one (not a file, not a symbolic link)."""
+    step = checkpoint_step(path)
+    return step if step is not None and path.is_dir() and not path.is_symlink() else None
 
 
 def _last_line(log: Path) -> str:

@@ -21,9 +21,9 @@ from mlx_lm.models.cache import BatchKVCache, KVCache, RotatingKVCache, make_pro
 
 from . import frozen_prefix
 from .common.errors import UserError
-from .decode_attention import grouped_decoding
 from .frozen_prefix import Captured
-from .models import has_plain_head, lm_head, project_to_vocab
+from .models.decode_attention import grouped_decoding
+from .models.policy import has_plain_head, lm_head, project_to_vocab
 
 
 @dataclass(frozen=True)

@@ -25,32 +25,42 @@ import mlx.optimizers as optim
 import numpy as np
 from mlx.utils import tree_flatten
 
+from . import frozen_prefix
 from .checkpoint import load_checkpoint
-from .config import TrainConfig
-from .rewards.correctness import Check, load_correctness
+from .common.errors import UserError
+from .config.train_config import TrainConfig
 from .data import EncodedPrompt, PromptOrder, encode_prompt, extra_columns, load_datasets
 from .distributed import World, init_world
-from .common.errors import UserError
 from .evaluate import evaluate
 from .extras import entropy_dump
 from .extras.adaptive_window import WindowController
 from .extras.sgrpo import run_exits
-from .models import Policy, ReferencePolicy, load_policy_for_training, make_reference
+from .models.families import entropy_stride
+from .models.policy import Policy, ReferencePolicy, load_policy_for_training, make_reference
 from .multiturn.episodes import MultiTurn, final_turn, load_multiturn, reward_columns, trajectory_records
 from .multiturn.metrics import trajectory_metrics
 from .multiturn.trajectories import generate_trajectories
+from .planning import roofline
+from .planning.fitting import fit_run, read_model_shape
+from .planning.plan import ModelShape
+from .rewards.correctness import Check, load_correctness
 from .rewards.loading import load_rewards
 from .rewards.scoring import RewardFunction, RewardScores, score_completions
 from .rollout import Rollout, SamplingSettings, decode_completion, generate
 from .tasks.answer_format import extract_answer, extract_reasoning
-from .telemetry.metrics.step_data import StepData, UpdateStats, eval_record
 from .telemetry.metrics.names import REDRAWN_PROMPTS
-from .fitting import fit_run, read_model_shape
-from .plan import ModelShape
-from . import frozen_prefix, roofline
-from .update import (TrainBatch, UpdateResult, build_train_batch, checkpoint_blocks, entropy_stride, make_loss_fn,
-                     reference_logprobs, sampler_logprobs, shares_prompts, update_policy)
-
+from .telemetry.metrics.step_data import StepData, UpdateStats, eval_record
+from .update import (
+    TrainBatch,
+    UpdateResult,
+    build_train_batch,
+    checkpoint_blocks,
+    make_loss_fn,
+    reference_logprobs,
+    sampler_logprobs,
+    shares_prompts,
+    update_policy,
+)
 
 # ----------------------------------------------------------------------------- setup pieces
 
@@ -229,7 +239,7 @@ class Trainer:
                    prefix_note=prefix_note, multiturn=load_multiturn(config, base_dir, policy.tokenizer))
 
     def step_flops(self, batch: TrainBatch, prompt_length: int) -> float:
-        """The step's floating-point work at its padded lengths (mlx_grpo/roofline.py), 0 without a shape."""
+        """The step's floating-point work at its padded lengths (mlx_grpo/planning/roofline.py), 0 without a shape."""
         if self.shape is None:
             return 0.0
         config = self.config

@@ -34,14 +34,21 @@ import numpy as np
 from mlx.utils import tree_flatten, tree_map
 
 from . import frozen_prefix, grpo
-from .config import TrainConfig
+from .config.train_config import TrainConfig
 from .extras import token_entropy
-from .head_scores import chunked_head_logprobs, head_token_stats, scaled, streamed_head_scores, streams_head, target_logprobs
-from .models import has_plain_head, lm_head, project_to_vocab
 from .frozen_prefix import Captured
-from .telemetry.metrics.names import SAMPLING_LOGP_DIFF_MAX, SAMPLING_LOGP_DIFF_MEAN
+from .head_scores import (
+    chunked_head_logprobs,
+    head_token_stats,
+    scaled,
+    streamed_head_scores,
+    streams_head,
+    target_logprobs,
+)
+from .models.families import entropy_stride
+from .models.policy import has_plain_head, lm_head, project_to_vocab
 from .rollout import Rollout, has_plain_kv_cache, prefill_plain
-
+from .telemetry.metrics.names import SAMPLING_LOGP_DIFF_MAX, SAMPLING_LOGP_DIFF_MEAN
 
 # ----------------------------------------------------------------------------- batches
 
@@ -119,17 +126,6 @@ def build_train_batch(rollout: Rollout, pad_id: int, mask_truncated: bool = Fals
 
 
 # ----------------------------------------------------------------------------- scoring completions
-
-# policy/entropy (monitoring only) is measured at evenly spaced completion positions, at most this many per
-# completion: a full-vocabulary entropy at every position cost as much as the log-probs themselves.
-ENTROPY_POSITIONS = 32
-
-
-def entropy_stride(max_completion_length: int) -> int:
-    """Every how many completion positions policy/entropy is measured: 1 (every one) for completions
-    of at most ENTROPY_POSITIONS tokens."""
-    return max(1, -(-max_completion_length // ENTROPY_POSITIONS))
-
 
 @dataclass
 class CompletionScores:

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from mlx_grpo import blas
+from mlx_grpo.planning import blas
 
 # tests share small helpers (tiny_models) that are not part of the package
 sys.path.insert(0, str(Path(__file__).parent))

@@ -26,14 +26,14 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 from mlx.utils import tree_flatten, tree_map
+from tiny_models import grouped_rollout
 
 from mlx_grpo import grpo
-from mlx_grpo.config import load_config
+from mlx_grpo.config.train_config import load_config
 from mlx_grpo.distributed import init_world
+from mlx_grpo.models.policy import load_policy_for_training
 from mlx_grpo.rollout import Rollout
-from mlx_grpo.models import load_policy_for_training
 from mlx_grpo.trainer import make_optimizer
-from tiny_models import grouped_rollout
 from mlx_grpo.update import LocalReduce, build_train_batch, completion_logprobs, make_loss_fn, update_policy
 
 B, G = 2, 4  # prompts per rank, completions per prompt

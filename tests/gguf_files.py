@@ -1,4 +1,4 @@
-"""GGUF files for tests, written and read without mlx_grpo.gguf.
+"""GGUF files for tests, written and read without mlx_grpo.models.gguf.
 
 `write_llama_gguf` writes an mlx-lm llama the way llama.cpp's converter does (its tensor names, q/k rows
 permuted for its rotary layout, a byte-level BPE tokenizer in `tokenizer.ggml.*`), so a loader that gets

@@ -8,8 +8,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from mlx_grpo.config import load_config
-from mlx_grpo.run import train
+from mlx_grpo.config.train_config import load_config
+from mlx_grpo.run.loop import train
 
 REPO = Path(__file__).resolve().parent.parent
 STEPS, BATCH, GROUP, EXITS = 4, 4, 4, 3  # the extras run's shape

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from mlx_grpo.config import AdaptiveWindowConfig, load_config
 from mlx_grpo.common.errors import UserError
+from mlx_grpo.config.train_config import AdaptiveWindowConfig, load_config
 from mlx_grpo.extras.adaptive_window import WindowController
 from mlx_grpo.telemetry.metrics.catalogue import find_entry
 

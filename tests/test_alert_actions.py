@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-import mlx_grpo.opening as opening_module
+import mlx_grpo.run.opening as opening_module
 from mlx_grpo.cli import main
-from mlx_grpo.config import load_config
-from mlx_grpo.machine import accel_memory
+from mlx_grpo.config.train_config import load_config
+from mlx_grpo.planning.machine import accel_memory
+from mlx_grpo.run.loop import train
 from mlx_grpo.telemetry.rundir.writer import read_run_info
-from mlx_grpo.run import train
 
 SMALL = {"num_steps": 5, "batch_size": 4, "num_generations": 4, "num_iterations": 1, "train_size": 20, "eval_every": 0,
          "checkpoint_every": 0, "tensorboard": False, "samples_per_step": 1}

@@ -13,16 +13,16 @@ from pathlib import Path
 
 import pytest
 from rich.console import Console
+from synthetic_runs import Faults, simulate
 
 from mlx_grpo.common.errors import UserError
+from mlx_grpo.telemetry.alerts.alert import Alert
 from mlx_grpo.telemetry.alerts.config import default_rules, load_alert_rules, rules_from_config
 from mlx_grpo.telemetry.alerts.console import format_alert, print_alerts
-from mlx_grpo.telemetry.metrics.other_names import canonical_record
-from mlx_grpo.telemetry.alerts.alert import Alert
 from mlx_grpo.telemetry.alerts.engine import AlertEngine
 from mlx_grpo.telemetry.alerts.rules import BaselineRule, DropRule, NonFiniteRule, SpikeRule, ThresholdRule
 from mlx_grpo.telemetry.alerts.trend_rules import HackingRule, TrendRule
-from synthetic_runs import Faults, simulate
+from mlx_grpo.telemetry.metrics.other_names import canonical_record
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(__file__).resolve().parent / "data"
@@ -475,8 +475,8 @@ def test_builtin_rules_are_packaged_and_documented():
 
 
 def test_alert_messages_are_scrubbed_wherever_they_come_from(monkeypatch):
-    from mlx_grpo.telemetry.alerts.alert import Alert
     from mlx_grpo.common.secrets import register_secret
+    from mlx_grpo.telemetry.alerts.alert import Alert
 
     # a judge echoing its Authorization header, with a key whose variable name says nothing
     monkeypatch.setenv("JUDGE_AUTH", "judgecred_QWERTY123456789")

@@ -7,11 +7,11 @@ from functools import lru_cache
 
 import numpy as np
 import pytest
+from synthetic_runs import Faults, simulate, write_run_dir
 
 from mlx_grpo.cli import main
-from mlx_grpo.telemetry.analysis.reward_report import analyze_run, trend_of
 from mlx_grpo.telemetry.analysis.report import write_report
-from synthetic_runs import Faults, simulate, write_run_dir
+from mlx_grpo.telemetry.analysis.reward_report import analyze_run, trend_of
 
 
 @lru_cache(maxsize=None)

@@ -124,7 +124,7 @@ def test_conversational_prompts_are_rendered_with_the_chat_template(tmp_path):
 
 
 def test_a_huge_prompt_is_cut_before_it_is_tokenized_with_the_same_tokens_kept():
-    from mlx_grpo.config import load_config
+    from mlx_grpo.config.train_config import load_config
     from mlx_grpo.data import MAX_CHARS_PER_TOKEN, encode_prompt
     from mlx_grpo.tools.build_default_model import build_tokenizer
 

@@ -7,10 +7,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from tiny_models import make_model_dir
 
 from mlx_grpo.cli import main
 from mlx_grpo.common.errors import UserError
-from tiny_models import make_model_dir
 
 # train_size: not the default 20,000 rows, whose drawing and tokenizing took ~1 s of each short run
 FAST = ["--num-steps", "1", "--batch-size", "2", "--num-generations", "2", "--max-generation-steps", "4",

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import jsonschema
 import pytest
-
-from mlx_grpo import blas, chips
 from tiny_models import make_model_dir
+
+from mlx_grpo.planning import blas, chips
 
 SCHEMA = json.loads((Path(__file__).parents[1] / "docs" / "bench_schema.json").read_text())
 
@@ -123,7 +123,7 @@ def test_chip_table_tells_bins_apart_and_ceiling_formula():
 def test_bandwidth_ceiling_counts_weights_and_kv_cache(tmp_path):
     from mlx_lm import load
 
-    from mlx_grpo.benchmark import bandwidth_report, weight_bytes
+    from mlx_grpo.measuring.benchmark import bandwidth_report, weight_bytes
 
     model, _ = load(str(make_model_dir(tmp_path, "llama")))
     chip = chips.Chip("Apple M2", 100.0, "test")
@@ -160,9 +160,9 @@ def test_bench_report_piped_keeps_each_line_whole(report, capsys):
 def test_bench_wires_memory_as_training_does_and_names_where_the_matmul_ran(report, monkeypatch, tmp_path):
     """`bench` built the trainer without the wired limit `train` sets, and labelled the Metal GPU's matmul
     speed as the BLAS's (Accelerate serves only MLX's CPU operations)."""
-    from mlx_grpo import workload
     from mlx_grpo.commands.bench import matmul_line
-    from mlx_grpo.config import load_config
+    from mlx_grpo.config.train_config import load_config
+    from mlx_grpo.measuring import workload
 
     assert "wired_limit_bytes" in report["settings"]  # null on the CPU backend
     wired = []

@@ -12,7 +12,6 @@ import os
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -126,8 +125,8 @@ def test_a_closed_or_full_stdout_is_no_reason_to_stop_training(tmp_path, model, 
 
 @pytest.mark.parametrize("values", [["no", "no"], ["false", "true"], [float("nan"), 1], [2, 0], [None, True]])
 def test_a_correctness_function_returning_other_than_true_or_false_is_one_line(values):
-    from mlx_grpo.rewards.correctness import user_check
     from mlx_grpo.common.errors import UserError
+    from mlx_grpo.rewards.correctness import user_check
 
     check = user_check("rw.py:c", lambda prompts, completions, answers, **kw: values)
     with pytest.raises(UserError, match=r"correctness function rw.py:c returned .* at index \d; expected True/False"):

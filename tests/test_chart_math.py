@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from mlx_grpo.telemetry.smoothing import ema
-from mlx_grpo.tui.downsample import bucketize
 from mlx_grpo.tui.braille import Layer, render_cells
 from mlx_grpo.tui.chart import legend_names
+from mlx_grpo.tui.downsample import bucketize
 
 
 def ema_loop(x, w, start=None):

@@ -16,11 +16,11 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import yaml
-
-from mlx_grpo.cli import main
-from mlx_grpo import checkpoint
-from mlx_grpo.telemetry.rundir.writer import read_run_info, write_run_info
 from tiny_models import make_model_dir
+
+from mlx_grpo import checkpoint
+from mlx_grpo.cli import main
+from mlx_grpo.telemetry.rundir.writer import read_run_info, write_run_info
 
 CONFIG = {"num_steps": 4, "batch_size": 2, "num_generations": 2, "max_generation_steps": 4, "train_size": 6,
           "eval_every": 0, "checkpoint_every": 2, "keep_checkpoints": 2, "samples_per_step": 1, "seed": 3,

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from synthetic_runs import Faults, simulate, write_run_dir
 
 from mlx_grpo.cli import main
 from mlx_grpo.telemetry.analysis.divergence import divergence
-from synthetic_runs import Faults, simulate, write_run_dir
 
 
 @pytest.mark.parametrize("faults, metric", [

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import gzip
 import json
 import subprocess
 import sys
@@ -12,10 +11,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mlx_grpo.config import load_config
+from mlx_grpo.config.train_config import load_config
 from mlx_grpo.telemetry.events import Completions
-from mlx_grpo.telemetry.rundir.completions import (CompletionsWriter, completion_steps, groups, read_step,
-                                                   truncate_completions)
+from mlx_grpo.telemetry.rundir.completions import (
+    CompletionsWriter,
+    completion_steps,
+    groups,
+    read_step,
+    truncate_completions,
+)
 from mlx_grpo.telemetry.rundir.layout import RunPaths
 
 SMALL = {"batch_size": 4, "num_generations": 4, "max_generation_steps": 12, "train_size": 64, "eval_every": 0,
@@ -24,7 +28,7 @@ SMALL = {"batch_size": 4, "num_generations": 4, "max_generation_steps": 12, "tra
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory) -> Path:
-    from mlx_grpo.run import train
+    from mlx_grpo.run.loop import train
 
     tmp = tmp_path_factory.mktemp("kept")
     config = load_config(None, {**SMALL, "monitoring_dir": str(tmp / "runs"), "run_name": "kept"})
@@ -109,7 +113,7 @@ def test_kept_completions_reach_a_terminal_escaped_and_a_fifo_in_their_place_is_
 
 
 def test_keep_completions_false_keeps_none(tmp_path):
-    from mlx_grpo.run import train
+    from mlx_grpo.run.loop import train
 
     config = load_config(None, {**SMALL, "num_steps": 1, "keep_completions": False,
                                 "monitoring_dir": str(tmp_path / "runs")})
@@ -133,8 +137,8 @@ def test_the_group_view_shows_the_g_completions_of_the_selected_prompt(run_dir):
 
 
 def test_replay_with_the_same_rewards_changes_nothing_and_without_one_reports_the_changes(run_dir):
-    from mlx_grpo.replay import replay
     from mlx_grpo.rewards.loading import load_reward_functions
+    from mlx_grpo.run.replay import replay
 
     same = load_reward_functions([(n, 1.0) for n in ("format_exact", "format_approx", "answer_check",
                                                        "number_check", "digit_match")], ".")
@@ -168,8 +172,9 @@ def test_replay_command_prints_rankings_and_quality(run_dir):
 async def test_the_samples_view_shows_the_group_and_the_reward_heatmap_of_a_run_that_kept_completions(run_dir):
     import time
 
-    from mlx_grpo.tui.app import WatchApp
     from screen_text import screen_text
+
+    from mlx_grpo.tui.app import WatchApp
 
     app = WatchApp([run_dir], refresh=0.1)
     async with app.run_test(size=(160, 60)) as pilot:
@@ -185,8 +190,8 @@ async def test_the_samples_view_shows_the_group_and_the_reward_heatmap_of_a_run_
 def test_replay_finds_no_sign_flips_in_a_group_without_spread(tmp_path):
     # A group whose completions all scored alike trains on float rounding (float32 mean / (0 + 1e-4)),
     # about -0.005 each: no sign to flip, whatever the replayed rewards say.
-    from mlx_grpo.replay import replay
     from mlx_grpo.rewards.scoring import RewardFunction
+    from mlx_grpo.run.replay import replay
 
     rows = [{"step": 1, "prompt_index": 0, "completion_index": j, "prompt": "1+1=", "answer": "2",
              "completion": f"c{j}", "rewards": {"same": 1.0}, "total": 1.0, "advantage": -0.0047} for j in range(4)]

@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 
 from mlx_grpo.cli import main
-from mlx_grpo.config import TrainConfig, load_config
 from mlx_grpo.common.errors import UserError
+from mlx_grpo.config.train_config import TrainConfig, load_config
 
 CONFIGS = Path(__file__).parent.parent / "configs"
 
@@ -83,7 +83,7 @@ def test_exponent_without_a_dot_is_a_number(tmp_path):
 
 
 def test_dtype_auto_is_float32_on_the_cpu_and_for_full_fine_tuning_and_bf16_for_lora_on_a_gpu():
-    from mlx_grpo.models import resolve_dtype
+    from mlx_grpo.models.policy import resolve_dtype
 
     full, lora = load_config(None, {}), load_config(None, {"use_lora": True})
     assert full.dtype == "auto" and resolve_dtype(full) == "float32" and resolve_dtype(lora) == "float32"
@@ -134,7 +134,7 @@ def test_every_config_key_works_as_a_flag():
     import typing
 
     from mlx_grpo.commands.train import add_arguments, collect_overrides
-    from mlx_grpo.config import top_level_fields
+    from mlx_grpo.config.train_config import top_level_fields
 
     samples = {bool: ("--{}", True), int: ("7", 7), float: ("0.5", 0.5), str: ("x", "x")}
     parser = argparse.ArgumentParser()
@@ -192,7 +192,7 @@ def test_a_trl_config_is_read_with_a_note_per_renamed_key(tmp_path, capsys):
 def test_every_config_key_has_help_and_is_in_the_readme():
     from pathlib import Path
 
-    from mlx_grpo.config import key_help, top_level_fields
+    from mlx_grpo.config.train_config import key_help, top_level_fields
 
     helps = key_help()
     assert [k for k in top_level_fields() if not helps.get(k)] == []  # shown by `mlx-grpo train --help`
@@ -200,7 +200,7 @@ def test_every_config_key_has_help_and_is_in_the_readme():
     assert [k for k, text in helps.items() if not text] == []
     assert {"adaptive_window.enable", "entropy_logging.enable", "sgrpo.enable", "sgrpo.decay"} <= set(helps)
     assert helps["num_generations"] == "completions per prompt (G)"
-    config_source = (Path(__file__).resolve().parents[1] / "mlx_grpo" / "config.py").read_text()
+    config_source = (Path(__file__).resolve().parents[1] / "mlx_grpo" / "config" / "train_config.py").read_text()
     assert "inspect" not in config_source
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     assert [k for k in top_level_fields() if f"`{k}`" not in readme] == []
@@ -211,7 +211,7 @@ def test_bounds_and_choices_are_field_metadata_and_help_prints_the_choices():
     import subprocess
     import sys
 
-    from mlx_grpo.config import CHOICES, LOSS_TYPES, TrainConfig
+    from mlx_grpo.config.train_config import CHOICES, LOSS_TYPES, TrainConfig
 
     fields = {f.name: f.metadata for f in dataclasses.fields(TrainConfig)}
     assert fields["loss_type"]["choices"] == LOSS_TYPES and fields["batch_size"]["check"].expected == "at least 1"
@@ -224,7 +224,7 @@ def test_bounds_and_choices_are_field_metadata_and_help_prints_the_choices():
 def test_a_zero_learning_rate_trains_and_the_monitoring_says_the_policy_does_not_move(tmp_path):
     # T9: learning_rate 0 was refused ("expected between 0 and 1"), yet it is the standard check that the
     # monitoring reports a run that learns nothing
-    from mlx_grpo.run import train
+    from mlx_grpo.run.loop import train
 
     config = load_config(None, {"learning_rate": 0, "num_steps": 8, "batch_size": 2, "num_generations": 4,
                                 "train_size": 16, "eval_every": 0, "checkpoint_every": 0, "tensorboard": False,

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from mlx_grpo.cli import main
-from mlx_grpo.config import load_config
-from mlx_grpo.config_aliases import ALIASES, NO_EQUIVALENT, TRANSLATED, markdown_table
+from mlx_grpo.config.aliases import ALIASES, NO_EQUIVALENT, TRANSLATED, markdown_table
+from mlx_grpo.config.train_config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 GSM8K_ROWS = (ROOT / "tests" / "data" / "gsm8k_sample.jsonl").read_text()
@@ -108,7 +108,7 @@ SAMPLE_VALUES = {"max_completion_length": 64, "iters": 9, "warmup_ratio": 0.1, "
 
 
 def test_every_alias_has_a_sample_and_no_alias_shadows_a_real_key():
-    from mlx_grpo.config import top_level_fields
+    from mlx_grpo.config.train_config import top_level_fields
 
     assert set(SAMPLE_VALUES) == set(ALIASES)
     assert not (set(ALIASES) | set(TRANSLATED) | set(NO_EQUIVALENT)) & set(top_level_fields())
@@ -117,8 +117,8 @@ def test_every_alias_has_a_sample_and_no_alias_shadows_a_real_key():
 
 @pytest.mark.parametrize("name", sorted(ALIASES))
 def test_each_alias_works_as_a_yaml_key_and_as_a_flag(tmp_path, name, capsys):
-    from mlx_grpo.commands.train import collect_overrides
     from mlx_grpo.cli import build_parser
+    from mlx_grpo.commands.train import collect_overrides
 
     ours, value = ALIASES[name].ours, SAMPLE_VALUES[name]
     path = tmp_path / "c.yaml"
@@ -135,8 +135,8 @@ def test_each_alias_works_as_a_yaml_key_and_as_a_flag(tmp_path, name, capsys):
 
 
 def test_translated_names_as_flags(tmp_path, capsys):
-    from mlx_grpo.commands.train import collect_overrides
     from mlx_grpo.cli import build_parser
+    from mlx_grpo.commands.train import collect_overrides
 
     def config(*argv):
         return load_config(None, collect_overrides(build_parser().parse_args(["train", *argv])))
@@ -185,7 +185,7 @@ def test_did_you_mean_names_only_a_real_key_or_alias(tmp_path, capsys):
 
 def test_the_alias_table_is_in_the_readme_and_in_train_help(capsys):
     readme = (ROOT / "README.md").read_text()
-    assert markdown_table() in readme  # regenerate with: python -c "from mlx_grpo.config_aliases import *; print(markdown_table())"
+    assert markdown_table() in readme  # regenerate with: python -c "from mlx_grpo.config.aliases import *; print(markdown_table())"
     with pytest.raises(SystemExit):
         main(["train", "--help"])
     help_text = capsys.readouterr().out

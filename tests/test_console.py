@@ -1,6 +1,6 @@
 """What a training run prints when its output is not a terminal (a log file, CI, a pipe)."""
 
-from mlx_grpo.console import TrainingConsole
+from mlx_grpo.run.console import TrainingConsole
 
 
 def test_lines_are_not_wrapped_when_the_output_is_not_a_terminal(capsys):

@@ -27,7 +27,7 @@ def first_sample(tmp_path):
 def write_parquet(path, rows):
     pyarrow = pytest.importorskip("pyarrow")
     pytest.importorskip("datasets")
-    import pyarrow.parquet
+    import pyarrow.parquet  # noqa: F811 (puts the submodule on the module importorskip returned)
 
     pyarrow.parquet.write_table(pyarrow.Table.from_pylist(rows), path)
     return path

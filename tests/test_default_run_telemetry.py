@@ -5,11 +5,11 @@ from pathlib import Path
 
 from tbparse import SummaryReader
 
-from mlx_grpo.config import load_config
+from mlx_grpo.config.train_config import load_config
+from mlx_grpo.run.loop import train
 from mlx_grpo.telemetry.metrics.catalogue import CATALOGUE, find_entry
 from mlx_grpo.telemetry.rundir.layout import RUN_JSON
 from mlx_grpo.telemetry.rundir.writer import read_run_info, write_run_info
-from mlx_grpo.run import train
 
 # Emitted only when the batch holds such completions (none of 128 truncated, say): not every step has them.
 DEPENDS_ON_THE_BATCH = {"completions/truncated_correct_frac"}

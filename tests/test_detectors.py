@@ -7,11 +7,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from synthetic_runs import Faults, simulate
 
 from mlx_grpo.telemetry.alerts.config import default_rules
 from mlx_grpo.telemetry.alerts.engine import AlertEngine
 from mlx_grpo.telemetry.metrics.step_data import bimodality, repetition_rate, text_metrics
-from synthetic_runs import Faults, simulate
 
 DATA = Path(__file__).parent / "data"
 DETECTORS = ("format_gaming", "repetition", "bimodal_reward")

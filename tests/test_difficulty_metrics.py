@@ -1,9 +1,9 @@
 """Per-difficulty accuracy and counts, as each training step and each evaluation reports them."""
 
 import pytest
+from step_data_builder import make_step_data
 
 from mlx_grpo.telemetry.metrics.step_data import difficulty_metrics, eval_record, step_record
-from step_data_builder import make_step_data
 
 
 def test_accuracy_and_count_per_level_skip_unlabelled_rows():

@@ -15,15 +15,15 @@ from types import SimpleNamespace
 import mlx.core as mx
 import numpy as np
 import pytest
-
-from mlx_grpo.blas import find_openblas
-from mlx_grpo.data import PromptOrder
-from mlx_grpo.distributed import ShardedOrder, World, combine_update_stats, init_world
-from mlx_grpo.common.errors import UserError
-from mlx_grpo.telemetry.rundir.writer import read_run_info
-from mlx_grpo.telemetry.metrics.step_data import step_record
 from step_data_builder import make_step_data
 from tiny_models import make_model_dir
+
+from mlx_grpo.common.errors import UserError
+from mlx_grpo.data import PromptOrder
+from mlx_grpo.distributed import ShardedOrder, World, combine_update_stats, init_world
+from mlx_grpo.planning.blas import find_openblas
+from mlx_grpo.telemetry.metrics.step_data import step_record
+from mlx_grpo.telemetry.rundir.writer import read_run_info
 
 ROOT = Path(__file__).resolve().parents[1]
 LAUNCH = Path(sys.executable).parent / "mlx.launch"
@@ -132,8 +132,8 @@ def test_update_statistics_are_token_weighted_and_spreads_pooled():
 
 def test_ranks_other_than_zero_write_nothing(tmp_path, monkeypatch):
     """The run decides that only rank 0 writes: another rank's sinks are a set without sinks."""
-    import mlx_grpo.opening as opening_module
-    from mlx_grpo.config import load_config
+    import mlx_grpo.run.opening as opening_module
+    from mlx_grpo.config.train_config import load_config
     from mlx_grpo.telemetry.events import AlertEvent, Final, Samples, Scalars
 
     def make_sinks(*args, **kwargs):
@@ -256,8 +256,8 @@ def test_two_rank_training_writes_one_run_directory_with_global_metrics(tmp_path
         assert state["world_size"] == 2
 
     # one process cannot continue a two-process run, and trying leaves the run untouched
-    from mlx_grpo.config import load_config
-    from mlx_grpo.run import train
+    from mlx_grpo.config.train_config import load_config
+    from mlx_grpo.run.loop import train
 
     config = load_config(ROOT / "configs" / "default.yaml", {"model_id": str(tiny_model), "num_steps": 5,
                                                               "batch_size": b, "num_generations": g})

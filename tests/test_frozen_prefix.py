@@ -19,15 +19,14 @@ import mlx.optimizers as optim
 import numpy as np
 import pytest
 from mlx.utils import tree_flatten, tree_unflatten
+from tiny_models import random_model
 
 from mlx_grpo import frozen_prefix
-from mlx_grpo.config import TrainConfig
+from mlx_grpo.config.train_config import TrainConfig
 from mlx_grpo.frozen_prefix import Captured
-from mlx_grpo.models import apply_adapters
+from mlx_grpo.models.policy import apply_adapters
 from mlx_grpo.rollout import SamplingSettings, generate
-from mlx_grpo.update import (build_train_batch, checkpoint_blocks, completion_logprobs, make_loss_fn,
-                             update_policy)
-from tiny_models import random_model
+from mlx_grpo.update import build_train_batch, checkpoint_blocks, completion_logprobs, make_loss_fn, update_policy
 
 FAMILIES = ["llama", "qwen2", "gemma3_text", "qwen3_moe"]
 TOLERANCE = {mx.float32: 1e-4, mx.bfloat16: 5e-2}
@@ -200,7 +199,7 @@ def test_a_training_step_on_the_shipped_model_gives_the_same_loss_and_kl_with_an
     forward's. (A probe on token ids beyond the shipped 20-token vocabulary once turned it off silently.)"""
     from pathlib import Path
 
-    from mlx_grpo.selftest import small_config
+    from mlx_grpo.measuring.selftest import small_config
     from mlx_grpo.trainer import Trainer
 
     results = {}

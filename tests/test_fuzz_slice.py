@@ -11,7 +11,6 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 from fuzz_readers import fuzz  # noqa: E402
-
 from synthetic_runs import simulate, write_run_dir  # noqa: E402
 
 

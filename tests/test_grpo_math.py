@@ -10,8 +10,17 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from mlx_grpo.grpo import (LossOptions, LossTotals, grpo_loss, group_advantages, kl_k3, masked_mean, policy_stats,
-                           token_entropy, token_logprobs)
+from mlx_grpo.grpo import (
+    LossOptions,
+    LossTotals,
+    group_advantages,
+    grpo_loss,
+    kl_k3,
+    masked_mean,
+    policy_stats,
+    token_entropy,
+    token_logprobs,
+)
 
 MASK = [[1, 1, 1], [1, 1, 0], [1, 0, 0], [0, 0, 0]]
 ADV = [1.0, -1.0, 0.5, -2.0]

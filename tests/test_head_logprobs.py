@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import mlx.core as mx
 import mlx.nn as nn
-import pytest
 import numpy as np
+import pytest
+from tiny_models import random_model
 
 from mlx_grpo import grpo
-from mlx_grpo.rollout import Rollout
 from mlx_grpo.head_scores import shifted_exp, target_logprobs
-from mlx_grpo.update import build_train_batch, completion_scores, entropy_stride
-from tiny_models import random_model
+from mlx_grpo.models.families import entropy_stride
+from mlx_grpo.rollout import Rollout
+from mlx_grpo.update import build_train_batch, completion_scores
 
 
 def test_the_heads_exponential_matches_exp_to_a_rounding_step_and_keeps_its_edges():
@@ -86,9 +87,10 @@ def test_streamed_head_equals_the_whole_logits_forward_and_backward(monkeypatch,
     """The frozen head's log-probs a block of the vocabulary at a time (the default under LoRA and in the
     reference pass): the same log-probs, entropy and gradient as the whole [N, T, V] logits give."""
     from mlx_grpo import head_scores
+    from mlx_grpo.models import families
 
-    monkeypatch.setattr(head_scores, "STREAM_LOGITS", 21 * 300)  # 7 blocks of at most 300 rows: the running rescale
-    monkeypatch.setattr(head_scores, "MIN_VOCAB_BLOCK", 300)
+    monkeypatch.setattr(families, "STREAM_LOGITS", 21 * 300)  # 7 blocks of at most 300 rows: the running rescale
+    monkeypatch.setattr(families, "MIN_VOCAB_BLOCK", 300)
     mx.random.seed(0)
     head = nn.Linear(64, 2000, bias=False)
     if quantized:

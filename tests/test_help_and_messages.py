@@ -29,9 +29,9 @@ def test_an_unreachable_hub_points_to_models_that_need_none(monkeypatch, tmp_pat
     import mlx_lm
     from huggingface_hub.errors import LocalEntryNotFoundError
 
-    from mlx_grpo.config import load_config
     from mlx_grpo.common.errors import UserError
-    from mlx_grpo.models import load_policy
+    from mlx_grpo.config.train_config import load_config
+    from mlx_grpo.models.policy import load_policy
 
     def offline(path, *args, **kwargs):
         raise LocalEntryNotFoundError("Cannot find the requested files in the disk cache")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from mlx_grpo.config import load_config
+from mlx_grpo.config.train_config import load_config
 from mlx_grpo.telemetry.metrics.step_data import step_record
 from mlx_grpo.trainer import Trainer
 
@@ -39,7 +39,7 @@ def custom_task(tmp_path, **overrides) -> dict:
     """A run on a dataset of its own with only a custom reward: nothing says which answers are right."""
     import json
 
-    from mlx_grpo.run import train
+    from mlx_grpo.run.loop import train
 
     (tmp_path / "plain.py").write_text(PLAIN_REWARD)
     (tmp_path / "check.py").write_text(YES_CHECK)
@@ -53,10 +53,10 @@ def custom_task(tmp_path, **overrides) -> dict:
 
 
 def test_a_task_without_a_correctness_check_has_no_accuracy_rather_than_zero(tmp_path, capsys):
+    from pathlib import Path
+
     from mlx_grpo.telemetry.analysis.report import load_run
     from mlx_grpo.telemetry.analysis.reward_report import analyze_run
-
-    from pathlib import Path
     run_dir = Path(custom_task(tmp_path)["run_dir"])
     _, metrics, samples, alerts = load_run(run_dir)
     assert not any(key.startswith(("accuracy/", "eval/")) or "correct" in key for r in metrics for key in r)
@@ -131,8 +131,8 @@ def test_a_policy_broken_by_its_first_updates_raises_the_collapse_error_at_once(
 
 
 def test_a_mistyped_correctness_setting_names_the_key(tmp_path):
-    from mlx_grpo.rewards.correctness import load_correctness
     from mlx_grpo.common.errors import UserError
+    from mlx_grpo.rewards.correctness import load_correctness
 
     with pytest.raises(UserError, match="key 'correctness' is 'bogus'; expected auto, answer, last_number, none or file.py"):
         load_correctness("bogus", "arithmetic", [], tmp_path)

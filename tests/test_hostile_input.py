@@ -12,12 +12,12 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from mlx_grpo.telemetry.analysis.alert_replay import AlertReplay
-from mlx_grpo.cli import main
-from mlx_grpo.telemetry.rundir.writer import RunDirWriter, read_run_info
 from run_writer import RunWriter, start_sinks
 from screen_text import screen_text
+
+from mlx_grpo.cli import main
+from mlx_grpo.telemetry.analysis.alert_replay import AlertReplay
+from mlx_grpo.telemetry.rundir.writer import RunDirWriter, read_run_info
 
 # train_size: not the default 20,000 rows, whose drawing and tokenizing took ~1 s of each short run
 FAST = {"num_steps": 4, "batch_size": 2, "num_generations": 2, "max_generation_steps": 4, "eval_every": 0,
@@ -192,9 +192,9 @@ async def test_the_dashboard_shows_escape_sequences_as_text(tmp_path):
 
 
 def test_the_trainer_console_shows_escape_sequences_as_text(capsys):
-    from mlx_grpo.console import TrainingConsole
-    from mlx_grpo.telemetry.alerts.console import format_alert
+    from mlx_grpo.run.console import TrainingConsole
     from mlx_grpo.telemetry.alerts.alert import Alert
+    from mlx_grpo.telemetry.alerts.console import format_alert
 
     console = TrainingConsole(10, enabled=False)
     console.message(f"warning: reward failed: ValueError: {ESC}")
@@ -352,7 +352,7 @@ def test_a_closed_stdout_does_not_end_training(tmp_path, model):
 
 
 def test_the_console_survives_a_broken_pipe(monkeypatch, capsys):
-    from mlx_grpo.console import TrainingConsole
+    from mlx_grpo.run.console import TrainingConsole
 
     console = TrainingConsole(4, enabled=False)
     monkeypatch.setattr(os, "dup2", lambda *a: None)  # the test's own stdout stays
@@ -379,7 +379,7 @@ def test_a_sweep_whose_output_dir_is_a_file_is_one_line(tmp_path, capsys):
 
 
 def test_sighup_stops_a_sweep_like_sigterm_and_a_trial_trained_elsewhere_is_not_a_failure(tmp_path):
-    from mlx_grpo import sweep
+    from mlx_grpo.measuring import sweep
 
     previous = sweep._stop_on_sigterm()
     try:
@@ -399,7 +399,7 @@ def test_sighup_stops_a_sweep_like_sigterm_and_a_trial_trained_elsewhere_is_not_
 # ----------------------------------------------------------------------------- export, report, TensorBoard (R8)
 
 def test_an_export_that_fails_leaves_nothing_behind(tmp_path, model, capsys, monkeypatch):
-    from mlx_grpo import export
+    from mlx_grpo.run import export
 
     assert main(flags(tmp_path, model, num_steps=2)) == 0
     capsys.readouterr()
@@ -490,7 +490,7 @@ def test_a_trackio_store_that_cannot_be_written_is_reported(tmp_path, monkeypatc
 # ----------------------------------------------------------------------------- run directories and alerts (R13, R17, R18)
 
 def test_an_empty_run_directory_left_by_a_killed_start_is_taken_over(tmp_path):
-    from mlx_grpo.run_lock import create_run_dir
+    from mlx_grpo.run.run_lock import create_run_dir
 
     (tmp_path / "runs" / "kdir").mkdir(parents=True)  # mkdir done, killed before run.json
     path, lock = create_run_dir(tmp_path / "runs", "kdir")

@@ -2,8 +2,9 @@
 
 import re
 
-from mlx_grpo.cli import main
 from synthetic_runs import Faults, simulate, write_run_dir
+
+from mlx_grpo.cli import main
 
 
 def _runs(tmp_path):

@@ -7,8 +7,8 @@ import textwrap
 import time
 
 import pytest
-
 from judge_server import JudgeServer, chat_reply, user_content
+
 from mlx_grpo.common.errors import UserError
 from mlx_grpo.rewards.judge import Judge, JudgeConfig, chat_completions_url, parse_score, render
 from mlx_grpo.rewards.rubric import load_rubric

@@ -2,7 +2,8 @@
 
 Every import counts, the lazy ones inside functions too (a lazy import is still an arrow). A module
 belongs to the area of its first sub-package under `mlx_grpo/` (`telemetry/metrics/catalogue.py` is in
-`telemetry`), so a new sub-package is covered the day it is made. Inside the training area, `telemetry/`
+`telemetry`), so a new sub-package is covered the day it is made. Inside the training area (whose wings
+`config/`, `models/`, `planning/`, `run/` and `measuring/` are rooms of it), inside each wing, `telemetry/`
 and `rewards/` the rooms stand on floors of their own (INNER_FLOORS): no arrow runs back up one, and a
 new room must be given a floor. `python tests/test_layering.py` prints the house's figures.
 """
@@ -34,13 +35,38 @@ NO_MLX = {"telemetry", "tui"}  # the dashboard, report and compare run where mlx
 # "mlx_grpo" covers the training area's rooms (the other areas have the rules above).
 INNER_FLOORS = {
     "mlx_grpo": [
-        {"", "config", "config_aliases", "config_paths", "name_clash", "run_code", "machine", "chips", "blas", "tasks", "tf32"},
-        {"grpo", "models", "gguf", "gguf_blocks", "gguf_header", "smollm2", "gemma3", "wheel_files", "data", "head_scores", "frozen_prefix", "decode_attention", "rollout", "multiturn", "qwen_coder", "rewards", "update", "extras", "evaluate",
+        {"", "config", "tasks"},  # the wings are rooms here, with floors of their own below
+        {"grpo", "models", "data", "head_scores", "frozen_prefix", "rollout", "multiturn", "rewards", "update", "extras", "evaluate",
          "checkpoint"},  # core: the model, the data, the math, a completion's worth, saving weights
-        {"presets", "plan", "fitting", "roofline"},  # what a run needs and can reach, predicted before it loads
+        {"planning"},  # what a run needs and can reach, predicted before it loads
         {"trainer", "distributed"},  # one step, on one rank or many
-        {"run", "opening", "resume", "signals", "run_lock", "console", "export", "replay", "sweep"},  # a run's life
-        {"benchmark", "workload", "selftest", "tf32_child", "tools", "mcp_server"},  # measuring and serving the rest
+        {"run"},  # a run's life
+        {"measuring", "tools", "mcp_server"},  # measuring and serving the rest
+    ],
+    "mlx_grpo.config": [
+        {"aliases", "paths", "run_code", "name_clash"},
+        {"train_config", ""},  # "" re-exports train_config's two public names
+    ],
+    "mlx_grpo.models": [
+        {"", "families", "wheel_files", "gguf_header", "gguf_blocks", "decode_attention"},  # families: no mlx
+        {"smollm2", "gemma3", "qwen_coder", "gguf"},  # the model sources
+        {"policy"},  # a policy from any source
+    ],
+    "mlx_grpo.planning": [
+        {"", "blas", "chips", "presets", "plan"},  # the facts and the memory model
+        {"machine", "roofline"},
+        {"tf32", "fitting"},
+    ],
+    "mlx_grpo.run": [
+        {"", "console", "run_lock", "resume", "replay"},
+        {"signals", "export", "opening"},
+        {"loop"},  # the run read as a page
+    ],
+    "mlx_grpo.measuring": [
+        {"", "workload", "sweep"},
+        {"benchmark"},
+        {"selftest"},
+        {"tf32_child"},
     ],
     "mlx_grpo.rewards": [
         {"", "builtin", "judge", "scoring"},
@@ -231,16 +257,16 @@ def test_the_inner_floors_catch_an_arrow_back_up_and_a_room_without_a_floor():
 def test_the_checks_catch_a_circle_an_upward_import_and_mlx_in_telemetry():
     graph, external = import_graph()
     graph = {k: set(v) for k, v in graph.items()}
-    graph["mlx_grpo.models"].add("mlx_grpo.rollout")
-    assert ["mlx_grpo.models", "mlx_grpo.rollout"] in cycles(graph)
+    graph["mlx_grpo.models.policy"].add("mlx_grpo.rollout")
+    assert ["mlx_grpo.models.policy", "mlx_grpo.rollout"] in cycles(graph)
     graph["mlx_grpo.telemetry.recorder"].add("mlx_grpo.trainer")
-    graph["mlx_grpo.tui.board"].add("mlx_grpo.config")
+    graph["mlx_grpo.tui.board"].add("mlx_grpo.config.train_config")
     graph["mlx_grpo.trainer"].add("mlx_grpo.tui.app")
     graph.setdefault("mlx_grpo.telemetry.sinks.wandb", set())
     external = {**external, "mlx_grpo.telemetry.sinks.wandb": {"mlx"}}
     broken = broken_rules(graph, external)
     assert any(line.startswith("mlx_grpo.telemetry.recorder -> mlx_grpo.trainer") for line in broken)
-    assert any(line.startswith("mlx_grpo.tui.board -> mlx_grpo.config") for line in broken)
+    assert any(line.startswith("mlx_grpo.tui.board -> mlx_grpo.config.train_config") for line in broken)
     assert any(line.startswith("mlx_grpo.trainer -> mlx_grpo.tui.app") for line in broken)
     assert "mlx_grpo.telemetry.sinks.wandb imports mlx" in broken
 

@@ -7,13 +7,12 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from mlx_grpo.config import load_config
 from mlx_grpo.common.errors import UserError
+from mlx_grpo.config.train_config import load_config
 from mlx_grpo.grpo import LossOptions, grpo_loss
 from mlx_grpo.rollout import Rollout
 from mlx_grpo.trainer import Trainer
 from mlx_grpo.update import build_train_batch
-
 
 # ----------------------------------------------------------------------------- delta
 

@@ -14,16 +14,16 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 from mlx.utils import tree_flatten
+from tiny_models import make_model_dir
 
-import mlx_grpo.run as run_module
-from mlx_grpo.config import load_config
+import mlx_grpo.run.loop as run_module
+from mlx_grpo.config.train_config import load_config
 from mlx_grpo.data import encode_prompt, load_datasets
-from mlx_grpo.models import DEFAULT_MODEL_DIR, adapters_disabled
-from mlx_grpo.tasks import arithmetic
+from mlx_grpo.models.policy import DEFAULT_MODEL_DIR, adapters_disabled
 from mlx_grpo.rollout import Rollout
+from mlx_grpo.tasks import arithmetic
 from mlx_grpo.trainer import Trainer
 from mlx_grpo.update import build_train_batch, completion_logprobs, update_policy
-from tiny_models import make_model_dir
 
 # bfloat16 keeps 8 bits of mantissa: a log-prob of ~-5 computed through a few bf16 layers moves by a few 1e-2
 # (measured 0.056 here). Adam's first step divides each gradient entry by its own size, so entries whose

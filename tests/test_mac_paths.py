@@ -11,14 +11,14 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from mlx.utils import tree_flatten
+from tiny_models import grouped_rollout, random_model
 
-from mlx_grpo import machine
-from mlx_grpo.config import load_config
+from mlx_grpo.config.train_config import load_config
 from mlx_grpo.distributed import World
-from mlx_grpo.models import chunk_ignored, has_plain_head
+from mlx_grpo.models.policy import chunk_ignored, has_plain_head
+from mlx_grpo.planning import machine
 from mlx_grpo.trainer import Trainer
 from mlx_grpo.update import build_train_batch, completion_logprobs
-from tiny_models import grouped_rollout, random_model
 
 
 @pytest.fixture(scope="module")
@@ -103,9 +103,9 @@ def test_a_quantized_model_computes_in_the_dtype_the_run_reports(tmp_path):
     import mlx.nn as nn
     from mlx_lm import load
     from mlx_lm.utils import save_config, save_model
-
-    from mlx_grpo.models import load_policy, resolve_dtype
     from tiny_models import make_model_dir
+
+    from mlx_grpo.models.policy import load_policy, resolve_dtype
 
     source = make_model_dir(tmp_path / "plain", "llama")
     model, _ = load(str(source))
@@ -227,7 +227,7 @@ def test_moe_lora_counts_an_adapter_per_expert_and_the_router():
     8.5 GB on Qwen3-30B-A3B)."""
     from mlx_lm.tuner.utils import linear_to_lora_layers
 
-    from mlx_grpo.plan import ModelShape
+    from mlx_grpo.planning.plan import ModelShape
 
     model = random_model("qwen3_moe", vocab=300)
     model.freeze()
@@ -240,8 +240,8 @@ def test_a_metal_failure_mid_run_is_one_line_with_its_cause_what_helps_and_the_r
                                                                                               monkeypatch):
     """MLX 0.32 and later raise a failed Metal command buffer (the GPU watchdog, out of memory) as a
     RuntimeError; train names it instead of a traceback, and says how to go on."""
-    from mlx_grpo import run as run_module
     from mlx_grpo.cli import main
+    from mlx_grpo.run import loop as run_module
 
     def watchdog(run, stop):
         raise RuntimeError("[METAL] Command buffer execution failed: Impacting Interactivity "

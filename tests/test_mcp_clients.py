@@ -11,10 +11,10 @@ import re
 import shlex
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
 DOC = Path(__file__).parent.parent / "docs" / "MCP.md"
 CLIENTS = ("Claude Code", "Claude Desktop", "Cursor", "VS Code", "Codex")

@@ -4,9 +4,9 @@ alerts while it runs and stops it; without --allow-control the tools that act ar
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
-import json
 import sys
 import time
 from pathlib import Path

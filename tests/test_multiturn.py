@@ -7,14 +7,13 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import time
-from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
 import pytest
 import yaml
+from tiny_models import make_model_dir
 
 from mlx_grpo import grpo
 from mlx_grpo.multiturn.calculator import calculator, evaluate_expression
@@ -25,7 +24,6 @@ from mlx_grpo.multiturn.tools import ToolRunner
 from mlx_grpo.multiturn.trajectories import TurnBudgets, generate_trajectories
 from mlx_grpo.rollout import SamplingSettings, generate
 from mlx_grpo.update import build_train_batch, completion_scores
-from tiny_models import make_model_dir
 
 HERMES = CallFormat("<tool_call>", "</tool_call>", lambda body, tools: json.loads(body))
 TOOLS_FILE = '''

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from mlx_grpo.cli import main
-from mlx_grpo.name_clash import clashing_packages
+from mlx_grpo.config.name_clash import clashing_packages
 
 
 @pytest.fixture

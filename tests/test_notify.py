@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from mlx_grpo.common.errors import UserError
-from mlx_grpo.config import load_config
-from mlx_grpo.run import train
+from mlx_grpo.config.train_config import load_config
+from mlx_grpo.run.loop import train
 from mlx_grpo.telemetry.events import AlertEvent, Scalars, Start
 from mlx_grpo.telemetry.rundir.writer import RunInfo
 from mlx_grpo.telemetry.sinks import SinkSet

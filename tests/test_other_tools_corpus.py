@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from mlx_grpo.cli import main
-from mlx_grpo.config import load_config
+from mlx_grpo.config.train_config import load_config
 
 CORPUS = Path(__file__).parent / "data" / "other_tools"
 CONFIGS = sorted(CORPUS.glob("*.yaml"))

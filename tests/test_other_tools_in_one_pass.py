@@ -7,16 +7,15 @@ from __future__ import annotations
 import json
 from types import SimpleNamespace
 
-import numpy as np
 import pytest
 
 from mlx_grpo.cli import main
-from mlx_grpo.config import load_config
-from mlx_grpo.data import extra_columns, load_datasets, read_dataset
 from mlx_grpo.common.errors import UserError
-from mlx_grpo.telemetry.reward_names import reward_name
+from mlx_grpo.config.train_config import load_config
+from mlx_grpo.data import extra_columns, load_datasets, read_dataset
 from mlx_grpo.rewards.loading import load_reward_functions
 from mlx_grpo.rewards.scoring import score_completions
+from mlx_grpo.telemetry.reward_names import reward_name
 
 TRL_ACCURACY = ("def accuracy(completions, solution, **kwargs):\n"
                 "    return [1.0 if c.strip() == s else 0.0 for c, s in zip(completions, solution)]\n")

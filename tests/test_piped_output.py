@@ -7,9 +7,9 @@ from __future__ import annotations
 import io
 
 from rich.console import Console
+from synthetic_runs import simulate, write_run_dir
 
 from mlx_grpo.cli import main
-from synthetic_runs import simulate, write_run_dir
 
 
 def test_metrics_piped_keeps_every_description_whole_on_its_row(capsys):
@@ -28,8 +28,8 @@ def test_metrics_piped_keeps_every_description_whole_on_its_row(capsys):
 
 
 def test_report_and_compare_piped_keep_their_rows_whole(tmp_path, capsys):
-    from mlx_grpo.telemetry.analysis.reward_report import analyze_run  # noqa: F401  (the report's own analysis)
     from mlx_grpo.telemetry.analysis.report import build_report
+    from mlx_grpo.telemetry.analysis.reward_report import analyze_run  # noqa: F401  (the report's own analysis)
 
     runs = []
     for seed, name in ((0, "a" * 120 + "-learning-rate-5e-5"), (1, "b" * 120 + "-learning-rate-1e-4")):
@@ -44,7 +44,7 @@ def test_report_and_compare_piped_keep_their_rows_whole(tmp_path, capsys):
     assert max(len(line) for line in out.splitlines()) <= 120
     assert main(["compare", *runs]) == 0
     out = capsys.readouterr().out
-    assert max(len(line) for line in out.splitlines()) <= 120 and all(l == l.rstrip() for l in out.splitlines())
+    assert max(len(line) for line in out.splitlines()) <= 120 and all(row == row.rstrip() for row in out.splitlines())
     for run in runs:  # a long name wraps in its cell: every piece of it is there, in order
         assert run.rsplit("/", 1)[1] in "".join(line.split("│")[1].strip() if "│" in line else ""
                                                 for line in out.splitlines()) or run.rsplit("/", 1)[1][:100] in out
@@ -58,7 +58,7 @@ def test_a_terminal_still_gets_tables_at_its_own_width():
 
 
 def test_the_progress_line_keeps_reward_and_accuracy_at_80_columns():
-    from mlx_grpo.console import TrainingConsole
+    from mlx_grpo.run.console import TrainingConsole
 
     for width in (80, 100, 200):
         terminal = Console(file=io.StringIO(), width=width, force_terminal=True, color_system=None)

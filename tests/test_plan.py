@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from mlx_grpo.cli import main
-from mlx_grpo.config import TrainConfig, load_config
-from mlx_grpo.fitting import mac_working_set
-from mlx_grpo.plan import GB, MemorySettings, ModelShape, Shapes, configured_settings, plan, predict
+from mlx_grpo.config.train_config import TrainConfig, load_config
+from mlx_grpo.planning.fitting import mac_working_set
+from mlx_grpo.planning.plan import GB, MemorySettings, ModelShape, Shapes, configured_settings, plan, predict
 
 # Published config.json values (huggingface.co/Qwen/Qwen2.5-1.5B-Instruct, /Qwen/Qwen2.5-7B-Instruct).
 QWEN25_15B = {"model_type": "qwen2", "hidden_size": 1536, "intermediate_size": 8960, "num_attention_heads": 12,
@@ -53,8 +53,8 @@ def test_a_16gb_mac_gets_settings_under_its_working_set():
 
 
 def test_auto_micro_batch_buys_speed_not_memory():
-    from mlx_grpo.models import DEFAULT_MODEL_DIR
-    from mlx_grpo.presets import preset_config
+    from mlx_grpo.models.policy import DEFAULT_MODEL_DIR
+    from mlx_grpo.planning.presets import preset_config
 
     # Long sequences of a real model run at full speed one completion at a time: auto takes 1 on a 16 GB
     # and on a 128 GB Mac alike, where it used to take the most that fit (4, or all 32 on 128 GB).
@@ -76,7 +76,7 @@ def test_auto_micro_batch_buys_speed_not_memory():
 def test_auto_turns_block_recompute_on_only_when_no_micro_batch_fits_without_it():
     """A 1024-token group: with micro_batch_size auto the plan picks recompute where the budget needs it, so the
     run fits where it can, and leaves it off (a third more compute) where memory allows."""
-    from mlx_grpo.plan import MARGIN
+    from mlx_grpo.planning.plan import MARGIN
 
     shape, shapes = ModelShape.from_config(QWEN25_15B), Shapes(2, 8, 128, 1024)
     config = load_config(None, {"batch_size": 2, "num_generations": 8, "max_generation_steps": 1024})  # full FT
@@ -133,7 +133,7 @@ def test_train_refuses_a_run_that_cannot_fit_before_loading_anything(tmp_path, c
 
 
 def test_presets_have_the_published_sizes_and_build_through_mlx_lm():
-    from mlx_grpo.presets import PRESETS, preset_config, preset_model
+    from mlx_grpo.planning.presets import PRESETS, preset_config, preset_model
 
     # model cards: parameters in billions
     published = {"qwen2.5-0.5b": 0.49, "qwen2.5-1.5b": 1.54, "qwen2.5-3b": 3.09, "qwen2.5-7b": 7.61,
@@ -152,9 +152,9 @@ def test_presets_have_the_published_sizes_and_build_through_mlx_lm():
 def test_parallel_sweep_trials_each_plan_for_their_share_of_the_machine(monkeypatch):
     import mlx.core as mx
 
-    from mlx_grpo import machine
-    from mlx_grpo.fitting import this_machine_budget
-    from mlx_grpo.sweep import trial_env
+    from mlx_grpo.measuring.sweep import trial_env
+    from mlx_grpo.planning import machine
+    from mlx_grpo.planning.fitting import this_machine_budget
 
     whole, _ = this_machine_budget()
     assert trial_env(type("Spec", (), {"name": "s"})(), parallel=3)["MLX_GRPO_MEMORY_SHARE"] == "3"
@@ -171,7 +171,7 @@ def test_parallel_sweep_trials_each_plan_for_their_share_of_the_machine(monkeypa
 
 
 def test_auto_keeps_passes_long_enough_to_read_the_head_once_for_many_rows():
-    from mlx_grpo.presets import preset_config
+    from mlx_grpo.planning.presets import preset_config
 
     q05 = ModelShape.from_config(preset_config("qwen2.5-0.5b", 2))
     short = load_config(None, {"use_lora": True, "batch_size": 2, "num_generations": 4, "max_generation_steps": 16})
@@ -191,7 +191,7 @@ QWEN3_30B_A3B = {"model_type": "qwen3_moe", "hidden_size": 2048, "intermediate_s
 def test_the_plan_counts_every_expert_of_a_mixture_of_experts_model():
     """Qwen3-30B-A3B has ~30.5B parameters (128 experts per block, 8 used per token): all of them are in
     memory, so 4-bit weights alone (~17 GB) cannot fit a 16 GB Mac's working set."""
-    from mlx_grpo.fitting import mac_working_set
+    from mlx_grpo.planning.fitting import mac_working_set
 
     shape = ModelShape.from_config(QWEN3_30B_A3B)
     assert 29.5e9 < shape.parameters() < 31.5e9
@@ -260,10 +260,11 @@ def test_the_plan_includes_the_held_out_evaluation_it_runs():
 
 
 def test_the_plan_takes_prompts_at_the_datasets_longest_as_the_run_encodes_them(tmp_path):
-    from mlx_grpo.data import encode_prompt
-    from mlx_grpo.models import load_tokenizer
-    from mlx_grpo.fitting import make_plan
     from tiny_models import make_model_dir
+
+    from mlx_grpo.data import encode_prompt
+    from mlx_grpo.models.policy import load_tokenizer
+    from mlx_grpo.planning.fitting import make_plan
 
     model = make_model_dir(tmp_path / "llama")
     rows = [{"prompt": "1+2=" * n, "answer": "3"} for n in (1, 5, 3)]
@@ -310,10 +311,10 @@ def test_the_plan_bounds_each_measured_phase_within_a_quarter(tmp_path, reuse):
     share their prompt's pass. The plan once counted every block's activations and whole sequences here
     (update +90%) and one decode step's logits for the rollout's sampling (rollout below measured)."""
     import mlx.core as mx
-
-    from mlx_grpo.workload import Workload
-    from mlx_grpo.fitting import read_model_shape
     from tiny_models import make_model_dir
+
+    from mlx_grpo.measuring.workload import Workload
+    from mlx_grpo.planning.fitting import read_model_shape
 
     model = make_model_dir(tmp_path / "model", "qwen2", hidden_size=64, intermediate_size=192, num_hidden_layers=8,
                            vocab_size=4096, max_position_embeddings=256)

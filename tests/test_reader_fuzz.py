@@ -25,17 +25,17 @@ import pytest
 hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
+from run_writer import RunWriter  # noqa: E402
 
-from mlx_grpo.telemetry.analysis.alert_replay import AlertReplay  # noqa: E402
 from mlx_grpo.common.errors import UserError  # noqa: E402
-from mlx_grpo.resume import last_record, resumable_checkpoint  # noqa: E402
-from mlx_grpo.sweep import trial_state  # noqa: E402
+from mlx_grpo.measuring.sweep import trial_state  # noqa: E402
+from mlx_grpo.run.resume import last_record, resumable_checkpoint  # noqa: E402
+from mlx_grpo.telemetry.analysis.alert_replay import AlertReplay  # noqa: E402
 from mlx_grpo.telemetry.analysis.compare import load_summary  # noqa: E402
 from mlx_grpo.telemetry.analysis.report import build_report  # noqa: E402
-from mlx_grpo.telemetry.rundir.writer import RunInfo  # noqa: E402
 from mlx_grpo.telemetry.rundir.reader import RunReader  # noqa: E402
+from mlx_grpo.telemetry.rundir.writer import RunInfo  # noqa: E402
 from mlx_grpo.tui.run_picker import read_entry  # noqa: E402
-from run_writer import RunWriter  # noqa: E402
 
 # Every file a run directory can hold that some reader opens (docs/RUN_DIRECTORY.md).
 FILES = ("metrics.jsonl", "samples.jsonl", "alerts.jsonl")
@@ -198,9 +198,9 @@ yaml_texts = st.one_of(st.text(max_size=200), yaml_fragments,
 @given(text=yaml_texts, raw=st.one_of(st.none(), st.binary(max_size=80)))
 def test_no_yaml_file_a_user_names_crashes_its_reader(tmp_path_factory, text, raw):
     """Config, sweep, rubric and alert files: a value or one UserError, never a traceback or a hang."""
-    from mlx_grpo.config import load_config
+    from mlx_grpo.config.train_config import load_config
+    from mlx_grpo.measuring.sweep import load_sweep, plan_trials
     from mlx_grpo.rewards.rubric import load_rubric
-    from mlx_grpo.sweep import load_sweep, plan_trials
     from mlx_grpo.telemetry.alerts.config import load_alert_rules
 
     path = tmp_path_factory.mktemp("yaml") / "in.yaml"
@@ -228,7 +228,7 @@ def train_parser():
 def test_no_flag_value_crashes_the_config_it_builds(data, capsys):
     """Every `mlx-grpo train` flag with random text: a config or one UserError (argparse's usage exit aside)."""
     from mlx_grpo.commands.train import collect_overrides
-    from mlx_grpo.config import load_config
+    from mlx_grpo.config.train_config import load_config
 
     parser, flags = train_parser()
     argv = ["train"]

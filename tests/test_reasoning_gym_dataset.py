@@ -10,7 +10,7 @@ import pytest
 
 from mlx_grpo.cli import main
 from mlx_grpo.common.errors import UserError
-from mlx_grpo.config import load_config
+from mlx_grpo.config.train_config import load_config
 from mlx_grpo.data import extra_columns, load_datasets
 from mlx_grpo.rewards.builtin import task_score
 from mlx_grpo.rewards.correctness import load_correctness

@@ -15,19 +15,19 @@ import mlx.optimizers as optim
 import numpy as np
 import pytest
 from mlx.utils import tree_flatten
+from tiny_models import make_model_dir
 
 import mlx_grpo.trainer as trainer_module
-from mlx_grpo.cli import main
 from mlx_grpo.checkpoint import file_checksums
-from mlx_grpo.config import load_config
+from mlx_grpo.cli import main
 from mlx_grpo.common.errors import UserError
-from mlx_grpo.telemetry import sinks as sinks_module
-from mlx_grpo.telemetry.rundir.writer import read_run_info, write_run_info
-from mlx_grpo.telemetry.events import Sink
-from mlx_grpo.trainer import Trainer
+from mlx_grpo.config.train_config import load_config
 from mlx_grpo.rollout import Rollout
+from mlx_grpo.telemetry import sinks as sinks_module
+from mlx_grpo.telemetry.events import Sink
+from mlx_grpo.telemetry.rundir.writer import read_run_info, write_run_info
+from mlx_grpo.trainer import Trainer
 from mlx_grpo.update import build_train_batch, update_policy
-from tiny_models import make_model_dir
 
 # train_size: not the default 20,000 rows, whose drawing and tokenizing took ~1 s of each short run
 FAST = {"num_steps": 5, "batch_size": 2, "num_generations": 4, "num_iterations": 1, "max_generation_steps": 8,
@@ -313,7 +313,7 @@ def test_a_checkpoint_never_half_loads_into_another_model(tmp_path, model):
     assert main(flags(tmp_path, model, num_steps=1, checkpoint_every=1, use_lora=True, lora_rank=8)) == 0
     checkpoint = tmp_path / "runs" / "r" / "checkpoints" / "step_1"
     config = load_config(None, {"model_id": str(model), "use_lora": True, "lora_rank": 4})
-    from mlx_grpo.models import load_policy_for_training
+    from mlx_grpo.models.policy import load_policy_for_training
 
     policy = load_policy_for_training(config, tmp_path)
     with pytest.raises(UserError, match=r"has shape .* in the checkpoint and .* in this model"):
@@ -329,7 +329,7 @@ def test_a_checkpoint_never_half_loads_into_another_model(tmp_path, model):
 def test_runs_started_at_once_with_the_same_name_get_their_own_directories(tmp_path):
     import threading
 
-    from mlx_grpo.run_lock import create_run_dir
+    from mlx_grpo.run.run_lock import create_run_dir
 
     made, start = [], threading.Barrier(8)
 
@@ -348,7 +348,7 @@ def test_runs_started_at_once_with_the_same_name_get_their_own_directories(tmp_p
 
 
 def test_a_run_being_trained_cannot_be_resumed_by_a_second_process(tmp_path, model, capsys):
-    from mlx_grpo.run_lock import RunLock
+    from mlx_grpo.run.run_lock import RunLock
 
     assert main(flags(tmp_path, model, num_steps=2, checkpoint_every=1)) == 0
     run_dir = tmp_path / "runs" / "r"
@@ -458,7 +458,7 @@ def test_a_bad_value_in_a_runs_saved_config_names_its_run_json(tmp_path, model, 
 def test_two_ctrl_c_that_arrive_together_stop_at_once():
     """CPython runs the handler once for signals that arrive while MLX runs native code; the wakeup
     pipe still holds one byte per signal, so two presses are two (reliability review D21)."""
-    from mlx_grpo.signals import StopRequest
+    from mlx_grpo.run.signals import StopRequest
 
     stop = StopRequest()
     with stop:

@@ -14,10 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from tiny_models import make_model_dir
 
 from mlx_grpo.cli import main
 from mlx_grpo.telemetry.rundir.writer import read_run_info, write_run_info
-from tiny_models import make_model_dir
 
 OPENBLAS = "/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0"
 NUM_STEPS = 10
@@ -290,8 +290,8 @@ def test_adaptive_window_state_survives_a_resume(setup, tmp_path):
     """The controller's window, epsilon and success average decide each rollout's budget after a resume."""
     import shutil
 
-    from mlx_grpo.config import load_config
-    from mlx_grpo.run import train
+    from mlx_grpo.config.train_config import load_config
+    from mlx_grpo.run.loop import train
 
     root, config_path = setup
     values = {**yaml.safe_load(config_path.read_text()), "monitoring_dir": str(tmp_path / "runs"),

@@ -7,10 +7,9 @@ import re
 from pathlib import Path
 
 import numpy as np
-import pytest
 
-from mlx_grpo.config import load_config
-from mlx_grpo.run import train
+from mlx_grpo.config.train_config import load_config
+from mlx_grpo.run.loop import train
 from mlx_grpo.telemetry.alerts.config import default_rules
 from mlx_grpo.telemetry.alerts.engine import AlertEngine
 from mlx_grpo.telemetry.analysis.reward_report import analyze_run, detect_reward_hacking, trend_of
@@ -116,7 +115,7 @@ def test_v9_a_collapse_stop_says_how_to_start_again_and_a_resume_stops_again(tmp
     result = train(load_config(None, overrides), tmp_path)
     run_dir = Path(result["run_dir"])
     assert result["status"] == "interrupted" and result["stopped_by_alert"] == "broke"
-    line = [l for l in capsys.readouterr().err.splitlines() if "action: stop" in l][0]
+    line = [row for row in capsys.readouterr().err.splitlines() if "action: stop" in row][0]
     assert ("the policy broke, and its only checkpoint holds the broken policy (a resume would stop again); start "
             "the run again with a lower learning rate (--learning-rate 5e-05), or with --on-alert rollback") in line
     # f9cda40 restored the stop's latch from the checkpoint: the resumed broken policy trained on in silence

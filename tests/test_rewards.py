@@ -5,13 +5,22 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from package_strings import string_literals
 
 from mlx_grpo.common.errors import UserError
-from mlx_grpo.rewards.builtin import BUILTINS, answer_check, digit_match, format_approx, format_exact, last_number_check, last_number_digits, number_check
+from mlx_grpo.rewards.builtin import (
+    BUILTINS,
+    answer_check,
+    digit_match,
+    format_approx,
+    format_exact,
+    last_number_check,
+    last_number_digits,
+    number_check,
+)
 from mlx_grpo.rewards.loading import load_reward_functions
 from mlx_grpo.rewards.scoring import score_completions
 from mlx_grpo.tasks.answer_format import TAGS, extract_answer, is_correct, last_number
-from package_strings import string_literals
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
@@ -389,10 +398,9 @@ def test_a_trl_conversational_reward_function_gets_message_lists_on_a_chat_datas
     """TRL's docs for chat datasets: `completion[0]["content"]`, prompts as lists of messages."""
     from types import SimpleNamespace
 
-    from mlx_grpo.data import read_dataset
+    from mlx_grpo.data import extra_columns, read_dataset
     from mlx_grpo.rewards.loading import load_reward_functions
     from mlx_grpo.rewards.scoring import score_completions
-    from mlx_grpo.data import extra_columns
 
     (tmp_path / "trl_rewards.py").write_text(
         "def trl_conv(prompts, completions, answer, **kwargs):\n"

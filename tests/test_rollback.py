@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from mlx_grpo.config import load_config
+from mlx_grpo.config.train_config import load_config
 from mlx_grpo.telemetry.alerts.config import default_rules, with_on_alert
 
 SMALL = {"batch_size": 4, "num_generations": 4, "max_generation_steps": 12, "train_size": 64, "eval_every": 0,
@@ -39,7 +39,7 @@ def inject_kl(monkeypatch, steps: set[int], kl: float = 50.0) -> None:
 
 
 def run(tmp_path, **overrides) -> tuple[dict, Path]:
-    from mlx_grpo.run import train
+    from mlx_grpo.run.loop import train
 
     (tmp_path / "kl.yaml").write_text(KL_RULE)
     config = load_config(None, {**SMALL, "alerts_file": str(tmp_path / "kl.yaml"),
@@ -89,8 +89,9 @@ def test_a_kl_spike_rolls_back_once_applies_the_remedy_and_the_run_finishes(roll
 async def test_the_rollback_shows_in_the_dashboards_alerts_view(rolled_back):
     import time
 
-    from mlx_grpo.tui.app import WatchApp
     from screen_text import screen_text
+
+    from mlx_grpo.tui.app import WatchApp
 
     app = WatchApp([rolled_back[1]], refresh=0.1)
     async with app.run_test(size=(200, 40)) as pilot:
@@ -114,7 +115,7 @@ def test_a_second_spike_after_a_rollback_is_seen_and_with_no_rollback_left_stops
     # trained on; the rollback now re-arms the rules as they were at the checkpoint it went back to
     inject_kl(monkeypatch, {3, 5})
     (tmp_path / "kl.yaml").write_text(KL_RULE.replace("cooldown: 0", "cooldown: 50"))
-    from mlx_grpo.run import train
+    from mlx_grpo.run.loop import train
 
     config = load_config(None, {**SMALL, "alerts_file": str(tmp_path / "kl.yaml"), "max_rollbacks": 1,
                                 "monitoring_dir": str(tmp_path / "runs")})

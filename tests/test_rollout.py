@@ -4,10 +4,10 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from mlx_lm import load
+from tiny_models import make_model_dir
 
 from mlx_grpo.rollout import SamplingSettings, filter_logits, generate, sample_with_logprobs
 from mlx_grpo.update import build_train_batch, completion_logprobs
-from tiny_models import make_model_dir
 
 
 @pytest.fixture(scope="module")
@@ -159,8 +159,9 @@ def test_our_top_k_top_p_and_min_p_keep_the_same_tokens_as_mlx_lm_sample_utils()
 def test_finished_rows_leave_the_batch_and_every_row_samples_what_it_would_in_the_whole_batch(monkeypatch):
     """Rows that sampled an end-of-sequence id stop being decoded (rollout.DROP_SHARE of the batch at a time);
     the others keep their draws, so the completions are those of a rollout that decodes every row to the end."""
-    from mlx_grpo import rollout as rollout_module
     from tiny_models import random_model
+
+    from mlx_grpo import rollout as rollout_module
 
     model = random_model("llama", vocab=300, hidden=64)
     prompts = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14, 15]]
@@ -198,7 +199,7 @@ def test_finished_rows_leave_the_batch_and_every_row_samples_what_it_would_in_th
 
 
 def test_a_grouped_query_decode_step_attends_as_mlx_does():
-    from mlx_grpo.decode_attention import grouped_attention
+    from mlx_grpo.models.decode_attention import grouped_attention
 
     keys = mx.random.normal((3, 2, 40, 16), key=mx.random.key(1))
     values = mx.random.normal((3, 2, 40, 16), key=mx.random.key(2))
@@ -238,8 +239,9 @@ def test_a_quantized_kv_cache_holds_fewer_bytes_and_moves_log_probs_little(bits,
 
 
 def test_kv_cache_bits_refuses_heads_it_cannot_quantize():
-    from mlx_grpo.common.errors import UserError
     from tiny_models import random_model
+
+    from mlx_grpo.common.errors import UserError
 
     model = random_model("llama", vocab=300, hidden=64)  # heads of 16 values
     with pytest.raises(UserError, match="kv_cache_bits"):

@@ -1,17 +1,17 @@
-"""The roofline's FLOP counts (mlx_grpo/roofline.py) against the real model's shapes, the two ceilings, and
+"""The roofline's FLOP counts (mlx_grpo/planning/roofline.py) against the real model's shapes, the two ceilings, and
 perf/mfu in the step record."""
 
 import json
 
 import pytest
 from mlx.utils import tree_flatten
-
-from mlx_grpo import roofline
-from mlx_grpo.plan import ModelShape
-from mlx_grpo.telemetry.metrics.names import MFU
-from mlx_grpo.telemetry.metrics.step_data import step_record
 from step_data_builder import make_step_data
 from tiny_models import make_model_dir
+
+from mlx_grpo.planning import roofline
+from mlx_grpo.planning.plan import ModelShape
+from mlx_grpo.telemetry.metrics.names import MFU
+from mlx_grpo.telemetry.metrics.step_data import step_record
 
 
 @pytest.mark.parametrize("model_type", ["llama", "qwen2"])

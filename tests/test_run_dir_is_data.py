@@ -87,7 +87,7 @@ def test_eval_of_a_run_never_imports_its_correctness_or_reward_files(tmp_path, c
     import argparse
 
     from mlx_grpo.commands.eval import checks_and_rewards
-    from mlx_grpo.config import load_config
+    from mlx_grpo.config.train_config import load_config
 
     monkeypatch.chdir(tmp_path)
     run_dir, marker = hostile_run(tmp_path, [{"name": "answer_check", "weight": 1.0},

@@ -10,11 +10,10 @@ import json
 from dataclasses import replace
 
 import pytest
+from run_writer import start_sinks
 
 from mlx_grpo.telemetry.rundir.layout import RUN_JSON
 from mlx_grpo.telemetry.rundir.writer import Resume, RunDirWriter, RunInfo, read_run_info, write_run_info
-
-from run_writer import start_sinks
 
 
 @pytest.mark.parametrize("obj", [None, 3, "run", [], [{"name": "x"}], True, 1.5])

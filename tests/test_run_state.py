@@ -5,17 +5,16 @@ import json
 
 import numpy as np
 import pytest
+from synthetic_runs import Faults, simulate
 
-from mlx_grpo.rewards.scoring import RewardFunction
 from mlx_grpo.rewards.rubric import load_rubric
 from mlx_grpo.rewards.rubric_reward import RubricReward
-from mlx_grpo.telemetry.alerts.config import rules_from_config
-from mlx_grpo.telemetry.alerts.config import RULE_KINDS
+from mlx_grpo.rewards.scoring import RewardFunction
+from mlx_grpo.telemetry.alerts.config import RULE_KINDS, rules_from_config
 from mlx_grpo.telemetry.alerts.engine import AlertEngine
 from mlx_grpo.telemetry.alerts.rules import ThresholdRule
-from mlx_grpo.telemetry.recorder import RunRecorder
 from mlx_grpo.telemetry.metrics.reward_stats import RewardTracker, ThroughputTracker
-from synthetic_runs import Faults, simulate
+from mlx_grpo.telemetry.recorder import RunRecorder
 
 
 def through_json(state):

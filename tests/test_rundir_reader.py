@@ -11,13 +11,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from run_writer import RunWriter, metric_record
 
+from mlx_grpo.common.errors import UserError
+from mlx_grpo.telemetry.analysis.alert_replay import AlertReplay
 from mlx_grpo.telemetry.rundir.jsonl_tail import JsonlTail
 from mlx_grpo.telemetry.rundir.metric_table import table_from_records
 from mlx_grpo.telemetry.rundir.reader import STANDING_RECORDS, RunReader, resolve_run_dirs
-from mlx_grpo.common.errors import UserError
-from mlx_grpo.telemetry.analysis.alert_replay import AlertReplay
-from run_writer import RunWriter, metric_record
 
 
 def write(path, text: str, mode: str = "a") -> None:
@@ -319,7 +319,7 @@ def test_long_history_loads_in_the_background_and_joins_the_tail(tmp_path):
         reader.poll()
     assert st.history_progress is None
     assert st.table.steps.tolist() == list(range(1, 3001))
-    full, _ = table_from_records(json.loads(l) for l in lines.splitlines())
+    full, _ = table_from_records(json.loads(row) for row in lines.splitlines())
     np.testing.assert_array_equal(st.table.column("rewards/total/mean"), full.column("rewards/total/mean"))
     reader.close()
 

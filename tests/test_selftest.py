@@ -14,9 +14,10 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from mlx_grpo import machine, selftest
 from mlx_grpo.cli import main
-from mlx_grpo.selftest import ABORT_ENV, CHECKS, PERTURB_ENV
+from mlx_grpo.measuring import selftest
+from mlx_grpo.measuring.selftest import ABORT_ENV, CHECKS, PERTURB_ENV
+from mlx_grpo.planning import machine
 
 QUICK = ("precision", "shared_prompts", "chunked_head", "plan_counts")
 
@@ -57,7 +58,7 @@ def test_a_broken_comparison_fails_with_a_line_naming_it(tmp_path, capsys, monke
 
 
 def test_b3_float32_by_default_on_a_gpu_fails_precision(monkeypatch):
-    from mlx_grpo import models
+    from mlx_grpo.models import policy as models
 
     monkeypatch.setattr(models, "resolve_dtype", lambda config, gpu=None: "float32")
     check = selftest.check_precision()
@@ -65,7 +66,7 @@ def test_b3_float32_by_default_on_a_gpu_fails_precision(monkeypatch):
 
 
 def test_n4_moe_adapters_counted_as_one_dense_mlp_fail_plan_counts(monkeypatch):
-    from mlx_grpo.plan import ModelShape
+    from mlx_grpo.planning.plan import ModelShape
 
     def dense_only(self, rank, num_layers):  # the plan before N4's fix
         q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
@@ -80,7 +81,7 @@ def test_n4_moe_adapters_counted_as_one_dense_mlp_fail_plan_counts(monkeypatch):
 
 
 def test_m2_experts_left_out_of_the_plan_fail_plan_counts(monkeypatch):
-    from mlx_grpo.plan import ModelShape
+    from mlx_grpo.planning.plan import ModelShape
 
     monkeypatch.setattr(ModelShape, "block_parameters", lambda self: self.hidden * self.head_dim * (
         2 * self.heads + 2 * self.kv_heads) + 3 * self.hidden * self.intermediate + 2 * self.hidden)
@@ -152,7 +153,7 @@ def test_an_m5s_tf32_fails_the_float32_rows_unless_the_selftest_turns_it_off_and
     while the flag is not 0, as MLX does on Neural Accelerators. Flag unset: the float32 rows fail, as on a
     healthy M5 before the fix. With the selftest's own `full_float32()`: they pass, and the TF32 row (the
     first side's default float32) reports the difference, within twice TF32's rounding emulated on the CPU."""
-    from mlx_grpo import tf32
+    from mlx_grpo.planning import tf32
     from mlx_grpo.trainer import Trainer
 
     first = mx.new_stream(mx.cpu)
@@ -204,7 +205,7 @@ def test_an_m5s_tf32_fails_the_float32_rows_unless_the_selftest_turns_it_off_and
 @pytest.fixture()
 def smollm2():
     from mlx_grpo.common.errors import UserError
-    from mlx_grpo.smollm2 import smollm2_path
+    from mlx_grpo.models.smollm2 import smollm2_path
 
     try:
         return smollm2_path(download=True)

@@ -5,10 +5,17 @@ import numpy as np
 import pytest
 
 from mlx_grpo import grpo
-from mlx_grpo.config import load_config
 from mlx_grpo.common.errors import UserError
-from mlx_grpo.extras.sgrpo import (TagTokens, cut_answer, exit_prefix_lengths, exit_rewards, forced_tokens,
-                                   reasoning_span, sgrpo_metrics)
+from mlx_grpo.config.train_config import load_config
+from mlx_grpo.extras.sgrpo import (
+    TagTokens,
+    cut_answer,
+    exit_prefix_lengths,
+    exit_rewards,
+    forced_tokens,
+    reasoning_span,
+    sgrpo_metrics,
+)
 from mlx_grpo.telemetry.metrics.catalogue import find_entry
 
 # token ids of a toy vocabulary: 10 <reasoning>, 11 </reasoning>, 12 <answer>, 13 </answer>, 2 EOS, 3-9 text

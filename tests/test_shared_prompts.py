@@ -12,13 +12,19 @@ import mlx.optimizers as optim
 import numpy as np
 import pytest
 from mlx.utils import tree_flatten
-
-from mlx_grpo.config import load_config
-from mlx_grpo.models import apply_adapters
-from mlx_grpo.rollout import Rollout
-from mlx_grpo.update import (build_train_batch, checkpoint_blocks, completion_logprobs, make_loss_fn, shares_prompts,
-                             update_policy)
 from tiny_models import grouped_rollout, random_model
+
+from mlx_grpo.config.train_config import load_config
+from mlx_grpo.models.policy import apply_adapters
+from mlx_grpo.rollout import Rollout
+from mlx_grpo.update import (
+    build_train_batch,
+    checkpoint_blocks,
+    completion_logprobs,
+    make_loss_fn,
+    shares_prompts,
+    update_policy,
+)
 
 VOCAB = 300
 

@@ -5,12 +5,11 @@ their held-out questions never trained on."""
 from __future__ import annotations
 
 import importlib.util
-import json
 from pathlib import Path
 
 import pytest
 
-from mlx_grpo.config import load_config
+from mlx_grpo.config.train_config import load_config
 from mlx_grpo.data import load_datasets
 from mlx_grpo.rewards.loading import load_reward_functions
 
@@ -31,7 +30,7 @@ def test_shipped_files_are_what_the_generator_writes(tmp_path, monkeypatch, stem
 def test_recipe_holds_out_200_distinct_sums_never_trained_in_either_order():
     config = load_config(CONFIGS / "smollm2_sums.yaml")
     train, heldout = load_datasets(config, CONFIGS)
-    operands = lambda row: [int(x) for x in row["prompt"].removeprefix("What is ").rstrip("?").split(" + ")]
+    operands = lambda row: [int(x) for x in row["prompt"].removeprefix("What is ").rstrip("?").split(" + ")]  # noqa: E731
     assert len(heldout) == 200 and len({row["prompt"] for row in heldout}) == 200
     assert not {frozenset(operands(r)) for r in heldout} & {frozenset(operands(r)) for r in train}
     assert all(str(sum(operands(row))) == row["answer"] for row in train + heldout)
@@ -43,7 +42,7 @@ def test_recipe_holds_out_200_distinct_sums_never_trained_in_either_order():
 def test_gemma_recipe_holds_out_100_distinct_differences_never_trained_on():
     config = load_config(CONFIGS / "gemma3_subtraction.yaml")
     train, heldout = load_datasets(config, CONFIGS)
-    operands = lambda row: [int(x) for x in row["prompt"].removesuffix(" =").split(" - ")]
+    operands = lambda row: [int(x) for x in row["prompt"].removesuffix(" =").split(" - ")]  # noqa: E731
     assert len(heldout) == 100 and len({row["prompt"] for row in heldout}) == 100
     assert not {row["prompt"] for row in heldout} & {row["prompt"] for row in train}
     assert all(str(a - b) == row["answer"] and 5 <= a <= 30 and 1 <= b <= min(9, a)
@@ -55,7 +54,8 @@ def test_gemma_recipe_holds_out_100_distinct_differences_never_trained_on():
 def test_gemma_recipe_holds_out_100_distinct_pairs_never_trained_in_either_order():
     config = load_config(CONFIGS / "gemma3_larger.yaml")
     train, heldout = load_datasets(config, CONFIGS)
-    operands = lambda row: [int(x) for x in row["prompt"].removeprefix("larger of ").rstrip(":").split(" and ")]
+    def operands(row):
+        return [int(x) for x in row["prompt"].removeprefix("larger of ").rstrip(":").split(" and ")]
     assert len(heldout) == 100 and len({row["prompt"] for row in heldout}) == 100
     assert not {frozenset(operands(r)) for r in heldout} & {frozenset(operands(r)) for r in train}
     assert all(str(max(a, b)) == row["answer"] and a != b and 10 <= min(a, b) and max(a, b) <= 99

@@ -9,16 +9,15 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from run_writer import start_sinks
 
 from mlx_grpo.cli import main
-from mlx_grpo.config import parse_override
 from mlx_grpo.common.errors import UserError
-from mlx_grpo.sweep import load_sweep, plan_trials, trial_command, trial_config, trial_env
+from mlx_grpo.config.train_config import parse_override
+from mlx_grpo.measuring.sweep import load_sweep, plan_trials, trial_command, trial_config, trial_env
 from mlx_grpo.telemetry.analysis.compare import config_differences, expand_run_dirs, load_summary
 from mlx_grpo.telemetry.events import Scalars
 from mlx_grpo.telemetry.rundir.writer import RunDirWriter, read_run_info, write_run_info
-
-from run_writer import start_sinks
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from package_strings import string_literals
+from step_data_builder import make_step_data
 
 from mlx_grpo.cli import main
 from mlx_grpo.commands.metrics import metrics_markdown
@@ -21,8 +23,6 @@ from mlx_grpo.telemetry.metrics.catalogue import find_entry
 from mlx_grpo.telemetry.metrics.reward_stats import RewardTracker, ThroughputTracker, reward_metrics
 from mlx_grpo.telemetry.metrics.step_data import step_record
 from mlx_grpo.telemetry.metrics.system import SystemSampler
-from package_strings import string_literals
-from step_data_builder import make_step_data
 
 REPO = Path(__file__).resolve().parents[1]
 SEEDS_DIR = Path(os.environ.get("MLX_GRPO_SEEDS_DIR", REPO.parent / "shared" / "seeds"))

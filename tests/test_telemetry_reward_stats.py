@@ -7,8 +7,13 @@ import math
 import numpy as np
 import pytest
 
-from mlx_grpo.telemetry.metrics.reward_stats import (RewardTracker, RunningStats, ThroughputTracker, reward_entropy,
-                                                     reward_metrics)
+from mlx_grpo.telemetry.metrics.reward_stats import (
+    RewardTracker,
+    RunningStats,
+    ThroughputTracker,
+    reward_entropy,
+    reward_metrics,
+)
 
 NAMES = ["fmt", "ans"]
 

@@ -8,19 +8,18 @@ import time
 
 import numpy as np
 import pytest
+from run_writer import start_sinks as start
 from tbparse import SummaryReader
 from tensorboard.backend.event_processing import event_accumulator
 
-from mlx_grpo.telemetry.rundir.jsonl_tail import JsonlTail
+from mlx_grpo.common.secrets import scrub_secrets
 from mlx_grpo.telemetry.events import AlertEvent, Final, Flush, Samples, Scalars, Sink
 from mlx_grpo.telemetry.rundir.completions import completion_rows
-from mlx_grpo.common.secrets import scrub_secrets
+from mlx_grpo.telemetry.rundir.jsonl_tail import JsonlTail
 from mlx_grpo.telemetry.rundir.writer import RunDirWriter, read_run_info
-from mlx_grpo.telemetry.sinks.base import samples_markdown
 from mlx_grpo.telemetry.sinks import SinkSet, ThreadedSink
+from mlx_grpo.telemetry.sinks.base import samples_markdown
 from mlx_grpo.telemetry.sinks.tensorboard import TensorBoardSink
-
-from run_writer import start_sinks as start
 
 SAMPLE = {"prompt": "What is 2+3?", "completion": "<reasoning>2+3=5</reasoning><answer>5</answer>", "answer": "5",
           "rewards": {"format_exact": 1.0, "answer_check": None}, "total": 1.0, "advantage": 0.5, "length": 12,

@@ -111,7 +111,7 @@ def test_device_facts_work_on_mlx_versions_without_mx_device_info(monkeypatch):
     """mx.device_info() exists from MLX 0.30.4; earlier versions have only mx.metal.device_info."""
     import mlx.core as mx
 
-    from mlx_grpo import machine
+    from mlx_grpo.planning import machine
 
     monkeypatch.delattr(mx, "device_info", raising=False)
     monkeypatch.setattr(mx.metal, "is_available", lambda: True)
@@ -126,7 +126,7 @@ def test_device_facts_work_on_mlx_versions_without_mx_device_info(monkeypatch):
 def test_on_metal_the_working_set_is_wired_and_a_model_that_fills_it_is_warned_about(monkeypatch):
     import mlx.core as mx
 
-    from mlx_grpo import machine
+    from mlx_grpo.planning import machine
 
     wired = []
     monkeypatch.setattr(mx.metal, "is_available", lambda: True)

@@ -9,13 +9,12 @@ import sys
 import textwrap
 
 import pytest
-
-from mlx_grpo.config import load_config
-from mlx_grpo.telemetry.events import Scalars
-from mlx_grpo.telemetry.sinks.trackio import TrackioOptions
-
 from run_writer import start_sinks
+
+from mlx_grpo.config.train_config import load_config
+from mlx_grpo.telemetry.events import Scalars
 from mlx_grpo.telemetry.sinks import make_sinks
+from mlx_grpo.telemetry.sinks.trackio import TrackioOptions
 
 
 def test_report_to_turns_each_of_the_three_trackers_on():

@@ -8,15 +8,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from run_writer import start_sinks
 
+from mlx_grpo.telemetry.events import AlertEvent, Artifact, Final, Samples, Scalars
 from mlx_grpo.telemetry.metrics.reward_stats import RewardTracker, reward_metrics
 from mlx_grpo.telemetry.rundir.writer import read_run_info
-from mlx_grpo.telemetry.events import AlertEvent, Artifact, Final, Samples, Scalars
 from mlx_grpo.telemetry.sinks import make_sinks
 from mlx_grpo.telemetry.sinks.wandb import WandbOptions
 from mlx_grpo.telemetry.sinks.wandb_charts import chart_interval, heatmap_svg
-
-from run_writer import start_sinks
 
 pytest.importorskip("wandb")
 
@@ -155,9 +154,9 @@ def test_a_real_run_logs_dataset_charts_and_final_model_offline_and_a_failing_wa
         offline, monkeypatch):
     from mlx_lm import load
 
-    from mlx_grpo.config import load_config
+    from mlx_grpo.config.train_config import load_config
+    from mlx_grpo.run.loop import train
     from mlx_grpo.telemetry.sinks.wandb import WandbSink
-    from mlx_grpo.run import train
 
     monkeypatch.delenv("WANDB_DIR")  # W&B's files go into the run directory, as by default
     settings = {"num_steps": 4, "batch_size": 4, "num_generations": 4, "eval_every": 0, "checkpoint_every": 0,
@@ -187,9 +186,9 @@ def test_a_real_run_logs_dataset_charts_and_final_model_offline_and_a_failing_wa
 
 
 def test_wandb_is_opt_in_and_an_api_key_in_the_environment_alone_never_turns_it_on(monkeypatch, tmp_path):
-    import mlx_grpo.opening as opening_module
-    import mlx_grpo.run as run_module
-    from mlx_grpo.config import load_config
+    import mlx_grpo.run.loop as run_module
+    import mlx_grpo.run.opening as opening_module
+    from mlx_grpo.config.train_config import load_config
 
     class Stop(Exception):
         pass

@@ -6,8 +6,8 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
-from mlx_grpo import chips
-from mlx_grpo.tf32 import Float32State, accelerators_in_use, round_to_tf32
+from mlx_grpo.planning import chips
+from mlx_grpo.planning.tf32 import Float32State, accelerators_in_use, round_to_tf32
 
 
 def test_neural_accelerators_are_an_m5_on_macos_26_2_or_later():

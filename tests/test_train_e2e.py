@@ -7,12 +7,12 @@ import mlx.core as mx
 import mlx.nn as nn
 import pytest
 from mlx_lm.utils import save_config, save_model
+from tiny_models import make_model_dir
 
 from mlx_grpo.cli import main
-from mlx_grpo.config import load_config
+from mlx_grpo.config.train_config import load_config
+from mlx_grpo.run.loop import train
 from mlx_grpo.telemetry.rundir.writer import read_run_info
-from mlx_grpo.run import train
-from tiny_models import make_model_dir
 
 DATA = Path(__file__).parent / "data"
 # train_size: not the default 20,000 rows, whose drawing and tokenizing took ~1 s of each short run

@@ -6,11 +6,11 @@ import math
 from pathlib import Path
 
 import pytest
+from short_runs import BATCH, EXITS, GROUP, STEPS, run
 from tbparse import SummaryReader
 
 from mlx_grpo.extras.entropy_dump import list_dumps, read_dump
 from mlx_grpo.telemetry.metrics.catalogue import find_entry
-from short_runs import BATCH, EXITS, GROUP, STEPS, run
 
 
 def records(run_dir: Path) -> list[dict]:

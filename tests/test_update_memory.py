@@ -13,14 +13,20 @@ import mlx.optimizers as optim
 import numpy as np
 import pytest
 from mlx.utils import tree_flatten
-
-from mlx_grpo.config import load_config
-from mlx_grpo.models import apply_adapters
-from mlx_grpo.rollout import Rollout
 from tiny_models import random_model
 
-from mlx_grpo.update import (build_train_batch, checkpoint_blocks, completion_logprobs, make_loss_fn,
-                             reference_logprobs, update_policy)
+from mlx_grpo.config.train_config import load_config
+from mlx_grpo.models.policy import apply_adapters
+from mlx_grpo.rollout import Rollout
+from mlx_grpo.update import (
+    build_train_batch,
+    checkpoint_blocks,
+    completion_logprobs,
+    make_loss_fn,
+    reference_logprobs,
+    update_policy,
+)
+
 
 def random_rollout(n: int, vocab: int, max_completion: int, seed: int = 0) -> Rollout:
     """n completions of very different lengths (1..max_completion) after prompts of 3-8 tokens."""
@@ -150,7 +156,7 @@ def test_micro_batches_and_head_chunks_cut_the_update_peak_to_a_fraction():
 def test_a_micro_batched_default_run_ends_with_the_same_weights(tmp_path):
     """5 steps of the default run (full fine-tuning of the shipped model, KL on), 4 prompts x 8 a step (20 rows:
     each prompt once, without building the default 20,000)."""
-    from mlx_grpo.run import train
+    from mlx_grpo.run.loop import train
 
     def final_weights(name, **overrides):
         config = load_config(None, {"num_steps": 5, "eval_every": 0, "checkpoint_every": 0, "tensorboard": False,
@@ -174,7 +180,7 @@ def test_a_family_runs_its_head_at_chosen_positions_exactly_when_its_logits_are_
     """has_plain_head says the logits are the LM head (or tied embedding) of the backbone's output, so the
     update may run it at the completion positions only: true of gemma3's tied embedding (its embedding's
     scale is on the way in), not of gemma2's soft-capped logits."""
-    from mlx_grpo.models import has_plain_head, lm_head, project_to_vocab
+    from mlx_grpo.models.policy import has_plain_head, lm_head, project_to_vocab
 
     model = random_model(model_type)
     tokens = mx.array([[5, 9, 2, 7, 11, 3, 8]])
@@ -189,7 +195,7 @@ def test_a_gemma3_update_never_builds_the_prompts_logits():
     model's own logits there, and its peak stays under the whole sequences' logits (measured: 40-44 MB
     against their 90 MB; the model's own head over every position peaked at 127 MB here, and at 0.66 GB
     above the weights on the real model). Every row its own prompt, so no prompt pass is shared."""
-    from mlx_grpo.models import apply_adapters
+    from mlx_grpo.models.policy import apply_adapters
 
     vocab, rows, prompt, completion = 65536, 8, 40, 4
     config = load_config(None, {"beta": 0.0, "max_generation_steps": completion, "use_lora": True,

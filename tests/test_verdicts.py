@@ -236,7 +236,7 @@ def test_sampled_held_out_metrics_are_opt_in_and_count_what_they_name():
     # verl's mean@N / best@N: N completions per held-out prompt at the run's temperature
     from pathlib import Path
 
-    from mlx_grpo.config import load_config
+    from mlx_grpo.config.train_config import load_config
     from mlx_grpo.telemetry.metrics.step_data import eval_record
     from mlx_grpo.trainer import Trainer
 

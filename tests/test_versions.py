@@ -6,10 +6,10 @@ below a feature the code needs (a user meeting every declared requirement must b
 from __future__ import annotations
 
 import re
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
 PYPROJECT = Path(__file__).parent.parent / "pyproject.toml"
 

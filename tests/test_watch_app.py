@@ -10,6 +10,8 @@ import threading
 import time
 
 import pytest
+from run_writer import RunWriter, metric_record
+from screen_text import screen_text
 from textual.widgets import SelectionList
 
 from mlx_grpo.telemetry.metrics.catalogue import find_entry
@@ -19,8 +21,6 @@ from mlx_grpo.tui.chart import MetricChart
 from mlx_grpo.tui.chart_screen import ChartScreen
 from mlx_grpo.tui.run_picker import RunPicker
 from mlx_grpo.tui.tile import MetricTile
-from run_writer import RunWriter, metric_record
-from screen_text import screen_text
 
 pytestmark = pytest.mark.anyio
 
@@ -397,7 +397,7 @@ async def test_run_browser_adds_and_removes_runs_beside_the_watched_one(tmp_path
         await pilot.press("space", "enter")  # the highlighted row is the newest: add it
         await wait_for(pilot, lambda: len(header(app).splitlines()) == 3)
         assert header(app).splitlines()[0].startswith("● first")  # the watched run keeps its place and colour
-        await wait_for(pilot, lambda: [l for l, _, _ in chart(app, "total reward").legend] == ["first", "second"])
+        await wait_for(pilot, lambda: [label for label, _, _ in chart(app, "total reward").legend] == ["first", "second"])
         # Remove the first run again; escape would have changed nothing.
         await pilot.press("r")
         await wait_for(pilot, lambda: isinstance(app.screen, RunPicker))

@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from run_writer import RunWriter, metric_record, sample_record
+from screen_text import screen_text
+from test_watch_app import chart, header, make_app, wait_for
 from textual import events
 from textual.widgets import DataTable
 
 from mlx_grpo.tui.braille import log_ticks, nice_range, nice_ticks
 from mlx_grpo.tui.chart import MetricChart, legend_lines
-from run_writer import RunWriter, metric_record, sample_record
-from screen_text import screen_text
-from test_watch_app import chart, header, make_app, wait_for
 
 pytestmark = pytest.mark.anyio
 
@@ -115,7 +115,7 @@ async def test_system_bars_read_against_0_to_100_percent(tmp_path):
         await wait_for(pilot, lambda: "step 12/" in header(app))
         await pilot.press("5")  # system
         await wait_for(pilot, lambda: "memory %" in screen_text(app))
-        line = next(l for l in screen_text(app).splitlines() if l.strip().startswith("memory %"))
+        line = next(row for row in screen_text(app).splitlines() if row.strip().startswith("memory %"))
         # 40% memory, flat: a bar at 40% of the height (▄-ish), never a full bar
         assert "█" not in line and ("▃" in line or "▄" in line), line
 

@@ -8,10 +8,10 @@ import time
 from functools import partial
 
 import pytest
-from textual.widgets import DataTable
-
 from run_writer import RunWriter
 from screen_text import screen_text, settle
+from textual.widgets import DataTable
+
 from mlx_grpo.tui.app import WatchApp
 
 pytestmark = pytest.mark.anyio

@@ -12,9 +12,9 @@ import time
 from functools import partial
 
 import pytest
-
 from run_writer import RunWriter
 from screen_text import settle
+
 from mlx_grpo.tui.app import WatchApp
 
 SIZE = (130, 42)

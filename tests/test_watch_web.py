@@ -26,7 +26,6 @@ from typing import Callable
 
 import aiohttp
 import pytest
-
 from run_writer import RunWriter
 
 pytestmark = pytest.mark.anyio

@@ -63,7 +63,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def preset_directory(args: argparse.Namespace) -> Path:
     """The model directory of --preset cut to --layers blocks, written on first use."""
-    from ..presets import cached_preset_model
+    from ..planning.presets import cached_preset_model
 
     if args.model:
         raise UserError("bench: give --model or --preset, not both")
@@ -71,8 +71,8 @@ def preset_directory(args: argparse.Namespace) -> Path:
 
 
 def options_from_args(args: argparse.Namespace):
-    from ..benchmark import PATHS, BenchOptions
-    from ..config import load_config
+    from ..config.train_config import load_config
+    from ..measuring.benchmark import PATHS, BenchOptions
 
     overrides = {key: getattr(args, flag) for flag, key in CONFIG_FLAGS.items() if getattr(args, flag) is not None}
     if args.preset:
@@ -91,7 +91,7 @@ def options_from_args(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..benchmark import run_bench
+    from ..measuring.benchmark import run_bench
 
     report = run_bench(options_from_args(args))
     text = json.dumps(report, indent=2)
@@ -235,5 +235,5 @@ def print_report(report: dict, console=None) -> None:
         console.print(f"{bw['chip']}: rollout at {bw['percent_of_ceiling']:.0f}% of the memory-bandwidth ceiling "
                       f"({bw['ceiling_tokens_per_s']:,.0f} tokens/s at {bw['bandwidth_gb_s']:g} GB/s)")
     else:
-        console.print("memory-bandwidth ceiling: only computed on Apple Silicon (chip table in mlx_grpo/chips.py)")
+        console.print("memory-bandwidth ceiling: only computed on Apple Silicon (chip table in mlx_grpo/planning/chips.py)")
     console.print(f"[dim]measured in {report['total_seconds']:.0f} s[/dim]")

@@ -21,8 +21,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..telemetry.analysis.compare import (comparison_json, comparison_table, expand_run_dirs, load_summary,
-                                              table_console)
+    from ..telemetry.analysis.compare import (
+        comparison_json,
+        comparison_table,
+        expand_run_dirs,
+        load_summary,
+        table_console,
+    )
 
     paths = expand_run_dirs(args.runs)
     if args.diverge:

@@ -26,10 +26,10 @@ def diagnose(config_path: str | None) -> tuple[list[tuple[str, str]], list[str]]
     import mlx.core as mx
     import psutil
 
-    from .. import blas
-    from ..config import load_config
-    from ..machine import blas_in_use, cpu_model, device_info, matmul_gflops, package_version
-    from ..models import DEFAULT_MODEL_DIR
+    from ..config.train_config import load_config
+    from ..models.policy import DEFAULT_MODEL_DIR
+    from ..planning import blas
+    from ..planning.machine import blas_in_use, cpu_model, device_info, matmul_gflops, package_version
 
     fixes: list[str] = []
     metal = mx.metal.is_available()
@@ -66,14 +66,14 @@ def diagnose(config_path: str | None) -> tuple[list[tuple[str, str]], list[str]]
 
     config = load_config(config_path) if config_path else load_config()
     source = config_path or "default run config"
-    from ..models import resolve_dtype
+    from ..models.policy import resolve_dtype
 
     dtype = resolve_dtype(config)
     dtype_row = f"{dtype} ({source}{', from auto' if config.dtype == 'auto' else ''})"
     if on_cpu and dtype != "float32":
         fixes.append(f"{source}: set dtype: auto or float32; on the CPU backend {dtype} matmuls skip BLAS and run slower")
     rows.append(("dtype", dtype_row))
-    from ..tf32 import float32_state
+    from ..planning.tf32 import float32_state
 
     rows.append(("float32", float32_state().describe()))  # an M5's GPU computes float32 products in TF32
 
@@ -88,7 +88,7 @@ def diagnose(config_path: str | None) -> tuple[list[tuple[str, str]], list[str]]
     rows.append(("versions", ", ".join(versions)))
     rows.append(("os", platform.platform()))
 
-    from ..name_clash import clash_message, clashing_packages
+    from ..config.name_clash import clash_message, clashing_packages
 
     for package in clashing_packages():
         rows.append(("name clash", package))
@@ -103,8 +103,9 @@ def diagnose(config_path: str | None) -> tuple[list[tuple[str, str]], list[str]]
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..telemetry.output import output_console
     from rich.table import Table
+
+    from ..telemetry.output import output_console
 
     rows, fixes = diagnose(args.config)
     console = output_console()

@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
 
     from ..data import extra_columns, load_datasets, read_dataset_file
     from ..evaluate import evaluate
-    from ..models import stop_ids
+    from ..models.policy import stop_ids
     from ..rewards.scoring import score_completions
     from ..telemetry.metrics.names import EVAL_ACCURACY
     from ..telemetry.metrics.step_data import eval_record
@@ -116,12 +116,13 @@ def checks_and_rewards(args: argparse.Namespace, config, base_dir):
     everything it names, as training does."""
     from pathlib import Path
 
+    from ..config.run_code import is_user_code, named_file, refuse_named_code, spec_text
     from ..rewards.correctness import load_correctness
     from ..rewards.loading import load_reward_functions
     from ..rewards.scoring import RewardFunction
-    from ..run_code import is_user_code, named_file, refuse_named_code, spec_text
+    from ..telemetry.rundir.layout import RunPaths
 
-    from_run = (Path(args.target) / "run.json").is_file()
+    from_run = RunPaths(args.target).run_json.is_file()
     reward_names = [r.name for r in config.rewards]
     setting, where = (args.correctness, Path.cwd()) if args.correctness else (config.correctness, base_dir)
     if from_run and not args.correctness and is_user_code(setting):
@@ -164,9 +165,9 @@ def load_target(args: argparse.Namespace):
     """(model, tokenizer, config, base_dir, description) of a run directory's checkpoint or of a model."""
     from pathlib import Path
 
-    from ..config import load_config
-    from ..export import ADAPTER_FILES, load_trained
-    from ..models import dequantize_base, load_policy
+    from ..config.train_config import load_config
+    from ..models.policy import dequantize_base, load_policy
+    from ..run.export import ADAPTER_FILES, load_trained
     from ..telemetry.rundir.layout import RunPaths
 
     target = Path(args.target)

@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from ..common.errors import UserError
-    from ..export import export_model
+    from ..run.export import export_model
     from ..telemetry.rundir.layout import RunPaths
 
     run_dir = Path(args.run_dir)

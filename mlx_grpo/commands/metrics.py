@@ -50,10 +50,10 @@ def _lookup(name: str) -> list[dict]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..telemetry.output import output_console
     from rich.table import Table
 
     from ..telemetry.metrics import catalogue, other_names
+    from ..telemetry.output import output_console
 
     if args.write is not None:
         Path(args.write).write_text(metrics_markdown(), encoding="utf-8")

@@ -22,9 +22,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from ..config import load_config, parse_override
-    from ..fitting import make_plan
-    from ..plan import GB
+    from ..config.train_config import load_config, parse_override
+    from ..planning.fitting import make_plan
+    from ..planning.plan import GB
 
     overrides = dict(parse_override(text) for text in args.overrides)
     config = load_config(args.config, overrides)
@@ -51,8 +51,9 @@ def base_precision(facts: dict) -> str:
 
 
 def format_plan(verdict, facts: dict) -> str:
-    from ..fitting import reference_text
-    from ..common.units import count_text, gb_text as gb
+    from ..common.units import count_text
+    from ..common.units import gb_text as gb
+    from ..planning.fitting import reference_text
 
     peaks = verdict.configured
     lines = [

@@ -53,16 +53,14 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from ..common.errors import UserError
-    from ..replay import render, replay, run_settings
+    from ..common.terminal import terminal_safe
+    from ..config.run_code import is_user_code, named_file, refuse_named_code, spec_text
     from ..rewards.loading import load_reward_functions
     from ..rewards.scoring import RewardFunction
-    from ..run_code import is_user_code, named_file, refuse_named_code, spec_text
-    from ..telemetry.reward_names import reward_name
-    from ..telemetry.rundir.completions import completion_steps
+    from ..run.replay import render, replay, run_settings
     from ..telemetry.analysis.report import load_run
     from ..telemetry.reward_names import reward_name
     from ..telemetry.rundir.completions import completion_steps
-    from ..common.terminal import terminal_safe
 
     start = time.perf_counter()
     run_dir = Path(args.run_dir)

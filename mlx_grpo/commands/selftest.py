@@ -62,11 +62,11 @@ def native_stderr_to(log) -> Iterator[None]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..tf32 import full_float32
+    from ..planning.tf32 import full_float32
 
     tf32_at_start = full_float32()  # before MLX's first matmul reads it: an M5 compares full float32
     from ..common.errors import UserError
-    from ..selftest import CHECKS, QUICK_SKIP, run_selftest
+    from ..measuring.selftest import CHECKS, QUICK_SKIP, run_selftest
 
     skip = {name.strip() for name in args.skip.split(",") if name.strip()}
     if unknown := sorted(skip - set(CHECKS)):

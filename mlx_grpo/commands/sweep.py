@@ -16,10 +16,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..common.errors import UserError
-    from ..sweep import describe, load_sweep, plan_trials, run_sweep, trial_config, trial_state
+    from ..common.terminal import terminal_safe
+    from ..measuring.sweep import describe, load_sweep, plan_trials, run_sweep, trial_config, trial_state
     from ..telemetry.analysis.compare import comparison_table, expand_run_dirs, load_summary, table_console
     from ..telemetry.rundir.layout import RunPaths
-    from ..common.terminal import terminal_safe
 
     if args.parallel < 1:
         raise UserError(f"--parallel {args.parallel}: expected at least 1")

@@ -6,8 +6,8 @@ import argparse
 import types
 import typing
 
-from ..config import CHOICES, TrainConfig, key_help, parse_override, top_level_fields
-from ..config_aliases import ALIASES, TRANSLATED, help_text
+from ..config.aliases import ALIASES, TRANSLATED, help_text
+from ..config.train_config import CHOICES, TrainConfig, key_help, parse_override, top_level_fields
 
 USES_MLX = True
 
@@ -152,11 +152,11 @@ def train_from_cli(config_path: str | None, overrides: dict, resume: str | None 
     """Train from a config file (or the built-in default) or resume a run; returns the exit code."""
     from pathlib import Path
 
-    from ..config import load_config
     from ..common.errors import UserError
-    from ..resume import config_for_resume
-    from ..signals import EXIT_INTERRUPTED
-    from ..run import EXIT_GUARD_STOP, train
+    from ..config.train_config import load_config
+    from ..run.loop import EXIT_GUARD_STOP, train
+    from ..run.resume import config_for_resume
+    from ..run.signals import EXIT_INTERRUPTED
 
     if resume is not None:
         if config_path is not None:

@@ -22,7 +22,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..config import AdaptiveWindowConfig
+from ..config.train_config import AdaptiveWindowConfig
 
 
 @dataclass(frozen=True)

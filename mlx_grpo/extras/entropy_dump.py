@@ -105,5 +105,4 @@ def read_dump(path: Path) -> dict[str, np.ndarray]:
 
 def list_dumps(run_dir: Path) -> list[Path]:
     """The dump files of a run, in step order."""
-    files = RunPaths(run_dir).entropy.glob("step_*.npz")
-    return sorted((f for f in files if f.stem[5:].isdigit()), key=lambda f: int(f.stem[5:]))
+    return list(RunPaths(run_dir).entropy_files().values())

@@ -31,7 +31,6 @@ from .. import grpo
 from ..rollout import Rollout, SamplingSettings, decode_completion, generate
 from ..tasks.answer_format import CLOSE_ANSWER, CLOSE_REASONING, OPEN_ANSWER, is_correct
 
-
 # ----------------------------------------------------------------------------- pure pieces
 
 def exit_prefix_lengths(span_length: int, num_exits: int) -> list[int]:

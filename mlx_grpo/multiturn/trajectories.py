@@ -22,7 +22,7 @@ import numpy as np
 from mlx_lm.models.cache import BatchKVCache, KVCache
 
 from ..common.errors import UserError
-from ..decode_attention import grouped_decoding
+from ..models.decode_attention import grouped_decoding
 from ..rollout import Rollout, SamplingSettings, has_plain_kv_cache, prefill_plain, sample_tokens
 from .chat import continuation_tokens
 

@@ -12,8 +12,7 @@ from __future__ import annotations
 import re
 from typing import Callable
 
-from ..tasks.answer_format import (NUMBER_IN_TEXT, TAGS, answer_value, extract_answer, is_correct, last_number,
-                                   normalise)
+from ..tasks.answer_format import NUMBER_IN_TEXT, TAGS, answer_value, extract_answer, is_correct, last_number, normalise
 
 # A reasoning block directly followed by an answer block, only whitespace
 # around and between. Tag uniqueness is checked separately (counts).

@@ -21,11 +21,12 @@ import numbers
 from pathlib import Path
 from typing import Any, Callable
 
-from ..common.errors import UserError
-from .loading import load_reward_functions
-from ..tasks.answer_format import is_correct
 import numpy as np
+
+from ..common.errors import UserError
 from ..common.terminal import terminal_safe
+from ..tasks.answer_format import is_correct
+from .loading import load_reward_functions
 
 Check = Callable[..., list]
 

@@ -14,13 +14,14 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from ..common.errors import UserError
-from ..config import TrainConfig
+from ..common.user_code import import_file
+from ..config.train_config import TrainConfig
 from ..telemetry.reward_names import TRL_BUILTINS, TRL_NO_EQUIVALENT, reward_name, translate_reward
 from .builtin import BUILTINS
 from .rubric import load_rubric
 from .rubric_reward import RubricReward
 from .scoring import RewardFunction
-from ..common.user_code import import_file
+
 
 # A reasoning block directly followed by an answer block, only whitespace
 # around and between. Tag uniqueness is checked separately (counts).

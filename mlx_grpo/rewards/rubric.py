@@ -27,8 +27,15 @@ from ..common.errors import UserError
 from ..common.secrets import register_secret
 from ..common.user_files import parse_yaml, read_user_text
 from .judge import PLACEHOLDERS, Judge, JudgeConfig, JudgeError, chat_completions_url
-from .rubric_scorers import (CriterionFailed, JudgeScorer, LengthScorer, NumericAnswerScorer, PythonScorer,
-                             RegexScorer, SubstringScorer)
+from .rubric_scorers import (
+    CriterionFailed,
+    JudgeScorer,
+    LengthScorer,
+    NumericAnswerScorer,
+    PythonScorer,
+    RegexScorer,
+    SubstringScorer,
+)
 
 SCORERS = ("regex", "substring", "length", "numeric_answer", "python", "judge")
 # Rubric and criterion names become metric names (criteria/<rubric>/<criterion>/mean).

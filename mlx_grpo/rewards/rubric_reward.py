@@ -22,12 +22,12 @@ from pathlib import Path
 
 import numpy as np
 
-from .judge import JudgeError
-from .scoring import RewardHooks
-from .rubric import Rubric, RubricScores
 from ..telemetry.metrics.reward_stats import RunningStats
 from ..telemetry.rundir.layout import RunPaths
 from ..telemetry.rundir.writer import atomic_write_text
+from .judge import JudgeError
+from .rubric import Rubric, RubricScores
+from .scoring import RewardHooks
 
 REWARD_NAME = "rubric"
 SUMMARY_COLUMNS = ("criterion", "mean", "std", "min", "max", "samples")

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Callable
 
 from ..common.errors import UserError
-from .judge import Judge, JudgeBatch
 from ..tasks.answer_format import extract_answer
+from .judge import Judge, JudgeBatch
 
 # Thousands separators are accepted ("1,234"); a plain run of digits is the common case ("0357").
 _NUMBER = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|[-+]?\.\d+")

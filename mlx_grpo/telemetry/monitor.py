@@ -19,19 +19,27 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 from rich.console import Console
 
+from .alerts.alert import Alert
 from .alerts.config import default_rules
 from .alerts.console import print_alerts
-from .alerts.alert import Alert
 from .alerts.engine import AlertEngine
 from .alerts.rules import Rule, ThresholdRule
 from .alerts.trend_rules import TrendRule
 from .analysis.reward_quality import QualityReport
-from .analysis.reward_report import (FunctionImportance, HackingReport, RewardReport, Trend, analyze_run,
-                                     detect_reward_hacking, function_importance, trend_of)
+from .analysis.reward_report import (
+    FunctionImportance,
+    HackingReport,
+    RewardReport,
+    Trend,
+    analyze_run,
+    detect_reward_hacking,
+    function_importance,
+    trend_of,
+)
 from .analysis.run_data import series
-from .recorder import RunRecorder
-from .metrics.reward_stats import reward_metrics
 from .metrics.names import ACCURACY_TRAIN, ENTROPY, KL, LENGTH_MEAN, REWARD_MEAN, SIGNAL_TO_NOISE, ZERO_STD_GROUP_FRAC
+from .metrics.reward_stats import reward_metrics
+from .recorder import RunRecorder
 
 _CONDITIONS = {"above": ">", "below": "<", "at_least": ">=", "at_most": "<="}
 

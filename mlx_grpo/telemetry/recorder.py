@@ -25,11 +25,18 @@ from .alerts.config import pattern_warnings
 from .alerts.console import format_alert
 from .alerts.engine import AlertEngine
 from .alerts.rules import Rule
-from .metrics.names import (ACCEL_LIMIT_GB, BACKPROP_TOKENS_PER_S, CHECKPOINT_SECONDS, ELAPSED_SECONDS,
-                            GEN_TOKENS_PER_S, TOKENS_CUMULATIVE, TOKENS_TOTAL)
+from .events import AlertEvent, Completions, Final, Samples, Scalars
+from .metrics.names import (
+    ACCEL_LIMIT_GB,
+    BACKPROP_TOKENS_PER_S,
+    CHECKPOINT_SECONDS,
+    ELAPSED_SECONDS,
+    GEN_TOKENS_PER_S,
+    TOKENS_CUMULATIVE,
+    TOKENS_TOTAL,
+)
 from .metrics.reward_stats import RewardTracker, ThroughputTracker
 from .metrics.step_data import StepData, peak_share_metrics, step_record
-from .events import AlertEvent, Completions, Final, Samples, Scalars
 from .rundir.completions import completion_rows, sample_rows
 
 

@@ -14,8 +14,8 @@ from functools import partial
 from pathlib import Path
 from typing import Callable
 
-from textual.app import App, ComposeResult
 from textual import events
+from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.reactive import var
 from textual.widgets import Footer, Input, TabbedContent, TabPane

@@ -14,12 +14,11 @@ from textual.geometry import Region
 from textual.strip import Strip
 from textual.widget import Widget
 
-from .downsample import bucketize
-
+from ..telemetry.metrics.names import legend_names
 from .board import Board
 from .board_widget import BoardWidget
-from ..telemetry.metrics.names import legend_names
 from .braille import Layer, log_ticks, nice_range, nice_ticks, render_cells
+from .downsample import bucketize
 from .fmt import fmt_value
 from .messages import OpenChart
 from .palette import GRID, MUTED, RUN_COLORS, TEXT, dim

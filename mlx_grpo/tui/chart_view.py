@@ -12,9 +12,9 @@ from textual.containers import Grid, Vertical, VerticalScroll
 from textual.widget import Widget
 from textual.widgets import Static
 
+from ..telemetry.metrics.names import legend_names
 from .board import Board
 from .board_widget import BoardView
-from ..telemetry.metrics.names import legend_names
 from .chart import MetricChart
 from .tile import MetricTile
 from .views import ViewSpec, resolve

@@ -20,6 +20,7 @@ from .board import Board
 from .board_widget import BoardView
 from .palette import ACCENT, LABEL, MUTED, TEXT_SOFT
 
+
 def readable_times(fields: dict) -> dict:
     """run.json's top-level fields with `*_time` Unix timestamps as local date, time and zone."""
     return {key: time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(value))

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 import numpy as np
 
 
-
 @dataclass
 class Buckets:
     """One entry per non-empty screen column."""

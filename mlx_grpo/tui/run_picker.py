@@ -21,10 +21,10 @@ from textual.screen import ModalScreen
 from textual.widgets import SelectionList, Static
 from textual.widgets.selection_list import Selection
 
-from ..telemetry.rundir.reader import is_run_dir
-from ..telemetry.rundir.layout import RunPaths
-from ..telemetry.rundir.writer import RunInfo, read_run_info
 from ..common.user_files import open_regular
+from ..telemetry.rundir.layout import RunPaths
+from ..telemetry.rundir.reader import is_run_dir
+from ..telemetry.rundir.writer import RunInfo, read_run_info
 from .fmt import fmt_step
 from .palette import MUTED
 

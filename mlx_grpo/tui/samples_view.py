@@ -4,24 +4,21 @@ then its group (the G completions of the same prompt at that step side by side) 
 
 from __future__ import annotations
 
+import math
 import re
+import warnings
 
+import numpy as np
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Horizontal, VerticalScroll
+from textual.widget import Widget
 from textual.widgets import DataTable, Static
 
-from textual.widget import Widget
-
-import math
-import warnings
-
-import numpy as np
-
-from ..telemetry.rundir.completions import completion_steps, groups, heatmap_matrix, ordered_totals, read_step
 from ..telemetry.metrics.charts import scale_colour
+from ..telemetry.rundir.completions import completion_steps, groups, heatmap_matrix, ordered_totals, read_step
 from .board import Board
 from .board_widget import BoardView
 from .fmt import fmt_count, fmt_value

@@ -11,14 +11,13 @@ from textual.strip import Strip
 from textual.widget import Widget
 from textual.widgets import Label
 
-from .downsample import bucketize, finite_points
-
+from ..telemetry.metrics.names import ACCEL_ACTIVE_GB, ACCEL_LIMIT_GB
 from .board import Board
 from .chart_view import ChartsView
+from .downsample import bucketize, finite_points
 from .fmt import fmt_spark, fmt_value
 from .palette import SPARK
 from .views import SYSTEM, SYSTEM_SPARKLINES
-from ..telemetry.metrics.names import ACCEL_ACTIVE_GB, ACCEL_LIMIT_GB
 
 _SPARK_STYLE = Style(color=SPARK)
 

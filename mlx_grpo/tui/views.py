@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..telemetry.metrics import names as n
-from ..telemetry.metrics.charts import CHART_GROUPS, label
 from ..telemetry.metrics.catalogue import name_pattern
+from ..telemetry.metrics.charts import CHART_GROUPS, label
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,8 @@ def resolve(spec: ChartSpec, available: list[str]) -> list[str]:
 
 OVERVIEW = view((n.REWARD_MEAN, n.ACCURACY_TRAIN, n.EVAL_ACCURACY, n.KL, n.ENTROPY, n.LENGTH_MEAN,
                  n.GEN_TOKENS_PER_S, n.STEP_SECONDS),
-                "rewards", ("total reward", "accuracy", "tool use", "reward per function"))  # accuracy on the first screen
+                # accuracy on the first screen; tool use only in runs with tools (no data, no chart)
+                "rewards", ("total reward", "accuracy", "tool use", "reward per function"))
 POLICY = view((n.KL, n.ENTROPY, n.CLIP_FRAC, n.LOSS, n.GRAD_NORM, n.LEARNING_RATE, n.SAMPLING_LOGP_DIFF_MAX), "policy")
 LENGTHS = view((n.LENGTH_MEAN, n.TRUNCATED_FRAC, n.FINISHED_FRAC, n.PROMPT_LENGTH_MEAN, n.TOKENS_TOTAL), "lengths")
 THROUGHPUT = view((n.GEN_TOKENS_PER_S, n.BACKPROP_TOKENS_PER_S, n.MFU, n.STEP_SECONDS, n.ROLLOUT_SECONDS,

@@ -25,6 +25,7 @@ from urllib.parse import urlsplit
 
 from aiohttp import web
 from textual_serve.server import Server
+
 # textual-serve's page links Roboto Mono from Google Fonts; the same font is in its static files.
 _REMOTE_FONT = re.compile(r"<link[^>]*fonts\.googleapis\.com[^>]*>", re.IGNORECASE)
 _LOCAL_FONT = ('<style>@font-face { font-family: "Roboto Mono"; '

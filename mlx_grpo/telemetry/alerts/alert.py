@@ -8,7 +8,6 @@ from typing import Any, Mapping
 
 from ...common.secrets import scrub_text
 
-
 LEVELS = ("info", "warning", "error")
 
 

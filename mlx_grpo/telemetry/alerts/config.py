@@ -17,13 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from ...common.errors import UserError
-from ..metrics.catalogue import CATALOGUE, find_entry
 from ...common.user_files import parse_yaml, read_user_text
-from .rules import (BaselineRule, DropRule, NonFiniteRule, Rule, SpikeRule, ThresholdRule)
-from .state import metric_pattern
-from .pathology_rules import ExhaustionRule
-from .trend_rules import HackingRule, PlateauRule, TrendRule
+from ..metrics.catalogue import CATALOGUE, find_entry
 from .detector_rules import RiseRule, SaturationRule
+from .pathology_rules import ExhaustionRule
+from .rules import BaselineRule, DropRule, NonFiniteRule, Rule, SpikeRule, ThresholdRule
+from .state import metric_pattern
+from .trend_rules import HackingRule, PlateauRule, TrendRule
 
 # The kinds a rule file may name.
 RULE_KINDS: dict[str, type[Rule]] = {

@@ -25,7 +25,6 @@ from .alert import Alert
 from .rules import Rule
 from .state import STATE_TYPES
 
-
 _MAX_PLANS = 1024  # distinct record key sets remembered (a run has a handful)
 
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from statistics import median
 from dataclasses import dataclass
+from statistics import median
 from typing import ClassVar
 
 import numpy as np

@@ -14,9 +14,8 @@ from statistics import median
 from typing import Any, ClassVar, Iterable, Iterator, Mapping
 
 from ..metrics.robust import percent_change
-from .alert import ACTIONS, Alert, LEVELS
-from .state import (_Latch, _NOT_METRICS, _Window, _check_window, _fmt, _in_a_row, _num, _windowed, metric_pattern,
-                    state)
+from .alert import ACTIONS, LEVELS, Alert
+from .state import _NOT_METRICS, _check_window, _fmt, _in_a_row, _Latch, _num, _Window, _windowed, metric_pattern, state
 
 # What a remedy may change, each by a factor: the learning rate and beta (the KL coefficient).
 REMEDY_KEYS = ("learning_rate", "beta")

@@ -12,7 +12,6 @@ import numpy as np
 
 from ..metrics.robust import mann_kendall
 
-
 # Keys of a record that are coordinates, not metrics: never matched by a rule.
 _NOT_METRICS = frozenset({"step", "time"})
 

@@ -7,8 +7,7 @@ from typing import ClassVar
 
 from ..metrics.names import ACCURACY_TRAIN, EVAL_ACCURACY
 from .rules import Rule
-from .state import _Window, _check_window, _fmt, _num, _windowed, metric_pattern, state
-
+from .state import _check_window, _fmt, _num, _Window, _windowed, metric_pattern, state
 
 _TREND_DIRECTIONS = ("rising", "falling", "flat")
 

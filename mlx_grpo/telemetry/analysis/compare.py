@@ -32,12 +32,19 @@ from rich.console import Console
 from rich.table import Table
 
 from ...common.errors import UserError
+from ..metrics.names import (
+    ACCURACY_TRAIN,
+    ELAPSED_SECONDS,
+    EVAL_ACCURACY,
+    REWARD_MEAN,
+    REWARD_RECENT_MEAN,
+    STEP_SECONDS,
+    TOKENS_TOTAL,
+)
 from ..reward_names import reward_file, reward_name
 from ..rundir.jsonl_tail import JsonlTail
 from ..rundir.layout import RunPaths
 from ..rundir.writer import RunInfo, read_json_object, read_run_info
-from ..metrics.names import (ACCURACY_TRAIN, ELAPSED_SECONDS, EVAL_ACCURACY, REWARD_MEAN, REWARD_RECENT_MEAN,
-                             STEP_SECONDS, TOKENS_TOTAL)
 
 # Keys that name or place a run; they always differ and say nothing about training.
 NOT_CONFIG = ("run_name", "monitoring_dir", "base_dir", "wandb_run_name", "tensorboard_dir")

@@ -19,10 +19,23 @@ from typing import Any, Sequence
 import numpy as np
 
 from ...common.errors import UserError, install_hint
-from ..metrics.names import (ACCEL_PEAK_GB, ACCURACY_TRAIN, BACKPROP_TOKENS_PER_S, ENTROPY, EVAL_ACCURACY,
-                             GEN_TOKENS_PER_S, KL, LENGTH_MEAN, PROCESS_RSS_GB, REWARD_MEAN, TOOL_CALL_FREQUENCY,
-                             TOOL_CALLED_FRAC, TOOL_FAILURE_FREQUENCY, TRUNCATED_FRAC,
-                             legend_names)
+from ..metrics.names import (
+    ACCEL_PEAK_GB,
+    ACCURACY_TRAIN,
+    BACKPROP_TOKENS_PER_S,
+    ENTROPY,
+    EVAL_ACCURACY,
+    GEN_TOKENS_PER_S,
+    KL,
+    LENGTH_MEAN,
+    PROCESS_RSS_GB,
+    REWARD_MEAN,
+    TOOL_CALL_FREQUENCY,
+    TOOL_CALLED_FRAC,
+    TOOL_FAILURE_FREQUENCY,
+    TRUNCATED_FRAC,
+    legend_names,
+)
 from ..rundir.completions import reward_heatmap
 from ..rundir.writer import RunInfo, atomic_write_text
 from ..smoothing import ema

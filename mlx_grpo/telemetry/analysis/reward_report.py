@@ -17,13 +17,14 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from ..alerts.config import default_rules
 from ..alerts.alert import Alert
+from ..alerts.config import default_rules
 from ..alerts.engine import AlertEngine
 from ..alerts.rules import Rule
-from ..rundir.writer import json_safe
 from ..metrics.names import ACCURACY_TRAIN, EVAL_ACCURACY, LENGTH_MEAN, REWARD_MEAN, TRUNCATED_FRAC
 from ..metrics.robust import verdict
+from ..rundir.layout import ALERTS
+from ..rundir.writer import json_safe
 from .reward_quality import QualityReport, analyze_quality, discriminability
 from .run_data import Records, RunData, _corr, _data, series
 
@@ -455,7 +456,7 @@ def analyze_run(metrics: Records, samples: Records = (), alerts: Sequence[Alert]
         names = {rule.name for rule in _hacking_rules()}
         hacking_alerts = [alert for alert in alerts if alert.rule in names]  # no second replay
     else:
-        alerts, source = list(alerts), "alerts.jsonl"
+        alerts, source = list(alerts), ALERTS
     steps = data.table.steps
     report = RewardReport(
         steps=len(steps), first_step=int(steps[0]) if len(steps) else None,

@@ -33,12 +33,62 @@ import re
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 
-from .names import (TOOL_CALL_FREQUENCY, TOOL_CALLED_FRAC, TOOL_FAILURE_FREQUENCY, CPU_SPEED_LIMIT, LOW_POWER_MODE, ON_BATTERY, THERMAL_WARNING_LEVEL, REPETITION_RATE, REWARD_BIMODALITY, SAMPLING_LOGP_DIFF_MAX, SAMPLING_LOGP_DIFF_MEAN, ACCEL_ACTIVE_GB, ACCEL_HELD_PERCENT, MEMORY_PRESSURE_LEVEL, SWAP_USED_GB, ACCEL_LIMIT_GB, ACCEL_MEMORY_PERCENT, ACCEL_PEAK_GB, ACCURACY_TRAIN, ACCURACY_TRAIN_STDERR, SOLVED_GROUP_FRAC,
-                    CHECKPOINT_SECONDS, CLIP_FRAC, CPU_PERCENT, ELAPSED_SECONDS, ENTROPY, EVAL_ACCURACY, EVAL_SECONDS,
-                    FINISHED_CORRECT_FRAC, FINISHED_FRAC, GEN_MS_PER_TOKEN, MFU, GRAD_NORM, KL, LEARNING_RATE, LENGTH_MEAN,
-                    LOSS, MEMORY_PERCENT, MEMORY_USED_GB, PROCESS_RSS_GB, PROMPT_LENGTH_MEAN, PROMPT_TRUNCATED_FRAC,
-                    REDRAWN_PROMPTS, REWARD_RECENT_MEAN, SAMPLES_TABLE, SIGNAL_TO_NOISE, STEP_SECONDS,
-                    STEP_TOKENS_PER_S, TOKENS_CUMULATIVE, TOKENS_TOTAL, TRUNCATED_CORRECT_FRAC, TRUNCATED_FRAC, ZERO_STD_GROUP_FRAC, REWARD_MEAN_STDERR)
+from .names import (
+    ACCEL_ACTIVE_GB,
+    ACCEL_HELD_PERCENT,
+    ACCEL_LIMIT_GB,
+    ACCEL_MEMORY_PERCENT,
+    ACCEL_PEAK_GB,
+    ACCURACY_TRAIN,
+    ACCURACY_TRAIN_STDERR,
+    CHECKPOINT_SECONDS,
+    CLIP_FRAC,
+    CPU_PERCENT,
+    CPU_SPEED_LIMIT,
+    ELAPSED_SECONDS,
+    ENTROPY,
+    EVAL_ACCURACY,
+    EVAL_SECONDS,
+    FINISHED_CORRECT_FRAC,
+    FINISHED_FRAC,
+    GEN_MS_PER_TOKEN,
+    GRAD_NORM,
+    KL,
+    LEARNING_RATE,
+    LENGTH_MEAN,
+    LOSS,
+    LOW_POWER_MODE,
+    MEMORY_PERCENT,
+    MEMORY_PRESSURE_LEVEL,
+    MEMORY_USED_GB,
+    MFU,
+    ON_BATTERY,
+    PROCESS_RSS_GB,
+    PROMPT_LENGTH_MEAN,
+    PROMPT_TRUNCATED_FRAC,
+    REDRAWN_PROMPTS,
+    REPETITION_RATE,
+    REWARD_BIMODALITY,
+    REWARD_MEAN_STDERR,
+    REWARD_RECENT_MEAN,
+    SAMPLES_TABLE,
+    SAMPLING_LOGP_DIFF_MAX,
+    SAMPLING_LOGP_DIFF_MEAN,
+    SIGNAL_TO_NOISE,
+    SOLVED_GROUP_FRAC,
+    STEP_SECONDS,
+    STEP_TOKENS_PER_S,
+    SWAP_USED_GB,
+    THERMAL_WARNING_LEVEL,
+    TOKENS_CUMULATIVE,
+    TOKENS_TOTAL,
+    TOOL_CALL_FREQUENCY,
+    TOOL_CALLED_FRAC,
+    TOOL_FAILURE_FREQUENCY,
+    TRUNCATED_CORRECT_FRAC,
+    TRUNCATED_FRAC,
+    ZERO_STD_GROUP_FRAC,
+)
 
 # ----------------------------------------------------------------------------- entries
 
@@ -340,7 +390,7 @@ def _performance_entries() -> list[MetricSpec]:
     out.append(MetricSpec(STEP_TOKENS_PER_S, "tokens/total / timing/step_s: end-to-end tokens per "
                           "second of the whole step.", "tokens/s", th, EVERY_STEP))
     out.append(MetricSpec(MFU, "Model FLOPs utilisation: the step's floating-point work counted from the model's "
-                          "shape (rollout, reference and update matmuls, 2 per multiply-add; mlx_grpo/roofline.py; with "
+                          "shape (rollout, reference and update matmuls, 2 per multiply-add; mlx_grpo/planning/roofline.py; with "
                           "frozen_prefix_reuse the reference and update count the blocks they run, from the first "
                           "adapted one on) "
                           "per second of timing/step_s, over the fp32 matmul FLOP/s measured at the start of the run. "

@@ -16,10 +16,29 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from ...common.units import GB
+from .names import (
+    ACCURACY_TRAIN,
+    ACCURACY_TRAIN_STDERR,
+    EVAL_ACCURACY,
+    EVAL_SECONDS,
+    FINISHED_CORRECT_FRAC,
+    FINISHED_FRAC,
+    GEN_MS_PER_TOKEN,
+    GRAD_NORM,
+    KL,
+    LEARNING_RATE,
+    LOSS,
+    MFU,
+    PROMPT_TRUNCATED_FRAC,
+    REPETITION_RATE,
+    REWARD_BIMODALITY,
+    SOLVED_GROUP_FRAC,
+    STEP_TOKENS_PER_S,
+    TOKENS_TOTAL,
+    TRUNCATED_CORRECT_FRAC,
+    TRUNCATED_FRAC,
+)
 from .reward_stats import group_stderr, reward_metrics
-from .names import (REPETITION_RATE, REWARD_BIMODALITY, ACCURACY_TRAIN, ACCURACY_TRAIN_STDERR, SOLVED_GROUP_FRAC, EVAL_ACCURACY, EVAL_SECONDS, FINISHED_CORRECT_FRAC, FINISHED_FRAC,
-                    GEN_MS_PER_TOKEN, GRAD_NORM, MFU, KL, LEARNING_RATE, LOSS, PROMPT_TRUNCATED_FRAC, STEP_TOKENS_PER_S,
-                    TOKENS_TOTAL, TRUNCATED_CORRECT_FRAC, TRUNCATED_FRAC)
 
 # grpo.policy_stats' statistics whose record names put the statistic last (policy/ratio/mean, like rewards/<fn>/mean).
 UPDATE_STAT_NAMES = {"ratio_mean": "ratio/mean", "ratio_std": "ratio/std", "ratio_p95": "ratio/p95",
@@ -73,7 +92,7 @@ class StepData:
     entropy_dump: dict[str, np.ndarray] | None = None
     # [N] multi-turn runs: each trajectory's turns, answer and tool counts (multiturn/episodes.py), else None
     trajectories: list[dict] | None = None
-    flops: float = 0.0  # the step's floating-point work, from the model's shape (mlx_grpo/roofline.py)
+    flops: float = 0.0  # the step's floating-point work, from the model's shape (mlx_grpo/planning/roofline.py)
     peak_flops_per_s: float = 0.0  # the machine's measured fp32 matmul FLOP/s (0: unknown, no perf/mfu)
     # [M] the advantages the update used, when they are not `advantages`: S-GRPO trains on the serial groups
     # of its exits, not on the sampled completions (whose group advantages the completions table keeps)

@@ -36,10 +36,16 @@ import psutil
 
 from ...common.units import GB
 from .mac_state import MacStateReader
-from .names import ACCEL_MEMORY_PERCENT, CPU_PERCENT, MEMORY_PERCENT, MEMORY_USED_GB, PROCESS_RSS_GB
-from ...common.units import GB
-from .names import (ACCEL_HELD_PERCENT, ACCEL_MEMORY_PERCENT, CPU_PERCENT, MEMORY_PERCENT, MEMORY_PRESSURE_LEVEL,
-                    MEMORY_USED_GB, PROCESS_RSS_GB, SWAP_USED_GB)
+from .names import (
+    ACCEL_HELD_PERCENT,
+    ACCEL_MEMORY_PERCENT,
+    CPU_PERCENT,
+    MEMORY_PERCENT,
+    MEMORY_PRESSURE_LEVEL,
+    MEMORY_USED_GB,
+    PROCESS_RSS_GB,
+    SWAP_USED_GB,
+)
 
 _UTILIZATION = re.compile(r'"Device Utilization %"\s*=\s*(\d+(?:\.\d+)?)')
 

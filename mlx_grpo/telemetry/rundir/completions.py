@@ -25,7 +25,6 @@ import gzip
 import json
 import math
 import os
-import re
 import tempfile
 import zlib
 from pathlib import Path
@@ -33,12 +32,10 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
-from ..events import Completions, Sink
 from ...common.user_files import read_regular_bytes
+from ..events import Completions, Sink
 from .layout import RunPaths
 from .writer import clipped_text, json_safe, loads_object
-
-_STEP_FILE = re.compile(r"step_(\d{6,})\.jsonl\.gz\Z")
 
 
 def completion_rows(*, step: int, prompts: Sequence[str], answers: Sequence[Any], texts: Sequence[str],
@@ -97,7 +94,7 @@ class CompletionsWriter(Sink):
         self.max_bytes = int(max_mb * 1e6)
         self.warn = warn
         # a resumed run counts what its first part wrote
-        self.used = sum(p.stat().st_size for p in self.dir.glob("step_*.jsonl.gz")) if self.dir.is_dir() else 0
+        self.used = sum(p.stat().st_size for p in self.paths.completions_files().values())
         self.full = False
 
     def handle(self, event: Any) -> None:
@@ -131,10 +128,7 @@ class CompletionsWriter(Sink):
 
 def completion_steps(run_dir: str | Path) -> list[int]:
     """The steps whose completions the run directory holds, in order."""
-    folder = RunPaths(run_dir).completions
-    if not folder.is_dir():
-        return []
-    return sorted(int(m.group(1)) for p in folder.iterdir() if (m := _STEP_FILE.match(p.name)))
+    return list(RunPaths(run_dir).completions_files())
 
 
 MAX_STEP_FILE_BYTES = 256 << 20  # compressed; a default step's file is ~2 KB

@@ -8,6 +8,7 @@ the resume's log positions, a reader's count of unreadable lines. Imports nothin
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +19,28 @@ ALERTS = "alerts.jsonl"
 FINAL_METRICS = "final_metrics.json"
 RESERVE = ".reserve"  # space set aside for the last records once the disk is full (rundir/writer.py)
 LOCK = ".lock"  # one process per run directory (run_lock.py)
+# The per-step names inside the run directory's folders (checkpoint.py writes and reads the checkpoints)
+CHECKPOINT_DIR = re.compile(r"step_(\d+)\Z")
+COMPLETIONS_FILE = re.compile(r"step_(\d{6,})\.jsonl\.gz\Z")
+ENTROPY_FILE = re.compile(r"step_(\d+)\.npz\Z")
+
+
+def checkpoint_name(step: int | str) -> str:
+    """The folder name of the checkpoint of `step` (also its W&B alias); "*" gives every one's glob pattern."""
+    return f"step_{step}"
+
+
+def checkpoint_step(path: Path) -> int | None:
+    """The step of a checkpoint folder by its name (None: not a checkpoint's name)."""
+    match = CHECKPOINT_DIR.match(path.name)
+    return int(match.group(1)) if match else None
+
+
+def _by_step(folder: Path, name: re.Pattern) -> dict[int, Path]:
+    if not folder.is_dir():
+        return {}
+    found = {int(match.group(1)): p for p in folder.iterdir() if (match := name.match(p.name))}
+    return dict(sorted(found.items()))
 
 
 @dataclass(frozen=True)
@@ -53,6 +76,18 @@ class RunPaths:
     def entropy_step(self, step: int) -> Path:
         """The entropy dump of one step."""
         return self.entropy / f"step_{step}.npz"
+
+    def checkpoint(self, step: int) -> Path:
+        """The checkpoint folder of one step."""
+        return self.checkpoints / checkpoint_name(step)
+
+    def completions_files(self) -> dict[int, Path]:
+        """Each step's completions file, by step in order."""
+        return _by_step(self.completions, COMPLETIONS_FILE)
+
+    def entropy_files(self) -> dict[int, Path]:
+        """Each step's entropy dump, by step in order."""
+        return _by_step(self.entropy, ENTROPY_FILE)
 
     def is_run(self) -> bool:
         """Whether the directory holds a run (its run.json, or at least its metrics)."""

@@ -40,9 +40,8 @@ from ..alerts.alert import Alert
 from .history_loader import HistoryLoader
 from .jsonl_tail import JsonlTail
 from .layout import ALERTS, METRICS, SAMPLES, RunPaths
-from .writer import ENDED, RunInfo, read_json_object, read_run_info
 from .metric_table import MetricTable, table_from_records
-
+from .writer import ENDED, RunInfo, read_json_object, read_run_info
 
 STALL_FLOOR_S = 60.0
 STALL_FACTOR = 10.0

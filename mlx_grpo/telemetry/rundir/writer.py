@@ -46,10 +46,10 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 
 from ...common.errors import UserError
-from ...common.terminal import terminal_safe_obj
-from ..events import AlertEvent, Final, Samples, Scalars, Sink, Start
-from ...common.user_files import read_regular_bytes
 from ...common.secrets import scrub_secrets
+from ...common.terminal import terminal_safe_obj
+from ...common.user_files import read_regular_bytes
+from ..events import AlertEvent, Final, Samples, Scalars, Sink, Start
 from .layout import RunPaths
 
 SCHEMA_VERSION = 1

@@ -34,15 +34,15 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from ...common.errors import install_hint
+from ...common.terminal import terminal_safe
+from ..events import AlertEvent, Completions, Final, Flush, Samples, Scalars, Sink, Start
 from ..rundir.completions import CompletionsWriter
 from ..rundir.layout import RunPaths
 from ..rundir.writer import RunDirWriteError, RunDirWriter, RunInfo, json_safe, new_run_info
-from ...common.terminal import terminal_safe
-from ...common.errors import install_hint
-from ..events import AlertEvent, Completions, Final, Flush, Samples, Scalars, Sink, Start
 from .tensorboard import TensorBoardSink
-from .wandb import WandbOptions, WandbSink
 from .trackio import TrackioOptions, TrackioSink
+from .wandb import WandbOptions, WandbSink
 
 
 class ThreadedSink(Sink):

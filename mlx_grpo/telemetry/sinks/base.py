@@ -8,7 +8,6 @@ from typing import Any, Mapping, Sequence
 
 from ..rundir.writer import RunInfo, json_safe
 
-
 # Sample columns shown in text and tables; long texts are cut so a step's table stays readable.
 TEXT_LIMIT = 600
 

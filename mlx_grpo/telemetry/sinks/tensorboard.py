@@ -24,13 +24,12 @@ from typing import Any
 
 import numpy as np
 
+from ..events import AlertEvent, Final, Flush, Samples, Scalars, Sink, Start
 from ..metrics.charts import tensorboard_layout
 from ..metrics.names import ACCURACY_TRAIN, EVAL_ACCURACY, LOSS, REWARD_MEAN, SAMPLES_TABLE
 from ..rundir.layout import RunPaths
 from ..rundir.writer import RunInfo, json_safe, read_run_info
-from ..events import AlertEvent, Final, Flush, Samples, Scalars, Sink, Start
 from .base import _fmt, _md_cell, flatten_config, samples_markdown
-
 
 # A fixed bin count: tensorboardX's default ("tensorflow" edges) costs ~2.5 ms per histogram, 30 bins ~0.2 ms.
 HIST_BINS = 30

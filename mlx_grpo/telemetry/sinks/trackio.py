@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...common.secrets import scrub_secrets
-from ..rundir.writer import RunInfo, json_safe
 from ..events import Final, Scalars, Sink, Start
+from ..rundir.writer import RunInfo, json_safe
 from .base import tracker_config
 
 

@@ -29,12 +29,13 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from ..metrics.names import KL, REWARD_MEAN, SAMPLES_TABLE
 from ...common.secrets import scrub_secrets, scrub_text
-from ..rundir.writer import RunInfo, json_safe
 from ..events import AlertEvent, Artifact, Final, Samples, Scalars, Sink, Start
-from .base import TEXT_LIMIT, _clip, tracker_config
+from ..metrics.names import KL, REWARD_MEAN, SAMPLES_TABLE
 from ..rundir.completions import order_groups
+from ..rundir.layout import checkpoint_name
+from ..rundir.writer import RunInfo, json_safe
+from .base import TEXT_LIMIT, _clip, tracker_config
 from .wandb_charts import CATEGORY_COLOURS, category_cloud, chart_interval, heatmap_svg, value_cloud
 
 
@@ -270,7 +271,7 @@ class WandbSink(Sink):
             return
         artifact = self.wandb.Artifact(name=f"{self.run.id}-checkpoint", type="model", metadata={"step": step})
         artifact.add_dir(str(path))
-        self.run.log_artifact(artifact, aliases=[f"step_{step}", "latest"])
+        self.run.log_artifact(artifact, aliases=[checkpoint_name(step), "latest"])
 
     def _log_dataset(self, name, splits, metadata) -> None:
         """The rows the run trains and evaluates on, one JSONL file per split (written here, on W&B's thread)."""
@@ -292,7 +293,7 @@ class WandbSink(Sink):
         """The final model (a Hugging Face directory) as a model artifact."""
         artifact = self.wandb.Artifact(name=f"{self.run.id}-model", type="model", metadata={"step": step})
         artifact.add_dir(str(path))
-        self.run.log_artifact(artifact, aliases=["final", f"step_{step}"])
+        self.run.log_artifact(artifact, aliases=["final", checkpoint_name(step)])
 
     def close(self, status: str) -> None:
         """Draw the charts at the last step if they were not (a run stopped early), and finish the W&B run."""
