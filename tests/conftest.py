@@ -16,8 +16,12 @@ sys.path.insert(0, str(Path(__file__).parent))
 # bind to it as they would under LD_PRELOAD. MLX_GRPO_OPENBLAS=0 tests on the reference BLAS instead.
 # The suite runs on two workers (pyproject's addopts): one BLAS thread each keeps them from fighting over the
 # cores (OpenBLAS's threads spin while they wait). Set before OpenBLAS starts; the commands tests launch inherit it.
+# pytest-xdist hands its workers the controller's terminal size as COLUMNS and LINES; the commands the tests run
+# would take them for the user's (a piped table wraps at COLUMNS): the tests that want a width set their own.
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    os.environ.pop("COLUMNS", None)
+    os.environ.pop("LINES", None)
 if sys.platform.startswith("linux") and os.environ.get(blas.SWITCH, "1") != "0" and blas.find_openblas():
     assert "mlx.core" not in sys.modules, "conftest.py must load OpenBLAS before mlx is imported"
     ctypes.CDLL(blas.find_openblas(), mode=os.RTLD_GLOBAL)

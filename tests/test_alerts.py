@@ -346,11 +346,16 @@ def test_alert_dict_round_trip_is_json():
 def test_engine_cost_per_record_stays_flat():
     records = _run(300, 0) * 20  # 6,000 records of ~70 metrics (steps repeat: only cost matters here)
     records = [dict(r, step=i + 1) for i, r in enumerate(records)]
-    engine = AlertEngine(default_rules())
-    start = time.process_time()  # CPU time: other processes on the machine do not count
-    engine.check_all(records)
-    per_record = (time.process_time() - start) / len(records)
-    assert per_record < 300e-6, f"{per_record * 1e6:.0f} us per record"
+
+    def per_record(count: int) -> float:
+        engine = AlertEngine(default_rules())
+        start = time.process_time()  # CPU time: other processes on the machine do not count
+        engine.check_all(records[:count])
+        return (time.process_time() - start) / count
+
+    # a long run's record costs what a short run's does (windows, not whole histories), and stays cheap
+    short, long = per_record(1_000), per_record(6_000)
+    assert long < 2 * short and long < 1e-3, f"{short * 1e6:.0f} -> {long * 1e6:.0f} us per record"
 
 
 def test_telemetry_modules_import_no_mlx():
