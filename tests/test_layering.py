@@ -68,6 +68,14 @@ INNER_FLOORS = {
         {"selftest"},
         {"tf32_child"},
     ],
+    "mlx_grpo.measuring.selftest": [
+        {"common"},  # what the checks share
+        {"environment", "numerics", "speed"},
+        {"devices", "memory"},
+        {"real_model"},
+        {"runner"},  # the whole test
+        {""},
+    ],
     "mlx_grpo.rewards": [
         {"", "builtin", "judge", "scoring"},
         {"rubric_scorers", "rubric"},

@@ -15,8 +15,18 @@ import numpy as np
 import pytest
 
 from mlx_grpo.cli import main
-from mlx_grpo.measuring import selftest
-from mlx_grpo.measuring.selftest import ABORT_ENV, CHECKS, PERTURB_ENV
+from mlx_grpo.measuring.selftest import (
+    ABORT_ENV,
+    CHECKS,
+    PERTURB_ENV,
+    common,
+    devices,
+    environment,
+    memory,
+    numerics,
+    real_model,
+    runner,
+)
 from mlx_grpo.planning import machine
 
 QUICK = ("precision", "shared_prompts", "chunked_head", "plan_counts")
@@ -61,7 +71,7 @@ def test_b3_float32_by_default_on_a_gpu_fails_precision(monkeypatch):
     from mlx_grpo.models import policy as models
 
     monkeypatch.setattr(models, "resolve_dtype", lambda config, gpu=None: "float32")
-    check = selftest.check_precision()
+    check = numerics.check_precision()
     assert check.status == "fail" and "LoRA on the gpu: float32 (want bfloat16)" in check.detail
 
 
@@ -74,9 +84,9 @@ def test_n4_moe_adapters_counted_as_one_dense_mlp_fail_plan_counts(monkeypatch):
                    (self.hidden, self.intermediate), (self.hidden, self.intermediate), (self.intermediate, self.hidden)]
         return num_layers * rank * sum(i + o for i, o in linears)
 
-    assert selftest.check_plan_counts().status == "pass"
+    assert memory.check_plan_counts().status == "pass"
     monkeypatch.setattr(ModelShape, "lora_parameters", dense_only)
-    check = selftest.check_plan_counts()
+    check = memory.check_plan_counts()
     assert check.status == "fail" and check.measured["llama"]["planned_lora"] == check.measured["llama"]["lora"]
 
 
@@ -85,7 +95,7 @@ def test_m2_experts_left_out_of_the_plan_fail_plan_counts(monkeypatch):
 
     monkeypatch.setattr(ModelShape, "block_parameters", lambda self: self.hidden * self.head_dim * (
         2 * self.heads + 2 * self.kv_heads) + 3 * self.hidden * self.intermediate + 2 * self.hidden)
-    assert selftest.check_plan_counts().status == "fail"
+    assert memory.check_plan_counts().status == "fail"
 
 
 def test_m4_a_gather_in_the_shared_prompt_copy_shows_as_a_scatter_add_in_the_lora_backward(monkeypatch):
@@ -94,31 +104,31 @@ def test_m4_a_gather_in_the_shared_prompt_copy_shows_as_a_scatter_add_in_the_lor
     from mlx_grpo import rollout
     from mlx_grpo.trainer import Trainer
 
-    trainer = Trainer.build(selftest.small_config(use_lora=True, lora_rank=4, lora_layers=-1), Path.cwd())
-    batch = selftest.sample_batch(trainer)[0]
-    assert selftest.backward_scatter_adds(trainer, batch) == []
+    trainer = Trainer.build(common.small_config(use_lora=True, lora_rank=4, lora_layers=-1), Path.cwd())
+    batch = common.sample_batch(trainer)[0]
+    assert numerics.backward_scatter_adds(trainer, batch) == []
     monkeypatch.setattr(rollout, "repeat_rows", lambda x, rows: x[mx.array(rows)])
-    assert selftest.backward_scatter_adds(trainer, batch) == ["Scatter Sum"]
+    assert numerics.backward_scatter_adds(trainer, batch) == ["Scatter Sum"]
 
 
 def test_n1_full_fine_tuning_differentiates_through_a_scatter_add_which_the_docs_state():
     """Why `resume` runs LoRA: full fine-tuning's embedding gradient is a scatter-add (docs/PLATFORMS.md)."""
     from mlx_grpo.trainer import Trainer
 
-    trainer = Trainer.build(selftest.small_config(), Path.cwd())
-    assert selftest.backward_scatter_adds(trainer, selftest.sample_batch(trainer)[0]) == ["Scatter Sum"]
+    trainer = Trainer.build(common.small_config(), Path.cwd())
+    assert numerics.backward_scatter_adds(trainer, common.sample_batch(trainer)[0]) == ["Scatter Sum"]
     text = (Path(__file__).parents[1] / "docs" / "PLATFORMS.md").read_text()
     assert "full fine-tuning" in text and "last bits" in text
 
 
 def test_m7_a_run_without_its_cache_limit_fails_memory(tmp_path, monkeypatch):
-    env_limit = selftest.cache_limit_now()
-    check = selftest.check_memory(Path.cwd(), tmp_path, env_limit)
+    env_limit = environment.cache_limit_now()
+    check = memory.check_memory(Path.cwd(), tmp_path, env_limit)
     assert check.status == "pass", check.detail
     assert check.measured["cache_limit_read_back"] == check.measured["cache_limit_planned"]
     monkeypatch.setattr(machine, "cache_limit_for", lambda resident, peak: None)  # train no longer sets it
     (tmp_path / "runs").rename(tmp_path / "first")
-    check = selftest.check_memory(Path.cwd(), tmp_path, env_limit)
+    check = memory.check_memory(Path.cwd(), tmp_path, env_limit)
     mx.set_cache_limit(env_limit)
     assert check.status == "fail" and "cache limit read back" in check.detail
 
@@ -129,9 +139,9 @@ def test_the_device_comparison_passes_on_one_device_and_fails_when_one_side_is_o
     from mlx_grpo.trainer import Trainer
 
     def compare():
-        trainer = Trainer.build(selftest.small_config(), Path.cwd())
-        batch, advantages = selftest.sample_batch(trainer)
-        return selftest.compare_devices(mx.cpu, mx.cpu, Path.cwd(), trainer, batch, advantages)
+        trainer = Trainer.build(common.small_config(), Path.cwd())
+        batch, advantages = common.sample_batch(trainer)
+        return devices.compare_devices(mx.cpu, mx.cpu, Path.cwd(), trainer, batch, advantages)
 
     check = compare()
     assert check.status == "pass" and set(check.measured) == {"log-probs float32", "log-probs bfloat16",
@@ -143,7 +153,7 @@ def test_the_device_comparison_passes_on_one_device_and_fails_when_one_side_is_o
     assert check.status == "fail" and check.detail.count("tol") == 5 and "FAILED" in check.detail
     assert "log-probs TF32" not in check.detail  # no Neural Accelerators: no TF32 row
     if not mx.metal.is_available():
-        assert selftest.check_devices(Path.cwd()).status == "skip"
+        assert devices.check_devices(Path.cwd()).status == "skip"
 
 
 def test_an_m5s_tf32_fails_the_float32_rows_unless_the_selftest_turns_it_off_and_its_own_row_measures_it(
@@ -157,7 +167,7 @@ def test_an_m5s_tf32_fails_the_float32_rows_unless_the_selftest_turns_it_off_and
     from mlx_grpo.trainer import Trainer
 
     first = mx.new_stream(mx.cpu)
-    logprobs_on, sgd_step = selftest.logprobs_on, selftest.sgd_step
+    logprobs_on, sgd_step = devices.logprobs_on, devices.sgd_step
 
     def like_an_m5(function):
         def side(device, *args):
@@ -167,20 +177,20 @@ def test_an_m5s_tf32_fails_the_float32_rows_unless_the_selftest_turns_it_off_and
             return function(device, *args)
         return side
 
-    monkeypatch.setattr(selftest, "logprobs_on", like_an_m5(logprobs_on))
-    monkeypatch.setattr(selftest, "sgd_step", lambda config, *args: (like_an_m5(
+    monkeypatch.setattr(devices, "logprobs_on", like_an_m5(logprobs_on))
+    monkeypatch.setattr(devices, "sgd_step", lambda config, *args: (like_an_m5(
         lambda device, *rest: sgd_step(config, *rest)))(mx.default_stream(mx.cpu), *args))
 
     def compare(with_tf32_row: bool = False, gpu_bits: int = tf32.TF32_BITS):
-        trainer = Trainer.build(selftest.small_config(), Path.cwd())
-        batch, advantages = selftest.sample_batch(trainer)
+        trainer = Trainer.build(common.small_config(), Path.cwd())
+        batch, advantages = common.sample_batch(trainer)
 
         def gpu_default():  # the child process's figure on an M5: float32 as MLX runs it without the flag
             with tf32.tf32_rounding(), pytest.MonkeyPatch.context() as patch:
                 patch.setattr(tf32, "TF32_BITS", gpu_bits)
                 return logprobs_on(first, trainer.policy.model, batch, trainer.config.temperature)
 
-        return selftest.compare_devices(first, mx.cpu, Path.cwd(), trainer, batch, advantages,
+        return devices.compare_devices(first, mx.cpu, Path.cwd(), trainer, batch, advantages,
                                         tf32=gpu_default if with_tf32_row else None)
 
     monkeypatch.delenv(tf32.ENV, raising=False)
@@ -256,7 +266,7 @@ def test_the_real_kernel_rows_pass_on_one_device_and_each_fails_with_a_kernel_of
 
     monkeypatch.setattr(mx, "quantized_matmul", qmm)
     monkeypatch.setattr(mx.fast, "scaled_dot_product_attention", sdpa)
-    rows = selftest.compare_real_kernels(first, mx.cpu, Path.cwd())
+    rows = devices.compare_real_kernels(first, mx.cpu, Path.cwd())
     assert set(rows) == set(SMOLLM2_ROWS)
     assert all(r["difference"] <= r["tolerance"] for r in rows.values()), rows
     float32, gradient, bf16 = (rows[name] for name in SMOLLM2_ROWS)
@@ -266,7 +276,7 @@ def test_the_real_kernel_rows_pass_on_one_device_and_each_fails_with_a_kernel_of
     assert 0.01 < bf16["difference"] <= bf16["tolerance"] < 1.0, bf16
     assert float32["tolerance"] < 1e-3 and gradient["tolerance"] < 1e-3
     broken.update(("attention", "backward", "bf16 sums"))  # the float32 row can fail only by attention
-    rows = selftest.compare_real_kernels(first, mx.cpu, Path.cwd())
+    rows = devices.compare_real_kernels(first, mx.cpu, Path.cwd())
     assert all(rows[name]["difference"] > rows[name]["tolerance"] for name in SMOLLM2_ROWS), rows
 
 
@@ -276,7 +286,7 @@ def test_a_check_that_raises_keeps_its_whole_error_and_the_report_keeps_the_log_
     def broken():
         raise RuntimeError("first line\nsecond line: the detail a maintainer needs")
 
-    monkeypatch.setattr(selftest, "check_precision", broken)
+    monkeypatch.setattr(runner, "check_precision", broken)
     code, report, _ = run_selftest(tmp_path, capsys, ("precision", "shared_prompts"))
     assert code == 1
     check = report["checks"][0]
@@ -301,7 +311,7 @@ def test_an_abort_mid_check_leaves_the_report_so_far_and_a_stack_in_the_log(tmp_
     log = (tmp_path / "mlx-grpo-selftest.log").read_text()
     assert "Fatal Python error: Aborted" in log
     # MLX's own message, written natively to file descriptor 2, is in the log (the cause), not lost on a terminal
-    assert selftest.METAL_ABORT_LINE in log and selftest.METAL_ABORT_LINE not in result.stderr
+    assert common.METAL_ABORT_LINE in log and common.METAL_ABORT_LINE not in result.stderr
 
 
 def test_a_read_only_directory_is_one_line_naming_the_report(tmp_path, capsys, monkeypatch):
@@ -338,7 +348,7 @@ def test_m10_a_quantized_base_left_in_its_file_dtype_fails_real_model(monkeypatc
     import mlx.nn as nn
 
     monkeypatch.setattr(nn.Module, "set_dtype", lambda self, dtype, predicate=None: None)
-    check = selftest.check_real_model(Path.cwd())
+    check = real_model.check_real_model(Path.cwd())
     assert check.status == "fail" and "frozen weights in" in check.detail
 
 
