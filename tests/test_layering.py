@@ -76,6 +76,11 @@ INNER_FLOORS = {
         {"runner"},  # the whole test
         {""},
     ],
+    "mlx_grpo.mcp_server": [
+        {"records", "runs"},  # bounded reads, a run directory's facts
+        {"workspace"},  # the tools
+        {""},  # the server
+    ],
     "mlx_grpo.rewards": [
         {"", "builtin", "judge", "scoring"},
         {"rubric_scorers", "rubric"},

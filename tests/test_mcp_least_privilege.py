@@ -92,7 +92,7 @@ def test_no_argument_an_agent_passes_on_is_read_as_an_option(tmp_path):
         ws.replay("runs/r", without=["answer_check", "--rubric-file=rubric.yaml"])
     with pytest.raises(UserError, match="would be read as an option"):
         ws.replay("runs/r", rewards=["--rubric-file=rubric.yaml"])
-    from mlx_grpo.mcp_server import _overrides
+    from mlx_grpo.mcp_server.records import _overrides
 
     assert _overrides({"--rubric-file": "x"}) == ['--set=--rubric-file="x"']  # one token: a (bad) config key
 

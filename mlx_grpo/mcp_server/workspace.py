@@ -1,32 +1,8 @@
-"""`mlx-grpo mcp`: a Model Context Protocol server on stdio, so a coding agent can watch and steer runs.
-
-Read-only tools are always there: list the runs under a folder, read a run's metrics, alerts and samples,
-its report, a config's memory plan, and a reward replay with built-in reward functions. Tools that act on runs
-(start one, stop one, roll one back to a checkpoint) exist only when the server is started with
-`--allow-control`: an agent that was only meant to watch cannot spend the machine, end a run or run code.
-
-Least privilege, because an agent follows what it reads and run directories are data (docs/MCP.md):
-- every path an agent names must lead, symbolic links resolved, inside the folder the server was started in
-  (its workspace); a run directory with a link that leads out of it is not read;
-- a read-only server runs no code an agent or a run names: `replay` takes built-in reward names only; with
-  `--allow-control`, reward and correctness files and rubrics must lie inside the workspace;
-- what a read tool returns is bounded (records, bytes, each string), with a cursor to page back;
-- `stop_run` and `rollback_run` signal only a trainer this server started, or the process a run directory
-  names after checking that it is this machine's, holds the run's lock and is no younger than the session
-  it claims; never a process picked by its command line.
-
-The server reads run directories itself and never imports mlx; `plan`, `replay`, `report` and `train` run as
-`mlx-grpo` subprocesses, so a slow or failing command never takes the server down, and what an agent gets is
-what a person would see. A started run is its own process group: it outlives the server (which reaps it when
-it ends first). Built on the official `mcp` SDK (`pip install -e '.[mcp]'`); docs/MCP.md has client configs.
-"""
+"""The folder one server may touch and the tools it offers there: read runs, plan, replay; with control,
+start, stop and roll back runs it can prove are its own to signal."""
 
 from __future__ import annotations
 
-import errno
-import fcntl
-import functools
-import json
 import os
 import shutil
 import signal
@@ -39,130 +15,32 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .common.errors import UserError
-from .common.terminal import terminal_safe, terminal_safe_obj
-from .common.user_files import open_regular
-from .config.run_code import is_user_code
-from .telemetry.metrics.names import ACCURACY_TRAIN, EVAL_ACCURACY, REWARD_MEAN
-from .telemetry.reward_names import translate_reward
-from .telemetry.rundir.layout import ALERTS, FINAL_METRICS, LOCK, METRICS, RUN_JSON, SAMPLES, RunPaths, checkpoint_step
-from .telemetry.rundir.reader import pid_alive
-from .telemetry.rundir.writer import loads_object, read_json_object, read_run_info
+from ..common.errors import UserError
+from ..common.terminal import terminal_safe
+from ..config.run_code import is_user_code
+from ..telemetry.metrics.names import ACCURACY_TRAIN, EVAL_ACCURACY, REWARD_MEAN
+from ..telemetry.reward_names import translate_reward
+from ..telemetry.rundir.layout import ALERTS, FINAL_METRICS, METRICS, RUN_JSON, SAMPLES, RunPaths
+from ..telemetry.rundir.reader import pid_alive
+from ..telemetry.rundir.writer import read_json_object, read_run_info
+from .records import MAX_RECORDS, _bounded, _cut_strings, _overrides, _page, _plain_values, tail_records
+from .runs import (
+    MAX_RUNS,
+    _check_run_name,
+    _checkpoint_step,
+    _entries,
+    _is_run,
+    _last_line,
+    _link_out,
+    _lock_holder,
+    _mtime,
+    _start_time,
+)
 
 COMMAND_TIMEOUT_S = 900  # plan, report and replay of a long run finish well within this
-MAX_OUTPUT_CHARS = 60_000  # what one tool returns at most: an agent's context is not a log file
-MAX_RECORDS = 200  # records one read returns at most; `before` pages back
-MAX_STRING_CHARS = 2_000  # a longer string in a record (a completion) is cut
-SCAN_BYTES = 16 << 20  # what one read looks at, backward from its cursor
-MAX_LINE_BYTES = 4 << 20  # a longer line is skipped (no record of ours is near it)
-MAX_RUNS = 100  # runs list_runs returns at most; `skip` pages on
-MAX_ENTRIES = 10_000  # directory entries looked at for links out of a run
 START_WAIT_S = 600  # start_run waits this long at most for the run directory (the model loads first)
 ROLLED_BACK = "rolled_back"  # checkpoints set aside by rollback_run, kept rather than deleted
 CLOCK_SLACK_S = 2.0  # a process's start time and run.json's are read from two clocks' roundings
-
-
-def _bounded(text: str) -> str:
-    return text if len(text) <= MAX_OUTPUT_CHARS else text[:MAX_OUTPUT_CHARS] + "\n... (cut)"
-
-
-def _overrides(overrides: dict[str, Any] | None) -> list[str]:
-    # one token each (`--set=KEY=VALUE`): a key an agent writes as '--rubric-file' stays a config key
-    return [f"--set={key}={json.dumps(value)}" for key, value in (overrides or {}).items()]
-
-
-def _plain_values(what: str, values: list[str]) -> list[str]:
-    """Values passed on as command-line arguments: none may read as an option (`--rubric-file=x`)."""
-    for value in values:
-        if not isinstance(value, str) or value.startswith("-"):
-            raise UserError(f"{what}: {terminal_safe(str(value))!r} is not a reward name (it would be read as an option)")
-    return values
-
-
-def _cut_strings(obj: Any) -> Any:
-    """`obj` with every string longer than MAX_STRING_CHARS cut, saying how much was left out."""
-    if isinstance(obj, str):
-        return obj if len(obj) <= MAX_STRING_CHARS else f"{obj[:MAX_STRING_CHARS]}... ({len(obj) - MAX_STRING_CHARS} characters cut)"
-    if isinstance(obj, dict):
-        return {_cut_strings(k): _cut_strings(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_cut_strings(v) for v in obj]
-    return obj
-
-
-def tail_records(path: Path, count: int, before: int | None = None) -> tuple[list[tuple[int, dict]], int, int]:
-    """Up to the last `count` JSON-object lines of a regular file that start before byte `before` (None: the
-    end), read backward in blocks, at most SCAN_BYTES of the file, each with the byte its line starts at,
-    oldest first; the byte the scan stopped at (0: the start of the file was reached); and how many lines
-    were skipped (not a JSON object, or longer than MAX_LINE_BYTES)."""
-    try:
-        f = open_regular(path)
-    except FileNotFoundError:
-        return [], 0, 0
-    except OSError as err:
-        raise UserError(f"{terminal_safe(str(path))}: {err.strerror or err}; not read") from None
-    found: list[tuple[int, dict]] = []
-    skipped = 0
-    with f:
-        size = os.fstat(f.fileno()).st_size
-        end = size if before is None else max(0, min(int(before), size))
-        pos, carry, skipping = end, b"", False
-        while pos > 0 and len(found) < count and end - pos < SCAN_BYTES:
-            block = min(1 << 20, pos)
-            pos -= block
-            f.seek(pos)
-            data = f.read(block) + carry
-            lines = data.split(b"\n")
-            carry = lines[0]
-            offset = pos + len(carry) + 1
-            starts = []
-            for line in lines[1:]:
-                starts.append((offset, line))
-                offset += len(line) + 1
-            if skipping and starts:  # the end of a line too long to read: dropped
-                starts.pop()
-                skipping = False
-                skipped += 1
-            for start, line in reversed(starts):
-                if start >= end or not line.strip():
-                    continue
-                obj = _record(line)
-                if obj is None:
-                    skipped += 1
-                    continue
-                found.append((start, obj))
-                if len(found) == count:
-                    break
-            if len(carry) > MAX_LINE_BYTES:
-                carry, skipping = b"", True
-        if pos > 0 and skipping and len(found) < count:  # stopped inside a line too long to read
-            skipped += 1
-        if pos == 0 and len(found) < count and (carry.strip() or skipping):
-            obj = None if skipping else _record(carry)
-            if obj is None:
-                skipped += 1
-            else:
-                found.append((0, obj))
-        scanned_to = found[-1][0] if len(found) == count else pos
-    return found[::-1], scanned_to, skipped
-
-
-def _record(line: bytes) -> dict | None:
-    obj = loads_object(line.strip())
-    return None if obj is None else _cut_strings(terminal_safe_obj(obj))
-
-
-def _page(found: list[tuple[int, dict]], scanned_to: int, skipped: int) -> dict:
-    """The reply of a read tool: the records, the oldest dropped until the reply fits MAX_OUTPUT_CHARS, and
-    `before`, the cursor that reads the ones before them (None: the file holds nothing earlier)."""
-    sizes = [len(json.dumps(record)) + 2 for _, record in found]
-    total, first = sum(sizes), 0
-    while first < len(found) - 1 and total > MAX_OUTPUT_CHARS:
-        total -= sizes[first]
-        first += 1
-    cursor = found[first][0] if first else scanned_to
-    return {"records": [record for _, record in found[first:]], "before": cursor or None,
-            **({"skipped_lines": skipped} if skipped else {})}
 
 
 @dataclass
@@ -236,7 +114,8 @@ class Workspace:
         last: dict[str, Any] = {}
         if leak is None:
             for _, record in tail_records(run_dir / METRICS, 50)[0]:
-                last.update({k: v for k, v in record.items() if isinstance(v, (int, float)) and not isinstance(v, bool)})
+                last.update({k: v for k, v in record.items()
+                             if isinstance(v, (int, float)) and not isinstance(v, bool)})
         final = (read_json_object(run_dir / FINAL_METRICS, display=True) or {}) if leak is None else {}
         held_out = final.get(EVAL_ACCURACY, last.get(EVAL_ACCURACY))
         return {"name": _cut_strings((info.name if info else None) or run_dir.name), "path": str(run_dir),
@@ -322,7 +201,8 @@ class Workspace:
             if folder == self.root or self.root not in folder.parents:
                 break
             if os.path.lexists(folder / RUN_JSON):
-                raise UserError(f"{what} {terminal_safe(file)!r} lies inside the run directory {terminal_safe(str(folder))}; "
+                raise UserError(f"{what} {terminal_safe(file)!r} lies inside the run directory "
+                                f"{terminal_safe(str(folder))}; "
                                 "a run directory is data: its files are never run by this server")
         return path
 
@@ -370,9 +250,9 @@ class Workspace:
 
     def check_config(self, config_path: Path | None, overrides: dict[str, Any] | None) -> None:
         """The reward, correctness and rubric files a run would import, all inside the workspace."""
-        from .config.aliases import translate
-        from .config.paths import resolve_input_paths
-        from .config.train_config import load_config, top_level_fields_all
+        from ..config.aliases import translate
+        from ..config.paths import resolve_input_paths
+        from ..config.train_config import load_config, top_level_fields_all
 
         # the trainer runs in the workspace: its command-line paths resolve there, whatever this process's folder
         typed = resolve_input_paths(translate(dict(overrides), "command line", known=top_level_fields_all()),
@@ -391,7 +271,8 @@ class Workspace:
         try:
             fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
         except OSError as err:
-            raise UserError(f"{terminal_safe(str(log))}: cannot write the console log ({err.strerror or err})") from None
+            raise UserError(f"{terminal_safe(str(log))}: cannot write the console log "
+                            f"({err.strerror or err})") from None
         with os.fdopen(fd, "ab") as out:
             process = subprocess.Popen([sys.executable, "-m", "mlx_grpo.cli", *args], stdout=out,
                                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=self.root,
@@ -486,142 +367,3 @@ class Workspace:
                 "console_log": str(log)}
 
 
-def _check_run_name(name: Any) -> None:
-    """A run name is one plain path component, as `train` takes it: refused before anything is written."""
-    if not isinstance(name, str) or not name or name in (".", "..") or "/" in name or "\\" in name \
-            or any(ord(c) < 32 or ord(c) == 127 for c in name) or len(name.encode()) > 200:
-        raise UserError(f"run_name {terminal_safe(str(name))!r}: expected a plain name (one folder name, no '/', no "
-                        "'..', no control characters)")
-
-
-def _entries(folder: Path) -> list[Path]:
-    """At most MAX_ENTRIES entries of a folder (none when it cannot be listed)."""
-    out = []
-    try:
-        with os.scandir(folder) as it:
-            for entry in it:
-                out.append(Path(entry.path))
-                if len(out) >= MAX_ENTRIES:
-                    break
-    except OSError:
-        pass
-    return out
-
-
-def _is_run(path: Path) -> bool:
-    try:
-        return stat.S_ISDIR(os.lstat(path).st_mode) and stat.S_ISREG(os.lstat(path / RUN_JSON).st_mode)
-    except OSError:
-        return False
-
-
-def _mtime(path: Path) -> float:
-    try:
-        return os.lstat(path).st_mtime
-    except OSError:
-        return 0.0
-
-
-def _link_out(run_dir: Path) -> str | None:
-    """The first entry of the run directory (or of its completions/ and checkpoints/) that is a symbolic link
-    leading out of it, relative to it; None when there is none."""
-    base = Path(os.path.realpath(run_dir))
-    for folder in (run_dir, RunPaths(run_dir).completions, RunPaths(run_dir).checkpoints):
-        for entry in _entries(folder):
-            if entry.is_symlink():
-                target = Path(os.path.realpath(entry))
-                if target != base and base not in target.parents:
-                    return str(entry.relative_to(run_dir))
-    return None
-
-
-def _lock_holder(run_dir: Path) -> int | None:
-    """The pid written in the run's `.lock` when a process holds that lock; None when no one does."""
-    try:
-        fd = os.open(run_dir / LOCK, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
-    except OSError:
-        return None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except OSError as err:
-            if err.errno not in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EACCES):
-                return None
-            text = os.read(fd, 32).decode("ascii", "replace").strip()
-            return int(text) if text.isdigit() else None
-        fcntl.flock(fd, fcntl.LOCK_UN)  # we got it: no process holds the lock
-        return None
-    finally:
-        os.close(fd)
-
-
-def _start_time(pid: int) -> float | None:
-    """When process `pid` started (Unix seconds); None when it cannot be told."""
-    import psutil
-
-    try:
-        return psutil.Process(pid).create_time()
-    except psutil.Error:
-        return None
-
-
-def _checkpoint_step(path: Path) -> int | None:
-    """The step of a checkpoint directory, a real one (not a file, not a symbolic link)."""
-    step = checkpoint_step(path)
-    return step if step is not None and path.is_dir() and not path.is_symlink() else None
-
-
-def _last_line(log: Path) -> str:
-    try:
-        with open_regular(log) as f:
-            f.seek(max(0, os.fstat(f.fileno()).st_size - 4096))
-            lines = [line for line in f.read().decode("utf-8", "replace").splitlines() if line.strip()]
-    except OSError:
-        return "(no console output)"
-    return terminal_safe(lines[-1]) if lines else "(no console output)"
-
-
-READ_TOOLS = ("list_runs", "read_metrics", "read_alerts", "read_samples", "report", "plan", "replay")
-CONTROL_TOOLS = ("start_run", "stop_run", "rollback_run")
-
-
-def build_server(allow_control: bool = False, root: str | os.PathLike | None = None):
-    """The MCP server for the folder `root` (default: the current one) with the read tools, and the control
-    tools when `allow_control`."""
-    try:
-        from mcp.server.mcpserver import MCPServer as Server  # mcp 2.x
-        from mcp.server.mcpserver.exceptions import ToolError
-    except ImportError:
-        from mcp.server.fastmcp import FastMCP as Server  # mcp 1.x
-        from mcp.server.fastmcp.exceptions import ToolError
-
-    workspace = Workspace(Path(root) if root is not None else Path.cwd(), allow_control)
-    server = Server("mlx-grpo", instructions="GRPO runs in this folder: list them, read their metrics, alerts, "
-                                             "samples and reports, plan memory, replay built-in rewards"
-                                             + ("; start, stop and roll back runs" if allow_control else
-                                                "; read-only: runs no code, acts on no run"))
-    for name in READ_TOOLS + (CONTROL_TOOLS if allow_control else ()):
-        tool = getattr(workspace, name)
-        description = tool.__doc__
-        if name == "replay" and allow_control:
-            description = description.replace("Built-in reward names only; a file.py:function reward is refused "
-                                              "(this server runs no code it is given).",
-                                              "A file.py:function reward must lie inside the server's folder.")
-        server.tool(name=name, description=" ".join(description.split()))(_as_tool_errors(tool, ToolError))
-    return server
-
-
-def _as_tool_errors(tool, tool_error: type[Exception]):
-    """`tool` with a UserError raised as the SDK's ToolError: the agent gets its one line as the tool's error
-    result (anything else is a crash, reported by the SDK without its message)."""
-
-    @functools.wraps(tool)
-    def wrapped(*args, **kwargs):
-        try:
-            return tool(*args, **kwargs)
-        except UserError as err:
-            raise tool_error(str(err)) from None
-
-    return wrapped
