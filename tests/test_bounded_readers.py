@@ -82,6 +82,7 @@ def test_the_memory_plan_tokenizes_a_huge_chat_message_cut_to_the_budget():
     from types import SimpleNamespace
 
     from mlx_grpo import data
+    from mlx_grpo.data.rows import _transcript
 
     seen = []
 
@@ -98,7 +99,7 @@ def test_the_memory_plan_tokenizes_a_huge_chat_message_cut_to_the_budget():
 
     config = SimpleNamespace(max_prompt_length=16, system_prompt=None, use_chat_template=True)
     messages = [{"role": "user", "content": "1+1=" + "x" * 10_000_000}]
-    rows = [{"prompt": data._transcript(messages), "messages": messages, "answer": "2"},
+    rows = [{"prompt": _transcript(messages), "messages": messages, "answer": "2"},
             {"prompt": "2+2=", "answer": "4"}]
     assert data.longest_prompt(Tokenizer(), rows, config) == 16
     assert max(seen) <= 16 * data.MAX_CHARS_PER_TOKEN + 1  # the plan tokenized all 10 MB (OOM-killed at 7.4 GB)

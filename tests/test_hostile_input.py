@@ -126,6 +126,7 @@ def test_a_huge_chat_message_is_cut_before_it_is_rendered():
     from types import SimpleNamespace
 
     from mlx_grpo import data
+    from mlx_grpo.data.rows import _transcript
 
     seen = []
 
@@ -138,7 +139,7 @@ def test_a_huge_chat_message_is_cut_before_it_is_rendered():
 
     config = SimpleNamespace(max_prompt_length=16, system_prompt=None, use_chat_template=True)
     messages = [{"role": "user", "content": "x" * 10_000_000}, {"role": "user", "content": "1+1="}]
-    encoded = data.encode_prompt(Tokenizer(), data._transcript(messages), config, messages)
+    encoded = data.encode_prompt(Tokenizer(), _transcript(messages), config, messages)
     assert encoded.truncated and seen[0] <= 16 * data.MAX_CHARS_PER_TOKEN + 1  # was the whole 10 MB (R12)
 
 

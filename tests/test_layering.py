@@ -76,6 +76,11 @@ INNER_FLOORS = {
         {"runner"},  # the whole test
         {""},
     ],
+    "mlx_grpo.data": [
+        {"rows"},  # one record as a row
+        {"files", "tables", "prompts"},
+        {""},  # a config's datasets
+    ],
     "mlx_grpo.mcp_server": [
         {"records", "runs"},  # bounded reads, a run directory's facts
         {"workspace"},  # the tools
