@@ -45,6 +45,7 @@ INNER_FLOORS = {
     ],
     "mlx_grpo.config": [
         {"aliases", "paths", "run_code", "name_clash"},
+        {"typed_yaml"},  # the machinery: a mapping read into declared dataclasses
         {"train_config", ""},  # "" re-exports train_config's two public names
     ],
     "mlx_grpo.models": [

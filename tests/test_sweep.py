@@ -13,7 +13,7 @@ from run_writer import start_sinks
 
 from mlx_grpo.cli import main
 from mlx_grpo.common.errors import UserError
-from mlx_grpo.config.train_config import parse_override
+from mlx_grpo.config.typed_yaml import parse_override
 from mlx_grpo.measuring.sweep import load_sweep, plan_trials, trial_command, trial_config, trial_env
 from mlx_grpo.telemetry.analysis.compare import config_differences, expand_run_dirs, load_summary
 from mlx_grpo.telemetry.events import Scalars

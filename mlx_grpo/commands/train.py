@@ -7,7 +7,8 @@ import types
 import typing
 
 from ..config.aliases import ALIASES, TRANSLATED, help_text
-from ..config.train_config import CHOICES, TrainConfig, key_help, parse_override, top_level_fields
+from ..config.train_config import CHOICES, TrainConfig, key_help, top_level_fields
+from ..config.typed_yaml import parse_override
 
 USES_MLX = True
 

@@ -45,7 +45,8 @@ from typing import Any, Callable
 
 from ..common.errors import UserError
 from ..common.terminal import terminal_safe
-from ..config.train_config import TrainConfig, _build_dataclass, nest, read_yaml_mapping
+from ..config.train_config import TrainConfig
+from ..config.typed_yaml import build_dataclass, nest, read_yaml_mapping
 from ..planning.machine import MEMORY_SHARE_ENV
 from ..telemetry.rundir.writer import read_run_info
 
@@ -291,9 +292,9 @@ def trial_config(spec: SweepSpec, trial: Trial) -> TrainConfig:
     """The full run config of one trial, checked like `mlx-grpo train` would check it."""
     config = TrainConfig()
     if spec.base is not None:
-        config = _build_dataclass(TrainConfig, read_yaml_mapping(spec.base), "", str(spec.base), base=config)
+        config = build_dataclass(TrainConfig, read_yaml_mapping(spec.base), "", str(spec.base), base=config)
     source = f"{spec.path} ({trial.name}: {describe(trial.params)})"
-    config = _build_dataclass(TrainConfig, nest({**spec.fixed, **trial.params}), "", source, base=config)
+    config = build_dataclass(TrainConfig, nest({**spec.fixed, **trial.params}), "", source, base=config)
     config.validate(source)
     return config
 
