@@ -55,7 +55,7 @@ INNER_FLOORS = {
     ],
     "mlx_grpo.planning": [
         {"", "blas", "chips", "presets", "plan"},  # the facts and the memory model
-        {"machine", "roofline"},
+        {"machine", "roofline", "budget"},  # budget: the settings that fit
         {"tf32", "fitting"},
     ],
     "mlx_grpo.run": [

@@ -10,8 +10,9 @@ import pytest
 
 from mlx_grpo.cli import main
 from mlx_grpo.config.train_config import TrainConfig, load_config
+from mlx_grpo.planning.budget import configured_settings, plan
 from mlx_grpo.planning.fitting import mac_working_set
-from mlx_grpo.planning.plan import GB, MemorySettings, ModelShape, Shapes, configured_settings, plan, predict
+from mlx_grpo.planning.plan import GB, MemorySettings, ModelShape, Shapes, predict
 
 # Published config.json values (huggingface.co/Qwen/Qwen2.5-1.5B-Instruct, /Qwen/Qwen2.5-7B-Instruct).
 QWEN25_15B = {"model_type": "qwen2", "hidden_size": 1536, "intermediate_size": 8960, "num_attention_heads": 12,
@@ -76,7 +77,7 @@ def test_auto_micro_batch_buys_speed_not_memory():
 def test_auto_turns_block_recompute_on_only_when_no_micro_batch_fits_without_it():
     """A 1024-token group: with micro_batch_size auto the plan picks recompute where the budget needs it, so the
     run fits where it can, and leaves it off (a third more compute) where memory allows."""
-    from mlx_grpo.planning.plan import MARGIN
+    from mlx_grpo.planning.budget import MARGIN
 
     shape, shapes = ModelShape.from_config(QWEN25_15B), Shapes(2, 8, 128, 1024)
     config = load_config(None, {"batch_size": 2, "num_generations": 8, "max_generation_steps": 1024})  # full FT

@@ -148,7 +148,7 @@ class TrainConfig:
                               check=non_negative(" (0 turns clipping off)"))
     # Memory of the update and the reference pass (the same gradient whatever they are; docs/SCALE.md):
     # completions per forward/backward pass, gradients summed; 0 = all at once; auto = the smallest that runs
-    # at full speed and fits (plan.configured_settings)
+    # at full speed and fits (budget.configured_settings)
     micro_batch_size: int | str = key(
         "auto", "completions per forward/backward pass; 0 = all; auto = fastest, leanest (and grad_checkpoint "
         "on when no micro-batch fits without it)",

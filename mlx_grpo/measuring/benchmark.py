@@ -44,9 +44,10 @@ from ..head_scores import block_exponentials, streams_head
 from ..models.families import entropy_stride, vocab_block
 from ..models.policy import count_parameters, lm_head, resolve_dtype
 from ..planning import chips, roofline
+from ..planning.budget import FULL_SPEED_FLOPS
 from ..planning.fitting import read_model_shape
 from ..planning.machine import describe, matmul_peak_flops, stream_gb_s
-from ..planning.plan import FULL_SPEED_FLOPS, dtype_bytes
+from ..planning.plan import dtype_bytes
 from ..trainer import step_key
 from ..update import build_train_batch, shares_prompts
 from .workload import STEP_PHASES, Workload, decode_ceiling, make_update_ceiling
@@ -413,7 +414,7 @@ GOALS = [
     ("memory_beta_ratio", "LoRA memory beta>0 / 0", "LoRA peak memory with beta > 0 over beta = 0", "<=", 1.15),
 ]
 # Shares of what the machine allows (issue 35), judged where a pass is large enough to run at full speed
-# (plan.FULL_SPEED_FLOPS): at the shipped model's shape a pass is a few small matmuls, mostly overhead.
+# (budget.FULL_SPEED_FLOPS): at the shipped model's shape a pass is a few small matmuls, mostly overhead.
 ROOFLINE_GOALS = [
     ("update_share_of_peak", "update / matmul peak", "update FLOP/s over the measured fp32 matmul peak", "update",
      "share_of_peak", 0.7),
