@@ -10,6 +10,7 @@ from typing import Any
 from .rows import _transcript
 
 
+@dataclass
 class PromptOrder:
     """Epoch-shuffled order over the training rows, resumable from (epoch, position)."""
 
