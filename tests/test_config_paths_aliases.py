@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from mlx_grpo.cli import main
-from mlx_grpo.config.aliases import ALIASES, NO_EQUIVALENT, TRANSLATED, markdown_table
+from mlx_grpo.config.alias_table import ALIASES, NO_EQUIVALENT, TRANSLATED, markdown_table
 from mlx_grpo.config.train_config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -185,7 +185,7 @@ def test_did_you_mean_names_only_a_real_key_or_alias(tmp_path, capsys):
 
 def test_the_alias_table_is_in_the_readme_and_in_train_help(capsys):
     readme = (ROOT / "README.md").read_text()
-    assert markdown_table() in readme  # regenerate with: python -c "from mlx_grpo.config.aliases import *; print(markdown_table())"
+    assert markdown_table() in readme  # regenerate with: python -c "from mlx_grpo.config.alias_table import *; print(markdown_table())"
     with pytest.raises(SystemExit):
         main(["train", "--help"])
     help_text = capsys.readouterr().out

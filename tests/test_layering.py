@@ -44,7 +44,8 @@ INNER_FLOORS = {
         {"measuring", "tools", "mcp_server"},  # measuring and serving the rest
     ],
     "mlx_grpo.config": [
-        {"aliases", "paths", "run_code", "name_clash"},
+        {"alias_table", "paths", "run_code", "name_clash"},
+        {"aliases"},  # other tools' keys read by the table
         {"typed_yaml"},  # the machinery: a mapping read into declared dataclasses
         {"train_config", ""},  # "" re-exports train_config's two public names
     ],

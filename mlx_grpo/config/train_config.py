@@ -337,7 +337,7 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
 def config_from_mapping(mapping: dict, source: str, overrides: dict[str, Any] | None = None,
                         base: Path | None = None) -> TrainConfig:
     """Defaults, then `mapping` (errors name `source`: a file, a run's run.json), then command-line
-    overrides; validated. Other tools' key names are read as ours (config_aliases.py). `base`: the folder
+    overrides; validated. Other tools' key names are read as ours (aliases.py). `base`: the folder
     the mapping's relative input paths are resolved against (None: kept as written, as in an old
     run.json whose paths the trainer resolves against its saved base_dir)."""
     mapping = translate(mapping, source, known=top_level_fields_all())

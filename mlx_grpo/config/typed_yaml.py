@@ -21,7 +21,7 @@ import yaml
 
 from ..common.errors import UserError
 from ..common.user_files import load_yaml, read_yaml_file
-from .aliases import unknown_key_hint
+from .alias_table import unknown_key_hint
 
 
 @dataclass(frozen=True)
