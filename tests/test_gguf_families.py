@@ -205,7 +205,7 @@ def test_a_refused_file_names_every_reason_in_one_line_before_reading_tensor_dat
     for reason in ("architecture 'mamba'", "tensor types IQ4_NL (53 tensors)", "tokenizer 'bert'"):
         assert reason in err[0]
     # the refusal itself (the command's imports aside): header read, checks made, no tensor data read
-    from mlx_grpo.models import gguf as loader
+    from mlx_grpo.models import gguf_config as loader
 
     loader._read.cache_clear()
     start = time.perf_counter()
