@@ -50,7 +50,7 @@ INNER_FLOORS = {
         {"train_config", ""},  # "" re-exports train_config's two public names
     ],
     "mlx_grpo.models": [
-        {"", "families", "wheel_files", "gguf_header", "gguf_blocks", "decode_attention"},  # families: no mlx
+        {"", "families", "wheel_files", "gguf_header", "gguf_blocks", "decode_attention", "kv_cache"},  # families: no mlx
         {"gguf_config"},  # a GGUF file as a config: no mlx
         {"smollm2", "gemma3", "qwen_coder", "gguf"},  # the model sources
         {"policy"},  # a policy from any source
