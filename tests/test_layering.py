@@ -66,7 +66,7 @@ INNER_FLOORS = {
         {"loop"},  # the run read as a page
     ],
     "mlx_grpo.measuring": [
-        {"", "workload", "sweep"},
+        {"", "workload", "sweep", "bench_report"},
         {"benchmark"},
         {"selftest"},
         {"tf32_child"},
