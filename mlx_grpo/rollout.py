@@ -76,7 +76,7 @@ def filter_logits(logits: mx.array, settings: SamplingSettings) -> mx.array:
 
     Not mlx_lm.sample_utils' apply_top_k/top_p/min_p: its top-p sorts the whole vocabulary every decode step
     (152k logits per row cost more than the step's matmul), where top_p_keep sorts 1,024 candidates. The
-    masks are the same token for token (tests/test_rollout.py checks each against mlx-lm's), so the sampled
+    masks are the same token for token (tests/core/test_rollout.py checks each against mlx-lm's), so the sampled
     ids and the log-probs taken under them are what mlx-lm's sampler would give."""
     neg_inf = mx.array(-float("inf"), dtype=logits.dtype)
     if settings.top_k > 0 and settings.top_k < logits.shape[-1]:

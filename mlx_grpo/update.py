@@ -156,7 +156,7 @@ def completion_states(model: nn.Module, batch: TrainBatch, targets: mx.array, hi
     its keys and values are copied to the G rows, which then run only their completion tokens on that
     cache (the rollout's own prefill, differentiated). At the default run's shape (9-token prompts,
     ~11-token completions, G = 8) that is 40% fewer tokens and ~40% less time per pass; gradients equal
-    the whole-sequence pass's to float rounding (tests/test_shared_prompts.py).
+    the whole-sequence pass's to float rounding (tests/core/test_shared_prompts.py).
 
     With the rollout's frozen-block outputs (`batch.prefix`) the forward starts at the first adapted block
     (frozen_prefix.py): the same tokens, masks and positions, without the frozen blocks' work."""

@@ -86,7 +86,7 @@ HEAD_STREAMED_ROWS = 5.0
 # width, 256 positions, measured 46.2 MB above what stays resident; the formula without it said 31.9)
 HEAD_STREAMED_WEIGHT = 1.1
 # When one block holds the whole vocabulary, the update's streamed head holds its logits about this many
-# times (fitted: tests/test_plan.py's measured step, 4,096-token vocabulary; 1.0 before the polynomial
+# times (fitted: tests/planning/test_plan.py's measured step, 4,096-token vocabulary; 1.0 before the polynomial
 # exponential, whose compiled intermediates stay alive: 10.9 MB measured against 8.1 planned with 1.0)
 HEAD_STREAMED_ONE_BLOCK = 5.5
 # ... and the reference pass's, whose one block of logits goes through the compiled polynomial exponential
