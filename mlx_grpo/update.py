@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any, Callable, Iterator
@@ -432,15 +433,42 @@ def update_policy(model: nn.Module, optimizer: optim.Optimizer, loss_and_grad, b
 
 def reference_logprobs(reference, batch: TrainBatch, config: TrainConfig) -> mx.array | None:
     """Log-probs of the completion tokens under the reference policy, [N, T], through the same
-    micro-batches and chunks as the update; None without one (beta = 0)."""
+    micro-batches and chunks as the update; None without one (beta = 0).
+
+    Where the rollout kept no frozen-block output (a multi-turn rollout: tool results enter its cache
+    between turns) and the reference is the policy with its adapters off, this pass's is kept on
+    `batch.prefix`: the blocks below the first adapter are the same in both, so every update pass then
+    starts at the first adapted block (frozen_prefix.py)."""
     if reference is None:
         return None
     width = batch.mask.shape[1]
-    parts = []
+    parts, kept = [], []
     with reference.active() as ref_model:
+        keep = batch.prefix is None and reference.uses_adapters_off and frozen_prefix.first_block(ref_model) > 0
         for _, micro in batch.micro_batches(config.micro_batch_size):
-            logp = mx.stop_gradient(completion_logprobs(ref_model, micro, config.temperature,
-                                                        config.logits_chunk_size, gradient=False))
-            mx.eval(logp)
+            with frozen_prefix.recording(ref_model) if keep else nullcontext([]) as recorded:
+                logp = mx.stop_gradient(completion_logprobs(ref_model, micro, config.temperature,
+                                                            config.logits_chunk_size, gradient=False))
+                mx.eval(logp)
             parts.append(_pad_to(logp, width))
+            if keep:
+                kept.append(_recorded_states(recorded, micro, shares_prompts(ref_model, micro)))
+    if keep:
+        batch.prefix = Captured.concat(kept)
     return mx.concatenate(parts)
+
+
+def _recorded_states(recorded: list[mx.array], batch: TrainBatch, shared: bool) -> Captured:
+    """Per row, the frozen blocks' output recorded over one `completion_states` pass of `batch`: with shared
+    prompts, the prompts' left-padded prefill ([prompts, longest, H]) then the completion tokens fed on its
+    cache ([N, T - 1, H], absent when T is 1); else every row's whole sequence ([N, S - 1, H])."""
+    lengths = batch.sequence_lengths.tolist()
+    if not shared:
+        prompt_lengths = (np.array(batch.positions[:, 0]) + 1).tolist()  # token 0 is predicted at len(prompt) - 1
+        return Captured([recorded[0][row, :p] for row, p in enumerate(prompt_lengths)],
+                        [recorded[0][row, p:n - 1] for row, (p, n) in enumerate(zip(prompt_lengths, lengths))])
+    prefill, longest = recorded[0], recorded[0].shape[1]
+    prompt_lengths = [len(batch.prompts[g]) for g in batch.prompt_of_row.tolist()]
+    prompts = [prefill[g, longest - p:] for g, p in zip(batch.prompt_of_row.tolist(), prompt_lengths)]
+    fed = recorded[1] if len(recorded) > 1 else mx.zeros((len(lengths), 0, prefill.shape[2]), prefill.dtype)
+    return Captured(prompts, [fed[row, :n - 1 - p] for row, (p, n) in enumerate(zip(prompt_lengths, lengths))])

@@ -24,9 +24,16 @@ from tiny_models import random_model
 from mlx_grpo import frozen_prefix
 from mlx_grpo.config.train_config import TrainConfig
 from mlx_grpo.frozen_prefix import Captured
-from mlx_grpo.models.policy import apply_adapters
+from mlx_grpo.models.policy import apply_adapters, make_reference
 from mlx_grpo.rollout import SamplingSettings, generate
-from mlx_grpo.update import build_train_batch, checkpoint_blocks, completion_logprobs, make_loss_fn, update_policy
+from mlx_grpo.update import (
+    build_train_batch,
+    checkpoint_blocks,
+    completion_logprobs,
+    make_loss_fn,
+    reference_logprobs,
+    update_policy,
+)
 
 FAMILIES = ["llama", "qwen2", "gemma3_text", "qwen3_moe"]
 TOLERANCE = {mx.float32: 1e-4, mx.bfloat16: 5e-2}
@@ -124,6 +131,34 @@ def test_states_from_the_wrong_positions_or_layer_are_caught():
     assert max_difference(scores(model, replace(batch, prefix=late), micro), full, batch.mask) > 0.1
     embedded = Captured([model.model.embed_tokens(mx.array(p)) for p in rollout.prompts], batch.prefix.completion)
     assert max_difference(scores(model, replace(batch, prefix=embedded), micro), full, batch.mask) > 0.1
+
+
+@pytest.mark.parametrize("micro", [0, 4])
+@pytest.mark.parametrize("whole_sequences", [False, True])
+def test_a_batch_without_kept_states_gets_them_from_the_reference_pass(micro, whole_sequences):
+    """A multi-turn rollout keeps no states (tool results enter its cache between turns): the reference pass
+    (the policy with its adapters off: the same frozen blocks) keeps its own, and the update passes that
+    start from them give the full forward's log-probs. The kept states equal the rollout's. Whole
+    sequences: block recompute scores every row's sequence instead of sharing its prompt."""
+    model = adapted("llama")
+    frozen_prefix.install(model)
+    if whole_sequences:
+        checkpoint_blocks(model)
+    batch = build_train_batch(rollout_of(model), 0)
+    config = TrainConfig(use_lora=True, lora_layers=2, beta=0.04, micro_batch_size=micro)
+    reference = make_reference(model, config)
+    without = replace(batch, prefix=None)
+    ref_logp = reference_logprobs(reference, without, config)
+    with reference.active() as ref_model:
+        assert max_difference(ref_logp, scores(ref_model, replace(batch, prefix=None), micro), batch.mask) < 1e-4
+    for mine, kept in zip(without.prefix.prompt + without.prefix.completion,
+                          batch.prefix.prompt + batch.prefix.completion, strict=True):
+        assert mine.shape == kept.shape and mx.abs(mine - kept).max().item() < 1e-4
+    full = scores(model, replace(batch, prefix=None), micro)
+    assert max_difference(scores(model, without, micro), full, batch.mask) < TOLERANCE[mx.float32]
+    kept_before = batch.prefix
+    reference_logprobs(reference, batch, config)
+    assert batch.prefix is kept_before  # the rollout's states are used as they are
 
 
 def test_whole_sequences_start_at_the_first_adapted_block_too():

@@ -121,6 +121,21 @@ def test_measured_length_paying_reward_is_caught_within_a_few_steps():
     assert first["completions_truncated"] <= 31 and first["kl_drift"] <= 35
 
 
+def _growing_lengths(accuracy):
+    lengths = [60, 61, 59, 62, 66, 70, 75, 79, 84, 88, 93, 97]  # +60% over 12 steps, the tool recipe's shape
+    return [{"step": i, "completions/length/mean": n, "accuracy/train": a}
+            for i, (n, a) in enumerate(zip(lengths, accuracy))]
+
+
+def test_lengths_that_grow_while_accuracy_rises_are_learning_not_rambling():
+    # The tool recipe: calling the calculator and restating its result makes trajectories longer as accuracy
+    # climbs from 0.3 to 0.96. The same lengths with accuracy flat are the rambling the rule is for.
+    rising = [0.3, 0.31, 0.35, 0.4, 0.45, 0.56, 0.6, 0.7, 0.8, 0.85, 0.9, 0.96]
+    assert [a.rule for a in _replay(_growing_lengths(rising)) if a.rule == "length_growth"] == []
+    flat = [0.4, 0.42, 0.39, 0.41, 0.4, 0.38, 0.41, 0.4, 0.42, 0.39, 0.4, 0.41]
+    assert [a.rule for a in _replay(_growing_lengths(flat)) if a.rule == "length_growth"] == ["length_growth"]
+
+
 def test_measured_constant_reward_warns_from_step_2():
     # Every group on one score from the first step: no gradient (grad_norm exactly 0) and the policy never
     # leaves the reference (KL 0). Named at step 2 (was 5), the empty updates at 2, the frozen policy at 8.

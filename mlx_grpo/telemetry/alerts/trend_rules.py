@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 from typing import ClassVar
 
 from ..metrics.names import ACCURACY_TRAIN, EVAL_ACCURACY
+from .detector_rules import _rising
 from .rules import Rule
 from .state import _check_window, _fmt, _num, _Window, _windowed, metric_pattern, state
 
@@ -35,6 +37,9 @@ class TrendRule(Rule):
     passes.
     Evaluated from `min_points` records on (default: once the window is full), so a
     fast rise early in a run is caught before the window has filled.
+    With `progress`, a rise or fall while one of those metrics (accuracy) rises significantly over the last
+    `window` records is learning and stays silent: answers that grow as a policy learns to think, or to
+    call a tool and read its result, are not rambling.
     """
 
     kind: ClassVar[str] = "trend"
@@ -44,7 +49,9 @@ class TrendRule(Rule):
     relative: bool = False
     min_scale: float = 1e-9
     min_points: int = 0  # 0: the whole window
+    progress: tuple[str, ...] = ()
     windows: dict[str, _Window] = state()
+    progress_points: dict[str, deque] = state()
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -56,8 +63,19 @@ class TrendRule(Rule):
         if self.min_scale <= 0:
             raise ValueError("key 'min_scale' must be positive")
 
+    def plan(self, keys: tuple[str, ...]) -> tuple[str, ...] | None:
+        """The watched metrics; a record holding only progress (an evaluation's) still counts: it is kept."""
+        names = self.metrics_in(keys)
+        if names or any(p in keys for p in self.progress):
+            return names
+        return None
+
     def update(self, step, time, record, names, out):
-        """Push each value into its window and fire when the window's change goes the rule's way."""
+        """Push each value into its window and fire when the window's change goes the rule's way (and, with
+        `progress`, no progress metric is rising)."""
+        for name in self.progress:
+            if (progress := _num(record.get(name))) is not None:
+                self.progress_points.setdefault(name, deque(maxlen=self.window)).append(progress)
         for name, value in self.values(record, names):
             window = _windowed(self.windows, name, self.window)
             window.push(step, value)
@@ -76,6 +94,7 @@ class TrendRule(Rule):
                 if condition:
                     change = _robust_change(window, sign, scale)
                     condition = change is not None and sign * change >= self.change
+                    condition = condition and not any(_rising(p) for p in self.progress_points.values())
             if self.fire(condition, name, step):
                 amount = f"{change * 100:+.0f}%" if self.relative else f"{change:+.4g}"
                 verb = {"rising": "rose", "falling": "fell", "flat": "barely moved"}[self.direction]
