@@ -20,7 +20,8 @@ from mlx_grpo.telemetry.alerts.alert import Alert
 from mlx_grpo.telemetry.alerts.config import default_rules, load_alert_rules, rules_from_config
 from mlx_grpo.telemetry.alerts.console import format_alert, print_alerts
 from mlx_grpo.telemetry.alerts.engine import AlertEngine
-from mlx_grpo.telemetry.alerts.rules import BaselineRule, DropRule, NonFiniteRule, SpikeRule, ThresholdRule
+from mlx_grpo.telemetry.alerts.nonfinite_rule import NonFiniteRule
+from mlx_grpo.telemetry.alerts.rules import BaselineRule, DropRule, SpikeRule, ThresholdRule
 from mlx_grpo.telemetry.alerts.trend_rules import HackingRule, TrendRule
 from mlx_grpo.telemetry.metrics.other_names import canonical_record
 
