@@ -433,8 +433,10 @@ def main() -> int:
     parser.add_argument("--base", type=Path, help="the run directory to mutate (default: train a small one here)")
     parser.add_argument("--keep", type=Path, help="work in this folder and keep it")
     parser.add_argument("--json", type=Path, help="write every finding and the totals here")
+    parser.add_argument("--share", type=float, nargs=2, default=(0.4, 0.4), metavar=("RUNS", "GGUF"),
+                        help="the shares of run-directory and GGUF-header cases (configs take the rest)")
     args = parser.parse_args()
-    result = fuzz(args.cases, args.seed, args.timeout, args.base, args.keep, args.progress)
+    result = fuzz(args.cases, args.seed, args.timeout, args.base, args.keep, args.progress, tuple(args.share))
     totals = result["totals"]
     print(json.dumps({k: v for k, v in result.items() if k != "findings"}, indent=2))
     for finding in result["findings"][:40]:
@@ -451,7 +453,13 @@ def fuzz(cases: int, seed: int, timeout: float = 1800.0, base: Path | None = Non
     began = time.perf_counter()
     base = base or make_base(root)
     alerts_text = ALERTS
-    good_gguf = make_gguf(root)
+    # MLX's worker thread does not survive a fork: once this process has evaluated anything, a forked case's
+    # first evaluation waits forever. So the good GGUF file is written in a child, and this process never
+    # evaluates (call fuzz() from a fresh process; the slice test runs this script).
+    made = forked(lambda: {"gguf": ("ok", str(make_gguf(root)))}, timeout)
+    if made is None or made.get("gguf", ("",))[0] != "ok":
+        raise SystemExit(f"could not write the GGUF file the header cases mutate: {made}")
+    good_gguf = Path(made["gguf"][1])
     good = good_gguf.read_bytes()
     table = gguf_table(good_gguf)
     header_end = max(at for _, at in table) + 8

@@ -101,6 +101,15 @@ def test_length_paying_reward_is_reported_as_hacking():
     assert any("cut off at the generation limit" not in i and "hacking" in i for i in report.quality.issues)
 
 
+def test_lengths_that_grow_with_accuracy_are_not_called_reward_hacking():
+    # Tool calls and thinking make right answers longer: completions grow and the rewards correlate with
+    # length, but accuracy rises with them. The same run with accuracy falling is the length pathology.
+    metrics, samples = _sim("length_reward")
+    rising = [dict(r, **{"accuracy/train": 0.1 + 0.8 * i / len(metrics)}) for i, r in enumerate(metrics)]
+    assert not any("pays for length" in f for f in analyze_run(rising, samples).hacking.findings)
+    assert any(f.startswith("length_bonus pays for length") for f in analyze_run(metrics, samples).hacking.findings)
+
+
 def test_takeover_is_reported_as_hacking():
     report = analyze_run(*_sim("takeover", steps=250))
     assert report.hacking.suspected
