@@ -58,7 +58,7 @@ def test_the_scan_measures_functions_methods_and_nested_functions():
     body = "\n".join(f"    x{i} = {i}" for i in range(60))
     source = f"def long():\n{body}\n\nclass A:\n    def short(self):\n        def inner():\n            pass\n"
     assert function_lines(source) == {"long": 61, "A.short": 3, "A.short.inner": 2}
-    assert len(module_lines()) > 90 and all(lines > 0 for lines in module_lines().values())
+    assert len(module_lines()) > 90 and max(module_lines().values()) > MAX_MODULE_LINES  # the catalogue: found
 
 
 if __name__ == "__main__":
