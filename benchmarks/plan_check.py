@@ -16,7 +16,8 @@ import argparse
 import json
 from pathlib import Path
 
-from mlx_grpo.config.train_config import load_config, parse_override
+from mlx_grpo.config.train_config import load_config
+from mlx_grpo.config.typed_yaml import parse_override
 from mlx_grpo.measuring.workload import Workload
 from mlx_grpo.planning.fitting import longest_prompt_tokens, make_plan
 from mlx_grpo.planning.plan import GB

@@ -111,8 +111,8 @@ MAC_MEMORY = (8, 16, 24, 32, 48, 64, 96, 128)
 
 def smallest_mac(shape: ModelShape, completion: int) -> tuple[int | None, MemorySettings | None]:
     """The smallest Mac (GB of unified memory) on which the recipe fits with some memory setting."""
+    from mlx_grpo.planning.budget import plan
     from mlx_grpo.planning.fitting import mac_working_set
-    from mlx_grpo.planning.plan import plan
 
     config = run_config(completion)
     shapes = Shapes(PROMPTS, GROUP, PROMPT_LENGTH, completion)

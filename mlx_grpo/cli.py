@@ -14,7 +14,7 @@ import sys
 
 from .common.errors import UserError
 from .common.terminal import open_standard_streams, terminal_safe
-from .config.aliases import NO_EQUIVALENT
+from .config.alias_table import NO_EQUIVALENT
 from .config.name_clash import clash_message, clashing_packages
 from .planning.blas import reexec_with_openblas
 

@@ -246,7 +246,41 @@ def _aggregate(per_token: mx.array, seq_len: mx.array, loss_type: str, totals: L
 
 @dataclass(frozen=True)
 class LossOptions:
-    """How the loss is formed from the per-token terms: the fields of `grpo_loss`'s Args below."""
+    """How the loss is formed from the per-token terms (`grpo_loss`):
+
+    beta: weight of the per-token k3 KL term.
+    epsilon: lower clip, ratio is clipped below at ``1 - epsilon``.
+    epsilon_high: upper clip, ratio is clipped above at
+        ``1 + epsilon_high``; ``None`` means ``epsilon`` (symmetric).
+    loss_type: how per-token losses ``l[i, t]`` become one scalar
+        (``|y_i|`` = active tokens of sequence i; ``N`` and ``M`` = the
+        sequences and active tokens of the whole update, ``totals``):
+
+        * ``"grpo"``: ``sum_i( sum_t l[i,t] / |y_i| ) / N``, each sequence
+          weighs the same regardless of length. An all-masked sequence
+          adds 0 but still counts in ``N``.
+        * ``"bnpo"`` and ``"dapo"``: ``sum l / M``, each token of the whole
+          update weighs the same. (TRL's bnpo divides by the tokens of each
+          accumulation micro-batch; here splitting a batch never changes
+          its gradient, so the two names mean the same aggregation.)
+        * ``"dr_grpo"``: ``sum l / (N * max_completion_length)``, a
+          constant denominator, so no length bias at all.
+    importance_level: ``"token"`` uses ``r[i,t] = exp(logp - old_logp)``.
+        ``"sequence"`` (GSPO) uses the geometric-mean sequence ratio
+        ``s_i = exp(mean over active t of (logp - old_logp))`` at every
+        token, written as ``sg(s_i) * exp(logp - sg(logp))``: the value is
+        ``s_i`` everywhere and each token's gradient is
+        ``s_i * dlogp[i,t]``, the same gradient as differentiating
+        ``s_i`` itself once per token (GSPO-token with a per-sequence
+        advantage, equal to GSPO for every loss_type).
+    max_completion_length: the configured generation budget; required
+        for ``"dr_grpo"`` (the padded width ``T`` varies between
+        batches, the budget does not).
+    delta: two-sided clipping (TRL's ``delta``): the unclipped term uses
+        ``min(r, delta)``, so where ``A < 0`` a ratio above ``delta`` gives
+        a constant loss and no gradient (a large ratio times a negative
+        advantage would otherwise give an unbounded loss). ``None``: off.
+    """
 
     beta: float = 0.0
     epsilon: float = 0.2
@@ -272,44 +306,12 @@ def grpo_loss(logp: mx.array, old_logp: mx.array | None, ref_logp: mx.array | No
             ``None``. Required when ``beta > 0``.
         advantages: ``[N]`` float, one advantage per sequence.
         mask: ``[N, T]`` bool or 0/1, completion tokens that count.
-        options: a `LossOptions`, whose fields are:
-        beta: weight of the per-token k3 KL term.
-        epsilon: lower clip, ratio is clipped below at ``1 - epsilon``.
-        epsilon_high: upper clip, ratio is clipped above at
-            ``1 + epsilon_high``; ``None`` means ``epsilon`` (symmetric).
-        loss_type: how per-token losses ``l[i, t]`` become one scalar
-            (``|y_i|`` = active tokens of sequence i; ``N`` and ``M`` = the
-            sequences and active tokens of the whole update, ``totals``):
-
-            * ``"grpo"``: ``sum_i( sum_t l[i,t] / |y_i| ) / N``, each sequence
-              weighs the same regardless of length. An all-masked sequence
-              adds 0 but still counts in ``N``.
-            * ``"bnpo"`` and ``"dapo"``: ``sum l / M``, each token of the whole
-              update weighs the same. (TRL's bnpo divides by the tokens of each
-              accumulation micro-batch; here splitting a batch never changes
-              its gradient, so the two names mean the same aggregation.)
-            * ``"dr_grpo"``: ``sum l / (N * max_completion_length)``, a
-              constant denominator, so no length bias at all.
-        importance_level: ``"token"`` uses ``r[i,t] = exp(logp - old_logp)``.
-            ``"sequence"`` (GSPO) uses the geometric-mean sequence ratio
-            ``s_i = exp(mean over active t of (logp - old_logp))`` at every
-            token, written as ``sg(s_i) * exp(logp - sg(logp))``: the value is
-            ``s_i`` everywhere and each token's gradient is
-            ``s_i * dlogp[i,t]``, the same gradient as differentiating
-            ``s_i`` itself once per token (GSPO-token with a per-sequence
-            advantage, equal to GSPO for every loss_type).
-        max_completion_length: the configured generation budget; required
-            for ``"dr_grpo"`` (the padded width ``T`` varies between
-            batches, the budget does not).
+        options: a `LossOptions`: beta, the clip bounds, loss_type, importance_level, delta (its fields).
         totals: the whole update's sizes when these arrays are only part of
             it (a micro-batch, one rank's share); ``None`` means these arrays
             are the whole update. Every aggregation is then a plain sum over
             sequences divided by a constant, so the gradients of the parts
             add up to the gradient of the whole, for every loss_type.
-        delta: two-sided clipping (TRL's ``delta``): the unclipped term uses
-            ``min(r, delta)``, so where ``A < 0`` a ratio above ``delta`` gives
-            a constant loss and no gradient (a large ratio times a negative
-            advantage would otherwise give an unbounded loss). ``None``: off.
 
     Per-token loss:
         ``-min(min(r, delta) * A, clip(r, 1 - epsilon, 1 + epsilon_high) * A)
@@ -365,12 +367,7 @@ def policy_stats(logp: mx.array, old_logp: mx.array | None, ref_logp: mx.array |
     high_clipped = (r > high) & (adv > 0)
     kl = masked_mean(terms.kl, active)
     ratio_mean = masked_mean(r, active)
-    # each completion's clipped share: the batch's extremes, as TRL logs them across ranks
-    seq_tokens = active.sum(axis=-1)
-    has_tokens = seq_tokens > 0
-    seq_low = (low_clipped & active).sum(axis=-1) / mx.maximum(seq_tokens, 1)
-    seq_high = (high_clipped & active).sum(axis=-1) / mx.maximum(seq_tokens, 1)
-    any_tokens = has_tokens.any()
+    clip_frac_low_min, clip_frac_high_max = _clip_extremes(low_clipped, high_clipped, active)
     log_ratio_mean = masked_mean(lr, active)
     return {
         "pg_loss": _aggregate(terms.pg, terms.seq_len, o.loss_type, totals or LossTotals.of(mask),
@@ -380,8 +377,8 @@ def policy_stats(logp: mx.array, old_logp: mx.array | None, ref_logp: mx.array |
         "clip_frac_low": masked_mean(low_clipped, active),
         "clip_frac_high": masked_mean(high_clipped, active),
         "clip_frac": masked_mean(low_clipped | high_clipped, active),
-        "clip_frac_low_min": mx.where(any_tokens, mx.where(has_tokens, seq_low, 1.0).min(), 0.0).astype(mx.float32),
-        "clip_frac_high_max": mx.where(has_tokens, seq_high, 0.0).max().astype(mx.float32),
+        "clip_frac_low_min": clip_frac_low_min,
+        "clip_frac_high_max": clip_frac_high_max,
         "outside_frac": masked_mean((r < low) | (r > high), active),
         "ppo_kl": masked_mean(-terms.token_log_ratio, active),
         "ratio_mean": ratio_mean,
@@ -390,3 +387,15 @@ def policy_stats(logp: mx.array, old_logp: mx.array | None, ref_logp: mx.array |
         "log_ratio_mean": log_ratio_mean,
         "log_ratio_std": mx.sqrt(masked_mean(mx.square(lr - log_ratio_mean), active)),
     }
+
+
+def _clip_extremes(low_clipped: mx.array, high_clipped: mx.array, active: mx.array) -> tuple[mx.array, mx.array]:
+    """Each completion's clipped share, and the batch's extremes (as TRL logs them across ranks): the lowest share
+    of low-clipped tokens and the highest of high-clipped ones, completions with no active token left out."""
+    seq_tokens = active.sum(axis=-1)
+    has_tokens = seq_tokens > 0
+    seq_low = (low_clipped & active).sum(axis=-1) / mx.maximum(seq_tokens, 1)
+    seq_high = (high_clipped & active).sum(axis=-1) / mx.maximum(seq_tokens, 1)
+    any_tokens = has_tokens.any()
+    return (mx.where(any_tokens, mx.where(has_tokens, seq_low, 1.0).min(), 0.0).astype(mx.float32),
+            mx.where(has_tokens, seq_high, 0.0).max().astype(mx.float32))

@@ -62,7 +62,7 @@ def _exp_in_fewest_operations(x: mx.array) -> mx.array:
     fewest operations and live intermediates, for the update's streamed head. Under mx.grad, MLX did not
     fuse `_exp_by_polynomial` as it does outside (measured: the update's head took about as long with
     compilation disabled), and there its branch-free clamps and its n from the exponent field cost 9% more
-    time and 50% more memory (tests/test_update_memory.py) than this, the formulation before them."""
+    time and 50% more memory (tests/core/test_update_memory.py) than this, the formulation before them."""
     x = mx.maximum(x, -88.0)
     n = (x * _LOG2E + _ROUND) - _ROUND
     r = (x - n * _LN2_HIGH) - n * _LN2_LOW

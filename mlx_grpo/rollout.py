@@ -20,9 +20,9 @@ from mlx.utils import tree_map
 from mlx_lm.models.cache import BatchKVCache, KVCache, RotatingKVCache, make_prompt_cache
 
 from . import frozen_prefix
-from .common.errors import UserError
 from .frozen_prefix import Captured
 from .models.decode_attention import grouped_decoding
+from .models.kv_cache import QuantizedBatchKVCache
 from .models.policy import has_plain_head, lm_head, project_to_vocab
 
 
@@ -76,7 +76,7 @@ def filter_logits(logits: mx.array, settings: SamplingSettings) -> mx.array:
 
     Not mlx_lm.sample_utils' apply_top_k/top_p/min_p: its top-p sorts the whole vocabulary every decode step
     (152k logits per row cost more than the step's matmul), where top_p_keep sorts 1,024 candidates. The
-    masks are the same token for token (tests/test_rollout.py checks each against mlx-lm's), so the sampled
+    masks are the same token for token (tests/core/test_rollout.py checks each against mlx-lm's), so the sampled
     ids and the log-probs taken under them are what mlx-lm's sampler would give."""
     neg_inf = mx.array(-float("inf"), dtype=logits.dtype)
     if settings.top_k > 0 and settings.top_k < logits.shape[-1]:
@@ -311,6 +311,26 @@ def _generate(model: nn.Module, prompts: list[list[int]], group_size: int, max_t
               kv_bits: int = 0) -> Rollout:
     start = time.perf_counter()
     rows = np.repeat(np.arange(len(prompts)), group_size)
+    # the KV cache, the rollout's largest buffer, goes with _decode's frame: before the kept states are joined
+    spans, batches, prefilled = _decode(model, prompts, rows, max_tokens, eos_ids, pad_id, settings, key, recorded,
+                                        kv_bits)
+    ids_np, logprobs_np = _token_arrays(spans, len(rows))
+    prefix = _captured(recorded, prefilled, prompts, batches, rows, spans) if recorded else None
+    recorded.clear()  # the per-step pieces, now joined
+    completions, completion_logprobs, truncated = _cut_at_eos(ids_np, logprobs_np, eos_ids, max_tokens)
+    return Rollout(
+        prompts=[prompts[i] for i in np.repeat(np.arange(len(prompts)), group_size)],
+        completions=completions,
+        logprobs=completion_logprobs,
+        truncated=truncated,
+        seconds=time.perf_counter() - start,
+        prefix=prefix,
+    )
+
+
+def _prefill(model: nn.Module, prompts: list[list[int]], rows: np.ndarray, pad_id: int, max_tokens: int,
+             kv_bits: int) -> tuple[mx.array, list, list[list[int]], bool]:
+    """(last logits, KV cache, the prompts' prefill batches, whether the cache is plain) for the decode."""
     capacity = max(len(p) for p in prompts) + max_tokens
     plain = has_plain_kv_cache(model, capacity)
     if plain:
@@ -321,8 +341,17 @@ def _generate(model: nn.Module, prompts: list[list[int]], group_size: int, max_t
             cache = [QuantizedBatchKVCache.of(layer_cache, kv_bits, capacity) for layer_cache in cache]
     else:
         logits, cache, batches = _prefill_merged(model, prompts, rows)
-    prefilled = len(recorded)
+    return logits, cache, batches, plain
 
+
+def _decode(model: nn.Module, prompts: list[list[int]], rows: np.ndarray, max_tokens: int, eos_ids: set[int],
+            pad_id: int, settings: SamplingSettings, key: mx.array, recorded: list[mx.array],
+            kv_bits: int) -> tuple[list[_Span], list[list[int]], int]:
+    """Prefill, then sample every row one token a step until all have ended or `max_tokens`: the spans of rows
+    decoded together (finished rows leave the batch), the prefill batches, and how many frozen-block outputs
+    the prefill recorded."""
+    logits, cache, batches, plain = _prefill(model, prompts, rows, pad_id, max_tokens, kv_bits)
+    prefilled = len(recorded)
     head = transposed_head(model)
 
     def decode(ids: mx.array) -> mx.array:
@@ -330,7 +359,7 @@ def _generate(model: nn.Module, prompts: list[list[int]], group_size: int, max_t
             return model(ids[:, None], cache=cache)[:, -1, :]
         return model.model(ids[:, None], cache=cache)[:, -1, :] @ head
 
-    n = len(prompts) * group_size
+    n = len(rows)
     eos = mx.array(sorted(eos_ids))
     span = _Span(np.arange(n))
     spans = [span]
@@ -362,6 +391,11 @@ def _generate(model: nn.Module, prompts: list[list[int]], group_size: int, max_t
                 logits, finished = logits[kept], finished[kept]
                 keep_rows(cache, kept)
     span.recorded_end = len(recorded)
+    return spans, batches, prefilled
+
+
+def _token_arrays(spans: list[_Span], n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Every row's sampled ids and log-probs, [n, steps], from the spans that decoded them."""
     steps = sum(len(s.ids) for s in spans)
     ids_np = np.full((n, steps), -1, dtype=np.int64)  # a dropped row's later steps: never read (it has ended)
     logprobs_np = np.zeros((n, steps), dtype=np.float32)
@@ -371,10 +405,12 @@ def _generate(model: nn.Module, prompts: list[list[int]], group_size: int, max_t
             ids_np[s.rows, done_steps:done_steps + len(s.ids)] = np.array(mx.stack(s.ids, axis=1))
             logprobs_np[s.rows, done_steps:done_steps + len(s.ids)] = np.array(mx.stack(s.logprobs, axis=1))
         done_steps += len(s.ids)
-    del cache, logits, head  # before the kept states are joined: the KV cache is the rollout's largest buffer
-    prefix = _captured(recorded, prefilled, prompts, batches, rows, spans) if recorded else None
-    recorded.clear()  # the per-step pieces, now joined
+    return ids_np, logprobs_np
 
+
+def _cut_at_eos(ids_np: np.ndarray, logprobs_np: np.ndarray, eos_ids: set[int],
+                max_tokens: int) -> tuple[list[list[int]], list[list[float]], list[bool]]:
+    """Each row's completion up to its first end token (kept), or cut at `max_tokens` (truncated)."""
     completions, completion_logprobs, truncated = [], [], []
     for row_ids, row_lps in zip(ids_np.tolist(), logprobs_np.tolist()):
         end = next((i for i, tok in enumerate(row_ids) if tok in eos_ids), None)
@@ -386,14 +422,7 @@ def _generate(model: nn.Module, prompts: list[list[int]], group_size: int, max_t
             completions.append(row_ids[: end + 1])
             completion_logprobs.append(row_lps[: end + 1])
             truncated.append(False)
-    return Rollout(
-        prompts=[prompts[i] for i in np.repeat(np.arange(len(prompts)), group_size)],
-        completions=completions,
-        logprobs=completion_logprobs,
-        truncated=truncated,
-        seconds=time.perf_counter() - start,
-        prefix=prefix,
-    )
+    return completions, completion_logprobs, truncated
 
 
 def keep_rows(cache: list, rows: mx.array) -> None:
@@ -406,82 +435,6 @@ def keep_rows(cache: list, rows: mx.array) -> None:
         if isinstance(layer_cache, BatchKVCache):
             layer_cache.offset = layer_cache.offset[rows]
             layer_cache.left_padding = layer_cache.left_padding[rows]
-
-
-class QuantizedBatchKVCache(BatchKVCache):
-    """mlx-lm's BatchKVCache (per-row left padding and offsets, its attention mask) holding its keys and values
-    quantized as mlx-lm's QuantizedKVCache does (`mx.quantize` per group of `group_size` values); mlx-lm's
-    attention runs `quantized_matmul` over them when a cache has `bits`. 8 bits keep 0.28 of float32's bytes
-    per cached value, 4 bits 0.16."""
-
-    def __init__(self, left_padding: list[int], bits: int, group_size: int = 64):
-        super().__init__(left_padding)
-        self.bits, self.group_size = bits, group_size
-
-    @classmethod
-    def of(cls, plain: KVCache, bits: int, capacity: int) -> "QuantizedBatchKVCache":
-        """`plain`'s rows (a prefilled KVCache or BatchKVCache) quantized, in a buffer of `capacity` positions."""
-        keys, values = plain.keys[..., :_cached(plain), :], plain.values[..., :_cached(plain), :]
-        rows = keys.shape[0]
-        left = plain.left_padding if isinstance(plain, BatchKVCache) else mx.zeros((rows,), dtype=mx.int32)
-        cache = cls([0] * rows, bits, kv_group_size(keys.shape[-1]))
-        cache.left_padding = left
-        cache.offset = keys.shape[2] - left
-        cache.keys, cache.values = cache._buffer(keys, capacity), cache._buffer(values, capacity)
-        cache._write(0, keys, values)
-        return cache
-
-    def _buffer(self, like: mx.array, positions: int) -> tuple[mx.array, mx.array, mx.array]:
-        rows, heads, _, dim = like.shape
-        per_int = 32 // self.bits
-        shape = (rows, heads, positions)
-        return (mx.zeros((*shape, dim // per_int), dtype=mx.uint32),
-                mx.zeros((*shape, dim // self.group_size), dtype=like.dtype),
-                mx.zeros((*shape, dim // self.group_size), dtype=like.dtype))
-
-    def _write(self, at: int, keys: mx.array, values: mx.array) -> None:
-        end = at + keys.shape[2]
-        for stored, new in ((self.keys, keys), (self.values, values)):
-            for part, quantized in zip(stored, mx.quantize(new, group_size=self.group_size, bits=self.bits)):
-                part[..., at:end, :] = quantized
-        self._idx = end
-
-    def update_and_fetch(self, keys, values):
-        prev = self._idx
-        if prev + keys.shape[2] > self.keys[0].shape[2]:  # past the capacity asked for: grow by a block
-            grow = lambda x: mx.concatenate(  # noqa: E731
-                [x[..., :prev, :], mx.zeros((*x.shape[:2], self.step + keys.shape[2], x.shape[3]), x.dtype)], axis=2)
-            self.keys, self.values = tree_map(grow, self.keys), tree_map(grow, self.values)
-        self.offset = self.offset + keys.shape[2]
-        self._write(prev, keys, values)
-        return self.keys_and_values()
-
-    def keys_and_values(self):
-        return (tree_map(lambda x: x[..., :self._idx, :], self.keys),
-                tree_map(lambda x: x[..., :self._idx, :], self.values))
-
-    @property
-    def state(self):
-        return self.keys, self.values, self.offset, self.left_padding, self._idx
-
-    @state.setter
-    def state(self, v):
-        self.keys, self.values, self.offset, self.left_padding, self._idx = v
-
-
-def kv_group_size(head_dim: int) -> int:
-    """The quantization group of a KV cache with heads of `head_dim` values: 64 as mlx-lm's QuantizedKVCache,
-    or 32 (the smallest `mx.quantize` takes) for heads it does not divide."""
-    for group in (64, 32):
-        if head_dim % group == 0:
-            return group
-    raise UserError(f"kv_cache_bits: this model's attention heads hold {head_dim} values, not a multiple of 32; "
-                    "its KV cache cannot be quantized (kv_cache_bits: 0)")
-
-
-def _cached(layer_cache: KVCache) -> int:
-    """How many positions a plain or batch KV cache holds."""
-    return layer_cache._idx if isinstance(layer_cache, BatchKVCache) else layer_cache.offset
 
 
 def _captured(recorded: list[mx.array], prefilled: int, prompts: list[list[int]], batches: list[list[int]],

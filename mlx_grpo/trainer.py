@@ -175,6 +175,25 @@ class Drawn:
                      Scored.concat([p.scored for p in parts]))
 
 
+@dataclass
+class StepPhases:
+    """What one step's phases produced: the prompts, their rollout and scores, what the update trained on
+    (the rollout, or S-GRPO's exits) and its result, the phases' timers, and the metrics of the step's parts.
+    `Trainer.step_data` builds the step's record from it, in one place."""
+
+    prompts: Prompts
+    rollout: Rollout
+    scored: Scored
+    trained: Any  # the rollout, or S-GRPO's serial groups of early exits
+    batch: TrainBatch
+    group_advantages: mx.array  # the parallel group's advantages (what the record reports)
+    advantages: mx.array  # what the update trained with
+    update: UpdateResult
+    meter: PhaseMeter
+    lengths: np.ndarray
+    component_metrics: dict[str, float]
+
+
 def model_shape(config: TrainConfig, base_dir: Path) -> ModelShape | None:
     """The model's shape from its config.json, for the step's FLOPs; None where it cannot be read."""
     try:
@@ -266,9 +285,10 @@ class Trainer:
         model = self.policy.model
         if self.multiturn is not None:
             budgets = dataclasses.replace(self.multiturn.budgets, trajectory_tokens=max_tokens)
-            return generate_trajectories(model, self.policy.tokenizer, [e.tokens for e in prompts.encoded], prompts.rows,
-                                         prompts.group_size, budgets, self.policy.eos_ids, self.policy.pad_id,
-                                         self.settings, key, self.multiturn.make_env, self.multiturn.tools)
+            return generate_trajectories(model, self.policy.tokenizer, [e.tokens for e in prompts.encoded],
+                                         prompts.rows, prompts.group_size, budgets, self.policy.eos_ids,
+                                         self.policy.pad_id, self.settings, key, self.multiturn.make_env,
+                                         self.multiturn.tools)
         return generate(model, [e.tokens for e in prompts.encoded], prompts.group_size, max_tokens,
                         self.policy.eos_ids, self.policy.pad_id, self.settings, key,
                         capture=frozen_prefix.first_block(model) > 0, kv_bits=self.config.kv_cache_bits)
@@ -379,21 +399,32 @@ class Trainer:
             component_metrics.update(self.window.update(plan, lengths, scored.correct))
         if config.sgrpo.enable:
             component_metrics.update(trained.metrics())
-        data = StepData(
+        return self.world.gather(self.step_data(step, StepPhases(
+            prompts, rollout, scored, trained, batch, group_advantages, advantages, update, meter, lengths,
+            component_metrics)))
+
+    def step_data(self, step: int, phases: StepPhases) -> StepData:
+        """The step's record from its phases' results: a new metric is computed where its phase runs and
+        reaches the record here (and its row in the metric catalogue)."""
+        config, policy = self.config, self.policy
+        prompts, rollout, scored, trained, batch, update = (phases.prompts, phases.rollout, phases.scored,
+                                                            phases.trained, phases.batch, phases.update)
+        return StepData(
             step=step, group_size=prompts.group_size,
             reward_names=scored.scores.names, reward_weights=[f.weight for f in self.reward_fns],
-            scores=scored.scores.per_function, total=scored.scores.total, advantages=np.array(group_advantages),
+            scores=scored.scores.per_function, total=scored.scores.total,
+            advantages=np.array(phases.group_advantages),
             prompt_lengths=np.array([len(e.tokens) for e in prompts.encoded for _ in range(prompts.group_size)]),
             prompt_truncated=np.array([e.truncated for e in prompts.encoded for _ in range(prompts.group_size)]),
-            lengths=lengths, truncated=np.array(rollout.truncated, dtype=bool),
+            lengths=phases.lengths, truncated=np.array(rollout.truncated, dtype=bool),
             correct=None if scored.correct is None else np.array(scored.correct, dtype=bool),
             difficulty=[row.get("difficulty") for row in prompts.per_completion],
             trained_tokens=batch.num_tokens,
             update=UpdateStats(update.loss, update.grad_norm, update.stats, update.skipped,
                                self.optimizer.learning_rate.item(), config.beta, self.reference is not None),
-            seconds={**meter.seconds, "update": update.seconds}, peak_memory=meter.peaks,
-            component_metrics=component_metrics,
-            update_advantages=np.array(advantages) if config.sgrpo.enable else None,
+            seconds={**phases.meter.seconds, "update": update.seconds}, peak_memory=phases.meter.peaks,
+            component_metrics=phases.component_metrics,
+            update_advantages=np.array(phases.advantages) if config.sgrpo.enable else None,
             new_errors=scored.scores.new_errors,
             texts=scored.texts, reasoning=[extract_reasoning(t) for t in scored.texts],
             predicted=[extract_answer(t) for t in scored.texts], prompt_texts=[row["prompt"] for row in prompts.rows],
@@ -408,7 +439,6 @@ class Trainer:
                 rollout.trajectories),
             peak_flops_per_s=self.peak_flops_per_s,
         )
-        return self.world.gather(data)
 
     def evaluate(self, peaks: dict[str, float] | None = None) -> dict[str, float] | None:
         """Greedy held-out accuracy over every rank's share of the held-out rows (None without a correctness

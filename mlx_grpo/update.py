@@ -157,7 +157,7 @@ def completion_states(model: nn.Module, batch: TrainBatch, targets: mx.array, hi
     its keys and values are copied to the G rows, which then run only their completion tokens on that
     cache (the rollout's own prefill, differentiated). At the default run's shape (9-token prompts,
     ~11-token completions, G = 8) that is 40% fewer tokens and ~40% less time per pass; gradients equal
-    the whole-sequence pass's to float rounding (tests/test_shared_prompts.py).
+    the whole-sequence pass's to float rounding (tests/core/test_shared_prompts.py).
 
     With the rollout's frozen-block outputs (`batch.prefix`) the forward starts at the first adapted block
     (frozen_prefix.py): the same tokens, masks and positions, without the frozen blocks' work."""
@@ -371,7 +371,6 @@ def update_policy(model: nn.Module, optimizer: optim.Optimizer, loss_and_grad, b
     start = time.perf_counter()
     reduce = reduce or LocalReduce()
     totals = reduce.loss_totals(batch)
-    width = batch.mask.shape[1]
     stride = entropy_stride(config.max_generation_steps)
     model.train()
     old_logp = None
@@ -381,26 +380,11 @@ def update_policy(model: nn.Module, optimizer: optim.Optimizer, loss_and_grad, b
     token_stats: dict[str, np.ndarray] = {}
     sampling: dict[str, float] = {}
     for index in range(config.num_iterations):
-        loss, grads = mx.array(0.0), None
-        logps, per_token = [], []
-        entropy_sum = entropy_count = mx.array(0.0)
-        for rows, micro in batch.micro_batches(config.micro_batch_size):
-            (part_loss, (logp, entropy, part_tokens)), part_grads = loss_and_grad(
-                model, micro, advantages[rows], None if old_logp is None else old_logp[rows, :micro.mask.shape[1]],
-                None if ref_logp is None else ref_logp[rows, :micro.mask.shape[1]], totals)
-            loss = loss + part_loss
-            grads = part_grads if grads is None else tree_map(mx.add, grads, part_grads)
-            # Evaluating here frees the micro-batch's activations before the next one is built.
-            mx.eval(loss, grads, logp, entropy, part_tokens)
-            logps.append(_pad_to(logp, width))
-            sampled = micro.mask[:, ::stride]  # the positions the entropy was measured at
-            entropy_sum = entropy_sum + mx.where(sampled > 0, entropy, 0.0).sum()
-            entropy_count = entropy_count + sampled.sum()
-            per_token.append({k: _pad_to(v, width) for k, v in part_tokens.items()})
+        loss, grads, logp, entropy, per_token = _micro_batch_pass(model, loss_and_grad, batch, advantages, old_logp,
+                                                                  ref_logp, totals, config.micro_batch_size, stride)
         loss, grads = reduce.sum_update(loss, grads)
-        logp = mx.concatenate(logps)
         stats = grpo.policy_stats(logp, old_logp, ref_logp, advantages, batch.mask, loss_options(config), totals)
-        stats["entropy"] = entropy_sum / mx.maximum(entropy_count, 1.0)
+        stats["entropy"] = entropy
         grads, grad_norm = clip_by_global_norm(grads, config.max_grad_norm)
         mx.eval(loss, grad_norm, stats, logp)
         if old_logp is None:
@@ -429,6 +413,31 @@ def update_policy(model: nn.Module, optimizer: optim.Optimizer, loss_and_grad, b
     passes = config.num_iterations
     return UpdateResult(loss_sum / passes, norm_sum / passes, totals_by_stat, skipped, time.perf_counter() - start,
                         token_stats, sampling)
+
+
+def _micro_batch_pass(model: nn.Module, loss_and_grad, batch: TrainBatch, advantages: mx.array,
+                      old_logp: mx.array | None, ref_logp: mx.array | None, totals: grpo.LossTotals,
+                      micro_batch_size: int, stride: int) -> tuple:
+    """One pass over the batch, a micro-batch at a time: (loss, gradients, log-probs [N, T], mean sampled
+    entropy, per-token statistics of each micro-batch), summed over the micro-batches of this rank."""
+    width = batch.mask.shape[1]
+    loss, grads = mx.array(0.0), None
+    logps, per_token = [], []
+    entropy_sum = entropy_count = mx.array(0.0)
+    for rows, micro in batch.micro_batches(micro_batch_size):
+        (part_loss, (logp, entropy, part_tokens)), part_grads = loss_and_grad(
+            model, micro, advantages[rows], None if old_logp is None else old_logp[rows, :micro.mask.shape[1]],
+            None if ref_logp is None else ref_logp[rows, :micro.mask.shape[1]], totals)
+        loss = loss + part_loss
+        grads = part_grads if grads is None else tree_map(mx.add, grads, part_grads)
+        # Evaluating here frees the micro-batch's activations before the next one is built.
+        mx.eval(loss, grads, logp, entropy, part_tokens)
+        logps.append(_pad_to(logp, width))
+        sampled = micro.mask[:, ::stride]  # the positions the entropy was measured at
+        entropy_sum = entropy_sum + mx.where(sampled > 0, entropy, 0.0).sum()
+        entropy_count = entropy_count + sampled.sum()
+        per_token.append({k: _pad_to(v, width) for k, v in part_tokens.items()})
+    return loss, grads, mx.concatenate(logps), entropy_sum / mx.maximum(entropy_count, 1.0), per_token
 
 
 def reference_logprobs(reference, batch: TrainBatch, config: TrainConfig) -> mx.array | None:

@@ -1,4 +1,4 @@
-"""Launched by tests/test_distributed.py under `mlx.launch -n 2 --backend ring` (loopback only).
+"""Launched by tests/core/test_distributed.py under `mlx.launch -n 2 --backend ring` (loopback only).
 
 One fixed rollout of 2*B prompts x G completions (token ids, rewards and lengths drawn from a seeded
 numpy generator, so every rank builds the same one). Each rank makes two updates from the same

@@ -49,7 +49,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="KL weight; 0 skips the reference pass (default: 0.04)")
     parser.add_argument("--seed", type=int, metavar="N", help="seed for prompts and sampling (default: 0)")
     parser.add_argument("--repetitions", type=int, default=5, metavar="N", help="timed repetitions (default: 5)")
-    parser.add_argument("--warmup", type=int, default=1, metavar="N", help="unreported warm-up repetitions (default: 1)")
+    parser.add_argument("--warmup", type=int, default=1, metavar="N",
+                        help="unreported warm-up repetitions (default: 1)")
     parser.add_argument("--sequential-sample", type=int, default=8, metavar="N",
                         help="sequences the one-at-a-time baseline decodes (default: 8)")
     parser.add_argument("--only", metavar="PATH[,PATH]",
@@ -168,9 +169,6 @@ def vocabulary_lines(vocabulary: dict | None) -> list[str]:
 
 
 def print_report(report: dict, console=None) -> None:
-    from rich import box
-    from rich.table import Table
-
     from ..telemetry.output import output_console
 
     console = console or output_console()
@@ -186,6 +184,38 @@ def print_report(report: dict, console=None) -> None:
     console.print(f"MLX {m['mlx']}, mlx-lm {m['mlx_lm']}: {matmul_line(m)}")
     if s.get("wired_limit_bytes"):
         console.print(f"wired limit {_gb(s['wired_limit_bytes'])} (as `mlx-grpo train` sets it)")
+    _print_tables(report, console)
+    own = report["ratios"].get("step_vs_own_phases")
+    if own:
+        phases = report["paths"]["step"]["phases"]
+        listed = ", ".join(f"{name} {seconds:.3f}" for name, seconds in phases.items())
+        console.print(f"inside the trainer step (its own timers, s): {listed}; step time over their sum "
+                      f"{own['median']:.3f} ({own['min']:.3f} - {own['max']:.3f})")
+
+    peaks = report["paths"].get("step", {}).get("peak_memory_bytes")
+    if peaks:
+        listed = ", ".join(f"{name} {_gb(value)}" for name, value in peaks.items())
+        console.print(f"peak memory per phase of the trainer step (weights included): {listed}")
+    mem = report["memory"]
+    if mem:
+        console.print(f"peak memory, one LoRA step: beta {mem['beta']:g} {_gb(mem['lora_beta_peak_bytes'])}, "
+                      f"beta 0 {_gb(mem['lora_beta0_peak_bytes'])} (ratio {mem['ratio']:.3f}); "
+                      f"reference + update phase alone {_gb(mem['lora_beta_train_peak_bytes'])} vs "
+                      f"{_gb(mem['lora_beta0_train_peak_bytes'])} (ratio {mem['train_ratio']:.3f})")
+    bw = report["bandwidth"]
+    if bw:
+        console.print(f"{bw['chip']}: rollout at {bw['percent_of_ceiling']:.0f}% of the memory-bandwidth ceiling "
+                      f"({bw['ceiling_tokens_per_s']:,.0f} tokens/s at {bw['bandwidth_gb_s']:g} GB/s)")
+    else:
+        console.print("memory-bandwidth ceiling: only computed on Apple Silicon (chip table in "
+                      "mlx_grpo/planning/chips.py)")
+    console.print(f"[dim]measured in {report['total_seconds']:.0f} s[/dim]")
+
+
+def _print_tables(report: dict, console) -> None:
+    """Throughput per path, the roofline, and the goals."""
+    from rich import box
+    from rich.table import Table
 
     table = Table(title="throughput, median of repetitions", title_justify="left", box=box.SIMPLE_HEAD)
     for header in ("path", "tokens", "seconds", "tokens/s", "min - max"):
@@ -213,27 +243,3 @@ def print_report(report: dict, console=None) -> None:
             goals.add_row(g["label"], f"{g['measured']:.2f}", spread, best, f"{g['comparison']} {g['target']:g}",
                           "[green]met[/green]" if g["met"] else "[red]not met[/red]")
         console.print(goals)
-    own = report["ratios"].get("step_vs_own_phases")
-    if own:
-        phases = report["paths"]["step"]["phases"]
-        listed = ", ".join(f"{name} {seconds:.3f}" for name, seconds in phases.items())
-        console.print(f"inside the trainer step (its own timers, s): {listed}; step time over their sum "
-                      f"{own['median']:.3f} ({own['min']:.3f} - {own['max']:.3f})")
-
-    peaks = report["paths"].get("step", {}).get("peak_memory_bytes")
-    if peaks:
-        listed = ", ".join(f"{name} {_gb(value)}" for name, value in peaks.items())
-        console.print(f"peak memory per phase of the trainer step (weights included): {listed}")
-    mem = report["memory"]
-    if mem:
-        console.print(f"peak memory, one LoRA step: beta {mem['beta']:g} {_gb(mem['lora_beta_peak_bytes'])}, "
-                      f"beta 0 {_gb(mem['lora_beta0_peak_bytes'])} (ratio {mem['ratio']:.3f}); "
-                      f"reference + update phase alone {_gb(mem['lora_beta_train_peak_bytes'])} vs "
-                      f"{_gb(mem['lora_beta0_train_peak_bytes'])} (ratio {mem['train_ratio']:.3f})")
-    bw = report["bandwidth"]
-    if bw:
-        console.print(f"{bw['chip']}: rollout at {bw['percent_of_ceiling']:.0f}% of the memory-bandwidth ceiling "
-                      f"({bw['ceiling_tokens_per_s']:,.0f} tokens/s at {bw['bandwidth_gb_s']:g} GB/s)")
-    else:
-        console.print("memory-bandwidth ceiling: only computed on Apple Silicon (chip table in mlx_grpo/planning/chips.py)")
-    console.print(f"[dim]measured in {report['total_seconds']:.0f} s[/dim]")

@@ -26,10 +26,7 @@ def diagnose(config_path: str | None) -> tuple[list[tuple[str, str]], list[str]]
     import mlx.core as mx
     import psutil
 
-    from ..config.train_config import load_config
-    from ..models.policy import DEFAULT_MODEL_DIR
-    from ..planning import blas
-    from ..planning.machine import blas_in_use, cpu_model, device_info, matmul_gflops, package_version
+    from ..planning.machine import cpu_model
 
     fixes: list[str] = []
     metal = mx.metal.is_available()
@@ -41,6 +38,16 @@ def diagnose(config_path: str | None) -> tuple[list[tuple[str, str]], list[str]]
         fixes.append("MLX sees no Metal GPU on this Mac: install the macOS wheel with `pip install -U mlx`")
     kind = "cpu" if on_cpu else "gpu"
     rows.append(("device", f"{kind}: {cpu_model()}, {psutil.cpu_count(logical=False)} cores"))
+    _blas(rows, fixes, on_cpu)
+    _run_config(config_path, rows, fixes, on_cpu)
+    _machine(rows, fixes, metal)
+    return rows, fixes
+
+
+def _blas(rows: list[tuple[str, str]], fixes: list[str], on_cpu: bool) -> None:
+    """The matmul speed and the BLAS MLX's CPU operations use; on Linux, how to get OpenBLAS."""
+    from ..planning import blas
+    from ..planning.machine import blas_in_use, matmul_gflops
 
     info = blas_in_use()
     gflops = matmul_gflops()  # on the default device: the GPU when MLX has one, where no BLAS is involved
@@ -62,7 +69,13 @@ def diagnose(config_path: str | None) -> tuple[list[tuple[str, str]], list[str]]
         else:
             fixes.append(f"install OpenBLAS for 5.7x faster steps: {blas.INSTALL_HINT}")
     if on_cpu and gflops < SLOW_GFLOPS and not fixes:
-        fixes.append(f"fp32 matmul runs at {gflops:.0f} GFLOP/s, far below a fast BLAS; check other load on this machine")
+        fixes.append(f"fp32 matmul runs at {gflops:.0f} GFLOP/s, far below a fast BLAS; check other load on this "
+                     "machine")
+
+
+def _run_config(config_path: str | None, rows: list[tuple[str, str]], fixes: list[str], on_cpu: bool) -> None:
+    """The dtype the run config computes in, and what float32 is on this device."""
+    from ..config.train_config import load_config
 
     config = load_config(config_path) if config_path else load_config()
     source = config_path or "default run config"
@@ -71,15 +84,25 @@ def diagnose(config_path: str | None) -> tuple[list[tuple[str, str]], list[str]]
     dtype = resolve_dtype(config)
     dtype_row = f"{dtype} ({source}{', from auto' if config.dtype == 'auto' else ''})"
     if on_cpu and dtype != "float32":
-        fixes.append(f"{source}: set dtype: auto or float32; on the CPU backend {dtype} matmuls skip BLAS and run slower")
+        fixes.append(f"{source}: set dtype: auto or float32; on the CPU backend {dtype} matmuls skip BLAS and run "
+                     "slower")
     rows.append(("dtype", dtype_row))
     from ..planning.tf32 import float32_state
 
     rows.append(("float32", float32_state().describe()))  # an M5's GPU computes float32 products in TF32
 
+
+def _machine(rows: list[tuple[str, str]], fixes: list[str], metal: bool) -> None:
+    """Memory, versions, packages that clash with ours, the shipped default model."""
+    import psutil
+
+    from ..models.policy import DEFAULT_MODEL_DIR
+    from ..planning.machine import device_info, package_version
+
     memory = psutil.virtual_memory()
+    working_set = device_info().get("max_recommended_working_set_size", 0) if metal else None
     rows.append(("memory", f"{_gib(memory.total)} total, {_gib(memory.available)} available"
-                 + (f"; Metal working set {_gib(device_info().get('max_recommended_working_set_size', 0))}" if metal else "")))
+                 + (f"; Metal working set {_gib(working_set)}" if metal else "")))
     if memory.available < LOW_MEMORY:
         fixes.append(f"only {_gib(memory.available)} of memory is free: close other programs or use a smaller batch")
 
@@ -99,7 +122,6 @@ def diagnose(config_path: str | None) -> tuple[list[tuple[str, str]], list[str]]
     else:
         rows.append(("default model", f"missing ({DEFAULT_MODEL_DIR})"))
         fixes.append("the shipped default model is missing: reinstall mlx-grpo, or pass a model directory")
-    return rows, fixes
 
 
 def run(args: argparse.Namespace) -> int:

@@ -38,7 +38,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rewards", nargs="+", metavar="SPEC[=WEIGHT]",
                         help="reward functions to score with; default: the run's built-in ones (its file.py:function "
                              "rewards only when named here)")
-    parser.add_argument("--rubric-file", metavar="FILE", help="score with this rubric too (a run's own only when named here)")
+    parser.add_argument("--rubric-file", metavar="FILE",
+                        help="score with this rubric too (a run's own only when named here)")
     parser.add_argument("--json", action="store_true", help="print the result as one JSON object")
 
 
@@ -46,13 +47,12 @@ def run(args: argparse.Namespace) -> int:
     import json
     import sys
     import time
-    from pathlib import Path
 
     import numpy as np
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-    from ..data import extra_columns, load_datasets, read_dataset_file
+    from ..data import extra_columns
     from ..evaluate import evaluate
     from ..models.policy import stop_ids
     from ..rewards.scoring import score_completions
@@ -64,16 +64,7 @@ def run(args: argparse.Namespace) -> int:
     if args.batch_size < 1:
         raise UserError(f"--batch-size {args.batch_size}: must be at least 1")
     model, tokenizer, config, base_dir, source = load_target(args)
-    if args.dataset is not None:
-        path = Path(args.dataset)
-        if not path.is_file():
-            raise UserError(f"--dataset {path}: file not found")
-        rows = read_dataset_file(path, config.dataset_format, config.prompt_field, config.answer_field)
-    else:
-        rows = load_datasets(config, base_dir)[1]
-    rows = rows[: args.limit] if args.limit is not None else rows
-    if not rows:
-        raise UserError(f"--dataset {args.dataset or config.dataset}: no rows to evaluate")
+    rows = _rows(args, config, base_dir)
 
     check, functions, notes = checks_and_rewards(args, config, base_dir)
     eos_ids, pad_id = stop_ids(tokenizer, config.stop_at_newline)
@@ -107,6 +98,25 @@ def run(args: argparse.Namespace) -> int:
     if rewards:
         print("  mean reward: " + ", ".join(f"{name} {value:+.3f}" for name, value in rewards.items()))
     return 0
+
+
+def _rows(args: argparse.Namespace, config, base_dir) -> list[dict]:
+    """The rows to evaluate: `--dataset`'s file, else the run config's held-out split; `--limit` of them."""
+    from pathlib import Path
+
+    from ..data import load_datasets, read_dataset_file
+
+    if args.dataset is not None:
+        path = Path(args.dataset)
+        if not path.is_file():
+            raise UserError(f"--dataset {path}: file not found")
+        rows = read_dataset_file(path, config.dataset_format, config.prompt_field, config.answer_field)
+    else:
+        rows = load_datasets(config, base_dir)[1]
+    rows = rows[: args.limit] if args.limit is not None else rows
+    if not rows:
+        raise UserError(f"--dataset {args.dataset or config.dataset}: no rows to evaluate")
+    return rows
 
 
 def checks_and_rewards(args: argparse.Namespace, config, base_dir):
@@ -149,8 +159,8 @@ def checks_and_rewards(args: argparse.Namespace, config, base_dir):
         functions = load_reward_functions(specs, base_dir)
     rubric = args.rubric_file or (config.rubric_file if not from_run else None)
     if from_run and not args.rubric_file and config.rubric_file:
-        notes.append(f"the run's rubric ({named_file(config.rubric_file, base_dir, spec=False)}) was not scored: eval reads no "
-                     "rubric a run directory names; pass --rubric-file FILE to score it")
+        notes.append(f"the run's rubric ({named_file(config.rubric_file, base_dir, spec=False)}) was not scored: "
+                     "eval reads no rubric a run directory names; pass --rubric-file FILE to score it")
     if rubric is not None:
         from ..rewards.rubric import load_rubric
         from ..rewards.rubric_reward import RubricReward

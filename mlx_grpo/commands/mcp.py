@@ -1,5 +1,5 @@
 """`mlx-grpo mcp [--dir PATH] [--allow-control]`: a Model Context Protocol server on stdio for coding agents
-(mcp_server.py)."""
+(mcp_server/)."""
 
 from __future__ import annotations
 

@@ -22,7 +22,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from ..config.train_config import load_config, parse_override
+    from ..config.train_config import load_config
+    from ..config.typed_yaml import parse_override
     from ..planning.fitting import make_plan
     from ..planning.plan import GB
 

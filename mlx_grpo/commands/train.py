@@ -6,8 +6,9 @@ import argparse
 import types
 import typing
 
-from ..config.aliases import ALIASES, TRANSLATED, help_text
-from ..config.train_config import CHOICES, TrainConfig, key_help, parse_override, top_level_fields
+from ..config.alias_table import ALIASES, TRANSLATED, help_text
+from ..config.train_config import CHOICES, TrainConfig, key_help, top_level_fields
+from ..config.typed_yaml import parse_override
 
 USES_MLX = True
 
@@ -134,7 +135,7 @@ def collect_overrides(args: argparse.Namespace) -> dict[str, typing.Any]:
             elif isinstance(value, list):
                 value = [parse_override(f"x={v}")[1] for v in value]
             overrides[name] = value
-    for name, kind in _alias_kinds().items():  # other tools' names: config_aliases.translate reads them
+    for name, kind in _alias_kinds().items():  # other tools' names: aliases.translate reads them
         if name in vars(args):
             value = getattr(args, name)
             if kind == "list":

@@ -3,25 +3,33 @@
 A run config is one YAML mapping. Top-level keys are the fields of `TrainConfig`;
 feature sections (e.g. `adaptive_window:`) are nested dataclasses. Every key is
 checked: unknown keys, wrong types and impossible values are refused with one
-line naming the key and the file. This module imports no mlx.
+line naming the key and the file (typed_yaml.py reads them). This module imports no mlx.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
-import types
-import typing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
-
-import yaml
+from typing import Any, ClassVar
 
 from ..common.errors import UserError
-from ..common.user_files import load_yaml, read_yaml_file
-from .aliases import translate, unknown_key_hint
+from .aliases import translate
 from .paths import resolve_input_paths
+from .typed_yaml import (
+    POSITIVE,
+    Bound,
+    at_least,
+    build_dataclass,
+    declared_keys,
+    field_types,
+    get_dotted,
+    key,
+    nest,
+    non_negative,
+    read_yaml_mapping,
+    within,
+)
 
 DEFAULT_MODEL = "default"  # the small arithmetic model shipped inside the package
 DEFAULT_REWARDS = ("format_exact", "format_approx", "answer_check", "number_check", "digit_match")
@@ -31,44 +39,13 @@ SCALE_MODES = ("group", "batch", "none")
 IMPORTANCE_LEVELS = ("token", "sequence")
 
 
-@dataclass(frozen=True)
-class Bound:
-    """What a key's value must be: a test, and how the expectation reads when the value fails it."""
-
-    test: Callable[[Any], bool]
-    expected: str
-
-
-def at_least(low: float, note: str = "") -> Bound:
-    return Bound(lambda v: v >= low, f"at least {low}{note}")
-
-
-def non_negative(note: str = "") -> Bound:
-    return Bound(lambda v: v >= 0, f"non-negative{note}")
-
-
-POSITIVE = Bound(lambda v: v > 0, "positive")
-
-
-def within(low: float, high: float, closed: str = "[]") -> Bound:
-    """`low` to `high`; `closed` says which ends belong: "[]", "[)", "(]" or "()"."""
-    def test(v: Any) -> bool:
-        return ((low <= v) if closed[0] == "[" else (low < v)) and ((v <= high) if closed[1] == "]" else (v < high))
-    return Bound(test, f"in {closed[0]}{low:g}, {high:g}{closed[1]}")
-
-
-def key(default: Any = dataclasses.MISSING, help: str = "", *, factory: Any = dataclasses.MISSING,
-        check: Bound | None = None, choices: tuple[str, ...] | None = None) -> Any:
-    """A config key: its default (`factory` for a mutable one), its help text, and what its value must be (a
-    `check`, or one of `choices`), kept in the field's metadata as mlx-lm and TRL declare theirs;
-    `TrainConfig.validate`, `mlx-grpo train --help` and `key_help()` read them there. A None value (an
-    optional key left unset) is not checked."""
-    return field(default=default, default_factory=factory, metadata={"help": help, "check": check, "choices": choices})
-
-
 @dataclass
 class RewardSpec:
     """One reward function: a built-in name or `file.py:function`, and its weight."""
+
+    # written as a mapping or as the name alone; typed_yaml says so in its errors
+    EXPECTED: ClassVar[str] = "a reward name or a mapping with name and weight"
+    EXPECTED_LIST: ClassVar[str] = "a list of reward names (or mappings with name and weight)"
 
     name: str
     weight: float = 1.0
@@ -171,7 +148,7 @@ class TrainConfig:
                               check=non_negative(" (0 turns clipping off)"))
     # Memory of the update and the reference pass (the same gradient whatever they are; docs/SCALE.md):
     # completions per forward/backward pass, gradients summed; 0 = all at once; auto = the smallest that runs
-    # at full speed and fits (plan.configured_settings)
+    # at full speed and fits (budget.configured_settings)
     micro_batch_size: int | str = key(
         "auto", "completions per forward/backward pass; 0 = all; auto = fastest, leanest (and grad_checkpoint "
         "on when no micro-batch fits without it)",
@@ -302,7 +279,7 @@ class TrainConfig:
     def validate(self, source: str) -> None:
         """Refuse impossible values, naming the key and where it came from: each key's own bound or choices
         (its field metadata), then the rules that tie keys together."""
-        for name, value, metadata in _keys(self):
+        for name, value, metadata in declared_keys(self):
             check, choices = metadata.get("check"), metadata.get("choices")
             if value is not None and check is not None and not check.test(value):
                 raise UserError(f"{source}: key '{name}' is {value!r}; expected {check.expected}")
@@ -310,7 +287,7 @@ class TrainConfig:
                 raise UserError(f"{source}: key '{name}' is {value!r}; expected one of {', '.join(choices)}")
         for name, ok, expected in self._joint_checks():
             if not ok:
-                raise UserError(f"{source}: key '{name}' is {_get_dotted(self, name)!r}; expected {expected}")
+                raise UserError(f"{source}: key '{name}' is {get_dotted(self, name)!r}; expected {expected}")
         if not self.rewards and self.rubric_file is None:
             raise UserError(f"{source}: key 'rewards' is empty; name at least one reward function or a rubric_file")
         for i, spec in enumerate(self.rewards):
@@ -337,16 +314,6 @@ class TrainConfig:
         ]
 
 
-def _keys(config: Any, prefix: str = "") -> Iterator[tuple[str, Any, Mapping[str, Any]]]:
-    """(dotted name, value, field metadata) of every key, nested sections' keys too, in declaration order."""
-    for f in dataclasses.fields(config):
-        value = getattr(config, f.name)
-        if dataclasses.is_dataclass(value):
-            yield from _keys(value, f"{prefix}{f.name}.")
-        else:
-            yield prefix + f.name, value, f.metadata
-
-
 # The keys that take one of a few words, from their fields' metadata (their flags show them as {a,b,c}).
 CHOICES: dict[str, tuple[str, ...]] = {f.name: f.metadata["choices"] for f in dataclasses.fields(TrainConfig)
                                        if f.metadata.get("choices")}
@@ -356,159 +323,6 @@ def _plain_name(name: str) -> bool:
     """A run name is one directory under monitoring_dir, never a path out of it."""
     return (0 < len(name) <= 200 and name not in (".", "..") and "/" not in name and "\\" not in name
             and "\x00" not in name)
-
-
-def _get_dotted(obj: Any, dotted: str) -> Any:
-    for part in dotted.split("."):
-        obj = getattr(obj, part)
-    return obj
-
-
-# ----------------------------------------------------------------------------- type coercion
-
-def _type_name(tp: Any) -> str:
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        return " or ".join("null" if a is type(None) else _type_name(a) for a in typing.get_args(tp))
-    if origin is list:
-        if typing.get_args(tp)[0] is RewardSpec:
-            return "a list of reward names (or mappings with name and weight)"
-        return f"a list of {_type_name(typing.get_args(tp)[0])}"
-    if dataclasses.is_dataclass(tp):
-        return "a mapping"
-    return {bool: "true/false", int: "an integer", float: "a number", str: "a string",
-            dict: "a mapping"}.get(tp, str(tp))
-
-
-def _coerce(value: Any, tp: Any, key: str, source: str) -> Any:
-    """Check `value` against the annotated type `tp`; return it converted."""
-    if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:  # YAML's "\ud83d" escapes give lone surrogates: no file or name takes them
-            raise UserError(f"{source}: key '{key}' is not valid text (a lone surrogate); write the character "
-                            f"itself") from None
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        args = typing.get_args(tp)
-        if value is None and type(None) in args:
-            return None
-        for arg in args:
-            if arg is type(None):
-                continue
-            try:
-                return _coerce(value, arg, key, source)
-            except UserError:
-                continue
-        raise _type_error(value, tp, key, source)
-    if origin is list:
-        if not isinstance(value, list):
-            raise _type_error(value, tp, key, source)
-        (item_tp,) = typing.get_args(tp)
-        return [_coerce(v, item_tp, f"{key}[{i}]", source) for i, v in enumerate(value)]
-    if tp is RewardSpec:
-        if isinstance(value, str):
-            return RewardSpec(value)
-        if isinstance(value, dict):
-            return _build_dataclass(RewardSpec, value, key, source)
-        raise UserError(f"{source}: key '{key}' is {value!r}; expected a reward name or a mapping with name and weight")
-    if dataclasses.is_dataclass(tp):
-        if not isinstance(value, dict):
-            raise _type_error(value, tp, key, source)
-        return _build_dataclass(tp, value, key, source)
-    if tp is dict:
-        if isinstance(value, dict) and all(isinstance(k, str) for k in value):
-            return value
-        raise _type_error(value, tp, key, source)
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        raise _type_error(value, tp, key, source)
-    if tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        raise _type_error(value, tp, key, source)
-    if tp is float:
-        number = None
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            number = float(value)
-        elif isinstance(value, str):
-            # YAML 1.1 reads "1e-5" (no dot) as a string; people write learning rates that way.
-            try:
-                number = float(value)
-            except ValueError:
-                pass
-        if number is None:
-            raise _type_error(value, tp, key, source)
-        if not math.isfinite(number):  # .inf/.nan pass `> 0` checks, then break the run or its resume
-            raise UserError(f"{source}: key '{key}' is {value!r}; expected a finite number")
-        return number
-    if tp is str:
-        if isinstance(value, str):
-            return value
-        raise _type_error(value, tp, key, source)
-    raise TypeError(f"unsupported config type {tp!r} for {key}")
-
-
-def _type_error(value: Any, tp: Any, key: str, source: str) -> UserError:
-    return UserError(f"{source}: key '{key}' is {value!r}; expected {_type_name(tp)}")
-
-
-def _field_types(cls: type) -> dict[str, Any]:
-    hints = typing.get_type_hints(cls)
-    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
-
-
-def _build_dataclass(cls: type, mapping: dict, prefix: str, source: str, base: Any = None) -> Any:
-    """Make `cls` from a mapping, starting from `base` (or the defaults)."""
-    types_by_name = _field_types(cls)
-    values = {} if base is None else {n: getattr(base, n) for n in types_by_name}
-    for key, value in mapping.items():
-        dotted = f"{prefix}.{key}" if prefix else str(key)
-        if key not in types_by_name:
-            raise UserError(f"{source}: unknown key '{dotted}'{unknown_key_hint(str(key), types_by_name)}")
-        tp = types_by_name[key]
-        if dataclasses.is_dataclass(tp) and isinstance(value, dict):
-            values[key] = _build_dataclass(tp, value, dotted, source, base=values.get(key))
-        else:
-            values[key] = _coerce(value, tp, dotted, source)
-    return cls(**values)
-
-
-# ----------------------------------------------------------------------------- loading
-
-def read_yaml_mapping(path: Path) -> dict:
-    """Safe-load a YAML file that must hold a mapping; errors name the file and line."""
-    data = read_yaml_file(path, "config file")
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise UserError(f"{path}: expected a mapping of config keys at the top level, got {type(data).__name__}")
-    return data
-
-
-def parse_override(text: str) -> tuple[str, Any]:
-    """`key=value` from the command line; the value is read as YAML (so 3, true, [a, b] work)."""
-    if "=" not in text:
-        raise UserError(f"--set {text!r}: expected KEY=VALUE")
-    key, raw = text.split("=", 1)
-    try:
-        value = load_yaml(raw, f"--set {key.strip()}") if raw != "" else ""
-    except yaml.YAMLError:
-        value = raw
-    return key.strip(), value
-
-
-def nest(dotted: dict[str, Any]) -> dict:
-    """{'a.b': 1} -> {'a': {'b': 1}}"""
-    out: dict = {}
-    for key, value in dotted.items():
-        node = out
-        parts = key.split(".")
-        for part in parts[:-1]:
-            node = node.setdefault(part, {})
-        node[parts[-1]] = value
-    return out
 
 
 def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> TrainConfig:
@@ -523,17 +337,17 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
 def config_from_mapping(mapping: dict, source: str, overrides: dict[str, Any] | None = None,
                         base: Path | None = None) -> TrainConfig:
     """Defaults, then `mapping` (errors name `source`: a file, a run's run.json), then command-line
-    overrides; validated. Other tools' key names are read as ours (config_aliases.py). `base`: the folder
+    overrides; validated. Other tools' key names are read as ours (aliases.py). `base`: the folder
     the mapping's relative input paths are resolved against (None: kept as written, as in an old
     run.json whose paths the trainer resolves against its saved base_dir)."""
     mapping = translate(mapping, source, known=top_level_fields_all())
     if base is not None:
         mapping = resolve_input_paths(mapping, base)
-    config = _build_dataclass(TrainConfig, mapping, "", source, base=TrainConfig()) if mapping else TrainConfig()
+    config = build_dataclass(TrainConfig, mapping, "", source, base=TrainConfig()) if mapping else TrainConfig()
     if overrides:
         overrides = resolve_input_paths(translate(overrides, "command line", known=top_level_fields_all()),
                                         Path.cwd())
-        config = _build_dataclass(TrainConfig, nest(overrides), "", "command line", base=config)
+        config = build_dataclass(TrainConfig, nest(overrides), "", "command line", base=config)
         if "num_steps" in overrides and "epochs" not in overrides:  # as in TRL, a step count wins over epochs
             config.epochs = None
     config.validate(source)
@@ -549,7 +363,7 @@ def key_help(cls: type = None, prefix: str = "") -> dict[str, str]:
     helps: dict[str, str] = {}
     for f in dataclasses.fields(cls or TrainConfig):
         helps[prefix + f.name] = f.metadata.get("help", "")
-        tp = _field_types(cls or TrainConfig)[f.name]
+        tp = field_types(cls or TrainConfig)[f.name]
         if dataclasses.is_dataclass(tp):
             helps.update(key_help(tp, f"{prefix}{f.name}."))
     return helps
@@ -562,4 +376,4 @@ def top_level_fields_all() -> list[str]:
 
 def top_level_fields() -> dict[str, Any]:
     """Scalar and list fields that get their own `--flag` on the command line."""
-    return {name: tp for name, tp in _field_types(TrainConfig).items() if not dataclasses.is_dataclass(tp)}
+    return {name: tp for name, tp in field_types(TrainConfig).items() if not dataclasses.is_dataclass(tp)}

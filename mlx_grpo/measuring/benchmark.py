@@ -24,7 +24,6 @@ Paths (names used in the JSON report, docs/bench_schema.json):
 
 from __future__ import annotations
 
-import datetime as _dt
 import gc
 import statistics
 import time
@@ -46,24 +45,14 @@ from ..models.policy import count_parameters, lm_head, resolve_dtype
 from ..planning import chips, roofline
 from ..planning.fitting import read_model_shape
 from ..planning.machine import describe, matmul_peak_flops, stream_gb_s
-from ..planning.plan import FULL_SPEED_FLOPS, dtype_bytes
+from ..planning.plan import dtype_bytes
 from ..trainer import step_key
 from ..update import build_train_batch, shares_prompts
-from .workload import STEP_PHASES, Workload, decode_ceiling, make_update_ceiling
+from .bench_report import build_report
+from .workload import Workload, decode_ceiling, make_update_ceiling
 
-SCHEMA_VERSION = 1
 PATHS = ("rollout", "rollout_ceiling", "rollout_sequential", "reward", "reference", "update",
          "update_ceiling", "step")
-DESCRIPTIONS = {
-    "rollout": "rollout (ours)",
-    "rollout_ceiling": "(a) minimal batched decode",
-    "rollout_sequential": "(b) one sequence at a time",
-    "reward": "rewards + advantages",
-    "reference": "reference log-probs (KL)",
-    "update": "update (ours)",
-    "update_ceiling": "(c) bare grad + AdamW",
-    "step": "whole trainer step",
-}
 # The trainer's own phase timers (StepData.seconds), read back from each step.
 MEMORY_BETA = 0.04  # the KL weight the memory comparison uses when the benchmarked run has beta = 0
 
@@ -95,10 +84,6 @@ class BenchOptions:
 
 
 # ----------------------------------------------------------------------------- measuring
-
-def summarise(values: list[float]) -> dict:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
-
 
 def time_interleaved(runners: dict[str, Callable[[int], None]], repetitions: int, warmup: int) -> dict[str, list[float]]:
     """Seconds per call of each runner, warm-up excluded; runners take the repetition index."""
@@ -235,10 +220,25 @@ def measure_paths(options: BenchOptions) -> tuple[dict, dict, dict | None, dict]
     """(settings block, per-path samples in seconds with token counts, bandwidth block, roofline block)."""
     config = options.config
     work = Workload(config, options.base_dir, options.prompt_length)
-    model = work.model
+    n_sequential = min(options.sequential_sample, work.sequences)
+    measured = time_paths(work, options, n_sequential)
+    settings = bench_settings(work, options, n_sequential)
+    rollout_tps = None
+    if "rollout" in measured:
+        rollout_tps = measured["rollout"]["tokens"] / statistics.median(measured["rollout"]["seconds"])
+    chip = chips.this_chip()
+    bandwidth = bandwidth_report(rollout_tps, work.model, work.sequences, options.prompt_length,
+                                 config.max_generation_steps, chip)
+    return settings, measured, bandwidth, path_roofline(work, options, measured, chip)
+
+
+def time_paths(work: Workload, options: BenchOptions, n_sequential: int) -> dict:
+    """Each chosen path's samples in seconds and its token count, timed interleaved; the whole step's phases
+    and peaks too."""
+    config, model = options.config, work.model
+    prompts = mx.array(work.prompts)
     T, G = config.max_generation_steps, config.num_generations
     prompts = mx.array(work.prompts)
-    n_sequential = min(options.sequential_sample, work.sequences)
     sequential_rows = [prompts[i % config.batch_size][None] for i in range(n_sequential)]
     update_ceiling = make_update_ceiling(model, work.batch, options.prompt_length, config.learning_rate)
 
@@ -281,6 +281,12 @@ def measure_paths(options: BenchOptions) -> tuple[dict, dict, dict | None, dict]
         # each phase's peak (its KV cache, activations and logits on top of the weights), the worst repetition
         measured["step"]["peak_memory_bytes"] = {name: max(p[name] for p in step_peaks) for name in step_peaks[0]}
 
+    return measured
+
+
+def bench_settings(work: Workload, options: BenchOptions, n_sequential: int) -> dict:
+    config, model = options.config, work.model
+    T, G = config.max_generation_steps, config.num_generations
     total, trainable = count_parameters(model)
     settings = {
         "model": config.model_id,
@@ -303,11 +309,12 @@ def measure_paths(options: BenchOptions) -> tuple[dict, dict, dict | None, dict]
         "weight_bytes": weight_bytes(model),
         "wired_limit_bytes": work.wired_limit,
     }
-    rollout_tps = None
-    if "rollout" in measured:
-        rollout_tps = measured["rollout"]["tokens"] / statistics.median(measured["rollout"]["seconds"])
-    chip = chips.this_chip()
-    bandwidth = bandwidth_report(rollout_tps, model, work.sequences, options.prompt_length, T, chip)
+    return settings
+
+
+def path_roofline(work: Workload, options: BenchOptions, measured: dict, chip: chips.Chip | None) -> dict:
+    """The roofline block: each measured path against what this machine's compute and bandwidth allow."""
+    config, model, T = options.config, work.model, options.config.max_generation_steps
     phases = phase_work(work, options)
     limits, source = machine_limits(chip)
     resolved = work.trainer.config.micro_batch_size  # `auto` resolved by the trainer's plan
@@ -320,7 +327,7 @@ def measure_paths(options: BenchOptions) -> tuple[dict, dict, dict | None, dict]
         sweep = work.sequences * T * shape.vocab
         costs = vocabulary_costs(min(micro, work.sequences) * T, shape.hidden)
         vocabulary = (costs, {"reference": sweep, "update": sweep * config.num_iterations})
-    return settings, measured, bandwidth, roofline_report(measured, phases, limits, source, pass_flops, vocabulary)
+    return roofline_report(measured, phases, limits, source, pass_flops, vocabulary)
 
 
 def measure_memory(options: BenchOptions) -> dict:
@@ -360,126 +367,6 @@ def measure_memory(options: BenchOptions) -> dict:
         "lora_beta0_train_peak_bytes": train_peaks[0.0],
         "lora_beta_train_peak_bytes": train_peaks[beta],
         "train_ratio": train_peaks[beta] / train_peaks[0.0],
-    }
-
-
-# ----------------------------------------------------------------------------- the report
-
-def _ratio(samples: list[float], best: float) -> dict:
-    """A ratio's per-repetition summary, plus `best`: the same ratio between the fastest run of
-    each path, the least disturbed estimate when other work shares the machine."""
-    return {**summarise(samples), "best": best}
-
-
-def _speed_ratio(measured: dict, numerator: str, denominator: str) -> dict | None:
-    """Tokens/s of `numerator` over tokens/s of `denominator`."""
-    if numerator not in measured or denominator not in measured:
-        return None
-    a, b = measured[numerator], measured[denominator]
-    samples = [(a["tokens"] / sa) / (b["tokens"] / sb) for sa, sb in zip(a["seconds"], b["seconds"])]
-    return _ratio(samples, (a["tokens"] / min(a["seconds"])) / (b["tokens"] / min(b["seconds"])))
-
-
-def _step_overhead(measured: dict) -> dict | None:
-    """Whole-step time over the sum of its separately timed phases."""
-    parts = ["rollout", "reward", "update"] + (["reference"] if "reference" in measured else [])
-    if "step" not in measured or any(p not in measured for p in parts):
-        return None
-    samples = [step / sum(measured[p]["seconds"][i] for p in parts)
-               for i, step in enumerate(measured["step"]["seconds"])]
-    best = min(measured["step"]["seconds"]) / sum(min(measured[p]["seconds"]) for p in parts)
-    return _ratio(samples, best)
-
-
-def _step_vs_own_phases(measured: dict) -> dict | None:
-    """Whole-step wall time over the sum of the trainer's own phase timers in that same step:
-    untimed work inside the step, immune to load that varies between separate runs."""
-    step = measured.get("step")
-    if not step or not step.get("phases"):
-        return None
-    samples = [wall / sum(phases.values()) for wall, phases in zip(step["seconds"], step["phases"])]
-    return _ratio(samples, samples[step["seconds"].index(min(step["seconds"]))])
-
-
-# name, short label, what it compares, comparison, target
-GOALS = [
-    ("rollout_vs_ceiling", "rollout / (a)", "rollout tokens/s over the minimal batched decode (a)", ">=", 0.9),
-    ("rollout_vs_sequential", "rollout / (b)", "rollout tokens/s over one-sequence-at-a-time decode (b)",
-     ">=", 5.0),
-    ("update_vs_ceiling", "update / (c)", "update tokens/s over the bare value_and_grad + AdamW loop (c)",
-     ">=", 0.9),
-    ("step_overhead", "step / sum of phases", "whole step time over rollout + reward + reference + update time",
-     "<=", 1.10),
-    ("memory_beta_ratio", "LoRA memory beta>0 / 0", "LoRA peak memory with beta > 0 over beta = 0", "<=", 1.15),
-]
-# Shares of what the machine allows (issue 35), judged where a pass is large enough to run at full speed
-# (plan.FULL_SPEED_FLOPS): at the shipped model's shape a pass is a few small matmuls, mostly overhead.
-ROOFLINE_GOALS = [
-    ("update_share_of_peak", "update / matmul peak", "update FLOP/s over the measured fp32 matmul peak", "update",
-     "share_of_peak", 0.7),
-    ("reference_share_of_peak", "reference / matmul peak", "reference FLOP/s over the measured fp32 matmul peak",
-     "reference", "share_of_peak", 0.7),
-    ("rollout_share_of_roofline", "rollout / roofline", "rollout FLOP/s over the roofline's attainable FLOP/s "
-     "(matmul peak, or memory bandwidth x FLOPs per byte read when that is lower)", "rollout",
-     "share_of_attainable", 0.5),
-]
-
-
-def build_report(settings: dict, measured: dict, memory: dict | None, bandwidth: dict | None,
-                 machine: dict, seconds: float, roof: dict | None = None) -> dict:
-    paths = {}
-    for name, m in measured.items():
-        tps = [m["tokens"] / s for s in m["seconds"]]
-        median_tps = statistics.median(tps)
-        paths[name] = {
-            "description": DESCRIPTIONS[name],
-            "tokens": m["tokens"],
-            "seconds": {**summarise(m["seconds"]), "samples": m["seconds"]},
-            "tokens_per_s": summarise(tps),
-            "spread": (max(tps) - min(tps)) / median_tps,
-        }
-        if m.get("peak_memory_bytes"):
-            paths[name]["peak_memory_bytes"] = m["peak_memory_bytes"]
-        if m.get("phases"):
-            names = [p for p in STEP_PHASES if all(p in ph for ph in m["phases"])]
-            paths[name]["phases"] = {p: statistics.median(ph[p] for ph in m["phases"]) for p in names}
-    computed = {
-        "rollout_vs_ceiling": _speed_ratio(measured, "rollout", "rollout_ceiling"),
-        "rollout_vs_sequential": _speed_ratio(measured, "rollout", "rollout_sequential"),
-        "update_vs_ceiling": _speed_ratio(measured, "update", "update_ceiling"),
-        "step_overhead": _step_overhead(measured),
-        "step_vs_own_phases": _step_vs_own_phases(measured),
-    }
-    ratios = {name: value for name, value in computed.items() if value is not None}
-    goals = []
-    for name, label, meaning, comparison, target in GOALS:
-        if name == "memory_beta_ratio":
-            value = memory["ratio"] if memory else None
-        else:
-            value = ratios[name]["median"] if name in ratios else None
-        if value is None:
-            continue
-        met = value >= target if comparison == ">=" else value <= target
-        goals.append({"name": name, "label": label, "description": meaning, "comparison": comparison, "target": target,
-                      "measured": value, "met": met})
-    if roof and roof["update_pass_flops"] >= FULL_SPEED_FLOPS:
-        for name, label, meaning, path, key, target in ROOFLINE_GOALS:
-            if path in roof["paths"]:
-                value = roof["paths"][path][key]
-                goals.append({"name": name, "label": label, "description": meaning, "comparison": ">=",
-                              "target": target, "measured": value, "met": value >= target})
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "machine": machine,
-        "settings": settings,
-        "paths": paths,
-        "ratios": ratios,
-        "memory": memory,
-        "bandwidth": bandwidth,
-        "roofline": roof,
-        "goals": goals,
-        "total_seconds": seconds,
     }
 
 

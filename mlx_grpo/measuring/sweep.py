@@ -45,7 +45,8 @@ from typing import Any, Callable
 
 from ..common.errors import UserError
 from ..common.terminal import terminal_safe
-from ..config.train_config import TrainConfig, _build_dataclass, nest, read_yaml_mapping
+from ..config.train_config import TrainConfig
+from ..config.typed_yaml import build_dataclass, nest, read_yaml_mapping
 from ..planning.machine import MEMORY_SHARE_ENV
 from ..telemetry.rundir.writer import read_run_info
 
@@ -291,9 +292,9 @@ def trial_config(spec: SweepSpec, trial: Trial) -> TrainConfig:
     """The full run config of one trial, checked like `mlx-grpo train` would check it."""
     config = TrainConfig()
     if spec.base is not None:
-        config = _build_dataclass(TrainConfig, read_yaml_mapping(spec.base), "", str(spec.base), base=config)
+        config = build_dataclass(TrainConfig, read_yaml_mapping(spec.base), "", str(spec.base), base=config)
     source = f"{spec.path} ({trial.name}: {describe(trial.params)})"
-    config = _build_dataclass(TrainConfig, nest({**spec.fixed, **trial.params}), "", source, base=config)
+    config = build_dataclass(TrainConfig, nest({**spec.fixed, **trial.params}), "", source, base=config)
     config.validate(source)
     return config
 
@@ -378,30 +379,9 @@ def run_sweep(spec: SweepSpec, parallel: int = 1, say: Callable[[str], None] = p
               poll_s: float = 0.2) -> list[Outcome]:
     """Run every trial not finished yet, at most `parallel` at a time; one outcome per trial, in order."""
     trials = plan_trials(spec)
-    for trial in trials:
-        trial_config(spec, trial)  # every trial is checked before the first one starts
-    plan = manifest(spec, trials)
-    check_manifest(spec, plan)
-    logs = spec.directory / "logs"
-    try:
-        logs.mkdir(parents=True, exist_ok=True)
-        (spec.directory / MANIFEST).write_text(json.dumps(plan, indent=2) + "\n")
-    except OSError as err:
-        raise UserError(f"{spec.directory}: cannot write the sweep there ({err.strerror}); "
-                        f"set output_dir in {spec.path} to a writable directory") from None
-
+    logs = _write_manifest(spec, trials)
     outcomes: dict[str, Outcome] = {}
-    queue: list[tuple[Trial, bool]] = []
-    for trial in trials:
-        state = trial_state(spec.directory / trial.name)
-        if state == "finished":
-            outcomes[trial.name] = Outcome(trial, "skipped", detail="finished earlier")
-            say(f"{trial.name}: already finished ({describe(trial.params)})")
-            continue
-        if state == "new":
-            shutil.rmtree(spec.directory / trial.name, ignore_errors=True)  # a start that never wrote run.json
-        queue.append((trial, state == "resumable"))
-
+    queue = _queue(spec, trials, outcomes, say)
     running: list[tuple[Trial, subprocess.Popen, float, Any, int]] = []
     env = trial_env(spec, parallel)
     previous = _stop_on_sigterm()
@@ -419,25 +399,11 @@ def run_sweep(spec: SweepSpec, parallel: int = 1, say: Callable[[str], None] = p
                 say(f"{trial.name}: {'resumed' if resume else 'started'} ({describe(trial.params)})")
             time.sleep(poll_s)
             for item in list(running):
-                trial, process, started, log, log_start = item
-                code = process.poll()
+                code = item[1].poll()
                 if code is None:
                     continue
                 running.remove(item)
-                log.close()
-                seconds = time.perf_counter() - started
-                if code == 0:
-                    outcomes[trial.name] = Outcome(trial, "finished", seconds)
-                    say(f"{trial.name}: finished in {seconds:.0f} s")
-                else:
-                    detail = _error_line(logs / f"{trial.name}.log", log_start)
-                    if "still being trained by" in detail or "is training this run" in detail:
-                        # a trial an earlier, killed sweep started and that trains on: not a failure
-                        outcomes[trial.name] = Outcome(trial, "elsewhere", seconds, detail)
-                        say(f"{trial.name}: {detail.split('error: ')[-1]}")
-                    else:
-                        outcomes[trial.name] = Outcome(trial, "failed", seconds, detail)
-                        say(f"{trial.name}: failed (exit {code}) after {seconds:.0f} s: {detail}")
+                _record_end(item, code, logs, outcomes, say)
     finally:
         for _, process, _, log, _ in running:  # the sweep was interrupted: stop the trials still running
             if process.poll() is None:
@@ -447,6 +413,58 @@ def run_sweep(spec: SweepSpec, parallel: int = 1, say: Callable[[str], None] = p
         for signum, handler in previous.items():
             signal.signal(signum, handler)
     return [outcomes[t.name] for t in trials]
+
+
+def _write_manifest(spec: SweepSpec, trials: list[Trial]) -> Path:
+    """Every trial checked before the first one starts, the manifest written; the logs' folder."""
+    for trial in trials:
+        trial_config(spec, trial)
+    plan = manifest(spec, trials)
+    check_manifest(spec, plan)
+    logs = spec.directory / "logs"
+    try:
+        logs.mkdir(parents=True, exist_ok=True)
+        (spec.directory / MANIFEST).write_text(json.dumps(plan, indent=2) + "\n")
+    except OSError as err:
+        raise UserError(f"{spec.directory}: cannot write the sweep there ({err.strerror}); "
+                        f"set output_dir in {spec.path} to a writable directory") from None
+    return logs
+
+
+def _queue(spec: SweepSpec, trials: list[Trial], outcomes: dict[str, Outcome],
+           say: Callable[[str], None]) -> list[tuple[Trial, bool]]:
+    """The trials to run, each with whether it resumes; those finished earlier are skipped."""
+    queue: list[tuple[Trial, bool]] = []
+    for trial in trials:
+        state = trial_state(spec.directory / trial.name)
+        if state == "finished":
+            outcomes[trial.name] = Outcome(trial, "skipped", detail="finished earlier")
+            say(f"{trial.name}: already finished ({describe(trial.params)})")
+            continue
+        if state == "new":
+            shutil.rmtree(spec.directory / trial.name, ignore_errors=True)  # a start that never wrote run.json
+        queue.append((trial, state == "resumable"))
+    return queue
+
+
+def _record_end(item: tuple[Trial, subprocess.Popen, float, Any, int], code: int, logs: Path,
+                outcomes: dict[str, Outcome], say: Callable[[str], None]) -> None:
+    """A trial's process ended with `code`: its outcome, said in one line."""
+    trial, _, started, log, log_start = item
+    log.close()
+    seconds = time.perf_counter() - started
+    if code == 0:
+        outcomes[trial.name] = Outcome(trial, "finished", seconds)
+        say(f"{trial.name}: finished in {seconds:.0f} s")
+        return
+    detail = _error_line(logs / f"{trial.name}.log", log_start)
+    if "still being trained by" in detail or "is training this run" in detail:
+        # a trial an earlier, killed sweep started and that trains on: not a failure
+        outcomes[trial.name] = Outcome(trial, "elsewhere", seconds, detail)
+        say(f"{trial.name}: {detail.split('error: ')[-1]}")
+    else:
+        outcomes[trial.name] = Outcome(trial, "failed", seconds, detail)
+        say(f"{trial.name}: failed (exit {code}) after {seconds:.0f} s: {detail}")
 
 
 def _raise_interrupt(signum: int, frame: Any) -> None:

@@ -6,7 +6,7 @@ say, which of its caches are plain, and how llama.cpp names its tensors in a GGU
 (planning/plan.py) reads these before any model loads, so this module imports nothing of mlx.
 
 A new family is one entry in FAMILIES (and one in GGUF_ARCHITECTURES when its GGUF files should load), plus
-a test file of its own (tests/test_model_families.py shows one). A `model_type` without an entry still loads
+a test file of its own (tests/models/test_model_families.py shows one). A `model_type` without an entry still loads
 through mlx-lm: it runs its own head over every position, and the rollout checks its caches when it loads
 (rollout.has_plain_kv_cache, models/policy.py:refuse_unbatchable).
 """
@@ -28,7 +28,7 @@ class Family:
     # embedding on the way in only; its head is the plain tied embedding (gemma-3-270m's 262k vocabulary made
     # the whole-sequence logits 70% of its update). Others (gemma2's logit soft-capping, granite's logit
     # scaling, ...) run their own head over every position; the memory plan counts them so
-    # (plan.ModelShape.plain_head). tests/test_model_families.py checks each family's head against its forward.
+    # (plan.ModelShape.plain_head). tests/models/test_model_families.py checks each family's head against its forward.
     plain_head: bool = True
     # Every this-many-th layer attends globally and the others over a sliding window, when config.json names
     # no `sliding_window_pattern` (mlx-lm's default for the family); 1: no sliding layers by default.

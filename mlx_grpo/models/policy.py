@@ -58,7 +58,7 @@ def resolve_model_path(model_id: str, base_dir: Path, need_weights: bool = True)
     GGUF file, or, failing those, a hub id."""
     from .gemma3 import MODEL_ID as GEMMA3
     from .gemma3 import gemma3_path
-    from .gguf import find_gguf
+    from .gguf_config import find_gguf
     from .qwen_coder import MODEL_ID as QWEN_CODER
     from .qwen_coder import qwen_coder_path
     from .smollm2 import MODEL_ID as SMOLLM2
@@ -190,7 +190,7 @@ def load_policy(config: TrainConfig, base_dir: Path) -> tuple[nn.Module, Any]:
 def keeps_gguf_quantized(path: str, config: TrainConfig) -> bool:
     """Whether a GGUF file's quantized matrices stay quantized (in MLX's format), by the rule
     `dequantize_base` applies to any quantized base; else they are read as plain float32, the file's values."""
-    from .gguf import read_gguf
+    from .gguf_config import read_gguf
 
     weights = sum(t.size for t in read_gguf(Path(path)).tensors.values())
     return not dequantizes(config, weights * DTYPES[resolve_dtype(config)].size)

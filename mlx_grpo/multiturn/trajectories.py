@@ -105,23 +105,10 @@ def _generate_trajectories(model: nn.Module, tokenizer: Any, prompts: list[list[
             if end is None and len(row.tokens) >= budgets.trajectory_tokens:
                 row.truncated = True
                 continue
-            answer = envs[i].step(tokenizer.decode(turn_ids[:-1] if end is not None else turn_ids))
-            row.story.calls += answer.calls
-            row.story.reward += answer.reward or 0.0
-            if answer.done or not answer.messages:
-                row.story.done = True
+            extra = _environment_turn(row, envs[i], tokenizer, turn_ids, end is not None, tools, eos_text,
+                                      turn + 1 == budgets.max_turns, budgets.trajectory_tokens)
+            if extra is None:
                 continue
-            if turn + 1 == budgets.max_turns:
-                continue  # out of turns: the environment's answer is never read
-            extra = continuation_tokens(tokenizer, answer.messages, tools,
-                                        eos_text.get(turn_ids[-1], "") if end is not None else "")
-            if len(row.tokens) + len(extra) >= budgets.trajectory_tokens:
-                row.truncated = True  # no room left for the model to answer
-                continue
-            row.story.segments.append(("environment", len(row.tokens), len(row.tokens) + len(extra)))
-            row.tokens += extra
-            row.mask += [0] * len(extra)
-            row.logprobs += [0.0] * len(extra)
             # what this row's cache lacks: its turn's tokens decoding never fed back, then the answer
             cached = min(len(turn_ids), fed)
             caches.append(_row_cache(cache, r, len(prompts[of_prompt[i]]) + turn_start + cached))
@@ -135,6 +122,30 @@ def _generate_trajectories(model: nn.Module, tokenizer: Any, prompts: list[list[
                    logprobs=[s.logprobs for s in states], truncated=[s.truncated for s in states],
                    seconds=time.perf_counter() - start, model_mask=[s.mask for s in states],
                    trajectories=[s.story for s in states])
+
+
+def _environment_turn(row: _Row, env: Any, tokenizer: Any, turn_ids: list[int], ended: bool,
+                      tools: list[dict] | None, eos_text: dict[int, str], last_turn: bool,
+                      trajectory_tokens: int) -> list[int] | None:
+    """The environment's answer to the model's turn, appended to `row` (masked out of the loss): its tokens,
+    or None when the row stops here (done, out of turns, or no room left)."""
+    answer = env.step(tokenizer.decode(turn_ids[:-1] if ended else turn_ids))
+    row.story.calls += answer.calls
+    row.story.reward += answer.reward or 0.0
+    if answer.done or not answer.messages:
+        row.story.done = True
+        return None
+    if last_turn:
+        return None  # out of turns: the environment's answer is never read
+    extra = continuation_tokens(tokenizer, answer.messages, tools, eos_text.get(turn_ids[-1], "") if ended else "")
+    if len(row.tokens) + len(extra) >= trajectory_tokens:
+        row.truncated = True  # no room left for the model to answer
+        return None
+    row.story.segments.append(("environment", len(row.tokens), len(row.tokens) + len(extra)))
+    row.tokens += extra
+    row.mask += [0] * len(extra)
+    row.logprobs += [0.0] * len(extra)
+    return extra
 
 
 def _decode_turn(model: nn.Module, logits: mx.array, cache: list, max_tokens: int, eos_ids: set[int],

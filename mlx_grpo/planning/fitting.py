@@ -15,8 +15,9 @@ from ..common.units import GB, GIB, gb_text
 from ..config.train_config import TrainConfig
 from ..data import load_datasets, longest_prompt
 from ..models.policy import dequantizes, is_gguf, load_tokenizer, model_config, resolve_dtype, resolve_model_path
+from .budget import Verdict, plan
 from .machine import device_info, memory_share
-from .plan import ModelShape, Shapes, Verdict, dtype_bytes, plan
+from .plan import ModelShape, Shapes, dtype_bytes
 from .presets import preset_config
 
 # ----------------------------------------------------------------------------- budgets

@@ -1,4 +1,5 @@
-"""Predict the peak memory of each phase of a GRPO step before any weights load, and find settings that fit.
+"""Predict the peak memory of each phase of a GRPO step before any weights load (budget.py finds settings
+that fit).
 
 The model's shape comes from its config.json alone. Each phase's peak is what stays resident
 (weights, trainable state: LoRA or full weights' gradients and AdamW moments, a frozen reference copy)
@@ -26,7 +27,7 @@ compares it with the trainer's own step for a run config (SmolLM2's recipe, pres
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from ..common.errors import UserError
@@ -85,7 +86,7 @@ HEAD_STREAMED_ROWS = 5.0
 # width, 256 positions, measured 46.2 MB above what stays resident; the formula without it said 31.9)
 HEAD_STREAMED_WEIGHT = 1.1
 # When one block holds the whole vocabulary, the update's streamed head holds its logits about this many
-# times (fitted: tests/test_plan.py's measured step, 4,096-token vocabulary; 1.0 before the polynomial
+# times (fitted: tests/planning/test_plan.py's measured step, 4,096-token vocabulary; 1.0 before the polynomial
 # exponential, whose compiled intermediates stay alive: 10.9 MB measured against 8.1 planned with 1.0)
 HEAD_STREAMED_ONE_BLOCK = 5.5
 # ... and the reference pass's, whose one block of logits goes through the compiled polynomial exponential
@@ -303,255 +304,126 @@ def micro_batches(shapes: Shapes, micro_batch_size: int) -> set[tuple[int, int]]
 def predict(shape: ModelShape, shapes: Shapes, config: TrainConfig, settings: MemorySettings,
             dtype: str) -> PhasePeaks:
     """Peak bytes of each phase of one step."""
-
-    d = dtype_bytes(dtype)
-    n, s, t, p = shapes.sequences, shapes.length, shapes.completion_length, shapes.prompt_length
-    weights = shape.weight_bytes(d)
-    if config.use_lora:
-        lora_layers = shape.layers if config.lora_layers < 0 else min(config.lora_layers, shape.layers)
-        trainable = shape.lora_parameters(config.lora_rank, lora_layers)
-        # LoRA parameters are float32 whatever the base dtype: weights, AdamW's two moments
-        resident = weights + trainable * 4 * 3
-        gradients = trainable * 4 * 2  # the micro-batch's and the running sum
-        # No gradient flows into the frozen blocks before the first adapted one: only the adapted blocks
-        # keep activations for the backward pass (SmolLM2's recipe adapts 16 of 30)
-        trained_layers = lora_layers
-    else:
-        trainable = shape.parameters()
-        reference_copy = weights if config.beta > 0 else 0
-        resident = weights + trainable * d * 2 + reference_copy
-        gradients = trainable * d * 2
-        trained_layers = shape.layers
-
-    act = activation_bytes(dtype, config.use_lora)
-    width = shape.hidden + shape.intermediate
-    # Frozen-prefix reuse (frozen_prefix.py): the rollout keeps the frozen blocks' output at every position
-    # it computed (each prompt once, every row's completion), held until the update ends; the reference pass
-    # and the update start after the frozen blocks, which then get no keys and values of their own.
-    prefix = config.use_lora and config.frozen_prefix_reuse and 0 < trained_layers < shape.layers
-    captured = (shapes.prompts * p + n * t) * shape.hidden * d if prefix else 0.0
-    cached_layers = trained_layers if prefix else shape.layers
-
-    # rollout: KV cache of every sequence at full length, the prompts' prefill (one block at a time;
-    # logits at the last position only, or at every prompt position for a model's own head), then one
-    # decode step's logits and its sampling arrays
-    # (kv_cache_bits: a plain cache's values quantized, with a scale and a bias in the model's dtype per group of 64)
-    kv_value = config.kv_cache_bits / 8 + 2 * d / 64 if config.kv_cache_bits and shape.plain_cache else d
-    kv = n * s * shape.layers * 2 * shape.kv_heads * shape.head_dim * kv_value
-
-    def rollout_of(prompts: int, kept_states: float = 0.0) -> float:
-        prefill = prompts * p * width * act * A_FORWARD + A_ATTENTION_FORWARD * prompts * shape.heads * p * p * d \
-            + (0 if shape.plain_head else prompts * p * shape.vocab * 4)
-        # the CPU's decode steps read the head through a [hidden, vocab] copy (rollout.transposed_head)
-        head_copy = shape.vocab * shape.hidden * d if shape.plain_head and shapes.cpu else 0.0
-        return resident + kv + prefill + SAMPLING * n * shape.vocab * 4 + kept_states + head_copy
-
-    rollout = rollout_of(shapes.prompts, captured)  # the held-out evaluation keeps no states
+    step = _StepSizes(shape, shapes, config, settings, dtype_bytes(dtype), activation_bytes(dtype, config.use_lora))
+    rollout = step.rollout_of(shapes.prompts, step.captured)  # the held-out evaluation keeps no states
     # held-out evaluation decodes B x G rows at a time, one completion each: as many prompts prefilled
-    evaluation = rollout_of(n) if config.eval_every > 0 else 0.0
+    evaluation = step.rollout_of(step.n) if config.eval_every > 0 else 0.0
+    reference, update = (max(values) for values in zip(*(step.phases(rows, prompts) for rows, prompts
+                                                         in micro_batches(shapes, settings.micro_batch_size))))
+    resident = step.resident
+    return PhasePeaks(step.weights, resident, rollout, resident + reference if config.beta > 0 else resident,
+                      resident + update, evaluation, shape.load_peak_bytes(step.d))
 
-    # reference and update, per micro-batch. The blocks run before the LM head in the forward pass and
-    # after it in the backward pass, so their transient buffers and the head's never coincide: a phase's
-    # peak is the larger of the two, on top of what the backward pass keeps.
-    chunked = shape.plain_head and 0 < settings.logits_chunk_size < t
-    # a frozen plain head is streamed when no chunk size is set: the reference pass always, the update under LoRA
-    streamed = shape.plain_head and settings.logits_chunk_size == 0
-    # a model's own head runs over every position of the sequence, prompt included
-    head_positions = settings.logits_chunk_size if chunked else t if shape.plain_head else s
-    half = HEAD_HALF_PRECISION if d == 2 else 0.0
-    # rows that share a prompt run it once and their completions on its keys and values (update.shares_prompts:
-    # plain caches, blocks not recomputed); else every row runs its whole sequence
-    shared = (shape.plain_cache or 0 < s <= shape.window) and not settings.grad_checkpoint
 
-    def phases(rows: int, prompts: int) -> tuple[float, float]:
+class _StepSizes:
+    """The sizes one step's phases are made of, for `predict`: what stays resident, the KV cache, the kept
+    states of frozen-prefix reuse, and how the LM head runs."""
+
+    def __init__(self, shape: ModelShape, shapes: Shapes, config: TrainConfig, settings: MemorySettings,
+                 d: int, act: float) -> None:
+        self.shape, self.shapes, self.config, self.settings, self.d, self.act = shape, shapes, config, settings, d, act
+        self.n, self.s, self.t, self.p = shapes.sequences, shapes.length, shapes.completion_length, shapes.prompt_length
+        n, s, t, p = self.n, self.s, self.t, self.p
+        self.weights = weights = shape.weight_bytes(d)
+        if config.use_lora:
+            lora_layers = shape.layers if config.lora_layers < 0 else min(config.lora_layers, shape.layers)
+            trainable = shape.lora_parameters(config.lora_rank, lora_layers)
+            # LoRA parameters are float32 whatever the base dtype: weights, AdamW's two moments
+            self.resident = weights + trainable * 4 * 3
+            self.gradients = trainable * 4 * 2  # the micro-batch's and the running sum
+            # No gradient flows into the frozen blocks before the first adapted one: only the adapted blocks
+            # keep activations for the backward pass (SmolLM2's recipe adapts 16 of 30)
+            self.trained_layers = lora_layers
+        else:
+            trainable = shape.parameters()
+            reference_copy = weights if config.beta > 0 else 0
+            self.resident = weights + trainable * d * 2 + reference_copy
+            self.gradients = trainable * d * 2
+            self.trained_layers = shape.layers
+        self.width = shape.hidden + shape.intermediate
+        # Frozen-prefix reuse (frozen_prefix.py): the rollout keeps the frozen blocks' output at every position
+        # it computed (each prompt once, every row's completion), held until the update ends; the reference pass
+        # and the update start after the frozen blocks, which then get no keys and values of their own.
+        self.prefix = config.use_lora and config.frozen_prefix_reuse and 0 < self.trained_layers < shape.layers
+        self.captured = (shapes.prompts * p + n * t) * shape.hidden * d if self.prefix else 0.0
+        self.cached_layers = self.trained_layers if self.prefix else shape.layers
+        # rollout: KV cache of every sequence at full length (kv_cache_bits: a plain cache's values quantized,
+        # with a scale and a bias in the model's dtype per group of 64)
+        kv_value = config.kv_cache_bits / 8 + 2 * d / 64 if config.kv_cache_bits and shape.plain_cache else d
+        self.kv = n * s * shape.layers * 2 * shape.kv_heads * shape.head_dim * kv_value
+        # reference and update, per micro-batch. The blocks run before the LM head in the forward pass and
+        # after it in the backward pass, so their transient buffers and the head's never coincide: a phase's
+        # peak is the larger of the two, on top of what the backward pass keeps.
+        self.chunked = shape.plain_head and 0 < settings.logits_chunk_size < t
+        # a frozen plain head is streamed when no chunk size is set: the reference pass always, the update under
+        # LoRA
+        self.streamed = shape.plain_head and settings.logits_chunk_size == 0
+        # a model's own head runs over every position of the sequence, prompt included
+        self.head_positions = settings.logits_chunk_size if self.chunked else t if shape.plain_head else s
+        self.half = HEAD_HALF_PRECISION if d == 2 else 0.0
+        # rows that share a prompt run it once and their completions on its keys and values
+        # (update.shares_prompts: plain caches, blocks not recomputed); else every row runs its whole sequence
+        self.shared = (shape.plain_cache or 0 < s <= shape.window) and not settings.grad_checkpoint
+
+    def rollout_of(self, prompts: int, kept_states: float = 0.0) -> float:
+        """The rollout's peak: the KV cache, the prompts' prefill (one block at a time; logits at the last
+        position only, or at every prompt position for a model's own head), then one decode step's logits and
+        its sampling arrays."""
+        shape, p, d = self.shape, self.p, self.d
+        prefill = (prompts * p * self.width * self.act * A_FORWARD
+                   + A_ATTENTION_FORWARD * prompts * shape.heads * p * p * d
+                   + (0 if shape.plain_head else prompts * p * shape.vocab * 4))
+        # the CPU's decode steps read the head through a [hidden, vocab] copy (rollout.transposed_head)
+        head_copy = shape.vocab * shape.hidden * d if shape.plain_head and self.shapes.cpu else 0.0
+        return self.resident + self.kv + prefill + SAMPLING * self.n * shape.vocab * 4 + kept_states + head_copy
+
+    def phases(self, rows: int, prompts: int) -> tuple[float, float]:
         """What one micro-batch's reference pass and update add to what is resident."""
-        if shared and prompts < rows:
+        shape, s, t, p, d, act = self.shape, self.s, self.t, self.p, self.d, self.act
+        if self.shared and prompts < rows:
             positions, scores = prompts * p + rows * t, prompts * p * p + rows * t * s
         else:
             positions, scores = rows * s, rows * s * s
         attention = shape.heads * scores * d  # one [heads, queries, keys] score buffer
         # the shared prompt's keys and values, copied to every row, exist for every block at once
-        prompt_cache = cached_layers * rows * s * 2 * shape.kv_heads * shape.head_dim * d \
-            if shared and prompts < rows else 0.0
+        prompt_cache = self.cached_layers * rows * s * 2 * shape.kv_heads * shape.head_dim * d \
+            if self.shared and prompts < rows else 0.0
         # the kept states, and this micro-batch's padded copy of its part (the prompts', then the completions')
-        kept_states = captured + (positions * shape.hidden * d if prefix else 0.0)
-        logits = rows * head_positions * shape.vocab * 4
+        kept_states = self.captured + (positions * shape.hidden * d if self.prefix else 0.0)
+        reference_head, head = self.heads(rows)
+        reference = kept_states + max(reference_head, positions * self.width * act * A_FORWARD
+                                      + A_ATTENTION_FORWARD * attention + prompt_cache)
+        one_block = positions * (self.width * A_KEPT + A_KEPT_PER_POSITION) * act
+        if self.settings.grad_checkpoint:  # block inputs are kept; each block is recomputed in its backward
+            kept, recomputed = self.trained_layers * positions * shape.hidden * d * A_CHECKPOINTED, one_block
+        else:
+            kept, recomputed = self.trained_layers * (one_block + A_ATTENTION_KEPT * attention), 0.0
+        update = self.gradients + kept + kept_states + max(head, A_ATTENTION_BACKWARD * attention + recomputed
+                                                           + prompt_cache)
+        return reference, update
+
+    def heads(self, rows: int) -> tuple[float, float]:
+        """The LM head's buffers for `rows` rows: in the reference pass, and in the update."""
+        shape, t, half = self.shape, self.t, self.half
+        logits = rows * self.head_positions * shape.vocab * 4
         entropy_logits = rows * -(-t // entropy_stride(t)) * shape.vocab * 4
         scored = rows * t  # completion positions whose log-probs the head gives
         block = min(shape.vocab, vocab_block(scored, shape.hidden))
         # one block for the whole vocabulary is the whole head's logits, once (no next block queued, no copy)
         blocks = block < shape.vocab
+
         def stream(one_block: float) -> float:
             return (scored * block * 4 * ((HEAD_STREAMED if blocks else one_block) + half)
                     + scored * shape.hidden * 4 * HEAD_STREAMED_ROWS
                     + blocks * block * shape.hidden * 4 * HEAD_STREAMED_WEIGHT)
-        reference_head = stream(HEAD_STREAMED_REFERENCE_ONE_BLOCK) if streamed else logits * ((HEAD_REFERENCE_CHUNKED if chunked else HEAD_REFERENCE)
-                                                           + half)
-        reference = kept_states + max(reference_head, positions * width * act * A_FORWARD
-                                      + A_ATTENTION_FORWARD * attention + prompt_cache)
-        one_block = positions * (width * A_KEPT + A_KEPT_PER_POSITION) * act
-        if settings.grad_checkpoint:  # block inputs are kept; each block is recomputed in its backward
-            kept, recomputed = trained_layers * positions * shape.hidden * d * A_CHECKPOINTED, one_block
+
+        if self.streamed:
+            reference_head = stream(HEAD_STREAMED_REFERENCE_ONE_BLOCK)
         else:
-            kept, recomputed = trained_layers * (one_block + A_ATTENTION_KEPT * attention), 0.0
-        if streamed and config.use_lora:  # policy/entropy comes with the streamed log-probs
+            reference_head = logits * ((HEAD_REFERENCE_CHUNKED if self.chunked else HEAD_REFERENCE) + half)
+        if self.streamed and self.config.use_lora:  # policy/entropy comes with the streamed log-probs
             head = stream(HEAD_STREAMED_ONE_BLOCK)
         else:
-            head = logits * ((HEAD_UPDATE_CHUNKED if chunked else HEAD_UPDATE) + half) + entropy_logits * HEAD_ENTROPY
-        update = gradients + kept + kept_states + max(head, A_ATTENTION_BACKWARD * attention + recomputed
-                                                      + prompt_cache)
-        return reference, update
-
-    reference, update = (max(values) for values in zip(*(phases(rows, prompts) for rows, prompts
-                                                         in micro_batches(shapes, settings.micro_batch_size))))
-    return PhasePeaks(weights, resident, rollout, resident + reference if config.beta > 0 else resident,
-                      resident + update, evaluation, shape.load_peak_bytes(d))
-
-
-# ----------------------------------------------------------------------------- fitting a budget
-
-CHUNKS = (0, 256, 128, 64, 32)
-
-
-def candidate_settings(shape: "ModelShape", shapes: "Shapes") -> list[MemorySettings]:
-    """Every setting worth trying, fastest first: no block recompute before recompute (about a third
-    more compute), micro-batches from the smallest that runs at full speed down (a larger one is no
-    faster, `fast_micro_batch`), large head chunks before small."""
-    return [MemorySettings(m, c, ckpt) for ckpt in (False, True) for m in micro_batches_by_speed(shape, shapes)
-            for c in CHUNKS]
-
-
-@dataclass(frozen=True)
-class Verdict:
-    budget: float
-    budget_source: str
-    configured: PhasePeaks
-    settings: MemorySettings  # what the config asks for
-    fitting: MemorySettings | None  # the fastest settings that fit (None: nothing fits)
-    fitting_peaks: PhasePeaks | None
-    other_changes: list[str]  # when nothing fits: what else would
-    plain_head: bool = True  # the model's head is its plain [V, H] matrix (streamed or chunked)
-    frozen_head: bool = True  # ... and LoRA leaves it frozen (streamed in the update too)
-
-    @property
-    def fits(self) -> bool:
-        return self.configured.peak <= self.budget
-
-    def describe(self, settings: MemorySettings) -> str:
-        return settings.describe(self.plain_head, self.frozen_head)
-
-
-# Recommended settings keep the predicted peak under this share of the budget: the formula is
-# within ~15% of measurements, and the system needs some memory of its own.
-MARGIN = 0.85
-
-
-# A forward + backward pass of at least this many floating-point operations runs the update at full speed:
-# per-pass overheads are then lost in the noise. Measured at Qwen2.5-0.5B width cut to 2 layers (issue 28):
-# micro-batches of 1, 2, 4 and 8 completions of 277 positions (~0.3 TFLOP a pass each) took the same time
-# within +-6%, while the update's peak halved with each halving; the shipped model's whole batch (128 x 33
-# positions) is ~25 GFLOP, and splitting it slows it down.
-FULL_SPEED_FLOPS = 5e10
-# ... and covers at least this many completion positions: every pass reads the whole [V, H] LM head (545 MB
-# at Qwen2.5-0.5B in fp32) for its rows, so a pass of a few rows is bound by that read. Micro-batches of 2
-# completions of 16 tokens ran the update at 0.45x the whole batch's throughput at that width.
-FULL_SPEED_POSITIONS = 256
-
-
-def pass_flops(shape: ModelShape, sequences: int, length: int) -> float:
-    """Forward + backward floating-point operations of one update pass over `sequences` x `length` positions:
-    2 per weight and position forward, twice that backward; the LM head counts with the blocks."""
-    return 6.0 * sequences * length * (shape.layers * shape.block_parameters() + shape.vocab * shape.hidden)
-
-
-def fast_micro_batch(shape: ModelShape, shapes: Shapes) -> int:
-    """The smallest micro-batch whose passes run at full speed (FULL_SPEED_FLOPS and FULL_SPEED_POSITIONS);
-    0 (the whole batch) when no smaller one does."""
-    for m in sorted(m for m in candidate_micro_batches(shapes.sequences) if m):
-        if pass_flops(shape, m, shapes.length) >= FULL_SPEED_FLOPS and \
-                m * shapes.completion_length >= FULL_SPEED_POSITIONS:
-            return m
-    return 0
-
-
-def micro_batches_by_speed(shape: ModelShape, shapes: Shapes) -> list[int]:
-    """The smallest full-speed micro-batch, then ever smaller ones (0: the whole batch, first when even
-    one pass over all of it is short)."""
-    fast = fast_micro_batch(shape, shapes)
-    return [m for m in candidate_micro_batches(shapes.sequences) if fast == 0 or 0 < m <= fast]
-
-
-def configured_settings(config: TrainConfig, shape: ModelShape, shapes: Shapes, dtype: str,
-                        budget: float) -> MemorySettings:
-    """The config's memory keys, with `micro_batch_size: auto` resolved to speed, not memory: the smallest
-    micro-batch that runs at full speed (`fast_micro_batch`; a larger one would only spend memory), or the
-    largest smaller one whose predicted peak fits MARGIN of the budget (on a Mac the budget is already the
-    recommended working set, so the rest of the machine keeps its share); when none does, the same with
-    `grad_checkpoint` on."""
-    if config.micro_batch_size != "auto":
-        return MemorySettings(config.micro_batch_size, config.logits_chunk_size, config.grad_checkpoint)
-    sizes = micro_batches_by_speed(shape, shapes)
-    # block recompute (about a third more compute) only when no micro-batch fits without it: long completions
-    for recompute in sorted({config.grad_checkpoint, True}):
-        for m in sizes:
-            settings = MemorySettings(m, config.logits_chunk_size, recompute)
-            if predict(shape, shapes, config, settings, dtype).peak <= MARGIN * budget:
-                return settings
-    return MemorySettings(sizes[-1], config.logits_chunk_size, config.grad_checkpoint)
-
-
-def candidate_micro_batches(sequences: int) -> list[int]:
-    """0 (all at once), then ever smaller micro-batches down to 1."""
-    return [0, *sorted({m for m in (64, 32, 16, 8, 4, 2, 1) if m < sequences}, reverse=True)]
-
-
-def plan(shape: ModelShape, shapes: Shapes, config: TrainConfig, dtype: str, budget: float,
-         budget_source: str, lora_dtype: str | None = None) -> Verdict:
-    """`lora_dtype`: what the run would compute in with LoRA (dtype `auto` differs between the two)."""
-    settings = configured_settings(config, shape, shapes, dtype, budget)
-    configured = predict(shape, shapes, config, settings, dtype)
-    fitting = fitting_peaks = None
-    for candidate in candidate_settings(shape, shapes):
-        peaks = predict(shape, shapes, config, candidate, dtype)
-        if peaks.peak <= MARGIN * budget:
-            fitting, fitting_peaks = candidate, peaks
-            break
-    other = [] if fitting is not None else bigger_changes(shape, shapes, config, dtype, lora_dtype or dtype,
-                                                          MARGIN * budget)
-    return Verdict(budget, budget_source, configured, settings, fitting, fitting_peaks, other, shape.plain_head,
-                   config.use_lora)
-
-
-def bigger_changes(shape: ModelShape, shapes: Shapes, config: TrainConfig, dtype: str, lora_dtype: str,
-                   budget: float) -> list[str]:
-    """When no memory setting is enough: the smallest changes to the run that fit, with the leanest
-    settings. Model changes first (LoRA, a 4-bit base), each alone or with fewer prompts per step or
-    shorter completions."""
-    leanest = MemorySettings(1, 32, True)
-    variants: list[tuple[list[str], ModelShape, TrainConfig]] = [([], shape, config)]
-    dtypes = {False: dtype, True: lora_dtype}
-    if not config.use_lora:
-        variants.append((["use_lora: true"], shape, replace(config, use_lora=True)))
-    if shape.bits is None:
-        variants.append((["use_lora: true", "a 4-bit base model (mlx_lm.convert -q)"] if not config.use_lora
-                         else ["a 4-bit base model (mlx_lm.convert -q)"], replace(shape, bits=4),
-                         replace(config, use_lora=True)))
-    found: list[str] = []
-    for changes, model, cfg in variants:
-        run_dtype = dtype if cfg.use_lora == config.use_lora else dtypes[True]
-        if predict(model, shapes, cfg, leanest, run_dtype).peak <= budget:
-            found.append(" + ".join(changes))
-        else:
-            for prompts in range(shapes.prompts - 1, 0, -1):
-                if predict(model, replace(shapes, prompts=prompts), cfg, leanest, run_dtype).peak <= budget:
-                    found.append(" + ".join([*changes, f"batch_size: {prompts}"]))
-                    break
-            else:
-                for length in (1536, 1024, 768, 512, 384, 256, 128, 64):
-                    if length < shapes.completion_length and predict(
-                            model, replace(shapes, completion_length=length), cfg, leanest, run_dtype).peak <= budget:
-                        found.append(" + ".join([*changes, f"max_generation_steps: {length}"]))
-                        break
-        if len(found) == 2:
-            break
-    return [f for f in found if f]
+            head = (logits * ((HEAD_UPDATE_CHUNKED if self.chunked else HEAD_UPDATE) + half)
+                    + entropy_logits * HEAD_ENTROPY)
+        return reference_head, head

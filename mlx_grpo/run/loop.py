@@ -1,7 +1,8 @@
 """A run's life after it opens (opening.py): the steps, the one decision after each, checkpoints, the end.
 
 Read `train()` and `run_steps()` top to bottom: per step, step (trainer.py), evaluate when due, record
-(the recorder), decide (`after_step`: Continue, RollBack, Stop or Fail), checkpoint when due, write, act.
+(the recorder), decide (`after_step`: Continue, RollBack, Stop or Fail), choose the checkpoint (`checkpoint_due`:
+when due, stopping, or at a new best held-out accuracy), write, stop on a full disk, checkpoint, act.
 Every run-level choice is made here: whether to go on, roll back or stop, and that only rank 0 writes."""
 
 from __future__ import annotations
@@ -122,13 +123,18 @@ def train(config: TrainConfig, base_dir: Path, resume_dir: Path | None = None) -
 
 
 def run_steps(run: Run, stop: StopRequest) -> Next:
-    """The steps: step, evaluate when due, record, decide, checkpoint when due, write, act. Returns how they
-    ended: Continue (every step done) or Stop."""
+    """The steps: step, evaluate when due, record, decide, choose the checkpoint, write, stop on a full disk,
+    checkpoint, act. Returns how they ended: Continue (every step done) or Stop."""
     if run.start_step == 0:
         before_first_update(run)
     for run.step in range(run.start_step + 1, run.config.num_steps + 1):
         run.report = record_step(run, run.step)
-        decision = write_step(run, run.report, after_step(run, run.report, stop))
+        decision = after_step(run, run.report, stop)
+        pending = checkpoint_due(run, run.report, decision)
+        write_step(run, run.report, pending)
+        decision, pending = stop_on_full_disk(run, decision, pending)
+        if pending is not None:
+            save_checkpoint(run, pending, run.step)
         if isinstance(decision, RollBack):
             roll_back(run, decision.alert, run.step)
         elif isinstance(decision, Fail):
@@ -153,40 +159,57 @@ def record_step(run: Run, step: int) -> StepReport:
     return report
 
 
-def write_step(run: Run, report: StepReport, decision: Next) -> Next:
-    """Write the step's record, with a checkpoint first when one is due (timed in the record) or the run
-    stops. A full disk found while writing turns the decision into a stop with a checkpoint."""
-    recorder, step = run.recorder, report.step
+def checkpoint_due(run: Run, report: StepReport, decision: Next) -> PendingCheckpoint | None:
+    """The step's checkpoint, prepared when one is due: every checkpoint_every steps, the last step, a stop that
+    keeps one, a new best held-out accuracy (the best checkpoint). None after a rollback or a failure, and on the
+    ranks that do not write."""
     if isinstance(decision, (RollBack, Fail)):
-        recorder.write(report)
-        return decision
-    config = run.config
-    accuracy = report.record.get(EVAL_ACCURACY)
-    new_best = (step > 0 and isinstance(accuracy, float) and math.isfinite(accuracy)
-                and (run.best_eval is None or accuracy > run.best_eval[1]))
-    if new_best:
-        run.best_eval = (step, accuracy)
+        return None
+    config, step = run.config, report.step
+    new_best = note_best_eval(run, report)
     # a collapse rule's stop keeps no checkpoint of the broken policy when one from before it exists: the
     # resume command then continues from there (say_stop names it, with the rule's remedy)
     stop_saves = isinstance(decision, Stop) and way_back(run, decision) is None
     due_now = (due(step, config.checkpoint_every, config.num_steps) or step == config.num_steps
                or stop_saves or new_best)
-    pending = prepare(run, step) if run.writes and due_now else None
-    recorder.write(report, checkpoint_s=pending.seconds if pending is not None else None)
-    out_of_space = recorder.sinks.out_of_space if run.writes else None
-    if out_of_space:
-        # the step's records went into the space set aside: checkpoint now (a checkpoint that does not fit
-        # is refused in one line, as at any step) and stop, every step written
-        pending = pending or prepare(run, step)
-        decision = Fail(UserError(f"the disk of the run directory is full ({out_of_space}); stopped after step "
-                                  f"{step}, checkpoint saved, every step written. Free some space, then continue "
-                                  f"with: {resume_command(run.run_dir)}"))
-    if pending is not None:
-        recorder.sinks.handle(Flush())  # the step's TensorBoard events are on disk before the checkpoint is
-        path = pending.commit({"log_positions": log_positions(run.run_dir)})
-        recorder.sinks.handle(Artifact("checkpoint", step=step, path=path))
-        mx.clear_cache()  # the checkpoint's host copies: not kept (and wired) until the run ends
-    return decision
+    return prepare(run, step) if run.writes and due_now else None
+
+
+def note_best_eval(run: Run, report: StepReport) -> bool:
+    """Whether the step's held-out accuracy is the run's best so far (kept in `run.best_eval`)."""
+    accuracy = report.record.get(EVAL_ACCURACY)
+    new_best = (report.step > 0 and isinstance(accuracy, float) and math.isfinite(accuracy)
+                and (run.best_eval is None or accuracy > run.best_eval[1]))
+    if new_best:
+        run.best_eval = (report.step, accuracy)
+    return new_best
+
+
+def write_step(run: Run, report: StepReport, pending: PendingCheckpoint | None) -> None:
+    """Write the step's record, with the time its checkpoint took to prepare."""
+    run.recorder.write(report, checkpoint_s=pending.seconds if pending is not None else None)
+
+
+def stop_on_full_disk(run: Run, decision: Next,
+                      pending: PendingCheckpoint | None) -> tuple[Next, PendingCheckpoint | None]:
+    """A disk found full while writing the step turns the decision into a stop, with a checkpoint: the step's
+    records went into the space set aside, so checkpoint now (a checkpoint that does not fit is refused in one
+    line, as at any step) and stop, every step written."""
+    if isinstance(decision, (RollBack, Fail)) or not run.writes or not run.recorder.sinks.out_of_space:
+        return decision, pending
+    step = run.report.step
+    return Fail(UserError(f"the disk of the run directory is full ({run.recorder.sinks.out_of_space}); stopped "
+                          f"after step {step}, checkpoint saved, every step written. Free some space, then "
+                          f"continue with: {resume_command(run.run_dir)}")), pending or prepare(run, step)
+
+
+def save_checkpoint(run: Run, pending: PendingCheckpoint, step: int) -> None:
+    """Commit the prepared checkpoint, the step's TensorBoard events on disk first."""
+    recorder = run.recorder
+    recorder.sinks.handle(Flush())
+    path = pending.commit({"log_positions": log_positions(run.run_dir)})
+    recorder.sinks.handle(Artifact("checkpoint", step=step, path=path))
+    mx.clear_cache()  # the checkpoint's host copies: not kept (and wired) until the run ends
 
 
 def say_stop(run: Run, stop: Stop) -> None:

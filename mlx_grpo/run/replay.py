@@ -132,7 +132,8 @@ def _checked_row(row: dict) -> dict:
     """A kept row with the types replay reads: texts as strings ("" when not), scores as a mapping ({} when
     not), the completion index a whole number (0 when not). A step file is data and may be damaged."""
     index = row.get("completion_index")
-    return {**row, **{key: row[key] if isinstance(row.get(key), str) else "" for key in ("prompt", "completion", "answer")},
+    return {**row,
+            **{key: row[key] if isinstance(row.get(key), str) else "" for key in ("prompt", "completion", "answer")},
             "rewards": row["rewards"] if isinstance(row.get("rewards"), dict) else {},
             "completion_index": index if isinstance(index, int) and not isinstance(index, bool) else 0}
 
@@ -208,33 +209,41 @@ def replay(run_dir: str | Path, functions: list[RewardFunction], group_size: int
             after_rows.append({**r, "rewards": {n: _num(scores.per_function[f, i]) for f, n in enumerate(names)},
                                "total": float(total[i]), "advantage": float(advantages[i])})
         changes.append(np.abs(advantages - part.advantages))
-        for g in range(len(rows) // group_size):
-            cut = slice(g * group_size, (g + 1) * group_size)
-            old_t, new_t = part.total[cut], total[cut]
-            result.groups += 1
-            finite = old_t[np.isfinite(old_t)]  # a run writes null for a total it could not give
-            flat_before = finite.size == 0 or bool(finite.max() == finite.min())
-            flat_after = bool(new_t.max() == new_t.min())
-            result.zero_std_before += flat_before
-            result.zero_std_after += flat_after
-            if not np.array_equal(_ranks(old_t), _ranks(new_t)):
-                result.reranked.append(GroupChange(part.step, g, str(rows[g * group_size].get("prompt", "")),
-                                                   _order(old_t), _order(new_t), old_t.tolist(), new_t.tolist()))
-            for j, (old_a, new_a) in enumerate(zip(part.advantages[cut], advantages[cut])):
-                # a group without spread has advantages of float rounding only (float32 mean, divided by
-                # the std + 1e-4: about 0.005), and their sign means nothing
-                if flat_before or flat_after:
-                    break
-                if old_a * new_a < 0 and min(abs(old_a), abs(new_a)) > SIGN_TOLERANCE:
-                    row = rows[g * group_size + j]
-                    result.flips.append(SignFlip(part.step, g, j, str(row.get("completion", "")), float(old_a),
-                                                 float(new_a)))
+        _compare_groups(result, part, total, advantages, group_size)
         result.completions += len(rows)
     result.mean_abs_advantage_change = float(np.nanmean(np.concatenate(changes)))
     before_rows = [r for part in kept for r in part.rows]
     result.quality_before = analyze_quality(before_records, before_rows)
     result.quality_after = analyze_quality(after_records, after_rows)
     return result
+
+
+def _compare_groups(result: ReplayResult, part: StepRows, total: np.ndarray, advantages: np.ndarray,
+                    group_size: int) -> None:
+    """Each group of one step, before and after: flat groups, groups ranked differently, advantages whose sign
+    flipped, counted into `result`."""
+    rows = part.rows
+    for g in range(len(rows) // group_size):
+        cut = slice(g * group_size, (g + 1) * group_size)
+        old_t, new_t = part.total[cut], total[cut]
+        result.groups += 1
+        finite = old_t[np.isfinite(old_t)]  # a run writes null for a total it could not give
+        flat_before = finite.size == 0 or bool(finite.max() == finite.min())
+        flat_after = bool(new_t.max() == new_t.min())
+        result.zero_std_before += flat_before
+        result.zero_std_after += flat_after
+        if not np.array_equal(_ranks(old_t), _ranks(new_t)):
+            result.reranked.append(GroupChange(part.step, g, str(rows[g * group_size].get("prompt", "")),
+                                               _order(old_t), _order(new_t), old_t.tolist(), new_t.tolist()))
+        for j, (old_a, new_a) in enumerate(zip(part.advantages[cut], advantages[cut])):
+            # a group without spread has advantages of float rounding only (float32 mean, divided by
+            # the std + 1e-4: about 0.005), and their sign means nothing
+            if flat_before or flat_after:
+                break
+            if old_a * new_a < 0 and min(abs(old_a), abs(new_a)) > SIGN_TOLERANCE:
+                row = rows[g * group_size + j]
+                result.flips.append(SignFlip(part.step, g, j, str(row.get("completion", "")), float(old_a),
+                                             float(new_a)))
 
 
 def render(result: ReplayResult, limit: int = 10) -> str:

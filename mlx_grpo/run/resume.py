@@ -29,7 +29,8 @@ import psutil
 
 from ..checkpoint import DamagedCheckpoint, latest_checkpoint, read_state, remove_unfinished
 from ..common.errors import UserError
-from ..config.train_config import TrainConfig, config_from_mapping, nest, top_level_fields
+from ..config.train_config import TrainConfig, config_from_mapping, top_level_fields
+from ..config.typed_yaml import nest
 from ..telemetry.rundir.layout import ALERTS, METRICS, SAMPLES, RunPaths, checkpoint_step
 from ..telemetry.rundir.writer import RunInfo, loads_object, read_run_info
 

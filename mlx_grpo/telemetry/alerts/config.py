@@ -20,8 +20,9 @@ from ...common.errors import UserError
 from ...common.user_files import parse_yaml, read_user_text
 from ..metrics.catalogue import CATALOGUE, find_entry
 from .detector_rules import RiseRule, SaturationRule
+from .nonfinite_rule import NonFiniteRule
 from .pathology_rules import ExhaustionRule
-from .rules import BaselineRule, DropRule, NonFiniteRule, Rule, SpikeRule, ThresholdRule
+from .rules import BaselineRule, DropRule, Rule, SpikeRule, ThresholdRule
 from .state import metric_pattern
 from .trend_rules import HackingRule, PlateauRule, TrendRule
 

@@ -64,7 +64,8 @@ def render_markdown(report: RewardReport, title: str) -> str:
     q = report.quality
     lines = [f"# Reward report: {title}", "",
              f"{report.steps} logged steps (steps {report.first_step} to {report.last_step}), "
-             f"{report.num_samples} sampled completions, reward functions: {', '.join(report.functions) or 'none'}.", "",
+             f"{report.num_samples} sampled completions, reward functions: "
+             f"{', '.join(report.functions) or 'none'}.", "",
              f"**What happened:** {report.outcome.headline()}.", "",
              f"## Reward functions' quality: {_fmt(q.score, '.0f')}/100{_parts_note(report)}", "",
              "How well the reward functions can teach (signal, spread, agreement with correctness); it does not "
@@ -106,7 +107,8 @@ def render_markdown(report: RewardReport, title: str) -> str:
     lines += [f"- alert at step {a.step}: {a.message}" for a in h.alerts]
     counts = Counter(a.level for a in report.alerts)
     lines += ["", f"## Alerts ({report.alerts_source})", "",
-              f"{counts.get('error', 0)} errors, {counts.get('warning', 0)} warnings, {counts.get('info', 0)} info.", ""]
+              f"{counts.get('error', 0)} errors, {counts.get('warning', 0)} warnings, "
+              f"{counts.get('info', 0)} info.", ""]
     lines += [f"- step {a.step} **{a.level}** `{a.rule}`: {a.message}" for a in report.alerts[:MAX_LISTED_ALERTS]]
     if len(report.alerts) > MAX_LISTED_ALERTS:
         lines.append(f"- ... and {len(report.alerts) - MAX_LISTED_ALERTS} more")
@@ -130,6 +132,29 @@ def print_report(report: RewardReport, title: str, console: Console | None = Non
         from ..output import output_console
 
         console = output_console()
+    _print_quality(report, title, console)
+    _print_functions_and_trends(report, console)
+    notable = [c for c in report.correlations if c.note]
+    if notable:
+        console.print(Text("Correlations between reward functions", style="bold"))
+        for c in notable:
+            console.print(f"  {c.a} / {c.b}: {c.corr:.2f} — {c.note}")
+    h = report.hacking
+    console.print(Text.assemble(("Reward hacking: ", "bold"), (h.verdict, "red" if h.suspected else "green")))
+    for finding in h.findings:
+        console.print(f"  • {finding}", highlight=False)
+    counts = Counter(a.level for a in report.alerts)
+    console.print(Text.assemble(("Alerts ", "bold"), f"({report.alerts_source}): ",
+                                f"{counts.get('error', 0)} errors, {counts.get('warning', 0)} warnings, "
+                                f"{counts.get('info', 0)} info"))
+    for alert in report.alerts[:MAX_LISTED_ALERTS]:
+        console.print(format_alert(alert), soft_wrap=True, highlight=False)
+    if len(report.alerts) > MAX_LISTED_ALERTS:
+        console.print(f"  ... and {len(report.alerts) - MAX_LISTED_ALERTS} more (alerts.jsonl)")
+
+
+def _print_quality(report: RewardReport, title: str, console: Console) -> None:
+    """The panel: what happened, the reward functions' quality by its parts, issues and recommendations."""
     q = report.quality
     parts = Table(show_header=True, header_style="bold", expand=True, box=None)
     parts.add_column("part")
@@ -140,7 +165,8 @@ def print_report(report: RewardReport, title: str, console: Console | None = Non
         parts.add_row(part.name, f"{part.weight:.0%}", Text(_fmt(part.score, ".0f"), _score_style(part.score)),
                       part.explanation)
     outcome = Text.assemble(("What happened: ", "bold"), report.outcome.headline())
-    score = Text.assemble("Reward functions' quality ", (f"{_fmt(q.score, '.0f')}/100", f"bold {_score_style(q.score)}"),
+    score = Text.assemble("Reward functions' quality ",
+                          (f"{_fmt(q.score, '.0f')}/100", f"bold {_score_style(q.score)}"),
                           f"{_parts_note(report)}   {report.steps} logged steps, "
                           f"{report.num_samples} sampled completions")
     body: list[Any] = [outcome, score, parts]
@@ -152,6 +178,8 @@ def print_report(report: RewardReport, title: str, console: Console | None = Non
         body += [Text(f"  → {rec}") for rec in q.recommendations]
     console.print(Panel(Group(*body), title=f"Reward report: {title}", title_align="left"))
 
+
+def _print_functions_and_trends(report: RewardReport, console: Console) -> None:
     table = Table(title="Reward functions", title_justify="left", header_style="bold")
     for column in ("function", "share", "mean", "batch std", "r(correct)", "r(total)", "r(length)", "note"):
         table.add_column(column, justify="left" if column in ("function", "note") else "right")
@@ -174,24 +202,6 @@ def print_report(report: RewardReport, title: str, console: Console | None = Non
         console.print(trends)
     else:
         console.print(Text("Trends: not enough logged steps yet (8 needed)", style="dim"))
-
-    notable = [c for c in report.correlations if c.note]
-    if notable:
-        console.print(Text("Correlations between reward functions", style="bold"))
-        for c in notable:
-            console.print(f"  {c.a} / {c.b}: {c.corr:.2f} — {c.note}")
-    h = report.hacking
-    console.print(Text.assemble(("Reward hacking: ", "bold"), (h.verdict, "red" if h.suspected else "green")))
-    for finding in h.findings:
-        console.print(f"  • {finding}", highlight=False)
-    counts = Counter(a.level for a in report.alerts)
-    console.print(Text.assemble(("Alerts ", "bold"), f"({report.alerts_source}): ",
-                                f"{counts.get('error', 0)} errors, {counts.get('warning', 0)} warnings, "
-                                f"{counts.get('info', 0)} info"))
-    for alert in report.alerts[:MAX_LISTED_ALERTS]:
-        console.print(format_alert(alert), soft_wrap=True, highlight=False)
-    if len(report.alerts) > MAX_LISTED_ALERTS:
-        console.print(f"  ... and {len(report.alerts) - MAX_LISTED_ALERTS} more (alerts.jsonl)")
 
 
 def build_report(run_dir: str | Path) -> tuple[str, RewardReport]:

@@ -247,7 +247,13 @@ def detect_reward_hacking(metrics: "Records | RunData", samples: Records = (),
         hacking_alerts = AlertEngine(_hacking_rules()).check_all(data.records)
     alerts = list(hacking_alerts)
     suspected = bool(findings or alerts)
-    reward = total
+    verdict = _hacking_verdict(suspected, total, accuracy, importance)
+    return HackingReport(suspected, verdict, accuracy, findings, alerts)
+
+
+def _hacking_verdict(suspected: bool, reward: Trend | None, accuracy: dict[str, Trend],
+                     importance: Mapping[str, FunctionImportance]) -> str:
+    """The hacking check's one-line verdict, from what it found and how the reward and accuracy moved."""
     if suspected:
         verdict = "possible reward hacking: reward went up without correctness going up with it"
     elif reward is None:
@@ -265,7 +271,7 @@ def detect_reward_hacking(metrics: "Records | RunData", samples: Records = (),
     else:
         verdict = ("no sign of reward hacking: the reward rose and the reward functions score correct "
                    "completions above incorrect ones")
-    return HackingReport(suspected, verdict, accuracy, findings, alerts)
+    return verdict
 
 
 # --------------------------------------------------------------------------- whole report

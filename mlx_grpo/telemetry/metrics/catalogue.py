@@ -221,6 +221,11 @@ def _rubric_entries() -> list[MetricSpec]:
 
 def _policy_entries() -> list[MetricSpec]:
     p = "policy"
+    return _loss_entries(p) + _sampling_mismatch_entries(p) + _ratio_entries(p)
+
+
+def _loss_entries(p: str) -> list[MetricSpec]:
+    """The loss, the KL term, entropy and clipping."""
     return [
         MetricSpec(LOSS, "The loss that was minimised: policy-gradient loss plus the KL penalty; with "
                    "num_iterations > 1, the mean over the step's update passes, like every policy/ statistic "
@@ -244,6 +249,12 @@ def _policy_entries() -> list[MetricSpec]:
                    "(ratio > 1 + epsilon_high with a positive advantage).", "fraction", p, EVERY_STEP),
         MetricSpec(CLIP_FRAC, "Fraction of completion tokens where clipping was active on either side "
                    "(clip_frac_low + clip_frac_high).", "fraction", p, EVERY_STEP),
+    ]
+
+
+def _sampling_mismatch_entries(p: str) -> list[MetricSpec]:
+    """The sampler's log-probs against the update's first pass over the same tokens."""
+    return [
         MetricSpec(SAMPLING_LOGP_DIFF_MEAN, "Mean over the completion tokens of |log-prob the update's first pass "
                    "gives a sampled token - log-prob the sampler gave it|: the same weights scored the same tokens "
                    "twice, so this is the numerical mismatch of the two code paths (incremental vs batched "
@@ -257,6 +268,12 @@ def _policy_entries() -> list[MetricSpec]:
                    EVERY_STEP),
         MetricSpec("sampling/importance_ratio/max", "Largest of that ratio over the completion tokens.", "ratio", p,
                    EVERY_STEP),
+    ]
+
+
+def _ratio_entries(p: str) -> list[MetricSpec]:
+    """The importance ratio and the update's size: per-completion clipping, ratios, gradient, learning rate."""
+    return [
         MetricSpec("policy/clip_frac_low_min", "The lowest share of low-clipped tokens of any one completion of "
                    "the batch (completions with no token to train left out), over the update's passes after the "
                    "first (the first never clips).", "fraction", p, EVERY_STEP),

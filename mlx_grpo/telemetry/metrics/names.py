@@ -1,7 +1,7 @@
 """Metric names that cross a module boundary: made in one module (the step record, the trackers, the
 system sampler, the recorder) and read by another (console, dashboard, report, compare, alerts, the
 custom-loop monitor). Each is spelled here once and read from here everywhere, the catalogue's own
-entries included; `tests/test_telemetry_catalogue.py` fails on a catalogued name spelled in two modules.
+entries included; `tests/telemetry/test_telemetry_catalogue.py` fails on a catalogued name spelled in two modules.
 
 A name used in one module only stays a literal where it is made (step_data.py, reward_stats.py).
 """

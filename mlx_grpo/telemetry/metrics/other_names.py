@@ -231,7 +231,26 @@ def _wandb_guide() -> list[OtherName]:
 
 def _verl() -> list[OtherName]:
     s = "verl"
-    out = [
+    out = _verl_training(s) + _verl_completions(s) + _verl_timing(s)
+    for stat in ("mean", "max", "min"):
+        out += [
+            _m(s, f"critic/score/{stat}", f"rewards/total/{stat}", note="raw task score before any KL shaping"),
+            _m(s, f"critic/rewards/{stat}", f"rewards/total/{stat}",
+               note="no KL shaping of rewards here (the KL is in the loss), so rewards equal scores"),
+            _m(s, f"critic/returns/{stat}", f"advantages/{stat}",
+               note="with outcome rewards and no critic, GRPO's returns are its advantages"),
+            _m(s, f"critic/values/{stat}", note=CRITIC_FREE),
+        ]
+    for name in ("current_window", "mean_success_length", "median_success_length", "std_success_length",
+                 "p95_success_length", "num_success_samples", "success_rate", "success_rate_ema",
+                 "exploration_rate", "epsilon", "cumulative_success_rate", "explored_step"):
+        out.append(_m(s, f"adaptive_window/{name}", f"adaptive_window/{name}"))
+    return out
+
+
+def _verl_training(s: str) -> list[OtherName]:
+    """verl's actor, critic and length metrics."""
+    return [
         _m(s, "actor/entropy_loss", ENTROPY),
         _m(s, "actor/pg_loss", "policy/pg_loss"),
         _m(s, "actor/pg_clipfrac", CLIP_FRAC),
@@ -263,6 +282,12 @@ def _verl() -> list[OtherName]:
         _m(s, "tokens/prompt_total", "tokens/prompt_total"),
         _m(s, "tokens/response_total", "tokens/completion_total"),
         _m(s, "tokens/overall_total", TOKENS_TOTAL),
+    ]
+
+
+def _verl_completions(s: str) -> list[OtherName]:
+    """verl's completion, difficulty, adaptive-window and S-GRPO metrics."""
+    return [
         _m(s, "completion/truncated_frac", TRUNCATED_FRAC,
            note="truncated means the budget ran out before an end-of-sequence token"),
         _m(s, "completion/finished_frac", FINISHED_FRAC),
@@ -280,6 +305,12 @@ def _verl() -> list[OtherName]:
         _m(s, "sgrpo/exit_k_accuracy", "sgrpo/exit_<k>/accuracy"),
         _m(s, "sgrpo/avg_correct_exit_position", "sgrpo/avg_correct_exit_position"),
         _m(s, "sgrpo/overall_accuracy", "sgrpo/overall_accuracy"),
+    ]
+
+
+def _verl_timing(s: str) -> list[OtherName]:
+    """verl's timers, and its files that are not metrics."""
+    return [
         _m(s, "timing_s/step", STEP_SECONDS),
         _m(s, "timing_s/gen", ROLLOUT_SECONDS),
         _m(s, "timing_s/ref", "timing/ref_s"),
@@ -301,20 +332,6 @@ def _verl() -> list[OtherName]:
         _m(s, "entropy_step_{step:06d}.pt (per-token entropy and varentropy dumps)",
            note="files on disk, not metrics; policy/entropy is the per-step mean"),
     ]
-    for stat in ("mean", "max", "min"):
-        out += [
-            _m(s, f"critic/score/{stat}", f"rewards/total/{stat}", note="raw task score before any KL shaping"),
-            _m(s, f"critic/rewards/{stat}", f"rewards/total/{stat}",
-               note="no KL shaping of rewards here (the KL is in the loss), so rewards equal scores"),
-            _m(s, f"critic/returns/{stat}", f"advantages/{stat}",
-               note="with outcome rewards and no critic, GRPO's returns are its advantages"),
-            _m(s, f"critic/values/{stat}", note=CRITIC_FREE),
-        ]
-    for name in ("current_window", "mean_success_length", "median_success_length", "std_success_length",
-                 "p95_success_length", "num_success_samples", "success_rate", "success_rate_ema",
-                 "exploration_rate", "epsilon", "cumulative_success_rate", "explored_step"):
-        out.append(_m(s, f"adaptive_window/{name}", f"adaptive_window/{name}"))
-    return out
 
 
 def _reward_monitor() -> list[OtherName]:
