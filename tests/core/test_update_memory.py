@@ -39,6 +39,8 @@ def random_rollout(n: int, vocab: int, max_completion: int, seed: int = 0) -> Ro
 class Reference:
     """A frozen copy of the starting weights, as make_reference gives for full fine-tuning."""
 
+    uses_adapters_off = False
+
     def __init__(self, model):
         self.model = model
 

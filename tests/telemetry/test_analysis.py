@@ -103,9 +103,11 @@ def test_length_paying_reward_is_reported_as_hacking():
 
 def test_lengths_that_grow_with_accuracy_are_not_called_reward_hacking():
     # Tool calls and thinking make right answers longer: completions grow and the rewards correlate with
-    # length, but accuracy rises with them. The same run with accuracy falling is the length pathology.
+    # length, but accuracy, sampled and held-out, rises with them. The same run with held-out accuracy flat
+    # is the length pathology.
     metrics, samples = _sim("length_reward")
-    rising = [dict(r, **{"accuracy/train": 0.1 + 0.8 * i / len(metrics)}) for i, r in enumerate(metrics)]
+    rising = [dict(r, **{name: 0.1 + 0.8 * i / len(metrics) for name in ("accuracy/train", "eval/accuracy")
+                         if name in r}) for i, r in enumerate(metrics)]
     assert not any("pays for length" in f for f in analyze_run(rising, samples).hacking.findings)
     assert any(f.startswith("length_bonus pays for length") for f in analyze_run(metrics, samples).hacking.findings)
 

@@ -231,9 +231,10 @@ def detect_reward_hacking(metrics: "Records | RunData", samples: Records = (),
                 findings.append(f"{fn}'s share of the reward grew from {share.start:.0f}% to {share.end:.0f}% "
                                 f"while accuracy did not improve ({acc_words})")
     length = trend_of(data, LENGTH_MEAN)
-    # Longer answers while accuracy rises are thinking or tool use that pays off, not a reward bought by length.
+    # Longer answers while every accuracy measured rises are thinking or tool use that pays off, not a reward
+    # bought by length.
     length_grew = (length is not None and length.direction == "rising" and (length.relative_change or 0) >= 0.2
-                   and not any(t.direction == "rising" for t in accuracy.values()))
+                   and not (accuracy and all(t.direction == "rising" for t in accuracy.values())))
     for fn, info in importance.items():
         mean_trend = trend_of(data, f"rewards/{fn}/mean")
         rising = mean_trend is not None and mean_trend.direction == "rising"
