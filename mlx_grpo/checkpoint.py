@@ -38,6 +38,7 @@ from mlx.utils import tree_flatten, tree_unflatten
 
 from .common.errors import UserError
 from .common.user_files import open_regular
+from .telemetry.alerts.remedy import Remedy
 from .telemetry.rundir.layout import checkpoint_name, checkpoint_step
 from .telemetry.rundir.writer import loads_object
 
@@ -274,9 +275,10 @@ def _schema_problem(state: dict[str, Any], step: int, run_dir: Path | None) -> s
             valid = isinstance(value, kind) and not isinstance(value, bool)
             if not valid or (kind not in (dict, list) and not _number(value)):
                 return f"state.json 'run_state' has no valid '{key}'"
-    remedy = state.get("remedy", {})
-    if not (isinstance(remedy, dict) and all(_number(v) and v > 0 for v in remedy.values())):
-        return "state.json 'remedy' is not an object of positive factors"
+    try:
+        Remedy.from_state(state.get("remedy", {}))
+    except ValueError as err:
+        return f"state.json 'remedy' is {err}"
     for key in ("rollbacks", "world_size"):
         if key in state and not _whole(state[key]):
             return f"state.json '{key}' is not a whole number"

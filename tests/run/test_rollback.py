@@ -134,7 +134,7 @@ def test_built_in_actions_by_on_alert():
     rolling = {r.name for r in with_on_alert(rules, "rollback") if r.action == "rollback"}
     assert rolling == {"non_finite", "kl_drift", "kl_high", "reward_collapse", "accuracy_collapse",
                        "heldout_accuracy_drop"}
-    assert dict(next(r for r in rules if r.name == "kl_drift").remedy) == {"learning_rate": 0.5, "beta": 2.0}
+    assert next(r for r in rules if r.name == "kl_drift").remedy.to_state() == {"learning_rate": 0.5, "beta": 2.0}
 
 
 def test_a_remedy_of_something_else_is_refused_with_the_key(tmp_path):
