@@ -294,8 +294,8 @@ def _schema_problem(state: dict[str, Any], step: int, run_dir: Path | None) -> s
 
 
 def read_state(path: Path, run_dir: Path | None = None) -> dict[str, Any]:
-    """A checkpoint's state.json, verified: its checksum (checksums.json missing or unreadable: damaged), then its schema
-    (`run_dir`: where its log positions point, checked against the logs). DamagedCheckpoint otherwise."""
+    """A checkpoint's state.json, verified: its checksum (checksums.json missing or unreadable: damaged), then its
+    schema (`run_dir`: where its log positions point, checked against the logs). DamagedCheckpoint otherwise."""
     step = checkpoint_step(path)
     if step is None or path.is_symlink() or not path.is_dir():
         raise DamagedCheckpoint(path, "a symbolic link: a checkpoint is read only where it was written"
@@ -329,7 +329,8 @@ def _verify_file(path: Path, name: str, checksums: dict[str, Any]) -> None:
         if info.st_size != expected.get("bytes"):
             raise DamagedCheckpoint(path, f"{name} has {info.st_size} bytes, {expected.get('bytes')} were written")
         if _sha256(path / name) != expected.get("sha256"):
-            raise DamagedCheckpoint(path, f"{name} does not match its checksum (its bytes changed after it was written)")
+            raise DamagedCheckpoint(path, f"{name} does not match its checksum "
+                                          "(its bytes changed after it was written)")
     except OSError as err:
         raise DamagedCheckpoint(path, f"{name}: {err.strerror or err}") from None
 

@@ -302,7 +302,8 @@ class BaselineRule(Rule):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.direction not in _BASELINE_DIRECTIONS:
-            raise ValueError(f"key 'direction' must be one of {', '.join(_BASELINE_DIRECTIONS)}, got {self.direction!r}")
+            raise ValueError(f"key 'direction' must be one of {', '.join(_BASELINE_DIRECTIONS)}, "
+                             f"got {self.direction!r}")
         if self.factor <= 0:
             raise ValueError("key 'factor' must be positive")
         if self.direction == "above" and self.factor < 1:
