@@ -150,7 +150,8 @@ def test_a_remedy_of_something_else_is_refused_with_the_key(tmp_path):
 @pytest.mark.slow
 def test_learning_rate_1e3_collapses_the_default_run_and_the_collapse_rule_stops_it(tmp_path):
     # Measured: held-out 32% before the first update, sampled accuracy 27% at step 1, 0% at steps 2 and 3;
-    # accuracy_collapse (from the start: step 1's 27%, below the held-out 32%) fires at step 3 and stops the run, exit 3.
+    # accuracy_collapse (from the start: step 1's 27%, below the held-out 32%) fires at step 3 and stops the run,
+    # exit 3.
     import subprocess
     import sys
 
