@@ -94,7 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     result = {
         "settings": fast["settings"],
         "machine": {k: v for k, v in fast["machine"].items() if k not in PER_RUN},
-        "openblas": {**{k: fast["machine"][k] for k in PER_RUN}, "seconds": {p: fast["paths"][p]["seconds"] for p in PATHS}},
+        "openblas": {**{k: fast["machine"][k] for k in PER_RUN},
+                     "seconds": {p: fast["paths"][p]["seconds"] for p in PATHS}},
         "reference_blas": {**{k: slow["machine"][k] for k in PER_RUN},
                            "seconds": {p: slow["paths"][p]["seconds"] for p in PATHS}},
         "speedup": speedup,
@@ -132,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
                       f"{t['openblas']['step_s']:.3f}", f"{t['speedup']:.1f}x")
         if t["openblas"]["loop_s"] and t["reference_blas"]["loop_s"]:
             table.add_row("mlx-grpo train: whole loop per step", f"{t['reference_blas']['loop_s']:.3f}",
-                          f"{t['openblas']['loop_s']:.3f}", f"{t['reference_blas']['loop_s'] / t['openblas']['loop_s']:.1f}x")
+                          f"{t['openblas']['loop_s']:.3f}",
+                          f"{t['reference_blas']['loop_s'] / t['openblas']['loop_s']:.1f}x")
     console.print(table)
     goal = result["goal"]
     verdict = "[green]met[/green]" if goal["met"] else "[red]not met[/red]"

@@ -106,7 +106,8 @@ def run_ours(args: argparse.Namespace) -> dict:
     # The run's final checkpoint, as `mlx-grpo eval RUN_DIR` loads it.
     trained = load_trained(run_dir)
     steps = [r for r in records if "timing/step_s" in r]
-    out = {"step_seconds": [r["timing/step_s"] for r in steps], "rollout_seconds": [r["timing/rollout_s"] for r in steps],
+    out = {"step_seconds": [r["timing/step_s"] for r in steps],
+           "rollout_seconds": [r["timing/rollout_s"] for r in steps],
            "update_seconds": [r.get("timing/ref_s", 0.0) + r["timing/update_s"] for r in steps], "peak_gb": peak,
            "train_wall_s": wall, "train_cpu_s": cpu, "run_dir": str(run_dir), "checkpoint": str(trained.checkpoint)}
     out.update(heldout(config, base_dir, trained.model, trained.tokenizer, args.limit))
@@ -237,7 +238,8 @@ def summary(result: dict) -> dict:
     steps = len(result["step_seconds"])
     # CPU seconds of the process per step (all threads): less sensitive than wall time to other work on a
     # shared machine.
-    return {"s_per_step_median": statistics.median(later), "s_per_step_mean_all": statistics.mean(result["step_seconds"]),
+    return {"s_per_step_median": statistics.median(later),
+            "s_per_step_mean_all": statistics.mean(result["step_seconds"]),
             "rollout_s_median": statistics.median(result["rollout_seconds"][1:] or result["rollout_seconds"]),
             "update_s_median": statistics.median(result["update_seconds"][1:] or result["update_seconds"]),
             "cpu_s_per_step": result["train_cpu_s"] / steps, "peak_gb": result["peak_gb"],
@@ -305,7 +307,8 @@ def main() -> int:
           f"{'peak GB':>8} {'max RSS GB':>10} {'held-out acc':>13}")
     for tool, r in results.items():
         print(f"{tool:<12} {r['s_per_step_median']:>16.2f} {r['rollout_s_median']:>9.2f} {r['update_s_median']:>12.2f} "
-              f"{r['cpu_s_per_step']:>11.2f} {r['peak_gb']:>8.2f} {r['max_rss_gb']:>10.2f} {r['heldout_accuracy']:>12.1%}")
+              f"{r['cpu_s_per_step']:>11.2f} {r['peak_gb']:>8.2f} {r['max_rss_gb']:>10.2f} "
+              f"{r['heldout_accuracy']:>12.1%}")
     if len(results) == 2:
         ours, theirs = results["mlx-grpo"], results["mlx-lm-lora"]
         report["speedup"] = theirs["s_per_step_median"] / ours["s_per_step_median"]

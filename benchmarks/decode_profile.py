@@ -83,7 +83,8 @@ def main() -> None:
 
     def step():
         with grouped_decoding(model):
-            out = model(ids, cache=cache)[:, -1, :] if head_t is None else model.model(ids, cache=cache)[:, -1, :] @ head_t
+            out = (model(ids, cache=cache)[:, -1, :] if head_t is None
+                   else model.model(ids, cache=cache)[:, -1, :] @ head_t)
             mx.eval(sample_tokens(out, settings, key))
         rewind()
 
@@ -120,7 +121,8 @@ def main() -> None:
     flops = 2 * args.rows * sum(v.size for _, v in tree_flatten(model.parameters()))
     print(json.dumps({
         "shape": {k: v for k, v in vars(args).items()}, "vocab": vocab,
-        "weights_gb": round(weights / 1e9, 3), "read_per_step_gb": round(read / 1e9, 3), "kv_cache_gb": round(kv / 1e9, 3),
+        "weights_gb": round(weights / 1e9, 3), "read_per_step_gb": round(read / 1e9, 3),
+        "kv_cache_gb": round(kv / 1e9, 3),
         "floor_ms": {"read weights + cache once": round((read + kv) / (bandwidth * 1e9) * 1000, 1),
                      "matmul FLOPs at peak": round(flops / peak * 1000, 1),
                      "bandwidth_gb_s": round(bandwidth, 1), "peak_gflops": round(peak / 1e9, 1)},

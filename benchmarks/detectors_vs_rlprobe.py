@@ -27,7 +27,8 @@ PROBE_IDS = ("FORMAT_GAMING", "REPETITION_SPIRAL")
 # rlprobe's step fields and ours
 PROBE_TO_OURS = {"reward_mean": "rewards/total/mean", "reward_std": "rewards/total/std",
                  "repetition_rate": "completions/repetition_rate", "entropy_mean": "policy/entropy",
-                 "kl_mean": "policy/kl", "grad_norm": "policy/grad_norm", "completion_len_mean": "completions/length/mean",
+                 "kl_mean": "policy/kl", "grad_norm": "policy/grad_norm",
+                 "completion_len_mean": "completions/length/mean",
                  "clip_fraction": "policy/clip_frac", "truncation_rate": "completions/truncated_frac",
                  "zero_variance_group_frac": "rewards/zero_std_group_frac"}
 
@@ -45,7 +46,8 @@ def _probe_view(records: list[dict]):
         components = {k.split("/")[1]: v for k, v in r.items()
                       if k.startswith("rewards/") and k.endswith("/mean") and k.count("/") == 2
                       and k != "rewards/total/mean" and v is not None}
-        steps.append(StepRecord(step=int(r["step"]), timestamp=float(r["step"]), reward_components=components, **fields))
+        steps.append(StepRecord(step=int(r["step"]), timestamp=float(r["step"]), reward_components=components,
+                                **fields))
     manifest = RunManifest(run_id="x", created_at="2026-01-01T00:00:00+00:00", algorithm="grpo", model_name="m",
                            trainer_config={}, environment={}, notes="")
     return RunView(manifest, steps)
@@ -65,7 +67,8 @@ def _rldoctor_findings(variants: list[list[dict]]) -> list[str]:
     found: set[str] = set()
     for records in variants:
         try:
-            found |= {f.detector for f in diagnose(run_from_records(records)).findings if f.severity >= Severity.WARNING}
+            findings = diagnose(run_from_records(records)).findings
+            found |= {f.detector for f in findings if f.severity >= Severity.WARNING}
         except ValueError:
             pass
     return sorted(found)

@@ -82,7 +82,8 @@ def main() -> None:
     def max_delta(a, b):
         return float(np.abs(np.array(a.astype(mx.float32)) - np.array(b.astype(mx.float32)))[active].max())
 
-    grad_error = max(float(mx.abs(reused[4][k] - full[4][k]).max().item()) / max(float(mx.abs(full[4][k]).max().item()), 1e-30)
+    grad_error = max(float(mx.abs(reused[4][k] - full[4][k]).max().item())
+                     / max(float(mx.abs(full[4][k]).max().item()), 1e-30)
                      for k in full[4])
     print(json.dumps({
         "shape": {"preset": args.preset, "layers": args.layers, "lora_layers": args.lora_layers, "dtype": args.dtype,

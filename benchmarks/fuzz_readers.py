@@ -186,7 +186,8 @@ def mutate_gguf(good: bytes, table: list[tuple[int, int]], header_end: int, rng:
                               2 ** 63, int.from_bytes(data[rng.choice(table)[1]:][:8], "little")])
             data[offset_at:offset_at + 8] = max(0, new).to_bytes(8, "little")
         else:
-            data[type_at:type_at + 4] = rng.choice([0, 1, 2, 3, 6, 8, 10, 12, 14, 30, 99, 2 ** 31]).to_bytes(4, "little")
+            type_id = rng.choice([0, 1, 2, 3, 6, 8, 10, 12, 14, 30, 99, 2 ** 31])
+            data[type_at:type_at + 4] = type_id.to_bytes(4, "little")
     elif kind == "truncate":
         del data[rng.randrange(len(data)):]
     else:
@@ -212,7 +213,8 @@ def mutate_yaml(text: str, rng: random.Random) -> str:
         lines.insert(i, f"{rng.choice(['lr', 'num_step', 'reward_funcs', 'x' * 300, 'beta.x'])}: 1")
     elif kind == "tag":
         key = lines[i].split(":", 1)[0]
-        lines[i] = f"{key}: {rng.choice(['!!float abc', '!!int 0x', '!!timestamp 2020-02-30', '!!binary x', '&a [*a]'])}"
+        tag = rng.choice(['!!float abc', '!!int 0x', '!!timestamp 2020-02-30', '!!binary x', '&a [*a]'])
+        lines[i] = f"{key}: {tag}"
     elif kind == "anchor":
         lines = ["a: &a [" + ",".join(["*a"] * 1) + "]"] + lines
     else:
@@ -269,7 +271,8 @@ def run_readers(case: Path, base: Path, workspace_root: Path) -> dict[str, tuple
 
     def list_runs():
         reply = ws.list_runs(str(case.parent.relative_to(workspace_root)))
-        if any(r["status"] not in status_ok and r["path"] == str(case) and _has_control(r["status"]) for r in reply["runs"]):
+        if any(r["status"] not in status_ok and r["path"] == str(case) and _has_control(r["status"])
+               for r in reply["runs"]):
             return "a status with a raw control character"
         return _mcp_reply_problem(reply)
 
@@ -334,7 +337,8 @@ def gguf_readers(path: Path) -> dict[str, tuple[str, str]]:
                 return f"tensors {a.name} and {b.name} accepted overlapping"
         return None
 
-    return {"read_header": verdict(header), "gguf_config": verdict(lambda: (gguf_config(path, read_header(path)), None)[1])}
+    return {"read_header": verdict(header),
+            "gguf_config": verdict(lambda: (gguf_config(path, read_header(path)), None)[1])}
 
 
 def config_readers(path: Path, alerts: Path) -> dict[str, tuple[str, str]]:

@@ -172,11 +172,13 @@ def differences(run_dir: Path, reference: Path, steps: int) -> list[str]:
     if [r.get("step") for r in got] != [r.get("step") for r in want]:
         found.append(f"metrics steps {[r.get('step') for r in got]} != {[r.get('step') for r in want]}")
     found += [f"metrics of step {a.get('step')} differ" for a, b in zip(got, want) if comparable(a) != comparable(b)]
-    if [comparable(s) for s in lines(run_dir / "samples.jsonl")] != [comparable(s) for s in lines(reference / "samples.jsonl")]:
+    samples = [comparable(s) for s in lines(run_dir / "samples.jsonl")]
+    if samples != [comparable(s) for s in lines(reference / "samples.jsonl")]:
         found.append("samples.jsonl differs")
     if completions(run_dir) != completions(reference):
         found.append("completions/ differ")
-    if json.loads((run_dir / "final_metrics.json").read_text()) != json.loads((reference / "final_metrics.json").read_text()):
+    final = json.loads((run_dir / "final_metrics.json").read_text())
+    if final != json.loads((reference / "final_metrics.json").read_text()):
         found.append("final_metrics.json differs")
     for name in ("model.safetensors", "optimizer.safetensors"):
         a = mx.load(str(run_dir / "checkpoints" / f"step_{steps}" / name))

@@ -32,7 +32,8 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("--batch-size", type=int, default=2)
     parser.add_argument("--group-size", type=int, default=4)
-    parser.add_argument("--prompt-length", type=int, default=40, help="more than the chat template's own tokens (30 for SmolLM2)")
+    parser.add_argument("--prompt-length", type=int, default=40,
+                        help="more than the chat template's own tokens (30 for SmolLM2)")
     parser.add_argument("--completion-length", type=int, default=32)
     parser.add_argument("--repetitions", type=int, default=3)
     parser.add_argument("--output", help="also write the JSON report here")

@@ -101,7 +101,8 @@ def render(path: Path) -> str:
                 estimate = full_depth(found, phase, full.layers)
                 peaks = predict(full, shapes_measured, config, SETTINGS, "float32")
                 predicted = {"rollout": peaks.rollout, "ref": peaks.reference, "update": peaks.update}[phase]
-                lines.append(f"| {name} | {completion} | {phase} | {measured[0] / GB:.2f} GB | {measured[1] / GB:.2f} GB"
+                lines.append(f"| {name} | {completion} | {phase} | {measured[0] / GB:.2f} GB "
+                             f"| {measured[1] / GB:.2f} GB"
                              f" | {estimate / GB:.2f} GB | {predicted / GB:.2f} GB | {predicted / estimate:.2f} |")
     return "\n".join(lines)
 

@@ -210,7 +210,8 @@ def main() -> None:
     print(f"\n{time.strftime('%Y-%m-%d', time.gmtime())}: LoRA r8, {args.batch_size} x {args.group_size} x "
           f"{args.completion} tokens, {args.steps} step(s) per process, float32; layers: {args.layers or 'all'}; "
           f"mlx-grpo flags: {args.ours_flags or '(defaults)'}; {versions(args.peer_python)}")
-    print(f"{'preset':14s} {'tool':12s} {'rep':>3s} {'load':>5s} {'s/step':>7s} {'rollout s':>9s} {'ref+update s':>12s} "
+    print(f"{'preset':14s} {'tool':12s} {'rep':>3s} {'load':>5s} {'s/step':>7s} {'rollout s':>9s} "
+          f"{'ref+update s':>12s} "
           f"{'MLX peak GB':>11s} {'max RSS GB':>10s} {'tokens':>8s}")
     for r in results:
         print(f"{r['preset']:14s} {r['tool']:12s} {r['repetition']:3d} {r['load_before']:5.1f} {r['step_s']:7.1f} "

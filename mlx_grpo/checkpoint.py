@@ -38,6 +38,7 @@ from mlx.utils import tree_flatten, tree_unflatten
 
 from .common.errors import UserError
 from .common.user_files import open_regular
+from .telemetry.alerts.remedy import Remedy
 from .telemetry.rundir.layout import checkpoint_name, checkpoint_step
 from .telemetry.rundir.writer import loads_object
 
@@ -274,9 +275,10 @@ def _schema_problem(state: dict[str, Any], step: int, run_dir: Path | None) -> s
             valid = isinstance(value, kind) and not isinstance(value, bool)
             if not valid or (kind not in (dict, list) and not _number(value)):
                 return f"state.json 'run_state' has no valid '{key}'"
-    remedy = state.get("remedy", {})
-    if not (isinstance(remedy, dict) and all(_number(v) and v > 0 for v in remedy.values())):
-        return "state.json 'remedy' is not an object of positive factors"
+    try:
+        Remedy.from_state(state.get("remedy", {}))
+    except ValueError as err:
+        return f"state.json 'remedy' is {err}"
     for key in ("rollbacks", "world_size"):
         if key in state and not _whole(state[key]):
             return f"state.json '{key}' is not a whole number"
@@ -292,8 +294,8 @@ def _schema_problem(state: dict[str, Any], step: int, run_dir: Path | None) -> s
 
 
 def read_state(path: Path, run_dir: Path | None = None) -> dict[str, Any]:
-    """A checkpoint's state.json, verified: its checksum (checksums.json missing or unreadable: damaged), then its schema
-    (`run_dir`: where its log positions point, checked against the logs). DamagedCheckpoint otherwise."""
+    """A checkpoint's state.json, verified: its checksum (checksums.json missing or unreadable: damaged), then its
+    schema (`run_dir`: where its log positions point, checked against the logs). DamagedCheckpoint otherwise."""
     step = checkpoint_step(path)
     if step is None or path.is_symlink() or not path.is_dir():
         raise DamagedCheckpoint(path, "a symbolic link: a checkpoint is read only where it was written"
@@ -327,7 +329,8 @@ def _verify_file(path: Path, name: str, checksums: dict[str, Any]) -> None:
         if info.st_size != expected.get("bytes"):
             raise DamagedCheckpoint(path, f"{name} has {info.st_size} bytes, {expected.get('bytes')} were written")
         if _sha256(path / name) != expected.get("sha256"):
-            raise DamagedCheckpoint(path, f"{name} does not match its checksum (its bytes changed after it was written)")
+            raise DamagedCheckpoint(path, f"{name} does not match its checksum "
+                                          "(its bytes changed after it was written)")
     except OSError as err:
         raise DamagedCheckpoint(path, f"{name}: {err.strerror or err}") from None
 

@@ -28,12 +28,15 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("mlx_grpo.commands.bench", "measure tokens/s of rollout, update and whole step against baselines"),
     "plan": ("mlx_grpo.commands.plan", "predict each phase's peak memory for a config, and the settings that fit"),
     "doctor": ("mlx_grpo.commands.doctor", "check backend, device, BLAS, dtype and memory, and say what to fix"),
-    "selftest": ("mlx_grpo.commands.selftest", "prove the product on this machine in a few minutes: one report to send back"),
+    "selftest": ("mlx_grpo.commands.selftest",
+                 "prove the product on this machine in a few minutes: one report to send back"),
     "sweep": ("mlx_grpo.commands.sweep", "grid or random search over config keys: one run per trial, resumable"),
     "compare": ("mlx_grpo.commands.compare", "table of several runs: config differences and final metrics"),
     "export": ("mlx_grpo.commands.export", "write a run's checkpoint as a Hugging Face model directory for mlx-lm"),
-    "eval": ("mlx_grpo.commands.eval", "held-out accuracy of a run's checkpoint or a model (greedy, the run's rewards)"),
-    "mcp": ("mlx_grpo.commands.mcp", "MCP server on stdio for coding agents: read runs; with --allow-control, steer them"),
+    "eval": ("mlx_grpo.commands.eval",
+             "held-out accuracy of a run's checkpoint or a model (greedy, the run's rewards)"),
+    "mcp": ("mlx_grpo.commands.mcp",
+            "MCP server on stdio for coding agents: read runs; with --allow-control, steer them"),
 }
 
 

@@ -243,7 +243,8 @@ def combine_update_stats(per_rank: list[dict[str, float]], tokens: list[int]) ->
     """The update's statistics of the global batch from each rank's, over its `tokens` completion tokens.
 
     Token means are weighted by tokens; a `<x>_std` beside `<x>_mean` is pooled (exact population std);
-    `pg_loss` is a sum (each rank holds its share of the global aggregate, see `loss_totals`); `ratio_p95`, a quantile, is the token-weighted mean of the ranks' (approximate).
+    `pg_loss` is a sum (each rank holds its share of the global aggregate, see `loss_totals`); `ratio_p95`, a
+    quantile, is the token-weighted mean of the ranks' (approximate).
     """
     total = max(1, sum(tokens))
 

@@ -283,8 +283,8 @@ def streamed_head_scores(hidden: mx.array, targets: mx.array, head: nn.Module,
 
     scores = mx.custom_function(forward)
     # one input: MLX hands the primal over as the array itself
-    scores.vjp(lambda primal, cotangents, outputs: (cotangents[0][:, None]
-                                                    * (target_rows.astype(mx.float32) - outputs[2])).astype(primal.dtype))
+    scores.vjp(lambda primal, cotangents, outputs: (
+        cotangents[0][:, None] * (target_rows.astype(mx.float32) - outputs[2])).astype(primal.dtype))
     logp, entropy, _ = scores(flat)
     return logp.reshape(n, t), entropy.reshape(n, t)
 

@@ -48,6 +48,7 @@ from .rewards.loading import load_rewards
 from .rewards.scoring import RewardFunction, RewardScores, score_completions
 from .rollout import Rollout, SamplingSettings, decode_completion, generate
 from .tasks.answer_format import extract_answer, extract_reasoning
+from .telemetry.alerts.remedy import Remedy
 from .telemetry.metrics.names import REDRAWN_PROMPTS
 from .telemetry.metrics.step_data import StepData, UpdateStats, eval_record
 from .update import (
@@ -78,12 +79,6 @@ def make_optimizer(config: TrainConfig) -> optim.Optimizer:
         ramp = optim.linear_schedule(config.learning_rate / warmup, config.learning_rate, warmup)
         schedule = optim.join_schedules([ramp, main], [warmup])
     return optim.AdamW(learning_rate=schedule, weight_decay=config.weight_decay)
-
-
-def remedied(config: TrainConfig, factors: dict[str, float]) -> TrainConfig:
-    """The config with its learning rate and beta multiplied by a rollback's (or several's) factors."""
-    return dataclasses.replace(config, learning_rate=config.learning_rate * factors.get("learning_rate", 1.0),
-                               beta=config.beta * factors.get("beta", 1.0))
 
 
 def step_key(seed: int, step: int) -> mx.array:
@@ -461,10 +456,10 @@ class Trainer:
         correct, levels, sampled = self.world.gather_lists(result.correct, result.levels, result.sampled)
         return eval_record(correct, levels, self.world.slowest(time.perf_counter() - start), sampled)
 
-    def roll_back(self, checkpoint: Path, factors: dict[str, float]) -> None:
+    def roll_back(self, checkpoint: Path, remedy: Remedy) -> None:
         """Restore `checkpoint`'s weights and optimiser state and go on with the learning rate and beta
-        multiplied by `factors` (the optimiser and the loss are rebuilt around the new values)."""
-        self.config = remedied(self.config, factors)
+        multiplied by the remedy's factors (the optimiser and the loss are rebuilt around the new values)."""
+        self.config = remedy.applied(self.config)
         self.optimizer = make_optimizer(self.config)
         self.loss_and_grad = nn.value_and_grad(self.policy.model, make_loss_fn(self.config))
         load_checkpoint(checkpoint, self.policy.model, self.optimizer)

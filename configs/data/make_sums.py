@@ -31,8 +31,9 @@ def write_splits(out_dir: Path, stem: str, rng: random.Random, draw: Callable[[r
                  key: Callable[..., str], row: Callable[..., dict], heldout_rows: int = HELDOUT_ROWS,
                  train_rows: int = TRAIN_ROWS, heldout_percent: int = HELDOUT_PERCENT) -> None:
     """Writes STEM_train.jsonl (train_rows rows drawn with replacement) and STEM_heldout.jsonl (heldout_rows
-    distinct prompts; heldout_percent of the keys), drawing operands with draw(rng). key(*operands) splits them: it is the same for every
-    order of operands that asks the same thing, so no held-out question is trained on in any order."""
+    distinct prompts; heldout_percent of the keys), drawing operands with draw(rng). key(*operands) splits them:
+    it is the same for every order of operands that asks the same thing, so no held-out question is trained on
+    in any order."""
     heldout: dict[str, dict] = {}
     while len(heldout) < heldout_rows:
         operands = draw(rng)

@@ -11,12 +11,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_dir", metavar="RUN_DIR", help="a run directory with completions/ (kept by default)")
     parser.add_argument("--rewards", nargs="+", metavar="SPEC[=WEIGHT]",
                         help="the reward set to replay: built-in names or file.py:function, each with an optional "
-                             "weight (answer_check=2); default: the run's own built-in ones (a run's file.py:function rewards "
-                             "are imported only when named here)")
+                             "weight (answer_check=2); default: the run's own built-in ones (a run's "
+                             "file.py:function rewards are imported only when named here)")
     parser.add_argument("--without", nargs="+", default=[], metavar="NAME",
                         help="drop these reward functions from the set (e.g. --without digit_match)")
-    parser.add_argument("--rubric-file", metavar="FILE", help="add (or replace) the rubric reward with this rubric; a run's own rubric is used only when "
-                             "named here (a rubric can name code)")
+    parser.add_argument("--rubric-file", metavar="FILE",
+                        help="add (or replace) the rubric reward with this rubric; a run's own rubric is used only "
+                             "when named here (a rubric can name code)")
     parser.add_argument("--rubric-weight", type=float, metavar="W", help="the rubric's weight (default: the run's)")
     parser.add_argument("--steps", metavar="A:B", help="only steps A to B (inclusive), e.g. 150:200")
     parser.add_argument("--limit", type=int, default=10, help="changed groups and sign flips listed (default 10)")
@@ -83,7 +84,8 @@ def run(args: argparse.Namespace) -> int:
     if args.rubric_file is None and rubric_file is not None and "rubric" not in args.without:
         # a rubric can import python scorers and send an API key to its judge's url: the run's is not read
         raise UserError(f"{run_dir}: the run scored with the rubric {terminal_safe(rubric_file)} "
-                        f"({named_file(rubric_file, base_dir, spec=False)}), which can name python code and a judge endpoint; "
+                        f"({named_file(rubric_file, base_dir, spec=False)}), which can name python code and a judge "
+                        "endpoint; "
                         "replay reads no rubric a run directory names. To use it, name it on the command line: "
                         f"--rubric-file {shlex.quote(named_file(rubric_file, base_dir, spec=False))}, or leave it out: "
                         "--without rubric")

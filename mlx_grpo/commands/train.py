@@ -110,8 +110,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="turn the built-in alert rules off")
     parser.add_argument("--log-distributions", dest="histogram_every", nargs="?", const=1, type=int,
                         default=argparse.SUPPRESS, metavar="N",
-                        help="alias of --histogram-every (the name other GRPO monitoring tools use): reward and advantage "
-                             "histograms every N logged steps, every step without N")
+                        help="alias of --histogram-every (the name other GRPO monitoring tools use): reward and "
+                             "advantage histograms every N logged steps, every step without N")
     group = parser.add_argument_group("config keys (each overrides the YAML file)")
     helps = key_help()
     for name, tp in top_level_fields().items():

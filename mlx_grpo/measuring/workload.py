@@ -44,7 +44,8 @@ def _prompt_pool(tokenizer, seed: int) -> list[int]:
     return words if len(words) >= 64 else stable
 
 
-def synthetic_rows(tokenizer, config: TrainConfig, count: int, length: int, seed: int) -> tuple[list[dict], list[list[int]]]:
+def synthetic_rows(tokenizer, config: TrainConfig, count: int, length: int,
+                   seed: int) -> tuple[list[dict], list[list[int]]]:
     """`count` dataset rows whose prompts, encoded as the trainer encodes them (chat template,
     BOS...), are exactly `length` tokens; returns the rows and those token ids."""
     pool = _prompt_pool(tokenizer, seed)

@@ -82,7 +82,8 @@ def causal_context(start: int, count: int) -> float:
     return count * start + count * (count + 1) / 2
 
 
-def forward(shape: ModelShape, positions: float, context: float, head_positions: float, layers: int | None = None) -> float:
+def forward(shape: ModelShape, positions: float, context: float, head_positions: float,
+            layers: int | None = None) -> float:
     """Forward FLOPs of `positions` through `layers` blocks (all by default) whose queries see `context` keys
     in all, plus the head at `head_positions`."""
     layers = shape.layers if layers is None else layers

@@ -7,8 +7,8 @@ such product: unset or 1 means TF32 there, 0 means full float32 (slower). M1-M4 
 full float32 either way. `mlx-grpo selftest` sets 0 for its float32 comparisons and measures TF32 on its own.
 
 `tf32_rounding()` emulates TF32 on any backend (the selftest derives its TF32 tolerance from it; tests use it to
-stand in for an M5). `python -m mlx_grpo.measuring.tf32_child BATCH.npz OUT.npy` is the selftest's child process that computes
-the default model's float32 log-probs with the flag as this process has it.
+stand in for an M5). `python -m mlx_grpo.measuring.tf32_child BATCH.npz OUT.npy` is the selftest's child process
+that computes the default model's float32 log-probs with the flag as this process has it.
 """
 
 from __future__ import annotations

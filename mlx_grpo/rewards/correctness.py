@@ -66,7 +66,8 @@ def load_correctness(setting: str, dataset: str, reward_names: list[str], base_d
         fits = dataset == "arithmetic" or any(name in ANSWER_REWARDS for name in reward_names)
         return answer_check if fits else None
     if ":" not in setting:
-        raise UserError(f"key 'correctness' is {setting!r}; expected auto, answer, last_number, none or file.py:function")
+        raise UserError(f"key 'correctness' is {setting!r}; "
+                        "expected auto, answer, last_number, none or file.py:function")
     try:
         fn = load_reward_functions([(setting, 1.0)], base_dir)[0].fn
     except UserError as err:

@@ -24,6 +24,7 @@ from ..common.units import plural
 from ..config.train_config import TrainConfig
 from ..extras.entropy_dump import EntropyDump
 from ..telemetry.alerts.alert import Alert
+from ..telemetry.alerts.remedy import Remedy
 from ..telemetry.events import Artifact, Flush
 from ..telemetry.metrics.names import EVAL_ACCURACY
 from ..telemetry.recorder import RunRecorder, StepReport
@@ -296,17 +297,15 @@ def roll_back(run: Run, alert: Alert, step: int) -> None:
         raise UserError(f"alert rule '{rule.name}' (action: rollback) fired at step {step} and no checkpoint "
                         f"from before step {began} is left to go back to", exit_code=EXIT_GUARD_STOP)
     checkpoint = candidates[-1]
-    factors = dict(rule.remedy)
     before = (trainer.config.learning_rate, trainer.config.beta)
-    trainer.roll_back(checkpoint, factors)
+    trainer.roll_back(checkpoint, rule.remedy)
     rearm_alert_rules(recorder, checkpoint)
     run.rollbacks += 1
-    for key, factor in factors.items():
-        run.remedy[key] = run.remedy.get(key, 1.0) * factor
+    run.remedy = run.remedy.then(rule.remedy)
     after = (trainer.config.learning_rate, trainer.config.beta)
     changes = ", ".join(f"{label} {old:g} -> {new:g}" for label, key, old, new in
                         (("learning rate", "learning_rate", before[0], after[0]), ("beta", "beta", before[1], after[1]))
-                        if key in factors) or "no remedy"
+                        if rule.remedy.changes(key)) or "no remedy"
     event = Alert(step=step, time=time.time(), level="warning", rule="rollback", metric=alert.metric,
                   value=alert.value, action="rollback",
                   message=f"rolled back to {checkpoint.name} after '{rule.name}' at step {step} "
@@ -323,7 +322,7 @@ def rearm_alert_rules(recorder: RunRecorder, checkpoint: Path) -> None:
     recorder.engine.load_state_dict(read_state(checkpoint)["run_state"]["alerts"])
 
 
-def way_back(run: Run, stop: Stop) -> tuple[Path, dict[str, float]] | None:
+def way_back(run: Run, stop: Stop) -> tuple[Path, Remedy] | None:
     """For a stop by a rule with a remedy (a collapse: the policy is broken), the last checkpoint from before its
     condition began and the remedy's factors; None for any other stop, or with no such checkpoint, or when a
     checkpoint after it exists (the resume would take that one)."""
@@ -334,34 +333,41 @@ def way_back(run: Run, stop: Stop) -> tuple[Path, dict[str, float]] | None:
     began = run.step - rule.for_steps + 1
     if not checkpoints or checkpoint_step(checkpoints[-1]) >= began:
         return None
-    return checkpoints[-1], dict(rule.remedy)
+    return checkpoints[-1], rule.remedy
 
 
-def stop_remedy(run: Run, stop: Stop) -> dict[str, float] | None:
+def stop_remedy(run: Run, stop: Stop) -> Remedy | None:
     """The remedy of the rule that stopped the run, when it has one (a collapse: the policy is broken)."""
     rule = next((r for r in run.recorder.engine.rules if r.name == stop.by_alert), None)
-    return dict(rule.remedy) if rule is not None and rule.remedy else None
+    return rule.remedy if rule is not None and rule.remedy else None
 
 
-def broken_stop_message(rule: str, step: int, factors: dict[str, float], learning_rate: float) -> str:
+def broken_stop_message(rule: str, step: int, remedy: Remedy, learning_rate: float) -> str:
     """The line said when a collapse rule stopped a run with no checkpoint from before the collapse: resuming
     would go on training the broken policy, so it says how to start again instead."""
-    lower = f" --learning-rate {learning_rate * factors['learning_rate']:g}" if "learning_rate" in factors else ""
+    lower = lower_learning_rate(remedy, learning_rate)
     return (f"alert rule '{rule}' (action: stop) stopped the run after step {step}: the policy broke, and its "
             f"only checkpoint holds the broken policy (a resume would stop again); start the run again with a "
             f"lower learning rate ({lower.strip() or 'see the rule'}), or with --on-alert rollback, which keeps a "
             f"checkpoint of the start and goes back to it by itself")
 
 
-def collapse_stop_message(rule: str, step: int, run_dir: Path, back: tuple[Path, dict[str, float]],
+def collapse_stop_message(rule: str, step: int, run_dir: Path, back: tuple[Path, Remedy],
                           learning_rate: float) -> str:
     """The line said when a collapse rule stopped the run: no checkpoint of the broken policy, and the command
     that continues from the last one before the collapse with the rule's remedy."""
-    checkpoint, factors = back
-    lower = f" --learning-rate {learning_rate * factors['learning_rate']:g}" if "learning_rate" in factors else ""
+    checkpoint, remedy = back
+    lower = lower_learning_rate(remedy, learning_rate)
     return (f"alert rule '{rule}' (action: stop) stopped the run after step {step}: the policy broke, so it was "
             f"not checkpointed; continue from {checkpoint.name}, before the collapse, with a lower learning rate: "
             f"{resume_command(run_dir)}{lower} (or let on_alert: rollback do it: --on-alert rollback)")
+
+
+def lower_learning_rate(remedy: Remedy, learning_rate: float) -> str:
+    """The option that starts or resumes with the remedy's learning rate (empty when it leaves it)."""
+    if not remedy.changes("learning_rate"):
+        return ""
+    return f" --learning-rate {learning_rate * remedy.factor('learning_rate'):g}"
 
 
 def alert_stop_message(rule: str, step: int, run_dir: Path) -> str:
@@ -402,7 +408,7 @@ def prepare(run: Run, step: int) -> PendingCheckpoint:
     trainer, recorder = run.trainer, run.recorder
     state = {"order": trainer.order.state(), "run_id": run.run_id,
              "config": scrub_secrets(dataclasses.asdict(trainer.config)), "run_state": recorder.state_dict(),
-             "rollbacks": run.rollbacks, "remedy": run.remedy, "best_eval": run.best_eval,
+             "rollbacks": run.rollbacks, "remedy": run.remedy.to_state(), "best_eval": run.best_eval,
              **trainer.world.checkpoint_state()}
     spare = checkpoint_name(run.best_eval[0]) if run.best_eval is not None else None
     return prepare_checkpoint(RunPaths(run.run_dir).checkpoints, step, trainer.policy.model, trainer.optimizer, state,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,7 @@ from ..planning.machine import (
 )
 from ..planning.tf32 import float32_state
 from ..telemetry.alerts.config import check_rule_metrics, load_alert_rules, rules_from_config, with_on_alert
+from ..telemetry.alerts.remedy import Remedy
 from ..telemetry.events import Artifact, Start
 from ..telemetry.metrics.system import SystemSampler
 from ..telemetry.recorder import RunRecorder, StepReport
@@ -38,7 +39,7 @@ from ..telemetry.sinks import SinkSet, make_sinks
 from ..telemetry.sinks.notify import NotifySink, channels_from_env
 from ..telemetry.sinks.trackio import TrackioOptions, trackio_store
 from ..telemetry.sinks.wandb import WandbOptions
-from ..trainer import Trainer, remedied
+from ..trainer import Trainer
 from .console import TrainingConsole
 from .resume import last_record, resumable_checkpoint, truncate_logs
 from .run_lock import RunLock, create_run_dir
@@ -57,7 +58,7 @@ class Run:
     base_dir: Path  # where the config's relative paths resolve from
     lock: RunLock | None = None  # rank 0's lock on the run directory, released when the run closes
     rollbacks: int = 0  # rollbacks made so far (alert rules with action rollback)
-    remedy: dict[str, float] = field(default_factory=dict)  # their factors, multiplied: {"learning_rate": 0.25}
+    remedy: Remedy = Remedy()  # their factors, multiplied: learning_rate 0.25 after two halvings
     step: int = 0  # the step under way (or the last one done)
     report: StepReport | None = None  # the last step's record
     # (step, held-out accuracy) of the run's best evaluation so far, step 0's included: each new best is
@@ -85,7 +86,7 @@ def open_run(config: TrainConfig, base_dir: Path, resume_dir: Path | None) -> Ru
     share_memory_with(init_world().ranks_on_this_host())  # before the plan: ranks on one Mac share it
     config, memory_plan, planned_peak = fit_run(config, base_dir)
     remedy = saved_remedy(checkpoint)  # rollbacks before the checkpoint changed the learning rate and beta
-    trainer = Trainer.build(remedied(config, remedy), base_dir)
+    trainer = Trainer.build(remedy.applied(config), base_dir)
     run_dir, lock = open_directory(trainer, resume_dir)
     memory_warning = wire_memory(trainer.resident_bytes(), planned_peak)
     trainer.peak_flops_per_s = matmul_peak_flops()  # perf/mfu's denominator
@@ -123,11 +124,11 @@ def saved_best(saved: dict) -> tuple[int, float] | None:
     return None
 
 
-def saved_remedy(checkpoint: Path | None) -> dict[str, float]:
-    """The rollbacks' factors a checkpoint kept (none for a new run)."""
+def saved_remedy(checkpoint: Path | None) -> Remedy:
+    """The rollbacks' factors a checkpoint kept (none for a new run; read_state checked them)."""
     if checkpoint is None:
-        return {}
-    return read_state(checkpoint).get("remedy", {})
+        return Remedy()
+    return Remedy.from_state(read_state(checkpoint).get("remedy", {}))
 
 
 def open_directory(trainer: Trainer, resume_dir: Path | None) -> tuple[Path, RunLock | None]:

@@ -117,7 +117,8 @@ class RunRecorder:
         record[ELAPSED_SECONDS] = self.elapsed()
         self.nonfinite_in_a_row = self.nonfinite_in_a_row + 1 if data.update.skipped else 0
         alerts = self.observe(step, record, data.scores, data.total, loss=data.update.loss,
-                              arrays={"advantages/hist": data.trained_advantages, "completions/length/hist": data.lengths})
+                              arrays={"advantages/hist": data.trained_advantages,
+                                      "completions/length/hist": data.lengths})
         if epoch_ended or (last and self.rewards.epoch_has_data()):
             record.update(self.end_epoch(partial=not epoch_ended))
         for message in data.new_errors:

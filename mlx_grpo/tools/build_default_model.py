@@ -312,7 +312,8 @@ A {params:,}-parameter llama (hidden 128, 4 layers, 4 heads, intermediate 512, t
 embeddings, fp32) with a {vocab}-token character-level tokenizer, pretrained on the
 arithmetic task of `mlx_grpo/tasks/arithmetic.py` (prompt `047+302=`, completion
 `{example}`, the carry out of each column, units
-first, then the sum). It is saved part-way through supervised training, on purpose: it is right on some held-out sums and wrong on others, so a GRPO
+first, then the sum). It is saved part-way through supervised training, on purpose: it is right on some \
+held-out sums and wrong on others, so a GRPO
 run has room to improve it. It loads with `mlx_lm.load` like any Hugging Face-format
 model.
 

@@ -309,7 +309,8 @@ class WatchApp(App[None]):
         if focused is None:
             return
         down = direction > 0
-        for name in (("action_cursor_down", "action_scroll_down") if down else ("action_cursor_up", "action_scroll_up")):
+        names = ("action_cursor_down", "action_scroll_down") if down else ("action_cursor_up", "action_scroll_up")
+        for name in names:
             action = getattr(focused, name, None)
             if action is not None:
                 action()

@@ -72,7 +72,8 @@ def cell_masks(top: np.ndarray, bottom: np.ndarray, width: int, height: int) -> 
     return np.einsum("hrwc,rc->hw", grid.astype(np.int64), _DOT_BITS)
 
 
-def render_cells(layers: list[Layer], width: int, height: int, y_lo: float, y_hi: float) -> tuple[list[list[str]], list[list[int]]]:
+def render_cells(layers: list[Layer], width: int, height: int, y_lo: float,
+                 y_hi: float) -> tuple[list[list[str]], list[list[int]]]:
     """Braille characters per cell, and per cell the index in `layers` of the
     layer that owns it (-1: empty), which gives the cell its colour.
 

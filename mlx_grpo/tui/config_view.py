@@ -66,7 +66,8 @@ class ConfigView(BoardView, VerticalScroll):
         for i, run in with_info:
             table.add_column(Text(run.name, style=f"bold {board.color(i)}"))
         for k in keys:
-            table.add_row(k, *(Text(value_text(c.get(k)), style=board.color(i)) for (i, _), c in zip(with_info, configs)))
+            table.add_row(k, *(Text(value_text(c.get(k)), style=board.color(i))
+                               for (i, _), c in zip(with_info, configs)))
         return Group(title, table, Text(""))
 
     def _dumps(self) -> Text:

@@ -76,8 +76,8 @@ class RunHeader(BoardWidget, Static):
             text.append("\n")
         settings = self.settings
         smoothing = f"EMA {settings.smoothing:g}" if settings.smoothing else "off"
-        text.append(f"refresh {settings.refresh_s:g}s · smoothing {smoothing} · y {'log' if settings.log_scale else 'linear'}",
-                    style=MUTED)
+        scale = "log" if settings.log_scale else "linear"
+        text.append(f"refresh {settings.refresh_s:g}s · smoothing {smoothing} · y {scale}", style=MUTED)
         if settings.filter:
             text.append(f" · filter '{settings.filter}'", style=f"bold {HIGHLIGHT}")
         if settings.paused:

@@ -136,7 +136,8 @@ class MetricsView(BoardView, ScrollView, can_focus=True):
         trend: list[float] = []
         for i, run in enumerate(runs):
             value = run.table.last_value(name)
-            cells.append((fmt_value(value).rjust(VALUE_WIDTH), Style(color=board.color(i)) if len(runs) > 1 else Style()))
+            style = Style(color=board.color(i)) if len(runs) > 1 else Style()
+            cells.append((fmt_value(value).rjust(VALUE_WIDTH), style))
             span = run.table.column_range(name)
             if span is not None:
                 lo = span[0] if lo is None else min(lo, span[0])

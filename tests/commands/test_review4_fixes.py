@@ -111,7 +111,8 @@ def test_v9_a_collapse_stop_says_how_to_start_again_and_a_resume_stops_again(tmp
         "     for_steps: 2, action: stop, remedy: {learning_rate: 0.5}, hint: stand-in collapse}\n")
     overrides = {"num_steps": 6, "batch_size": 2, "num_generations": 4, "num_iterations": 1, "train_size": 8,
                  "eval_every": 0, "checkpoint_every": 0, "tensorboard": False, "learning_rate": 1e-4,
-                 "monitoring_dir": str(tmp_path / "runs"), "run_name": "broke", "alerts_file": str(tmp_path / "collapse.yaml")}
+                 "monitoring_dir": str(tmp_path / "runs"), "run_name": "broke",
+                 "alerts_file": str(tmp_path / "collapse.yaml")}
     result = train(load_config(None, overrides), tmp_path)
     run_dir = Path(result["run_dir"])
     assert result["status"] == "interrupted" and result["stopped_by_alert"] == "broke"

@@ -193,7 +193,8 @@ def test_dr_grpo_needs_budget_and_part_of_an_update_divides_by_the_whole_updates
         loss_of(LOGP, old=None, loss_type="dr_grpo")
     whole = LossTotals(num_sequences=8, num_tokens=24)  # these 4 sequences are half of the update
     for loss_type in ("bnpo", "dapo"):
-        assert value(loss_of(LOGP, old=None, loss_type=loss_type, totals=whole)[0]) == pytest.approx(-1.5 / 24, abs=1e-7)
+        loss = value(loss_of(LOGP, old=None, loss_type=loss_type, totals=whole)[0])
+        assert loss == pytest.approx(-1.5 / 24, abs=1e-7)
     assert value(loss_of(LOGP, old=None, loss_type="grpo", totals=whole)[0]) == \
         pytest.approx(-(1 - 1 + 0.5) / 8, abs=1e-7)
     assert value(loss_of(LOGP, old=None, loss_type="dr_grpo", max_completion_length=4, totals=whole)[0]) == \

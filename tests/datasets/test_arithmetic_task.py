@@ -70,7 +70,8 @@ def test_completion_format_and_answer_extraction():
     completion = arithmetic.format_completion(row)
     assert completion == "<reasoning>000</reasoning><answer>349</answer>"
     assert arithmetic.format_completion(arithmetic.make_row(58, 67)) == "<reasoning>110</reasoning><answer>125</answer>"
-    assert arithmetic.format_completion(arithmetic.make_row(999, 1)) == "<reasoning>111</reasoning><answer>1000</answer>"
+    assert (arithmetic.format_completion(arithmetic.make_row(999, 1))
+            == "<reasoning>111</reasoning><answer>1000</answer>")
     assert is_correct(completion, row["answer"])
     assert is_correct("<reasoning>111</reasoning><answer>349</answer>", row["answer"])  # graded on the answer only
     assert not is_correct("<reasoning>000</reasoning><answer>348</answer>", row["answer"])

@@ -134,7 +134,7 @@ def test_built_in_actions_by_on_alert():
     rolling = {r.name for r in with_on_alert(rules, "rollback") if r.action == "rollback"}
     assert rolling == {"non_finite", "kl_drift", "kl_high", "reward_collapse", "accuracy_collapse",
                        "heldout_accuracy_drop"}
-    assert dict(next(r for r in rules if r.name == "kl_drift").remedy) == {"learning_rate": 0.5, "beta": 2.0}
+    assert next(r for r in rules if r.name == "kl_drift").remedy.to_state() == {"learning_rate": 0.5, "beta": 2.0}
 
 
 def test_a_remedy_of_something_else_is_refused_with_the_key(tmp_path):
@@ -150,7 +150,8 @@ def test_a_remedy_of_something_else_is_refused_with_the_key(tmp_path):
 @pytest.mark.slow
 def test_learning_rate_1e3_collapses_the_default_run_and_the_collapse_rule_stops_it(tmp_path):
     # Measured: held-out 32% before the first update, sampled accuracy 27% at step 1, 0% at steps 2 and 3;
-    # accuracy_collapse (from the start: step 1's 27%, below the held-out 32%) fires at step 3 and stops the run, exit 3.
+    # accuracy_collapse (from the start: step 1's 27%, below the held-out 32%) fires at step 3 and stops the run,
+    # exit 3.
     import subprocess
     import sys
 

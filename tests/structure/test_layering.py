@@ -36,8 +36,8 @@ NO_MLX = {"telemetry", "tui"}  # the dashboard, report and compare run where mlx
 INNER_FLOORS = {
     "mlx_grpo": [
         {"", "config", "tasks"},  # the wings are rooms here, with floors of their own below
-        {"grpo", "models", "data", "head_scores", "frozen_prefix", "rollout", "multiturn", "rewards", "update", "extras", "evaluate",
-         "checkpoint"},  # core: the model, the data, the math, a completion's worth, saving weights
+        {"grpo", "models", "data", "head_scores", "frozen_prefix", "rollout", "multiturn", "rewards", "update",
+         "extras", "evaluate", "checkpoint"},  # core: the model, the data, the math, a completion's worth, saving weights
         {"planning"},  # what a run needs and can reach, predicted before it loads
         {"trainer", "distributed"},  # one step, on one rank or many
         {"run"},  # a run's life
@@ -50,7 +50,8 @@ INNER_FLOORS = {
         {"train_config", ""},  # "" re-exports train_config's two public names
     ],
     "mlx_grpo.models": [
-        {"", "families", "wheel_files", "gguf_header", "gguf_blocks", "decode_attention", "kv_cache"},  # families: no mlx
+        # families: no mlx
+        {"", "families", "wheel_files", "gguf_header", "gguf_blocks", "decode_attention", "kv_cache"},
         {"gguf_config"},  # a GGUF file as a config: no mlx
         {"smollm2", "gemma3", "qwen_coder", "gguf"},  # the model sources
         {"policy"},  # a policy from any source

@@ -376,8 +376,10 @@ def test_engine_cost_per_record_stays_flat():
 
 def test_telemetry_modules_import_no_mlx():
     code = ("import sys\n"
-            "import mlx_grpo.telemetry.alerts.rules, mlx_grpo.telemetry.alerts.config, mlx_grpo.telemetry.alerts.console\n"
-            "import mlx_grpo.telemetry.analysis.reward_report, mlx_grpo.telemetry.analysis.report, mlx_grpo.telemetry.monitor\n"
+            "import mlx_grpo.telemetry.alerts.rules, mlx_grpo.telemetry.alerts.config\n"
+            "import mlx_grpo.telemetry.alerts.console, mlx_grpo.telemetry.alerts.remedy\n"
+            "import mlx_grpo.telemetry.analysis.reward_report, mlx_grpo.telemetry.analysis.report\n"
+            "import mlx_grpo.telemetry.monitor\n"
             "import mlx_grpo.commands.report\n"
             "bad = [m for m in sys.modules if m == 'mlx' or m.startswith('mlx.')]\n"
             "assert not bad, bad\n")
@@ -450,7 +452,8 @@ rules:
     ("rules:\n  - {name: a, kind: nonfinite}\n  - {name: a, kind: nonfinite}\n",
      "rules[1] (a): rule name 'a' is used twice"),
     ("rules:\n  - {name: a, kind: nonfinite, action: halt}\n", "rules[0] (a): key 'action' must be one of none, stop"),
-    ("rules:\n  - {name: a, kind: drop, metric: m, window: 5, fall: -1}\n", "rules[0] (a): key 'fall' must be positive"),
+    ("rules:\n  - {name: a, kind: drop, metric: m, window: 5, fall: -1}\n",
+     "rules[0] (a): key 'fall' must be positive"),
     ("rules:\n  - {name: a, kind: plateau, metric: 'rewards/*/mean', window: 5, change: 1, baseline_steps: 5}\n",
      "rules[0] (a): a plateau rule takes plain metric names"),
     ("rules:\n  - {name: a, kind: plateau, metric: m, window: 5, change: 1, baseline_steps: 9}\n",
@@ -503,7 +506,8 @@ def test_alert_messages_are_scrubbed_wherever_they_come_from(monkeypatch):
     monkeypatch.setenv("JUDGE_AUTH", "judgecred_QWERTY123456789")
     register_secret("judgecred_QWERTY123456789")
     alert = Alert(step=1, time=None, level="warning", rule="judge_failed", metric="judge/errors", value=1.0,
-                  message="judge answered 401: {'auth': 'Bearer judgecred_QWERTY123456789', 'x': 'sk-abcdefghijklmnopqrstuv'}")
+                  message="judge answered 401: "
+                          "{'auth': 'Bearer judgecred_QWERTY123456789', 'x': 'sk-abcdefghijklmnopqrstuv'}")
     assert "judgecred" not in alert.message and "sk-abcdefghijklmnopqrstuv" not in alert.message
     assert "judge answered 401" in alert.message and "[secret]" in alert.to_dict()["message"]
 

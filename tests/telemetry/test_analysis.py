@@ -51,7 +51,8 @@ def test_healthy_report_scores_well_and_explains_each_part(healthy_dir):
     assert data["run"] == "healthy-run" and data["quality"]["score"] == pytest.approx(q.score)
     assert set(data["importance"]) == set(report.functions)
     md = (healthy_dir / "report.md").read_text()
-    assert md.startswith("# Reward report: healthy-run") and "## Reward functions' quality: " in md and "**What happened:** " in md and "| discriminability | 35% |" in md
+    assert md.startswith("# Reward report: healthy-run") and "## Reward functions' quality: " in md
+    assert "**What happened:** " in md and "| discriminability | 35% |" in md
 
 
 def test_constant_reward_scores_low_and_says_why():

@@ -160,7 +160,8 @@ def test_bad_values_become_gaps_and_bad_steps_are_rejected():
 def test_a_field_holding_the_same_container_in_every_record_is_a_gap(value):
     # numpy turns lists of one shape into a 2-D array without complaint ([[]] is (1, 0)): the reader
     # crashed on a metrics.jsonl whose only line was {"time": [], "step": 0} (found by the fuzz test)
-    table, rejected = table_from_records([{"step": 1, "time": value, "a": value}, {"step": 2, "time": value, "a": value}])
+    table, rejected = table_from_records([{"step": 1, "time": value, "a": value},
+                                          {"step": 2, "time": value, "a": value}])
     assert rejected == 0 and table.steps.tolist() == [1, 2]
     assert np.isnan(table.column("a")).all()
 

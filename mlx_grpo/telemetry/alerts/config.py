@@ -22,6 +22,7 @@ from ..metrics.catalogue import CATALOGUE, find_entry
 from .detector_rules import RiseRule, SaturationRule
 from .nonfinite_rule import NonFiniteRule
 from .pathology_rules import ExhaustionRule
+from .remedy import Remedy
 from .rules import BaselineRule, DropRule, Rule, SpikeRule, ThresholdRule
 from .state import metric_pattern
 from .trend_rules import HackingRule, PlateauRule, TrendRule
@@ -55,12 +56,8 @@ def _convert(key: str, type_name: str, value: Any) -> Any:
         if isinstance(items, list) and items and all(isinstance(item, str) for item in items):
             return tuple(items)
         raise ValueError(f"key '{key}' must be a metric name or a list of them, got {value!r}")
-    if type_name == "tuple[tuple[str, float], ...]":  # a remedy: {learning_rate: 0.5, beta: 2}
-        if isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, (int, float))
-                                           and not isinstance(v, bool) for k, v in value.items()):
-            return tuple((k, float(v)) for k, v in value.items())
-        raise ValueError(f"key '{key}' must map what to change to a factor, e.g. {{learning_rate: 0.5, beta: 2}}, "
-                         f"got {value!r}")
+    if type_name == "Remedy":  # {learning_rate: 0.5, beta: 2}
+        return Remedy.from_yaml(key, value)
     raise AssertionError(f"unhandled field type {type_name}")
 
 

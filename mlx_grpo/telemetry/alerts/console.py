@@ -16,8 +16,8 @@ LEVEL_STYLES = {"info": "cyan", "warning": "bold yellow", "error": "bold white o
 def format_alert(alert: Alert) -> Text:
     """`WARNING step 42 kl_drift: <message>`, the level coloured."""
     style = LEVEL_STYLES.get(alert.level, "")
-    return Text.assemble((f"{alert.level.upper():<7}", style), f" step {alert.step} ", (terminal_safe(alert.rule), "bold"),
-                         ": ", terminal_safe(alert.message))
+    return Text.assemble((f"{alert.level.upper():<7}", style), f" step {alert.step} ",
+                         (terminal_safe(alert.rule), "bold"), ": ", terminal_safe(alert.message))
 
 
 def print_alerts(alerts: Iterable[Alert], console: Console | None = None) -> None:

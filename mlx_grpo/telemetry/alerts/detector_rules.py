@@ -94,8 +94,9 @@ class SaturationRule(Rule):
     start, a format the model already writes, is left alone); pinned when each of its last `pinned_steps` means
     lies within `ceiling_tol` of its span from the ceiling; the others stall when none of them rises
     significantly (Mann-Kendall) since it reached its ceiling, nor `accuracy` over those steps or over the
-    `window` steps kept (a policy that keeps getting more answers right is learning the task). `rewards/total/mean` is not a
-    function and is never judged. With a single reward function there is nothing to compare and it stays silent.
+    `window` steps kept (a policy that keeps getting more answers right is learning the task).
+    `rewards/total/mean` is not a function and is never judged. With a single reward function there is nothing
+    to compare and it stays silent.
     """
 
     kind: ClassVar[str] = "saturation"

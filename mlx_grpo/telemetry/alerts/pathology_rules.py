@@ -61,9 +61,9 @@ class ExhaustionRule(Rule):
     The start is the median of the first `baseline_steps` values, now the median of the last `recent`.
     Fires when now <= `floor` x start, or (with `horizon` > 0) when the metric is falling significantly over
     the recent half of its points (Mann-Kendall) and a fit projects it to reach `project_to` x start (default:
-    the floor) within `horizon` x the steps logged so far. Conditional: when a metric of `progress` rises significantly over the same steps,
-    the fall is the policy converging on what it learned, not a collapse: the alert is `converging_level`, says
-    so, and carries no action.
+    the floor) within `horizon` x the steps logged so far. Conditional: when a metric of `progress` rises
+    significantly over the same steps, the fall is the policy converging on what it learned, not a collapse: the
+    alert is `converging_level`, says so, and carries no action.
     """
 
     kind: ClassVar[str] = "exhaustion"

@@ -15,10 +15,9 @@ from typing import ClassVar, Iterable, Iterator, Mapping
 
 from ..metrics.robust import percent_change
 from .alert import ACTIONS, LEVELS, Alert
+from .remedy import Remedy
 from .state import _NOT_METRICS, _check_window, _fmt, _in_a_row, _Latch, _num, _Window, _windowed, metric_pattern, state
 
-# What a remedy may change, each by a factor: the learning rate and beta (the KL coefficient).
-REMEDY_KEYS = ("learning_rate", "beta")
 # How many of `solved_metric`'s last values a rule judges "solved" on (their median), and the fewest it needs.
 SOLVED_RECENT = 5
 SOLVED_MIN_POINTS = 3
@@ -42,8 +41,8 @@ class Rule:
     # Left out of repr, which matches saved rule state on resume: what the trainer does when a rule fires does
     # not change what the rule measures.
     action: str = field(default="none", repr=False)
-    # With action rollback: factors applied on each rollback, e.g. (("learning_rate", 0.5), ("beta", 2.0)).
-    remedy: tuple[tuple[str, float], ...] = field(default=(), repr=False)
+    # With action rollback: the factors applied on each rollback, e.g. {learning_rate: 0.5, beta: 2}.
+    remedy: Remedy = field(default=Remedy(), repr=False)
     # Flat groups, a zero gradient and low entropy are also what a policy that has solved its prompts looks
     # like. With `solved_metric` (e.g. accuracy/solved_group_frac), when the median of its last values is at
     # least `solved_at` the rule reports that as info with no action, not as a fault with remedies.
@@ -61,11 +60,7 @@ class Rule:
     def __post_init__(self) -> None:
         if self.action not in ACTIONS:
             raise ValueError(f"key 'action' must be one of {', '.join(ACTIONS)}, got {self.action!r}")
-        for key, factor in self.remedy:
-            if key not in REMEDY_KEYS:
-                raise ValueError(f"key 'remedy' may change {' and '.join(REMEDY_KEYS)}, not {key!r}")
-            if not (factor > 0 and math.isfinite(factor)):
-                raise ValueError(f"key 'remedy': the factor of {key} must be a positive number, got {factor!r}")
+        self.remedy.check()
         if not self.name:
             raise ValueError("key 'name' must not be empty")
         if not self.metric:
@@ -307,7 +302,8 @@ class BaselineRule(Rule):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.direction not in _BASELINE_DIRECTIONS:
-            raise ValueError(f"key 'direction' must be one of {', '.join(_BASELINE_DIRECTIONS)}, got {self.direction!r}")
+            raise ValueError(f"key 'direction' must be one of {', '.join(_BASELINE_DIRECTIONS)}, "
+                             f"got {self.direction!r}")
         if self.factor <= 0:
             raise ValueError("key 'factor' must be positive")
         if self.direction == "above" and self.factor < 1:

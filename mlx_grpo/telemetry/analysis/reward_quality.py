@@ -114,7 +114,8 @@ def discriminability(data: RunData) -> tuple[QualityPart, float | None, float | 
                      "0.5 is chance)")
     if not measures:
         return (QualityPart("discriminability", weight, None,
-                            "needs rewards/zero_std_group_frac, or samples with both correct and incorrect completions"),
+                            "needs rewards/zero_std_group_frac, "
+                            "or samples with both correct and incorrect completions"),
                 nonzero, auc)
     return QualityPart("discriminability", weight, 100.0 * float(np.mean(measures)), "; ".join(words)), nonzero, auc
 
@@ -123,7 +124,8 @@ def _stability(data: RunData) -> QualityPart:
     weight = QUALITY_WEIGHTS["stability"]
     _, std = data.series(REWARD_STD)
     if len(std) < MIN_POINTS:
-        return QualityPart("stability", weight, None, f"needs rewards/total/std over at least {MIN_POINTS} logged steps")
+        return QualityPart("stability", weight, None,
+                           f"needs rewards/total/std over at least {MIN_POINTS} logged steps")
     mean_std = float(std.mean())
     if mean_std <= 0:
         return QualityPart("stability", weight, 0.0, "the rewards within a batch never differed")

@@ -313,10 +313,12 @@ class RunOutcome:
         if self.evaluations >= 2 and self.eval_first is not None and self.eval_last is not None:
             change = 100 * (self.eval_last - self.eval_first)
             best = f"; best {self.eval_best[1]:.1%} at step {self.eval_best[0]}" if self.eval_best else ""
-            parts.append(f"held-out accuracy {self.eval_first:.1%} -> {self.eval_last:.1%} ({change:+.1f} points{best})")
+            parts.append(f"held-out accuracy {self.eval_first:.1%} -> {self.eval_last:.1%} "
+                         f"({change:+.1f} points{best})")
         elif self.evaluations == 1 and self.eval_first is not None:
             # one evaluation says where the run was, not how it moved
-            parts.append(f"held-out accuracy {self.eval_first:.1%} at step {self.eval_first_step} (its only evaluation)")
+            parts.append(f"held-out accuracy {self.eval_first:.1%} at step {self.eval_first_step} "
+                         "(its only evaluation)")
         if self.evaluations < 2 and self.train_accuracy is not None:
             t = self.train_accuracy
             parts.append(f"training accuracy {t.start:.0%} -> {t.end:.0%} ({t.label})")
@@ -354,7 +356,8 @@ def run_outcome(data: RunData, alerts: Sequence[Alert]) -> RunOutcome:
                       trend_of(data, ACCURACY_TRAIN), trend_of(data, REWARD_MEAN), counts,
                       accuracy_measured=any(data.table.column(name) is not None for name in ACCURACY_METRICS),
                       evaluations=len(accuracy), eval_first_step=int(eval_steps[0]) if len(eval_steps) else None,
-                      eval_best=eval_best, train_ends=(((int(train_steps[0]), float(train[0])), (int(train_steps[-1]), float(train[-1])))
+                      eval_best=eval_best,
+                      train_ends=(((int(train_steps[0]), float(train[0])), (int(train_steps[-1]), float(train[-1])))
                                   if len(train) >= 2 else None))
 
 

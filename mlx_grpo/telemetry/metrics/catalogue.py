@@ -148,8 +148,8 @@ def _reward_entries() -> list[MetricSpec]:
                    "needs a fall larger than that. Left out with a single group.", "reward", "rewards", EVERY_STEP),
         MetricSpec(REWARD_BIMODALITY, "Sarle's bimodality coefficient of the step's total rewards over its "
                    "completions: ~1/3 for one bell-shaped cluster, above 5/9 (a uniform spread) for two clusters, "
-                   "~1 for a reward with two values (right or wrong). Left out without spread.", "coefficient", "rewards",
-                   EVERY_STEP),
+                   "~1 for a reward with two values (right or wrong). Left out without spread.", "coefficient",
+                   "rewards", EVERY_STEP),
         MetricSpec("rewards/total/variance", "Batch variance of the weighted total reward (std squared).",
                    "reward^2", "rewards", EVERY_STEP),
         MetricSpec(REWARD_RECENT_MEAN, "Mean of rewards/total/mean over the last 10 logged steps "
@@ -407,7 +407,8 @@ def _performance_entries() -> list[MetricSpec]:
     out.append(MetricSpec(STEP_TOKENS_PER_S, "tokens/total / timing/step_s: end-to-end tokens per "
                           "second of the whole step.", "tokens/s", th, EVERY_STEP))
     out.append(MetricSpec(MFU, "Model FLOPs utilisation: the step's floating-point work counted from the model's "
-                          "shape (rollout, reference and update matmuls, 2 per multiply-add; mlx_grpo/planning/roofline.py; with "
+                          "shape (rollout, reference and update matmuls, 2 per multiply-add; "
+                          "mlx_grpo/planning/roofline.py; with "
                           "frozen_prefix_reuse the reference and update count the blocks they run, from the first "
                           "adapted one on) "
                           "per second of timing/step_s, over the fp32 matmul FLOP/s measured at the start of the run. "

@@ -424,7 +424,8 @@ def render_markdown() -> list[str]:
         for m in OTHER_NAMES:
             if m.source == source:
                 answers = ", ".join(f"`{a}`" for a in m.answers) or "none"
-                lines.append(f"| `{m.name.replace('|', chr(92) + '|')}` | {answers} | {m.note.replace('|', chr(92) + '|')} |")
+                name, note = (text.replace("|", chr(92) + "|") for text in (m.name, m.note))
+                lines.append(f"| `{name}` | {answers} | {note} |")
         lines.append("")
     return lines
 

@@ -268,5 +268,6 @@ def eval_record(correct: Sequence[bool], levels: Sequence, seconds: float,
         n = right.shape[1]
         out[f"eval/mean@{n}"] = float(right.mean())
         out[f"eval/pass@{n}"] = float(right.any(axis=1).mean())
-    out.update({k.replace("difficulty/", "eval/difficulty/"): v for k, v in difficulty_metrics(levels, correct).items()})
+    difficulty = difficulty_metrics(levels, correct)
+    out.update({k.replace("difficulty/", "eval/difficulty/"): v for k, v in difficulty.items()})
     return out

@@ -69,7 +69,8 @@ def trajectory_fields(trajectory: dict) -> dict:
     return {"turns": [{"role": t["role"], "text": clipped_text(t["text"])} for t in trajectory["turns"]],
             "answer_text": clipped_text(trajectory["answer_text"]), "tool_calls": int(trajectory["tool_calls"]),
             "tool_failures": int(trajectory["tool_failures"]),
-            "environment_reward": _number(trajectory["environment_reward"]), "turns_taken": int(trajectory["turns_taken"])}
+            "environment_reward": _number(trajectory["environment_reward"]),
+            "turns_taken": int(trajectory["turns_taken"])}
 
 
 def sample_rows(rows: Sequence[dict], group_size: int, count: int) -> list[dict]:

@@ -144,7 +144,8 @@ class HistoryLoader:
 
     def _launch(self) -> None:
         running = sum(1 for j in self._jobs[self._merged : self._next] if j.proc and j.proc.poll() is None)
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (_PACKAGE_PARENT, os.environ.get("PYTHONPATH"))))}
+        pythonpath = os.pathsep.join(filter(None, (_PACKAGE_PARENT, os.environ.get("PYTHONPATH"))))
+        env = {**os.environ, "PYTHONPATH": pythonpath}
         while running < self.workers and self._next < len(self._jobs):
             job = self._jobs[self._next]
             job.proc = subprocess.Popen(

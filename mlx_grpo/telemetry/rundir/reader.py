@@ -264,7 +264,8 @@ class RunReader:
             if tail.error is not None and tail.error not in st.notes:
                 st.notes.append(tail.error)
         st.garbage = {
-            METRICS: self._metrics.garbage_lines + self._rejected + (self._history.garbage_lines if self._history else 0),
+            METRICS: (self._metrics.garbage_lines + self._rejected
+                      + (self._history.garbage_lines if self._history else 0)),
             SAMPLES: self._samples.garbage_lines,
             ALERTS: self._alerts.garbage_lines,
         }
