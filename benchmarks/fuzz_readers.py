@@ -118,7 +118,7 @@ def mutate_run(base: Path, dest: Path, rng: random.Random) -> list[str]:
     done = []
     for _ in range(rng.randint(1, 3)):
         target = rng.choice(files)
-        if not target.exists() or target.is_symlink():
+        if not target.is_file() or target.is_symlink():  # an earlier mutation made it a FIFO, a folder, a link
             continue
         kind = rng.choice(["bytes"] * 6 + ["gzip", "fifo", "dir", "zero", "urandom", "loop", "dangling", "outside"])
         name = str(target.relative_to(dest))
@@ -499,8 +499,9 @@ def fuzz(cases: int, seed: int, timeout: float = 1800.0, base: Path | None = Non
             what = [kind]
             result = forked(lambda: gguf_readers(work / "case.gguf"), timeout)
         else:
-            (work / "config.yaml").write_text(mutate_yaml(config_text, case_rng))
-            (work / "alerts.yaml").write_text(mutate_yaml(alerts_text, case_rng))
+            # a lone surrogate among the odd values is written as the invalid UTF-8 it becomes
+            (work / "config.yaml").write_text(mutate_yaml(config_text, case_rng), errors="surrogatepass")
+            (work / "alerts.yaml").write_text(mutate_yaml(alerts_text, case_rng), errors="surrogatepass")
             what = ["yaml"]
             result = forked(lambda: config_readers(work / "config.yaml", work / "alerts.yaml"), timeout)
         kinds[family] += 1

@@ -327,14 +327,16 @@ def test_a_read_only_directory_is_one_line_naming_the_report(tmp_path, capsys, m
     assert code == 2 and "cannot write its report" in err and "Traceback" not in err
 
 
-def test_quick_leaves_out_the_real_model_only(tmp_path, capsys, monkeypatch):
+def test_quick_leaves_out_the_two_checks_that_train(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     out = tmp_path / "r.json"
     code = main(["selftest", "--quick", "--out", str(out), "--skip",
-                 ",".join(c for c in CHECKS if c not in ("precision", "real_model"))])
+                 ",".join(c for c in CHECKS if c not in ("precision", "real_model", "learning"))])
     report = json.loads(out.read_text())
-    real = next(c for c in report["checks"] if c["name"] == "real_model")
-    assert code == 0 and real["status"] == "skip" and "--quick" in real["detail"]
+    status = {c["name"]: c for c in report["checks"]}
+    assert code == 0 and status["precision"]["status"] == "pass"
+    for name in ("real_model", "learning"):
+        assert status[name]["status"] == "skip" and "--quick" in status[name]["detail"]
 
 
 def test_an_unknown_check_to_skip_is_one_line(capsys):
