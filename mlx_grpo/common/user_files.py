@@ -86,7 +86,8 @@ class _StrictLoader(yaml.SafeLoader):
     def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
         try:
             return super().construct_object(node, deep=deep)
-        except (ValueError, KeyError, TypeError, OverflowError) as err:  # PyYAML's own, on values it cannot build
+        # PyYAML's own errors on values it cannot build (AttributeError: `!!timestamp` on text that is no date)
+        except (ValueError, KeyError, TypeError, OverflowError, AttributeError) as err:
             kind = node.tag.rpartition(":")[2]
             shown = terminal_safe(repr(node.value))[:60] if isinstance(node.value, str) else "this value"
             where = self.source if self.source.startswith("--set ") else f"{self.source}:{node.start_mark.line + 1}"

@@ -49,6 +49,7 @@ def one_line_error(capsys, rc: int, *words: str) -> str:
     ("2020-02-30", ("'2020-02-30' is not a valid timestamp", "quote it")),
     ("!!float abc", ("'abc' is not a valid float",)),
     ("!!int 0x", ("'0x' is not a valid int",)),
+    ("!!timestamp foo", ("'foo' is not a valid timestamp", "quote it")),  # PyYAML raises AttributeError here
     ("!!bool maybe", ("'maybe' is not a valid bool",)),
 ])
 def test_yaml_values_pyyaml_cannot_build_are_one_line_with_the_line_in_every_reader(tmp_path, capsys, value, words):

@@ -443,6 +443,7 @@ rules:
     ("rules:\n  - {name: a, kind: threshold, metric: m, op: '>', value: 1, level: fatal}\n",
      "rules[0] (a): key 'level' must be one of info, warning, error"),
     ("rules:\n  - {name: a, kind: wobble, metric: m}\n", "rules[0] (a): key 'kind' must be one of"),
+    ("rules:\n  - {name: a, kind: [threshold], metric: m}\n", "rules[0] (a): key 'kind' must be one of"),
     ("rules:\n  - {name: a, kind: trend, metric: m, window: 2, direction: rising, change: 1}\n",
      "rules[0] (a): key 'window' must be at least 3"),
     ("rules:\n  - {name: a, kind: trend, metric: m, window: 5, direction: up, change: 1, relative: yes please}\n",

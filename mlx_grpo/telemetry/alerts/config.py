@@ -66,7 +66,7 @@ def rule_from_mapping(entry: Any) -> Rule:
     if not isinstance(entry, dict):
         raise ValueError(f"a rule must be a mapping with 'name', 'kind' and 'metric', got {type(entry).__name__}")
     kind = entry.get("kind")
-    cls = RULE_KINDS.get(kind)  # type: ignore[arg-type]
+    cls = RULE_KINDS.get(kind) if isinstance(kind, str) else None  # a list or a mapping is no kind
     if cls is None:
         raise ValueError(f"key 'kind' must be one of {', '.join(RULE_KINDS)}, got {kind!r}")
     spec = {f.name: f for f in fields(cls)}
