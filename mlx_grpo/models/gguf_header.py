@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from ..common.errors import UserError
+from ..common.terminal import terminal_safe
 
 MAGIC = b"GGUF"
 VERSIONS = (2, 3)  # version 1 counted in 32 bits; llama.cpp has not written it since 2023
@@ -32,6 +33,13 @@ MIN_KV_BYTES = 8 + 4 + 1  # key length, value type, the smallest value
 MIN_TENSOR_BYTES = 8 + 4 + 8 + 4 + 8  # name length, dims count, one dim, type, offset
 MAX_DIMS = 4  # ggml's GGML_MAX_DIMS
 MAX_NESTING = 2  # arrays of arrays: no file llama.cpp writes goes deeper
+
+
+def _shown(name: str) -> str:
+    """A key or tensor name read from the file, as a message quotes it: control characters escaped (a damaged
+    header's names hold newlines and escape sequences) and cut to 60 characters."""
+    safe = terminal_safe(name).replace("\n", "\\x0a").replace("\t", "\\x09")  # one line, whatever it holds
+    return safe if len(safe) <= 60 else safe[:57] + "..."
 
 
 class Corrupt(Exception):
@@ -133,15 +141,16 @@ def _parse(cursor: _Cursor) -> Header:
     metadata: dict[str, Any] = {}
     for index in range(kv_count):
         key = cursor.string(f"metadata key {index}")
-        metadata[key] = cursor.value(cursor.scalar("<I", f"type of '{key}'"), f"metadata '{key}'")
+        metadata[key] = cursor.value(cursor.scalar("<I", f"type of '{_shown(key)}'"), f"metadata '{_shown(key)}'")
     infos = []
     for index in range(tensor_count):
         name = cursor.string(f"tensor name {index}")
-        dims_count = cursor.scalar("<I", f"dims of tensor '{name}'")
+        dims_count = cursor.scalar("<I", f"dims of tensor '{_shown(name)}'")
         if not 1 <= dims_count <= MAX_DIMS:
-            raise Corrupt(f"tensor '{name}' has {dims_count} dimensions (1 to {MAX_DIMS} are possible)")
-        dims = [cursor.scalar("<Q", f"dims of tensor '{name}'") for _ in range(dims_count)]
-        type_id, offset = cursor.scalar("<I", f"type of tensor '{name}'"), cursor.scalar("<Q", f"offset of '{name}'")
+            raise Corrupt(f"tensor '{_shown(name)}' has {dims_count} dimensions (1 to {MAX_DIMS} are possible)")
+        dims = [cursor.scalar("<Q", f"dims of tensor '{_shown(name)}'") for _ in range(dims_count)]
+        type_id = cursor.scalar("<I", f"type of tensor '{_shown(name)}'")
+        offset = cursor.scalar("<Q", f"offset of '{_shown(name)}'")
         infos.append((name, dims, type_id, offset))
     alignment = metadata.get("general.alignment", 32)
     if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
@@ -150,19 +159,19 @@ def _parse(cursor: _Cursor) -> Header:
     tensors = {}
     for name, dims, type_id, offset in infos:
         if any(d <= 0 or d > cursor.size * 8 for d in dims) or np.prod(dims, dtype=object) > cursor.size * 8:
-            raise Corrupt(f"tensor '{name}' claims shape {dims}, more than the file can hold")
+            raise Corrupt(f"tensor '{_shown(name)}' claims shape {dims}, more than the file can hold")
         nbytes = tensor_bytes(dims, type_id)
         if nbytes is None:
-            raise Corrupt(f"tensor '{name}' has {_type_problem(dims, type_id)}")
+            raise Corrupt(f"tensor '{_shown(name)}' has {_type_problem(dims, type_id)}")
         if offset % alignment:
-            raise Corrupt(f"tensor '{name}' starts at data offset {offset}, not a multiple of the file's alignment "
-                          f"({alignment})")
+            raise Corrupt(f"tensor '{_shown(name)}' starts at data offset {offset}, not a multiple of the file's "
+                          f"alignment ({alignment})")
         start = data_start + offset
         if start + nbytes > cursor.size:
-            raise Corrupt(f"tensor '{name}' ({nbytes} bytes at byte {start}) runs past the end of the file "
+            raise Corrupt(f"tensor '{_shown(name)}' ({nbytes} bytes at byte {start}) runs past the end of the file "
                           f"({cursor.size} bytes)")
         if name in tensors:
-            raise Corrupt(f"tensor '{name}' is listed twice")
+            raise Corrupt(f"tensor '{_shown(name)}' is listed twice")
         tensors[name] = TensorInfo(name, tuple(reversed(dims)), type_id, start, nbytes)
     _check_no_overlap(list(tensors.values()))
     return Header(version, metadata, tensors, cursor.size)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import struct
 from pathlib import Path
 
 import mlx.core as mx
@@ -108,7 +109,11 @@ def test_unsupported_gguf_files_get_one_line(tiny, tmp_path, capsys):
         assert len(err) == 1 and expected in err[0] and "Traceback" not in err[0], err
     for content, expected in ((b"not a model" * 8, "cannot be read as GGUF"),
                               (b"GGUF" + b"\0" * 64, "GGUF version 0; versions 2 and 3 are read"),
-                              (b"GGUF\3\0\0\0" + b"\0" * 64, "no 'general.architecture' in its metadata")):
+                              (b"GGUF\3\0\0\0" + b"\0" * 64, "no 'general.architecture' in its metadata"),
+                              # a damaged key holding a newline and an escape sequence, then a type that is none:
+                              # the key is quoted escaped and cut, so the refusal stays one line (found by fuzzing)
+                              (b"GGUF" + struct.pack("<IQQQ", 3, 0, 1, 80) + b"key\n\x1b[2J" + b"x" * 72
+                               + struct.pack("<I", 999) + b"\0" * 64, "metadata 'key\\x0a\\x1b[2Jxxx")):
         (tmp_path / "junk.gguf").write_bytes(content)
         assert main(["train", "--model-id", str(tmp_path / "junk.gguf"), *FAST]) == 2
         err = capsys.readouterr().err.strip().splitlines()
