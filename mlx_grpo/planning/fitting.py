@@ -51,12 +51,6 @@ def _on_gpu() -> bool:
     return mx.default_device().type == mx.gpu
 
 
-def _on_gpu() -> bool:
-    import mlx.core as mx
-
-    return mx.default_device().type == mx.gpu
-
-
 def this_machine_budget() -> tuple[float, str]:
     import mlx.core as mx
     import psutil

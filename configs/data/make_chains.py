@@ -1,0 +1,41 @@
+"""Writes chains_train.jsonl and chains_heldout.jsonl, the data of configs/qwen_think.yaml.
+
+Chains of four or five 2- and 3-digit numbers joined by + and - ("Compute 980 + 164 + 414 - 676 + 59."), with
+the reply's form spelt out in the prompt: the working in a reasoning block, then the number alone in an answer
+block. Asked this way, Qwen2.5-Coder-0.5B-Instruct untrained often skips the working and writes a guessed
+number, or works in prose and forgets the blocks; one operation per line gets it right. Each chain belongs to
+one split by a fixed hash of its text (make_sums.py's write_splits). 2,000 training rows, 64 held out.
+Run: python configs/data/make_chains.py
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+from make_sums import write_splits
+
+FORM = ("Reply in this form:\n<reasoning>\n(your working, one operation per line)\n</reasoning>\n"
+        "<answer>\n(the final number only)\n</answer>")
+
+
+def draw(rng: random.Random) -> tuple[str]:
+    numbers = [rng.randint(10, 999) for _ in range(rng.choice((4, 5)))]
+    return (str(numbers[0]) + "".join(f" {rng.choice('+-')} {n}" for n in numbers[1:]),)
+
+
+def key(chain: str) -> str:
+    return chain
+
+
+def row(chain: str) -> dict:
+    total = sum(int(term) for term in chain.replace("- ", "-").replace("+ ", "").split())
+    return {"prompt": f"Compute {chain}.\n{FORM}", "answer": str(total)}
+
+
+def main(out_dir: Path = Path(__file__).parent) -> None:
+    write_splits(out_dir, "chains", random.Random("qwen-think-chains"), draw, key, row, heldout_rows=64)
+
+
+if __name__ == "__main__":
+    main()
