@@ -29,7 +29,7 @@ if __name__ == "__main__":
 from mlx_grpo import trainer as trainer_module
 from mlx_grpo.config.train_config import load_config
 from mlx_grpo.run import loop as run_module
-from mlx_grpo.telemetry import sinks
+from mlx_grpo.telemetry import recorder, sinks
 from mlx_grpo.telemetry.alerts import engine as alerts
 from mlx_grpo.telemetry.metrics import reward_stats, system
 
@@ -58,6 +58,8 @@ def main(argv: list[str] | None = None) -> int:
 
     for owner, name, label in [
         (sinks.SinkSet, "handle", "sinks.handle (JSONL + TensorBoard + W&B queue, every event)"),
+        # the step's metric record: rewards, lengths, repetition rate, bimodality, ... from the batch's arrays
+        (recorder, "step_record", "step record (metrics from the batch)"),
         (reward_stats.RewardTracker, "update", "reward tracker"),
         (reward_stats.RewardTracker, "histograms", "histograms"),
         (reward_stats.ThroughputTracker, "update", "throughput trackers"),

@@ -45,7 +45,7 @@ def test_v2_the_trend_verdict_calls_8_step_noise_rising_or_falling_under_5_perce
     runs = 2000
     moved = sum(verdict(np.arange(1, 9), rng.binomial(128, 0.3, 8) / 128).direction in ("rising", "falling")
                 for _ in range(runs))
-    assert moved / runs < 0.05  # measured: 3.6% (f9cda40: 37%)
+    assert moved / runs < 0.05  # these 2,000: 4.2%; 3.6% over 20,000 other draws (f9cda40: 37%)
 
 
 def test_v2_quiet_short_runs_rarely_end_with_possible_reward_hacking():
@@ -59,7 +59,7 @@ def test_v2_quiet_short_runs_rarely_end_with_possible_reward_hacking():
             records.append({"step": step, "accuracy/train": accuracy, "rewards/answer_check/mean": answer,
                             "rewards/format/mean": fmt, "rewards/total/mean": answer + fmt})
         hacked += detect_reward_hacking(records).suspected
-    assert hacked / runs < 0.03  # measured 4 of 300 (1.3%); f9cda40: 27 of 300 (9%)
+    assert hacked / runs < 0.03  # these 200: 4 (2%); 7 of 1,000 other draws (0.7%); f9cda40: 27 of 300 (9%)
 
 
 def test_v3_one_wild_step_is_not_a_length_trend():

@@ -145,23 +145,27 @@ def test_a_real_run_notifies_an_alert_within_a_step_and_its_end_without_writing_
     server = Receiver(run_dir)
     secret_url = server.url + "?token=s3cr3t-webhook-token"
     monkeypatch.setenv("MLX_GRPO_WEBHOOK_URL", secret_url)
+    # a warning at step 2 that lets the run go on, then a stop at step 4
     (tmp_path / "stop.yaml").write_text(
-        "rules:\n  - {name: stop_at_two, kind: threshold, metric: rewards/total/mean, op: '>', value: -1000,\n"
-        "     for_steps: 2, action: stop, hint: stopped on purpose}\n")
-    config = load_config(None, {"num_steps": 4, "batch_size": 2, "num_generations": 4, "num_iterations": 1,
+        "rules:\n  - {name: warn_at_two, kind: threshold, metric: rewards/total/mean, op: '>', value: -1000,\n"
+        "     for_steps: 2, level: warning, hint: noticed on purpose}\n"
+        "  - {name: stop_at_four, kind: threshold, metric: rewards/total/mean, op: '>', value: -1000,\n"
+        "     for_steps: 4, action: stop, hint: stopped on purpose}\n")
+    config = load_config(None, {"num_steps": 6, "batch_size": 2, "num_generations": 4, "num_iterations": 1,
                                 "train_size": 8, "eval_every": 0, "checkpoint_every": 0, "tensorboard": False,
                                 "monitoring_dir": str(tmp_path / "runs"), "run_name": "notified",
                                 "alerts_file": str(tmp_path / "stop.yaml"), "notify": ["webhook"]})
     try:
         result = train(config, tmp_path)
-        server.wait(2)
+        server.wait(3)
     finally:
         server.close()
     assert result["status"] == "interrupted"
-    stop = [p for p in server.posts if json.loads(p["body"]).get("rule") == "stop_at_two"]
-    assert len(stop) == 1 and max(stop[0]["logged"]) <= 3  # fired at step 2, received before step 3 was logged
+    warned = [p for p in server.posts if json.loads(p["body"]).get("rule") == "warn_at_two"]
+    assert len(warned) == 1 and max(warned[0]["logged"]) <= 2  # fired at step 2, received before step 3 was logged
+    assert [json.loads(p["body"]).get("rule") for p in server.posts].count("stop_at_four") == 1
     end = json.loads(server.posts[-1]["body"])
-    assert (end["event"], end["status"], end["stopped_by"], end["step"]) == ("end", "interrupted", "stop_at_two", 2)
+    assert (end["event"], end["status"], end["stopped_by"], end["step"]) == ("end", "interrupted", "stop_at_four", 4)
     written = "".join(p.read_text(errors="replace") for p in run_dir.rglob("*") if p.is_file()
                       and p.suffix in (".json", ".jsonl", ".yaml", ".txt", ""))
     assert "notify" in (run_dir / "run.json").read_text() and "s3cr3t" not in written
