@@ -47,6 +47,8 @@ from .run_data import RunData
 CHARTS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("Total reward", "reward", (REWARD_MEAN,)),
     ("Reward per function", "mean reward", ("rewards/*/mean",)),
+    # a format reward's line here is format adherence: the share of completions that kept the form
+    ("Completions each reward paid", "fraction scored > 0", ("rewards/*/positive_frac",)),
     ("Accuracy", "fraction correct", (ACCURACY_TRAIN, EVAL_ACCURACY)),
     ("Held-out accuracy", "fraction correct", (EVAL_ACCURACY,)),
     ("Tool use", "fraction; calls per trajectory", (TOOL_CALLED_FRAC, TOOL_FAILURE_FREQUENCY, TOOL_CALL_FREQUENCY)),
