@@ -1,6 +1,6 @@
 """Writes chains_train.jsonl and chains_heldout.jsonl, the data of configs/qwen_think.yaml.
 
-Chains of four or five 2- and 3-digit numbers joined by + and - ("Compute 980 + 164 + 414 - 676 + 59."), with
+Chains of four 2-digit numbers joined by + and - ("Compute 87 + 11 + 70 - 43."), with
 the reply's form spelt out in the prompt: the working in a reasoning block, then the number alone in an answer
 block. Asked this way, Qwen2.5-Coder-0.5B-Instruct untrained often skips the working and writes a guessed
 number, or works in prose and forgets the blocks; one operation per line gets it right. Each chain belongs to
@@ -20,7 +20,7 @@ FORM = ("Reply in this form:\n<reasoning>\n(your working, one operation per line
 
 
 def draw(rng: random.Random) -> tuple[str]:
-    numbers = [rng.randint(10, 999) for _ in range(rng.choice((4, 5)))]
+    numbers = [rng.randint(10, 99) for _ in range(4)]
     return (str(numbers[0]) + "".join(f" {rng.choice('+-')} {n}" for n in numbers[1:]),)
 
 

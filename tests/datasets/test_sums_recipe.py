@@ -1,5 +1,5 @@
-"""The real-model recipes' data (configs/smollm2_sums.yaml, configs/gemma3_larger.yaml and
-configs/gemma3_subtraction.yaml): reproducible, and
+"""The real-model recipes' data (configs/smollm2_sums.yaml, configs/gemma3_larger.yaml,
+configs/gemma3_subtraction.yaml and configs/qwen_think.yaml): reproducible, and
 their held-out questions never trained on."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from mlx_grpo.rewards.loading import load_reward_functions
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 
-@pytest.mark.parametrize("stem", ["sums", "subtraction", "larger"])
+@pytest.mark.parametrize("stem", ["sums", "subtraction", "larger", "chains"])
 def test_shipped_files_are_what_the_generator_writes(tmp_path, monkeypatch, stem):
     monkeypatch.syspath_prepend(str(CONFIGS / "data"))  # as when run as a script: make_subtraction and make_larger import make_sums
     spec = importlib.util.spec_from_file_location(f"make_{stem}", CONFIGS / "data" / f"make_{stem}.py")
@@ -64,3 +64,18 @@ def test_gemma_recipe_holds_out_100_distinct_pairs_never_trained_in_either_order
     assert 0.4 < sum(operands(r)[0] > operands(r)[1] for r in train) / len(train) < 0.6
     assert config.stop_at_newline and [f.name for f in load_reward_functions(
         [(s.name, s.weight) for s in config.rewards], CONFIGS)] == ["first_line_check"]
+
+
+def test_thinking_recipe_answers_are_the_chains_values_and_its_held_out_chains_are_never_trained():
+    config = load_config(CONFIGS / "qwen_think.yaml")
+    train, heldout = load_datasets(config, CONFIGS)
+    chain = lambda row: row["prompt"].split("\n")[0].removeprefix("Compute ").rstrip(".")  # noqa: E731
+
+    def value(text: str) -> int:
+        terms = text.split(" ")
+        return int(terms[0]) + sum(int(n) if op == "+" else -int(n) for op, n in zip(terms[1::2], terms[2::2]))
+
+    assert len(heldout) == config.eval_size == 32 and not {chain(r) for r in heldout} & {chain(r) for r in train}
+    assert all(str(value(chain(row))) == row["answer"] for row in train + heldout)
+    assert all("<reasoning>" in row["prompt"] and "<answer>" in row["prompt"] for row in heldout)
+    assert config.correctness == "answer" and config.max_generation_steps == 512
