@@ -22,8 +22,8 @@ def test_html_report_draws_every_chart_for_several_runs_and_fetches_nothing(tmp_
     assert main(["report", str(healthy), str(hacked), "--html", str(out), "--no-write"]) == 0
     text = out.read_text()
     charts = re.findall(r"<figure class='chart' title='([^']+)'>\s*<svg", text)
-    assert charts == ["Total reward", "Reward per function", "Completions each reward paid", "Accuracy", "Held-out accuracy", "KL to the reference",
-                      "Entropy",
+    assert charts == ["Total reward", "Reward per function", "Completions each reward paid", "Accuracy",
+                      "Held-out accuracy", "KL to the reference", "Entropy",
                       "Completion length", "Truncated completions", "Throughput", "Memory", "Alerts"]
     assert "healthy: rewards/total/mean" in text and "hacked: rewards/total/mean" in text  # overlaid
     assert "What happened:" in text and "Reward functions' quality" in text and "Sample completions" in text
