@@ -299,6 +299,22 @@ def test_threaded_sink_drops_records_instead_of_blocking_when_far_behind(tmp_pat
     assert len(warnings) == 1 and "dropped" in warnings[0]
 
 
+
+def test_a_lossless_threaded_sink_waits_instead_of_dropping_and_a_flush_waits_for_every_write(tmp_path):
+    # the completions writer's wrapper: run data is never dropped, and a checkpoint's Flush returns only once
+    # every queued step is written (a kill right after a checkpoint loses no completions file)
+    gate = threading.Event()
+    inner = Recording(gate=gate)
+    sinks = SinkSet(RunDirWriter(tmp_path / "run"), [ThreadedSink(inner, max_pending=3, lossless=True)])
+    start(sinks, tmp_path / "run", "t")
+    threading.Timer(0.3, gate.set).start()
+    for step in range(1, 21):
+        sinks.handle(Scalars(step, {"policy/loss": float(step)}))
+    sinks.handle(Flush())
+    assert inner.steps == [(s, float(s)) for s in range(1, 21)]  # all written before Flush returned
+    sinks.close()
+    assert inner.steps == [(s, float(s)) for s in range(1, 21)]
+
 def test_tensorboard_hparams_list_the_keys_that_differ_between_runs_first(tmp_path):
     from mlx_grpo.telemetry.sinks.tensorboard import differing_first
 

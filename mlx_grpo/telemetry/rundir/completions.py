@@ -22,7 +22,6 @@ parse through `loads_object` and skip what does not parse. Imports no mlx.
 from __future__ import annotations
 
 import gzip
-import json
 import math
 import os
 import tempfile
@@ -35,7 +34,7 @@ import numpy as np
 from ...common.user_files import read_regular_bytes
 from ..events import Completions, Sink
 from .layout import RunPaths
-from .writer import clipped_text, json_safe, loads_object
+from .writer import clipped_text, dumps_line, loads_object
 
 
 def completion_rows(*, step: int, prompts: Sequence[str], answers: Sequence[Any], texts: Sequence[str],
@@ -107,8 +106,9 @@ class CompletionsWriter(Sink):
         """Write the step's file, unless the cap stopped the writer."""
         if self.full or not rows:
             return
-        text = "".join(json.dumps(json_safe(row), ensure_ascii=False, allow_nan=False) + "\n" for row in rows)
-        data = gzip.compress(text.encode("utf-8"), compresslevel=6, mtime=0)
+        text = "".join(dumps_line(row) + "\n" for row in rows)
+        # level 1: a step's file is written on the training thread; 6 would cost ~4x the time for ~15% less size
+        data = gzip.compress(text.encode("utf-8"), compresslevel=1, mtime=0)
         if self.max_bytes and self.used + len(data) > self.max_bytes:
             self.full = True
             self.warn(f"warning: completions/ reached its cap of {self.max_bytes / 1e6:g} MB at step {step}: later "

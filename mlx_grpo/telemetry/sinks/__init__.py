@@ -5,9 +5,11 @@ Every sink is a `base.Sink`: `handle(event)` and `close(status)`, the events bei
 (Start, Scalars, Samples, Completions, AlertEvent, Final, Artifact, Flush). Each sink has its own module:
 tensorboard.py, wandb.py, trackio.py; the run directory's writers are rundir/writer.py and rundir/completions.py.
 
-- `ThreadedSink(inner, max_pending=10000, close_timeout=120)`: runs a sink on a worker thread (make_sinks
-  wraps W&B in one): the training thread only queues; errors surface on the next call; a full queue drops
-  events instead of blocking, and `close` reports the count.
+- `ThreadedSink(inner, max_pending=10000, close_timeout=120, lossless=False)`: runs a sink on a worker thread
+  (make_sinks wraps W&B and the completions writer in one): the training thread only queues; errors surface
+  on the next call; a full queue drops events instead of blocking, and `close` reports the count. A
+  `lossless` one (the completions writer: run data) waits instead of dropping, and a `Flush` (a checkpoint)
+  waits until everything queued is written, so a checkpoint never gets ahead of the run's files.
 - `SinkSet(rundir, sinks=(), warn=None)`: what the recorder and the run talk to, itself a sink. It hands each
   event to the run directory's writer first (its errors propagate: the local record is the contract; None
   writes nothing, as on ranks other than 0) and then to the other sinks. A sink that raises is turned off for
@@ -51,12 +53,15 @@ class ThreadedSink(Sink):
 
     An error in the worker is raised by the next call, so SinkSet turns the sink off as usual. When the
     queue is full (the sink fell far behind) events are dropped, never waited for; `close` reports how many.
+    `lossless`: a full queue is waited for instead, and a Flush waits until the queue is written.
     """
 
-    def __init__(self, inner: Sink, max_pending: int = 10_000, close_timeout: float = 120.0):
+    def __init__(self, inner: Sink, max_pending: int = 10_000, close_timeout: float = 120.0,
+                 lossless: bool = False):
         self.inner = inner
         self.name = inner.name
         self.close_timeout = close_timeout
+        self.lossless = lossless
         self._queue: queue.Queue = queue.Queue(max_pending)
         self._error: BaseException | None = None
         self._dropped = 0
@@ -66,14 +71,17 @@ class ThreadedSink(Sink):
     def _work(self) -> None:
         while True:
             item = self._queue.get()
-            if item is None:
-                return
-            method, arg = item
-            if self._error is None:
-                try:
-                    getattr(self.inner, method)(arg)
-                except Exception as exc:  # handed to the training thread by the next call
-                    self._error = exc
+            try:
+                if item is None:
+                    return
+                method, arg = item
+                if self._error is None:
+                    try:
+                        getattr(self.inner, method)(arg)
+                    except Exception as exc:  # handed to the training thread by the next call
+                        self._error = exc
+            finally:
+                self._queue.task_done()
 
     def _raise_error(self) -> None:
         if self._error is not None:
@@ -83,6 +91,12 @@ class ThreadedSink(Sink):
         """Queue the event for the sink's thread (a flush is not waited for: the thread writes in order)."""
         self._raise_error()
         if isinstance(event, Flush):
+            if self.lossless:
+                self._queue.join()
+                self._raise_error()
+            return
+        if self.lossless:
+            self._queue.put(("handle", _detached(event)))
             return
         try:
             self._queue.put_nowait(("handle", _detached(event)))
@@ -214,7 +228,8 @@ def make_sinks(run_dir: str | Path, tensorboard: bool = True, tensorboard_dir: s
     warn = warn or _stderr
     sinks: list[Sink] = []
     if completions_max_mb is not None:
-        sinks.append(CompletionsWriter(run_dir, completions_max_mb, warn=warn))
+        # on a worker thread: compressing and writing a step's file would otherwise cost the step ~2-8 ms
+        sinks.append(ThreadedSink(CompletionsWriter(run_dir, completions_max_mb, warn=warn), lossless=True))
     if tensorboard:
         try:
             sinks.append(TensorBoardSink(tensorboard_dir or RunPaths(run_dir).tensorboard, flush_secs=flush_secs,
