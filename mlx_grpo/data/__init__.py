@@ -104,8 +104,8 @@ def load_datasets(config: Any, base_dir: Path) -> tuple[list[dict], list[dict]]:
 
 
 # Built-in rewards and checks that compare a completion with the row's reference answer.
-NEEDS_ANSWER = ("answer_check", "check_answer", "number_check", "check_numbers", "digit_match", "last_number_check",
-                "last_number_digits", "task_score")
+NEEDS_ANSWER = ("answer_check", "answer_in_form", "check_answer", "number_check", "check_numbers", "digit_match",
+                "last_number_check", "last_number_digits", "task_score")
 
 
 def _refuse_answer_rewards(rows: list[dict], config: Any) -> None:

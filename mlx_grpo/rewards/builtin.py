@@ -129,6 +129,19 @@ def answer_check(prompts, completions, answers, **columns) -> list[float]:
     return [_answer_check_one(c, a) for c, a in zip(completions, answers)]
 
 
+def answer_in_form(prompts, completions, answers, **columns) -> list[float]:
+    """Correctness first, the form paid only with it: 2.0 when the answer block holds the expected answer
+    (by value) and the completion is exactly a reasoning block then an answer block, 1.0 when the answer is
+    right in another form, else 0. A group with no right answer gives no signal, so nothing pays for the form
+    alone: a think-then-answer run cannot learn the form by emptying its reasoning (format gaming)."""
+    scores = []
+    for completion, answer in zip(completions, answers):
+        got = extract_answer(completion)
+        right = got is not None and _same_value(got, answer)
+        scores.append((2.0 if _format_exact_one(completion) else 1.0) if right else 0.0)
+    return scores
+
+
 def number_check(prompts, completions, answers, **columns) -> list[float]:
     """1.5 when the first number in the answer block equals the first number
     of the expected answer (commas ignored, compared by value), else 0."""
@@ -184,6 +197,7 @@ BUILTINS: dict[str, Callable] = {
     "format_exact": format_exact,
     "format_approx": format_approx,
     "answer_check": answer_check,
+    "answer_in_form": answer_in_form,
     "number_check": number_check,
     "digit_match": digit_match,
     "last_number_check": last_number_check,

@@ -79,3 +79,5 @@ def test_thinking_recipe_answers_are_the_chains_values_and_its_held_out_chains_a
     assert all(str(value(chain(row))) == row["answer"] for row in train + heldout)
     assert all("<reasoning>" in row["prompt"] and "<answer>" in row["prompt"] for row in heldout)
     assert config.correctness == "answer" and config.max_generation_steps == 512
+    # the form is paid only with a right answer; format_exact is charted (format adherence), never paid
+    assert [(r.name, r.weight) for r in config.rewards] == [("answer_in_form", 1.0), ("format_exact", 0.0)]

@@ -11,6 +11,7 @@ from mlx_grpo.common.errors import UserError
 from mlx_grpo.rewards.builtin import (
     BUILTINS,
     answer_check,
+    answer_in_form,
     digit_match,
     format_approx,
     format_exact,
@@ -145,6 +146,29 @@ def test_answer_check_missing_answer_is_wrong():
     assert one(answer_check, "<answer>120") == -1.0
 
 
+# ------------------------------------------------------------ answer_in_form
+
+
+@pytest.mark.parametrize("completion, score", [
+    (PERFECT, 2.0),                                                    # right, in the form
+    (done("120.0"), 2.0),                                              # right by value
+    ("12 * 10 is <answer>120</answer>", 1.0),                          # right, no reasoning block
+    ("<reasoning>12 * 10 = 120\n<answer>120</answer>", 1.0),           # reasoning never closed
+    (done("121"), 0.0),                                                # the form alone earns nothing
+    (done("119", reasoning=""), 0.0),                                  # nor an empty guess, however near
+    ("<reasoning>12 * 10 = 120</reasoning>", 0.0),                     # no answer block
+    ("", 0.0),
+])
+def test_answer_in_form_pays_the_form_only_with_a_right_answer(completion, score):
+    assert one(answer_in_form, completion) == score
+
+
+def test_a_group_with_no_right_answer_gets_no_signal_from_answer_in_form():
+    # what stops format gaming: formatted wrong guesses and rambling without tags score the same
+    group = [done("7", reasoning=""), "I think it is 120-ish", done("121"), "<reasoning>hmm"]
+    assert answer_in_form(["p"] * 4, group, ["120"] * 4) == [0.0] * 4
+
+
 # ------------------------------------------------------------ number_check
 
 
@@ -270,7 +294,7 @@ def test_loads_builtins_and_user_file_relative_or_absolute(tmp_path):
         ({"bad.py": "raise RuntimeError('boom\\nmore')\n"}, "bad.py:f", "RuntimeError: boom"),
         ({"ok.py": "def g(*a, **k): return []\n"}, "ok.py:f", "has no function 'f'"),
         ({"ok.py": "f = 3\n"}, "ok.py:f", "'f' is a int, not a function"),
-        ({}, "format_exactly", "built-ins are answer_check, check_answer"),
+        ({}, "format_exactly", "built-ins are answer_check, answer_in_form, check_answer"),
         ({}, "ok.py:", "expected 'path/to/file.py:function_name'"),
     ],
 )
