@@ -1,6 +1,6 @@
 """Writes chains_train.jsonl and chains_heldout.jsonl, the data of configs/qwen_think.yaml.
 
-Chains of four 2-digit numbers joined by + and - ("Compute 87 + 11 + 70 - 43."), with
+Chains of three 2-digit numbers joined by + and - ("Compute 87 + 11 - 43."), with
 the reply's form spelt out in the prompt: the working in a reasoning block, then the number alone in an answer
 block. Asked this way, Qwen2.5-Coder-0.5B-Instruct untrained often skips the working and writes a guessed
 number, or works in prose and forgets the blocks; one operation per line gets it right. Each chain belongs to
@@ -15,12 +15,13 @@ from pathlib import Path
 
 from make_sums import write_splits
 
+TERMS = 3
 FORM = ("Reply in this form:\n<reasoning>\n(your working, one operation per line)\n</reasoning>\n"
         "<answer>\n(the final number only)\n</answer>")
 
 
 def draw(rng: random.Random) -> tuple[str]:
-    numbers = [rng.randint(10, 99) for _ in range(4)]
+    numbers = [rng.randint(10, 99) for _ in range(TERMS)]
     return (str(numbers[0]) + "".join(f" {rng.choice('+-')} {n}" for n in numbers[1:]),)
 
 
