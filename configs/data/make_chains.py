@@ -1,6 +1,6 @@
 """Writes chains_train.jsonl and chains_heldout.jsonl, the data of configs/qwen_think.yaml.
 
-Chains of three 2-digit numbers joined by + and - ("Compute 87 + 11 - 43."), with
+Sums of three 2-digit numbers ("Compute 87 + 11 + 43."), with
 the reply's form spelt out in the prompt: the working in a reasoning block, then the number alone in an answer
 block. Asked this way, Qwen2.5-Coder-0.5B-Instruct untrained often skips the working and writes a guessed
 number, or works in prose and forgets the blocks; one operation per line gets it right. Each chain belongs to
@@ -22,7 +22,8 @@ FORM = ("Reply in this form:\n<reasoning>\n(your working, one operation per line
 
 def draw(rng: random.Random) -> tuple[str]:
     numbers = [rng.randint(10, 99) for _ in range(TERMS)]
-    return (str(numbers[0]) + "".join(f" {rng.choice('+-')} {n}" for n in numbers[1:]),)
+    # no subtraction: untrained, the model gets most differences below zero wrong (74 - 91 = 83), at any length
+    return (" + ".join(map(str, numbers)),)
 
 
 def key(chain: str) -> str:
