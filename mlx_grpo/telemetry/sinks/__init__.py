@@ -88,7 +88,8 @@ class ThreadedSink(Sink):
             raise self._error
 
     def handle(self, event: Any) -> None:
-        """Queue the event for the sink's thread (a flush is not waited for: the thread writes in order)."""
+        """Queue the event for the sink's thread (a flush is waited for only by a lossless sink: otherwise the
+        thread writes in order)."""
         self._raise_error()
         if isinstance(event, Flush):
             if self.lossless:
