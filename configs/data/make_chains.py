@@ -1,9 +1,9 @@
 """Writes chains_train.jsonl and chains_heldout.jsonl, the data of configs/qwen_think.yaml.
 
-Sums of three 2-digit numbers ("Compute 87 + 11 + 43."), with
-the reply's form spelt out in the prompt: the working in a reasoning block, then the number alone in an answer
-block. Asked this way, Qwen2.5-Coder-0.5B-Instruct untrained often skips the working and writes a guessed
-number, or works in prose and forgets the blocks; one operation per line gets it right. Each chain belongs to
+Sums of three 2-digit numbers ("Compute 87 + 11 + 43."), and the form asked for in one sentence, as R1-style
+prompts do: the working in a reasoning block, then the number alone in an answer block. Asked this way,
+Qwen2.5-Coder-0.5B-Instruct untrained mostly adds right and loses the answer: it works inside the answer block,
+never closes the reasoning block, or works in prose with no blocks at all. Each chain belongs to
 one split by a fixed hash of its text (make_sums.py's write_splits). 2,000 training rows, 64 held out.
 Run: python configs/data/make_chains.py
 """
@@ -16,8 +16,8 @@ from pathlib import Path
 from make_sums import write_splits
 
 TERMS = 3
-FORM = ("Reply in this form:\n<reasoning>\n(your working, one operation per line)\n</reasoning>\n"
-        "<answer>\n(the final number only)\n</answer>")
+FORM = ("Think step by step inside <reasoning> </reasoning> tags, "
+        "then give the final number alone inside <answer> </answer> tags.")
 
 
 def draw(rng: random.Random) -> tuple[str]:

@@ -130,15 +130,18 @@ def answer_check(prompts, completions, answers, **columns) -> list[float]:
 
 
 def answer_in_form(prompts, completions, answers, **columns) -> list[float]:
-    """Correctness first, the form paid only with it: 2.0 when the answer block holds the expected answer
-    (by value) and the completion is exactly a reasoning block then an answer block, 1.0 when the answer is
-    right in another form, else 0. A group with no right answer gives no signal, so nothing pays for the form
-    alone: a think-then-answer run cannot learn the form by emptying its reasoning (format gaming)."""
+    """Correctness first, the form paid only with it: a right number in the answer block (by value) scores 1
+    plus up to 1 for the form, graded by `format_approx`'s checks (2.0 exactly when the completion is one
+    reasoning block then one answer block); a wrong or missing answer scores 0. A group with no right answer
+    gives no signal, so nothing pays for the form alone (emptying the reasoning to get the form, format gaming,
+    costs answers); and the form's credit is graded because a model that never writes the whole form when
+    sampled would otherwise never be shown a step towards it (Qwen2.5-Coder-0.5B learnt to answer right in
+    prose with an answer tag, and never once closed a reasoning block)."""
     scores = []
     for completion, answer in zip(completions, answers):
         got = extract_answer(completion)
         right = got is not None and _same_value(got, answer)
-        scores.append((2.0 if _format_exact_one(completion) else 1.0) if right else 0.0)
+        scores.append(1.0 + (_format_approx_one(completion) + 2.5) / 5.0 if right else 0.0)
     return scores
 
 

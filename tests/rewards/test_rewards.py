@@ -152,15 +152,18 @@ def test_answer_check_missing_answer_is_wrong():
 @pytest.mark.parametrize("completion, score", [
     (PERFECT, 2.0),                                                    # right, in the form
     (done("120.0"), 2.0),                                              # right by value
-    ("12 * 10 is <answer>120</answer>", 1.0),                          # right, no reasoning block
-    ("<reasoning>12 * 10 = 120\n<answer>120</answer>", 1.0),           # reasoning never closed
+    ("12 * 10 is <answer>120</answer>", 1.4),                          # right, no reasoning block
+    ("<reasoning>12 * 10 = 120\n<answer>120</answer>", 1.6),           # right, reasoning never closed
+    ("<reasoning>12 * 10 = 120</reasoning><answer>120</answer> ok", 1.9),   # right, a word after the form
     (done("121"), 0.0),                                                # the form alone earns nothing
     (done("119", reasoning=""), 0.0),                                  # nor an empty guess, however near
     ("<reasoning>12 * 10 = 120</reasoning>", 0.0),                     # no answer block
     ("", 0.0),
 ])
 def test_answer_in_form_pays_the_form_only_with_a_right_answer(completion, score):
-    assert one(answer_in_form, completion) == score
+    # a right answer earns 1, and each step towards the form a little more: a model that never writes the whole
+    # form is still shown which right answers came closer to it
+    assert one(answer_in_form, completion) == pytest.approx(score)
 
 
 def test_a_group_with_no_right_answer_gets_no_signal_from_answer_in_form():
