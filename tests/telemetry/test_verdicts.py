@@ -247,3 +247,37 @@ def test_sampled_held_out_metrics_are_opt_in_and_count_what_they_name():
                                 "eval_samples": 3})
     record = Trainer.build(config, Path.cwd()).evaluate()
     assert record["eval/num_samples"] == 5 and 0 <= record["eval/mean@3"] <= record["eval/pass@3"] <= 1
+
+
+# think8-s0, the thinking recipe's seed 0 (12 steps of 16 completions): its total reward and train accuracy
+THINK_REWARD = [0.275, 0.625, 0.712, 1.294, 1.269, 0.775, 1.325, 0.575, 0.8, 1.575, 1.506, 0.838]
+THINK_TRAIN = [0.188, 0.438, 0.5, 0.875, 0.812, 0.5, 0.812, 0.375, 0.5, 1.0, 0.938, 0.5]
+
+
+def _think_run(heldout_end: float) -> list[dict]:
+    records = [{"step": s + 1, "rewards/total/mean": r, "rewards/answer_in_form/mean": r, "accuracy/train": a}
+               for s, (r, a) in enumerate(zip(THINK_REWARD, THINK_TRAIN))]
+    records[-1].update({"eval/accuracy": heldout_end, "eval/num_samples": 32.0})
+    return [{"step": 0, "eval/accuracy": 0.34375, "eval/num_samples": 32.0}, *records]
+
+
+def test_a_held_out_rise_clears_a_run_whose_train_accuracy_is_noise():
+    # the run ended "held-out accuracy 34.4% -> 84.4% (+50.0 points) ... but possible reward hacking: rewards/total/mean
+    # rose +143% while accuracy did not improve (accuracy/train unclear +0.438)"
+    from mlx_grpo.telemetry.analysis.reward_report import analyze_run
+
+    report = analyze_run(_think_run(0.84375))
+    assert report.trends["rewards/total/mean"].direction == "rising"
+    assert report.trends["accuracy/train"].direction == "unclear"
+    assert not report.hacking.suspected, report.hacking.findings
+    assert "eval/accuracy 0.344 -> 0.844" in report.hacking.verdict
+    assert "hacking" not in report.last_line()
+
+
+def test_a_held_out_move_within_noise_does_not_clear_a_rising_reward():
+    # 11 -> 13 right of 32 is no evidence of correctness: the rising reward stays unexplained
+    from mlx_grpo.telemetry.analysis.reward_report import analyze_run
+
+    report = analyze_run(_think_run(0.40625))
+    assert report.hacking.suspected
+    assert report.hacking.accuracy["eval/accuracy"].direction == "flat"

@@ -79,6 +79,32 @@ def trend_of(metrics: "Records | RunData", name: str) -> Trend | None:
                  v.shift_step)
 
 
+EVAL_NUM_SAMPLES = "eval/num_samples"
+HELDOUT_Z = 2.0  # how many standard errors the last evaluation must sit from the first to count as a move
+
+
+def heldout_move(data: RunData) -> Trend | None:
+    """Held-out accuracy from the first evaluation to the last, when there are too few evaluations for a trend
+    (most runs evaluate at their start and end): rising or falling when the two proportions differ by at least
+    HELDOUT_Z standard errors (each evaluation's row count from eval/num_samples), flat otherwise; None with
+    fewer than two evaluations or no row counts. A held-out rise is the best evidence of correctness a run
+    has: a 12-step run whose train accuracy is noise on 16 samples a step (19%, 44%, 50%, 88%, 81%, 50%...)
+    has no trend there, while its held-out accuracy went 34% -> 84% on 32 questions."""
+    steps, accuracy = data.series(EVAL_ACCURACY)
+    count_steps, counts = data.series(EVAL_NUM_SAMPLES)
+    rows = dict(zip(count_steps.tolist(), counts.tolist()))
+    if len(accuracy) < 2 or steps[0] not in rows or steps[-1] not in rows:
+        return None
+    first, last, n_first, n_last = float(accuracy[0]), float(accuracy[-1]), rows[steps[0]], rows[steps[-1]]
+    pooled = (first * n_first + last * n_last) / (n_first + n_last)
+    error = (pooled * (1 - pooled) * (1 / n_first + 1 / n_last)) ** 0.5
+    z = (last - first) / error if error > 0 else 0.0
+    direction = "rising" if z >= HELDOUT_Z else "falling" if z <= -HELDOUT_Z else "flat"
+    span = float(steps[-1] - steps[0]) or 1.0
+    return Trend(EVAL_ACCURACY, first, last, last - first, (last - first) / first if first else None,
+                 (last - first) / span, direction, len(accuracy))
+
+
 def reward_trends(metrics: "Records | RunData") -> dict[str, Trend]:
     """Trends of the total and each function's mean reward, accuracy, and completion length."""
     data = _data(metrics)
@@ -205,6 +231,8 @@ def detect_reward_hacking(metrics: "Records | RunData", samples: Records = (),
     fns = data.functions
     importance = function_importance(data) if importance is None else importance
     accuracy = {name: t for name in ACCURACY_METRICS if (t := trend_of(data, name)) is not None}
+    if EVAL_ACCURACY not in accuracy and (held_out := heldout_move(data)) is not None:
+        accuracy = {EVAL_ACCURACY: held_out, **accuracy}
     findings: list[str] = []
     acc_words = ", ".join(f"{name} {t.direction} {t.change:+.3f}" for name, t in accuracy.items())
     accuracy_not_rising = bool(accuracy) and all(t.direction != "rising" for t in accuracy.values())
