@@ -21,7 +21,7 @@ from ..alerts.alert import Alert
 from ..alerts.config import default_rules
 from ..alerts.engine import AlertEngine
 from ..alerts.rules import Rule
-from ..metrics.names import ACCURACY_TRAIN, EVAL_ACCURACY, LENGTH_MEAN, REWARD_MEAN, TRUNCATED_FRAC
+from ..metrics.names import ACCURACY_TRAIN, EVAL_ACCURACY, EVAL_NUM_SAMPLES, LENGTH_MEAN, REWARD_MEAN, TRUNCATED_FRAC
 from ..metrics.robust import verdict
 from ..rundir.layout import ALERTS
 from ..rundir.writer import json_safe
@@ -29,6 +29,7 @@ from .reward_quality import QualityReport, analyze_quality, discriminability
 from .run_data import Records, RunData, _corr, _data, series
 
 ACCURACY_METRICS = (EVAL_ACCURACY, ACCURACY_TRAIN)
+HELDOUT_Z = 2.0  # standard errors between the first and last evaluation that count as a held-out move
 
 
 # --------------------------------------------------------------------------- trends
@@ -79,30 +80,20 @@ def trend_of(metrics: "Records | RunData", name: str) -> Trend | None:
                  v.shift_step)
 
 
-EVAL_NUM_SAMPLES = "eval/num_samples"
-HELDOUT_Z = 2.0  # how many standard errors the last evaluation must sit from the first to count as a move
-
-
 def heldout_move(data: RunData) -> Trend | None:
-    """Held-out accuracy from the first evaluation to the last, when there are too few evaluations for a trend
-    (most runs evaluate at their start and end): rising or falling when the two proportions differ by at least
-    HELDOUT_Z standard errors (each evaluation's row count from eval/num_samples), flat otherwise; None with
-    fewer than two evaluations or no row counts. A held-out rise is the best evidence of correctness a run
-    has: a 12-step run whose train accuracy is noise on 16 samples a step (19%, 44%, 50%, 88%, 81%, 50%...)
-    has no trend there, while its held-out accuracy went 34% -> 84% on 32 questions."""
+    """Held-out accuracy, first evaluation against last, for runs with too few evaluations for a trend: rising or
+    falling when the two proportions (eval/num_samples rows each) differ by HELDOUT_Z standard errors, else flat.
+    A 12-step run's train accuracy on 16 samples a step can be noise while held-out went 34% -> 84% on 32."""
     steps, accuracy = data.series(EVAL_ACCURACY)
-    count_steps, counts = data.series(EVAL_NUM_SAMPLES)
-    rows = dict(zip(count_steps.tolist(), counts.tolist()))
+    rows = dict(zip(*(column.tolist() for column in data.series(EVAL_NUM_SAMPLES))))
     if len(accuracy) < 2 or steps[0] not in rows or steps[-1] not in rows:
         return None
     first, last, n_first, n_last = float(accuracy[0]), float(accuracy[-1]), rows[steps[0]], rows[steps[-1]]
     pooled = (first * n_first + last * n_last) / (n_first + n_last)
-    error = (pooled * (1 - pooled) * (1 / n_first + 1 / n_last)) ** 0.5
-    z = (last - first) / error if error > 0 else 0.0
+    z = (last - first) / max((pooled * (1 - pooled) * (1 / n_first + 1 / n_last)) ** 0.5, 1e-12)
     direction = "rising" if z >= HELDOUT_Z else "falling" if z <= -HELDOUT_Z else "flat"
-    span = float(steps[-1] - steps[0]) or 1.0
     return Trend(EVAL_ACCURACY, first, last, last - first, (last - first) / first if first else None,
-                 (last - first) / span, direction, len(accuracy))
+                 (last - first) / (float(steps[-1] - steps[0]) or 1.0), direction, len(accuracy))
 
 
 def reward_trends(metrics: "Records | RunData") -> dict[str, Trend]:

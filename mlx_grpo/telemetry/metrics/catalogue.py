@@ -48,6 +48,7 @@ from .names import (
     ELAPSED_SECONDS,
     ENTROPY,
     EVAL_ACCURACY,
+    EVAL_NUM_SAMPLES,
     EVAL_SECONDS,
     FINISHED_CORRECT_FRAC,
     FINISHED_FRAC,
@@ -371,7 +372,7 @@ def _outcome_entries() -> list[MetricSpec]:
         MetricSpec(EVAL_ACCURACY, "Held-out accuracy: greedy completions of the evaluation prompts with the "
                    "right answer; the first is measured before the first update (step 0).", "fraction", "eval",
                    EVAL),
-        MetricSpec("eval/num_samples", "Held-out prompts evaluated (each one greedy completion).", "count", "eval",
+        MetricSpec(EVAL_NUM_SAMPLES, "Held-out prompts evaluated (each one greedy completion).", "count", "eval",
                    EVAL),
         MetricSpec("eval/mean@<k>", "With eval_samples k: the share of right answers among k completions sampled "
                    "per held-out prompt at the run's temperature (verl's mean@N).", "fraction", "eval",

@@ -22,6 +22,7 @@ ACCURACY_TRAIN = "accuracy/train"
 SOLVED_GROUP_FRAC = "accuracy/solved_group_frac"
 ACCURACY_TRAIN_STDERR = "accuracy/train_stderr"
 EVAL_ACCURACY = "eval/accuracy"
+EVAL_NUM_SAMPLES = "eval/num_samples"
 
 # tool use (multiturn/metrics.py makes them; the report and the dashboard chart them)
 TOOL_CALL_FREQUENCY = "tools/call_frequency"

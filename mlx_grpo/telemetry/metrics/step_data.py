@@ -20,6 +20,7 @@ from .names import (
     ACCURACY_TRAIN,
     ACCURACY_TRAIN_STDERR,
     EVAL_ACCURACY,
+    EVAL_NUM_SAMPLES,
     EVAL_SECONDS,
     FINISHED_CORRECT_FRAC,
     FINISHED_FRAC,
@@ -260,7 +261,7 @@ def eval_record(correct: Sequence[bool], levels: Sequence, seconds: float,
                 sampled: Sequence[Sequence[bool]] = ()) -> dict[str, float]:
     """Held-out greedy accuracy (overall and per difficulty level) of every evaluated row; with `sampled`
     (each row's N sampled answers, right or not), mean@N and pass@N."""
-    out = {EVAL_SECONDS: seconds, "eval/num_samples": float(len(correct))}
+    out = {EVAL_SECONDS: seconds, EVAL_NUM_SAMPLES: float(len(correct))}
     if len(correct):  # an empty held-out set has no accuracy, not 0%
         out[EVAL_ACCURACY] = float(np.mean(np.asarray(correct, dtype=bool)))
     if len(sampled):
