@@ -40,6 +40,8 @@ import time
 from importlib.metadata import version
 from pathlib import Path
 
+import yaml
+
 if __name__ == "__main__":
     from mlx_grpo.planning.blas import reexec_with_openblas
 
@@ -54,8 +56,8 @@ DEFAULT_CONFIG = ROOT / "configs" / "smollm2_sums.yaml"
 def recipe(args: argparse.Namespace):
     from mlx_grpo.config.train_config import load_config
 
-    overrides = {"seed": args.seed, "num_steps": args.steps, "eval_every": 0, "checkpoint_every": 0,
-                 "tensorboard": False, "enable_alerts": False}
+    overrides = {**dict(args.set), "seed": args.seed, "num_steps": args.steps, "eval_every": 0,
+                 "checkpoint_every": 0, "tensorboard": False, "enable_alerts": False}
     if args.model_id:
         overrides["model_id"] = args.model_id
     return load_config(str(args.config), overrides)
@@ -108,6 +110,7 @@ def run_ours(args: argparse.Namespace) -> dict:
     steps = [r for r in records if "timing/step_s" in r]
     out = {"step_seconds": [r["timing/step_s"] for r in steps],
            "rollout_seconds": [r["timing/rollout_s"] for r in steps],
+           "completion_tokens": [r["completions/length/mean"] for r in steps],
            "update_seconds": [r.get("timing/ref_s", 0.0) + r["timing/update_s"] for r in steps], "peak_gb": peak,
            "train_wall_s": wall, "train_cpu_s": cpu, "run_dir": str(run_dir), "checkpoint": str(trained.checkpoint)}
     out.update(heldout(config, base_dir, trained.model, trained.tokenizer, args.limit))
@@ -154,8 +157,13 @@ def run_mlx_lm_lora(args: argparse.Namespace) -> dict:
     if list(dataset[0][0]) != ours:
         raise SystemExit("mlx-lm-lora's prompt tokens differ from mlx-grpo's; the comparison would not be fair")
 
-    def wrap(function):
+    lengths = []  # each step's mean completion length in tokens, as its first reward function sees them
+
+    def wrap(function, first):
         def reward(prompts, completions, answer, types=None):
+            if first:
+                lengths.append(statistics.mean(len(tokenizer.encode(c, add_special_tokens=False))
+                                               for c in completions))
             return function.fn(prompts, completions, answer)
 
         reward.__name__ = function.name
@@ -190,11 +198,11 @@ def run_mlx_lm_lora(args: argparse.Namespace) -> dict:
     started, cpu = time.perf_counter(), time.process_time()
     timer.last = started
     train_grpo(model=model, ref_model=None, tokenizer=tokenizer, optimizer=optimizer, train_dataset=dataset,
-               val_dataset=None, reward_funcs=[wrap(function) for function in rewards], args=training_args,
+               val_dataset=None, reward_funcs=[wrap(function, i == 0) for i, function in enumerate(rewards)], args=training_args,
                training_callback=timer, end_answer_token="")
     wall, cpu = time.perf_counter() - started, time.process_time() - cpu
     peak = mx.get_peak_memory() / 1e9
-    out = {"step_seconds": timer.step_seconds, "rollout_seconds": phases["rollout"],
+    out = {"step_seconds": timer.step_seconds, "rollout_seconds": phases["rollout"], "completion_tokens": lengths,
            "update_seconds": phases["update"], "peak_gb": peak, "train_wall_s": wall, "train_cpu_s": cpu,
            "versions": {name: version(name) for name in ("mlx", "mlx-lm", "mlx-lm-lora")}}
     out.update(heldout(config, base_dir, model, tokenizer, args.limit))
@@ -242,6 +250,7 @@ def summary(result: dict) -> dict:
             "s_per_step_mean_all": statistics.mean(result["step_seconds"]),
             "rollout_s_median": statistics.median(result["rollout_seconds"][1:] or result["rollout_seconds"]),
             "update_s_median": statistics.median(result["update_seconds"][1:] or result["update_seconds"]),
+            "completion_tokens_mean": statistics.mean(result["completion_tokens"]),
             "cpu_s_per_step": result["train_cpu_s"] / steps, "peak_gb": result["peak_gb"],
             "max_rss_gb": result["max_rss_gb"], "heldout_accuracy": result["heldout_accuracy"]}
 
@@ -266,6 +275,8 @@ def main() -> int:
     parser.add_argument("--peer-python", default=sys.executable,
                         help="the Python that runs mlx-lm-lora (it needs mlx-grpo importable too)")
     parser.add_argument("--wrap", default="", help="a command to run each training process under, e.g. 'measured'")
+    parser.add_argument("--set", action="append", type=setting, default=[], metavar="KEY=VALUE",
+                        help="change one recipe key for both tools (a YAML value), e.g. --set max_generation_steps=512")
     parser.add_argument("--worker", choices=list(JOBS), help=argparse.SUPPRESS)
     args = parser.parse_args()
 
@@ -298,17 +309,18 @@ def main() -> int:
 
     import mlx.core as mx
 
-    report = {"steps": args.steps, "seed": args.seed, "config": str(args.config), "model_id": args.model_id,
+    report = {"steps": args.steps, "seed": args.seed, "config": str(args.config), "set": dict(args.set),
+              "model_id": args.model_id,
               "before": before,
               "versions": {name: version(name) for name in ("mlx", "mlx-lm", "mlx-grpo", "mlx-lm-lora")
                            if _installed(name)},
               "machine": f"{platform.machine()} {platform.system()}, {mx.default_device()}", "results": results}
     print(f"\n{'tool':<12} {'s/step (median)':>16} {'rollout s':>9} {'ref+update s':>12} {'CPU s/step':>11} "
-          f"{'peak GB':>8} {'max RSS GB':>10} {'held-out acc':>13}")
+          f"{'peak GB':>8} {'max RSS GB':>10} {'held-out acc':>13} {'tokens/completion':>18}")
     for tool, r in results.items():
         print(f"{tool:<12} {r['s_per_step_median']:>16.2f} {r['rollout_s_median']:>9.2f} {r['update_s_median']:>12.2f} "
               f"{r['cpu_s_per_step']:>11.2f} {r['peak_gb']:>8.2f} {r['max_rss_gb']:>10.2f} "
-              f"{r['heldout_accuracy']:>12.1%}")
+              f"{r['heldout_accuracy']:>12.1%} {r['completion_tokens_mean']:>18.1f}")
     if len(results) == 2:
         ours, theirs = results["mlx-grpo"], results["mlx-lm-lora"]
         report["speedup"] = theirs["s_per_step_median"] / ours["s_per_step_median"]
@@ -326,6 +338,8 @@ def job(args: argparse.Namespace, name: str, workdir: str, python: str, wrap: li
                "--steps", str(args.steps), "--seed", str(args.seed), "--workdir", workdir]
     if args.limit:
         command += ["--limit", str(args.limit)]
+    for key, value in args.set:
+        command += ["--set", f"{key}={json.dumps(value)}"]
     if args.model_id:
         command += ["--model-id", args.model_id]
     done = subprocess.run(command, capture_output=True, text=True)
@@ -334,6 +348,13 @@ def job(args: argparse.Namespace, name: str, workdir: str, python: str, wrap: li
         print(done.stdout[-3000:], done.stderr[-3000:], sep="\n", file=sys.stderr)
         raise SystemExit(f"{name}: worker failed (exit {done.returncode})")
     return json.loads(lines[-1][len("RESULT "):])
+
+
+def setting(text: str) -> tuple[str, object]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key.strip(), yaml.safe_load(value)
 
 
 def _installed(name: str) -> bool:

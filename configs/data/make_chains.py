@@ -1,10 +1,12 @@
 """Writes chains_train.jsonl and chains_heldout.jsonl, the data of configs/qwen_think.yaml.
 
-Sums of three 2-digit numbers ("Compute 87 + 11 + 43."), and the form asked for in one sentence, as R1-style
-prompts do: the working in a reasoning block, then the number alone in an answer block. Asked this way,
-Qwen2.5-Coder-0.5B-Instruct untrained mostly adds right and loses the answer: it works inside the answer block,
-never closes the reasoning block, or works in prose with no blocks at all. Each chain belongs to
-one split by a fixed hash of its text (make_sums.py's write_splits). 2,000 training rows, 64 held out.
+Sums of three 2-digit numbers ("Compute 87 + 11 + 43."), then the form drawn out: a reasoning block for the
+working, one operation per line, then an answer block with the number alone. Asked this way,
+Qwen2.5-Coder-0.5B-Instruct untrained keeps the form about half the time when sampled, and its wrong answers
+are mostly sums guessed in one line ("The sum of 58, 69 and 64 is 181.") instead of worked pair by pair. Asked
+for the form in one sentence instead, it opened the reasoning block and almost never closed it, at any length
+of training. Each chain belongs to one split by a fixed hash of its text (make_sums.py's write_splits).
+2,000 training rows, 64 held out.
 Run: python configs/data/make_chains.py
 """
 
@@ -16,8 +18,8 @@ from pathlib import Path
 from make_sums import write_splits
 
 TERMS = 3
-FORM = ("Think step by step inside <reasoning> </reasoning> tags, "
-        "then give the final number alone inside <answer> </answer> tags.")
+FORM = ("Reply in this form:\n<reasoning>\n(your working, one operation per line)\n</reasoning>\n"
+        "<answer>\n(the final number only)\n</answer>")
 
 
 def draw(rng: random.Random) -> tuple[str]:

@@ -137,6 +137,21 @@ def test_lengths_that_grow_while_accuracy_rises_are_learning_not_rambling():
     assert [a.rule for a in _replay(_growing_lengths(flat)) if a.rule == "length_growth"] == ["length_growth"]
 
 
+def test_thinking_that_grows_after_accuracy_rose_is_not_rambling():
+    # Measured: the thinking recipe (configs/qwen_think.yaml, seed 0), 16 completions a step. The model learnt
+    # to work each sum pair by pair: sampled accuracy 19-50% over steps 1-5, 69-75% over steps 6-9, then one
+    # bad batch; its completions grew from 52-78 to 94-96 tokens. The rise then the bad batch leave no
+    # monotone accuracy trend, but the later steps are right far more often: learning, not rambling.
+    lengths = [52, 78, 77, 60, 54, 79, 94, 96, 94, 96]
+    accuracy = [0.31, 0.19, 0.5, 0.38, 0.19, 0.75, 0.75, 0.75, 0.69, 0.31]
+    records = [{"step": i + 1, "completions/length/mean": n, "accuracy/train": a}
+               for i, (n, a) in enumerate(zip(lengths, accuracy))]
+    assert [a.rule for a in _replay(records) if a.rule == "length_growth"] == []
+    for record, a in zip(records, [0.31, 0.19, 0.5, 0.38, 0.19, 0.44, 0.25, 0.31, 0.38, 0.31]):
+        record["accuracy/train"] = a  # the same lengths with accuracy that never moved
+    assert [a.rule for a in _replay(records) if a.rule == "length_growth"] == ["length_growth"]
+
+
 def test_measured_constant_reward_warns_from_step_2():
     # Every group on one score from the first step: no gradient (grad_norm exactly 0) and the policy never
     # leaves the reference (KL 0). Named at step 2 (was 5), the empty updates at 2, the frozen policy at 8.

@@ -34,6 +34,21 @@ def test_mann_kendall_tells_a_trend_from_noise():
     assert mann_kendall(np.ones(20)) == (1.0, 0.0)
 
 
+def test_halves_shift_finds_a_rise_that_levelled_off_and_rarely_one_in_noise():
+    from mlx_grpo.telemetry.metrics.robust import halves_shift, mann_kendall
+
+    learnt = [0.31, 0.19, 0.5, 0.38, 0.19, 0.75, 0.75, 0.75, 0.69, 0.31]  # up at step 6, then one bad batch
+    assert mann_kendall(learnt)[0] > 0.05  # no monotone trend left
+    p, later_higher = halves_shift(learnt)
+    assert p < 0.05 and later_higher == 0.9
+    assert halves_shift(learnt[::-1])[1] == pytest.approx(0.1)  # the same fall reads as a fall
+    assert halves_shift(np.ones(12)) == (1.0, 0.5) and halves_shift([0.1, 0.9, 0.1, 0.9, 0.1, 0.9])[0] == 1.0
+    # accuracy of 16 samples a step with nothing learnt: a "shift" at p < 0.05 (either way) in under 5% of runs
+    rng = np.random.default_rng(0)
+    false = np.mean([halves_shift(rng.binomial(16, 0.4, 12) / 16)[0] < 0.05 for _ in range(2000)])
+    assert false < 0.05
+
+
 def test_change_point_finds_a_level_shift_and_not_one_in_noise():
     from mlx_grpo.telemetry.metrics.robust import change_point
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from ..metrics.names import ACCURACY_TRAIN, EVAL_ACCURACY
-from .detector_rules import _rising
+from .detector_rules import _progressing
 from .rules import Rule
 from .state import _check_window, _fmt, _num, _Window, _windowed, metric_pattern, state
 
@@ -38,7 +38,7 @@ class TrendRule(Rule):
     Evaluated from `min_points` records on (default: once the window is full), so a
     fast rise early in a run is caught before the window has filled.
     With `progress`, a rise or fall while one of those metrics (accuracy) rises significantly over the last
-    `window` records is learning and stays silent: answers that grow as a policy learns to think, or to
+    `window` records (a trend, or its later half above its earlier half) is learning and stays silent: answers that grow as a policy learns to think, or to
     call a tool and read its result, are not rambling.
     """
 
@@ -94,7 +94,7 @@ class TrendRule(Rule):
                 if condition:
                     change = _robust_change(window, sign, scale)
                     condition = change is not None and sign * change >= self.change
-                    condition = condition and not any(_rising(p) for p in self.progress_points.values())
+                    condition = condition and not any(_progressing(p) for p in self.progress_points.values())
             if self.fire(condition, name, step):
                 amount = f"{change * 100:+.0f}%" if self.relative else f"{change:+.4g}"
                 verb = {"rising": "rose", "falling": "fell", "flat": "barely moved"}[self.direction]

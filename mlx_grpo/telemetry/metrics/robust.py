@@ -59,6 +59,28 @@ def mann_kendall(y) -> tuple[float, float]:
     return float(math.erfc(abs(z) / math.sqrt(2.0))), s / (n * (n - 1) / 2)
 
 
+def halves_shift(y) -> tuple[float, float]:
+    """(two-sided p-value, share of pairs where the later value is higher, ties half) of the rank-sum
+    (Mann-Whitney) test of the later half of `y` against its earlier half (the middle point of an odd series
+    left out); normal approximation, variance corrected for ties. A rise that then levels off, or that ends on
+    one bad step, is a shift between halves even when it is no longer a monotone trend. p is 1 below 4 points
+    a half or for a constant series."""
+    y = np.asarray(y, float)
+    half = len(y) // 2
+    if half < 4:
+        return 1.0, 0.5
+    earlier, later = y[:half], y[len(y) - half:]
+    wins = float((later[:, None] > earlier[None, :]).sum() + 0.5 * (later[:, None] == earlier[None, :]).sum())
+    n = 2 * half
+    _, ties = np.unique(np.concatenate([earlier, later]), return_counts=True)
+    variance = half * half / 12.0 * ((n + 1) - float((ties ** 3 - ties).sum()) / (n * (n - 1)))
+    if variance <= 0:
+        return 1.0, 0.5
+    centred = wins - half * half / 2.0
+    z = (centred - math.copysign(0.5, centred)) / math.sqrt(variance) if centred else 0.0  # continuity correction
+    return float(math.erfc(abs(z) / math.sqrt(2.0))), wins / (half * half)
+
+
 def noise_scale(y) -> float:
     """The step-to-step noise of a series: the median absolute successive difference, scaled to a standard
     deviation (for independent noise a difference has sqrt(2) times its spread). A trend or a level shift
