@@ -48,6 +48,8 @@ from .gguf_header import Header, TensorInfo, type_name
 
 # ----------------------------------------------------------------------------- tensors
 
+# The special tokens that end a turn or a document in the chat formats we load (ChatML, Llama 3, gemma)
+END_MARKERS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>", "<end_of_turn>")
 ROW_CHUNK_WEIGHTS = 1 << 21  # weights converted at once: bounds the load's temporaries to a few tens of MB
 
 
@@ -267,10 +269,12 @@ def build_tokenizer(path: Path, header: Header) -> Any:
                                  unk_token=token("unknown"), pad_token=token("padding"),
                                  chat_template=md.get("tokenizer.chat_template"),
                                  clean_up_tokenization_spaces=False)
-    # a chat model's end of turn (Llama 3's <|eot_id|>, gemma's <end_of_turn>) ends a completion too
+    # A chat model's end of turn (Llama 3's <|eot_id|>, gemma's <end_of_turn>) ends a completion too, and so
+    # does the end of a document: Qwen2.5's files name <|im_end|> as EOS, but a tuned Qwen2.5-Coder-0.5B wrote
+    # <|endoftext|> mid-reply and, not stopped, ran on to the length limit (llama.cpp stops at both).
     ends = [i for i in (token_id("eos"), token_id("eot")) if i is not None]
-    if "<end_of_turn>" in hf.get_vocab():
-        ends.append(hf.convert_tokens_to_ids("<end_of_turn>"))
+    vocab = hf.get_vocab()
+    ends += [vocab[marker] for marker in END_MARKERS if marker in vocab]
     return TokenizerWrapper(hf, eos_token_ids=sorted(set(ends)))
 
 

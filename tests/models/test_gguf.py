@@ -60,15 +60,16 @@ def test_a_gguf_file_loads_as_the_model_it_was_written_from(tiny):
     prompt = tokenizer.apply_chat_template([{"role": "user", "content": "hello"}], add_generation_prompt=True,
                                            tokenize=False)
     assert prompt == "<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n"
-    assert tokenizer.eos_token_ids == {2}
+    # <|im_end|> (the file's EOS) and <|endoftext|>: a tuned Qwen2.5-Coder wrote the latter mid-reply and ran on
+    assert tokenizer.eos_token_ids == {0, 2}
 
 
 def test_an_end_of_turn_token_ends_completions_too(tiny, tmp_path):
     _, source = tiny
     tokens, merges = byte_level_vocab(WORDS)
     path = write_llama_gguf(tmp_path / "eot.gguf", source, TINY, tokens, merges,
-                            {"tokenizer.ggml.eot_token_id": mx.array(0, dtype=mx.uint32)})
-    assert load_gguf(path)[1].eos_token_ids == {0, 2}
+                            {"tokenizer.ggml.eot_token_id": mx.array(1, dtype=mx.uint32)})
+    assert load_gguf(path)[1].eos_token_ids == {0, 1, 2}
 
 
 def test_unpermuting_undoes_llama_cpp_and_nothing_else(tiny):
