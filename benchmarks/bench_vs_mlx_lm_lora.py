@@ -198,7 +198,8 @@ def run_mlx_lm_lora(args: argparse.Namespace) -> dict:
     started, cpu = time.perf_counter(), time.process_time()
     timer.last = started
     train_grpo(model=model, ref_model=None, tokenizer=tokenizer, optimizer=optimizer, train_dataset=dataset,
-               val_dataset=None, reward_funcs=[wrap(function, i == 0) for i, function in enumerate(rewards)], args=training_args,
+               val_dataset=None, reward_funcs=[wrap(function, i == 0) for i, function in enumerate(rewards)],
+               args=training_args,
                training_callback=timer, end_answer_token="")
     wall, cpu = time.perf_counter() - started, time.process_time() - cpu
     peak = mx.get_peak_memory() / 1e9

@@ -160,7 +160,8 @@ class SaturationRule(Rule):
             tail = rows[min(reached, len(rows) - self.pinned_steps):]
             others = {other for m, _ in tail for other in m if other != name}
             rising = [other for other in sorted(others) if _rising([m[other] for m, _ in tail if other in m])]
-            if any(_progressing(accuracy) for accuracy in ([a for _, a in part if a is not None] for part in (tail, rows))):
+            accuracies = ([a for _, a in part if a is not None] for part in (tail, rows))
+            if any(_progressing(accuracy) for accuracy in accuracies):
                 rising.append(self.accuracy)
         if self.fire(climbed and pinned and not rising, name, step):
             out.append(self.alert(step, time, name, value,

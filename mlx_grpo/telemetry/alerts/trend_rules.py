@@ -38,8 +38,8 @@ class TrendRule(Rule):
     Evaluated from `min_points` records on (default: once the window is full), so a
     fast rise early in a run is caught before the window has filled.
     With `progress`, a rise or fall while one of those metrics (accuracy) rises significantly over the last
-    `window` records (a trend, or its later half above its earlier half) is learning and stays silent: answers that grow as a policy learns to think, or to
-    call a tool and read its result, are not rambling.
+    `window` records (a trend, or its later half above its earlier half) is learning and stays silent:
+    answers that grow as a policy learns to think, or to call a tool and read its result, are not rambling.
     """
 
     kind: ClassVar[str] = "trend"
