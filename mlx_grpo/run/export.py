@@ -124,6 +124,9 @@ def _write(out: Path, model: nn.Module, tokenizer: Any, source: Path, dtype: str
     from mlx_lm.utils import save_config, save_model
 
     config = model_config(str(source))
+    ends = sorted(getattr(tokenizer, "eos_token_ids", None) or [])
+    if len(ends) > 1:  # every id that ends a reply (a GGUF's end of turn and end of text), so mlx-lm stops there too
+        config["eos_token_id"] = ends
     if not is_quantized(model):  # a base dequantized at load (quantized_base) is written plain
         config.pop("quantization", None)
         config.pop("quantization_config", None)

@@ -146,6 +146,7 @@ def test_train_plan_eval_and_export_of_a_gguf_run(tiny, tmp_path, capsys):
     assert main(["export", str(run), "--out", str(out), "--fuse", "--float32"]) == 0
     assert (out / "model.safetensors").stat().st_size > 1.9 * (half / "model.safetensors").stat().st_size
     model, tokenizer = load(str(out))  # mlx-lm loads it as any Hugging Face directory
+    assert set(tokenizer.eos_token_ids) == {0, 2}  # and stops where mlx-grpo stops: <|im_end|> and <|endoftext|>
     from mlx_grpo.run.export import load_trained
 
     trained = load_trained(run).model
