@@ -40,8 +40,6 @@ import time
 from importlib.metadata import version
 from pathlib import Path
 
-import yaml
-
 if __name__ == "__main__":
     from mlx_grpo.planning.blas import reexec_with_openblas
 
@@ -264,6 +262,8 @@ def uptime() -> str:
 
 
 def main() -> int:
+    from mlx_grpo.config.typed_yaml import parse_override
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
     parser.add_argument("--model-id", default=None, help="the HF-format model directory (both tools load it)")
@@ -276,7 +276,7 @@ def main() -> int:
     parser.add_argument("--peer-python", default=sys.executable,
                         help="the Python that runs mlx-lm-lora (it needs mlx-grpo importable too)")
     parser.add_argument("--wrap", default="", help="a command to run each training process under, e.g. 'measured'")
-    parser.add_argument("--set", action="append", type=setting, default=[], metavar="KEY=VALUE",
+    parser.add_argument("--set", action="append", type=parse_override, default=[], metavar="KEY=VALUE",
                         help="change one recipe key for both tools (a YAML value), e.g. --set max_generation_steps=512")
     parser.add_argument("--worker", choices=list(JOBS), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -349,13 +349,6 @@ def job(args: argparse.Namespace, name: str, workdir: str, python: str, wrap: li
         print(done.stdout[-3000:], done.stderr[-3000:], sep="\n", file=sys.stderr)
         raise SystemExit(f"{name}: worker failed (exit {done.returncode})")
     return json.loads(lines[-1][len("RESULT "):])
-
-
-def setting(text: str) -> tuple[str, object]:
-    key, sep, value = text.partition("=")
-    if not sep or not key:
-        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
-    return key.strip(), yaml.safe_load(value)
 
 
 def _installed(name: str) -> bool:
