@@ -14,6 +14,7 @@ from rich.table import Table
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Horizontal, VerticalScroll
+from textual.message import Message
 from textual.widget import Widget
 from textual.widgets import DataTable, Static
 
@@ -177,6 +178,17 @@ def run_heatmap(run_dir, cache: dict) -> tuple[list[int], np.ndarray]:
     return steps, heatmap_matrix([cache[(str(run_dir), step)] for step in steps])
 
 
+class SamplesTable(DataTable):
+    """The samples list. It says when its width changes: the completion column follows the width, and the view's
+    own resize can come before the list is laid out (the list still 0 wide), which left the narrow fallback."""
+
+    class Resized(Message):
+        """The list has a new size."""
+
+    def on_resize(self) -> None:
+        self.post_message(self.Resized())
+
+
 class SamplesView(BoardView, Horizontal):
     """Recent completions with their rewards; the highlighted one in full beside the table."""
 
@@ -199,13 +211,13 @@ class SamplesView(BoardView, Horizontal):
 
     def compose(self) -> ComposeResult:
         """The samples table and the detail box."""
-        yield DataTable(id="samples-table", cursor_type="row", zebra_stripes=True)
+        yield SamplesTable(id="samples-table", cursor_type="row", zebra_stripes=True)
         with VerticalScroll(id="sample-detail-box"):
             yield Static("no samples yet", id="sample-detail")
 
-    def on_resize(self) -> None:
+    def on_samples_table_resized(self) -> None:
         """The completion column follows the list's width: laid out again at the new size."""
-        self.call_after_refresh(self.update_data)
+        self.update_data()
 
     def _layout(self, table: DataTable) -> tuple[int, int, int, bool]:
         """(the list's width, the expected column's, the completion column's, whether a run column is shown):
