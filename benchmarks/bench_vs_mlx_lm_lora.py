@@ -1,8 +1,9 @@
 """mlx-grpo against mlx-lm-lora on the same GRPO recipe: seconds per step, peak memory, held-out accuracy.
 
 Both tools train the same model directory with the same data, rewards, group size, completion length,
-learning rate, LoRA rank/scale/layers and one update per rollout (configs/smollm2_sums.yaml by default),
-each in its own process, one after the other; then each trained model is scored by the same greedy
+learning rate and its schedule (mlx-grpo's optimizer), KL coefficient (mlx-lm-lora gets a second copy of
+the model as its reference when beta is not 0), LoRA rank/scale/layers and one update per rollout
+(configs/smollm2_sums.yaml by default), each in its own process, one after the other; then each trained model is scored by the same greedy
 held-out check (`mlx_grpo.evaluate`, what `mlx-grpo eval` runs). mlx-lm-lora is not a dependency:
 
     pip install "mlx-lm-lora>=5.10,<5.11"
@@ -117,7 +118,6 @@ def run_ours(args: argparse.Namespace) -> dict:
 
 def run_mlx_lm_lora(args: argparse.Namespace) -> dict:
     import mlx.core as mx
-    import mlx.optimizers as optim
     import numpy as np
     from mlx_lm import load
     from mlx_lm.tuner.callbacks import TrainingCallback
@@ -129,6 +129,7 @@ def run_mlx_lm_lora(args: argparse.Namespace) -> dict:
 
     from mlx_grpo.data import encode_prompt, load_datasets, render_prompt
     from mlx_grpo.rewards.loading import load_reward_functions
+    from mlx_grpo.trainer import make_optimizer
 
     config = recipe(args)
     base_dir = args.config.resolve().parent
@@ -192,10 +193,16 @@ def run_mlx_lm_lora(args: argparse.Namespace) -> dict:
         adapter_file=str(Path(args.workdir) / "mlx-lm-lora-adapters.safetensors"),
         reward_weights=[spec.weight for spec in config.rewards])
     rewards = load_reward_functions([(spec.name, spec.weight) for spec in config.rewards], base_dir)
-    optimizer = optim.AdamW(learning_rate=config.learning_rate, weight_decay=config.weight_decay)
+    optimizer = make_optimizer(config)  # the same AdamW and schedule as ours, one update a step in both
+    # With a KL term mlx-lm-lora needs a second copy of the model as its reference (without one it computes no
+    # KL); ours is the same weights with the adapters off.
+    ref_model = None
+    if config.beta:
+        ref_model, _ = load(str(Path(config.model_id).expanduser()))
+        ref_model.freeze()
     started, cpu = time.perf_counter(), time.process_time()
     timer.last = started
-    train_grpo(model=model, ref_model=None, tokenizer=tokenizer, optimizer=optimizer, train_dataset=dataset,
+    train_grpo(model=model, ref_model=ref_model, tokenizer=tokenizer, optimizer=optimizer, train_dataset=dataset,
                val_dataset=None, reward_funcs=[wrap(function, i == 0) for i, function in enumerate(rewards)],
                args=training_args,
                training_callback=timer, end_answer_token="")
