@@ -3,8 +3,9 @@
 Both tools train the same model directory with the same data, rewards, group size, completion length,
 learning rate and its schedule (mlx-grpo's optimizer), KL coefficient (mlx-lm-lora gets a second copy of
 the model as its reference when beta is not 0), LoRA rank/scale/layers and one update per rollout
-(configs/smollm2_sums.yaml by default), each in its own process, one after the other; then each trained model is scored by the same greedy
-held-out check (`mlx_grpo.evaluate`, what `mlx-grpo eval` runs). mlx-lm-lora is not a dependency:
+(configs/smollm2_sums.yaml by default), each in its own process, one after the other; then each trained
+model is scored by the same greedy held-out check (`mlx_grpo.evaluate`, what `mlx-grpo eval` runs).
+mlx-lm-lora is not a dependency:
 
     pip install "mlx-lm-lora>=5.10,<5.11"
     python benchmarks/bench_vs_mlx_lm_lora.py --steps 5 --model-id /path/to/hf-dir
