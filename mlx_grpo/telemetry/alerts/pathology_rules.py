@@ -17,8 +17,9 @@ import numpy as np
 
 from ..metrics.robust import mann_kendall, theil_sen
 from .alert import LEVELS, Alert
+from .detector_rules import _heldout_rose, keep_progress
 from .rules import Rule
-from .state import _fmt, _num, state
+from .state import _fmt, state
 
 
 def _recent_median(points: deque, count: int) -> float:
@@ -82,6 +83,7 @@ class ExhaustionRule(Rule):
     start_values: dict[str, list] = state()
     first_step: dict[str, int] = state()
     progress_points: dict[str, deque] = state()
+    progress_samples: dict[str, float] = state()
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -104,10 +106,7 @@ class ExhaustionRule(Rule):
 
     def update(self, step, time, record, names, out):
         """Keep the progress metrics' points, then judge each watched metric against its start."""
-        for name in self.progress:
-            value = _num(record.get(name))
-            if value is not None:
-                self.progress_points.setdefault(name, deque(maxlen=self.max_points)).append((step, value))
+        keep_progress(self.progress, record, self.progress_points, self.progress_samples, self.max_points, step)
         for name, value in self.values(record, names):
             points = self.points.setdefault(name, deque(maxlen=self.max_points))
             points.append((step, value))
@@ -131,8 +130,9 @@ class ExhaustionRule(Rule):
                         eta = None
             due = collapsed or eta is not None
             # progress over the recent half, or over all the steps kept: either rising is learning
-            converging = due and any(_rising(pts, since) for pts in self.progress_points.values()
-                                     for since in (half[0][0], -math.inf))
+            converging = due and any(
+                _rising(pts, since) or _heldout_rose([v for _, v in pts], self.progress_samples.get(n))
+                for n, pts in self.progress_points.items() for since in (half[0][0], -math.inf))
             if self.fire(due and not converging, name, step):
                 out.append(self._alert(step, time, name, value, start, now, eta, converging=False))
             if self.fire(due and converging, name + " (converging)", step):

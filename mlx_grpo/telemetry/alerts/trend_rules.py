@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from ..metrics.names import ACCURACY_TRAIN, EVAL_ACCURACY
-from .detector_rules import _progressing
+from .detector_rules import _progressing, keep_progress
 from .rules import Rule
 from .state import _check_window, _fmt, _num, _Window, _windowed, metric_pattern, state
 
@@ -52,6 +52,7 @@ class TrendRule(Rule):
     progress: tuple[str, ...] = ()
     windows: dict[str, _Window] = state()
     progress_points: dict[str, deque] = state()
+    progress_samples: dict[str, float] = state()
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -73,9 +74,7 @@ class TrendRule(Rule):
     def update(self, step, time, record, names, out):
         """Push each value into its window and fire when the window's change goes the rule's way (and, with
         `progress`, no progress metric is rising)."""
-        for name in self.progress:
-            if (progress := _num(record.get(name))) is not None:
-                self.progress_points.setdefault(name, deque(maxlen=self.window)).append(progress)
+        keep_progress(self.progress, record, self.progress_points, self.progress_samples, self.window)
         for name, value in self.values(record, names):
             window = _windowed(self.windows, name, self.window)
             window.push(step, value)
@@ -94,7 +93,8 @@ class TrendRule(Rule):
                 if condition:
                     change = _robust_change(window, sign, scale)
                     condition = change is not None and sign * change >= self.change
-                    condition = condition and not any(_progressing(p) for p in self.progress_points.values())
+                    condition = condition and not any(_progressing(p, samples=self.progress_samples.get(n))
+                                                      for n, p in self.progress_points.items())
             if self.fire(condition, name, step):
                 amount = f"{change * 100:+.0f}%" if self.relative else f"{change:+.4g}"
                 verb = {"rising": "rose", "falling": "fell", "flat": "barely moved"}[self.direction]

@@ -22,14 +22,13 @@ from ..alerts.config import default_rules
 from ..alerts.engine import AlertEngine
 from ..alerts.rules import Rule
 from ..metrics.names import ACCURACY_TRAIN, EVAL_ACCURACY, EVAL_NUM_SAMPLES, LENGTH_MEAN, REWARD_MEAN, TRUNCATED_FRAC
-from ..metrics.robust import verdict
+from ..metrics.robust import HELDOUT_Z, proportion_z, verdict
 from ..rundir.layout import ALERTS
 from ..rundir.writer import json_safe
 from .reward_quality import QualityReport, analyze_quality, discriminability
 from .run_data import Records, RunData, _corr, _data, series
 
 ACCURACY_METRICS = (EVAL_ACCURACY, ACCURACY_TRAIN)
-HELDOUT_Z = 2.0  # standard errors between the first and last evaluation that count as a held-out move
 
 
 # --------------------------------------------------------------------------- trends
@@ -89,8 +88,7 @@ def heldout_move(data: RunData) -> Trend | None:
     if len(accuracy) < 2 or steps[0] not in rows or steps[-1] not in rows:
         return None
     first, last, n_first, n_last = float(accuracy[0]), float(accuracy[-1]), rows[steps[0]], rows[steps[-1]]
-    pooled = (first * n_first + last * n_last) / (n_first + n_last)
-    z = (last - first) / max((pooled * (1 - pooled) * (1 / n_first + 1 / n_last)) ** 0.5, 1e-12)
+    z = proportion_z(first, n_first, last, n_last)
     direction = "rising" if z >= HELDOUT_Z else "falling" if z <= -HELDOUT_Z else "flat"
     return Trend(EVAL_ACCURACY, first, last, last - first, (last - first) / first if first else None,
                  (last - first) / (float(steps[-1] - steps[0]) or 1.0), direction, len(accuracy))

@@ -81,6 +81,17 @@ def halves_shift(y) -> tuple[float, float]:
     return float(math.erfc(abs(z) / math.sqrt(2.0))), wins / (half * half)
 
 
+HELDOUT_Z = 2.0  # standard errors between the first and the latest evaluation that count as a held-out move
+
+
+def proportion_z(first: float, n_first: float, last: float, n_last: float) -> float:
+    """How many standard errors `last` (a share of n_last rows) lies above `first` (of n_first rows): the pooled
+    two-proportion z. Two or three held-out evaluations are too few for a trend, but their scores are shares
+    of known counts, so the first and the latest can be compared directly."""
+    pooled = (first * n_first + last * n_last) / (n_first + n_last)
+    return (last - first) / max((pooled * (1 - pooled) * (1 / n_first + 1 / n_last)) ** 0.5, 1e-12)
+
+
 def noise_scale(y) -> float:
     """The step-to-step noise of a series: the median absolute successive difference, scaled to a standard
     deviation (for independent noise a difference has sqrt(2) times its spread). A trend or a level shift
