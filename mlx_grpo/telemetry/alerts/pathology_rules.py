@@ -130,25 +130,24 @@ class ExhaustionRule(Rule):
                         eta = None
             due = collapsed or eta is not None
             # progress over the recent half, or over all the steps kept: either rising is learning
-            converging = due and any(
-                _rising(pts, since) or _heldout_rose([v for _, v in pts], self.progress_samples.get(n))
-                for n, pts in self.progress_points.items() for since in (half[0][0], -math.inf))
-            if self.fire(due and not converging, name, step):
-                out.append(self._alert(step, time, name, value, start, now, eta, converging=False))
-            if self.fire(due and converging, name + " (converging)", step):
-                out.append(self._alert(step, time, name, value, start, now, eta, converging=True))
+            rising = [n for n, pts in self.progress_points.items()
+                      if any(_rising(pts, since) for since in (half[0][0], -math.inf))
+                      or _heldout_rose([v for _, v in pts], self.progress_samples.get(n))] if due else []
+            if self.fire(due and not rising, name, step):
+                out.append(self._alert(step, time, name, value, start, now, eta, rising=[]))
+            if self.fire(due and bool(rising), name + " (converging)", step):
+                out.append(self._alert(step, time, name, value, start, now, eta, rising=rising))
 
-    def _alert(self, step, time, name, value, start, now, eta, converging: bool) -> Alert:
+    def _alert(self, step, time, name, value, start, now, eta, rising: list[str]) -> Alert:
         where = (f"{_fmt(now)}, {now / start:.0%} of its start {_fmt(start)}")
         if eta is None:
             what = f"{name} is down to {where} (floor {self.floor:.0%})"
         else:
             what = (f"{name} is falling: {where}, and at this pace reaches {self.project_to or self.floor:.0%} of "
                     f"its start in about {eta:.0f} steps")
-        if converging:
-            rising = ", ".join(self.progress_points)
-            text = (f"{what}; {rising} still rising, so this is the policy converging on what it learned, not a "
-                    f"collapse: watch that it keeps rising")
+        if rising:
+            text = (f"{what}; {', '.join(rising)} still rising, so this is the policy converging on what it learned, "
+                    "not a collapse: watch that it keeps rising")
             return Alert(step=step, time=time, level=self.converging_level, rule=self.name, metric=name,
                          value=value, message=text)
         progress = f"; {' and '.join(self.progress)} not rising" if self.progress else ""
