@@ -40,7 +40,7 @@ SKIPPED: dict[str, str] = {
     'pip uninstall mlx-guided-grpo': "removes a package this environment does not have",
     'mlx-grpo train configs/qwen_calculator.yaml': "a 30-45 minute run of a 0.5B model fetched from PyPI (README figures)",
     'mlx-grpo eval qwen2.5-coder-0.5b --config configs/qwen_calculator.yaml': "a 0.5B model fetched from PyPI (469 MB)",
-    'mlx-grpo train configs/qwen_think.yaml': "a 30-60 minute run of a 0.5B model fetched from PyPI (README figures)",
+    'mlx-grpo train configs/qwen_think.yaml': "an hour-long run of a 0.5B model fetched from PyPI (README figures)",
     'mlx-grpo eval qwen2.5-coder-0.5b --config configs/qwen_think.yaml': "a 0.5B model fetched from PyPI (469 MB)",
     'python3 --version': "prints the Python version, nothing of ours",
     "pip install -e '.[reasoning-gym]'": NETWORK,
