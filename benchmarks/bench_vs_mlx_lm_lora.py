@@ -25,7 +25,11 @@ steps after the first (the first pays for compilation and warm-up); peak memory 
 of the process over model load and training (exact on the CPU backend too; mlx-grpo's per-phase resets of
 it are undone), max RSS the process's own
 over its whole life (training and the held-out check). Both processes run with OpenBLAS preloaded when
-it is installed (mlx-grpo's own re-exec).
+it is installed (mlx-grpo's own re-exec). Each step's seconds are also printed beside its longest completion:
+the two tools sample different completions; mlx-grpo decodes all of a step's completions together, so its
+rollout lasts as long as the longest, and mlx-lm-lora `batch_size` of them at a time, so its lasts about as
+long as their total length over `batch_size`. One reply that runs on to the limit in one tool's step and not
+in the other's moves that step's figure by more than either tool's speed does.
 """
 
 from __future__ import annotations
@@ -111,6 +115,7 @@ def run_ours(args: argparse.Namespace) -> dict:
     out = {"step_seconds": [r["timing/step_s"] for r in steps],
            "rollout_seconds": [r["timing/rollout_s"] for r in steps],
            "completion_tokens": [r["completions/length/mean"] for r in steps],
+           "longest_completion": [r["completions/length/max"] for r in steps],
            "update_seconds": [r.get("timing/ref_s", 0.0) + r["timing/update_s"] for r in steps], "peak_gb": peak,
            "train_wall_s": wall, "train_cpu_s": cpu, "run_dir": str(run_dir), "checkpoint": str(trained.checkpoint)}
     out.update(heldout(config, base_dir, trained.model, trained.tokenizer, args.limit))
@@ -157,13 +162,14 @@ def run_mlx_lm_lora(args: argparse.Namespace) -> dict:
     if list(dataset[0][0]) != ours:
         raise SystemExit("mlx-lm-lora's prompt tokens differ from mlx-grpo's; the comparison would not be fair")
 
-    lengths = []  # each step's mean completion length in tokens, as its first reward function sees them
+    lengths, longest = [], []  # each step's mean and longest completion in tokens, as its first reward sees them
 
     def wrap(function, first):
         def reward(prompts, completions, answer, types=None):
             if first:
-                lengths.append(statistics.mean(len(tokenizer.encode(c, add_special_tokens=False))
-                                               for c in completions))
+                counts = [len(tokenizer.encode(c, add_special_tokens=False)) for c in completions]
+                lengths.append(statistics.mean(counts))
+                longest.append(max(counts))
             return function.fn(prompts, completions, answer)
 
         reward.__name__ = function.name
@@ -210,6 +216,7 @@ def run_mlx_lm_lora(args: argparse.Namespace) -> dict:
     wall, cpu = time.perf_counter() - started, time.process_time() - cpu
     peak = mx.get_peak_memory() / 1e9
     out = {"step_seconds": timer.step_seconds, "rollout_seconds": phases["rollout"], "completion_tokens": lengths,
+           "longest_completion": longest,
            "update_seconds": phases["update"], "peak_gb": peak, "train_wall_s": wall, "train_cpu_s": cpu,
            "versions": {name: version(name) for name in ("mlx", "mlx-lm", "mlx-lm-lora")}}
     out.update(heldout(config, base_dir, model, tokenizer, args.limit))
@@ -335,6 +342,11 @@ def main() -> int:
         report["speedup"] = theirs["s_per_step_median"] / ours["s_per_step_median"]
         report["speedup_cpu"] = theirs["cpu_s_per_step"] / ours["cpu_s_per_step"]
         print(f"mlx-grpo is {report['speedup']:.2f}x faster per step ({report['speedup_cpu']:.2f}x in CPU seconds)")
+    # A batched rollout lasts as long as its longest completion: say which steps had one run long.
+    for tool, r in results.items():
+        steps = ", ".join(f"{seconds:.0f} s ({longest})" for seconds, longest in
+                          zip(r["raw"]["step_seconds"], r["raw"]["longest_completion"]))
+        print(f"{tool}: each step, seconds (its longest completion in tokens): {steps}")
     print(json.dumps(report, indent=1))
     if args.out:
         args.out.write_text(json.dumps(report, indent=1) + "\n")
