@@ -189,7 +189,8 @@ class TrainConfig:
     stop_at_newline: bool = key(False, "a completion ends at its first line break (for a base model that goes on "
                                 "writing the next line of a document)")
     kv_cache_bits: int = key(0, "the rollout's KV cache quantized to 8 or 4 bits (a quarter or a sixth of float32's "
-                             "memory; sampled log-probs then differ slightly from the update's); 0 = off",
+                             "memory; sampled log-probs then differ from the update's: 4 bits can change what a model "
+                             "samples, benchmarks/kv_cache_bits.py measures it); 0 = off",
                              check=Bound(lambda v: v in (0, 4, 8), "0, 4 or 8"))
     seed: int = key(0, "data order, sampling and initialisation",
                     check=Bound(lambda v: 0 <= v < 2**31, "an integer in [0, 2^31)"))
