@@ -187,3 +187,22 @@ def test_a_run_whose_held_out_accuracy_collapsed_is_not_praised():
     headline = report.outcome.headline()
     assert headline.startswith("held-out accuracy 46.0% -> 14.0% (-32.0 points)")
     assert any("held-out accuracy fell from 46% to 14%" in issue for issue in report.quality.issues)
+
+
+def _with_shares(metrics, shares: dict[str, float]):
+    """The run's metrics with each named function's share of the total reward set to `shares`."""
+    return [{**r, **{f"rewards/{fn}/contribution_pct": pct for fn, pct in shares.items()}}
+            if "rewards/answer_check/contribution_pct" in r else r for r in metrics]
+
+
+def test_a_charted_function_at_weight_0_is_not_called_drowned():
+    metrics, samples = _sim()
+    # answer_check is the only paid function; the others are charted at weight 0 (their share is 0 by design)
+    charted = _with_shares(metrics, {"answer_check": 100.0, "format_exact": 0.0, "format_approx": 0.0,
+                                     "number_check": 0.0})
+    assert not any("drowns the others" in issue for issue in analyze_run(charted, samples).quality.issues)
+    # two paid functions, one at 90% of the total: that one does drown the other
+    lopsided = _with_shares(metrics, {"answer_check": 90.0, "format_exact": 10.0, "format_approx": 0.0,
+                                      "number_check": 0.0})
+    issues = analyze_run(lopsided, samples).quality.issues
+    assert any(issue.startswith("answer_check makes up 90% of the total reward and drowns") for issue in issues)

@@ -449,7 +449,8 @@ def _issues(report: RewardReport, nonzero: float | None, auc: float | None,
     if (p := parts["coverage"]).score is not None and p.score < 30:
         add("batches use only a narrow slice of the reward range",
             "add graded (partial-credit) rewards so near-misses score between failure and success")
-    multi = len(report.functions) > 1
+    # a function at weight 0 (charted, never paid) has no share of the total by design: it is not drowned
+    multi = sum(1 for info in report.importance.values() if info.contribution_pct) > 1
     for fn, info in report.importance.items():
         if info.constant:
             add(f"{fn} gave every completion of a batch the same score: it adds no learning signal",
