@@ -19,8 +19,9 @@ import numpy as np
 from mlx.utils import tree_map
 from mlx_lm.models.cache import BatchKVCache, KVCache, RotatingKVCache, make_prompt_cache
 
-from . import frozen_prefix
+from . import frozen_prefix, lookup_decoding
 from .frozen_prefix import Captured
+from .lookup_decoding import LOOKUP_ROWS, LOOKUP_TOKENS
 from .models.decode_attention import grouped_decoding
 from .models.kv_cache import QuantizedBatchKVCache
 from .models.policy import has_plain_head, lm_head, project_to_vocab
@@ -116,19 +117,34 @@ def top_p_keep(logits: mx.array, top_p: float) -> mx.array:
     return mx.put_along_axis(mx.zeros_like(keep_sorted), order, keep_sorted, axis=-1)
 
 
-def sample_tokens(logits: mx.array, settings: SamplingSettings, key: mx.array,
-                  rows: tuple[mx.array, int] | None = None) -> tuple[mx.array, mx.array]:
-    """Sample one id per row; return (ids, log-prob of each id under the sampling distribution). `rows`:
-    (which rows of a batch of n these are, n), so each row gets the draw it would get in the whole batch."""
+def sampling_logits(logits: mx.array, settings: SamplingSettings) -> mx.array:
+    """The logits of the distribution a sampled id is drawn from: temperature, then the filters."""
     logits = logits.astype(mx.float32)
+    if settings.temperature not in (0, 1.0):
+        logits = logits / settings.temperature
+    return filter_logits(logits, settings) if settings.filters and settings.temperature else logits
+
+
+def sample_tokens(logits: mx.array, settings: SamplingSettings, key: mx.array,
+                  rows: tuple[mx.array, int] | None = None,
+                  carried: tuple[mx.array, mx.array] | None = None) -> tuple[mx.array, mx.array]:
+    """Sample one id per row; return (ids, log-prob of each id under the sampling distribution). `rows`:
+    (which rows of a batch of n these are, n), so each row gets the draw it would get in the whole batch.
+    `carried`: after a lookup step (lookup_decoding.py), per row a guessed token it accepted and must emit
+    now, and a guessed token it refused and must not draw (-1: none); greedy needs neither (an accepted
+    guess is the argmax, a refused one is not)."""
+    logits = sampling_logits(logits, settings)
     if settings.temperature == 0:
         ids = mx.argmax(logits, axis=-1)
         return ids, mx.zeros(ids.shape, dtype=mx.float32)
-    if settings.temperature != 1.0:
-        logits = logits / settings.temperature
-    if settings.filters:
-        logits = filter_logits(logits, settings)
-    return sample_with_logprobs(logits, key, rows)
+    if carried is None:
+        return sample_with_logprobs(logits, key, rows)
+    accepted, refused = carried
+    vocab = mx.arange(logits.shape[-1])
+    drawn, _ = sample_with_logprobs(mx.where(vocab == refused[:, None], -mx.inf, logits), key, rows)
+    ids = mx.where(accepted >= 0, accepted, drawn)
+    logprobs = mx.take_along_axis(logits, ids[:, None], axis=-1)[:, 0] - mx.logsumexp(logits, axis=-1)
+    return ids, logprobs
 
 
 def first_crossing(cumulative: mx.array, threshold: mx.array) -> mx.array:
@@ -347,17 +363,19 @@ def _prefill(model: nn.Module, prompts: list[list[int]], rows: np.ndarray, pad_i
 def _decode(model: nn.Module, prompts: list[list[int]], rows: np.ndarray, max_tokens: int, eos_ids: set[int],
             pad_id: int, settings: SamplingSettings, key: mx.array, recorded: list[mx.array],
             kv_bits: int) -> tuple[list[_Span], list[list[int]], int]:
-    """Prefill, then sample every row one token a step until all have ended or `max_tokens`: the spans of rows
-    decoded together (finished rows leave the batch), the prefill batches, and how many frozen-block outputs
-    the prefill recorded."""
+    """Prefill, then sample every row until all have ended or `max_tokens`: the spans of rows decoded together
+    (finished rows leave the batch), the prefill batches, and how many frozen-block outputs the prefill
+    recorded. Many rows decode one token a step; the last few look their next tokens up in their own text
+    (lookup_decoding.py) and take several a step."""
     logits, cache, batches, plain = _prefill(model, prompts, rows, pad_id, max_tokens, kv_bits)
     prefilled = len(recorded)
     head = transposed_head(model)
 
-    def decode(ids: mx.array) -> mx.array:
+    def forward(tokens: mx.array) -> mx.array:
+        """[rows, positions, vocab] logits after each of `tokens` ([rows, positions])."""
         if head is None:
-            return model(ids[:, None], cache=cache)[:, -1, :]
-        return model.model(ids[:, None], cache=cache)[:, -1, :] @ head
+            return model(tokens, cache=cache)
+        return model.model(tokens, cache=cache) @ head
 
     n = len(rows)
     eos = mx.array(sorted(eos_ids))
@@ -365,20 +383,48 @@ def _decode(model: nn.Module, prompts: list[list[int]], rows: np.ndarray, max_to
     spans = [span]
     finished = mx.zeros((n,), dtype=mx.bool_)
     keys = mx.random.split(key, max_tokens)
-    for t in range(max_tokens):
+    # lookup needs a cache that can drop the refused guesses' positions (a plain one, unquantized)
+    texts = _Texts(prompts, rows, spans) if plain and not kv_bits else None
+    carried = None
+    t, passes = 0, 0
+    while True:
         draw_rows = None if len(span.rows) == n else (mx.array(span.rows), n)
-        ids, logprobs = sample_tokens(logits, settings, keys[t], draw_rows)
+        ids, logprobs = sample_tokens(logits, settings, keys[t], draw_rows, carried)
+        carried = None
         span.ids.append(ids)
         span.logprobs.append(logprobs)
         finished = finished | (ids[:, None] == eos[None, :]).any(axis=-1)
         if t + 1 == max_tokens:
             break
-        logits = decode(ids)
-        # the step's ids and log-probs too: left lazy, each would keep its step's [N, V] logits alive
-        # until decoding ends (5 GB for 32 rows x 152k x 256 steps in fp32)
-        mx.async_eval(logits, finished, ids, logprobs)
+        guesses = texts.guesses(span, max_tokens - t - 2) if texts and len(span.rows) <= LOOKUP_ROWS else None
+        if guesses is None:
+            logits = forward(ids[:, None])[:, -1, :]
+            t += 1
+            # the step's ids and log-probs too: left lazy, each would keep its step's [N, V] logits alive
+            # until decoding ends (5 GB for 32 rows x 152k x 256 steps in fp32)
+            mx.async_eval(logits, finished, ids, logprobs)
+        else:
+            raw = forward(mx.concatenate([ids[:, None], guesses], axis=1))
+            scored = sampling_logits(raw, settings)
+            kept, guess_logprobs = lookup_decoding.check(scored, guesses, settings.temperature == 0,
+                                                         mx.random.split(keys[t])[1], draw_rows)
+            emitted = int(kept.min())  # every row keeps this many guessed tokens, and their positions
+            for j in range(emitted):
+                span.ids.append(guesses[:, j])
+                span.logprobs.append(guess_logprobs[:, j])
+                finished = finished | (guesses[:, j, None] == eos[None, :]).any(axis=-1)
+            unused = guesses.shape[1] - emitted
+            if unused:
+                trim_positions(cache, unused)
+                if len(recorded) > prefilled:
+                    recorded[-1] = recorded[-1][:, :emitted + 1]
+                carried = (mx.where(mx.array(kept > emitted), guesses[:, emitted], -1),
+                           mx.where(mx.array(kept == emitted), guesses[:, emitted], -1))
+            logits = raw[:, emitted]
+            t += emitted + 1
+        passes += 1
         # Checking for the end costs a sync; every few steps keeps decode mostly asynchronous.
-        if t % 4 == 3:
+        if passes % 4 == 0 or guesses is not None:
             done = np.array(finished)
             if done.all():
                 break
@@ -387,11 +433,57 @@ def _decode(model: nn.Module, prompts: list[list[int]], rows: np.ndarray, max_to
                 span.recorded_end = len(recorded)
                 span = _Span(span.rows[keep])
                 spans.append(span)
-                kept = mx.array(keep)
-                logits, finished = logits[kept], finished[kept]
-                keep_rows(cache, kept)
+                kept_rows = mx.array(keep)
+                logits, finished = logits[kept_rows], finished[kept_rows]
+                if carried is not None:
+                    carried = (carried[0][kept_rows], carried[1][kept_rows])
+                keep_rows(cache, kept_rows)
     span.recorded_end = len(recorded)
     return spans, batches, prefilled
+
+
+class _Texts:
+    """Each lookup row's tokens so far (its prompt, then its reply), kept on the host: gathered from every
+    decoded span when the batch of rows changes, then extended by each step's tokens."""
+
+    def __init__(self, prompts: list[list[int]], rows: np.ndarray, spans: list[_Span]):
+        self.prompts, self.rows, self.spans = prompts, rows, spans  # rows: each batch row's prompt
+        self.tokens: dict[int, list[int]] = {}
+        self.span: _Span | None = None
+        self.counted = 0  # tokens of self.span already in self.tokens
+
+    def guesses(self, span: _Span, budget: int) -> mx.array | None:
+        """[rows, K] guessed tokens for the span's rows (K the shortest guess), or None when a row has
+        none or the token budget leaves no room for one."""
+        if span is not self.span:
+            self._gather(span)
+        elif self.counted < len(span.ids):
+            for row, tokens in zip(span.rows.tolist(), np.array(mx.stack(span.ids[self.counted:], axis=1)).tolist()):
+                self.tokens[row].extend(tokens)
+            self.counted = len(span.ids)
+        most = min(LOOKUP_TOKENS, budget)
+        if most < 1:
+            return None
+        found = [lookup_decoding.guess(self.tokens[row], most) for row in span.rows.tolist()]
+        k = min(len(g) for g in found)
+        return mx.array([g[:k] for g in found]) if k else None
+
+    def _gather(self, span: _Span) -> None:
+        self.tokens = {row: list(self.prompts[self.rows[row]]) for row in span.rows.tolist()}
+        for decoded in self.spans:
+            if decoded.ids:
+                position = {row: i for i, row in enumerate(decoded.rows.tolist())}
+                ids = np.array(mx.stack(decoded.ids, axis=1))
+                for row in span.rows.tolist():
+                    if row in position:
+                        self.tokens[row].extend(ids[position[row]].tolist())
+        self.span, self.counted = span, len(span.ids)
+
+
+def trim_positions(cache: list, count: int) -> None:
+    """Drop the last `count` positions of every layer's cache (the refused guesses')."""
+    for layer_cache in {id(c): c for c in cache}.values():
+        layer_cache.trim(count)
 
 
 def _token_arrays(spans: list[_Span], n: int) -> tuple[np.ndarray, np.ndarray]:
