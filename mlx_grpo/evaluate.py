@@ -41,7 +41,8 @@ def evaluate(model: Any, tokenizer: Any, rows: list[dict], config: Any, eos_ids:
         tools = multiturn.tools if multiturn is not None else None
         prompts = [encode_prompt(tokenizer, row["prompt"], config, row.get("messages"), tools).tokens for row in chunk]
         if multiturn is None:
-            rollout = generate(model, prompts, group, config.max_generation_steps, eos_ids, pad_id, sampling, key)
+            rollout = generate(model, prompts, group, config.max_generation_steps, eos_ids, pad_id, sampling, key,
+                               lookup=config.lookup_decoding)
             return [decode_completion(tokenizer, ids, eos_ids) for ids in rollout.completions]
         rollout = generate_trajectories(model, tokenizer, prompts, chunk, group, multiturn.budgets, eos_ids, pad_id,
                                         sampling, key, multiturn.make_env, tools)

@@ -298,12 +298,15 @@ def generate(
     key: mx.array,
     capture: bool = False,
     kv_bits: int = 0,
+    lookup: bool = True,
 ) -> Rollout:
     """Sample `group_size` completions for each prompt, all in one batch. `capture`: keep the frozen blocks'
     output at every position (frozen_prefix.py; the model must have been given frozen_prefix.install).
-    `kv_bits` 8 or 4: the decode's KV cache quantized (plain-cache models; 0: kept in the model's dtype)."""
+    `kv_bits` 8 or 4: the decode's KV cache quantized (plain-cache models; 0: kept in the model's dtype).
+    `lookup`: the last rows decode several tokens a step where their own text guesses them (lookup_decoding.py)."""
     with frozen_prefix.recording(model) if capture else nullcontext([]) as recorded, grouped_decoding(model):
-        return _generate(model, prompts, group_size, max_tokens, eos_ids, pad_id, settings, key, recorded, kv_bits)
+        return _generate(model, prompts, group_size, max_tokens, eos_ids, pad_id, settings, key, recorded, kv_bits,
+                         lookup)
 
 
 # Finished rows leave the decode batch once they are this share of it: dropping copies the kept rows' cache
@@ -324,12 +327,12 @@ class _Span:
 
 def _generate(model: nn.Module, prompts: list[list[int]], group_size: int, max_tokens: int, eos_ids: set[int],
               pad_id: int, settings: SamplingSettings, key: mx.array, recorded: list[mx.array],
-              kv_bits: int = 0) -> Rollout:
+              kv_bits: int = 0, lookup: bool = True) -> Rollout:
     start = time.perf_counter()
     rows = np.repeat(np.arange(len(prompts)), group_size)
     # the KV cache, the rollout's largest buffer, goes with _decode's frame: before the kept states are joined
     spans, batches, prefilled = _decode(model, prompts, rows, max_tokens, eos_ids, pad_id, settings, key, recorded,
-                                        kv_bits)
+                                        kv_bits, lookup)
     ids_np, logprobs_np = _token_arrays(spans, len(rows))
     prefix = _captured(recorded, prefilled, prompts, batches, rows, spans) if recorded else None
     recorded.clear()  # the per-step pieces, now joined
@@ -362,7 +365,7 @@ def _prefill(model: nn.Module, prompts: list[list[int]], rows: np.ndarray, pad_i
 
 def _decode(model: nn.Module, prompts: list[list[int]], rows: np.ndarray, max_tokens: int, eos_ids: set[int],
             pad_id: int, settings: SamplingSettings, key: mx.array, recorded: list[mx.array],
-            kv_bits: int) -> tuple[list[_Span], list[list[int]], int]:
+            kv_bits: int, lookup: bool) -> tuple[list[_Span], list[list[int]], int]:
     """Prefill, then sample every row until all have ended or `max_tokens`: the spans of rows decoded together
     (finished rows leave the batch), the prefill batches, and how many frozen-block outputs the prefill
     recorded. Many rows decode one token a step; the last few look their next tokens up in their own text
@@ -384,7 +387,7 @@ def _decode(model: nn.Module, prompts: list[list[int]], rows: np.ndarray, max_to
     finished = mx.zeros((n,), dtype=mx.bool_)
     keys = mx.random.split(key, max_tokens)
     # lookup needs a cache that can drop the refused guesses' positions (a plain one, unquantized)
-    texts = _Texts(prompts, rows, spans) if plain and not kv_bits else None
+    texts = _Texts(prompts, rows, spans) if lookup and plain and not kv_bits else None
     carried = None
     t, passes = 0, 0
     while True:
@@ -396,7 +399,8 @@ def _decode(model: nn.Module, prompts: list[list[int]], rows: np.ndarray, max_to
         finished = finished | (ids[:, None] == eos[None, :]).any(axis=-1)
         if t + 1 == max_tokens:
             break
-        guesses = texts.guesses(span, max_tokens - t - 2) if texts and len(span.rows) <= LOOKUP_ROWS else None
+        lookup_now = texts and len(span.rows) <= LOOKUP_ROWS
+        guesses = texts.guesses(span, min(LOOKUP_TOKENS, max_tokens - t - 2)) if lookup_now else None
         if guesses is None:
             logits = forward(ids[:, None])[:, -1, :]
             t += 1
@@ -452,16 +456,15 @@ class _Texts:
         self.span: _Span | None = None
         self.counted = 0  # tokens of self.span already in self.tokens
 
-    def guesses(self, span: _Span, budget: int) -> mx.array | None:
-        """[rows, K] guessed tokens for the span's rows (K the shortest guess), or None when a row has
-        none or the token budget leaves no room for one."""
+    def guesses(self, span: _Span, most: int) -> mx.array | None:
+        """[rows, K] guessed tokens for the span's rows (K the shortest guess, at most `most`), or None when a
+        row has none or `most` < 1."""
         if span is not self.span:
             self._gather(span)
         elif self.counted < len(span.ids):
             for row, tokens in zip(span.rows.tolist(), np.array(mx.stack(span.ids[self.counted:], axis=1)).tolist()):
                 self.tokens[row].extend(tokens)
             self.counted = len(span.ids)
-        most = min(LOOKUP_TOKENS, budget)
         if most < 1:
             return None
         found = [lookup_decoding.guess(self.tokens[row], most) for row in span.rows.tolist()]

@@ -286,7 +286,8 @@ class Trainer:
                                          self.multiturn.tools)
         return generate(model, [e.tokens for e in prompts.encoded], prompts.group_size, max_tokens,
                         self.policy.eos_ids, self.policy.pad_id, self.settings, key,
-                        capture=frozen_prefix.first_block(model) > 0, kv_bits=self.config.kv_cache_bits)
+                        capture=frozen_prefix.first_block(model) > 0, kv_bits=self.config.kv_cache_bits,
+                        lookup=self.config.lookup_decoding)
 
     def score(self, prompts: Prompts, rollout: Rollout) -> Scored:
         policy = self.policy

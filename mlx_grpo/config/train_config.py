@@ -192,6 +192,9 @@ class TrainConfig:
                              "memory; sampled log-probs then differ from the update's: 4 bits can change what a model "
                              "samples, benchmarks/kv_cache_bits.py measures it); 0 = off",
                              check=Bound(lambda v: v in (0, 4, 8), "0, 4 or 8"))
+    lookup_decoding: bool = key(True, "the rollout's last one or two replies guess their next tokens from their own "
+                                "text and check up to 8 in one forward pass (exact: replies are drawn as without it; "
+                                "faster where a reply repeats itself or runs on alone)")
     seed: int = key(0, "data order, sampling and initialisation",
                     check=Bound(lambda v: 0 <= v < 2**31, "an integer in [0, 2^31)"))
 

@@ -33,6 +33,7 @@ from typing import Any
 from ..common.errors import UserError
 from ..common.units import GB
 from ..config.train_config import TrainConfig
+from ..lookup_decoding import LOOKUP_ROWS, LOOKUP_TOKENS
 from ..models.families import entropy_stride, plain_cache, plain_head, sliding_window, tied_embeddings, vocab_block
 
 # ----------------------------------------------------------------------------- measured constants
@@ -351,6 +352,9 @@ class _StepSizes:
         # with a scale and a bias in the model's dtype per group of 64)
         kv_value = config.kv_cache_bits / 8 + 2 * d / 64 if config.kv_cache_bits and shape.plain_cache else d
         self.kv = n * s * shape.layers * 2 * shape.kv_heads * shape.head_dim * kv_value
+        # a decode step's logits: one position per row, or a lookup step's guessed positions (rollout.py)
+        lookup = config.lookup_decoding and shape.plain_cache and not config.kv_cache_bits
+        self.decode_logit_rows = max(n, LOOKUP_ROWS * (LOOKUP_TOKENS + 1)) if lookup else n
         # reference and update, per micro-batch. The blocks run before the LM head in the forward pass and
         # after it in the backward pass, so their transient buffers and the head's never coincide: a phase's
         # peak is the larger of the two, on top of what the backward pass keeps.
@@ -375,7 +379,8 @@ class _StepSizes:
                    + (0 if shape.plain_head else prompts * p * shape.vocab * 4))
         # the CPU's decode steps read the head through a [hidden, vocab] copy (rollout.transposed_head)
         head_copy = shape.vocab * shape.hidden * d if shape.plain_head and self.shapes.cpu else 0.0
-        return self.resident + self.kv + prefill + SAMPLING * self.n * shape.vocab * 4 + kept_states + head_copy
+        return (self.resident + self.kv + prefill + SAMPLING * self.decode_logit_rows * shape.vocab * 4 + kept_states
+                + head_copy)
 
     def phases(self, rows: int, prompts: int) -> tuple[float, float]:
         """What one micro-batch's reference pass and update add to what is resident."""
