@@ -26,7 +26,8 @@ def bench_rollout(budgets: list[int], reps: int) -> None:
     from mlx_lm import load
 
     from mlx_grpo.models.policy import DEFAULT_MODEL_DIR
-    from mlx_grpo.rollout import SamplingSettings, generate
+    from mlx_grpo.rollout import generate
+    from mlx_grpo.sampling import SamplingSettings
     from mlx_grpo.tasks import arithmetic
 
     model, tokenizer = load(str(DEFAULT_MODEL_DIR))

@@ -32,7 +32,8 @@ from mlx.utils import tree_flatten
 from mlx_grpo.models.decode_attention import grouped_decoding
 from mlx_grpo.models.policy import lm_head, project_to_vocab
 from mlx_grpo.planning.machine import matmul_peak_flops, stream_gb_s
-from mlx_grpo.rollout import SamplingSettings, prefill_plain, sample_tokens, transposed_head
+from mlx_grpo.rollout import prefill_plain, transposed_head
+from mlx_grpo.sampling import SamplingSettings, sample_tokens
 
 
 def load(args: argparse.Namespace):

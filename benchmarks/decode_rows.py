@@ -19,7 +19,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
 from mlx_grpo.planning.presets import preset_model
-from mlx_grpo.rollout import SamplingSettings, sample_tokens
+from mlx_grpo.sampling import SamplingSettings, sample_tokens
 
 
 def main() -> None:

@@ -26,7 +26,8 @@ from mlx_grpo import frozen_prefix, grpo
 from mlx_grpo.config.train_config import TrainConfig
 from mlx_grpo.models.policy import DTYPES, apply_adapters, make_reference
 from mlx_grpo.planning.presets import cached_preset_model
-from mlx_grpo.rollout import SamplingSettings, generate
+from mlx_grpo.rollout import generate
+from mlx_grpo.sampling import SamplingSettings
 from mlx_grpo.update import build_train_batch, completion_logprobs, loss_options, make_loss_fn, reference_logprobs
 
 

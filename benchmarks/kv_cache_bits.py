@@ -22,7 +22,8 @@ import numpy as np
 from mlx_grpo.config.train_config import load_config
 from mlx_grpo.data import encode_prompt, load_datasets
 from mlx_grpo.models.policy import load_policy_for_training, parameter_bytes
-from mlx_grpo.rollout import SamplingSettings, generate
+from mlx_grpo.rollout import generate
+from mlx_grpo.sampling import SamplingSettings
 from mlx_grpo.update import build_train_batch, completion_logprobs
 
 

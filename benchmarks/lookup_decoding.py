@@ -23,29 +23,27 @@ from mlx_grpo import rollout as rollout_module
 from mlx_grpo.config.train_config import load_config
 from mlx_grpo.data import encode_prompt, load_datasets
 from mlx_grpo.models.policy import load_policy_for_training
-from mlx_grpo.rollout import SamplingSettings, generate
+from mlx_grpo.rollout import generate
+from mlx_grpo.sampling import SamplingSettings, check_guesses
 
 
 def measure(policy, prompts: list[list[int]], group_size: int, max_tokens: int, temperature: float,
             lookup: bool, seed: int) -> tuple[dict, list[list[int]]]:
     steps: list[tuple[int, int]] = []  # (tokens guessed, tokens every row kept) per lookup step
-    check = lookup_decoding.check
 
     def counted(logits, guesses, *args):
-        kept, logprobs = check(logits, guesses, *args)
+        kept, logprobs = check_guesses(logits, guesses, *args)
         steps.append((guesses.shape[1], int(kept.min())))
         return kept, logprobs
 
-    lookup_decoding.check = counted
-    rollout_module.LOOKUP_ROWS = lookup_decoding.LOOKUP_ROWS if lookup else 0
+    rollout_module.check_guesses = counted
     try:
         started = time.perf_counter()
         rollout = generate(policy.model, prompts, group_size, max_tokens, policy.eos_ids, policy.pad_id,
-                           SamplingSettings(temperature), mx.random.key(seed))
+                           SamplingSettings(temperature), mx.random.key(seed), lookup=lookup)
         seconds = time.perf_counter() - started
     finally:
-        lookup_decoding.check = check
-        rollout_module.LOOKUP_ROWS = lookup_decoding.LOOKUP_ROWS
+        rollout_module.check_guesses = check_guesses
     lengths = [len(c) for c in rollout.completions]
     result = {"lookup": lookup, "seconds": round(seconds, 2), "tokens": sum(lengths), "longest": max(lengths),
               "tokens_per_s": round(sum(lengths) / seconds, 1), "lookup_steps": len(steps),

@@ -22,7 +22,8 @@ import numpy as np
 from mlx_grpo.config.train_config import load_config
 from mlx_grpo.models.policy import apply_adapters, make_reference
 from mlx_grpo.planning.presets import preset_config
-from mlx_grpo.rollout import Rollout, SamplingSettings, generate
+from mlx_grpo.rollout import Rollout, generate
+from mlx_grpo.sampling import SamplingSettings
 from mlx_grpo.trainer import make_optimizer
 from mlx_grpo.update import build_train_batch, checkpoint_blocks, make_loss_fn, reference_logprobs, update_policy
 

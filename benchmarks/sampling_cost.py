@@ -17,7 +17,7 @@ import time
 
 import mlx.core as mx
 
-from mlx_grpo.rollout import SamplingSettings, sample_tokens
+from mlx_grpo.sampling import SamplingSettings, sample_tokens
 
 
 def top_k_by_sort(logits: mx.array, k: int) -> mx.array:

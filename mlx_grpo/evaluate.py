@@ -11,7 +11,8 @@ from .data import encode_prompt, extra_columns
 from .multiturn.episodes import final_turn
 from .multiturn.trajectories import generate_trajectories
 from .rewards.correctness import Check, answer_check
-from .rollout import SamplingSettings, decode_completion, generate
+from .rollout import decode_completion, generate
+from .sampling import SamplingSettings
 
 GREEDY = SamplingSettings(temperature=0.0)
 

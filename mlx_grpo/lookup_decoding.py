@@ -18,7 +18,6 @@ only on what came before).
 
 from __future__ import annotations
 
-import mlx.core as mx
 import numpy as np
 
 # Decoding switches to lookup once this few rows are left: each checked position costs a row's share of the
@@ -52,27 +51,43 @@ def guess(history: list[int], most: int) -> list[int]:
     return []
 
 
-def check(logits: mx.array, guesses: mx.array, greedy: bool, key: mx.array,
-          rows: tuple[mx.array, int] | None = None) -> tuple[np.ndarray, mx.array]:
-    """How many of each row's guessed tokens are kept, in order, and each guessed token's log-prob.
+class LookupTexts:
+    """Each lookup row's tokens so far (its prompt, then its reply), kept on the host: gathered from every
+    decoded span when the batch of rows changes, then extended by each step's tokens."""
 
-    `logits`: [R, K + 1, V], the sampling distribution's (temperature and filters applied) at the current token
-    and after each guessed one; `guesses`: [R, K]. Sampled: guess j is kept with its probability under
-    position j's distribution; greedy: when it is that position's argmax (log-probs are then 0, as greedy
-    decoding records them). `rows`: (which rows of a batch of n these are, n), so each row gets the draw it
-    would get in the whole batch."""
-    k = guesses.shape[1]
-    if greedy:
-        kept = mx.argmax(logits[:, :k], axis=-1) == guesses
-        logprobs = mx.zeros(guesses.shape, dtype=mx.float32)
-    else:
-        scored = logits[:, :k]
-        logprobs = (mx.take_along_axis(scored, guesses[..., None], axis=-1)[..., 0]
-                    - mx.logsumexp(scored, axis=-1))
-        if rows is None:
-            uniform = mx.random.uniform(shape=guesses.shape, key=key)
-        else:
-            uniform = mx.random.uniform(shape=(rows[1], k), key=key)[rows[0]]
-        kept = uniform < mx.exp(logprobs)
-    leading = mx.cumprod(kept.astype(mx.int32), axis=1).sum(axis=1)
-    return np.array(leading), logprobs
+    def __init__(self, prompts: list[list[int]], rows: np.ndarray, spans: list):
+        self.prompts, self.rows, self.spans = prompts, rows, spans  # rows: each batch row's prompt
+        self.tokens: dict[int, list[int]] = {}
+        self.span = None  # the span of rows (rollout._Span) the texts are of
+        self.counted = 0  # tokens of self.span already in self.tokens
+
+    def guesses(self, span, most: int) -> np.ndarray | None:
+        """[rows, K] guessed tokens for the span's rows (K the shortest guess, at most `most`), or None when a
+        row has none or `most` < 1."""
+        if span is not self.span:
+            self._gather(span)
+        elif self.counted < len(span.ids):
+            for row, tokens in zip(span.rows.tolist(), _columns(span.ids[self.counted:]).tolist()):
+                self.tokens[row].extend(tokens)
+            self.counted = len(span.ids)
+        if most < 1:
+            return None
+        found = [guess(self.tokens[row], most) for row in span.rows.tolist()]
+        k = min(len(g) for g in found)
+        return np.array([g[:k] for g in found]) if k else None
+
+    def _gather(self, span) -> None:
+        self.tokens = {row: list(self.prompts[self.rows[row]]) for row in span.rows.tolist()}
+        for decoded in self.spans:
+            if decoded.ids:
+                position = {row: i for i, row in enumerate(decoded.rows.tolist())}
+                ids = _columns(decoded.ids)
+                for row in span.rows.tolist():
+                    if row in position:
+                        self.tokens[row].extend(ids[position[row]].tolist())
+        self.span, self.counted = span, len(span.ids)
+
+
+def _columns(steps: list) -> np.ndarray:
+    """[rows, steps] from one [rows] array of sampled ids per step (MLX arrays read through numpy)."""
+    return np.stack([np.asarray(ids) for ids in steps], axis=1)

@@ -19,24 +19,13 @@ import numpy as np
 from mlx.utils import tree_map
 from mlx_lm.models.cache import BatchKVCache, KVCache, RotatingKVCache, make_prompt_cache
 
-from . import frozen_prefix, lookup_decoding
+from . import frozen_prefix
 from .frozen_prefix import Captured
-from .lookup_decoding import LOOKUP_ROWS, LOOKUP_TOKENS
+from .lookup_decoding import LOOKUP_ROWS, LOOKUP_TOKENS, LookupTexts
 from .models.decode_attention import grouped_decoding
 from .models.kv_cache import QuantizedBatchKVCache
 from .models.policy import has_plain_head, lm_head, project_to_vocab
-
-
-@dataclass(frozen=True)
-class SamplingSettings:
-    temperature: float = 1.0  # 0 means greedy
-    top_p: float = 1.0
-    top_k: int = 0
-    min_p: float = 0.0
-
-    @property
-    def filters(self) -> bool:
-        return self.top_p < 1.0 or self.top_k > 0 or self.min_p > 0.0
+from .sampling import SamplingSettings, check_guesses, sample_tokens, sampling_logits
 
 
 @dataclass
@@ -70,111 +59,6 @@ class Rollout:
         return Rollout(join("prompts"), join("completions"), join("logprobs"), join("truncated"),
                        sum(p.seconds for p in parts), Captured.concat([p.prefix for p in parts]),
                        join("model_mask"), join("trajectories"))
-
-
-def filter_logits(logits: mx.array, settings: SamplingSettings) -> mx.array:
-    """Apply top-k, top-p and min-p by setting excluded logits to -inf.
-
-    Not mlx_lm.sample_utils' apply_top_k/top_p/min_p: its top-p sorts the whole vocabulary every decode step
-    (152k logits per row cost more than the step's matmul), where top_p_keep sorts 1,024 candidates. The
-    masks are the same token for token (tests/core/test_rollout.py checks each against mlx-lm's), so the sampled
-    ids and the log-probs taken under them are what mlx-lm's sampler would give."""
-    neg_inf = mx.array(-float("inf"), dtype=logits.dtype)
-    if settings.top_k > 0 and settings.top_k < logits.shape[-1]:
-        # a partition finds the k-th largest without sorting the whole vocabulary
-        kth = mx.partition(logits, -settings.top_k, axis=-1)[..., -settings.top_k][..., None]
-        logits = mx.where(logits < kth, neg_inf, logits)
-    if settings.min_p > 0.0:
-        probs = mx.softmax(logits, axis=-1)
-        floor = settings.min_p * probs.max(axis=-1, keepdims=True)
-        logits = mx.where(probs < floor, neg_inf, logits)
-    if settings.top_p < 1.0:
-        logits = mx.where(top_p_keep(logits, settings.top_p), logits, neg_inf)
-    return logits
-
-
-TOP_P_CANDIDATES = 1024  # sorted instead of the whole vocabulary, when they hold the top_p mass
-
-
-def top_p_keep(logits: mx.array, top_p: float) -> mx.array:
-    """Which tokens top-p keeps: those whose higher-probability predecessors hold less than `top_p` of
-    the mass (the top token always stays). Sorting 152k logits per row costs more than the decode step's
-    matmul, so only the `TOP_P_CANDIDATES` largest are sorted when they hold the `top_p` mass (the usual
-    case); the rest are then excluded anyway. Flat rows fall back to sorting everything."""
-    probs = mx.softmax(logits, axis=-1)
-    vocab = logits.shape[-1]
-    if vocab > TOP_P_CANDIDATES:
-        candidates = mx.argpartition(-logits, TOP_P_CANDIDATES - 1, axis=-1)[..., :TOP_P_CANDIDATES]
-        order = mx.take_along_axis(candidates, mx.argsort(-mx.take_along_axis(logits, candidates, axis=-1),
-                                                          axis=-1), axis=-1)
-        sorted_probs = mx.take_along_axis(probs, order, axis=-1)
-        if bool((sorted_probs.sum(axis=-1) >= top_p).all()):
-            keep_sorted = mx.cumsum(sorted_probs, axis=-1) - sorted_probs < top_p
-            return mx.put_along_axis(mx.zeros(logits.shape, dtype=mx.bool_), order, keep_sorted, axis=-1)
-    order = mx.argsort(-logits, axis=-1)
-    sorted_probs = mx.take_along_axis(probs, order, axis=-1)
-    keep_sorted = mx.cumsum(sorted_probs, axis=-1) - sorted_probs < top_p
-    return mx.put_along_axis(mx.zeros_like(keep_sorted), order, keep_sorted, axis=-1)
-
-
-def sampling_logits(logits: mx.array, settings: SamplingSettings) -> mx.array:
-    """The logits of the distribution a sampled id is drawn from: temperature, then the filters."""
-    logits = logits.astype(mx.float32)
-    if settings.temperature not in (0, 1.0):
-        logits = logits / settings.temperature
-    return filter_logits(logits, settings) if settings.filters and settings.temperature else logits
-
-
-def sample_tokens(logits: mx.array, settings: SamplingSettings, key: mx.array,
-                  rows: tuple[mx.array, int] | None = None,
-                  carried: tuple[mx.array, mx.array] | None = None) -> tuple[mx.array, mx.array]:
-    """Sample one id per row; return (ids, log-prob of each id under the sampling distribution). `rows`:
-    (which rows of a batch of n these are, n), so each row gets the draw it would get in the whole batch.
-    `carried`: after a lookup step (lookup_decoding.py), per row a guessed token it accepted and must emit
-    now, and a guessed token it refused and must not draw (-1: none); greedy needs neither (an accepted
-    guess is the argmax, a refused one is not)."""
-    logits = sampling_logits(logits, settings)
-    if settings.temperature == 0:
-        ids = mx.argmax(logits, axis=-1)
-        return ids, mx.zeros(ids.shape, dtype=mx.float32)
-    if carried is None:
-        return sample_with_logprobs(logits, key, rows)
-    accepted, refused = carried
-    vocab = mx.arange(logits.shape[-1])
-    drawn, _ = sample_with_logprobs(mx.where(vocab == refused[:, None], -mx.inf, logits), key, rows)
-    ids = mx.where(accepted >= 0, accepted, drawn)
-    logprobs = mx.take_along_axis(logits, ids[:, None], axis=-1)[:, 0] - mx.logsumexp(logits, axis=-1)
-    return ids, logprobs
-
-
-def first_crossing(cumulative: mx.array, threshold: mx.array) -> mx.array:
-    """Per row, the first id whose cumulative sum passes `threshold` ([N, 1]); the first id reaching the
-    total when rounding puts the threshold at it (never an id without mass). Found as a first crossing,
-    not by counting sums at or below the threshold: a GPU's parallel scan rounds neighbours along
-    different paths, so its cumulative sum can step down by an ulp, and a count then lands elsewhere."""
-    crossed = cumulative > threshold
-    reaching_total = mx.argmax(cumulative >= cumulative[:, -1:], axis=-1)
-    return mx.where(crossed[:, -1], mx.argmax(crossed, axis=-1), reaching_total).astype(mx.int32)
-
-
-def sample_with_logprobs(logits: mx.array, key: mx.array,
-                         rows: tuple[mx.array, int] | None = None) -> tuple[mx.array, mx.array]:
-    """One id per row drawn from softmax(logits) by inverting its cumulative sum, and the id's log-prob.
-
-    The log-prob needs exp over the vocabulary anyway; drawing from the same exponentials spares the
-    Gumbel noise of `mx.random.categorical` (a uniform and two logs per logit): at a 152k vocabulary
-    that was ~10 ms of a ~100 ms decode step on the CPU (benchmarks/sampling_cost.py)."""
-    top = logits.max(axis=-1, keepdims=True)
-    cumulative = mx.cumsum(mx.exp(logits - top), axis=-1)
-    total = cumulative[:, -1:]
-    if rows is None:
-        uniform = mx.random.uniform(shape=total.shape, key=key)
-    else:
-        uniform = mx.random.uniform(shape=(rows[1], 1), key=key)[rows[0]]
-    threshold = uniform * total
-    ids = first_crossing(cumulative, threshold)
-    logprobs = mx.take_along_axis(logits, ids[:, None], axis=-1) - top - mx.log(total)
-    return ids, logprobs[:, 0]
 
 
 def last_position_logits(model: nn.Module, inputs: mx.array, cache: list) -> mx.array:
@@ -371,7 +255,8 @@ def _decode(model: nn.Module, prompts: list[list[int]], rows: np.ndarray, max_to
     recorded. Many rows decode one token a step; the last few look their next tokens up in their own text
     (lookup_decoding.py) and take several a step."""
     logits, cache, batches, plain = _prefill(model, prompts, rows, pad_id, max_tokens, kv_bits)
-    prefilled = len(recorded)
+    state = _Decoding(cache, [_Span(np.arange(len(rows)))], mx.zeros((len(rows),), dtype=mx.bool_),
+                      mx.array(sorted(eos_ids)), recorded, len(recorded))
     head = transposed_head(model)
 
     def forward(tokens: mx.array) -> mx.array:
@@ -380,107 +265,93 @@ def _decode(model: nn.Module, prompts: list[list[int]], rows: np.ndarray, max_to
             return model(tokens, cache=cache)
         return model.model(tokens, cache=cache) @ head
 
-    n = len(rows)
-    eos = mx.array(sorted(eos_ids))
-    span = _Span(np.arange(n))
-    spans = [span]
-    finished = mx.zeros((n,), dtype=mx.bool_)
     keys = mx.random.split(key, max_tokens)
     # lookup needs a cache that can drop the refused guesses' positions (a plain one, unquantized)
-    texts = _Texts(prompts, rows, spans) if lookup and plain and not kv_bits else None
+    texts = LookupTexts(prompts, rows, state.spans) if lookup and plain and not kv_bits else None
     carried = None
     t, passes = 0, 0
     while True:
-        draw_rows = None if len(span.rows) == n else (mx.array(span.rows), n)
+        span = state.spans[-1]
+        draw_rows = None if len(span.rows) == len(rows) else (mx.array(span.rows), len(rows))
         ids, logprobs = sample_tokens(logits, settings, keys[t], draw_rows, carried)
-        carried = None
-        span.ids.append(ids)
-        span.logprobs.append(logprobs)
-        finished = finished | (ids[:, None] == eos[None, :]).any(axis=-1)
+        state.emit(ids, logprobs)
         if t + 1 == max_tokens:
             break
         lookup_now = texts and len(span.rows) <= LOOKUP_ROWS
         guesses = texts.guesses(span, min(LOOKUP_TOKENS, max_tokens - t - 2)) if lookup_now else None
         if guesses is None:
-            logits = forward(ids[:, None])[:, -1, :]
+            logits, carried = forward(ids[:, None])[:, -1, :], None
             t += 1
             # the step's ids and log-probs too: left lazy, each would keep its step's [N, V] logits alive
             # until decoding ends (5 GB for 32 rows x 152k x 256 steps in fp32)
-            mx.async_eval(logits, finished, ids, logprobs)
+            mx.async_eval(logits, state.finished, ids, logprobs)
         else:
+            guesses = mx.array(guesses)
             raw = forward(mx.concatenate([ids[:, None], guesses], axis=1))
-            scored = sampling_logits(raw, settings)
-            kept, guess_logprobs = lookup_decoding.check(scored, guesses, settings.temperature == 0,
-                                                         mx.random.split(keys[t])[1], draw_rows)
-            emitted = int(kept.min())  # every row keeps this many guessed tokens, and their positions
-            for j in range(emitted):
-                span.ids.append(guesses[:, j])
-                span.logprobs.append(guess_logprobs[:, j])
-                finished = finished | (guesses[:, j, None] == eos[None, :]).any(axis=-1)
-            unused = guesses.shape[1] - emitted
-            if unused:
-                trim_positions(cache, unused)
-                if len(recorded) > prefilled:
-                    recorded[-1] = recorded[-1][:, :emitted + 1]
-                carried = (mx.where(mx.array(kept > emitted), guesses[:, emitted], -1),
-                           mx.where(mx.array(kept == emitted), guesses[:, emitted], -1))
+            kept, guess_logprobs = check_guesses(sampling_logits(raw, settings), guesses, settings.temperature == 0,
+                                                 mx.random.split(keys[t])[1], draw_rows)
+            emitted, carried = state.keep_guesses(guesses, guess_logprobs, kept)
             logits = raw[:, emitted]
             t += emitted + 1
         passes += 1
         # Checking for the end costs a sync; every few steps keeps decode mostly asynchronous.
         if passes % 4 == 0 or guesses is not None:
-            done = np.array(finished)
+            done = np.array(state.finished)
             if done.all():
                 break
             if plain and done.sum() >= DROP_SHARE * len(done):
-                keep = np.flatnonzero(~done)
-                span.recorded_end = len(recorded)
-                span = _Span(span.rows[keep])
-                spans.append(span)
-                kept_rows = mx.array(keep)
-                logits, finished = logits[kept_rows], finished[kept_rows]
-                if carried is not None:
-                    carried = (carried[0][kept_rows], carried[1][kept_rows])
-                keep_rows(cache, kept_rows)
-    span.recorded_end = len(recorded)
-    return spans, batches, prefilled
+                kept_rows = state.drop_finished(done)
+                logits = logits[kept_rows]
+                carried = None if carried is None else (carried[0][kept_rows], carried[1][kept_rows])
+    state.spans[-1].recorded_end = len(recorded)
+    return state.spans, batches, state.prefilled
 
 
-class _Texts:
-    """Each lookup row's tokens so far (its prompt, then its reply), kept on the host: gathered from every
-    decoded span when the batch of rows changes, then extended by each step's tokens."""
+@dataclass
+class _Decoding:
+    """What the decode loop carries from step to step: the cache, the spans of rows decoded together (the last
+    one current), which rows have ended, and the frozen-block outputs recorded (the prefill's first)."""
 
-    def __init__(self, prompts: list[list[int]], rows: np.ndarray, spans: list[_Span]):
-        self.prompts, self.rows, self.spans = prompts, rows, spans  # rows: each batch row's prompt
-        self.tokens: dict[int, list[int]] = {}
-        self.span: _Span | None = None
-        self.counted = 0  # tokens of self.span already in self.tokens
+    cache: list
+    spans: list[_Span]
+    finished: mx.array
+    eos: mx.array
+    recorded: list[mx.array]
+    prefilled: int
 
-    def guesses(self, span: _Span, most: int) -> mx.array | None:
-        """[rows, K] guessed tokens for the span's rows (K the shortest guess, at most `most`), or None when a
-        row has none or `most` < 1."""
-        if span is not self.span:
-            self._gather(span)
-        elif self.counted < len(span.ids):
-            for row, tokens in zip(span.rows.tolist(), np.array(mx.stack(span.ids[self.counted:], axis=1)).tolist()):
-                self.tokens[row].extend(tokens)
-            self.counted = len(span.ids)
-        if most < 1:
-            return None
-        found = [lookup_decoding.guess(self.tokens[row], most) for row in span.rows.tolist()]
-        k = min(len(g) for g in found)
-        return mx.array([g[:k] for g in found]) if k else None
+    def emit(self, ids: mx.array, logprobs: mx.array) -> None:
+        """One token for each of the current span's rows."""
+        span = self.spans[-1]
+        span.ids.append(ids)
+        span.logprobs.append(logprobs)
+        self.finished = self.finished | (ids[:, None] == self.eos[None, :]).any(axis=-1)
 
-    def _gather(self, span: _Span) -> None:
-        self.tokens = {row: list(self.prompts[self.rows[row]]) for row in span.rows.tolist()}
-        for decoded in self.spans:
-            if decoded.ids:
-                position = {row: i for i, row in enumerate(decoded.rows.tolist())}
-                ids = np.array(mx.stack(decoded.ids, axis=1))
-                for row in span.rows.tolist():
-                    if row in position:
-                        self.tokens[row].extend(ids[position[row]].tolist())
-        self.span, self.counted = span, len(span.ids)
+    def keep_guesses(self, guesses: mx.array, logprobs: mx.array,
+                     kept: np.ndarray) -> tuple[int, tuple[mx.array, mx.array] | None]:
+        """Emit the guessed tokens every row kept (the fewest any row kept), drop the rest's positions from
+        the cache and the recorded states, and return how many were emitted and what the next draw carries:
+        per row, its next guessed token when it kept it (emitted next), else the refused token (never drawn)."""
+        emitted = int(kept.min())
+        for j in range(emitted):
+            self.emit(guesses[:, j], logprobs[:, j])
+        unused = guesses.shape[1] - emitted
+        if not unused:
+            return emitted, None
+        trim_positions(self.cache, unused)
+        if len(self.recorded) > self.prefilled:
+            self.recorded[-1] = self.recorded[-1][:, :emitted + 1]
+        return emitted, (mx.where(mx.array(kept > emitted), guesses[:, emitted], -1),
+                         mx.where(mx.array(kept == emitted), guesses[:, emitted], -1))
+
+    def drop_finished(self, done: np.ndarray) -> mx.array:
+        """A new span of the rows still going; their cache rows kept. Returns their indices in the old span."""
+        keep = np.flatnonzero(~done)
+        self.spans[-1].recorded_end = len(self.recorded)
+        self.spans.append(_Span(self.spans[-1].rows[keep]))
+        kept_rows = mx.array(keep)
+        self.finished = self.finished[kept_rows]
+        keep_rows(self.cache, kept_rows)
+        return kept_rows
 
 
 def trim_positions(cache: list, count: int) -> None:

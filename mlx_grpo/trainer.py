@@ -46,7 +46,8 @@ from .planning.plan import ModelShape
 from .rewards.correctness import Check, load_correctness
 from .rewards.loading import load_rewards
 from .rewards.scoring import RewardFunction, RewardScores, score_completions
-from .rollout import Rollout, SamplingSettings, decode_completion, generate
+from .rollout import Rollout, decode_completion, generate
+from .sampling import SamplingSettings
 from .tasks.answer_format import extract_answer, extract_reasoning
 from .telemetry.alerts.remedy import Remedy
 from .telemetry.metrics.names import REDRAWN_PROMPTS

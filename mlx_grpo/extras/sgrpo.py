@@ -28,7 +28,8 @@ import mlx.nn as nn
 import numpy as np
 
 from .. import grpo
-from ..rollout import Rollout, SamplingSettings, decode_completion, generate
+from ..rollout import Rollout, decode_completion, generate
+from ..sampling import SamplingSettings
 from ..tasks.answer_format import CLOSE_ANSWER, CLOSE_REASONING, OPEN_ANSWER, is_correct
 
 # ----------------------------------------------------------------------------- pure pieces

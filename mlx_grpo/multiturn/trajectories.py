@@ -23,7 +23,8 @@ from mlx_lm.models.cache import BatchKVCache, KVCache
 
 from ..common.errors import UserError
 from ..models.decode_attention import grouped_decoding
-from ..rollout import Rollout, SamplingSettings, has_plain_kv_cache, prefill_plain, sample_tokens
+from ..rollout import Rollout, has_plain_kv_cache, prefill_plain
+from ..sampling import SamplingSettings, sample_tokens
 from .chat import continuation_tokens
 
 

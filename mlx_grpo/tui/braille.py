@@ -52,8 +52,10 @@ def dot_spans(b: Buckets, ncols: int, y_lo: float, y_hi: float, nrows: int) -> t
     span_lo[c0] = lo[c0]
     span_hi[c0] = hi[c0]
     scale = (nrows - 1) / (y_hi - y_lo) if y_hi > y_lo else 0.0
-    top = np.rint((y_hi - span_hi) * scale).astype(np.int64)
-    bottom = np.rint((y_hi - span_lo) * scale).astype(np.int64)
+    # rounded to a millionth of a dot first: a flat series' float noise (a smoothed constant learning rate sits
+    # half a dot from a row) would otherwise flip dots from one machine's floating point to another's
+    top = np.rint(np.round((y_hi - span_hi) * scale, 6)).astype(np.int64)
+    bottom = np.rint(np.round((y_hi - span_lo) * scale, 6)).astype(np.int64)
     if scale == 0.0:
         top[:] = bottom[:] = nrows // 2
     np.clip(top, 0, nrows - 1, out=top)

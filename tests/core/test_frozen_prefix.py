@@ -25,7 +25,8 @@ from mlx_grpo import frozen_prefix
 from mlx_grpo.config.train_config import TrainConfig
 from mlx_grpo.frozen_prefix import Captured
 from mlx_grpo.models.policy import apply_adapters, make_reference
-from mlx_grpo.rollout import SamplingSettings, generate
+from mlx_grpo.rollout import generate
+from mlx_grpo.sampling import SamplingSettings
 from mlx_grpo.update import (
     build_train_batch,
     checkpoint_blocks,

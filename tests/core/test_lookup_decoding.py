@@ -9,7 +9,8 @@ from mlx_grpo import frozen_prefix, lookup_decoding
 from mlx_grpo import rollout as rollout_module
 from mlx_grpo.config.train_config import TrainConfig
 from mlx_grpo.models.policy import apply_adapters
-from mlx_grpo.rollout import SamplingSettings, generate, sample_tokens
+from mlx_grpo.rollout import generate
+from mlx_grpo.sampling import SamplingSettings, check_guesses, sample_tokens
 from mlx_grpo.update import build_train_batch, completion_logprobs
 
 
@@ -30,7 +31,7 @@ def test_a_refused_guess_is_redrawn_from_the_rest_so_the_token_keeps_its_probabi
     probs = np.array([0.1, 0.2, 0.4, 0.25, 0.05], dtype=np.float32)
     logits = mx.broadcast_to(mx.log(mx.array(probs)), (rows, 2, 5))
     guesses = mx.full((rows, 1), 2, dtype=mx.int32)
-    kept, guess_logprobs = lookup_decoding.check(logits, guesses, False, mx.random.key(3))
+    kept, guess_logprobs = check_guesses(logits, guesses, False, mx.random.key(3))
     assert np.allclose(np.array(guess_logprobs), np.log(0.4), atol=1e-5)
     assert abs(kept.mean() - 0.4) < 0.015 and kept.min() == 0
     carried = (mx.where(mx.array(kept > 0), guesses[:, 0], -1), mx.where(mx.array(kept == 0), guesses[:, 0], -1))
@@ -43,13 +44,12 @@ def test_a_refused_guess_is_redrawn_from_the_rest_so_the_token_keeps_its_probabi
 def counting_checks(monkeypatch) -> list[int]:
     """Record how many tokens each lookup step guessed."""
     guessed: list[int] = []
-    check = lookup_decoding.check
 
     def counted(logits, guesses, *args):
         guessed.append(guesses.shape[1])
-        return check(logits, guesses, *args)
+        return check_guesses(logits, guesses, *args)
 
-    monkeypatch.setattr(lookup_decoding, "check", counted)
+    monkeypatch.setattr(rollout_module, "check_guesses", counted)
     return guessed
 
 

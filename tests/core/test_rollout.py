@@ -6,7 +6,8 @@ import pytest
 from mlx_lm import load
 from tiny_models import make_model_dir
 
-from mlx_grpo.rollout import SamplingSettings, filter_logits, generate, sample_with_logprobs
+from mlx_grpo.rollout import generate
+from mlx_grpo.sampling import SamplingSettings, filter_logits, sample_with_logprobs
 from mlx_grpo.update import build_train_batch, completion_logprobs
 
 
@@ -105,7 +106,7 @@ def test_top_k_by_partition_keeps_exactly_the_k_largest_logits():
 
 @pytest.mark.parametrize("scale", [8.0, 0.01])  # peaked rows (candidates suffice), flat rows (full sort)
 def test_top_p_over_the_candidates_equals_top_p_over_the_sorted_vocabulary(scale):
-    from mlx_grpo.rollout import top_p_keep
+    from mlx_grpo.sampling import top_p_keep
 
     logits = mx.random.normal((6, 20000), key=mx.random.key(5)) * scale
     order = np.argsort(-np.array(logits), axis=1)
@@ -143,7 +144,7 @@ def test_our_top_k_top_p_and_min_p_keep_the_same_tokens_as_mlx_lm_sample_utils()
     import mlx.core as mx
     from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p
 
-    from mlx_grpo.rollout import SamplingSettings, filter_logits
+    from mlx_grpo.sampling import SamplingSettings, filter_logits
 
     for vocab in (50, 5000):  # below and above the 1,024 top-p candidates
         logits = mx.random.normal((4, vocab), key=mx.random.key(vocab)) * 3.0

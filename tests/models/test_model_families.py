@@ -10,7 +10,8 @@ from mlx_lm.models.cache import ConcatenateKVCache, make_prompt_cache
 from tiny_models import make_model_dir, random_model
 
 from mlx_grpo.cli import main
-from mlx_grpo.rollout import SamplingSettings, generate
+from mlx_grpo.rollout import generate
+from mlx_grpo.sampling import SamplingSettings
 
 FAMILIES = ("gemma3_text", "lfm2")
 

@@ -22,7 +22,8 @@ from mlx_grpo.multiturn.environments import NumberGuess, ToolEnvironment, Turn
 from mlx_grpo.multiturn.metrics import trajectory_metrics
 from mlx_grpo.multiturn.tools import ToolRunner
 from mlx_grpo.multiturn.trajectories import TurnBudgets, generate_trajectories
-from mlx_grpo.rollout import SamplingSettings, generate
+from mlx_grpo.rollout import generate
+from mlx_grpo.sampling import SamplingSettings
 from mlx_grpo.update import build_train_batch, completion_scores
 
 HERMES = CallFormat("<tool_call>", "</tool_call>", lambda body, tools: json.loads(body))

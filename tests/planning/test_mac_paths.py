@@ -131,7 +131,7 @@ def test_a_quantized_model_computes_in_the_dtype_the_run_reports(tmp_path):
 def test_the_sampler_takes_the_first_crossing_when_a_parallel_scan_steps_down():
     """N5: a GPU's parallel scan can make the cumulative sum dip by an ulp; counting sums at or below the
     threshold then lands past the first crossing."""
-    from mlx_grpo.rollout import first_crossing
+    from mlx_grpo.sampling import first_crossing
 
     cumulative = mx.array([[0.1, 0.5, 0.3, 1.0], [0.1, 0.5, 0.3, 1.0], [0.2, 0.2, 1.0, 1.0]])
     threshold = mx.array([[0.4], [1.0], [1.0]])
@@ -141,14 +141,14 @@ def test_the_sampler_takes_the_first_crossing_when_a_parallel_scan_steps_down():
 
 
 def test_the_sampler_draws_through_the_first_crossing(monkeypatch):
-    import mlx_grpo.rollout as rollout
+    import mlx_grpo.sampling as sampling
 
     real = mx.cumsum
     monkeypatch.setattr(mx, "cumsum", lambda x, axis=-1: real(x, axis=axis) * mx.array([1.0, 1.0, 0.5, 1.0]))
     logits = mx.zeros((1, 4))  # cumulative 1, 2, 1.5 (the dip), 4
     threshold_key = next(seed for seed in range(100)
                          if 1.5 < float(mx.random.uniform(shape=(1, 1), key=mx.random.key(seed))[0, 0]) * 4 < 2)
-    ids, _ = rollout.sample_with_logprobs(logits, mx.random.key(threshold_key))
+    ids, _ = sampling.sample_with_logprobs(logits, mx.random.key(threshold_key))
     assert ids.tolist() == [1]
 
 

@@ -36,8 +36,8 @@ NO_MLX = {"telemetry", "tui"}  # the dashboard, report and compare run where mlx
 INNER_FLOORS = {
     "mlx_grpo": [
         {"", "config", "tasks"},  # the wings are rooms here, with floors of their own below
-        {"grpo", "models", "data", "head_scores", "frozen_prefix", "rollout", "multiturn", "rewards", "update",
-         "extras", "evaluate", "checkpoint"},  # core: the model, the data, the math, a completion's worth, saving weights
+        {"grpo", "models", "data", "head_scores", "frozen_prefix", "sampling", "lookup_decoding", "rollout",
+         "multiturn", "rewards", "update", "extras", "evaluate", "checkpoint"},  # core: the model, the data, the math, a completion's worth, saving weights
         {"planning"},  # what a run needs and can reach, predicted before it loads
         {"trainer", "distributed"},  # one step, on one rank or many
         {"run"},  # a run's life
