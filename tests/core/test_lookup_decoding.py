@@ -10,7 +10,7 @@ from mlx_grpo import rollout as rollout_module
 from mlx_grpo.config.train_config import TrainConfig
 from mlx_grpo.models.policy import apply_adapters
 from mlx_grpo.rollout import generate
-from mlx_grpo.sampling import SamplingSettings, check_guesses, sample_tokens
+from mlx_grpo.sampling import SamplingSettings, check_guesses, sample_tokens, sampling_logits
 from mlx_grpo.update import build_train_batch, completion_logprobs
 
 
@@ -86,3 +86,16 @@ def test_sampled_replies_keep_their_log_probs_and_frozen_states_through_lookup(m
         kept = mx.concatenate([rollout.prefix.prompt[row], rollout.prefix.completion[row]])
         assert kept.shape == recorded[0][0].shape
         assert mx.abs(kept - recorded[0][0]).max().item() < 1e-4
+
+
+def test_a_lookup_step_filters_each_checked_position_as_a_one_position_step_would():
+    """top-k, top-p and min-p over [rows, positions, vocab] keep, at each position, what they keep over
+    [rows, vocab]."""
+    settings = SamplingSettings(0.8, top_p=0.9, top_k=40, min_p=0.02)
+    logits = mx.random.normal((2, 5, 3000), key=mx.random.key(9)) * 3
+    together = sampling_logits(logits, settings)
+    for position in range(5):
+        alone = sampling_logits(logits[:, position], settings)
+        assert mx.array_equal(mx.isinf(together[:, position]), mx.isinf(alone)).item()
+        finite = ~mx.isinf(alone)
+        assert mx.allclose(mx.where(finite, together[:, position], 0), mx.where(finite, alone, 0)).item()
