@@ -8,6 +8,8 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
+from .head_scores import shifted_exp
+
 
 @dataclass(frozen=True)
 class SamplingSettings:
@@ -112,16 +114,30 @@ def sample_with_logprobs(logits: mx.array, key: mx.array,
 
     The log-prob needs exp over the vocabulary anyway; drawing from the same exponentials spares the
     Gumbel noise of `mx.random.categorical` (a uniform and two logs per logit): at a 152k vocabulary
-    that was ~10 ms of a ~100 ms decode step on the CPU (benchmarks/sampling_cost.py)."""
-    top = logits.max(axis=-1, keepdims=True)
-    cumulative = mx.cumsum(mx.exp(logits - top), axis=-1)
-    total = cumulative[:, -1:]
+    that was ~10 ms of a ~100 ms decode step on the CPU (benchmarks/sampling_cost.py). The exponentials
+    are the streamed head's (`shifted_exp`), over blocks of rows of about a million logits, the size it
+    is fast at: 8 rows of 152k logits in 6 ms against 19 with `mx.exp` (docs/PERFORMANCE.md)."""
     if rows is None:
-        uniform = mx.random.uniform(shape=total.shape, key=key)
+        uniform = mx.random.uniform(shape=(logits.shape[0], 1), key=key)
     else:
         uniform = mx.random.uniform(shape=(rows[1], 1), key=key)[rows[0]]
-    threshold = uniform * total
-    ids = first_crossing(cumulative, threshold)
+    step = max(1, SAMPLING_BLOCK_LOGITS // logits.shape[-1])
+    if logits.shape[0] <= step:
+        return _draw(logits, uniform)
+    drawn = [_draw(logits[start:start + step], uniform[start:start + step])
+             for start in range(0, logits.shape[0], step)]
+    return mx.concatenate([ids for ids, _ in drawn]), mx.concatenate([logprobs for _, logprobs in drawn])
+
+
+SAMPLING_BLOCK_LOGITS = 1 << 20
+
+
+def _draw(logits: mx.array, uniform: mx.array) -> tuple[mx.array, mx.array]:
+    """`sample_with_logprobs` on rows whose uniform draws ([N, 1]) are given."""
+    top = logits.max(axis=-1, keepdims=True)
+    cumulative = mx.cumsum(shifted_exp(logits, top), axis=-1)
+    total = cumulative[:, -1:]
+    ids = first_crossing(cumulative, uniform * total)
     logprobs = mx.take_along_axis(logits, ids[:, None], axis=-1) - top - mx.log(total)
     return ids, logprobs[:, 0]
 

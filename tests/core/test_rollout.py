@@ -68,6 +68,21 @@ def test_sampling_draws_from_the_softmax_and_returns_each_draws_log_prob():
     assert np.allclose(np.array(logp), np.log(probs[ids]), atol=1e-5)
 
 
+def test_sampling_in_blocks_of_rows_draws_what_one_block_draws(monkeypatch):
+    """A batch whose logits exceed the sampler's block is drawn a block of rows at a time: each row keeps its
+    own uniform draw, so ids and log-probs are the ones a single block gives."""
+    import mlx_grpo.sampling as sampling
+
+    logits = mx.random.normal((2_000, 50), key=mx.random.key(1)) * 2
+    whole = sample_with_logprobs(logits, mx.random.key(5))
+    monkeypatch.setattr(sampling, "SAMPLING_BLOCK_LOGITS", 50 * 333)  # blocks of 333 rows, the last one shorter
+    blocks = sample_with_logprobs(logits, mx.random.key(5))
+    assert np.array_equal(np.array(whole[0]), np.array(blocks[0]))
+    assert np.allclose(np.array(whole[1]), np.array(blocks[1]), atol=1e-6)
+    ids = np.array(blocks[0])
+    assert len(set(ids[:333])) > 10 and not np.array_equal(ids[:333], ids[333:666])
+
+
 def test_filters_keep_the_expected_tokens():
     logits = mx.log(mx.array([[0.5, 0.3, 0.15, 0.05]]))
     kept = lambda s: (filter_logits(logits, s) > -float("inf"))[0].tolist()  # noqa: E731

@@ -280,7 +280,7 @@ def test_the_checks_catch_a_circle_an_upward_import_and_mlx_in_telemetry():
     graph, external = import_graph()
     graph = {k: set(v) for k, v in graph.items()}
     graph["mlx_grpo.models.policy"].add("mlx_grpo.rollout")
-    assert ["mlx_grpo.models.policy", "mlx_grpo.rollout"] in cycles(graph)
+    assert any({"mlx_grpo.models.policy", "mlx_grpo.rollout"} <= set(circle) for circle in cycles(graph))
     graph["mlx_grpo.telemetry.recorder"].add("mlx_grpo.trainer")
     graph["mlx_grpo.tui.board"].add("mlx_grpo.config.train_config")
     graph["mlx_grpo.trainer"].add("mlx_grpo.tui.app")
