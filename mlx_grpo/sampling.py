@@ -45,6 +45,7 @@ def filter_logits(logits: mx.array, settings: SamplingSettings) -> mx.array:
 
 
 TOP_P_CANDIDATES = 1024  # sorted instead of the whole vocabulary, when they hold the top_p mass
+SAMPLING_BLOCK_LOGITS = 1 << 20  # logits drawn from at a time: past this, shifted_exp's loops leave the caches
 
 
 def top_p_keep(logits: mx.array, top_p: float) -> mx.array:
@@ -127,9 +128,6 @@ def sample_with_logprobs(logits: mx.array, key: mx.array,
     drawn = [_draw(logits[start:start + step], uniform[start:start + step])
              for start in range(0, logits.shape[0], step)]
     return mx.concatenate([ids for ids, _ in drawn]), mx.concatenate([logprobs for _, logprobs in drawn])
-
-
-SAMPLING_BLOCK_LOGITS = 1 << 20
 
 
 def _draw(logits: mx.array, uniform: mx.array) -> tuple[mx.array, mx.array]:
