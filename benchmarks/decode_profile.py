@@ -2,10 +2,10 @@
 
 A batch of `--rows` rows over a KV cache of `--context` positions (prompts prefilled as the rollout does,
 `rollout.prefill_plain`), then each part of a decode step timed alone, interleaved, medians in ms:
-  step          model forward + sampling, as rollout._generate runs it (grouped decode attention, head copy)
+  step          model forward + sampling, as rollout._generate runs it (grouped decode attention)
   blocks        the transformer blocks alone (no LM head)
-  lm_head       the LM head matmul on [rows, hidden], as the model does it and through the rollout's
-                [hidden, vocab] copy (rollout.transposed_head)
+  lm_head       the LM head matmul on [rows, hidden], as the model does it and through a [hidden, vocab]
+                copy (which the rollout once made: on this machine it costs more than it saves)
   sample        sampling from [rows, vocab] float32 logits
   attention     every block's attention (with its cache read) alone, as the rollout runs it
                 (decode_attention.grouped_decoding) and as mlx-lm's attention alone would
@@ -32,7 +32,7 @@ from mlx.utils import tree_flatten
 from mlx_grpo.models.decode_attention import grouped_decoding
 from mlx_grpo.models.policy import lm_head, project_to_vocab
 from mlx_grpo.planning.machine import matmul_peak_flops, stream_gb_s
-from mlx_grpo.rollout import prefill_plain, transposed_head
+from mlx_grpo.rollout import prefill_plain
 from mlx_grpo.sampling import SamplingSettings, sample_tokens
 
 
@@ -80,13 +80,11 @@ def main() -> None:
         for c in cache:  # the same context length for every timed call
             c.trim(n)
 
-    head_t = transposed_head(model)
+    head_t = mx.contiguous(head.weight.T)
 
     def step():
         with grouped_decoding(model):
-            out = (model(ids, cache=cache)[:, -1, :] if head_t is None
-                   else model.model(ids, cache=cache)[:, -1, :] @ head_t)
-            mx.eval(sample_tokens(out, settings, key))
+            mx.eval(sample_tokens(model(ids, cache=cache)[:, -1, :], settings, key))
         rewind()
 
     def body():
@@ -103,8 +101,7 @@ def main() -> None:
         mx.eval([b.mlp(b.post_attention_layernorm(x)) for b in blocks])
 
     cases = {"step": step, "blocks": body, "lm_head": lambda: mx.eval(project_to_vocab(head, hidden[:, -1, :])),
-             "lm_head ([hidden, vocab] copy)": lambda: mx.eval(hidden[:, -1, :] @ (head_t if head_t is not None
-                                                                                   else head.weight.T)),
+             "lm_head ([hidden, vocab] copy)": lambda: mx.eval(hidden[:, -1, :] @ head_t),
              "sample": lambda: mx.eval(sample_tokens(logits, settings, key)), "attention": attention,
              "attention (mlx-lm's)": lambda: attention(grouped=False), "mlp": mlp}
     times: dict[str, list[float]] = {name: [] for name in cases}

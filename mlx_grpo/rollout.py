@@ -69,21 +69,6 @@ def last_position_logits(model: nn.Module, inputs: mx.array, cache: list) -> mx.
     return model(inputs, cache=cache)[:, -1, :]
 
 
-def transposed_head(model: nn.Module) -> mx.array | None:
-    """The LM head's matrix as [hidden, vocab], for decode steps on the CPU (None elsewhere, or for a head that is
-    not a plain matrix). OpenBLAS reads a [vocab, hidden] matrix through a transposed product at 1.5-2 GB/s for
-    the 8-16 rows of a decode step, and the [hidden, vocab] copy at 2-2.5 GB/s (same figures at 1 row: 2.0 and
-    3.0; a loaded 2-core EPYC); the head is most of what a decode step reads at Qwen2.5-0.5B width (136M of
-    its 494M parameters). The copy lives for one rollout: V x H in the model's dtype (0.54 GB at Qwen2.5-0.5B in
-    float32), which plan.py counts in the rollout's peak."""
-    if mx.default_device().type != mx.cpu or not has_plain_head(model):
-        return None
-    head = lm_head(model)
-    if type(head) not in (nn.Linear, nn.Embedding) or "bias" in head:
-        return None
-    return mx.contiguous(head.weight.T)
-
-
 def has_plain_kv_cache(model: nn.Module, length: int = 0) -> bool:
     """Every layer can cache plain keys and values over sequences of `length` positions (no recurrent
     state): prompts can then be prefilled together, left-padded, and a prompt's cache copied to many rows.
@@ -257,13 +242,10 @@ def _decode(model: nn.Module, prompts: list[list[int]], rows: np.ndarray, max_to
     logits, cache, batches, plain = _prefill(model, prompts, rows, pad_id, max_tokens, kv_bits)
     state = _Decoding(cache, [_Span(np.arange(len(rows)))], mx.zeros((len(rows),), dtype=mx.bool_),
                       mx.array(sorted(eos_ids)), recorded, len(recorded))
-    head = transposed_head(model)
 
     def forward(tokens: mx.array) -> mx.array:
         """[rows, positions, vocab] logits after each of `tokens` ([rows, positions])."""
-        if head is None:
-            return model(tokens, cache=cache)
-        return model.model(tokens, cache=cache) @ head
+        return model(tokens, cache=cache)
 
     keys = mx.random.split(key, max_tokens)
     # lookup needs a cache that can drop the refused guesses' positions (a plain one, unquantized)

@@ -137,8 +137,7 @@ def make_plan(config: TrainConfig, base_dir: Path, memory: str | None = None) ->
                f"this machine's {'GPU' if _on_gpu() else 'CPU'}")
     longest, unread = longest_prompt_tokens(config, base_dir)
     prompt_length = config.max_prompt_length if longest is None else min(longest, config.max_prompt_length)
-    shapes = Shapes(config.batch_size, config.num_generations, prompt_length, config.max_generation_steps,
-                    cpu=memory is None and not _on_gpu())
+    shapes = Shapes(config.batch_size, config.num_generations, prompt_length, config.max_generation_steps)
     lora_dtype = resolve_dtype(replace(config, use_lora=True), gpu=True if memory is not None else None)
     verdict = plan(shape, shapes, config, dtype, budget, source, lora_dtype)
     facts = {"model": config.model_id, "parameters": shape.parameters(), "layers": shape.layers,

@@ -241,7 +241,6 @@ class Shapes:
     group_size: int
     prompt_length: int
     completion_length: int
-    cpu: bool = False  # decoding on the CPU, which copies the LM head for the rollout (rollout.transposed_head)
 
     @property
     def sequences(self) -> int:
@@ -377,10 +376,7 @@ class _StepSizes:
         prefill = (prompts * p * self.width * self.act * A_FORWARD
                    + A_ATTENTION_FORWARD * prompts * shape.heads * p * p * d
                    + (0 if shape.plain_head else prompts * p * shape.vocab * 4))
-        # the CPU's decode steps read the head through a [hidden, vocab] copy (rollout.transposed_head)
-        head_copy = shape.vocab * shape.hidden * d if shape.plain_head and self.shapes.cpu else 0.0
-        return (self.resident + self.kv + prefill + SAMPLING * self.decode_logit_rows * shape.vocab * 4 + kept_states
-                + head_copy)
+        return self.resident + self.kv + prefill + SAMPLING * self.decode_logit_rows * shape.vocab * 4 + kept_states
 
     def phases(self, rows: int, prompts: int) -> tuple[float, float]:
         """What one micro-batch's reference pass and update add to what is resident."""

@@ -105,9 +105,8 @@ def test_prefill_never_builds_logits_for_every_prompt_position():
     rollout = generate(model, prompts, group_size=2, max_tokens=2, eos_ids=set(), pad_id=0,
                        settings=SamplingSettings(temperature=1.0), key=mx.random.key(0))
     all_positions = len(prompts) * length * vocab * 4  # 52 MB
-    head_copy = vocab * 64 * 4  # the decode steps' [hidden, vocab] head on the CPU (rollout.transposed_head), 8 MB
     assert len(rollout.completions) == 4
-    assert mx.get_peak_memory() - before < all_positions / 5 + head_copy
+    assert mx.get_peak_memory() - before < all_positions / 5
 
 
 def test_top_k_by_partition_keeps_exactly_the_k_largest_logits():

@@ -330,7 +330,7 @@ def test_the_plan_bounds_each_measured_phase_within_a_quarter(tmp_path, reuse):
     for step in (1, 2):  # the second step has the optimiser's moments resident, as every later one does
         for phase, peak in work.step(step)[1].items():
             measured[phase] = max(measured.get(phase, 0.0), peak - already_alive)
-    planned = predict(read_model_shape(str(model), tmp_path), Shapes(2, 8, prompt_length, 12, cpu=mx.default_device().type == mx.cpu), config,
+    planned = predict(read_model_shape(str(model), tmp_path), Shapes(2, 8, prompt_length, 12), config,
                       MemorySettings(4, 0, False), "float32")
     for phase, attribute in (("rollout", "rollout"), ("ref", "reference"), ("update", "update")):
         ratio = getattr(planned, attribute) / measured[phase]

@@ -105,8 +105,7 @@ def check_plan(base_dir: Path, model_dir: Path) -> tuple[Check, Any]:
     _, measured = work.step(1)
     measured = {phase: peak - already_alive for phase, peak in measured.items()}
     planned = predict(read_model_shape(str(model_dir), base_dir),
-                      Shapes(config.batch_size, config.num_generations, prompt_length, config.max_generation_steps,
-                             cpu=mx.default_device().type == mx.cpu),
+                      Shapes(config.batch_size, config.num_generations, prompt_length, config.max_generation_steps),
                       config, MemorySettings(0, 0, False), resolve_dtype(config))
     rows, ok = {}, True
     for phase, attribute in (("rollout", "rollout"), ("ref", "reference"), ("update", "update")):
