@@ -284,7 +284,7 @@ class Trainer:
             return generate_trajectories(model, self.policy.tokenizer, [e.tokens for e in prompts.encoded],
                                          prompts.rows, prompts.group_size, budgets, self.policy.eos_ids,
                                          self.policy.pad_id, self.settings, key, self.multiturn.make_env,
-                                         self.multiturn.tools)
+                                         self.multiturn.tools, capture=frozen_prefix.first_block(model) > 0)
         return generate(model, [e.tokens for e in prompts.encoded], prompts.group_size, max_tokens,
                         self.policy.eos_ids, self.policy.pad_id, self.settings, key,
                         capture=frozen_prefix.first_block(model) > 0, kv_bits=self.config.kv_cache_bits,

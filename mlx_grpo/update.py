@@ -444,8 +444,8 @@ def reference_logprobs(reference, batch: TrainBatch, config: TrainConfig) -> mx.
     """Log-probs of the completion tokens under the reference policy, [N, T], through the same
     micro-batches and chunks as the update; None without one (beta = 0).
 
-    Where the rollout kept no frozen-block output (a multi-turn rollout: tool results enter its cache
-    between turns) and the reference is the policy with its adapters off, this pass's is kept on
+    Where the rollout kept no frozen-block output (S-GRPO's exits: forced tags the rollout never fed) and
+    the reference is the policy with its adapters off, this pass's is kept on
     `batch.prefix`: the blocks below the first adapter are the same in both, so every update pass then
     starts at the first adapted block (frozen_prefix.py)."""
     if reference is None:

@@ -8,11 +8,17 @@ one left-padded batch cache again for the next turn. Nothing is prefilled again 
 whose trajectory ended leave the batch.
 
 The completion of a trajectory is every token after the prompt, the model's and the environment's; its
-`model_mask` says which are the model's. Only those are sampled, scored and trained."""
+`model_mask` says which are the model's. Only those are sampled, scored and trained.
+
+With `capture`, the output of the frozen blocks below the first adapted one is kept at every position fed
+(frozen_prefix.py): the prompts' from the prefill, each turn's from its decode steps, the rest of the turn
+and the environment's answer from the pass that runs them on the row's cache. The reference pass and the
+update then start at the first adapted block, as after a single-turn rollout."""
 
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -21,7 +27,9 @@ import mlx.nn as nn
 import numpy as np
 from mlx_lm.models.cache import BatchKVCache, KVCache
 
+from .. import frozen_prefix
 from ..common.errors import UserError
+from ..frozen_prefix import Captured
 from ..models.decode_attention import grouped_decoding
 from ..rollout import Rollout, has_plain_kv_cache, prefill_plain
 from ..sampling import SamplingSettings, sample_tokens
@@ -56,22 +64,26 @@ class _Row:
     logprobs: list[float] = field(default_factory=list)
     story: Trajectory = field(default_factory=Trajectory)
     truncated: bool = False
+    kept: list[mx.array] = field(default_factory=list)  # frozen-block outputs of the tokens fed, in order
 
 
 def generate_trajectories(model: nn.Module, tokenizer: Any, prompts: list[list[int]], rows: list[dict],
                           group_size: int, budgets: TurnBudgets, eos_ids: set[int], pad_id: int,
                           settings: SamplingSettings, key: mx.array, make_env: Callable[[], Any],
-                          tools: list[dict] | None) -> Rollout:
-    """`group_size` trajectories for each prompt (`rows`: the prompts' dataset rows, for the environments)."""
-    with grouped_decoding(model):
-        return _generate_trajectories(model, tokenizer, prompts, rows, group_size, budgets, eos_ids, pad_id, settings,
-                                      key, make_env, tools)
+                          tools: list[dict] | None, capture: bool = False) -> Rollout:
+    """`group_size` trajectories for each prompt (`rows`: the prompts' dataset rows, for the environments).
+    `capture`: keep the frozen blocks' output at every position (`Rollout.prefix`)."""
+    with frozen_prefix.recording(model) if capture else nullcontext([]) as recorded, grouped_decoding(model):
+        rollout = _generate_trajectories(model, tokenizer, prompts, rows, group_size, budgets, eos_ids, pad_id,
+                                         settings, key, make_env, tools, recorded)
+        recorded.clear()  # the per-call pieces, now joined per row
+        return rollout
 
 
 def _generate_trajectories(model: nn.Module, tokenizer: Any, prompts: list[list[int]], rows: list[dict],
                            group_size: int, budgets: TurnBudgets, eos_ids: set[int], pad_id: int,
                            settings: SamplingSettings, key: mx.array, make_env: Callable[[], Any],
-                           tools: list[dict] | None) -> Rollout:
+                           tools: list[dict] | None, recorded: list[mx.array]) -> Rollout:
     start = time.perf_counter()
     n = len(prompts) * group_size
     of_prompt = np.repeat(np.arange(len(prompts)), group_size)
@@ -80,6 +92,8 @@ def _generate_trajectories(model: nn.Module, tokenizer: Any, prompts: list[list[
         raise UserError("multi-turn rollouts need a model whose layers cache plain keys and values over "
                         f"{capacity} positions (no sliding window shorter than that, no recurrent state)")
     logits, cache = prefill_plain(model, prompts, pad_id, capacity, of_prompt)
+    prompt_states = frozen_prefix.capture_from_prefill(recorded, prompts, [list(range(len(prompts)))]) \
+        if recorded else None
     states = [_Row() for _ in range(n)]
     envs = []
     for i in range(n):
@@ -91,7 +105,9 @@ def _generate_trajectories(model: nn.Module, tokenizer: Any, prompts: list[list[
     turn_keys = mx.random.split(key, budgets.max_turns)
     for turn in range(budgets.max_turns):
         budget = [min(budgets.turn_tokens, budgets.trajectory_tokens - len(states[i].tokens)) for i in live]
+        before = len(recorded)
         ids, logprobs, fed = _decode_turn(model, logits, cache, max(budget), eos_ids, settings, turn_keys[turn])
+        decoded = mx.concatenate(recorded[before:], axis=1) if len(recorded) > before else None  # [R, fed, H]
         going, caches, pending = [], [], []
         for r, i in enumerate(live):
             row = states[i]
@@ -103,6 +119,9 @@ def _generate_trajectories(model: nn.Module, tokenizer: Any, prompts: list[list[
             row.mask += [1] * len(turn_ids)
             row.logprobs += logprobs[r, :len(turn_ids)].tolist()
             row.story.segments.append(("assistant", turn_start, len(row.tokens)))
+            cached = min(len(turn_ids), fed)  # this turn's tokens its decode steps fed back
+            if decoded is not None:
+                row.kept.append(decoded[r, :cached])
             if end is None and len(row.tokens) >= budgets.trajectory_tokens:
                 row.truncated = True
                 continue
@@ -111,17 +130,24 @@ def _generate_trajectories(model: nn.Module, tokenizer: Any, prompts: list[list[
             if extra is None:
                 continue
             # what this row's cache lacks: its turn's tokens decoding never fed back, then the answer
-            cached = min(len(turn_ids), fed)
             caches.append(_row_cache(cache, r, len(prompts[of_prompt[i]]) + turn_start + cached))
             pending.append(turn_ids[cached:] + extra)
             going.append(i)
         if not going:
             break
+        before = len(recorded)
         logits, cache = _continue(model, caches, pending)
+        for i, out in zip(going, recorded[before:]):  # one pass per row, in `going`'s order
+            states[i].kept.append(out[0])
         live = going
+    prefix = None
+    if prompt_states is not None:
+        # every completion token but the last was fed (a final turn's last tokens may have been too)
+        prefix = Captured([prompt_states[p] for p in of_prompt],
+                          [mx.concatenate(s.kept or [prompt_states[0][:0]])[:len(s.tokens) - 1] for s in states])
     return Rollout(prompts=[prompts[p] for p in of_prompt], completions=[s.tokens for s in states],
                    logprobs=[s.logprobs for s in states], truncated=[s.truncated for s in states],
-                   seconds=time.perf_counter() - start, model_mask=[s.mask for s in states],
+                   seconds=time.perf_counter() - start, prefix=prefix, model_mask=[s.mask for s in states],
                    trajectories=[s.story for s in states])
 
 

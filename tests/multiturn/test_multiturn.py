@@ -218,6 +218,42 @@ def test_environment_tokens_get_no_gradient(tiny):
     assert batch.num_tokens == int(own.sum())
 
 
+def test_the_frozen_blocks_output_is_kept_at_every_position_through_turns_and_tool_answers(tmp_path):
+    """The reference pass and the update start at the first adapted block on what the rollout kept: the prompt
+    from the prefill, each turn from its decode steps, the rest of the turn and the answer from the pass that
+    runs them on the row's cache. A state from the wrong position or row moves log-probs by ~1."""
+    from dataclasses import replace
+
+    from mlx_lm import load
+
+    from mlx_grpo import frozen_prefix
+    from mlx_grpo.config.train_config import TrainConfig
+    from mlx_grpo.models.policy import apply_adapters
+
+    model, tokenizer = load(str(make_model_dir(tmp_path / "model", "llama", num_hidden_layers=4)))
+    apply_adapters(model, TrainConfig(use_lora=True, lora_layers=2))
+    for _, module in model.named_modules():
+        if hasattr(module, "lora_b"):  # adapters off zero: the policy differs from the frozen blocks' model
+            module.lora_b = mx.random.normal(module.lora_b.shape, key=mx.random.key(1)) * 0.05
+    assert frozen_prefix.install(model) is None and frozen_prefix.first_block(model) == 2
+    prompts = [tokenizer.encode("1+2="), tokenizer.encode("12+345=")]
+    rollout = generate_trajectories(model, tokenizer, prompts, [{"answer": "3"}, {"answer": "357"}], 3,
+                                    TurnBudgets(3, 5, 40), set(), 0, SamplingSettings(1.0), mx.random.key(0),
+                                    Counter, None, capture=True)
+    assert all(t.turns == 3 for t in rollout.trajectories)
+    for row in range(6):
+        tokens = rollout.prompts[row] + rollout.completions[row][:-1]
+        with frozen_prefix.recording(model) as recorded:
+            model(mx.array([tokens]))
+        kept = mx.concatenate([rollout.prefix.prompt[row], rollout.prefix.completion[row]])
+        assert kept.shape == recorded[0][0].shape
+        assert mx.abs(kept - recorded[0][0]).max().item() < 1e-4
+    batch = build_train_batch(rollout, 0)
+    started = np.array(completion_scores(model, batch, 1.0, gradient=False).logp)
+    full = np.array(completion_scores(model, replace(batch, prefix=None), 1.0, gradient=False).logp)
+    np.testing.assert_allclose(started[np.array(batch.mask) > 0], full[np.array(batch.mask) > 0], atol=1e-4)
+
+
 # ----------------------------------------------------------------------------- a multi-turn run, killed and resumed
 
 ENV_FILE = '''
