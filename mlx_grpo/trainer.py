@@ -439,8 +439,8 @@ class Trainer:
 
     def evaluate(self, peaks: dict[str, float] | None = None) -> dict[str, float] | None:
         """Greedy held-out accuracy over every rank's share of the held-out rows (None without a correctness
-        check: there is nothing to measure). They are decoded in batches of the step's B x G rows, the
-        rollout size the memory plan checked, and the phase's peak memory goes into `peaks` ("eval") beside
+        check: there is nothing to measure). They are decoded `eval_batch_size` rows at a time (the memory
+        plan's choice; the step's B x G without one), and the phase's peak memory goes into `peaks` ("eval") beside
         the step's phases. The buffers MLX cached for the evaluation are released after it: on a Mac they
         would otherwise stay wired until the run ends."""
         if self.correctness is None:
@@ -450,7 +450,8 @@ class Trainer:
         with meter.phase("eval", memory=True):
             result = evaluate(self.policy.model, self.policy.tokenizer, self.eval_rows, self.config,
                               self.policy.eos_ids, self.policy.pad_id, check=self.correctness,
-                              batch_size=self.config.batch_size * self.config.num_generations,
+                              batch_size=(self.config.eval_batch_size if isinstance(self.config.eval_batch_size, int)
+                                          else self.config.batch_size * self.config.num_generations),
                               samples=self.config.eval_samples, settings=self.settings, multiturn=self.multiturn)
         mx.clear_cache()
         if peaks is not None:

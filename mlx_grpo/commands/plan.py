@@ -72,7 +72,7 @@ def format_plan(verdict, facts: dict) -> str:
         f"{'rollout':<11}{gb(peaks.rollout):>10}   KV cache of every completion + sampling",
         f"{'reference':<11}{reference_text(peaks.reference, facts):>10}",
         f"{'update':<11}{gb(peaks.update):>10}",
-        *([f"{'eval':<11}{gb(peaks.evaluation):>10}   held-out rows, B x G prompts prefilled at a time"]
+        *([f"{'eval':<11}{gb(peaks.evaluation):>10}   held-out rows, {facts['eval_rows']} decoded at a time"]
           if peaks.evaluation else []),
         "",
     ]

@@ -226,6 +226,10 @@ class TrainConfig:
     eval_samples: int = key(0, "also sample N completions per held-out prompt at the run's temperature: "
                                "eval/mean@N (mean accuracy) and eval/pass@N (any of the N right); 0 = greedy only",
                             check=non_negative(" (0: greedy accuracy only)"))
+    eval_batch_size: int | str = key(
+        "auto", "held-out completions decoded at once; auto = every held-out row, or as many as keep the evaluation "
+        "under the step's own peak memory (never fewer than batch_size x num_generations)",
+        check=Bound(lambda v: v == "auto" or (isinstance(v, int) and v >= 1), "auto or at least 1"))
     checkpoint_every: int = key(50, "checkpoint every N steps (and at the end); 0 = only at the end",
                                  check=non_negative(" (0: only at the end)"))
     keep_checkpoints: int = key(3, "newest checkpoints kept (and the best held-out evaluation's)", check=at_least(1))

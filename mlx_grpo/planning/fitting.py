@@ -17,7 +17,7 @@ from ..data import load_datasets, longest_prompt
 from ..models.policy import dequantizes, is_gguf, load_tokenizer, model_config, resolve_dtype, resolve_model_path
 from .budget import Verdict, plan
 from .machine import device_info, memory_share
-from .plan import ModelShape, Shapes, dtype_bytes
+from .plan import ModelShape, Shapes, dtype_bytes, evaluation_rows, predict
 from .presets import preset_config
 
 # ----------------------------------------------------------------------------- budgets
@@ -140,12 +140,20 @@ def make_plan(config: TrainConfig, base_dir: Path, memory: str | None = None) ->
     shapes = Shapes(config.batch_size, config.num_generations, prompt_length, config.max_generation_steps)
     lora_dtype = resolve_dtype(replace(config, use_lora=True), gpu=True if memory is not None else None)
     verdict = plan(shape, shapes, config, dtype, budget, source, lora_dtype)
+    if config.eval_every > 0 and isinstance(config.eval_batch_size, int):  # counts in every setting tried
+        shapes = replace(shapes, eval_rows=config.eval_batch_size)
+        verdict = plan(shape, shapes, config, dtype, budget, source, lora_dtype)
+    elif config.eval_every > 0:  # chosen under the step's own peak, so the run's peak and verdict stand
+        shapes = replace(shapes, eval_rows=evaluation_rows(shape, shapes, config, verdict.settings, dtype,
+                                                           config.eval_size))
+        verdict = replace(verdict, configured=predict(shape, shapes, config, verdict.settings, dtype))
     facts = {"model": config.model_id, "parameters": shape.parameters(), "layers": shape.layers,
              "vocab": shape.vocab, "dtype": dtype, "bits": shape.bits, "dequantized": dequantized, "machine": machine,
              "prompts": shapes.prompts,
              "group_size": shapes.group_size, "prompt_length": shapes.prompt_length,
              "prompt_length_from": "max_prompt_length" if longest is None else "the dataset's longest prompt",
              "completion_length": shapes.completion_length, "reference_pass": config.beta > 0,
+             "eval_rows": shapes.eval_rows or shapes.sequences,
              **({"dataset_unread": unread} if unread else {})}
     return verdict, facts
 
@@ -184,7 +192,8 @@ def fit_run(config: TrainConfig, base_dir: Path) -> tuple[TrainConfig, str, floa
         fallback = 0 if config.micro_batch_size == "auto" else config.micro_batch_size
         return replace(config, micro_batch_size=fallback), f"memory plan: skipped ({err})", None
     peaks, settings = verdict.configured, verdict.settings
-    config = replace(config, micro_batch_size=settings.micro_batch_size, grad_checkpoint=settings.grad_checkpoint)
+    config = replace(config, micro_batch_size=settings.micro_batch_size, grad_checkpoint=settings.grad_checkpoint,
+                     eval_batch_size=facts["eval_rows"] if config.eval_batch_size == "auto" else config.eval_batch_size)
     # an upper bound: every prompt and completion is taken at its longest (prompts: the dataset's longest)
     peak_text = "~" + gb_text(peaks.peak) if peaks.peak >= 0.05 * GB else gb_text(peaks.peak)
     line = (f"memory plan: peak at most {peak_text} of {verdict.budget / GB:.1f} GB "

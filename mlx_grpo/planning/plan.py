@@ -27,7 +27,7 @@ compares it with the trainer's own step for a run config (SmolLM2's recipe, pres
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..common.errors import UserError
@@ -241,6 +241,7 @@ class Shapes:
     group_size: int
     prompt_length: int
     completion_length: int
+    eval_rows: int = 0  # held-out completions decoded at once (0: as many as the step's, B x G)
 
     @property
     def sequences(self) -> int:
@@ -306,13 +307,35 @@ def predict(shape: ModelShape, shapes: Shapes, config: TrainConfig, settings: Me
     """Peak bytes of each phase of one step."""
     step = _StepSizes(shape, shapes, config, settings, dtype_bytes(dtype), activation_bytes(dtype, config.use_lora))
     rollout = step.rollout_of(shapes.prompts, step.captured)  # the held-out evaluation keeps no states
-    # held-out evaluation decodes B x G rows at a time, one completion each: as many prompts prefilled
-    evaluation = step.rollout_of(step.n) if config.eval_every > 0 else 0.0
+    # held-out evaluation decodes `eval_rows` rows at a time, one completion each: as many prompts prefilled
+    eval_rows = shapes.eval_rows or step.n
+    evaluation = step.rollout_of(eval_rows, rows=eval_rows) if config.eval_every > 0 else 0.0
     reference, update = (max(values) for values in zip(*(step.phases(rows, prompts) for rows, prompts
                                                          in micro_batches(shapes, settings.micro_batch_size))))
     resident = step.resident
     return PhasePeaks(step.weights, resident, rollout, resident + reference if config.beta > 0 else resident,
                       resident + update, evaluation, shape.load_peak_bytes(step.d))
+
+
+def evaluation_rows(shape: ModelShape, shapes: Shapes, config: TrainConfig, settings: MemorySettings, dtype: str,
+                    held_out: int) -> int:
+    """How many held-out completions to decode at once: all `held_out` when that evaluation stays at or under
+    the step's own peak (rollout, reference pass, update), else the most that do; never fewer than the step's
+    B x G, whose rollout is the same work. One batch instead of several lets the longest reply of the whole
+    set set the time once (a single batch of the thinking recipe's 32 sums: 88 s, two of 16: 123 s)."""
+    step = predict(shape, shapes, config, settings, dtype)
+    ceiling = max(step.rollout, step.reference, step.update)
+
+    def fits(rows: int) -> bool:
+        return predict(shape, replace(shapes, eval_rows=rows), config, settings, dtype).evaluation <= ceiling
+
+    low, high = shapes.sequences, max(held_out, shapes.sequences)
+    if fits(high):
+        return high
+    while high - low > 1:  # the evaluation's peak grows with its rows
+        middle = (low + high) // 2
+        low, high = (middle, high) if fits(middle) else (low, middle)
+    return low
 
 
 class _StepSizes:
@@ -350,10 +373,9 @@ class _StepSizes:
         # rollout: KV cache of every sequence at full length (kv_cache_bits: a plain cache's values quantized,
         # with a scale and a bias in the model's dtype per group of 64)
         kv_value = config.kv_cache_bits / 8 + 2 * d / 64 if config.kv_cache_bits and shape.plain_cache else d
-        self.kv = n * s * shape.layers * 2 * shape.kv_heads * shape.head_dim * kv_value
+        self.kv_per_row = s * shape.layers * 2 * shape.kv_heads * shape.head_dim * kv_value
         # a decode step's logits: one position per row, or a lookup step's guessed positions (rollout.py)
-        lookup = config.lookup_decoding and shape.plain_cache and not config.kv_cache_bits
-        self.decode_logit_rows = max(n, LOOKUP_ROWS * (LOOKUP_TOKENS + 1)) if lookup else n
+        self.lookup = config.lookup_decoding and shape.plain_cache and not config.kv_cache_bits
         # reference and update, per micro-batch. The blocks run before the LM head in the forward pass and
         # after it in the backward pass, so their transient buffers and the head's never coincide: a phase's
         # peak is the larger of the two, on top of what the backward pass keeps.
@@ -368,15 +390,17 @@ class _StepSizes:
         # (update.shares_prompts: plain caches, blocks not recomputed); else every row runs its whole sequence
         self.shared = (shape.plain_cache or 0 < s <= shape.window) and not settings.grad_checkpoint
 
-    def rollout_of(self, prompts: int, kept_states: float = 0.0) -> float:
-        """The rollout's peak: the KV cache, the prompts' prefill (one block at a time; logits at the last
-        position only, or at every prompt position for a model's own head), then one decode step's logits and
-        its sampling arrays."""
+    def rollout_of(self, prompts: int, kept_states: float = 0.0, rows: int = 0) -> float:
+        """The peak of decoding `rows` rows (0: the step's B x G): the KV cache, the prompts' prefill (one block at
+        a time; logits at the last position only, or at every prompt position for a model's own head), then one
+        decode step's logits and its sampling arrays."""
         shape, p, d = self.shape, self.p, self.d
+        rows = rows or self.n
+        logit_rows = max(rows, LOOKUP_ROWS * (LOOKUP_TOKENS + 1)) if self.lookup else rows
         prefill = (prompts * p * self.width * self.act * A_FORWARD
                    + A_ATTENTION_FORWARD * prompts * shape.heads * p * p * d
                    + (0 if shape.plain_head else prompts * p * shape.vocab * 4))
-        return self.resident + self.kv + prefill + SAMPLING * self.decode_logit_rows * shape.vocab * 4 + kept_states
+        return self.resident + rows * self.kv_per_row + prefill + SAMPLING * logit_rows * shape.vocab * 4 + kept_states
 
     def phases(self, rows: int, prompts: int) -> tuple[float, float]:
         """What one micro-batch's reference pass and update add to what is resident."""

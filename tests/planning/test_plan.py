@@ -12,7 +12,7 @@ from mlx_grpo.cli import main
 from mlx_grpo.config.train_config import TrainConfig, load_config
 from mlx_grpo.planning.budget import configured_settings, plan
 from mlx_grpo.planning.fitting import mac_working_set
-from mlx_grpo.planning.plan import GB, MemorySettings, ModelShape, Shapes, predict
+from mlx_grpo.planning.plan import GB, MemorySettings, ModelShape, Shapes, evaluation_rows, predict
 
 # Published config.json values (huggingface.co/Qwen/Qwen2.5-1.5B-Instruct, /Qwen/Qwen2.5-7B-Instruct).
 QWEN25_15B = {"model_type": "qwen2", "hidden_size": 1536, "intermediate_size": 8960, "num_attention_heads": 12,
@@ -258,6 +258,43 @@ def test_the_plan_includes_the_held_out_evaluation_it_runs():
     without = predict(shape, shapes, load_config(None, {"use_lora": True, "eval_every": 0}), settings, "bfloat16")
     assert with_eval.evaluation > with_eval.rollout and with_eval.peak >= with_eval.evaluation
     assert without.evaluation == 0 and without.peak == max(without.rollout, without.reference, without.update)
+
+
+def test_held_out_rows_are_decoded_together_while_that_stays_under_the_steps_own_peak():
+    """32 held-out sums with 2 x 8 completions a step (the thinking recipe on Qwen2.5-0.5B): every row at once,
+    the step's update being far bigger than 32 rows' KV cache. 4,000 held-out rows of 2,048 tokens: as many as
+    keep the evaluation under the step's peak, and never fewer than the step's own 16."""
+    shape = ModelShape.from_config({**QWEN25_15B, "hidden_size": 896, "intermediate_size": 4864,
+                                    "num_attention_heads": 14, "num_hidden_layers": 24})
+    config = load_config(None, {"use_lora": True, "lora_layers": 8, "beta": 0.04})
+    settings = MemorySettings(0, 0, False)
+    think = Shapes(2, 8, 60, 512)
+    assert evaluation_rows(shape, think, config, settings, "float32", 32) == 32
+    long = Shapes(2, 8, 60, 2048)
+    rows = evaluation_rows(shape, long, config, settings, "float32", 4000)
+    step = predict(shape, long, config, settings, "float32")
+    ceiling = max(step.rollout, step.reference, step.update)
+    assert 16 < rows < 4000
+    assert predict(shape, replace(long, eval_rows=rows), config, settings, "float32").evaluation <= ceiling
+    assert predict(shape, replace(long, eval_rows=rows + 1), config, settings, "float32").evaluation > ceiling
+    tight = Shapes(2, 8, 60, 8)  # a few tokens: even the step's 16 rows are all the evaluation gets
+    assert evaluation_rows(shape, tight, load_config(None, {"use_lora": True, "beta": 0.0}), settings,
+                           "float32", 16) == 16
+
+
+def test_a_run_decodes_its_held_out_rows_as_many_at_a_time_as_the_plan_chose(tmp_path, monkeypatch):
+    from tiny_models import make_model_dir
+
+    from mlx_grpo.planning.fitting import fit_run
+
+    model = make_model_dir(tmp_path / "llama")
+    rows = [{"prompt": f"{n}+1=", "answer": str(n + 1)} for n in range(40)]
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    base = {"model_id": str(model), "dataset": str(data), "batch_size": 2, "num_generations": 2, "eval_size": 24,
+            "max_generation_steps": 8}
+    assert fit_run(load_config(None, base), tmp_path)[0].eval_batch_size == 24
+    assert fit_run(load_config(None, {**base, "eval_batch_size": 5}), tmp_path)[0].eval_batch_size == 5
 
 
 def test_the_plan_takes_prompts_at_the_datasets_longest_as_the_run_encodes_them(tmp_path):
