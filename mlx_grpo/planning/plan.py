@@ -320,9 +320,10 @@ def predict(shape: ModelShape, shapes: Shapes, config: TrainConfig, settings: Me
 def evaluation_rows(shape: ModelShape, shapes: Shapes, config: TrainConfig, settings: MemorySettings, dtype: str,
                     held_out: int) -> int:
     """How many held-out completions to decode at once: all `held_out` when that evaluation stays at or under
-    the step's own peak (rollout, reference pass, update), else the most that do; never fewer than the step's
-    B x G, whose rollout is the same work. One batch instead of several lets the longest reply of the whole
-    set set the time once (a single batch of the thinking recipe's 32 sums: 88 s, two of 16: 123 s)."""
+    the step's own peak (rollout, reference pass, update), else as few batches of even size as stay under it;
+    never fewer than the step's B x G, whose rollout is the same work. One batch instead of several lets the
+    longest reply of the whole set set the time once (the thinking recipe's 32 held-out sums: 85 s in one
+    batch, 117 s in two of 16)."""
     step = predict(shape, shapes, config, settings, dtype)
     ceiling = max(step.rollout, step.reference, step.update)
 
@@ -335,7 +336,9 @@ def evaluation_rows(shape: ModelShape, shapes: Shapes, config: TrainConfig, sett
     while high - low > 1:  # the evaluation's peak grows with its rows
         middle = (low + high) // 2
         low, high = (middle, high) if fits(middle) else (low, middle)
-    return low
+    # as few batches as that allows, of even sizes: 32 rows under a limit of 20 are two batches of 16, not 20
+    # and 12 (the longest reply of each batch sets its time)
+    return max(shapes.sequences, -(-held_out // -(-held_out // low)))
 
 
 class _StepSizes:

@@ -262,8 +262,8 @@ def test_the_plan_includes_the_held_out_evaluation_it_runs():
 
 def test_held_out_rows_are_decoded_together_while_that_stays_under_the_steps_own_peak():
     """32 held-out sums with 2 x 8 completions a step (the thinking recipe on Qwen2.5-0.5B): every row at once,
-    the step's update being far bigger than 32 rows' KV cache. 4,000 held-out rows of 2,048 tokens: as many as
-    keep the evaluation under the step's peak, and never fewer than the step's own 16."""
+    the step's update being far bigger than 32 rows' KV cache. 4,000 held-out rows of 2,048 tokens: as few
+    batches of even size as keep the evaluation under the step's peak, and never fewer rows than the step's 16."""
     shape = ModelShape.from_config({**QWEN25_15B, "hidden_size": 896, "intermediate_size": 4864,
                                     "num_attention_heads": 14, "num_hidden_layers": 24})
     config = load_config(None, {"use_lora": True, "lora_layers": 8, "beta": 0.04})
@@ -274,9 +274,11 @@ def test_held_out_rows_are_decoded_together_while_that_stays_under_the_steps_own
     rows = evaluation_rows(shape, long, config, settings, "float32", 4000)
     step = predict(shape, long, config, settings, "float32")
     ceiling = max(step.rollout, step.reference, step.update)
-    assert 16 < rows < 4000
+    batches = -(-4000 // rows)
+    assert 16 < rows < 4000 and rows * batches - 4000 < batches  # the batches differ by one row at most
     assert predict(shape, replace(long, eval_rows=rows), config, settings, "float32").evaluation <= ceiling
-    assert predict(shape, replace(long, eval_rows=rows + 1), config, settings, "float32").evaluation > ceiling
+    one_fewer = -(-4000 // (batches - 1))
+    assert predict(shape, replace(long, eval_rows=one_fewer), config, settings, "float32").evaluation > ceiling
     tight = Shapes(2, 8, 60, 8)  # a few tokens: even the step's 16 rows are all the evaluation gets
     assert evaluation_rows(shape, tight, load_config(None, {"use_lora": True, "beta": 0.0}), settings,
                            "float32", 16) == 16
