@@ -28,12 +28,14 @@ def _recent_median(points: deque, count: int) -> float:
 
 
 def _rising(points: deque, since: float, alpha: float = 0.05, min_points: int = 6) -> bool | None:
-    """Whether the points from step `since` on rise significantly (Mann-Kendall); None: too few to say."""
+    """Whether the points from step `since` on rise significantly (Mann-Kendall, one-sided: the question is
+    whether they rise, and a two-sided test needs twice the evidence; the tool recipe's train accuracy 31, 25,
+    31, 38, 69, 56% at step 6 is p = 0.045 one-sided, 0.09 two-sided); None: too few to say."""
     values = [v for s, v in points if s >= since]
     if len(values) < min_points:
         return None
     p, tau = mann_kendall(np.asarray(values))
-    return p < alpha and tau > 0
+    return p / 2 < alpha and tau > 0
 
 
 def _steps_to(points: list[tuple[float, float]], target: float) -> float | None:
