@@ -66,6 +66,17 @@ class _Row:
     truncated: bool = False
     kept: list[mx.array] = field(default_factory=list)  # frozen-block outputs of the tokens fed, in order
 
+    def add_turn(self, ids: list[int], logprobs: np.ndarray, eos_ids: set[int]) -> tuple[list[int], bool, int]:
+        """Append a decoded turn, cut after its end-of-turn token: (its tokens, whether it ended, its start)."""
+        end = next((t for t, tok in enumerate(ids) if tok in eos_ids), None)
+        ids = ids if end is None else ids[:end + 1]
+        start = len(self.tokens)
+        self.tokens += ids
+        self.mask += [1] * len(ids)
+        self.logprobs += logprobs[:len(ids)].tolist()
+        self.story.segments.append(("assistant", start, len(self.tokens)))
+        return ids, end is not None, start
+
 
 def generate_trajectories(model: nn.Module, tokenizer: Any, prompts: list[list[int]], rows: list[dict],
                           group_size: int, budgets: TurnBudgets, eos_ids: set[int], pad_id: int,
@@ -111,21 +122,14 @@ def _generate_trajectories(model: nn.Module, tokenizer: Any, prompts: list[list[
         going, caches, pending = [], [], []
         for r, i in enumerate(live):
             row = states[i]
-            turn_ids = ids[r, :budget[r]].tolist()
-            end = next((t for t, tok in enumerate(turn_ids) if tok in eos_ids), None)
-            turn_ids = turn_ids if end is None else turn_ids[:end + 1]
-            turn_start = len(row.tokens)
-            row.tokens += turn_ids
-            row.mask += [1] * len(turn_ids)
-            row.logprobs += logprobs[r, :len(turn_ids)].tolist()
-            row.story.segments.append(("assistant", turn_start, len(row.tokens)))
+            turn_ids, ended, turn_start = row.add_turn(ids[r, :budget[r]].tolist(), logprobs[r], eos_ids)
             cached = min(len(turn_ids), fed)  # this turn's tokens its decode steps fed back
             if decoded is not None:
                 row.kept.append(decoded[r, :cached])
-            if end is None and len(row.tokens) >= budgets.trajectory_tokens:
+            if not ended and len(row.tokens) >= budgets.trajectory_tokens:
                 row.truncated = True
                 continue
-            extra = _environment_turn(row, envs[i], tokenizer, turn_ids, end is not None, tools, eos_text,
+            extra = _environment_turn(row, envs[i], tokenizer, turn_ids, ended, tools, eos_text,
                                       turn + 1 == budgets.max_turns, budgets.trajectory_tokens)
             if extra is None:
                 continue
@@ -140,15 +144,19 @@ def _generate_trajectories(model: nn.Module, tokenizer: Any, prompts: list[list[
         for i, out in zip(going, recorded[before:]):  # one pass per row, in `going`'s order
             states[i].kept.append(out[0])
         live = going
-    prefix = None
-    if prompt_states is not None:
-        # every completion token but the last was fed (a final turn's last tokens may have been too)
-        prefix = Captured([prompt_states[p] for p in of_prompt],
-                          [mx.concatenate(s.kept or [prompt_states[0][:0]])[:len(s.tokens) - 1] for s in states])
     return Rollout(prompts=[prompts[p] for p in of_prompt], completions=[s.tokens for s in states],
                    logprobs=[s.logprobs for s in states], truncated=[s.truncated for s in states],
-                   seconds=time.perf_counter() - start, prefix=prefix, model_mask=[s.mask for s in states],
-                   trajectories=[s.story for s in states])
+                   seconds=time.perf_counter() - start, prefix=_kept_states(prompt_states, of_prompt, states),
+                   model_mask=[s.mask for s in states], trajectories=[s.story for s in states])
+
+
+def _kept_states(prompt_states: list[mx.array] | None, of_prompt: np.ndarray, states: list[_Row]) -> Captured | None:
+    """Each row's kept frozen-block states: its prompt's, then one per completion token but the last (a final
+    turn's last tokens may have been fed too; they are cut)."""
+    if prompt_states is None:
+        return None
+    return Captured([prompt_states[p] for p in of_prompt],
+                    [mx.concatenate(s.kept or [prompt_states[0][:0]])[:len(s.tokens) - 1] for s in states])
 
 
 def _environment_turn(row: _Row, env: Any, tokenizer: Any, turn_ids: list[int], ended: bool,
