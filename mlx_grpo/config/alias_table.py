@@ -86,7 +86,8 @@ VALUE_FORMS: dict[str, Alias] = {
 
 # Common names with no counterpart: what to do instead.
 NO_EQUIVALENT: dict[str, str] = {
-    "per_device_eval_batch_size": "evaluation batches itself; eval_size sets how many held-out prompts",
+    "per_device_eval_batch_size": "evaluation batches itself (eval_batch_size: auto, the memory plan's choice); "
+                                  "eval_size sets how many held-out prompts",
     "use_vllm": "rollouts run in MLX on this machine; there is no vLLM server",
     "resume_from_checkpoint": "use `mlx-grpo train --resume RUN_DIR`",
     "resume_adapter_file": "use `mlx-grpo train --resume RUN_DIR`",
