@@ -243,10 +243,6 @@ def _decode(model: nn.Module, prompts: list[list[int]], rows: np.ndarray, max_to
     state = _Decoding(cache, [_Span(np.arange(len(rows)))], mx.zeros((len(rows),), dtype=mx.bool_),
                       mx.array(sorted(eos_ids)), recorded, len(recorded))
 
-    def forward(tokens: mx.array) -> mx.array:
-        """[rows, positions, vocab] logits after each of `tokens` ([rows, positions])."""
-        return model(tokens, cache=cache)
-
     keys = mx.random.split(key, max_tokens)
     # lookup needs a cache that can drop the refused guesses' positions (a plain one, unquantized)
     texts = LookupTexts(prompts, rows, state.spans) if lookup and plain and not kv_bits else None
@@ -262,14 +258,14 @@ def _decode(model: nn.Module, prompts: list[list[int]], rows: np.ndarray, max_to
         lookup_now = texts and len(span.rows) <= LOOKUP_ROWS
         guesses = texts.guesses(span, min(LOOKUP_TOKENS, max_tokens - t - 2)) if lookup_now else None
         if guesses is None:
-            logits, carried = forward(ids[:, None])[:, -1, :], None
+            logits, carried = model(ids[:, None], cache=cache)[:, -1, :], None
             t += 1
             # the step's ids and log-probs too: left lazy, each would keep its step's [N, V] logits alive
             # until decoding ends (5 GB for 32 rows x 152k x 256 steps in fp32)
             mx.async_eval(logits, state.finished, ids, logprobs)
         else:
             guesses = mx.array(guesses)
-            raw = forward(mx.concatenate([ids[:, None], guesses], axis=1))
+            raw = model(mx.concatenate([ids[:, None], guesses], axis=1), cache=cache)
             kept, guess_logprobs = check_guesses(sampling_logits(raw, settings), guesses, settings.temperature == 0,
                                                  mx.random.split(keys[t])[1], draw_rows)
             emitted, carried = state.keep_guesses(guesses, guess_logprobs, kept)
