@@ -2,13 +2,13 @@
 
 A batch of `--rows` rows over a KV cache of `--context` positions (prompts prefilled as the rollout does,
 `rollout.prefill_plain`), then each part of a decode step timed alone, interleaved, medians in ms:
-  step          model forward + sampling, as rollout._generate runs it (grouped decode attention)
+  step          model forward + sampling, as rollout._generate runs it (models/cpu_kernels.py)
   blocks        the transformer blocks alone (no LM head)
   lm_head       the LM head matmul on [rows, hidden], as the model does it and through a [hidden, vocab]
                 copy (which the rollout once made: on this machine it costs more than it saves)
   sample        sampling from [rows, vocab] float32 logits
   attention     every block's attention (with its cache read) alone, as the rollout runs it
-                (decode_attention.grouped_decoding) and as mlx-lm's attention alone would
+                (cpu_kernels.cpu_kernels) and as mlx-lm's attention alone would
   mlp           every block's MLP alone
 and the floor a decode step cannot beat on this machine: the weights read once (`weight_bytes` / the
 bandwidth `machine.stream_gb_s` measures) next to the matmul FLOPs at `machine.matmul_peak_flops`.
@@ -29,7 +29,7 @@ from pathlib import Path
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
-from mlx_grpo.models.decode_attention import grouped_decoding
+from mlx_grpo.models.cpu_kernels import cpu_kernels
 from mlx_grpo.models.policy import lm_head, project_to_vocab
 from mlx_grpo.planning.machine import matmul_peak_flops, stream_gb_s
 from mlx_grpo.rollout import prefill_plain
@@ -83,27 +83,28 @@ def main() -> None:
     head_t = mx.contiguous(head.weight.T)
 
     def step():
-        with grouped_decoding(model):
+        with cpu_kernels(model):
             mx.eval(sample_tokens(model(ids, cache=cache)[:, -1, :], settings, key))
         rewind()
 
     def body():
-        with grouped_decoding(model):
+        with cpu_kernels(model):
             mx.eval(model.model(ids, cache=cache))
         rewind()
 
-    def attention(grouped: bool = True):
-        with grouped_decoding(model) if grouped else nullcontext():
+    def attention(ours: bool = True):
+        with cpu_kernels(model) if ours else nullcontext():
             mx.eval([b.self_attn(b.input_layernorm(x), mask, c) for b, c in zip(blocks, cache)])
         rewind()
 
     def mlp():
-        mx.eval([b.mlp(b.post_attention_layernorm(x)) for b in blocks])
+        with cpu_kernels(model):
+            mx.eval([b.mlp(b.post_attention_layernorm(x)) for b in blocks])
 
     cases = {"step": step, "blocks": body, "lm_head": lambda: mx.eval(project_to_vocab(head, hidden[:, -1, :])),
              "lm_head ([hidden, vocab] copy)": lambda: mx.eval(hidden[:, -1, :] @ head_t),
              "sample": lambda: mx.eval(sample_tokens(logits, settings, key)), "attention": attention,
-             "attention (mlx-lm's)": lambda: attention(grouped=False), "mlp": mlp}
+             "attention (mlx-lm's)": lambda: attention(ours=False), "mlp": mlp}
     times: dict[str, list[float]] = {name: [] for name in cases}
     for rep in range(args.repetitions + 1):
         for name, run in cases.items():

@@ -5,89 +5,14 @@ these; the streamed block is `models/families.py:vocab_block` rows, which plan.p
 
 from __future__ import annotations
 
-import math
-
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
 from .extras import token_entropy
+from .models.cpu_kernels import shifted_exp
 from .models.families import vocab_block
 from .models.policy import project_to_vocab
-
-_LOG2E = math.log2(math.e)
-# ln 2 split in two (Cody and Waite): n * _LN2_HIGH is exact in float32 for the n used here, so x - n ln 2
-# keeps its digits at any x
-_LN2_HIGH, _LN2_LOW = 0.693359375, -2.12194440e-4
-# e^r by its Taylor series to degree 7: relative error under 1e-8 on |r| <= ln(2) / 2
-_EXP_TAYLOR = tuple(1.0 / math.factorial(k) for k in range(8))
-# e^r on |r| <= ln(2) / 2 by a polynomial of degree 6 fitted for relative error (Lawson's weighted least
-# squares on Chebyshev nodes; with these float32 coefficients the error is under 2e-8)
-_EXP_POLY = (1.0, 1.0, 0.49999991059303284, 0.16666419804096222, 0.04166822507977486, 0.008374815806746483,
-             0.0013836848083883524)
-# adding then subtracting 1.5 * 2^23 rounds a float32 of magnitude below 2^22 to the nearest integer
-_ROUND = 12582912.0
-
-
-def _exp_by_polynomial(x: mx.array) -> mx.array:
-    """exp(x) of float32 x <= 0 (or NaN) as 2^n e^r with n = round(x / ln 2), |r| <= ln(2) / 2: a polynomial in
-    r times 2^n, whose bits are n + 127 in the exponent field. Only multiplies and adds (no floor, no shift),
-    so compiled it runs as two fused loops over the block: one writes the exponent fields, the other reads
-    them back (as 2^n, and as n for r) and evaluates the polynomial. MLX fuses chains of at most 11
-    operations and keeps apart any intermediate that two loops need, so n is never written on its own
-    (r takes it from the exponent field) and the polynomial is in Estrin's form (depth 5, Horner's 12).
-    Within two float32 rounding steps of exp; 0 below -88 (where float32's normal numbers end), as mx.exp
-    gives."""
-    # n + 127 from the rounding constant plus 128 (an even offset keeps round-half-to-even's choice), at
-    # least 0: below -88 the exponent field is zero, so the result is 0 (and -inf gives 0, not NaN)
-    biased = (x * _LOG2E + (_ROUND + 128.0)) - (_ROUND + 1.0)
-    biased = (biased + mx.abs(biased)) * 0.5  # max(biased, 0) without a branch, which would keep the loop scalar
-    field = (biased * 2.0**23).astype(mx.int32)
-    # n ln 2 in two parts from the field; the high part is exact, so r keeps its digits at any x
-    scaled = field.astype(mx.float32)
-    n_high = scaled * (_LN2_HIGH / 2.0**23) - 127.0 * _LN2_HIGH
-    n_low = scaled * (_LN2_LOW / 2.0**23) - 127.0 * _LN2_LOW
-    r = (mx.where(x < -88.0, -88.0, x) - n_high) - n_low
-    c = _EXP_POLY
-    r2 = r * r
-    p = ((c[0] + c[1] * r) + r2 * (c[2] + c[3] * r)) + (r2 * r2) * ((c[4] + c[5] * r) + c[6] * r2)
-    return p * field.view(mx.float32)
-
-
-_compiled_exp = mx.compile(_exp_by_polynomial)
-
-
-def _exp_in_fewest_operations(x: mx.array) -> mx.array:
-    """exp(x) of float32 x <= 0 by the same 2^n e^r, with e^r by Horner's rule on the Taylor series: the
-    fewest operations and live intermediates, for the update's streamed head. Under mx.grad, MLX did not
-    fuse `_exp_by_polynomial` as it does outside (measured: the update's head took about as long with
-    compilation disabled), and there its branch-free clamps and its n from the exponent field cost 9% more
-    time and 50% more memory (tests/core/test_update_memory.py) than this, the formulation before them."""
-    x = mx.maximum(x, -88.0)
-    n = (x * _LOG2E + _ROUND) - _ROUND
-    r = (x - n * _LN2_HIGH) - n * _LN2_LOW
-    p = _EXP_TAYLOR[-1]
-    for c in reversed(_EXP_TAYLOR[:-1]):
-        p = p * r + c
-    return p * ((n + 127.0) * 2.0**23).astype(mx.int32).view(mx.float32)
-
-
-_compiled_exp_in_fewest_operations = mx.compile(_exp_in_fewest_operations)
-
-
-def shifted_exp(x: mx.array, shift: mx.array, traced: bool = False) -> mx.array:
-    """exp(x - shift) for float32 x <= shift (`shift` broadcasts against x), for the streamed head's blocks
-    of logits (about a million each) less their running maximum: the softmax's exponentials over the
-    vocabulary, the costliest elementwise work of a scored position. MLX's CPU exp costs more per logit
-    than the head's matmul; this compiled polynomial, on blocks that stay in the caches, a fraction of it
-    (docs/PERFORMANCE.md, "The exponential over the vocabulary"). The subtraction runs before it, as MLX's
-    own vectorised loop: inside, the broadcast would make both compiled loops strided. `traced`: called
-    under mx.grad (`_exp_in_fewest_operations`). Not for arrays of
-    hundreds of MB: there its loops' full-size intermediates make it slower than mx.exp. On a GPU, exp is
-    a hardware instruction: mx.exp."""
-    if mx.default_device() != mx.cpu:
-        return mx.exp(x - shift)
-    return (_compiled_exp_in_fewest_operations if traced else _compiled_exp)(x - shift)
 
 
 def _logprob_parts(logits: mx.array, targets: mx.array) -> tuple[mx.array, mx.array, mx.array]:

@@ -22,7 +22,7 @@ from mlx_lm.models.cache import BatchKVCache, KVCache, RotatingKVCache, make_pro
 from . import frozen_prefix
 from .frozen_prefix import Captured
 from .lookup_decoding import LOOKUP_ROWS, LOOKUP_TOKENS, LookupTexts
-from .models.decode_attention import grouped_decoding
+from .models.cpu_kernels import cpu_kernels
 from .models.kv_cache import QuantizedBatchKVCache
 from .models.policy import has_plain_head, lm_head, project_to_vocab
 from .sampling import SamplingSettings, check_guesses, sample_tokens, sampling_logits
@@ -173,7 +173,7 @@ def generate(
     output at every position (frozen_prefix.py; the model must have been given frozen_prefix.install).
     `kv_bits` 8 or 4: the decode's KV cache quantized (plain-cache models; 0: kept in the model's dtype).
     `lookup`: the last rows decode several tokens a step where their own text guesses them (lookup_decoding.py)."""
-    with frozen_prefix.recording(model) if capture else nullcontext([]) as recorded, grouped_decoding(model):
+    with frozen_prefix.recording(model) if capture else nullcontext([]) as recorded, cpu_kernels(model):
         return _generate(model, prompts, group_size, max_tokens, eos_ids, pad_id, settings, key, recorded, kv_bits,
                          lookup)
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
-from .head_scores import shifted_exp
+from .models.cpu_kernels import shifted_exp
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,7 @@ from .head_scores import (
     streams_head,
     target_logprobs,
 )
+from .models.cpu_kernels import cpu_kernels
 from .models.families import entropy_stride
 from .models.policy import has_plain_head, lm_head, project_to_vocab
 from .rollout import Rollout, has_plain_kv_cache, prefill_plain
@@ -149,7 +150,8 @@ def shares_prompts(model: nn.Module, batch: TrainBatch) -> bool:
             and not any(getattr(block, "grad_checkpointed", False) for block in getattr(model, "layers", [])))
 
 
-def completion_states(model: nn.Module, batch: TrainBatch, targets: mx.array, hidden: bool) -> mx.array:
+def completion_states(model: nn.Module, batch: TrainBatch, targets: mx.array, hidden: bool,
+                      gradient: bool = True) -> mx.array:
     """At the positions that predict the completion tokens: hidden states, [N, T, H] (`hidden`, a plain
     head), else logits, [N, T, V].
 
@@ -160,7 +162,13 @@ def completion_states(model: nn.Module, batch: TrainBatch, targets: mx.array, hi
     the whole-sequence pass's to float rounding (tests/core/test_shared_prompts.py).
 
     With the rollout's frozen-block outputs (`batch.prefix`) the forward starts at the first adapted block
-    (frozen_prefix.py): the same tokens, masks and positions, without the frozen blocks' work."""
+    (frozen_prefix.py): the same tokens, masks and positions, without the frozen blocks' work. Without a
+    `gradient` to take (the reference pass), the blocks run through models/cpu_kernels.py on the CPU."""
+    with nullcontext() if gradient else cpu_kernels(model):
+        return _completion_states(model, batch, targets, hidden)
+
+
+def _completion_states(model: nn.Module, batch: TrainBatch, targets: mx.array, hidden: bool) -> mx.array:
     first = frozen_prefix.first_block(model) if batch.prefix is not None else 0
     prefix = batch.prefix if first else None
     if shares_prompts(model, batch):
@@ -202,14 +210,14 @@ def completion_scores(model: nn.Module, batch: TrainBatch, temperature: float, *
     `gradient` False: the log-probs will not be differentiated (the reference pass), which spares work."""
     targets = mx.take_along_axis(batch.targets, batch.positions, axis=1)
     if not has_plain_head(model):  # the model's own head: logits at every completion position at once
-        logits = completion_states(model, batch, targets, hidden=False).astype(mx.float32) / temperature
+        logits = completion_states(model, batch, targets, False, gradient).astype(mx.float32) / temperature
         scores = CompletionScores(target_logprobs(logits, targets))
         if entropy_stride:
             scores.entropy = grpo.token_entropy(mx.stop_gradient(logits[:, ::entropy_stride]))
         if token_stats:
             scores.token_stats = token_entropy.token_stats(logits)
         return scores
-    hidden = scaled(completion_states(model, batch, targets, hidden=True), temperature)
+    hidden = scaled(completion_states(model, batch, targets, True, gradient), temperature)
     head = lm_head(model)
     logp = None
     if chunk_size == 0 and streams_head(head):

@@ -30,7 +30,7 @@ from mlx_lm.models.cache import BatchKVCache, KVCache
 from .. import frozen_prefix
 from ..common.errors import UserError
 from ..frozen_prefix import Captured
-from ..models.decode_attention import grouped_decoding
+from ..models.cpu_kernels import cpu_kernels
 from ..rollout import Rollout, has_plain_kv_cache, prefill_plain
 from ..sampling import SamplingSettings, sample_tokens
 from .chat import continuation_tokens
@@ -84,7 +84,7 @@ def generate_trajectories(model: nn.Module, tokenizer: Any, prompts: list[list[i
                           tools: list[dict] | None, capture: bool = False) -> Rollout:
     """`group_size` trajectories for each prompt (`rows`: the prompts' dataset rows, for the environments).
     `capture`: keep the frozen blocks' output at every position (`Rollout.prefix`)."""
-    with frozen_prefix.recording(model) if capture else nullcontext([]) as recorded, grouped_decoding(model):
+    with frozen_prefix.recording(model) if capture else nullcontext([]) as recorded, cpu_kernels(model):
         rollout = _generate_trajectories(model, tokenizer, prompts, rows, group_size, budgets, eos_ids, pad_id,
                                          settings, key, make_env, tools, recorded)
         recorded.clear()  # the per-call pieces, now joined per row

@@ -10,7 +10,8 @@ import pytest
 from tiny_models import random_model
 
 from mlx_grpo import grpo
-from mlx_grpo.head_scores import shifted_exp, target_logprobs
+from mlx_grpo.head_scores import target_logprobs
+from mlx_grpo.models.cpu_kernels import shifted_exp
 from mlx_grpo.models.families import entropy_stride
 from mlx_grpo.rollout import Rollout
 from mlx_grpo.update import build_train_batch, completion_scores

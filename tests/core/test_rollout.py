@@ -214,19 +214,6 @@ def test_finished_rows_leave_the_batch_and_every_row_samples_what_it_would_in_th
         assert mx.allclose(logp[i, : len(lps)], mx.array(lps), atol=2e-4).item()
 
 
-def test_a_grouped_query_decode_step_attends_as_mlx_does():
-    from mlx_grpo.models.decode_attention import grouped_attention
-
-    keys = mx.random.normal((3, 2, 40, 16), key=mx.random.key(1))
-    values = mx.random.normal((3, 2, 40, 16), key=mx.random.key(2))
-    queries = mx.random.normal((3, 6, 1, 16), key=mx.random.key(3))
-    padding = mx.arange(40)[None, None, None, :] >= mx.array([0, 5, 17])[:, None, None, None]  # [3, 1, 1, 40]
-    for mask in (None, padding, mx.where(padding, 0.0, -1e9)):
-        expected = mx.fast.scaled_dot_product_attention(queries, keys, values, scale=0.25, mask=mask)
-        got = grouped_attention(queries, keys, values, None, 0.25, mask)
-        assert mx.allclose(got, expected, atol=1e-5).item()
-
-
 @pytest.mark.parametrize("bits, tolerance, saved", [(8, 0.05, 0.35), (4, 0.5, 0.5)])
 def test_a_quantized_kv_cache_holds_fewer_bytes_and_moves_log_probs_little(bits, tolerance, saved):
     """kv_cache_bits: the rollout's log-probs against the update's full-precision forward differ by quantization

@@ -51,7 +51,7 @@ INNER_FLOORS = {
     ],
     "mlx_grpo.models": [
         # families: no mlx
-        {"", "families", "wheel_files", "gguf_header", "gguf_blocks", "decode_attention", "kv_cache"},
+        {"", "families", "wheel_files", "gguf_header", "gguf_blocks", "cpu_kernels", "kv_cache"},
         {"gguf_config"},  # a GGUF file as a config: no mlx
         {"smollm2", "gemma3", "qwen_coder", "gguf"},  # the model sources
         {"policy"},  # a policy from any source
