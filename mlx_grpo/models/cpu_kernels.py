@@ -153,7 +153,7 @@ def _by_row_blocks(block_fn: Callable, *arrays: mx.array) -> list[mx.array]:
     blocks = zip(*(mx.split(a, cuts) for a in flat)) if cuts else [flat]
     outputs = [block_fn(*block) for block in blocks]
     outputs = [o if isinstance(o, tuple) else (o,) for o in outputs]
-    return [mx.concatenate(parts).reshape(shape) for parts in zip(*outputs)]
+    return [(mx.concatenate(parts) if len(parts) > 1 else parts[0]).reshape(shape) for parts in zip(*outputs)]
 
 
 # silu(gate) * x of float32 arrays of one shape, by blocks of rows
