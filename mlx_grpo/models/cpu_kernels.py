@@ -9,8 +9,9 @@ docs/PERFORMANCE.md against 0.2 ns for a multiply, and MLX has no attention kern
 - `gated_silu`: mlx-lm's `swiglu`, silu(gate) * x, a block of rows at a time, with a backward of its own;
 - `attention`: mlx-lm's `scaled_dot_product_attention` over a plain cache. A decode step's grouped-query
   attention runs as one product per key/value head (the cache read once, not once per query head); a query
-  of many positions (the rollout's prefill, the reference pass) runs one key/value head of one row at a
-  time, its query heads folded into rows, through `softmax`, whose backward needs no exponential.
+  of many positions (the rollout's prefill, the reference pass) runs as many (row, key/value head) pairs at a
+  time as fit in ATTENTION_BLOCK scores, each pair's query heads folded into its rows, through `softmax`,
+  whose backward needs no exponential.
 
 mlx-lm's models call `scaled_dot_product_attention` and `swiglu` as names of their own modules, so
 `cpu_kernels(model)` swaps those names in the model's modules while it is entered and puts back what was
@@ -185,9 +186,10 @@ def _grouped_decode_step(queries: mx.array, keys: mx.array, values: mx.array, sc
     return (weights @ values).reshape(batch, query_heads, 1, -1)
 
 
-# Scores per block of a many-position attention: one key/value head of one row, its query heads folded in,
-# split along the queries past this (measured at 8 rows x 533 positions of Qwen2.5-0.5B: 2^20 and 2^22
-# took 230 and 219 ms forward, 851 and 969 ms forward and backward, against 558 and 964 for mlx-lm's).
+# Scores per block of a many-position attention: rows and key/value heads together up to this many, a
+# long one split along its queries (measured at 8 rows x 533 positions of Qwen2.5-0.5B: 2^20 and 2^22 took
+# 230 and 219 ms forward against 558 for mlx-lm's; blocks of one row's head each made the default model's
+# reference pass, 128 rows of ~30 positions, 3.7x slower than mlx-lm's, one block for them all does not).
 ATTENTION_BLOCK = 1 << 20
 
 
@@ -211,38 +213,46 @@ def _masked(scores: mx.array, mask: mx.array) -> mx.array:
 
 def _blocked_attention(queries: mx.array, keys: mx.array, values: mx.array, scale: float,
                        mask: mx.array | str | None) -> mx.array:
-    """Many query positions: for each row and key/value head, its query heads' scores [G, T, S] (split
-    along T past ATTENTION_BLOCK), masked, through `softmax`, times the values."""
+    """Many query positions: the scores of as many (row, key/value head) pairs as fit in ATTENTION_BLOCK,
+    each pair's query heads folded into its rows ([pairs, G, T, S]; one pair's split along T past it),
+    masked, through `softmax`, times the values."""
     batch, query_heads, length, depth = queries.shape
     kv_heads, width = keys.shape[1], keys.shape[2]
     group = query_heads // kv_heads
     pairs = batch * kv_heads
     full = _full_mask(mask, length, width)
-    if full is not None and full.shape[1] == query_heads:
-        full = full.reshape(full.shape[0], kv_heads, group, *full.shape[2:])
-    elif full is not None:
-        full = full[:, :, None]  # [B or 1, 1, 1, T or 1, S or 1]
-    step = max(1, ATTENTION_BLOCK // (group * width))
-    cuts = list(range(step, length, step))
+    if full is not None:  # [pairs or 1, G or 1, T or 1, S or 1]
+        full = full.reshape(full.shape[0], kv_heads, group, *full.shape[2:]) if full.shape[1] == query_heads \
+            else full[:, :, None]
+        if full.shape[0] * full.shape[1] > 1:
+            full = mx.broadcast_to(full, (batch, kv_heads, *full.shape[2:])).reshape(pairs, *full.shape[2:])
+        else:
+            full = full.reshape(1, *full.shape[2:])
+    per_pair = group * length * width
+    pair_step = max(1, ATTENTION_BLOCK // per_pair)
+    row_step = length if per_pair <= ATTENTION_BLOCK else max(1, ATTENTION_BLOCK // (group * width))
+    pair_cuts = list(range(pair_step, pairs, pair_step))
+    row_cuts = list(range(row_step, length, row_step))
     # split, not slices: a slice's backward writes a zeroed whole-size array for every block
-    query_parts = mx.split((queries * scale).reshape(pairs, group, length, depth), pairs)
-    key_parts = mx.split(keys.reshape(pairs, width, depth), pairs)
-    value_parts = mx.split(values.reshape(pairs, width, depth), pairs)
+    q_parts = mx.split((queries * scale).reshape(pairs, group, length, depth), pair_cuts)
+    k_parts = mx.split(keys.reshape(pairs, width, depth), pair_cuts)
+    v_parts = mx.split(values.reshape(pairs, width, depth), pair_cuts)
     outputs = []
-    for pair, (q, k, v) in enumerate(zip(query_parts, key_parts, value_parts)):
-        row, head = divmod(pair, kv_heads)
-        pair_mask = None if full is None else full[row if full.shape[0] > 1 else 0, head if full.shape[1] > 1 else 0]
-        k_t = k.swapaxes(-1, -2)
-        blocks = []
-        for i, q_block in enumerate(mx.split(q, cuts, axis=2) if cuts else [q]):
-            scores = q_block @ k_t  # [1, G, block, S]
-            if pair_mask is not None:
-                start = i * step
-                scores = _masked(scores, pair_mask[:, start:start + q_block.shape[2]] if pair_mask.shape[1] > 1
-                                 else pair_mask)
-            blocks.append(softmax(scores) @ v)
-        outputs.append(blocks[0] if len(blocks) == 1 else mx.concatenate(blocks, axis=2))
-    return mx.concatenate(outputs).reshape(batch, query_heads, length, depth)
+    for i, (q, k, v) in enumerate(zip(q_parts, k_parts, v_parts)):
+        first = i * pair_step
+        block_mask = None if full is None else full[first:first + q.shape[0]] if full.shape[0] > 1 else full
+        k_t, v = k.swapaxes(-1, -2)[:, None], v[:, None]
+        rows = []
+        for j, q_rows in enumerate(mx.split(q, row_cuts, axis=2) if row_cuts else [q]):
+            scores = q_rows @ k_t  # [pairs in the block, G, rows, S]
+            if block_mask is not None:
+                start = j * row_step
+                scores = _masked(scores, block_mask[:, :, start:start + q_rows.shape[2]] if block_mask.shape[2] > 1
+                                 else block_mask)
+            rows.append(softmax(scores) @ v)
+        outputs.append(rows[0] if len(rows) == 1 else mx.concatenate(rows, axis=2))
+    out = outputs[0] if len(outputs) == 1 else mx.concatenate(outputs)
+    return out.reshape(batch, query_heads, length, depth)
 
 
 def attention(queries: mx.array, keys: mx.array, values: mx.array, cache, scale: float,

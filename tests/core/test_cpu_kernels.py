@@ -27,7 +27,7 @@ def _masks(batch, query_heads, length, width):
 
 @pytest.mark.parametrize("query_heads, kv_heads", [(6, 2), (4, 4)])
 @pytest.mark.parametrize("mask_name", ["none", "causal", "padding and causal", "additive", "per head"])
-@pytest.mark.parametrize("block", [1 << 20, 64])  # one block per head, and blocks of a few query rows
+@pytest.mark.parametrize("block", [1 << 20, 1500, 64])  # every pair at once, two pairs a block, a few query rows
 def test_many_position_attention_matches_mlx_forward_and_backward(monkeypatch, query_heads, kv_heads,
                                                                   mask_name, block):
     monkeypatch.setattr(cpu_kernels, "ATTENTION_BLOCK", block)
