@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> None:
         """`run` with the streamed head's exponential replaced: mx.exp (before the polynomial), or none at
         all (what the head costs without its exponentials)."""
         def replaced():
-            head_scores.shifted_exp = lambda x, shift: exp(x - shift)
+            head_scores.shifted_exp = lambda x, shift, traced=False: exp(x - shift)
             try:
                 return run()
             finally:

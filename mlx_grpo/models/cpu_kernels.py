@@ -182,7 +182,7 @@ def _grouped_decode_step(queries: mx.array, keys: mx.array, values: mx.array, sc
             mask = mask.reshape(mask.shape[0], kv_heads, group, -1)
         scores = _masked(scores, mask)
     # a str mask ("causal") is no mask for one query position at the end of the sequence
-    weights = mx.softmax(scores, axis=-1, precise=True)
+    weights = softmax(scores) if scores.dtype == mx.float32 else mx.softmax(scores, axis=-1, precise=True)
     return (weights @ values).reshape(batch, query_heads, 1, -1)
 
 
