@@ -8,7 +8,8 @@ docs/PERFORMANCE.md against 0.2 ns for a multiply, and MLX has no attention kern
   streamed LM head's sweep (head_scores.py), the sampler's draw (sampling.py), and the two below;
 - `gated_silu`: mlx-lm's `swiglu`, silu(gate) * x, a block of rows at a time, with a backward of its own;
 - `attention`: mlx-lm's `scaled_dot_product_attention` over a plain cache. A decode step's grouped-query
-  attention runs as one product per key/value head (the cache read once, not once per query head); a query
+  attention runs as one product per key/value head (the cache read once, not once per query head) and, in
+  float32, through `softmax`; a query
   of many positions (the rollout's prefill, the reference pass) runs as many (row, key/value head) pairs at a
   time as fit in ATTENTION_BLOCK scores, each pair's query heads folded into its rows, through `softmax`,
   whose backward needs no exponential.

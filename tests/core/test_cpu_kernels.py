@@ -56,15 +56,18 @@ def test_a_fully_masked_query_row_attends_evenly_as_mlx_does():
     assert mx.allclose(got, expected, atol=1e-5).item()
 
 
-def test_a_grouped_query_decode_step_attends_as_mlx_does():
-    keys = mx.random.normal((3, 2, 40, 16), key=mx.random.key(1))
-    values = mx.random.normal((3, 2, 40, 16), key=mx.random.key(2))
-    queries = mx.random.normal((3, 6, 1, 16), key=mx.random.key(3))
+@pytest.mark.parametrize("dtype, tolerance", [(mx.float32, 1e-5), (mx.float16, 2e-3)])
+def test_a_grouped_query_decode_step_attends_as_mlx_does(dtype, tolerance):
+    keys = mx.random.normal((3, 2, 40, 16), key=mx.random.key(1)).astype(dtype)
+    values = mx.random.normal((3, 2, 40, 16), key=mx.random.key(2)).astype(dtype)
+    queries = (mx.random.normal((3, 6, 1, 16), key=mx.random.key(3)) * 3).astype(dtype)
     padding = mx.arange(40)[None, None, None, :] >= mx.array([0, 5, 17])[:, None, None, None]  # [3, 1, 1, 40]
-    for mask in (None, padding, mx.where(padding, 0.0, -1e9)):
+    nothing = padding & (mx.arange(3) != 1)[:, None, None, None]  # row 1 attends to no position
+    for mask in (None, padding, mx.where(padding, 0.0, -1e9).astype(dtype), nothing):
         expected = mx.fast.scaled_dot_product_attention(queries, keys, values, scale=0.25, mask=mask)
         got = attention(queries, keys, values, None, 0.25, mask)
-        assert mx.allclose(got, expected, atol=1e-5).item()
+        assert got.dtype == dtype and not mx.isnan(got).any().item()
+        assert mx.allclose(got, expected, atol=tolerance).item()
 
 
 @pytest.mark.parametrize("block", [1 << 16, 40])  # one block, and blocks of a few rows
