@@ -182,7 +182,10 @@ def test_bfloat16_log_probs_agree_within_rounding():
 
 def one_update(model, batch, config) -> tuple[float, dict, dict[str, np.ndarray]]:
     before = {k: np.array(v) for k, v in tree_flatten(model.trainable_parameters())}
-    optimizer = optim.AdamW(learning_rate=1e-3)
+    # SGD at 1.0: each move is the gradient itself, far above the weights' float32 spacing. Adam divides
+    # every entry by its own size, so an entry near its epsilon (1e-8) would turn a rounding difference of
+    # 1e-10 between the two forwards into 1% of a step.
+    optimizer = optim.SGD(learning_rate=1.0)
     advantages = mx.array(np.linspace(-1, 1, batch.num_sequences), dtype=mx.float32)
     ref = mx.zeros(batch.mask.shape)
     result = update_policy(model, optimizer, nn.value_and_grad(model, make_loss_fn(config)), batch, advantages, ref,
@@ -204,8 +207,9 @@ def test_the_update_from_kept_states_moves_the_adapters_as_the_full_forward_does
     assert abs(loss - full_loss) < 1e-5
     assert abs(stats["kl"] - full_stats["kl"]) < 1e-6 * max(1.0, abs(full_stats["kl"]))
     for name, move in moves.items():
+        largest = np.abs(full_moves[name]).max()
         assert np.abs(move).max() > 0
-        np.testing.assert_allclose(move, full_moves[name], atol=1e-5)  # AdamW steps are ~1e-3: 1% of one
+        np.testing.assert_allclose(move, full_moves[name], atol=1e-4 * largest)
 
 
 def test_a_model_whose_forward_is_not_blocks_in_a_row_keeps_the_full_forward(monkeypatch):
