@@ -9,10 +9,9 @@ docs/PERFORMANCE.md against 0.2 ns for a multiply, and MLX has no attention kern
 - `gated_silu`: mlx-lm's `swiglu`, silu(gate) * x, a block of rows at a time, with a backward of its own;
 - `attention`: mlx-lm's `scaled_dot_product_attention` over a plain cache. A decode step's grouped-query
   attention runs as one product per key/value head (the cache read once, not once per query head) and, in
-  float32, through `softmax`; a query
-  of many positions (the rollout's prefill, the reference pass) runs as many (row, key/value head) pairs at a
-  time as fit in ATTENTION_BLOCK scores, each pair's query heads folded into its rows, through `softmax`,
-  whose backward needs no exponential.
+  float32, through `softmax`; a query of many positions (the rollout's prefill, the reference pass) runs as
+  many (row, key/value head) pairs at a time as fit in ATTENTION_BLOCK scores, each pair's query heads folded
+  into its rows, through `softmax`, whose backward needs no exponential.
 
 mlx-lm's models call `scaled_dot_product_attention` and `swiglu` as names of their own modules, so
 `cpu_kernels(model)` swaps those names in the model's modules while it is entered and puts back what was
